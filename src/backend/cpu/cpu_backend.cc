@@ -1,0 +1,141 @@
+#include "backend/cpu/cpu_backend.h"
+
+#include <cstring>
+
+#include "backend/cpu/kernels.h"
+#include "base/check.h"
+
+namespace tessera {
+
+namespace {
+
+float load(const void* p, DType t, int64_t i) {
+  switch (t) {
+    case DType::f32: return static_cast<const float*>(p)[i];
+    case DType::bf16: return bf16_to_f32(static_cast<const uint16_t*>(p)[i]);
+    case DType::f16: return f16_to_f32(static_cast<const uint16_t*>(p)[i]);
+    case DType::i32: return static_cast<float>(static_cast<const int32_t*>(p)[i]);
+  }
+  return 0;
+}
+
+void store(void* p, DType t, int64_t i, float v) {
+  switch (t) {
+    case DType::f32: static_cast<float*>(p)[i] = v; return;
+    case DType::bf16: static_cast<uint16_t*>(p)[i] = f32_to_bf16(v); return;
+    case DType::f16: static_cast<uint16_t*>(p)[i] = f32_to_f16(v); return;
+    case DType::i32: static_cast<int32_t*>(p)[i] = static_cast<int32_t>(v); return;
+  }
+}
+
+void dispatch(OpKind op, const cpu::Args& a) {
+  switch (op) {
+    case OpKind::parameter:
+    case OpKind::input:
+      TS_CHECK(false) << op_name(op) << " nodes are bound by the executor, not run";
+      return;
+    case OpKind::fill: return cpu::fill(a);
+    case OpKind::add:
+    case OpKind::sub:
+    case OpKind::mul:
+    case OpKind::div: return cpu::binary(op, a);
+    case OpKind::scale:
+    case OpKind::add_scalar:
+    case OpKind::exp:
+    case OpKind::log:
+    case OpKind::sqrt:
+    case OpKind::rsqrt:
+    case OpKind::tanh:
+    case OpKind::gelu:
+    case OpKind::silu: return cpu::unary(op, a);
+    case OpKind::gelu_grad: return cpu::gelu_grad(a);
+    case OpKind::silu_grad: return cpu::silu_grad(a);
+    case OpKind::swiglu: return cpu::swiglu(a);
+    case OpKind::swiglu_grad: return cpu::swiglu_grad(a);
+    case OpKind::reduce_sum: return cpu::reduce_sum(a);
+    case OpKind::sum_to: return cpu::sum_to(a);
+    case OpKind::broadcast_to: return cpu::broadcast_to(a);
+    case OpKind::reshape: return cpu::copy(a);
+    case OpKind::transpose: return cpu::transpose(a);
+    case OpKind::slice: return cpu::slice(a);
+    case OpKind::concat: return cpu::concat(a);
+    case OpKind::matmul: return cpu::matmul(a);
+    case OpKind::embedding: return cpu::embedding(a);
+    case OpKind::embedding_grad: return cpu::embedding_grad(a);
+    case OpKind::layernorm: return cpu::layernorm(a);
+    case OpKind::layernorm_grad: return cpu::layernorm_grad(a);
+    case OpKind::rmsnorm: return cpu::rmsnorm(a);
+    case OpKind::rmsnorm_grad: return cpu::rmsnorm_grad(a);
+    case OpKind::rope: return cpu::rope(a);
+    case OpKind::softmax: return cpu::softmax(a);
+    case OpKind::softmax_grad: return cpu::softmax_grad(a);
+    case OpKind::causal_mask: return cpu::causal_mask(a);
+    case OpKind::attention: return cpu::attention(a);
+    case OpKind::attention_grad: return cpu::attention_grad(a);
+    case OpKind::cross_entropy: return cpu::cross_entropy(a);
+    case OpKind::cross_entropy_grad: return cpu::cross_entropy_grad(a);
+    case OpKind::cast: TS_CHECK(false) << "cast is handled by the dispatcher"; return;
+  }
+}
+
+bool is_low_precision(DType t) { return t == DType::bf16 || t == DType::f16; }
+
+}  // namespace
+
+void convert_elements(const void* src, DType from, void* dst, DType to, int64_t n) {
+  if (from == to) {
+    std::memcpy(dst, src, static_cast<size_t>(n * dtype_size(from)));
+    return;
+  }
+  TS_CHECK(from != DType::i32 && to != DType::i32) << "cannot convert i32 to/from float";
+#pragma omp parallel for schedule(static) if (n > 16384)
+  for (int64_t i = 0; i < n; ++i) store(dst, to, i, load(src, from, i));
+}
+
+bool CpuBackend::supports(OpKind) const { return true; }
+
+void CpuBackend::run(const Graph& g, const Node& node, std::span<const void* const> inputs,
+                     std::span<void* const> outputs) {
+  if (node.op == OpKind::cast) {
+    const TensorType& in = g.type(node.inputs[0]);
+    convert_elements(inputs[0], in.dtype, outputs[0], g.type(node.outputs[0]).dtype,
+                     in.shape.numel());
+    return;
+  }
+  std::vector<TensorType> in_types, out_types;
+  for (ValueId v : node.inputs) in_types.push_back(g.type(v));
+  for (ValueId v : node.outputs) out_types.push_back(g.type(v));
+
+  // Low-precision storage: widen inputs to f32, run the f32 kernel, narrow the outputs.
+  std::vector<std::vector<float>> widened;
+  cpu::Args args{node.attrs, in_types, out_types, {}, {}};
+  for (size_t i = 0; i < inputs.size(); ++i) {
+    TensorType& t = in_types[i];
+    if (is_low_precision(t.dtype)) {
+      widened.emplace_back(static_cast<size_t>(t.shape.numel()));
+      convert_elements(inputs[i], t.dtype, widened.back().data(), DType::f32, t.shape.numel());
+      args.in.push_back(widened.back().data());
+      t.dtype = DType::f32;
+    } else {
+      args.in.push_back(inputs[i]);
+    }
+  }
+  std::vector<std::pair<size_t, std::vector<float>>> narrowed;
+  for (size_t i = 0; i < outputs.size(); ++i) {
+    TensorType& t = out_types[i];
+    if (is_low_precision(t.dtype)) {
+      narrowed.emplace_back(i, std::vector<float>(static_cast<size_t>(t.shape.numel())));
+      args.out.push_back(narrowed.back().second.data());
+      t.dtype = DType::f32;
+    } else {
+      args.out.push_back(outputs[i]);
+    }
+  }
+  dispatch(node.op, args);
+  for (auto& [i, buf] : narrowed) {
+    const TensorType& t = g.type(node.outputs[i]);
+    convert_elements(buf.data(), DType::f32, outputs[i], t.dtype, t.shape.numel());
+  }
+}
+
+}  // namespace tessera

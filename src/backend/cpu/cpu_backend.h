@@ -1,0 +1,23 @@
+// The CPU backend: f32 compute through OpenBLAS GEMM and OpenMP loops. bf16/f16 tensors are
+// stored in their own dtype and converted to f32 around each kernel.
+//
+//   CpuBackend cpu;
+//   cpu.run(g, g.node(id), inputs, outputs);
+#pragma once
+
+#include "backend/backend.h"
+
+namespace tessera {
+
+class CpuBackend final : public Backend {
+ public:
+  const char* name() const override { return "cpu"; }
+  bool supports(OpKind op) const override;
+  void run(const Graph& g, const Node& node, std::span<const void* const> inputs,
+           std::span<void* const> outputs) override;
+};
+
+// Converts n elements between dtypes (any of f32/bf16/f16 to any; i32 only to i32).
+void convert_elements(const void* src, DType from, void* dst, DType to, int64_t n);
+
+}  // namespace tessera

@@ -1,0 +1,142 @@
+#include <cstring>
+
+#include "backend/cpu/kernels.h"
+#include "base/check.h"
+
+namespace tessera::cpu {
+
+namespace {
+
+// Sums x (shape `in`) into y (shape `out`, same rank, 1 where reduced).
+void reduce_into(const float* x, const Shape& in, float* y, const Shape& out) {
+  int r = in.rank();
+  int64_t nout = out.numel();
+  // Fast path: reduce leading rows, keep trailing block ([R, C] -> [C]).
+  int lead = 0;
+  while (lead < r && out[lead] == 1 && in[lead] != 1) ++lead;
+  bool trailing_kept = true;
+  for (int d = lead; d < r; ++d) trailing_kept = trailing_kept && out[d] == in[d];
+  if (trailing_kept) {
+    int64_t rows = in.numel() / nout;
+#pragma omp parallel for schedule(static) if (nout > 256)
+    for (int64_t j = 0; j < nout; ++j) {
+      float s = 0;
+      for (int64_t i = 0; i < rows; ++i) s += x[i * nout + j];
+      y[j] = s;
+    }
+    return;
+  }
+  // General path: one output element at a time, iterating over the reduced sub-space.
+  std::vector<int64_t> in_stride(static_cast<size_t>(r));
+  int64_t st = 1;
+  for (int d = r - 1; d >= 0; --d) {
+    in_stride[static_cast<size_t>(d)] = st;
+    st *= in[d];
+  }
+  int64_t per_out = in.numel() / nout;
+#pragma omp parallel for schedule(static) if (nout > 256)
+  for (int64_t o = 0; o < nout; ++o) {
+    int64_t base = 0, rem = o;
+    for (int d = r - 1; d >= 0; --d) {
+      int64_t c = rem % out[d];
+      rem /= out[d];
+      if (out[d] != 1) base += c * in_stride[static_cast<size_t>(d)];
+    }
+    float s = 0;
+    for (int64_t k = 0; k < per_out; ++k) {
+      int64_t off = base, kr = k;
+      for (int d = r - 1; d >= 0; --d) {
+        if (out[d] != 1 || in[d] == 1) continue;
+        off += (kr % in[d]) * in_stride[static_cast<size_t>(d)];
+        kr /= in[d];
+      }
+      s += x[off];
+    }
+    y[o] = s;
+  }
+}
+
+}  // namespace
+
+void reduce_sum(const Args& a) {
+  const Shape& in = a.in_shape(0);
+  Shape kept = in;
+  for (int64_t ax : a.attrs.ints) kept = kept.with_dim(static_cast<int>(ax), 1);
+  reduce_into(a.fin(0), in, a.fout(0), kept);
+}
+
+void sum_to(const Args& a) {
+  const Shape &in = a.in_shape(0), &target = a.out_shape(0);
+  std::vector<int64_t> d(static_cast<size_t>(in.rank() - target.rank()), 1);
+  d.insert(d.end(), target.dims().begin(), target.dims().end());
+  reduce_into(a.fin(0), in, a.fout(0), Shape(d));
+}
+
+void copy(const Args& a) {
+  std::memcpy(a.out[0], a.in[0], static_cast<size_t>(a.out_types[0].bytes()));
+}
+
+void transpose(const Args& a) {
+  const Shape& in = a.in_shape(0);
+  const Shape& out = a.out_shape(0);
+  const std::vector<int64_t>& perm = a.attrs.ints;
+  int r = in.rank();
+  std::vector<int64_t> in_stride(static_cast<size_t>(r));
+  int64_t st = 1;
+  for (int d = r - 1; d >= 0; --d) {
+    in_stride[static_cast<size_t>(d)] = st;
+    st *= in[d];
+  }
+  // Stride in the input of each output dimension.
+  std::vector<int64_t> src(static_cast<size_t>(r));
+  for (int d = 0; d < r; ++d) src[static_cast<size_t>(d)] = in_stride[static_cast<size_t>(perm[static_cast<size_t>(d)])];
+  const float* x = a.fin(0);
+  float* y = a.fout(0);
+  int64_t inner = out[r - 1], rows = out.numel() / inner, inner_stride = src[static_cast<size_t>(r - 1)];
+#pragma omp parallel for schedule(static) if (rows > 64)
+  for (int64_t row = 0; row < rows; ++row) {
+    int64_t rem = row, off = 0;
+    for (int d = r - 2; d >= 0; --d) {
+      off += (rem % out[d]) * src[static_cast<size_t>(d)];
+      rem /= out[d];
+    }
+    float* yr = y + row * inner;
+    for (int64_t j = 0; j < inner; ++j) yr[j] = x[off + j * inner_stride];
+  }
+}
+
+void slice(const Args& a) {
+  const Shape& in = a.in_shape(0);
+  int ax = in.axis(static_cast<int>(a.attrs.axis));
+  int64_t outer = 1, inner = 1;
+  for (int d = 0; d < ax; ++d) outer *= in[d];
+  for (int d = ax + 1; d < in.rank(); ++d) inner *= in[d];
+  int64_t len = a.attrs.end - a.attrs.start;
+  const char* x = static_cast<const char*>(a.in[0]);
+  char* y = static_cast<char*>(a.out[0]);
+  int64_t es = dtype_size(a.in_types[0].dtype);
+  for (int64_t o = 0; o < outer; ++o)
+    std::memcpy(y + o * len * inner * es, x + (o * in[ax] + a.attrs.start) * inner * es,
+                static_cast<size_t>(len * inner * es));
+}
+
+void concat(const Args& a) {
+  const Shape& out = a.out_shape(0);
+  int ax = out.axis(static_cast<int>(a.attrs.axis));
+  int64_t outer = 1, inner = 1;
+  for (int d = 0; d < ax; ++d) outer *= out[d];
+  for (int d = ax + 1; d < out.rank(); ++d) inner *= out[d];
+  int64_t es = dtype_size(a.out_types[0].dtype);
+  char* y = static_cast<char*>(a.out[0]);
+  int64_t offset = 0;
+  for (size_t i = 0; i < a.in.size(); ++i) {
+    int64_t len = a.in_types[i].shape[ax];
+    const char* x = static_cast<const char*>(a.in[i]);
+    for (int64_t o = 0; o < outer; ++o)
+      std::memcpy(y + (o * out[ax] + offset) * inner * es, x + o * len * inner * es,
+                  static_cast<size_t>(len * inner * es));
+    offset += len;
+  }
+}
+
+}  // namespace tessera::cpu

@@ -1,0 +1,76 @@
+#include "ir/autodiff.h"
+
+#include <vector>
+
+#include "base/check.h"
+
+namespace tessera {
+
+void append_backward(Builder& b, Var loss) {
+  Graph& g = b.graph();
+  TS_CHECK_EQ(loss.shape().numel(), 1) << "autodiff needs a scalar loss";
+  g.set_loss(loss.id);
+  const size_t num_forward_nodes = g.nodes().size();
+
+  // Which values depend on a parameter (forward sweep).
+  std::vector<bool> needs(g.values().size(), false);
+  for (ValueId p : g.params()) needs[static_cast<size_t>(p)] = dtype_is_float(g.type(p).dtype);
+  for (size_t i = 0; i < num_forward_nodes; ++i) {
+    const Node& n = g.nodes()[i];
+    if (!op_def(n.op).vjp) continue;
+    bool any = false;
+    for (ValueId v : n.inputs) any = any || needs[static_cast<size_t>(v)];
+    for (ValueId v : n.outputs) needs[static_cast<size_t>(v)] = any;
+  }
+
+  std::vector<Var> grad(g.values().size());
+  auto accumulate = [&](ValueId v, Var d) {
+    Var& slot = grad[static_cast<size_t>(v)];
+    slot = slot.valid() ? b.add(slot, d) : d;
+  };
+
+  const std::string saved_scope = b.current_scope();
+  b.set_backward(true);
+  b.set_position("", -1);
+  grad[static_cast<size_t>(loss.id)] = b.fill(loss.shape(), 1.0, loss.dtype());
+
+  for (size_t i = num_forward_nodes; i-- > 0;) {
+    // Copy: appending nodes may reallocate the node vector.
+    const Node n = g.nodes()[i];
+    const OpDef& def = op_def(n.op);
+    if (!def.vjp) continue;
+    bool has_out_grad = false, has_in_need = false;
+    std::vector<Var> out_grads;
+    for (ValueId v : n.outputs) {
+      out_grads.push_back(grad[static_cast<size_t>(v)]);
+      has_out_grad = has_out_grad || grad[static_cast<size_t>(v)].valid();
+    }
+    for (ValueId v : n.inputs) has_in_need = has_in_need || needs[static_cast<size_t>(v)];
+    if (!has_out_grad || !has_in_need) continue;
+    // A missing gradient of the primary output (only an auxiliary output reached the loss)
+    // is zero.
+    if (!out_grads[0].valid()) {
+      const TensorType& t = g.type(n.outputs[0]);
+      out_grads[0] = b.fill(t.shape, 0.0, t.dtype);
+    }
+    b.set_position(n.scope, n.layer);
+    std::vector<Var> in_grads(n.inputs.size());
+    def.vjp(b, n, out_grads, &in_grads);
+    for (size_t k = 0; k < n.inputs.size(); ++k) {
+      ValueId v = n.inputs[k];
+      if (!needs[static_cast<size_t>(v)] || !in_grads[k].valid()) continue;
+      accumulate(v, in_grads[k]);
+    }
+  }
+
+  b.set_position("", -1);
+  for (ValueId p : g.params()) {
+    Var d = grad[static_cast<size_t>(p)];
+    if (!d.valid()) d = b.fill(g.type(p).shape, 0.0, g.type(p).dtype);
+    g.set_param_grad(p, d.id);
+  }
+  b.set_backward(false);
+  b.set_position(saved_scope, -1);
+}
+
+}  // namespace tessera

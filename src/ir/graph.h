@@ -1,0 +1,93 @@
+// The Graph: SSA, append-only, topologically ordered. Each Node applies one op to input Values
+// and defines output Values; each node carries a scope ("h.3.attn.qkv") and a layer index so
+// that passes can cut stages and name things. Build graphs with Builder (builder.h).
+//
+//   Graph g;
+//   Builder b(&g);
+//   Var x = b.input("x", Shape{4, 8});
+//   Var w = b.parameter("w", Shape{8, 8}, Init::normal, 0.02);
+//   Var y = b.matmul(x, w);
+//   g.nodes().size() == 3;  g.value(y.id).type.shape == Shape{4, 8};
+#pragma once
+
+#include <map>
+#include <string>
+#include <vector>
+
+#include "base/status.h"
+#include "ir/op.h"
+
+namespace tessera {
+
+using ValueId = int32_t;
+using NodeId = int32_t;
+
+struct Value {
+  TensorType type;
+  NodeId producer = -1;
+  int index = 0;  // which output of the producer
+};
+
+struct Node {
+  OpKind op = OpKind::fill;
+  Attrs attrs;
+  std::vector<ValueId> inputs;
+  std::vector<ValueId> outputs;
+  std::string scope;  // "h.3.attn.qkv"; "" at top level
+  int layer = -1;     // transformer block index, -1 outside blocks
+  bool backward = false;
+};
+
+class Graph {
+ public:
+  // Appends a node after inferring its output types. Errors name the op, the scope and the
+  // input types.
+  Result<NodeId> add_node(OpKind op, Attrs attrs, std::vector<ValueId> inputs, std::string scope,
+                          int layer, bool backward);
+
+  const std::vector<Node>& nodes() const { return nodes_; }
+  const Node& node(NodeId id) const { return nodes_[static_cast<size_t>(id)]; }
+  const std::vector<Value>& values() const { return values_; }
+  const Value& value(ValueId id) const { return values_[static_cast<size_t>(id)]; }
+  const TensorType& type(ValueId id) const { return value(id).type; }
+  const Node& producer(ValueId id) const { return node(value(id).producer); }
+
+  // Parameters and inputs in creation order.
+  const std::vector<ValueId>& params() const { return params_; }
+  const std::vector<ValueId>& inputs() const { return inputs_; }
+  // Finds a parameter or input by name; -1 when absent.
+  ValueId find_param(const std::string& name) const;
+  ValueId find_input(const std::string& name) const;
+  const std::string& name_of(ValueId param_or_input) const;
+
+  // Values that must survive to the end of a step (loss, gradients, metrics).
+  void mark_output(ValueId v);
+  const std::vector<ValueId>& outputs() const { return outputs_; }
+  ValueId loss() const { return loss_; }
+  void set_loss(ValueId v);
+  // Gradient of the loss w.r.t. each parameter, filled by append_backward (autodiff.h).
+  const std::map<ValueId, ValueId>& param_grads() const { return param_grads_; }
+  void set_param_grad(ValueId param, ValueId grad);
+
+  int64_t param_count() const;
+  // Sum of op FLOPs over the graph (forward and backward nodes separately when asked).
+  double total_flops() const;
+  double forward_flops() const;
+
+ private:
+  std::vector<Node> nodes_;
+  std::vector<Value> values_;
+  std::vector<ValueId> params_, inputs_, outputs_;
+  std::map<std::string, ValueId> param_by_name_, input_by_name_;
+  std::map<ValueId, ValueId> param_grads_;
+  ValueId loss_ = -1;
+};
+
+// Checks SSA and topological order, input/output counts and re-infers every node's output
+// types. Returns the first violation, naming the node.
+Status verify(const Graph& g);
+
+// One line per node: "%12 = matmul(%3, %7) {tb} : f32[2,16,192]  # h.0.attn.qkv".
+std::string print_graph(const Graph& g);
+
+}  // namespace tessera

@@ -1,0 +1,69 @@
+#include "ir/op.h"
+
+#include <array>
+#include <cstring>
+
+#include "base/check.h"
+
+namespace tessera {
+
+namespace {
+
+struct Registry {
+  std::array<OpDef, kNumOps> defs;
+  std::array<OpKind, kNumOps> kinds;
+  Registry() {
+    int i = 0;
+#define TS_OP_INIT(op, in, out)           \
+  kinds[i] = OpKind::op;                  \
+  defs[i].name = #op;                     \
+  defs[i].num_inputs = in;                \
+  defs[i].num_outputs = out;              \
+  ++i;
+    TESSERA_OPS(TS_OP_INIT)
+#undef TS_OP_INIT
+    ops_detail::define_elementwise_ops(defs.data());
+    ops_detail::define_shape_ops(defs.data());
+    ops_detail::define_nn_ops(defs.data());
+    for (const OpDef& d : defs) TS_CHECK(d.infer != nullptr) << "op '" << d.name << "' has no definition";
+  }
+};
+
+const Registry& registry() {
+  static const Registry r;
+  return r;
+}
+
+}  // namespace
+
+const OpDef& op_def(OpKind kind) { return registry().defs[static_cast<size_t>(kind)]; }
+const char* op_name(OpKind kind) { return op_def(kind).name; }
+std::span<const OpKind> all_ops() { return registry().kinds; }
+
+bool op_from_name(std::string_view name, OpKind* out) {
+  for (OpKind k : all_ops()) {
+    if (name == op_name(k)) {
+      *out = k;
+      return true;
+    }
+  }
+  return false;
+}
+
+double op_flops(OpKind kind, const Attrs& a, std::span<const TensorType> in,
+                std::span<const TensorType> out) {
+  const OpDef& d = op_def(kind);
+  return d.flops ? d.flops(a, in, out) : 0.0;
+}
+
+double op_bytes(OpKind kind, const Attrs& a, std::span<const TensorType> in,
+                std::span<const TensorType> out) {
+  const OpDef& d = op_def(kind);
+  if (d.bytes) return d.bytes(a, in, out);
+  double total = 0;
+  for (const TensorType& t : in) total += static_cast<double>(t.bytes());
+  for (const TensorType& t : out) total += static_cast<double>(t.bytes());
+  return total;
+}
+
+}  // namespace tessera

@@ -1,0 +1,35 @@
+// Helpers shared by the op definitions in ops_*.cc (not a public header).
+#pragma once
+
+#include <string>
+
+#include "ir/builder.h"
+#include "ir/op.h"
+
+namespace tessera::ops_detail {
+
+inline OpDef& def(OpDef* table, OpKind k) { return table[static_cast<size_t>(k)]; }
+
+inline Status need_float(const TensorType& t, const char* what) {
+  if (!dtype_is_float(t.dtype))
+    return error(std::string(what) + " must be a floating-point tensor, got " + t.to_string());
+  return Status();
+}
+
+inline Status same_dtype(const TensorType& a, const TensorType& b) {
+  if (a.dtype != b.dtype)
+    return error("dtypes differ: " + a.to_string() + " vs " + b.to_string(),
+                 "insert a cast so both operands have one dtype");
+  return Status();
+}
+
+inline double out_numel(std::span<const TensorType> out, int i = 0) {
+  return static_cast<double>(out[static_cast<size_t>(i)].shape.numel());
+}
+
+inline Var in_var(Builder& b, const Node& n, int i) { return b.var(n.inputs[static_cast<size_t>(i)]); }
+inline Var out_var(Builder& b, const Node& n, int i) {
+  return b.var(n.outputs[static_cast<size_t>(i)]);
+}
+
+}  // namespace tessera::ops_detail

@@ -1,0 +1,328 @@
+// Matmul and the fused neural-network ops (norms, RoPE, softmax, attention, cross-entropy) with
+// their backward ops. Fused ops have reference decompositions in the op-consistency test.
+#include "ir/ops_common.h"
+
+namespace tessera::ops_detail {
+
+namespace {
+
+// ---- matmul ------------------------------------------------------------------------------
+
+Status infer_matmul(const Attrs& a, std::span<const TensorType> in, std::vector<TensorType>* out) {
+  const Shape &sa = in[0].shape, &sb = in[1].shape;
+  TS_RETURN_IF_ERROR(same_dtype(in[0], in[1]));
+  TS_RETURN_IF_ERROR(need_float(in[0], "matmul operand"));
+  if (sa.rank() < 2 || sb.rank() < 2) return error("matmul operands need rank >= 2");
+  bool shared_b = sb.rank() == 2 && sa.rank() > 2;
+  if (!shared_b && sa.rank() != sb.rank())
+    return error("matmul batch ranks differ: " + sa.to_string() + " x " + sb.to_string());
+  if (shared_b && a.transpose_a)
+    return error("transpose_a is not supported with a shared rank-2 right operand");
+  if (!shared_b)
+    for (int i = 0; i < sa.rank() - 2; ++i)
+      if (sa[i] != sb[i])
+        return error("matmul batch dims differ: " + sa.to_string() + " x " + sb.to_string());
+  int64_t m = a.transpose_a ? sa[-1] : sa[-2], k = a.transpose_a ? sa[-2] : sa[-1];
+  int64_t kb = a.transpose_b ? sb[-1] : sb[-2], n = a.transpose_b ? sb[-2] : sb[-1];
+  if (k != kb)
+    return error("matmul inner dims differ: " + std::to_string(k) + " vs " + std::to_string(kb),
+                 "check the transpose flags and the operand layouts");
+  std::vector<int64_t> d(sa.dims().begin(), sa.dims().end() - 2);
+  d.push_back(m);
+  d.push_back(n);
+  out->push_back({Shape(d), in[0].dtype});
+  return Status();
+}
+
+double flops_matmul(const Attrs& a, std::span<const TensorType> in, std::span<const TensorType> out) {
+  int64_t k = a.transpose_a ? in[0].shape[-2] : in[0].shape[-1];
+  return 2.0 * out_numel(out) * static_cast<double>(k);
+}
+
+void vjp_matmul(Builder& b, const Node& n, std::span<const Var> g, std::vector<Var>* dx) {
+  Var A = in_var(b, n, 0), B = in_var(b, n, 1), dY = g[0];
+  bool ta = n.attrs.transpose_a, tb = n.attrs.transpose_b;
+  if (A.rank() > 2 && B.rank() == 2) {  // shared weight: flatten the batch into rows
+    (*dx)[0] = b.matmul(dY, B, false, !tb);
+    int64_t k = A.shape()[-1], cols = dY.shape()[-1];
+    Var A2 = b.reshape(A, Shape{-1, k}), dY2 = b.reshape(dY, Shape{-1, cols});
+    (*dx)[1] = tb ? b.matmul(dY2, A2, true, false) : b.matmul(A2, dY2, true, false);
+    return;
+  }
+  if (!ta && !tb) {
+    (*dx)[0] = b.matmul(dY, B, false, true);
+    (*dx)[1] = b.matmul(A, dY, true, false);
+  } else if (!ta && tb) {
+    (*dx)[0] = b.matmul(dY, B, false, false);
+    (*dx)[1] = b.matmul(dY, A, true, false);
+  } else if (ta && !tb) {
+    (*dx)[0] = b.matmul(B, dY, false, true);
+    (*dx)[1] = b.matmul(A, dY, false, false);
+  } else {
+    (*dx)[0] = b.matmul(B, dY, true, true);
+    (*dx)[1] = b.matmul(dY, A, true, true);
+  }
+}
+
+// ---- embedding ---------------------------------------------------------------------------
+
+Status infer_embedding(const Attrs&, std::span<const TensorType> in, std::vector<TensorType>* out) {
+  if (in[0].shape.rank() != 2) return error("embedding table must be [V, C]");
+  if (in[1].dtype != DType::i32) return error("embedding ids must be i32");
+  std::vector<int64_t> d = in[1].shape.dims();
+  d.push_back(in[0].shape[1]);
+  out->push_back({Shape(d), in[0].dtype});
+  return Status();
+}
+
+Status infer_embedding_grad(const Attrs& a, std::span<const TensorType> in,
+                            std::vector<TensorType>* out) {
+  if (in[1].dtype != DType::i32) return error("embedding ids must be i32");
+  if (in[0].shape.rank() != in[1].shape.rank() + 1 || a.vocab <= 0)
+    return error("embedding_grad needs dy [..., C] for ids [...] and vocab > 0");
+  out->push_back({Shape{a.vocab, in[0].shape[-1]}, in[0].dtype});
+  return Status();
+}
+
+void vjp_embedding(Builder& b, const Node& n, std::span<const Var> g, std::vector<Var>* dx) {
+  Var table = in_var(b, n, 0);
+  (*dx)[0] = b.embedding_grad(g[0], in_var(b, n, 1), table.shape()[0]);
+}
+
+double flops_embedding_grad(const Attrs&, std::span<const TensorType> in, std::span<const TensorType>) {
+  return static_cast<double>(in[0].shape.numel());
+}
+
+// ---- norms -------------------------------------------------------------------------------
+
+Shape rows_of(const Shape& s) { return Shape(std::vector<int64_t>(s.dims().begin(), s.dims().end() - 1)); }
+
+Status check_norm_weight(const TensorType& x, const TensorType& w) {
+  TS_RETURN_IF_ERROR(need_float(x, "norm input"));
+  if (x.shape.rank() < 1 || w.shape != Shape{x.shape[-1]})
+    return error("norm weight " + w.shape.to_string() + " must match the last dim of " +
+                 x.shape.to_string());
+  return same_dtype(x, w);
+}
+
+Status infer_layernorm(const Attrs&, std::span<const TensorType> in, std::vector<TensorType>* out) {
+  TS_RETURN_IF_ERROR(check_norm_weight(in[0], in[1]));
+  TS_RETURN_IF_ERROR(check_norm_weight(in[0], in[2]));
+  out->push_back(in[0]);
+  out->push_back({rows_of(in[0].shape), DType::f32});
+  out->push_back({rows_of(in[0].shape), DType::f32});
+  return Status();
+}
+
+Status infer_layernorm_grad(const Attrs&, std::span<const TensorType> in,
+                            std::vector<TensorType>* out) {
+  if (in[0].shape != in[1].shape) return error("layernorm_grad: dy and x differ");
+  TS_RETURN_IF_ERROR(check_norm_weight(in[1], in[2]));
+  out->push_back(in[1]);
+  out->push_back(in[2]);
+  out->push_back(in[2]);
+  return Status();
+}
+
+Status infer_rmsnorm(const Attrs&, std::span<const TensorType> in, std::vector<TensorType>* out) {
+  TS_RETURN_IF_ERROR(check_norm_weight(in[0], in[1]));
+  out->push_back(in[0]);
+  out->push_back({rows_of(in[0].shape), DType::f32});
+  return Status();
+}
+
+Status infer_rmsnorm_grad(const Attrs&, std::span<const TensorType> in,
+                          std::vector<TensorType>* out) {
+  if (in[0].shape != in[1].shape) return error("rmsnorm_grad: dy and x differ");
+  TS_RETURN_IF_ERROR(check_norm_weight(in[1], in[2]));
+  out->push_back(in[1]);
+  out->push_back(in[2]);
+  return Status();
+}
+
+template <int kPerElement>
+double flops_in0(const Attrs&, std::span<const TensorType> in, std::span<const TensorType>) {
+  return kPerElement * static_cast<double>(in[0].shape.numel());
+}
+
+// The mean/rstd outputs are saved statistics for the backward op, not differentiable.
+void vjp_layernorm(Builder& b, const Node& n, std::span<const Var> g, std::vector<Var>* dx) {
+  std::vector<Var> d = b.layernorm_grad(g[0], in_var(b, n, 0), in_var(b, n, 1), out_var(b, n, 1),
+                                        out_var(b, n, 2));
+  for (int i = 0; i < 3; ++i) (*dx)[static_cast<size_t>(i)] = d[static_cast<size_t>(i)];
+}
+
+void vjp_rmsnorm(Builder& b, const Node& n, std::span<const Var> g, std::vector<Var>* dx) {
+  std::vector<Var> d = b.rmsnorm_grad(g[0], in_var(b, n, 0), in_var(b, n, 1), out_var(b, n, 1));
+  (*dx)[0] = d[0];
+  (*dx)[1] = d[1];
+}
+
+// ---- rope, softmax, mask -----------------------------------------------------------------
+
+Status infer_rope(const Attrs&, std::span<const TensorType> in, std::vector<TensorType>* out) {
+  TS_RETURN_IF_ERROR(need_float(in[0], "rope input"));
+  if (in[0].shape.rank() != 4 || in[0].shape[-1] % 2 != 0)
+    return error("rope needs x [B,T,H,D] with even D, got " + in[0].shape.to_string());
+  out->push_back(in[0]);
+  return Status();
+}
+
+void vjp_rope(Builder& b, const Node& n, std::span<const Var> g, std::vector<Var>* dx) {
+  (*dx)[0] = b.rope(g[0], n.attrs.theta, !n.attrs.inverse);
+}
+
+Status infer_softmax(const Attrs&, std::span<const TensorType> in, std::vector<TensorType>* out) {
+  TS_RETURN_IF_ERROR(need_float(in[0], "softmax input"));
+  if (in[0].shape.rank() < 1) return error("softmax needs rank >= 1");
+  for (const TensorType& t : in)
+    if (t.shape != in[0].shape) return error("softmax_grad: y and dy differ");
+  out->push_back(in[0]);
+  return Status();
+}
+
+void vjp_softmax(Builder& b, const Node& n, std::span<const Var> g, std::vector<Var>* dx) {
+  (*dx)[0] = b.softmax_grad(out_var(b, n, 0), g[0]);
+}
+
+Status infer_causal_mask(const Attrs&, std::span<const TensorType> in,
+                         std::vector<TensorType>* out) {
+  if (in[0].shape.rank() < 2 || in[0].shape[-1] != in[0].shape[-2])
+    return error("causal_mask needs [..., T, T], got " + in[0].shape.to_string());
+  out->push_back(in[0]);
+  return Status();
+}
+
+void vjp_causal_mask(Builder& b, const Node&, std::span<const Var> g, std::vector<Var>* dx) {
+  (*dx)[0] = b.causal_mask(g[0], 0.0);
+}
+
+// ---- attention ---------------------------------------------------------------------------
+
+Status check_qkv(std::span<const TensorType> in) {
+  const Shape &q = in[0].shape, &k = in[1].shape, &v = in[2].shape;
+  if (q.rank() != 4 || k.rank() != 4 || k != v)
+    return error("attention needs q [B,H,T,D] and k, v [B,Hkv,T,D]");
+  if (q[0] != k[0] || q[2] != k[2] || q[3] != k[3])
+    return error("attention q " + q.to_string() + " and k " + k.to_string() + " disagree");
+  if (k[1] == 0 || q[1] % k[1] != 0)
+    return error("query heads " + std::to_string(q[1]) + " not a multiple of kv heads " +
+                 std::to_string(k[1]));
+  TS_RETURN_IF_ERROR(same_dtype(in[0], in[1]));
+  return same_dtype(in[0], in[2]);
+}
+
+Status infer_attention(const Attrs&, std::span<const TensorType> in, std::vector<TensorType>* out) {
+  TS_RETURN_IF_ERROR(check_qkv(in));
+  out->push_back(in[0]);
+  out->push_back({Shape{in[0].shape[0], in[0].shape[1], in[0].shape[2]}, DType::f32});
+  return Status();
+}
+
+Status infer_attention_grad(const Attrs&, std::span<const TensorType> in,
+                            std::vector<TensorType>* out) {
+  TS_RETURN_IF_ERROR(check_qkv(in));
+  if (in[3].shape != in[0].shape || in[5].shape != in[0].shape)
+    return error("attention_grad: out and dout must be shaped like q");
+  out->push_back(in[0]);
+  out->push_back(in[1]);
+  out->push_back(in[2]);
+  return Status();
+}
+
+// Counted as full (non-causal) attention, the convention of Megatron-LM and PaLM MFU figures.
+double flops_attention(const Attrs&, std::span<const TensorType> in, std::span<const TensorType>) {
+  const Shape& q = in[0].shape;
+  return 4.0 * static_cast<double>(q[0] * q[1] * q[2]) * static_cast<double>(q[2] * q[3]);
+}
+double flops_attention_grad(const Attrs& a, std::span<const TensorType> in,
+                            std::span<const TensorType> out) {
+  return 2.0 * flops_attention(a, in, out);
+}
+
+void vjp_attention(Builder& b, const Node& n, std::span<const Var> g, std::vector<Var>* dx) {
+  std::vector<Var> d = b.attention_grad(in_var(b, n, 0), in_var(b, n, 1), in_var(b, n, 2),
+                                        out_var(b, n, 0), out_var(b, n, 1), g[0], n.attrs.scalar);
+  for (int i = 0; i < 3; ++i) (*dx)[static_cast<size_t>(i)] = d[static_cast<size_t>(i)];
+}
+
+// ---- cross-entropy -----------------------------------------------------------------------
+
+Status infer_cross_entropy(const Attrs&, std::span<const TensorType> in,
+                           std::vector<TensorType>* out) {
+  TS_RETURN_IF_ERROR(need_float(in[0], "logits"));
+  if (in[0].shape.rank() != 2 || in[1].shape != Shape{in[0].shape[0]} || in[1].dtype != DType::i32)
+    return error("cross_entropy needs logits [N,V] and i32 targets [N]");
+  out->push_back({Shape{}, DType::f32});
+  out->push_back({Shape{in[0].shape[0]}, DType::f32});
+  return Status();
+}
+
+Status infer_cross_entropy_grad(const Attrs& a, std::span<const TensorType> in,
+                                std::vector<TensorType>* out) {
+  std::vector<TensorType> fwd;
+  TS_RETURN_IF_ERROR(infer_cross_entropy(a, in.subspan(0, 2), &fwd));
+  if (in[2].shape != fwd[1].shape || in[3].shape.numel() != 1)
+    return error("cross_entropy_grad needs lse [N] and a scalar dloss");
+  out->push_back(in[0]);
+  return Status();
+}
+
+void vjp_cross_entropy(Builder& b, const Node& n, std::span<const Var> g, std::vector<Var>* dx) {
+  (*dx)[0] = b.cross_entropy_grad(in_var(b, n, 0), in_var(b, n, 1), out_var(b, n, 1), g[0]);
+}
+
+}  // namespace
+
+void define_nn_ops(OpDef* t) {
+  def(t, OpKind::matmul).infer = infer_matmul;
+  def(t, OpKind::matmul).flops = flops_matmul;
+  def(t, OpKind::matmul).vjp = vjp_matmul;
+
+  def(t, OpKind::embedding).infer = infer_embedding;
+  def(t, OpKind::embedding).vjp = vjp_embedding;
+  def(t, OpKind::embedding_grad).infer = infer_embedding_grad;
+  def(t, OpKind::embedding_grad).flops = flops_embedding_grad;
+  def(t, OpKind::embedding_grad).gradient_of = "embedding";
+
+  def(t, OpKind::layernorm).infer = infer_layernorm;
+  def(t, OpKind::layernorm).flops = flops_in0<8>;
+  def(t, OpKind::layernorm).vjp = vjp_layernorm;
+  def(t, OpKind::layernorm_grad).infer = infer_layernorm_grad;
+  def(t, OpKind::layernorm_grad).flops = flops_in0<12>;
+  def(t, OpKind::layernorm_grad).gradient_of = "layernorm";
+  def(t, OpKind::rmsnorm).infer = infer_rmsnorm;
+  def(t, OpKind::rmsnorm).flops = flops_in0<5>;
+  def(t, OpKind::rmsnorm).vjp = vjp_rmsnorm;
+  def(t, OpKind::rmsnorm_grad).infer = infer_rmsnorm_grad;
+  def(t, OpKind::rmsnorm_grad).flops = flops_in0<9>;
+  def(t, OpKind::rmsnorm_grad).gradient_of = "rmsnorm";
+
+  def(t, OpKind::rope).infer = infer_rope;
+  def(t, OpKind::rope).flops = flops_in0<3>;
+  def(t, OpKind::rope).vjp = vjp_rope;
+  def(t, OpKind::softmax).infer = infer_softmax;
+  def(t, OpKind::softmax).flops = flops_in0<5>;
+  def(t, OpKind::softmax).vjp = vjp_softmax;
+  def(t, OpKind::softmax_grad).infer = infer_softmax;
+  def(t, OpKind::softmax_grad).flops = flops_in0<4>;
+  def(t, OpKind::softmax_grad).gradient_of = "softmax";
+  def(t, OpKind::causal_mask).infer = infer_causal_mask;
+  def(t, OpKind::causal_mask).vjp = vjp_causal_mask;
+
+  def(t, OpKind::attention).infer = infer_attention;
+  def(t, OpKind::attention).flops = flops_attention;
+  def(t, OpKind::attention).vjp = vjp_attention;
+  def(t, OpKind::attention_grad).infer = infer_attention_grad;
+  def(t, OpKind::attention_grad).flops = flops_attention_grad;
+  def(t, OpKind::attention_grad).gradient_of = "attention";
+
+  def(t, OpKind::cross_entropy).infer = infer_cross_entropy;
+  def(t, OpKind::cross_entropy).flops = flops_in0<4>;
+  def(t, OpKind::cross_entropy).vjp = vjp_cross_entropy;
+  def(t, OpKind::cross_entropy_grad).infer = infer_cross_entropy_grad;
+  def(t, OpKind::cross_entropy_grad).flops = flops_in0<4>;
+  def(t, OpKind::cross_entropy_grad).gradient_of = "cross_entropy";
+}
+
+}  // namespace tessera::ops_detail

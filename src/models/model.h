@@ -1,0 +1,68 @@
+// Model families written with the builder only: GPT (GPT-2/GPT-3: learned positions, LayerNorm,
+// GELU, tied embeddings) and LLaMA-style (RMSNorm, SwiGLU, RoPE, grouped-query attention,
+// untied head). Model code never mentions devices or ranks.
+//
+//   ModelConfig cfg = *find_preset("gpt2-small");
+//   TS_RETURN_IF_ERROR(validate(cfg));
+//   ModelGraph m = build_model(cfg, /*batch=*/4, /*seq=*/64, /*train=*/true);
+//   m.graph.param_count() == 124439808;
+#pragma once
+
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "base/status.h"
+#include "ir/graph.h"
+
+namespace tessera {
+
+struct ModelConfig {
+  std::string name = "custom";
+  std::string family = "gpt";  // "gpt" | "llama"
+  int64_t vocab_size = 50257;
+  int64_t n_layer = 12;
+  int64_t n_embd = 768;
+  int64_t n_head = 12;
+  int64_t n_kv_head = 0;      // llama: grouped-query heads (0 = n_head)
+  int64_t ffn_hidden = 0;     // 0 = 4 * n_embd (gpt)
+  int64_t max_seq_len = 1024;
+  double norm_eps = 1e-5;
+  double rope_theta = 10000.0;
+  bool tied_embeddings = true;  // gpt: lm head = wte; llama: separate lm_head
+  double init_std = 0.02;
+
+  int64_t head_dim() const { return n_embd / n_head; }
+  int64_t kv_heads() const { return n_kv_head > 0 ? n_kv_head : n_head; }
+  int64_t ffn() const { return ffn_hidden > 0 ? ffn_hidden : 4 * n_embd; }
+};
+
+// Checks the config is buildable (positive sizes, heads dividing the width, ...). Errors name
+// the key and the accepted values.
+Status validate(const ModelConfig& cfg);
+
+// Built-in presets: gpt2-small/medium/large/xl, gpt3-125m ... gpt3-175b, llama2-7b/13b/70b,
+// llama3-8b/70b/405b, and small ones for training here (gpt-mini, gpt-tiny, llama-tiny).
+std::optional<ModelConfig> find_preset(const std::string& name);
+std::vector<std::string> preset_names();
+
+struct ModelGraph {
+  Graph graph;
+  ValueId tokens = -1;   // i32 [B, T]
+  ValueId targets = -1;  // i32 [B, T] (train only)
+  ValueId logits = -1;   // f32 [B, T, V]
+  ValueId loss = -1;     // f32 [] (train only)
+  int64_t batch = 0, seq = 0;
+};
+
+// Builds the forward graph on [batch, seq] tokens; with train, the loss and the backward pass.
+// Logits are always readable after a run without train; with train only if keep_logits (it
+// keeps [B,T,V] floats alive for the whole step). The config must have passed validate().
+ModelGraph build_model(const ModelConfig& cfg, int64_t batch, int64_t seq, bool train,
+                       bool keep_logits = false);
+
+// Parameter count from the config alone (checked against the built graph in tests).
+int64_t count_params(const ModelConfig& cfg);
+
+}  // namespace tessera

@@ -1,0 +1,127 @@
+#include <cmath>
+
+#include "models/model.h"
+
+namespace tessera {
+
+namespace {
+
+ModelConfig gpt(const char* name, int64_t layers, int64_t width, int64_t heads, int64_t ctx,
+                int64_t vocab = 50257) {
+  ModelConfig c;
+  c.name = name;
+  c.family = "gpt";
+  c.n_layer = layers;
+  c.n_embd = width;
+  c.n_head = heads;
+  c.max_seq_len = ctx;
+  c.vocab_size = vocab;
+  return c;
+}
+
+ModelConfig llama(const char* name, int64_t layers, int64_t width, int64_t heads,
+                  int64_t kv_heads, int64_t ffn, int64_t vocab, int64_t ctx, double theta) {
+  ModelConfig c;
+  c.name = name;
+  c.family = "llama";
+  c.n_layer = layers;
+  c.n_embd = width;
+  c.n_head = heads;
+  c.n_kv_head = kv_heads;
+  c.ffn_hidden = ffn;
+  c.vocab_size = vocab;
+  c.max_seq_len = ctx;
+  c.rope_theta = theta;
+  c.tied_embeddings = false;
+  return c;
+}
+
+std::vector<ModelConfig> all_presets() {
+  return {
+      // Sized to learn in minutes on 2 CPU cores (the `tessera train` default).
+      gpt("gpt-mini", 4, 192, 6, 128),
+      gpt("gpt-tiny", 2, 64, 4, 64),
+      llama("llama-tiny", 2, 64, 4, 2, 128, 50257, 64, 10000.0),
+      // GPT-2 (Radford et al. 2019).
+      gpt("gpt2-small", 12, 768, 12, 1024),
+      gpt("gpt2-medium", 24, 1024, 16, 1024),
+      gpt("gpt2-large", 36, 1280, 20, 1024),
+      gpt("gpt2-xl", 48, 1600, 25, 1024),
+      // GPT-3 (Brown et al. 2020, Table 2.1); 13B uses width 5120 (the paper's 5140 is not a
+      // multiple of its 40 heads).
+      gpt("gpt3-125m", 12, 768, 12, 2048),
+      gpt("gpt3-350m", 24, 1024, 16, 2048),
+      gpt("gpt3-760m", 24, 1536, 16, 2048),
+      gpt("gpt3-1.3b", 24, 2048, 16, 2048),
+      gpt("gpt3-2.7b", 32, 2560, 32, 2048),
+      gpt("gpt3-6.7b", 32, 4096, 32, 2048),
+      gpt("gpt3-13b", 40, 5120, 40, 2048),
+      gpt("gpt3-175b", 96, 12288, 96, 2048),
+      // LLaMA 2 (Touvron et al. 2023) and LLaMA 3 (Dubey et al. 2024).
+      llama("llama2-7b", 32, 4096, 32, 32, 11008, 32000, 4096, 10000.0),
+      llama("llama2-13b", 40, 5120, 40, 40, 13824, 32000, 4096, 10000.0),
+      llama("llama2-70b", 80, 8192, 64, 8, 28672, 32000, 4096, 10000.0),
+      llama("llama3-8b", 32, 4096, 32, 8, 14336, 128256, 8192, 500000.0),
+      llama("llama3-70b", 80, 8192, 64, 8, 28672, 128256, 8192, 500000.0),
+      llama("llama3-405b", 126, 16384, 128, 8, 53248, 128256, 8192, 500000.0),
+  };
+}
+
+}  // namespace
+
+std::optional<ModelConfig> find_preset(const std::string& name) {
+  for (const ModelConfig& c : all_presets())
+    if (c.name == name) return c;
+  return std::nullopt;
+}
+
+std::vector<std::string> preset_names() {
+  std::vector<std::string> names;
+  for (const ModelConfig& c : all_presets()) names.push_back(c.name);
+  return names;
+}
+
+Status validate(const ModelConfig& c) {
+  auto positive = [](const char* key, int64_t v) -> Status {
+    if (v <= 0) return error("key '" + std::string(key) + "' must be a positive integer, got " + std::to_string(v));
+    return Status();
+  };
+  if (c.family != "gpt" && c.family != "llama")
+    return error("key 'family' is \"" + c.family + "\"; accepted values: \"gpt\", \"llama\"");
+  TS_RETURN_IF_ERROR(positive("vocab_size", c.vocab_size));
+  TS_RETURN_IF_ERROR(positive("n_layer", c.n_layer));
+  TS_RETURN_IF_ERROR(positive("n_embd", c.n_embd));
+  TS_RETURN_IF_ERROR(positive("n_head", c.n_head));
+  TS_RETURN_IF_ERROR(positive("max_seq_len", c.max_seq_len));
+  if (c.n_embd % c.n_head != 0)
+    return error("n_head = " + std::to_string(c.n_head) + " does not divide n_embd = " +
+                     std::to_string(c.n_embd),
+                 "choose n_head among the divisors of n_embd (head_dim = n_embd / n_head)");
+  if (c.n_kv_head < 0 || (c.n_kv_head > 0 && c.n_head % c.n_kv_head != 0))
+    return error("n_kv_head = " + std::to_string(c.n_kv_head) + " does not divide n_head = " +
+                     std::to_string(c.n_head),
+                 "use a divisor of n_head (or 0 for n_head)");
+  if (c.family == "gpt" && c.n_kv_head > 0 && c.n_kv_head != c.n_head)
+    return error("n_kv_head (grouped-query attention) is only supported by family \"llama\"");
+  if (c.family == "llama" && c.head_dim() % 2 != 0)
+    return error("head_dim = n_embd / n_head = " + std::to_string(c.head_dim()) +
+                 " must be even for RoPE");
+  if (c.ffn_hidden < 0) return error("key 'ffn_hidden' must be >= 0 (0 = 4 * n_embd)");
+  if (!(c.norm_eps > 0)) return error("key 'norm_eps' must be > 0");
+  if (!(c.rope_theta > 0)) return error("key 'rope_theta' must be > 0");
+  if (!(c.init_std > 0)) return error("key 'init_std' must be > 0");
+  return Status();
+}
+
+int64_t count_params(const ModelConfig& c) {
+  int64_t C = c.n_embd, V = c.vocab_size, F = c.ffn(), L = c.n_layer;
+  if (c.family == "gpt") {
+    int64_t block = 4 * C + (3 * C * C + 3 * C) + (C * C + C) + (F * C + F) + (C * F + C);
+    return V * C + c.max_seq_len * C + L * block + 2 * C + (c.tied_embeddings ? 0 : V * C);
+  }
+  int64_t kv = c.kv_heads() * c.head_dim();
+  int64_t block = 2 * C + C * C + 2 * kv * C + C * C + 3 * F * C;
+  return V * C + L * block + C + (c.tied_embeddings ? 0 : V * C);
+}
+
+}  // namespace tessera

@@ -1,0 +1,150 @@
+// GPT and LLaMA-style decoder-only transformers, written once with the builder.
+#include <cmath>
+
+#include "base/check.h"
+#include "ir/autodiff.h"
+#include "ir/builder.h"
+#include "models/model.h"
+
+namespace tessera {
+
+namespace {
+
+// [B,T,H*D] -> [B,H,T,D]
+Var split_heads(Builder& b, Var x, int64_t heads, int64_t head_dim) {
+  const Shape& s = x.shape();
+  return b.transpose(b.reshape(x, Shape{s[0], s[1], heads, head_dim}), {0, 2, 1, 3});
+}
+
+// [B,H,T,D] -> [B,T,H*D]
+Var merge_heads(Builder& b, Var x) {
+  const Shape& s = x.shape();
+  return b.reshape(b.transpose(x, {0, 2, 1, 3}), Shape{s[0], s[2], s[1] * s[3]});
+}
+
+// GPT-2 block: x + attn(ln_1(x)), then x + mlp(ln_2(x)).
+Var gpt_block(Builder& b, const ModelConfig& c, Var x) {
+  const int64_t C = c.n_embd, H = c.n_head, D = c.head_dim(), F = c.ffn();
+  const double proj_std = c.init_std / std::sqrt(2.0 * static_cast<double>(c.n_layer));
+  auto norm = [&](const char* name, Var in) {
+    auto s = b.scope(name);
+    Var w = b.parameter("weight", Shape{C}, Init::ones);
+    Var bias = b.parameter("bias", Shape{C}, Init::zeros);
+    return b.layernorm(in, w, bias, c.norm_eps)[0];
+  };
+  auto linear = [&](const char* name, Var in, int64_t out, int64_t inp, double std) {
+    auto s = b.scope(name);
+    Var w = b.parameter("weight", Shape{out, inp}, Init::normal, std);
+    Var bias = b.parameter("bias", Shape{out}, Init::zeros);
+    return b.linear(in, w, bias);
+  };
+  {
+    Var h = norm("ln_1", x);
+    auto s = b.scope("attn");
+    Var qkv = linear("qkv", h, 3 * C, C, c.init_std);  // [B,T,3C]
+    Var q = split_heads(b, b.slice(qkv, 2, 0, C), H, D);
+    Var k = split_heads(b, b.slice(qkv, 2, C, 2 * C), H, D);
+    Var v = split_heads(b, b.slice(qkv, 2, 2 * C, 3 * C), H, D);
+    Var att = b.attention(q, k, v, 1.0 / std::sqrt(static_cast<double>(D)))[0];
+    x = x + linear("proj", merge_heads(b, att), C, C, proj_std);
+  }
+  Var h = norm("ln_2", x);
+  auto s = b.scope("mlp");
+  Var a = b.gelu(linear("fc", h, F, C, c.init_std));
+  return x + linear("proj", a, C, F, proj_std);
+}
+
+// LLaMA block: x + attn(rmsnorm(x)), then x + swiglu-mlp(rmsnorm(x)).
+Var llama_block(Builder& b, const ModelConfig& c, Var x) {
+  const int64_t C = c.n_embd, H = c.n_head, Hkv = c.kv_heads(), D = c.head_dim(), F = c.ffn();
+  const Shape& xs = x.shape();
+  const double proj_std = c.init_std / std::sqrt(2.0 * static_cast<double>(c.n_layer));
+  auto norm = [&](const char* name, Var in) {
+    auto s = b.scope(name);
+    Var w = b.parameter("weight", Shape{C}, Init::ones);
+    return b.rmsnorm(in, w, c.norm_eps)[0];
+  };
+  auto linear = [&](const char* name, Var in, int64_t out, int64_t inp, double std) {
+    auto s = b.scope(name);
+    return b.linear(in, b.parameter("weight", Shape{out, inp}, Init::normal, std));
+  };
+  {
+    Var h = norm("attn_norm", x);
+    auto s = b.scope("attn");
+    Var q = b.reshape(linear("q", h, H * D, C, c.init_std), Shape{xs[0], xs[1], H, D});
+    Var k = b.reshape(linear("k", h, Hkv * D, C, c.init_std), Shape{xs[0], xs[1], Hkv, D});
+    Var v = b.reshape(linear("v", h, Hkv * D, C, c.init_std), Shape{xs[0], xs[1], Hkv, D});
+    q = b.transpose(b.rope(q, c.rope_theta), {0, 2, 1, 3});
+    k = b.transpose(b.rope(k, c.rope_theta), {0, 2, 1, 3});
+    v = b.transpose(v, {0, 2, 1, 3});
+    Var att = b.attention(q, k, v, 1.0 / std::sqrt(static_cast<double>(D)))[0];
+    x = x + linear("o", merge_heads(b, att), C, H * D, proj_std);
+  }
+  Var h = norm("mlp_norm", x);
+  auto s = b.scope("mlp");
+  Var gate = linear("gate", h, F, C, c.init_std);
+  Var up = linear("up", h, F, C, c.init_std);
+  return x + linear("down", b.swiglu(gate, up), C, F, proj_std);
+}
+
+}  // namespace
+
+ModelGraph build_model(const ModelConfig& c, int64_t batch, int64_t seq, bool train,
+                       bool keep_logits) {
+  TS_CHECK(validate(c).ok()) << validate(c).to_string();
+  TS_CHECK_LE(seq, c.max_seq_len);
+  ModelGraph m;
+  m.batch = batch;
+  m.seq = seq;
+  Builder b(&m.graph);
+  const int64_t C = c.n_embd, V = c.vocab_size;
+  Var tokens = b.input("tokens", Shape{batch, seq}, DType::i32);
+  m.tokens = tokens.id;
+  Var emb, x;
+  if (c.family == "gpt") {
+    emb = b.parameter("wte", Shape{V, C}, Init::normal, c.init_std);
+    Var wpe = b.parameter("wpe", Shape{c.max_seq_len, C}, Init::normal, c.init_std);
+    x = b.embedding(emb, tokens) + b.slice(wpe, 0, 0, seq);
+  } else {
+    emb = b.parameter("tok_emb", Shape{V, C}, Init::normal, c.init_std);
+    x = b.embedding(emb, tokens);
+  }
+  for (int64_t l = 0; l < c.n_layer; ++l) {
+    b.set_layer(static_cast<int>(l));
+    auto s = b.scope("h." + std::to_string(l));
+    x = c.family == "gpt" ? gpt_block(b, c, x) : llama_block(b, c, x);
+  }
+  b.set_layer(-1);
+  Var head;
+  if (c.family == "gpt") {
+    auto s = b.scope("ln_f");
+    Var w = b.parameter("weight", Shape{C}, Init::ones);
+    Var bias = b.parameter("bias", Shape{C}, Init::zeros);
+    x = b.layernorm(x, w, bias, c.norm_eps)[0];
+  } else {
+    auto s = b.scope("norm");
+    x = b.rmsnorm(x, b.parameter("weight", Shape{C}, Init::ones), c.norm_eps)[0];
+  }
+  head = c.tied_embeddings ? emb : b.parameter("lm_head.weight", Shape{V, C}, Init::normal, c.init_std);
+  Var logits;
+  {
+    auto s = b.scope("lm_head");
+    logits = b.matmul(x, head, false, true);  // [B,T,V]
+  }
+  m.logits = logits.id;
+  if (!train || keep_logits) m.graph.mark_output(logits.id);
+  if (!train) return m;
+  Var targets = b.input("targets", Shape{batch, seq}, DType::i32);
+  m.targets = targets.id;
+  Var loss;
+  {
+    auto s = b.scope("loss");
+    loss = b.cross_entropy(b.reshape(logits, Shape{batch * seq, V}),
+                           b.reshape(targets, Shape{batch * seq}))[0];
+  }
+  m.loss = loss.id;
+  append_backward(b, loss);
+  return m;
+}
+
+}  // namespace tessera

@@ -1,0 +1,84 @@
+#include "parallel/memory_plan.h"
+
+#include <algorithm>
+#include <numeric>
+
+namespace tessera {
+
+namespace {
+int64_t align_up(int64_t x, int64_t a) { return (x + a - 1) / a * a; }
+}  // namespace
+
+MemoryPlan plan_memory(const Graph& g, int64_t alignment) {
+  MemoryPlan plan;
+  const int num_nodes = static_cast<int>(g.nodes().size());
+  plan.buffers.resize(g.values().size());
+  for (size_t i = 0; i < g.values().size(); ++i) {
+    const Value& v = g.values()[i];
+    BufferPlan& b = plan.buffers[i];
+    b.bytes = v.type.bytes();
+    b.first = g.node(v.producer).op == OpKind::input ? 0 : v.producer;
+    b.last = b.first;
+  }
+  for (int i = 0; i < num_nodes; ++i)
+    for (ValueId v : g.nodes()[static_cast<size_t>(i)].inputs)
+      plan.buffers[static_cast<size_t>(v)].last = std::max(plan.buffers[static_cast<size_t>(v)].last, i);
+  for (ValueId v : g.outputs()) plan.buffers[static_cast<size_t>(v)].last = num_nodes;
+
+  std::vector<ValueId> order;
+  for (ValueId v = 0; v < static_cast<ValueId>(g.values().size()); ++v) {
+    if (g.producer(v).op == OpKind::parameter) {
+      plan.param_bytes += plan.buffers[static_cast<size_t>(v)].bytes;
+      continue;
+    }
+    order.push_back(v);
+  }
+  std::stable_sort(order.begin(), order.end(), [&](ValueId a, ValueId b) {
+    return plan.buffers[static_cast<size_t>(a)].bytes > plan.buffers[static_cast<size_t>(b)].bytes;
+  });
+
+  // Placed buffers, kept sorted by offset.
+  std::vector<ValueId> placed;
+  std::vector<std::pair<int64_t, int64_t>> busy;  // (offset, end) of time-overlapping buffers
+  for (ValueId v : order) {
+    BufferPlan& b = plan.buffers[static_cast<size_t>(v)];
+    busy.clear();
+    for (ValueId p : placed) {
+      const BufferPlan& o = plan.buffers[static_cast<size_t>(p)];
+      if (o.first <= b.last && b.first <= o.last) busy.emplace_back(o.offset, o.offset + o.bytes);
+    }
+    std::sort(busy.begin(), busy.end());
+    int64_t candidate = 0, best = -1, best_gap = INT64_MAX;
+    for (auto [lo, hi] : busy) {
+      if (lo >= candidate + b.bytes && lo - candidate < best_gap) {
+        best = candidate;
+        best_gap = lo - candidate;
+      }
+      candidate = std::max(candidate, align_up(hi, alignment));
+    }
+    b.offset = best >= 0 ? best : candidate;
+    plan.arena_bytes = std::max(plan.arena_bytes, b.offset + b.bytes);
+    placed.insert(std::upper_bound(placed.begin(), placed.end(), v,
+                                   [&](ValueId x, ValueId y) {
+                                     return plan.buffers[static_cast<size_t>(x)].offset <
+                                            plan.buffers[static_cast<size_t>(y)].offset;
+                                   }),
+                  v);
+  }
+
+  // Live-bytes profile: +bytes at first, -bytes after last.
+  std::vector<int64_t> delta(static_cast<size_t>(num_nodes) + 2, 0);
+  for (ValueId v : order) {
+    const BufferPlan& b = plan.buffers[static_cast<size_t>(v)];
+    delta[static_cast<size_t>(b.first)] += b.bytes;
+    delta[static_cast<size_t>(b.last) + 1] -= b.bytes;
+  }
+  int64_t live = 0;
+  for (int64_t d : delta) {
+    live += d;
+    plan.live_peak_bytes = std::max(plan.live_peak_bytes, live);
+  }
+  return plan;
+}
+
+}  // namespace tessera

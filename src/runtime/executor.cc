@@ -1,0 +1,80 @@
+#include "runtime/executor.h"
+
+#include <cstring>
+
+#include "backend/cpu/cpu_backend.h"
+#include "base/check.h"
+
+namespace tessera {
+
+namespace {
+constexpr uint8_t kPaint = 0xA5;
+int64_t align64(int64_t x) { return (x + 63) / 64 * 64; }
+}  // namespace
+
+Executor::Executor(const Graph& g, Backend& backend) : g_(g), backend_(backend) {
+  plan_ = plan_memory(g);
+  param_ptr_.assign(g.values().size(), nullptr);
+  int64_t total = 0;
+  for (ValueId p : g.params()) total += align64(g.type(p).bytes());
+  params_.reset(new uint8_t[static_cast<size_t>(std::max<int64_t>(total, 64))]());
+  int64_t off = 0;
+  for (ValueId p : g.params()) {
+    param_ptr_[static_cast<size_t>(p)] = params_.get() + off;
+    off += align64(g.type(p).bytes());
+  }
+  arena_.reset(new uint8_t[static_cast<size_t>(std::max<int64_t>(plan_.arena_bytes, 64))]);
+}
+
+void Executor::init_params(uint64_t seed) {
+  std::mt19937_64 rng(seed);
+  for (ValueId p : g_.params()) {
+    const Node& n = g_.producer(p);
+    int64_t count = g_.type(p).shape.numel();
+    std::vector<float> v(static_cast<size_t>(count), 0.0f);
+    if (n.attrs.init == Init::ones) std::fill(v.begin(), v.end(), 1.0f);
+    if (n.attrs.init == Init::normal) {
+      std::normal_distribution<float> dist(0.0f, static_cast<float>(n.attrs.init_std));
+      for (float& x : v) x = dist(rng);
+    }
+    convert_elements(v.data(), DType::f32, raw(p), g_.type(p).dtype, count);
+  }
+}
+
+void Executor::set_input(const std::string& name, const void* data) {
+  ValueId v = g_.find_input(name);
+  TS_CHECK_GE(v, 0) << "no input named '" << name << "'";
+  std::memcpy(raw(v), data, static_cast<size_t>(g_.type(v).bytes()));
+}
+
+void* Executor::raw(ValueId v) {
+  if (uint8_t* p = param_ptr_[static_cast<size_t>(v)]) return p;
+  int64_t off = plan_.offset(v);
+  TS_CHECK_GE(off, 0) << "value %" << v << " has no storage";
+  return arena_.get() + off;
+}
+
+void Executor::run() {
+  std::vector<const void*> in;
+  std::vector<void*> out;
+  for (const Node& n : g_.nodes()) {
+    if (n.op == OpKind::parameter || n.op == OpKind::input) continue;
+    in.clear();
+    out.clear();
+    for (ValueId v : n.inputs) in.push_back(raw(v));
+    for (ValueId v : n.outputs) out.push_back(raw(v));
+    backend_.run(g_, n, in, out);
+  }
+}
+
+void Executor::paint_arena() {
+  std::memset(arena_.get(), kPaint, static_cast<size_t>(plan_.arena_bytes));
+}
+
+int64_t Executor::measured_high_water() const {
+  for (int64_t i = plan_.arena_bytes; i > 0; --i)
+    if (arena_[static_cast<size_t>(i - 1)] != kPaint) return i;
+  return 0;
+}
+
+}  // namespace tessera

@@ -1,0 +1,62 @@
+// Executes a Graph on a Backend: parameters live in persistent storage, every other value at
+// its offset in one arena sized by the static memory plan (parallel/memory_plan.h).
+//
+//   Executor ex(model.graph, cpu);
+//   ex.init_params(seed);
+//   ex.set_input("tokens", tokens.data());
+//   ex.run();
+//   float loss = *ex.data<float>(model.loss);
+//
+// The arena high-water mark can be measured by painting it before a run and scanning after:
+//   ex.paint_arena(); ...set inputs...; ex.run(); ex.measured_high_water() == plan.arena_bytes
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "backend/backend.h"
+#include "parallel/memory_plan.h"
+
+namespace tessera {
+
+class Executor {
+ public:
+  Executor(const Graph& g, Backend& backend);
+  Executor(const Executor&) = delete;
+  Executor& operator=(const Executor&) = delete;
+
+  const Graph& graph() const { return g_; }
+  const MemoryPlan& plan() const { return plan_; }
+
+  // Initializes every parameter from its recorded Init (normal with a seeded generator).
+  void init_params(uint64_t seed);
+  // Copies `bytes` (the value's full size) into the named input's arena slot.
+  void set_input(const std::string& name, const void* data);
+  // Runs every node in order.
+  void run();
+
+  // Storage of any value: persistent for parameters, the arena slot otherwise (valid until the
+  // next run overwrites it).
+  void* raw(ValueId v);
+  template <typename T>
+  T* data(ValueId v) {
+    return static_cast<T*>(raw(v));
+  }
+
+  // Arena high-water measurement (see the header comment).
+  void paint_arena();
+  int64_t measured_high_water() const;
+
+ private:
+  const Graph& g_;
+  Backend& backend_;
+  MemoryPlan plan_;
+  std::vector<uint8_t*> param_ptr_;  // indexed by ValueId, null for non-parameters
+  std::unique_ptr<uint8_t[]> params_;
+  std::unique_ptr<uint8_t[]> arena_;
+};
+
+}  // namespace tessera

@@ -1,0 +1,60 @@
+// AdamW with decoupled weight decay, global-norm gradient clipping and a warmup + cosine
+// learning-rate schedule. Matches torch.optim.AdamW (1.13): p *= 1 - lr*wd, then
+// p -= lr/(1-b1^t) * m / (sqrt(v)/sqrt(1-b2^t) + eps).
+//
+//   AdamW opt(params, {.lr = 6e-4, .weight_decay = 0.1});
+//   float norm = opt.clip_grad_norm(1.0);   // before the step
+//   opt.step(lr);
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+namespace tessera {
+
+struct AdamWConfig {
+  double lr = 6e-4;
+  double beta1 = 0.9;
+  double beta2 = 0.95;
+  double eps = 1e-8;
+  double weight_decay = 0.1;  // applied to tensors of rank >= 2 (matrices and embeddings)
+};
+
+// One parameter tensor as the optimizer sees it (f32 master weights and gradient).
+struct ParamSlot {
+  std::string name;
+  float* param = nullptr;
+  float* grad = nullptr;
+  int64_t size = 0;
+  bool decay = true;
+};
+
+class AdamW {
+ public:
+  AdamW(std::vector<ParamSlot> params, AdamWConfig cfg);
+  // Scales gradients so their global L2 norm is at most max_norm (coefficient
+  // max_norm / (norm + 1e-6), as torch); returns the norm before clipping.
+  double clip_grad_norm(double max_norm);
+  double grad_norm() const;
+  void step(double lr);
+
+  int64_t steps() const { return t_; }
+  void set_steps(int64_t t) { t_ = t; }
+  const std::vector<ParamSlot>& params() const { return params_; }
+  // First and second moments per parameter (for checkpoints).
+  std::vector<float>& m(size_t i) { return m_[i]; }
+  std::vector<float>& v(size_t i) { return v_[i]; }
+  const AdamWConfig& config() const { return cfg_; }
+
+ private:
+  std::vector<ParamSlot> params_;
+  AdamWConfig cfg_;
+  std::vector<std::vector<float>> m_, v_;
+  int64_t t_ = 0;
+};
+
+// Linear warmup to max_lr over warmup steps, then cosine decay to min_lr at total steps.
+double lr_at(int64_t step, int64_t warmup, int64_t total, double max_lr, double min_lr);
+
+}  // namespace tessera

@@ -1,0 +1,58 @@
+#include "runtime/train_step.h"
+
+#include <cstring>
+
+#include "base/check.h"
+
+namespace tessera {
+
+TrainStep::TrainStep(const ModelGraph& model, Backend& backend, AdamWConfig opt)
+    : model_(model), exec_(std::make_unique<Executor>(model.graph, backend)) {
+  const Graph& g = model.graph;
+  TS_CHECK_GE(g.loss(), 0) << "TrainStep needs a graph built with train = true";
+  std::vector<ParamSlot> slots;
+  for (ValueId p : g.params()) {
+    TS_CHECK(g.type(p).dtype == DType::f32) << "parameters are kept in f32";
+    int64_t n = g.type(p).shape.numel();
+    grads_.emplace_back(static_cast<size_t>(n), 0.0f);
+    slots.push_back(ParamSlot{g.name_of(p), exec_->data<float>(p), grads_.back().data(), n,
+                              g.type(p).shape.rank() >= 2});
+  }
+  opt_ = std::make_unique<AdamW>(std::move(slots), opt);
+}
+
+float TrainStep::forward_backward(const int32_t* tokens, const int32_t* targets) {
+  exec_->set_input("tokens", tokens);
+  exec_->set_input("targets", targets);
+  exec_->run();
+  const Graph& g = model_.graph;
+  size_t i = 0;
+  for (ValueId p : g.params()) {
+    const float* src = exec_->data<float>(g.param_grads().at(p));
+    std::vector<float>& dst = grads_[i++];
+    int64_t n = static_cast<int64_t>(dst.size());
+    if (accumulated_ == 0) {
+      std::memcpy(dst.data(), src, dst.size() * sizeof(float));
+    } else {
+#pragma omp parallel for if (n > 65536)
+      for (int64_t k = 0; k < n; ++k) dst[static_cast<size_t>(k)] += src[k];
+    }
+  }
+  ++accumulated_;
+  return *exec_->data<float>(g.loss());
+}
+
+double TrainStep::apply(double lr, double clip, int micro_steps) {
+  TS_CHECK_EQ(accumulated_, micro_steps);
+  if (micro_steps > 1) {
+    float inv = 1.0f / static_cast<float>(micro_steps);
+    for (std::vector<float>& gbuf : grads_)
+      for (float& x : gbuf) x *= inv;
+  }
+  double norm = clip > 0 ? opt_->clip_grad_norm(clip) : opt_->grad_norm();
+  opt_->step(lr);
+  accumulated_ = 0;
+  return norm;
+}
+
+}  // namespace tessera
