@@ -4,7 +4,7 @@
 //
 //   ModelConfig cfg = *find_preset("gpt2-small");
 //   TS_RETURN_IF_ERROR(validate(cfg));
-//   ModelGraph m = build_model(cfg, /*batch=*/4, /*seq=*/64, /*train=*/true);
+//   ModelGraph m = build_model(cfg, /*batch=*/4, /*seq=*/64, ModelMode::train);
 //   m.graph.param_count() == 124439808;
 #pragma once
 
@@ -50,16 +50,20 @@ std::vector<std::string> preset_names();
 struct ModelGraph {
   Graph graph;
   ValueId tokens = -1;   // i32 [B, T]
-  ValueId targets = -1;  // i32 [B, T] (train only)
+  ValueId targets = -1;  // i32 [B, T] (loss and train modes)
   ValueId logits = -1;   // f32 [B, T, V]
-  ValueId loss = -1;     // f32 [] (train only)
+  ValueId loss = -1;     // f32 [] (loss and train modes)
   int64_t batch = 0, seq = 0;
 };
 
-// Builds the forward graph on [batch, seq] tokens; with train, the loss and the backward pass.
-// Logits are always readable after a run without train; with train only if keep_logits (it
-// keeps [B,T,V] floats alive for the whole step). The config must have passed validate().
-ModelGraph build_model(const ModelConfig& cfg, int64_t batch, int64_t seq, bool train,
+// What a model graph computes: logits only (sampling), the loss (evaluation), or the loss and
+// the gradient of every parameter (training).
+enum class ModelMode { logits, loss, train };
+
+// Builds the graph on [batch, seq] tokens. Logits are readable after a run in logits mode, and
+// in the other modes only with keep_logits (it keeps [B,T,V] floats alive for the whole step).
+// The config must have passed validate().
+ModelGraph build_model(const ModelConfig& cfg, int64_t batch, int64_t seq, ModelMode mode,
                        bool keep_logits = false);
 
 // Parameter count from the config alone (checked against the built graph in tests).

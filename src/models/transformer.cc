@@ -89,7 +89,7 @@ Var llama_block(Builder& b, const ModelConfig& c, Var x) {
 
 }  // namespace
 
-ModelGraph build_model(const ModelConfig& c, int64_t batch, int64_t seq, bool train,
+ModelGraph build_model(const ModelConfig& c, int64_t batch, int64_t seq, ModelMode mode,
                        bool keep_logits) {
   TS_CHECK(validate(c).ok()) << validate(c).to_string();
   TS_CHECK_LE(seq, c.max_seq_len);
@@ -132,8 +132,8 @@ ModelGraph build_model(const ModelConfig& c, int64_t batch, int64_t seq, bool tr
     logits = b.matmul(x, head, false, true);  // [B,T,V]
   }
   m.logits = logits.id;
-  if (!train || keep_logits) m.graph.mark_output(logits.id);
-  if (!train) return m;
+  if (mode == ModelMode::logits || keep_logits) m.graph.mark_output(logits.id);
+  if (mode == ModelMode::logits) return m;
   Var targets = b.input("targets", Shape{batch, seq}, DType::i32);
   m.targets = targets.id;
   Var loss;
@@ -143,7 +143,11 @@ ModelGraph build_model(const ModelConfig& c, int64_t batch, int64_t seq, bool tr
                            b.reshape(targets, Shape{batch * seq}))[0];
   }
   m.loss = loss.id;
-  append_backward(b, loss);
+  if (mode == ModelMode::loss) {
+    m.graph.set_loss(loss.id);
+  } else {
+    append_backward(b, loss);
+  }
   return m;
 }
 

@@ -1,5 +1,6 @@
 #include "runtime/optimizer.h"
 
+#include <algorithm>
 #include <cmath>
 
 namespace tessera {
@@ -12,13 +13,22 @@ AdamW::AdamW(std::vector<ParamSlot> params, AdamWConfig cfg)
   }
 }
 
+// Sums of squares over fixed chunks added in order: the result does not depend on the thread
+// count or schedule, so runs (and resumed runs) are bitwise reproducible.
 double AdamW::grad_norm() const {
+  constexpr int64_t kChunk = 1 << 15;
   double total = 0;
   for (const ParamSlot& p : params_) {
-    double s = 0;
-#pragma omp parallel for reduction(+ : s) if (p.size > 65536)
-    for (int64_t i = 0; i < p.size; ++i) s += static_cast<double>(p.grad[i]) * p.grad[i];
-    total += s;
+    int64_t chunks = (p.size + kChunk - 1) / kChunk;
+    std::vector<double> partial(static_cast<size_t>(chunks), 0.0);
+#pragma omp parallel for schedule(static) if (chunks > 1)
+    for (int64_t c = 0; c < chunks; ++c) {
+      double s = 0;
+      for (int64_t i = c * kChunk; i < std::min(p.size, (c + 1) * kChunk); ++i)
+        s += static_cast<double>(p.grad[i]) * p.grad[i];
+      partial[static_cast<size_t>(c)] = s;
+    }
+    for (double s : partial) total += s;
   }
   return std::sqrt(total);
 }

@@ -9,7 +9,7 @@ namespace tessera {
 TrainStep::TrainStep(const ModelGraph& model, Backend& backend, AdamWConfig opt)
     : model_(model), exec_(std::make_unique<Executor>(model.graph, backend)) {
   const Graph& g = model.graph;
-  TS_CHECK_GE(g.loss(), 0) << "TrainStep needs a graph built with train = true";
+  TS_CHECK(!g.param_grads().empty()) << "TrainStep needs a graph built in ModelMode::train";
   std::vector<ParamSlot> slots;
   for (ValueId p : g.params()) {
     TS_CHECK(g.type(p).dtype == DType::f32) << "parameters are kept in f32";

@@ -68,7 +68,8 @@ void check_model(const std::string& file) {
   Golden gold = load_golden(file);
   const SafetensorsFile& f = gold.file;
   ASSERT_TRUE(validate(gold.cfg).ok()) << validate(gold.cfg).to_string();
-  ModelGraph m = build_model(gold.cfg, gold.batch, gold.seq, /*train=*/true, /*keep_logits=*/true);
+  ModelGraph m = build_model(gold.cfg, gold.batch, gold.seq, ModelMode::train,
+                             /*keep_logits=*/true);
   CpuBackend cpu;
   AdamWConfig opt;
   opt.lr = meta_float(f, "lr");

@@ -233,8 +233,7 @@ void cross_entropy(const Args& a) {
   const int32_t* tgt = a.iin(1);
   float *loss = a.fout(0), *lse = a.fout(1);
   int64_t n = a.in_shape(0)[0], v = a.in_shape(0)[1];
-  double total = 0;
-#pragma omp parallel for schedule(static) reduction(+ : total)
+#pragma omp parallel for schedule(static)
   for (int64_t i = 0; i < n; ++i) {
     const float* row = logits + i * v;
     TS_CHECK(tgt[i] >= 0 && tgt[i] < v) << "target " << tgt[i] << " out of range [0, " << v << ")";
@@ -243,8 +242,9 @@ void cross_entropy(const Args& a) {
     double s = 0;
     for (int64_t j = 0; j < v; ++j) s += std::exp(row[j] - m);
     lse[i] = m + static_cast<float>(std::log(s));
-    total += static_cast<double>(lse[i]) - row[tgt[i]];
   }
+  double total = 0;  // summed in row order: reproducible whatever the thread count
+  for (int64_t i = 0; i < n; ++i) total += static_cast<double>(lse[i]) - logits[i * v + tgt[i]];
   loss[0] = static_cast<float>(total / static_cast<double>(n));
 }
 
