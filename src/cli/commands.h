@@ -1,0 +1,47 @@
+// The `tessera` subcommands. Each add_*_command registers its flags on the CLI11 app; each run_*
+// function does the work and returns a Status that main() prints in one paragraph.
+#pragma once
+
+#include <string>
+
+#include <CLI/CLI.hpp>
+
+#include "base/status.h"
+
+namespace tessera {
+
+// Where the shipped data lives (tokenizer files, corpus); overridable with TESSERA_DATA_DIR.
+std::string default_data_dir();
+
+struct TrainOptions {
+  std::string model = "gpt-mini";  // preset name or config.toml
+  std::string data;                // directory with train.bin / val.bin ("" = shipped corpus)
+  std::string out = "runs/default";
+  int64_t batch = 8;
+  int64_t seq = 128;
+  int64_t steps = 500;
+  int64_t grad_accum = 1;
+  int64_t warmup = 25;
+  double lr = 2e-3;
+  double min_lr_frac = 0.1;
+  double weight_decay = 0.1;
+  double clip = 1.0;
+  int64_t eval_every = 100;
+  int64_t eval_batches = 8;
+  int64_t ckpt_every = 100;
+  int64_t keep_ckpts = 3;
+  int64_t log_every = 10;
+  int64_t sample_tokens = 64;
+  uint64_t seed = 1337;
+  bool resume = false;
+  int64_t stop_after = 0;  // stop (with a checkpoint) after this many steps of this run; 0: off
+};
+
+void add_train_command(CLI::App& app, TrainOptions& opts);
+Status run_train(const TrainOptions& opts);
+
+void add_graph_command(CLI::App& app);
+void add_sample_command(CLI::App& app);
+void add_tokenize_command(CLI::App& app);
+
+}  // namespace tessera

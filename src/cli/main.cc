@@ -1,0 +1,28 @@
+// tessera: train, inspect and sample transformer models written once for one device.
+#include <cstdio>
+
+#include "cli/commands.h"
+
+int main(int argc, char** argv) {
+  CLI::App app{
+      "Tessera: train transformer models written once for one device.\n"
+      "Run `tessera COMMAND --help` for a command's flags."};
+  app.require_subcommand(1);
+  tessera::TrainOptions train;
+  tessera::add_train_command(app, train);
+  tessera::add_graph_command(app);
+  tessera::add_sample_command(app);
+  tessera::add_tokenize_command(app);
+  try {
+    app.parse(argc, argv);
+  } catch (const CLI::CallForHelp& e) {
+    return app.exit(e);
+  } catch (const CLI::CallForAllHelp& e) {
+    return app.exit(e);
+  } catch (const CLI::ParseError& e) {
+    std::fprintf(stderr, "error: %s\nHINT: run `tessera --help` or `tessera COMMAND --help` for the accepted flags.\n",
+                 e.what());
+    return 2;
+  }
+  return 0;
+}

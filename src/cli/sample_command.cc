@@ -1,0 +1,72 @@
+// `tessera sample --checkpoint DIR --prompt TEXT`: generate text from a trained checkpoint.
+#include <cstdio>
+#include <cstring>
+#include <random>
+
+#include "backend/cpu/cpu_backend.h"
+#include "cli/commands.h"
+#include "cli/common.h"
+#include "data/bpe_tokenizer.h"
+#include "io/checkpoint.h"
+#include "io/model_config.h"
+#include "runtime/sampler.h"
+
+namespace tessera {
+
+namespace {
+
+struct SampleArgs {
+  std::string checkpoint;
+  std::string prompt = "\n";
+  int tokens = 100;
+  double temperature = 0.8;
+  int top_k = 40;
+  uint64_t seed = 0;
+};
+
+Status run_sample(const SampleArgs& a) {
+  TS_ASSIGN_OR_RETURN(Checkpoint ck, load_checkpoint(a.checkpoint));
+  nlohmann::json model_json;
+  try {
+    model_json = ck.manifest().at("model");
+  } catch (const nlohmann::json::exception&) {
+    return error("checkpoint " + ck.dir() + ": manifest.json has no model config");
+  }
+  TS_ASSIGN_OR_RETURN(ModelConfig cfg, model_config_from_json(model_json));
+  TS_ASSIGN_OR_RETURN(Gpt2Tokenizer tok, Gpt2Tokenizer::load(default_data_dir() + "/gpt2"));
+  if (a.tokens < 0) return error("--tokens must be >= 0");
+  std::vector<int32_t> prompt = tok.encode(a.prompt);
+  if (prompt.empty()) prompt.push_back(Gpt2Tokenizer::kEndOfText);
+  ModelGraph m = build_model(cfg, 1, cfg.max_seq_len, ModelMode::logits);
+  CpuBackend cpu;
+  Executor ex(m.graph, cpu);
+  for (ValueId p : m.graph.params()) {
+    const std::string& name = m.graph.name_of(p);
+    TS_ASSIGN_OR_RETURN(const TensorData* t, ck.find(name));
+    if (t->dtype != DType::f32 || t->shape != m.graph.type(p).shape.dims())
+      return error("checkpoint " + ck.dir() + ": tensor " + name + " has shape " +
+                   shape_to_string(t->shape) + ", expected " + m.graph.type(p).shape.to_string());
+    std::memcpy(ex.raw(p), t->bytes.data(), t->bytes.size());
+  }
+  std::mt19937_64 rng(a.seed);
+  SampleOptions opt{a.temperature, a.top_k};
+  std::vector<int32_t> out = sample_tokens(ex, m, prompt, a.tokens, opt, rng);
+  std::printf("%s%s\n", a.prompt.c_str(), tok.decode(out).c_str());
+  return Status();
+}
+
+}  // namespace
+
+void add_sample_command(CLI::App& app) {
+  auto a = std::make_shared<SampleArgs>();
+  CLI::App* cmd = app.add_subcommand("sample", "Generate text from a checkpoint");
+  cmd->add_option("--checkpoint", a->checkpoint, "Checkpoint directory, or a run's checkpoints/ root")->required();
+  cmd->add_option("--prompt", a->prompt, "Text to continue")->capture_default_str();
+  cmd->add_option("--tokens", a->tokens, "Tokens to generate")->capture_default_str();
+  cmd->add_option("--temperature", a->temperature, "Softmax temperature (0: greedy)")->capture_default_str();
+  cmd->add_option("--top-k", a->top_k, "Sample among the k most likely tokens (0: all)")->capture_default_str();
+  cmd->add_option("--seed", a->seed, "Sampling seed")->capture_default_str();
+  cmd->callback([a] { exit_on_error(run_sample(*a)); });
+}
+
+}  // namespace tessera

@@ -1,0 +1,39 @@
+// `tessera tokenize --input TEXT --out DIR`: GPT-2 BPE token shards train.bin and val.bin.
+#include <cstdio>
+
+#include "cli/commands.h"
+#include "cli/common.h"
+#include "data/bpe_tokenizer.h"
+#include "data/tokenize_corpus.h"
+
+namespace tessera {
+
+namespace {
+
+struct TokenizeArgs {
+  std::string input;
+  std::string out;
+  double val_fraction = 0.05;
+};
+
+Status run_tokenize(const TokenizeArgs& a) {
+  if (!(a.val_fraction > 0 && a.val_fraction < 1))
+    return error("--val-fraction must be in (0, 1), got " + std::to_string(a.val_fraction));
+  TS_ASSIGN_OR_RETURN(Gpt2Tokenizer tok, Gpt2Tokenizer::load(default_data_dir() + "/gpt2"));
+  TS_RETURN_IF_ERROR(tokenize_corpus(a.input, a.out, a.val_fraction, tok));
+  std::fprintf(stderr, "wrote %s/train.bin and %s/val.bin\n", a.out.c_str(), a.out.c_str());
+  return Status();
+}
+
+}  // namespace
+
+void add_tokenize_command(CLI::App& app) {
+  auto a = std::make_shared<TokenizeArgs>();
+  CLI::App* cmd = app.add_subcommand("tokenize", "Turn a UTF-8 text into GPT-2 token shards");
+  cmd->add_option("--input", a->input, "UTF-8 text file")->required();
+  cmd->add_option("--out", a->out, "Output directory for train.bin and val.bin")->required();
+  cmd->add_option("--val-fraction", a->val_fraction, "Share of tokens for validation")->capture_default_str();
+  cmd->callback([a] { exit_on_error(run_tokenize(*a)); });
+}
+
+}  // namespace tessera

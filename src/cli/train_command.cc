@@ -1,0 +1,212 @@
+// `tessera train`: the single-process training loop around TrainStep — data, learning-rate
+// schedule, evaluation, metrics, progress, checkpoints and exact resume, and a sample at the end.
+#include <unistd.h>
+
+#include <chrono>
+#include <cmath>
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+
+#include "backend/cpu/cpu_backend.h"
+#include "base/check.h"
+#include "base/format.h"
+#include "cli/commands.h"
+#include "cli/common.h"
+#include "cli/progress.h"
+#include "cli/train_state.h"
+#include "data/bpe_tokenizer.h"
+#include "data/loader.h"
+#include "data/tokenize_corpus.h"
+#include "io/fs.h"
+#include "io/model_config.h"
+#include "runtime/sampler.h"
+#include "runtime/train_step.h"
+
+namespace tessera {
+
+namespace fs = std::filesystem;
+
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+// The data directory, tokenizing the shipped corpus on first use when no --data was given.
+Result<std::string> prepare_data(const TrainOptions& o, const Gpt2Tokenizer& tok) {
+  if (!o.data.empty()) {
+    if (!fs::exists(o.data))
+      return error("data path '" + o.data + "' does not exist",
+                   "create it with `tessera tokenize --input TEXT --out " + o.data + "`");
+    for (const char* f : {"train.bin", "val.bin"})
+      if (!fs::exists(fs::path(o.data) / f))
+        return error("data path '" + o.data + "' has no " + f,
+                     "create it with `tessera tokenize --input TEXT --out " + o.data + "`");
+    return o.data;
+  }
+  std::string dir = default_data_dir() + "/corpus";
+  if (fs::exists(dir + "/train.bin") && fs::exists(dir + "/val.bin")) return dir;
+  std::string text = dir + "/moby_dick.txt";
+  std::fprintf(stderr, "tokenizing the shipped corpus %s (once)...\n", text.c_str());
+  TS_RETURN_IF_ERROR(tokenize_corpus(text, dir, 0.05, tok));
+  return dir;
+}
+
+Status check_options(const TrainOptions& o, const ModelConfig& cfg) {
+  auto positive = [](const char* flag, int64_t v) -> Status {
+    if (v <= 0) return error(std::string(flag) + " must be positive, got " + std::to_string(v));
+    return Status();
+  };
+  TS_RETURN_IF_ERROR(positive("--batch", o.batch));
+  TS_RETURN_IF_ERROR(positive("--seq", o.seq));
+  TS_RETURN_IF_ERROR(positive("--steps", o.steps));
+  TS_RETURN_IF_ERROR(positive("--grad-accum", o.grad_accum));
+  if (o.seq > cfg.max_seq_len)
+    return error("--seq " + std::to_string(o.seq) + " exceeds max_seq_len " +
+                     std::to_string(cfg.max_seq_len) + " of model " + cfg.name,
+                 "use --seq <= " + std::to_string(cfg.max_seq_len));
+  if (cfg.vocab_size < Gpt2Tokenizer::kVocabSize)
+    return error("model vocab_size " + std::to_string(cfg.vocab_size) +
+                 " is smaller than the GPT-2 tokenizer's 50257");
+  if (!(o.lr > 0)) return error("--lr must be positive");
+  return Status();
+}
+
+double evaluate(TrainState& st, DataLoader& val, int64_t batches) {
+  st.copy_params_to_eval();
+  Status s = val.restore(st.val_start);
+  TS_CHECK(s.ok()) << s.to_string();
+  std::vector<int32_t> x, y;
+  double total = 0;
+  for (int64_t i = 0; i < batches; ++i) {
+    val.next(&x, &y);
+    st.eval_exec->set_input("tokens", x.data());
+    st.eval_exec->set_input("targets", y.data());
+    st.eval_exec->run();
+    total += *st.eval_exec->data<float>(st.eval_model.loss);
+  }
+  return total / static_cast<double>(batches);
+}
+
+}  // namespace
+
+Status run_train(const TrainOptions& o) {
+  TS_ASSIGN_OR_RETURN(ModelConfig cfg, load_model_config(o.model));
+  TS_RETURN_IF_ERROR(check_options(o, cfg));
+  TS_ASSIGN_OR_RETURN(Gpt2Tokenizer tok, Gpt2Tokenizer::load(default_data_dir() + "/gpt2"));
+  TS_ASSIGN_OR_RETURN(std::string data_dir, prepare_data(o, tok));
+  TS_ASSIGN_OR_RETURN(DataLoader train, DataLoader::open(data_dir + "/train.bin", static_cast<int>(cfg.vocab_size),
+                                                         static_cast<int>(o.batch), static_cast<int>(o.seq), 0, 1, o.seed));
+  TS_ASSIGN_OR_RETURN(DataLoader val, DataLoader::open(data_dir + "/val.bin", static_cast<int>(cfg.vocab_size),
+                                                       static_cast<int>(o.batch), static_cast<int>(o.seq), 0, 1, 0));
+  TS_RETURN_IF_ERROR(make_dirs(o.out));
+
+  CpuBackend cpu;
+  TrainState st(cfg, o, cpu);
+  st.val_start = val.state();
+  const Graph& g = st.model.graph;
+  int64_t start_step = 0;
+  if (o.resume) {
+    TS_ASSIGN_OR_RETURN(start_step, st.load(o.out + "/checkpoints", &train));
+    std::fprintf(stderr, "resumed from step %lld\n", (long long)start_step);
+  } else {
+    st.step->executor().init_params(o.seed);
+  }
+
+  const double tokens_per_step = static_cast<double>(o.batch * o.seq * o.grad_accum);
+  const MemoryPlan& plan = st.step->executor().plan();
+  std::fprintf(stderr,
+               "model %s: %s parameters, %s FLOPs/token (train)\n"
+               "planned memory: arena %s (activations+gradients), parameters %s, optimizer %s\n",
+               cfg.name.c_str(), format_count(g.param_count()).c_str(),
+               format_si(g.total_flops() / static_cast<double>(o.batch * o.seq)).c_str(),
+               format_bytes(static_cast<double>(plan.arena_bytes)).c_str(),
+               format_bytes(static_cast<double>(plan.param_bytes)).c_str(),
+               format_bytes(3.0 * static_cast<double>(plan.param_bytes)).c_str());
+
+  std::ofstream metrics(o.out + "/metrics.jsonl", std::ios::app);
+  if (!metrics) return error("cannot open " + o.out + "/metrics.jsonl for appending");
+  Progress progress(o.steps, start_step, o.log_every);
+  std::vector<int32_t> x, y;
+  auto t_start = Clock::now();
+  int64_t steps_this_run = 0;
+  for (int64_t step = start_step; step < o.steps; ++step) {
+    auto t0 = Clock::now();
+    double lr = lr_at(step, o.warmup, o.steps, o.lr, o.lr * o.min_lr_frac);
+    double loss = 0;
+    bool measure = steps_this_run == 0;
+    for (int64_t micro = 0; micro < o.grad_accum; ++micro) {
+      train.next(&x, &y);
+      if (measure && micro == 0) st.step->executor().paint_arena();
+      loss += st.step->forward_backward(x.data(), y.data());
+      if (measure && micro == 0) {
+        int64_t hw = st.step->executor().measured_high_water();
+        std::fprintf(stderr, "measured arena high-water %s (planned %s)%s\n",
+                     format_bytes(static_cast<double>(hw)).c_str(),
+                     format_bytes(static_cast<double>(plan.arena_bytes)).c_str(),
+                     hw == plan.arena_bytes ? "" : "  MISMATCH");
+      }
+    }
+    loss /= static_cast<double>(o.grad_accum);
+    double norm = st.step->apply(lr, o.clip, static_cast<int>(o.grad_accum));
+    double dt = std::chrono::duration<double>(Clock::now() - t0).count();
+    ++steps_this_run;
+    nlohmann::json rec = {{"step", step},         {"loss", loss},
+                          {"lr", lr},             {"grad_norm", norm},
+                          {"tokens_per_s", tokens_per_step / dt}, {"step_s", dt}};
+    metrics << rec.dump() << "\n";
+    metrics.flush();
+    progress.update(step + 1, loss, tokens_per_step / dt);
+
+    bool last = step + 1 == o.steps;
+    bool stopping = o.stop_after > 0 && steps_this_run >= o.stop_after;
+    if ((o.eval_every > 0 && (step + 1) % o.eval_every == 0) || last) {
+      double vl = evaluate(st, val, o.eval_batches);
+      metrics << nlohmann::json{{"step", step}, {"val_loss", vl}}.dump() << "\n";
+      metrics.flush();
+      progress.note("step " + std::to_string(step + 1) + ": val loss " + std::to_string(vl));
+    }
+    if ((o.ckpt_every > 0 && (step + 1) % o.ckpt_every == 0) || last || stopping) {
+      TS_RETURN_IF_ERROR(st.save(o.out + "/checkpoints", step + 1, train));
+      progress.note("step " + std::to_string(step + 1) + ": checkpoint saved");
+    }
+    if (stopping) break;
+  }
+  progress.finish();
+  double secs = std::chrono::duration<double>(Clock::now() - t_start).count();
+  std::fprintf(stderr, "trained %lld steps in %s\n", (long long)steps_this_run, format_duration(secs).c_str());
+
+  if (o.sample_tokens > 0 && start_step + steps_this_run == o.steps) {
+    std::vector<int32_t> prompt = tok.encode("The whale");
+    std::string text = st.sample(prompt, static_cast<int>(o.sample_tokens), o.seed, tok);
+    std::printf("--- sample ---\n%s\n--------------\n", text.c_str());
+  }
+  return Status();
+}
+
+void add_train_command(CLI::App& app, TrainOptions& o) {
+  CLI::App* cmd = app.add_subcommand("train", "Train a model (defaults: gpt-mini on the shipped corpus)");
+  cmd->add_option("--model", o.model, "Preset name or config.toml")->capture_default_str();
+  cmd->add_option("--data", o.data, "Directory with train.bin and val.bin (default: the shipped corpus)");
+  cmd->add_option("--out", o.out, "Run directory: metrics.jsonl and checkpoints/")->capture_default_str();
+  cmd->add_option("--batch", o.batch, "Sequences per micro-batch")->capture_default_str();
+  cmd->add_option("--seq", o.seq, "Tokens per sequence")->capture_default_str();
+  cmd->add_option("--steps", o.steps, "Optimizer steps in total")->capture_default_str();
+  cmd->add_option("--grad-accum", o.grad_accum, "Micro-batches per step")->capture_default_str();
+  cmd->add_option("--lr", o.lr, "Peak learning rate")->capture_default_str();
+  cmd->add_option("--warmup", o.warmup, "Linear warmup steps")->capture_default_str();
+  cmd->add_option("--min-lr-frac", o.min_lr_frac, "Final LR as a fraction of the peak (cosine)")->capture_default_str();
+  cmd->add_option("--weight-decay", o.weight_decay, "AdamW decoupled weight decay")->capture_default_str();
+  cmd->add_option("--clip", o.clip, "Global gradient-norm clip (0: off)")->capture_default_str();
+  cmd->add_option("--eval-every", o.eval_every, "Validation every N steps (0: only at the end)")->capture_default_str();
+  cmd->add_option("--eval-batches", o.eval_batches, "Validation batches")->capture_default_str();
+  cmd->add_option("--ckpt-every", o.ckpt_every, "Checkpoint every N steps (0: only at the end)")->capture_default_str();
+  cmd->add_option("--keep-ckpts", o.keep_ckpts, "Checkpoints to keep")->capture_default_str();
+  cmd->add_option("--log-every", o.log_every, "Log line every N steps when not on a terminal")->capture_default_str();
+  cmd->add_option("--sample-tokens", o.sample_tokens, "Tokens to sample at the end")->capture_default_str();
+  cmd->add_option("--seed", o.seed, "Seed for initialization and data order")->capture_default_str();
+  cmd->add_flag("--resume", o.resume, "Continue from the latest checkpoint in --out");
+  cmd->add_option("--stop-after", o.stop_after, "Stop after N steps of this run, saving a checkpoint");
+  cmd->callback([&o] { exit_on_error(run_train(o)); });
+}
+
+}  // namespace tessera

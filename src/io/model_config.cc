@@ -1,0 +1,103 @@
+#include "io/model_config.h"
+
+#include "io/toml_config.h"
+
+namespace tessera {
+
+namespace {
+
+const std::vector<std::string> kKeys = {"preset",          "name",        "family",   "vocab_size",
+                                        "n_layer",         "n_embd",      "n_head",   "n_kv_head",
+                                        "ffn_hidden",      "max_seq_len", "norm_eps", "rope_theta",
+                                        "tied_embeddings", "init_std"};
+
+Result<ModelConfig> preset_or_error(const std::string& name, const std::string& where) {
+  if (auto p = find_preset(name)) return *p;
+  std::string hint = "known presets: " + join_strings(preset_names());
+  std::string close = closest_match(name, preset_names());
+  if (!close.empty()) hint = "did you mean \"" + close + "\"? " + hint;
+  return error(where + "unknown model preset \"" + name + "\"", hint);
+}
+
+Result<ModelConfig> from_table(const TomlTable& root) {
+  TS_ASSIGN_OR_RETURN(TomlTable t, root.require_table("model"));
+  TS_RETURN_IF_ERROR(t.check_no_unknown_keys(kKeys));
+  ModelConfig c;
+  TS_ASSIGN_OR_RETURN(std::string preset, t.get_string("preset", ""));
+  if (!preset.empty()) {
+    TS_ASSIGN_OR_RETURN(c, preset_or_error(preset, root.source() + ": key 'model.preset': "));
+  }
+  TS_ASSIGN_OR_RETURN(c.name, t.get_string("name", preset.empty() ? "custom" : c.name));
+  TS_ASSIGN_OR_RETURN(c.family, t.get_choice("family", {"gpt", "llama"}, c.family));
+  TS_ASSIGN_OR_RETURN(c.vocab_size, t.get_int("vocab_size", c.vocab_size));
+  TS_ASSIGN_OR_RETURN(c.n_layer, t.get_int("n_layer", c.n_layer));
+  TS_ASSIGN_OR_RETURN(c.n_embd, t.get_int("n_embd", c.n_embd));
+  TS_ASSIGN_OR_RETURN(c.n_head, t.get_int("n_head", c.n_head));
+  TS_ASSIGN_OR_RETURN(c.n_kv_head, t.get_int("n_kv_head", c.n_kv_head));
+  TS_ASSIGN_OR_RETURN(c.ffn_hidden, t.get_int("ffn_hidden", c.ffn_hidden));
+  TS_ASSIGN_OR_RETURN(c.max_seq_len, t.get_int("max_seq_len", c.max_seq_len));
+  TS_ASSIGN_OR_RETURN(c.norm_eps, t.get_float("norm_eps", c.norm_eps));
+  TS_ASSIGN_OR_RETURN(c.rope_theta, t.get_float("rope_theta", c.rope_theta));
+  bool tied_default = preset.empty() ? c.family == "gpt" : c.tied_embeddings;
+  TS_ASSIGN_OR_RETURN(c.tied_embeddings, t.get_bool("tied_embeddings", tied_default));
+  TS_ASSIGN_OR_RETURN(c.init_std, t.get_float("init_std", c.init_std));
+  Status s = validate(c);
+  if (!s.ok()) return error(root.source() + ": [model] " + s.message(), s.hint());
+  return c;
+}
+
+}  // namespace
+
+Result<ModelConfig> parse_model_config(const std::string& toml_text, const std::string& name) {
+  TS_ASSIGN_OR_RETURN(TomlTable root, parse_toml_string(toml_text, name));
+  return from_table(root);
+}
+
+Result<ModelConfig> load_model_config(const std::string& spec) {
+  bool is_file = spec.size() > 5 && spec.substr(spec.size() - 5) == ".toml";
+  if (!is_file) return preset_or_error(spec, "");
+  TS_ASSIGN_OR_RETURN(TomlTable root, parse_toml_file(spec));
+  return from_table(root);
+}
+
+nlohmann::json model_config_to_json(const ModelConfig& c) {
+  return {{"name", c.name},
+          {"family", c.family},
+          {"vocab_size", c.vocab_size},
+          {"n_layer", c.n_layer},
+          {"n_embd", c.n_embd},
+          {"n_head", c.n_head},
+          {"n_kv_head", c.n_kv_head},
+          {"ffn_hidden", c.ffn_hidden},
+          {"max_seq_len", c.max_seq_len},
+          {"norm_eps", c.norm_eps},
+          {"rope_theta", c.rope_theta},
+          {"tied_embeddings", c.tied_embeddings},
+          {"init_std", c.init_std}};
+}
+
+Result<ModelConfig> model_config_from_json(const nlohmann::json& j) {
+  try {
+    ModelConfig c;
+    c.name = j.at("name").get<std::string>();
+    c.family = j.at("family").get<std::string>();
+    c.vocab_size = j.at("vocab_size").get<int64_t>();
+    c.n_layer = j.at("n_layer").get<int64_t>();
+    c.n_embd = j.at("n_embd").get<int64_t>();
+    c.n_head = j.at("n_head").get<int64_t>();
+    c.n_kv_head = j.at("n_kv_head").get<int64_t>();
+    c.ffn_hidden = j.at("ffn_hidden").get<int64_t>();
+    c.max_seq_len = j.at("max_seq_len").get<int64_t>();
+    c.norm_eps = j.at("norm_eps").get<double>();
+    c.rope_theta = j.at("rope_theta").get<double>();
+    c.tied_embeddings = j.at("tied_embeddings").get<bool>();
+    c.init_std = j.at("init_std").get<double>();
+    TS_RETURN_IF_ERROR(validate(c));
+    return c;
+  } catch (const nlohmann::json::exception& e) {
+    return error(std::string("model config in manifest is malformed: ") + e.what(),
+                 "the checkpoint was not written by this version of Tessera, or is corrupt");
+  }
+}
+
+}  // namespace tessera
