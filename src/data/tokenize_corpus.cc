@@ -1,0 +1,114 @@
+#include "data/tokenize_corpus.h"
+
+#include <chrono>
+#include <cmath>
+#include <filesystem>
+#include <fstream>
+#include <sstream>
+
+#include "base/format.h"
+#include "base/log.h"
+#include "data/token_shards.h"
+
+namespace tessera {
+namespace {
+
+constexpr std::string_view kEndOfTextText = "<|endoftext|>";
+constexpr size_t kChunkBytes = size_t{1} << 20;
+
+bool is_line_break(char c) { return c == '\n' || c == '\r'; }
+bool is_printable_ascii(char c) { return c > ' ' && c < 0x7F; }
+
+}  // namespace
+
+std::vector<std::string_view> split_for_encoding(std::string_view text, size_t target_bytes) {
+  std::vector<std::string_view> chunks;
+  size_t start = 0;
+  while (text.size() - start > target_bytes) {
+    // The first safe cut at or after start + target_bytes; none left -> one last chunk.
+    size_t cut = start + std::max<size_t>(target_bytes, 1);
+    while (cut < text.size() && !(text[cut] == '\n' && is_printable_ascii(text[cut - 1]))) {
+      cut = text.find('\n', cut + 1);
+      if (cut == std::string_view::npos) cut = text.size();
+    }
+    if (cut >= text.size()) break;
+    chunks.push_back(text.substr(start, cut - start));
+    start = cut;
+  }
+  if (start < text.size()) chunks.push_back(text.substr(start));
+  return chunks;
+}
+
+std::vector<std::string_view> split_documents(std::string_view text) {
+  std::vector<std::string_view> docs;
+  size_t start = 0;
+  while (start <= text.size()) {
+    size_t end = text.find(kEndOfTextText, start);
+    if (end == std::string_view::npos) end = text.size();
+    std::string_view doc = text.substr(start, end - start);
+    while (!doc.empty() && is_line_break(doc.front())) doc.remove_prefix(1);
+    while (!doc.empty() && is_line_break(doc.back())) doc.remove_suffix(1);
+    if (!doc.empty()) docs.push_back(doc);
+    start = end + kEndOfTextText.size();
+  }
+  return docs;
+}
+
+Status tokenize_corpus(const std::string& text_path, const std::string& out_dir,
+                       double val_fraction, const Gpt2Tokenizer& tokenizer) {
+  if (!(val_fraction >= 0.0 && val_fraction < 1.0)) {
+    return error("tokenize: val_fraction " + std::to_string(val_fraction) + " is outside [0, 1)",
+                 "pass e.g. 0.1 to keep the last 10% of the tokens for validation");
+  }
+  std::error_code ec;
+  if (!std::filesystem::is_regular_file(text_path, ec)) {
+    return error("tokenize: text file '" + text_path + "' does not exist or is not a file",
+                 "pass the path of a UTF-8 text file, e.g. data/corpus/moby_dick.txt");
+  }
+  std::ifstream in(text_path, std::ios::binary);
+  if (!in) {
+    return error("tokenize: cannot read '" + text_path + "'", "check the file's permissions");
+  }
+  std::ostringstream buffer;
+  buffer << in.rdbuf();
+  const std::string text = std::move(buffer).str();
+
+  auto t0 = std::chrono::steady_clock::now();
+  std::vector<std::string_view> docs = split_documents(text);
+  std::vector<int32_t> tokens;
+  tokens.reserve(text.size() / 4 + docs.size() + 1);
+  for (std::string_view doc : docs) {
+    tokens.push_back(Gpt2Tokenizer::kEndOfText);
+    for (std::string_view chunk : split_for_encoding(doc, kChunkBytes)) {
+      tokenizer.encode_append(chunk, &tokens);
+    }
+  }
+  double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+
+  const int64_t total = static_cast<int64_t>(tokens.size());
+  const int64_t num_val = static_cast<int64_t>(std::floor(val_fraction * total));
+  const int64_t num_train = total - num_val;
+  if (num_train <= 0) {
+    return error("tokenize: '" + text_path + "' holds no text to tokenize (" +
+                     std::to_string(total) + " tokens)",
+                 "pass a non-empty UTF-8 text file");
+  }
+  std::filesystem::create_directories(out_dir, ec);
+  if (ec) {
+    return error("tokenize: cannot create output directory '" + out_dir + "': " + ec.message(),
+                 "choose a writable output directory");
+  }
+  std::span<const int32_t> all(tokens);
+  const std::string train_path = (std::filesystem::path(out_dir) / "train.bin").string();
+  const std::string val_path = (std::filesystem::path(out_dir) / "val.bin").string();
+  TS_RETURN_IF_ERROR(write_token_shard(train_path, all.first(num_train), tokenizer.vocab_size()));
+  TS_RETURN_IF_ERROR(write_token_shard(val_path, all.subspan(num_train), tokenizer.vocab_size()));
+  TS_LOG(info) << "tokenized " << text_path << ": " << format_bytes(double(text.size())) << ", "
+               << docs.size() << " document(s), " << format_count(total) << " tokens in "
+               << format_duration(seconds) << " -> " << train_path << " ("
+               << format_count(num_train) << "), " << val_path << " (" << format_count(num_val)
+               << ")";
+  return Status();
+}
+
+}  // namespace tessera

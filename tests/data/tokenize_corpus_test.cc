@@ -1,0 +1,156 @@
+#include "data/tokenize_corpus.h"
+
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <filesystem>
+
+#include "data/gpt2_pretokenizer.h"
+#include "data/token_shards.h"
+#include "data_test_util.h"
+
+namespace tessera {
+namespace {
+
+using testing_util::kRepo;
+using testing_util::read_bytes;
+using testing_util::repo_tokenizer;
+using testing_util::ScratchDir;
+using testing_util::write_bytes;
+
+constexpr int32_t kEot = Gpt2Tokenizer::kEndOfText;
+
+std::vector<int32_t> shard_tokens(const std::string& path) {
+  auto shard = TokenShard::open(path, Gpt2Tokenizer::kVocabSize);
+  EXPECT_TRUE(shard.ok()) << shard.status().to_string();
+  if (!shard.ok()) return {};
+  std::vector<int32_t> out(shard->size());
+  shard->read(0, shard->size(), out.data());
+  return out;
+}
+
+std::vector<int32_t> concat(std::vector<int32_t> a, const std::vector<int32_t>& b) {
+  a.insert(a.end(), b.begin(), b.end());
+  return a;
+}
+
+TEST(TokenizeCorpus, WritesTrainAndValWithDocumentsSeparatedByEndOfText) {
+  const Gpt2Tokenizer& tok = repo_tokenizer();
+  ScratchDir dir;
+  std::string doc1 = "First document.\nIt has two lines, and 3 numbers: 1 2 3.";
+  std::string doc2 = "Second one \u2014 with \u00e9l\u00e8ve and \u4e16\u754c.\n\nEnd.";
+  write_bytes(dir.file("in.txt"), "\n" + doc1 + "\n<|endoftext|>\n" + doc2 + "\n\n<|endoftext|>\n");
+  ASSERT_TRUE(tokenize_corpus(dir.file("in.txt"), dir.file("out"), 0.25, tok).ok());
+
+  std::vector<int32_t> want = concat(concat({kEot}, tok.encode(doc1)), {kEot});
+  want = concat(want, tok.encode(doc2));
+  std::vector<int32_t> train = shard_tokens(dir.file("out/train.bin"));
+  std::vector<int32_t> val = shard_tokens(dir.file("out/val.bin"));
+  EXPECT_EQ(concat(train, val), want);
+  EXPECT_EQ(val.size(), static_cast<size_t>(std::floor(0.25 * want.size())));
+  EXPECT_GT(val.size(), 0u);
+}
+
+TEST(TokenizeCorpus, ZeroValFractionGivesAnEmptyValShard) {
+  ScratchDir dir;
+  write_bytes(dir.file("in.txt"), "Just one document.\n");
+  ASSERT_TRUE(tokenize_corpus(dir.file("in.txt"), dir.path(), 0.0, repo_tokenizer()).ok());
+  EXPECT_EQ(shard_tokens(dir.file("train.bin")).front(), kEot);
+  EXPECT_TRUE(shard_tokens(dir.file("val.bin")).empty());
+}
+
+TEST(TokenizeCorpus, MissingInputNamesTheFileAndWritesNothing) {
+  ScratchDir dir;
+  Status s = tokenize_corpus(dir.file("nope.txt"), dir.file("out"), 0.1, repo_tokenizer());
+  ASSERT_FALSE(s.ok());
+  EXPECT_NE(s.message().find(dir.file("nope.txt")), std::string::npos);
+  EXPECT_FALSE(s.hint().empty());
+  EXPECT_FALSE(std::filesystem::exists(dir.file("out")));
+}
+
+TEST(TokenizeCorpus, BadValFractionAndEmptyTextAreErrors) {
+  ScratchDir dir;
+  write_bytes(dir.file("in.txt"), "text");
+  EXPECT_FALSE(tokenize_corpus(dir.file("in.txt"), dir.path(), 1.0, repo_tokenizer()).ok());
+  EXPECT_FALSE(tokenize_corpus(dir.file("in.txt"), dir.path(), -0.1, repo_tokenizer()).ok());
+  write_bytes(dir.file("empty.txt"), "\n\n<|endoftext|>\n");
+  Status s = tokenize_corpus(dir.file("empty.txt"), dir.path(), 0.1, repo_tokenizer());
+  ASSERT_FALSE(s.ok());
+  EXPECT_NE(s.message().find("no text"), std::string::npos);
+}
+
+TEST(SplitDocuments, TrimsLineBreaksAndDropsEmptyDocuments) {
+  std::vector<std::string_view> docs =
+      split_documents("\r\nA\n\n<|endoftext|><|endoftext|>\n  B \n<|endoftext|>");
+  EXPECT_EQ(docs, (std::vector<std::string_view>{"A", "  B "}));
+  EXPECT_EQ(split_documents("no separator\n"), (std::vector<std::string_view>{"no separator"}));
+  EXPECT_TRUE(split_documents("").empty());
+}
+
+// Chunked encoding must give exactly the ids of encoding the whole text.
+TEST(SplitForEncoding, ChunkedIdsEqualWholeTextIds) {
+  const Gpt2Tokenizer& tok = repo_tokenizer();
+  std::string corpus = read_bytes(kRepo + "/data/corpus/moby_dick.txt");
+  // Tricky line ends: spaces before newlines, blank lines, CRLF, non-ASCII before '\n'.
+  std::string text = corpus.substr(200000, 40000) +
+                     "end  \n\n  next\r\nword\u3000\nx.\n\n\ny \n\tz\n" + corpus.substr(0, 5000);
+  std::vector<std::string_view> chunks = split_for_encoding(text, 500);
+  EXPECT_GT(chunks.size(), 50u);
+  std::string joined;
+  std::vector<int32_t> ids;
+  for (std::string_view c : chunks) {
+    joined += c;
+    tok.encode_append(c, &ids);
+  }
+  EXPECT_EQ(joined, text);
+  EXPECT_EQ(ids, tok.encode(text));
+  // Every cut is just before a '\n' that follows printable ASCII.
+  for (size_t i = 1; i < chunks.size(); ++i) {
+    EXPECT_EQ(chunks[i].front(), '\n');
+    char before = chunks[i - 1].back();
+    EXPECT_TRUE(before > ' ' && before < 0x7F) << "chunk " << i;
+  }
+}
+
+TEST(SplitForEncoding, TextWithoutCutPointsStaysWhole) {
+  std::string text(3000, 'a');
+  EXPECT_EQ(split_for_encoding(text, 100).size(), 1u);
+  std::string spaced = "aaa \nbbb \nccc \n";  // every '\n' follows a space: no safe cut
+  EXPECT_EQ(split_for_encoding(spaced, 2).size(), 1u);
+  EXPECT_EQ(split_for_encoding("ab\ncd\nef", 1).size(), 3u);
+}
+
+// The committed corpus is real, valid UTF-8 English text of at least 1 MB.
+TEST(Corpus, ShippedTextIsValidUtf8AndLargeEnough) {
+  std::string corpus = read_bytes(kRepo + "/data/corpus/moby_dick.txt");
+  EXPECT_GE(corpus.size(), 1000000u);
+  for (size_t pos = 0; pos < corpus.size();) {
+    size_t len = 0;
+    ASSERT_GE(decode_utf8(corpus, pos, &len), 0) << "invalid UTF-8 at byte " << pos;
+    pos += len;
+  }
+  EXPECT_NE(corpus.find("Call me Ishmael."), std::string::npos);
+}
+
+// tokenize_corpus over an excerpt of the shipped corpus (not all of it: unit tests stay fast).
+TEST(TokenizeCorpus, ExcerptOfShippedCorpus) {
+  ScratchDir dir;
+  std::string corpus = read_bytes(kRepo + "/data/corpus/moby_dick.txt");
+  std::string excerpt = corpus.substr(0, 100000);
+  write_bytes(dir.file("excerpt.txt"), excerpt);
+  ASSERT_TRUE(tokenize_corpus(dir.file("excerpt.txt"), dir.path(), 0.1, repo_tokenizer()).ok());
+  std::vector<int32_t> train = shard_tokens(dir.file("train.bin"));
+  std::vector<int32_t> val = shard_tokens(dir.file("val.bin"));
+  EXPECT_EQ(train.front(), kEot);
+  EXPECT_EQ(std::count(train.begin(), train.end(), kEot), 1);
+  EXPECT_NEAR(double(val.size()) / double(train.size() + val.size()), 0.1, 0.001);
+  // Excerpt ends mid-file, so its trailing line breaks (if any) are trimmed.
+  std::string decoded = repo_tokenizer().decode(concat(train, val));
+  std::string_view body = excerpt;
+  while (!body.empty() && body.back() == '\n') body.remove_suffix(1);
+  EXPECT_EQ(decoded, "<|endoftext|>" + std::string(body));
+}
+
+}  // namespace
+}  // namespace tessera
