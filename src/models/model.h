@@ -51,7 +51,7 @@ struct ModelGraph {
   Graph graph;
   ValueId tokens = -1;   // i32 [B, T]
   ValueId targets = -1;  // i32 [B, T] (loss and train modes)
-  ValueId logits = -1;   // f32 [B, T, V]
+  ValueId logits = -1;   // f32 [B*T, V]
   ValueId loss = -1;     // f32 [] (loss and train modes)
   int64_t batch = 0, seq = 0;
 };

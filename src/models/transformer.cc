@@ -129,7 +129,7 @@ ModelGraph build_model(const ModelConfig& c, int64_t batch, int64_t seq, ModelMo
   Var logits;
   {
     auto s = b.scope("lm_head");
-    logits = b.matmul(x, head, false, true);  // [B,T,V]
+    logits = b.matmul(b.reshape(x, Shape{batch * seq, C}), head, false, true);  // [B*T, V]
   }
   m.logits = logits.id;
   if (mode == ModelMode::logits || keep_logits) m.graph.mark_output(logits.id);
@@ -139,8 +139,7 @@ ModelGraph build_model(const ModelConfig& c, int64_t batch, int64_t seq, ModelMo
   Var loss;
   {
     auto s = b.scope("loss");
-    loss = b.cross_entropy(b.reshape(logits, Shape{batch * seq, V}),
-                           b.reshape(targets, Shape{batch * seq}))[0];
+    loss = b.cross_entropy(logits, b.reshape(targets, Shape{batch * seq}))[0];
   }
   m.loss = loss.id;
   if (mode == ModelMode::loss) {

@@ -1,5 +1,8 @@
 #include "runtime/executor.h"
 
+#include <chrono>
+#include <cstdio>
+#include <cstdlib>
 #include <cstring>
 
 #include "backend/cpu/cpu_backend.h"
@@ -55,6 +58,8 @@ void* Executor::raw(ValueId v) {
 }
 
 void Executor::run() {
+  static const bool profile = std::getenv("TESSERA_PROFILE") != nullptr;
+  std::vector<double> seconds(profile ? kNumOps : 0, 0.0);
   std::vector<const void*> in;
   std::vector<void*> out;
   for (const Node& n : g_.nodes()) {
@@ -63,7 +68,20 @@ void Executor::run() {
     out.clear();
     for (ValueId v : n.inputs) in.push_back(raw(v));
     for (ValueId v : n.outputs) out.push_back(raw(v));
+    auto t0 = std::chrono::steady_clock::now();
     backend_.run(g_, n, in, out);
+    if (profile)
+      seconds[static_cast<size_t>(n.op)] +=
+          std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  }
+  if (profile) {
+    double total = 0;
+    for (double s : seconds) total += s;
+    std::fprintf(stderr, "TESSERA_PROFILE: %.3f s in kernels\n", total);
+    for (OpKind k : all_ops())
+      if (seconds[static_cast<size_t>(k)] > 0.01 * total)
+        std::fprintf(stderr, "  %-20s %7.3f s  %5.1f%%\n", op_name(k), seconds[static_cast<size_t>(k)],
+                     100.0 * seconds[static_cast<size_t>(k)] / total);
   }
 }
 
