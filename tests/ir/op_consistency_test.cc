@@ -1,0 +1,1109 @@
+// The op-consistency harness: one table with an entry for every registered op.
+//
+//  - forward entries run a small graph through Executor + CpuBackend and compare each output
+//    with a naive reference written here (plain loops in double), or for fused ops with a
+//    decomposition into primitive ops built in the same graph;
+//  - gradient entries make the op's float inputs parameters, take
+//    loss = reduce_sum(output * fixed random weights), append_backward, and compare every
+//    parameter gradient with central finite differences of the same graph;
+//  - source entries cover parameter/input.
+// The Coverage test fails for any op in all_ops() without an entry (backward-only ops count as
+// covered when their forward op, named by OpDef::gradient_of, has a gradient entry) and prints
+// the coverage table.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <cstdio>
+#include <cstdlib>
+#include <functional>
+#include <map>
+#include <memory>
+#include <random>
+#include <set>
+#include <string>
+#include <vector>
+
+#include "backend/cpu/cpu_backend.h"
+#include "ir/autodiff.h"
+#include "ir/builder.h"
+#include "runtime/executor.h"
+
+namespace tessera {
+namespace {
+
+// ---- host-side helpers ---------------------------------------------------------------------
+
+struct Gen {
+  float lo = -1.0f, hi = 1.0f;
+  bool away_from_zero = false;  // random sign, magnitude in [lo, hi]
+};
+Gen uniform(float lo, float hi) { return Gen{lo, hi, false}; }
+Gen magnitude(float lo, float hi) { return Gen{lo, hi, true}; }
+
+std::vector<int64_t> strides_of(const Shape& s) {
+  std::vector<int64_t> st(static_cast<size_t>(s.rank()), 1);
+  for (int d = s.rank() - 2; d >= 0; --d) st[static_cast<size_t>(d)] = st[d + 1] * s[d + 1];
+  return st;
+}
+
+std::vector<int64_t> unravel(int64_t i, const Shape& s) {
+  std::vector<int64_t> c(static_cast<size_t>(s.rank()));
+  for (int d = s.rank() - 1; d >= 0; --d) {
+    c[static_cast<size_t>(d)] = i % s[d];
+    i /= s[d];
+  }
+  return c;
+}
+
+// Element of x (shape xs) read at output coordinate c under numpy broadcasting.
+double bcast_at(const std::vector<float>& x, const Shape& xs, const std::vector<int64_t>& c) {
+  int off = static_cast<int>(c.size()) - xs.rank();
+  int64_t idx = 0;
+  for (int d = 0; d < xs.rank(); ++d)
+    idx = idx * xs[d] + (xs[d] == 1 ? 0 : c[static_cast<size_t>(d + off)]);
+  return x[static_cast<size_t>(idx)];
+}
+
+// Tensor-wide comparison: max |got - want| <= rtol * max(1, max |want|).
+void expect_close(const std::vector<float>& got, const std::vector<double>& want, double rtol,
+                  const std::string& what) {
+  ASSERT_EQ(got.size(), want.size()) << what;
+  double err = 0, scale = 0;
+  size_t worst = 0;
+  for (size_t i = 0; i < got.size(); ++i) {
+    double e = std::fabs(static_cast<double>(got[i]) - want[i]);
+    if (!(e <= err)) {  // also catches NaN
+      err = e;
+      worst = i;
+    }
+    scale = std::max(scale, std::fabs(want[i]));
+  }
+  EXPECT_LE(err, rtol * std::max(1.0, scale))
+      << what << ": worst element " << worst << " got " << got[worst] << " want " << want[worst];
+}
+void expect_close(const std::vector<float>& got, const std::vector<float>& want, double rtol,
+                  const std::string& what) {
+  expect_close(got, std::vector<double>(want.begin(), want.end()), rtol, what);
+}
+
+constexpr double kFwdTol = 1e-5;
+
+// ---- Net: a graph, its random inputs and an executor --------------------------------------
+
+class Net {
+ public:
+  explicit Net(uint32_t seed = 7) : rng_(seed) {}
+  Graph g;
+  Builder b{&g};
+
+  // A float parameter (so autodiff differentiates it) with random values.
+  Var param(Shape s, Gen gen = {}, DType dt = DType::f32) {
+    std::vector<float> v(static_cast<size_t>(s.numel()));
+    std::uniform_real_distribution<float> u(gen.lo, gen.hi);
+    std::bernoulli_distribution sign(0.5);
+    for (float& x : v) {
+      x = u(rng_);
+      if (gen.away_from_zero && sign(rng_)) x = -x;
+    }
+    return param_values(std::move(s), std::move(v), dt);
+  }
+  Var param_values(Shape s, std::vector<float> v, DType dt = DType::f32) {
+    EXPECT_EQ(static_cast<int64_t>(v.size()), s.numel());
+    Var p = b.parameter("p" + std::to_string(params_.size()), std::move(s), Init::zeros, 0.0, dt);
+    if (dt != DType::f32) {  // the host copy holds exactly what is stored
+      std::vector<uint16_t> q(v.size());
+      convert_elements(v.data(), DType::f32, q.data(), dt, static_cast<int64_t>(v.size()));
+      convert_elements(q.data(), dt, v.data(), DType::f32, static_cast<int64_t>(v.size()));
+    }
+    params_.push_back(p);
+    host_[p.id] = std::move(v);
+    return p;
+  }
+  // A float input with given values (not differentiated).
+  Var finput(Shape s, std::vector<float> v) {
+    Var x = b.input("f" + std::to_string(inputs_.size()), std::move(s));
+    inputs_.push_back(x);
+    host_[x.id] = std::move(v);
+    return x;
+  }
+  Var ids(Shape s, std::vector<int32_t> v) {
+    EXPECT_EQ(static_cast<int64_t>(v.size()), s.numel());
+    Var x = b.input("i" + std::to_string(inputs_.size()), std::move(s), DType::i32);
+    inputs_.push_back(x);
+    host_ids_[x.id] = std::move(v);
+    return x;
+  }
+  Var random_ids(Shape s, int32_t n) {
+    std::vector<int32_t> v(static_cast<size_t>(s.numel()));
+    std::uniform_int_distribution<int32_t> u(0, n - 1);
+    for (int32_t& x : v) x = u(rng_);
+    return ids(std::move(s), std::move(v));
+  }
+  std::vector<float> random(int64_t n, Gen gen = {}) {
+    std::vector<float> v(static_cast<size_t>(n));
+    std::uniform_real_distribution<float> u(gen.lo, gen.hi);
+    for (float& x : v) x = u(rng_);
+    return v;
+  }
+
+  const std::vector<float>& host(Var v) const { return host_.at(v.id); }
+  const std::vector<int32_t>& host_ids(Var v) const { return host_ids_.at(v.id); }
+  const std::vector<Var>& params() const { return params_; }
+  // Values read after run() must be graph outputs, or the planner may reuse their bytes.
+  Var keep(Var v) {
+    g.mark_output(v.id);
+    return v;
+  }
+
+  Executor& ex() {
+    if (!ex_) {
+      ex_ = std::make_unique<Executor>(g, cpu_);
+      for (Var p : params_) write_param(p);
+    }
+    return *ex_;
+  }
+  void write_param(Var p) {
+    const std::vector<float>& v = host_.at(p.id);
+    convert_elements(v.data(), DType::f32, ex().raw(p.id), p.dtype(),
+                     static_cast<int64_t>(v.size()));
+  }
+  void set_param_element(Var p, size_t i, float value) {
+    ASSERT_EQ(p.dtype(), DType::f32);
+    ex().data<float>(p.id)[i] = value;
+  }
+  void run() {
+    Executor& e = ex();
+    for (Var x : inputs_) {
+      if (x.dtype() == DType::i32) {
+        e.set_input(g.name_of(x.id), host_ids_.at(x.id).data());
+      } else {
+        e.set_input(g.name_of(x.id), host_.at(x.id).data());
+      }
+    }
+    e.run();
+  }
+  std::vector<float> read(Var v) {
+    std::vector<float> out(static_cast<size_t>(v.shape().numel()));
+    convert_elements(ex().raw(v.id), v.dtype(), out.data(), DType::f32, v.shape().numel());
+    return out;
+  }
+
+ private:
+  std::mt19937 rng_;
+  CpuBackend cpu_;
+  std::unique_ptr<Executor> ex_;
+  std::vector<Var> params_, inputs_;
+  std::map<ValueId, std::vector<float>> host_;
+  std::map<ValueId, std::vector<int32_t>> host_ids_;
+};
+
+bool has_op(const Graph& g, OpKind k) {
+  for (const Node& n : g.nodes())
+    if (n.op == k) return true;
+  return false;
+}
+
+std::vector<int64_t> all_axes(const Var& v) {
+  std::vector<int64_t> a;
+  for (int i = 0; i < v.rank(); ++i) a.push_back(i);
+  return a;
+}
+
+// ---- naive references ------------------------------------------------------------------------
+
+std::vector<double> ref_binary(OpKind op, const std::vector<float>& x, const Shape& xs,
+                               const std::vector<float>& y, const Shape& ys) {
+  Shape out;
+  EXPECT_TRUE(broadcast_shapes(xs, ys, &out));
+  std::vector<double> z(static_cast<size_t>(out.numel()));
+  for (int64_t i = 0; i < out.numel(); ++i) {
+    std::vector<int64_t> c = unravel(i, out);
+    double a = bcast_at(x, xs, c), b = bcast_at(y, ys, c);
+    double r = 0;
+    switch (op) {
+      case OpKind::add:
+        r = a + b;
+        break;
+      case OpKind::sub:
+        r = a - b;
+        break;
+      case OpKind::mul:
+        r = a * b;
+        break;
+      case OpKind::div:
+        r = a / b;
+        break;
+      default:
+        ADD_FAILURE() << "not binary";
+    }
+    z[static_cast<size_t>(i)] = r;
+  }
+  return z;
+}
+
+double gelu_ref(double x) {
+  return 0.5 * x * (1.0 + std::tanh(std::sqrt(2.0 / M_PI) * (x + 0.044715 * x * x * x)));
+}
+double sigmoid_ref(double x) { return 1.0 / (1.0 + std::exp(-x)); }
+
+// Sums x over `axes` into the kept shape (reduced dims 1) in row-major order.
+std::vector<double> ref_reduce(const std::vector<float>& x, const Shape& xs,
+                               const std::vector<int64_t>& axes) {
+  Shape kept = xs;
+  for (int64_t a : axes) kept = kept.with_dim(static_cast<int>(a), 1);
+  std::vector<double> out(static_cast<size_t>(kept.numel()), 0.0);
+  std::vector<int64_t> ks = strides_of(kept);
+  for (int64_t i = 0; i < xs.numel(); ++i) {
+    std::vector<int64_t> c = unravel(i, xs);
+    int64_t o = 0;
+    for (int d = 0; d < xs.rank(); ++d)
+      o += (kept[d] == 1 ? 0 : c[static_cast<size_t>(d)]) * ks[static_cast<size_t>(d)];
+    out[static_cast<size_t>(o)] += x[static_cast<size_t>(i)];
+  }
+  return out;
+}
+
+std::vector<double> ref_transpose(const std::vector<float>& x, const Shape& xs,
+                                  const std::vector<int64_t>& perm) {
+  std::vector<int64_t> od;
+  for (int64_t p : perm) od.push_back(xs[static_cast<int>(p)]);
+  Shape os(od);
+  std::vector<int64_t> is = strides_of(xs);
+  std::vector<double> y(static_cast<size_t>(os.numel()));
+  for (int64_t i = 0; i < os.numel(); ++i) {
+    std::vector<int64_t> c = unravel(i, os);
+    int64_t off = 0;
+    for (size_t d = 0; d < perm.size(); ++d) off += c[d] * is[static_cast<size_t>(perm[d])];
+    y[static_cast<size_t>(i)] = x[static_cast<size_t>(off)];
+  }
+  return y;
+}
+
+std::vector<double> ref_matmul(const std::vector<float>& A, const Shape& sa,
+                               const std::vector<float>& B, const Shape& sb, bool ta, bool tb) {
+  int64_t M = ta ? sa[-1] : sa[-2], K = ta ? sa[-2] : sa[-1], N = tb ? sb[-2] : sb[-1];
+  int64_t batch = sa.numel() / (M * K);
+  bool shared = sb.rank() == 2;
+  std::vector<double> C(static_cast<size_t>(batch * M * N), 0.0);
+  for (int64_t bi = 0; bi < batch; ++bi)
+    for (int64_t m = 0; m < M; ++m)
+      for (int64_t n = 0; n < N; ++n) {
+        double s = 0;
+        for (int64_t k = 0; k < K; ++k) {
+          double a = A[static_cast<size_t>(bi * M * K + (ta ? k * M + m : m * K + k))];
+          double b =
+              B[static_cast<size_t>((shared ? 0 : bi * K * N) + (tb ? n * K + k : k * N + n))];
+          s += a * b;
+        }
+        C[static_cast<size_t>((bi * M + m) * N + n)] = s;
+      }
+  return C;
+}
+
+// ---- gradient check ----------------------------------------------------------------------
+
+// loss = reduce_sum(out * W) with fixed random W; compares every parameter gradient with
+// central differences (f32 graph, step eps) at relative error rtol over the tensor.
+void grad_check(Net& n, Var out, double eps, double rtol) {
+  ASSERT_TRUE(dtype_is_float(out.dtype()));
+  Var y = out.dtype() == DType::f32 ? out : n.b.cast(out, DType::f32);
+  Var w = n.finput(y.shape(), n.random(y.shape().numel(), uniform(-1.0f, 1.0f)));
+  Var loss = n.b.reduce_sum(y * w, all_axes(y));
+  append_backward(n.b, loss);
+  ASSERT_TRUE(verify(n.g).ok()) << verify(n.g).to_string();
+  n.run();
+  auto loss_now = [&] {
+    n.run();
+    return static_cast<double>(n.ex().data<float>(loss.id)[0]);
+  };
+  ASSERT_TRUE(std::isfinite(loss_now()));
+  for (size_t pi = 0; pi < n.params().size(); ++pi) {
+    Var p = n.params()[pi];
+    if (p.dtype() != DType::f32) continue;
+    n.run();
+    std::vector<float> ad = n.read(n.b.var(n.g.param_grads().at(p.id)));
+    std::vector<double> fd(ad.size());
+    for (size_t i = 0; i < ad.size(); ++i) {
+      float x0 = n.host(p)[i];
+      n.set_param_element(p, i, static_cast<float>(x0 + eps));
+      double lp = loss_now();
+      n.set_param_element(p, i, static_cast<float>(x0 - eps));
+      double lm = loss_now();
+      n.set_param_element(p, i, x0);
+      fd[i] = (lp - lm) / (2 * eps);
+    }
+    double err = 0, scale = 0;
+    size_t worst = 0;
+    for (size_t i = 0; i < ad.size(); ++i) {
+      double e = std::fabs(ad[i] - fd[i]);
+      if (!(e <= err)) {
+        err = e;
+        worst = i;
+      }
+      scale = std::max(scale, std::fabs(fd[i]));
+    }
+    EXPECT_GT(scale, 1e-3) << "gradient of input " << pi << " is ~0: the check would be vacuous";
+    EXPECT_LE(err, rtol * scale) << "gradient of input " << pi << " " << p.shape().to_string()
+                                 << ": element " << worst << " autodiff " << ad[worst]
+                                 << " finite difference " << fd[worst];
+  }
+}
+
+// ---- the table ---------------------------------------------------------------------------
+
+enum class Check { forward, grad, source };
+
+struct Entry {
+  std::string op;
+  Check check;
+  std::string label;  // unique, a valid test-name suffix
+  std::function<void(Net&)> forward;
+  std::function<Var(Net&)> grad;
+  double eps = 1e-2, rtol = 1e-2;
+};
+
+void binary_fwd(Net& n, OpKind op, Shape xs, Shape ys) {
+  Gen gy = op == OpKind::div ? magnitude(0.5f, 2.0f) : Gen{};
+  Var x = n.param(xs), y = n.param(ys, gy);
+  Var z = n.keep(n.b.apply1(op, {}, {x, y}));
+  n.run();
+  expect_close(n.read(z), ref_binary(op, n.host(x), xs, n.host(y), ys), kFwdTol, op_name(op));
+}
+
+void unary_fwd(Net& n, OpKind op, Gen gen, double scalar, double (*ref)(double, double)) {
+  Attrs a;
+  a.scalar = scalar;
+  Var x = n.param(Shape{2, 3, 4}, gen);
+  Var y = n.keep(n.b.apply1(op, a, {x}));
+  n.run();
+  std::vector<double> want;
+  for (float v : n.host(x)) want.push_back(ref(v, scalar));
+  expect_close(n.read(y), want, kFwdTol, op_name(op));
+}
+
+void reduce_fwd(Net& n, Shape xs, std::vector<int64_t> axes, bool keepdim, Shape want_shape) {
+  Var x = n.param(xs);
+  Var y = n.keep(n.b.reduce_sum(x, axes, keepdim));
+  EXPECT_EQ(y.shape(), want_shape);
+  n.run();
+  expect_close(n.read(y), ref_reduce(n.host(x), xs, axes), kFwdTol, "reduce_sum");
+}
+
+void matmul_fwd(Net& n, Shape sa, Shape sb, bool ta, bool tb, Shape want) {
+  Var a = n.param(sa), b = n.param(sb);
+  Var c = n.keep(n.b.matmul(a, b, ta, tb));
+  EXPECT_EQ(c.shape(), want);
+  n.run();
+  expect_close(n.read(c), ref_matmul(n.host(a), sa, n.host(b), sb, ta, tb), kFwdTol, "matmul");
+}
+
+void transpose_fwd(Net& n, Shape xs, std::vector<int64_t> perm) {
+  Var x = n.param(xs);
+  Var y = n.keep(n.b.transpose(x, perm));
+  n.run();
+  expect_close(n.read(y), ref_transpose(n.host(x), xs, perm), 0.0, "transpose");
+}
+
+void slice_fwd(Net& n, Shape xs, int axis, int64_t start, int64_t end) {
+  Var x = n.param(xs);
+  Var y = n.keep(n.b.slice(x, axis, start, end));
+  int ax = xs.axis(axis);
+  EXPECT_EQ(y.shape(), xs.with_dim(ax, end - start));
+  n.run();
+  std::vector<double> want;
+  std::vector<int64_t> st = strides_of(xs);
+  for (int64_t i = 0; i < y.shape().numel(); ++i) {
+    std::vector<int64_t> c = unravel(i, y.shape());
+    c[static_cast<size_t>(ax)] += start;
+    int64_t off = 0;
+    for (size_t d = 0; d < c.size(); ++d) off += c[d] * st[d];
+    want.push_back(n.host(x)[static_cast<size_t>(off)]);
+  }
+  expect_close(n.read(y), want, 0.0, "slice");
+}
+
+void concat_fwd(Net& n, std::vector<Shape> shapes, int axis) {
+  std::vector<Var> xs;
+  for (const Shape& s : shapes) xs.push_back(n.param(s));
+  Var y = n.keep(n.b.concat(xs, axis));
+  int ax = shapes[0].axis(axis);
+  n.run();
+  std::vector<double> want;
+  for (int64_t i = 0; i < y.shape().numel(); ++i) {
+    std::vector<int64_t> c = unravel(i, y.shape());
+    size_t k = 0;
+    while (c[static_cast<size_t>(ax)] >= shapes[k][ax])
+      c[static_cast<size_t>(ax)] -= shapes[k++][ax];
+    std::vector<int64_t> st = strides_of(shapes[k]);
+    int64_t off = 0;
+    for (size_t d = 0; d < c.size(); ++d) off += c[d] * st[d];
+    want.push_back(n.host(xs[k])[static_cast<size_t>(off)]);
+  }
+  expect_close(n.read(y), want, 0.0, "concat");
+}
+
+// Attention against matmul / scale / causal_mask / softmax / matmul in the same graph; k and v
+// heads are repeated for grouped-query attention.
+void attention_fwd(Net& n, int64_t B, int64_t H, int64_t Hkv, int64_t T, int64_t D) {
+  Builder& b = n.b;
+  Var q = n.param(Shape{B, H, T, D}), k = n.param(Shape{B, Hkv, T, D}),
+      v = n.param(Shape{B, Hkv, T, D});
+  double scale = 1.0 / std::sqrt(static_cast<double>(D));
+  std::vector<Var> att = b.attention(q, k, v, scale);
+  n.keep(att[0]);
+  n.keep(att[1]);
+  auto repeat = [&](Var x) {
+    int64_t G = H / Hkv;
+    Var e = b.broadcast_to(b.reshape(x, Shape{B, Hkv, 1, T, D}), Shape{B, Hkv, G, T, D});
+    return b.reshape(e, Shape{B, H, T, D});
+  };
+  Var kr = repeat(k), vr = repeat(v);
+  Var scores = b.causal_mask(b.scale(b.matmul(q, kr, false, true), scale), -1e9);
+  Var ref_out = n.keep(b.matmul(b.softmax(scores), vr));
+  Var ref_lse = n.keep(b.log(b.reduce_sum(b.exp(scores), {-1})));
+  n.run();
+  expect_close(n.read(att[0]), n.read(ref_out), kFwdTol, "attention out");
+  expect_close(n.read(att[1]), n.read(ref_lse), kFwdTol, "attention lse");
+  // Causality, independently of the decomposition: row 0 attends only to key 0.
+  std::vector<float> out = n.read(att[0]);
+  for (int64_t h = 0; h < H; ++h)
+    for (int64_t d = 0; d < D; ++d)
+      EXPECT_NEAR(out[static_cast<size_t>(h * T * D + d)],
+                  n.host(v)[static_cast<size_t>((h / (H / Hkv)) * T * D + d)], 1e-6);
+}
+
+std::vector<Entry> build_entries() {
+  std::vector<Entry> e;
+  auto fwd = [&](const char* op, const char* label, std::function<void(Net&)> f) {
+    e.push_back(Entry{op, Check::forward, label, std::move(f), nullptr});
+  };
+  auto grad = [&](const char* op, const char* label, std::function<Var(Net&)> f,
+                  double eps = 1e-2) {
+    e.push_back(Entry{op, Check::grad, label, nullptr, std::move(f), eps});
+  };
+
+  // Sources.
+  e.push_back(Entry{"parameter", Check::source, "parameter_init",
+                    [](Net& n) {
+                      Var z = n.b.parameter("z", Shape{4}, Init::zeros);
+                      Var o = n.b.parameter("o", Shape{5}, Init::ones);
+                      Var r = n.b.parameter("r", Shape{100, 100}, Init::normal, 0.5);
+                      EXPECT_EQ(n.g.find_param("r"), r.id);
+                      n.ex().init_params(3);
+                      for (int i = 0; i < 4; ++i) EXPECT_EQ(n.ex().data<float>(z.id)[i], 0.0f);
+                      for (int i = 0; i < 5; ++i) EXPECT_EQ(n.ex().data<float>(o.id)[i], 1.0f);
+                      double s = 0, s2 = 0;
+                      for (int i = 0; i < 10000; ++i) {
+                        double x = n.ex().data<float>(r.id)[i];
+                        s += x;
+                        s2 += x * x;
+                      }
+                      EXPECT_NEAR(s / 1e4, 0.0, 0.02);
+                      EXPECT_NEAR(std::sqrt(s2 / 1e4), 0.5, 0.02);
+                    },
+                    nullptr});
+  e.push_back(Entry{"input", Check::source, "input_roundtrip",
+                    [](Net& n) {
+                      std::vector<float> v = n.random(6);
+                      Var x = n.finput(Shape{2, 3}, v);
+                      Var y = n.keep(n.b.scale(x, 1.0));
+                      n.run();
+                      expect_close(n.read(y), v, 0.0, "input");
+                    },
+                    nullptr});
+
+  fwd("fill", "fill", [](Net& n) {
+    Var f = n.keep(n.b.fill(Shape{2, 3}, 2.5));
+    Var h = n.keep(n.b.fill(Shape{3}, -1.25, DType::bf16));
+    n.run();
+    expect_close(n.read(f), std::vector<double>(6, 2.5), 0.0, "fill f32");
+    expect_close(n.read(h), std::vector<double>(3, -1.25), 0.0, "fill bf16");
+  });
+
+  // Binary ops, broadcasting in both directions.
+  fwd("add", "add_same", [](Net& n) { binary_fwd(n, OpKind::add, {2, 3, 4}, {2, 3, 4}); });
+  fwd("add", "add_bcast_right", [](Net& n) { binary_fwd(n, OpKind::add, {2, 3, 4}, {4}); });
+  fwd("add", "add_bcast_left", [](Net& n) { binary_fwd(n, OpKind::add, {3, 1}, {2, 3, 4}); });
+  fwd("sub", "sub_bcast_left", [](Net& n) { binary_fwd(n, OpKind::sub, {4}, {2, 3, 4}); });
+  fwd("sub", "sub_bcast_both", [](Net& n) { binary_fwd(n, OpKind::sub, {2, 1, 4}, {3, 1}); });
+  fwd("mul", "mul_bcast_both", [](Net& n) { binary_fwd(n, OpKind::mul, {2, 1, 4}, {3, 1}); });
+  fwd("mul", "mul_bcast_mid", [](Net& n) { binary_fwd(n, OpKind::mul, {2, 3, 4}, {2, 1, 4}); });
+  fwd("div", "div_bcast_right", [](Net& n) { binary_fwd(n, OpKind::div, {2, 3, 4}, {3, 1}); });
+  fwd("div", "div_bcast_left", [](Net& n) { binary_fwd(n, OpKind::div, {4}, {2, 3, 4}); });
+
+  // Unary ops.
+  fwd("scale", "scale", [](Net& n) {
+    unary_fwd(n, OpKind::scale, {}, -1.7, [](double x, double s) { return x * s; });
+  });
+  fwd("add_scalar", "add_scalar", [](Net& n) {
+    unary_fwd(n, OpKind::add_scalar, {}, 0.3, [](double x, double s) { return x + s; });
+  });
+  fwd("exp", "exp", [](Net& n) {
+    unary_fwd(n, OpKind::exp, uniform(-2, 2), 0, [](double x, double) { return std::exp(x); });
+  });
+  fwd("log", "log", [](Net& n) {
+    unary_fwd(n, OpKind::log, uniform(0.1f, 3), 0, [](double x, double) { return std::log(x); });
+  });
+  fwd("sqrt", "sqrt", [](Net& n) {
+    unary_fwd(n, OpKind::sqrt, uniform(0.1f, 3), 0, [](double x, double) { return std::sqrt(x); });
+  });
+  fwd("rsqrt", "rsqrt", [](Net& n) {
+    unary_fwd(n, OpKind::rsqrt, uniform(0.1f, 3), 0,
+              [](double x, double) { return 1.0 / std::sqrt(x); });
+  });
+  fwd("tanh", "tanh", [](Net& n) {
+    unary_fwd(n, OpKind::tanh, uniform(-3, 3), 0, [](double x, double) { return std::tanh(x); });
+  });
+  fwd("gelu", "gelu", [](Net& n) {
+    unary_fwd(n, OpKind::gelu, uniform(-4, 4), 0, [](double x, double) { return gelu_ref(x); });
+  });
+  fwd("silu", "silu", [](Net& n) {
+    unary_fwd(n, OpKind::silu, uniform(-4, 4), 0,
+              [](double x, double) { return x * sigmoid_ref(x); });
+  });
+  // The backward-only elementwise ops also have direct forward references (derivatives).
+  fwd("gelu_grad", "gelu_grad", [](Net& n) {
+    Var x = n.param(Shape{2, 3, 4}, uniform(-3, 3)), dy = n.param(Shape{2, 3, 4});
+    Var dx = n.keep(n.b.gelu_grad(x, dy));
+    n.run();
+    std::vector<double> want;
+    for (size_t i = 0; i < n.host(x).size(); ++i) {
+      double v = n.host(x)[i], h = 1e-5;
+      want.push_back(n.host(dy)[i] * (gelu_ref(v + h) - gelu_ref(v - h)) / (2 * h));
+    }
+    expect_close(n.read(dx), want, 1e-5, "gelu_grad");
+  });
+  fwd("silu_grad", "silu_grad", [](Net& n) {
+    Var x = n.param(Shape{2, 3, 4}, uniform(-3, 3)), dy = n.param(Shape{2, 3, 4});
+    Var dx = n.keep(n.b.silu_grad(x, dy));
+    n.run();
+    std::vector<double> want;
+    for (size_t i = 0; i < n.host(x).size(); ++i) {
+      double v = n.host(x)[i], s = sigmoid_ref(v);
+      want.push_back(n.host(dy)[i] * (s + v * s * (1 - s)));
+    }
+    expect_close(n.read(dx), want, 1e-5, "silu_grad");
+  });
+  fwd("swiglu", "swiglu", [](Net& n) {
+    Var g = n.param(Shape{2, 3, 4}, uniform(-3, 3)), u = n.param(Shape{2, 3, 4});
+    Var y = n.keep(n.b.swiglu(g, u));
+    Var decomposed = n.keep(n.b.silu(g) * u);
+    n.run();
+    std::vector<double> want;
+    for (size_t i = 0; i < n.host(g).size(); ++i)
+      want.push_back(n.host(g)[i] * sigmoid_ref(n.host(g)[i]) * n.host(u)[i]);
+    expect_close(n.read(y), want, kFwdTol, "swiglu naive");
+    expect_close(n.read(y), n.read(decomposed), kFwdTol, "swiglu vs silu*up");
+  });
+
+  // Reductions and broadcasting.
+  fwd("reduce_sum", "reduce_mid", [](Net& n) { reduce_fwd(n, {2, 3, 4}, {1}, false, {2, 4}); });
+  fwd("reduce_sum", "reduce_mid_keep", [](Net& n) {
+    reduce_fwd(n, {2, 3, 4}, {1}, true, {2, 1, 4});
+  });
+  fwd("reduce_sum", "reduce_outer_keep", [](Net& n) {
+    reduce_fwd(n, {2, 3, 4}, {0, 2}, true, {1, 3, 1});
+  });
+  fwd("reduce_sum", "reduce_outer", [](Net& n) { reduce_fwd(n, {2, 3, 4}, {0, 2}, false, {3}); });
+  fwd("reduce_sum", "reduce_last_neg", [](Net& n) {
+    reduce_fwd(n, {2, 3, 4}, {-1}, false, {2, 3});
+  });
+  fwd("reduce_sum", "reduce_leading", [](Net& n) { reduce_fwd(n, {2, 3, 4}, {0}, false, {3, 4}); });
+  fwd("reduce_sum", "reduce_all", [](Net& n) { reduce_fwd(n, {2, 3, 4}, {0, 1, 2}, false, {}); });
+  fwd("reduce_sum", "reduce_4d", [](Net& n) {
+    reduce_fwd(n, {2, 3, 2, 3}, {1, 3}, true, {2, 1, 2, 1});
+  });
+  fwd("sum_to", "sum_to", [](Net& n0) {
+    n0.b.sum_to(n0.param(Shape{2, 3, 4}), Shape{4});
+    for (Shape target : {Shape{3, 1}, Shape{4}, Shape{2, 1, 4}, Shape{1, 3, 4}}) {
+      Net n;
+      Var x = n.param(Shape{2, 3, 4});
+      Var y = n.keep(n.b.sum_to(x, target));
+      EXPECT_EQ(y.shape(), target);
+      n.run();
+      // Reduce the broadcast axes: the leading extra ones and those where the target is 1.
+      std::vector<int64_t> axes;
+      for (int d = 0; d < 3; ++d) {
+        int td = d - (3 - target.rank());
+        if (td < 0 || target[td] == 1) axes.push_back(d);
+      }
+      expect_close(n.read(y), ref_reduce(n.host(x), Shape{2, 3, 4}, axes), kFwdTol,
+                   "sum_to " + target.to_string());
+    }
+  });
+  fwd("broadcast_to", "broadcast_to", [](Net& n0) {
+    n0.b.broadcast_to(n0.param(Shape{4}), Shape{2, 3, 4});
+    for (Shape from : {Shape{3, 1}, Shape{4}, Shape{2, 1, 4}}) {
+      Net n;
+      Var x = n.param(from);
+      Var y = n.keep(n.b.broadcast_to(x, Shape{2, 3, 4}));
+      n.run();
+      std::vector<double> want;
+      for (int64_t i = 0; i < 24; ++i)
+        want.push_back(bcast_at(n.host(x), from, unravel(i, {2, 3, 4})));
+      expect_close(n.read(y), want, 0.0, "broadcast_to from " + from.to_string());
+    }
+  });
+
+  // Shape ops.
+  fwd("reshape", "reshape", [](Net& n) {
+    Var x = n.param(Shape{2, 3, 4});
+    Var y = n.keep(n.b.reshape(x, Shape{4, -1}));
+    EXPECT_EQ(y.shape(), (Shape{4, 6}));
+    n.run();
+    expect_close(n.read(y), n.host(x), 0.0, "reshape");
+  });
+  fwd("transpose", "transpose_3d_201", [](Net& n) { transpose_fwd(n, {2, 3, 4}, {2, 0, 1}); });
+  fwd("transpose", "transpose_3d_102", [](Net& n) { transpose_fwd(n, {2, 3, 4}, {1, 0, 2}); });
+  fwd("transpose", "transpose_4d_0213", [](Net& n) {
+    transpose_fwd(n, {2, 3, 4, 5}, {0, 2, 1, 3});
+  });
+  fwd("transpose", "transpose_4d_3102", [](Net& n) {
+    transpose_fwd(n, {2, 3, 4, 5}, {3, 1, 0, 2});
+  });
+  fwd("slice", "slice_mid", [](Net& n) { slice_fwd(n, {2, 5, 3}, 1, 1, 4); });
+  fwd("slice", "slice_last_neg", [](Net& n) { slice_fwd(n, {2, 3, 6}, -1, 2, 5); });
+  fwd("slice", "slice_first", [](Net& n) { slice_fwd(n, {4, 3, 2}, 0, 1, 3); });
+  fwd("concat", "concat_mid", [](Net& n) { concat_fwd(n, {{2, 1, 3}, {2, 2, 3}, {2, 3, 3}}, 1); });
+  fwd("concat", "concat_last", [](Net& n) { concat_fwd(n, {{2, 3, 1}, {2, 3, 2}}, -1); });
+  fwd("concat", "concat_first", [](Net& n) { concat_fwd(n, {{1, 3, 2}, {2, 3, 2}}, 0); });
+  fwd("cast", "cast_roundtrips", [](Net& n) {
+    Var x = n.param(Shape{2, 3, 4}, uniform(-3, 3));
+    Var bf = n.keep(n.b.cast(x, DType::bf16)), back_bf = n.keep(n.b.cast(bf, DType::f32));
+    Var h = n.keep(n.b.cast(x, DType::f16)), back_h = n.keep(n.b.cast(h, DType::f32));
+    Var h_from_bf = n.keep(n.b.cast(bf, DType::f16));
+    n.run();
+    std::vector<double> want_bf, want_h;
+    for (float v : n.host(x)) {
+      want_bf.push_back(bf16_to_f32(f32_to_bf16(v)));
+      want_h.push_back(f16_to_f32(f32_to_f16(v)));
+      (void)v;
+    }
+    // Exactly the scalar conversions, and within the formats' precision of the input.
+    expect_close(n.read(back_bf), want_bf, 0.0, "f32->bf16->f32");
+    expect_close(n.read(back_h), want_h, 0.0, "f32->f16->f32");
+    expect_close(n.read(h_from_bf), want_bf, 0.0, "bf16->f16 (exact for these values)");
+    std::vector<float> rb = n.read(back_bf), rh = n.read(back_h);
+    for (size_t i = 0; i < rb.size(); ++i) {
+      float v = n.host(x)[i];
+      EXPECT_LE(std::fabs(rb[i] - v), std::fabs(v) * 0x1p-8f) << "bf16 rounding of " << v;
+      EXPECT_LE(std::fabs(rh[i] - v), std::fabs(v) * 0x1p-11f + 0x1p-25f) << "f16 rounding";
+    }
+  });
+
+  // Matmul: all transpose combinations, batched operands, shared rank-2 right operand.
+  fwd("matmul", "matmul_nn", [](Net& n) { matmul_fwd(n, {3, 4}, {4, 5}, false, false, {3, 5}); });
+  fwd("matmul", "matmul_nt", [](Net& n) { matmul_fwd(n, {3, 4}, {5, 4}, false, true, {3, 5}); });
+  fwd("matmul", "matmul_tn", [](Net& n) { matmul_fwd(n, {4, 3}, {4, 5}, true, false, {3, 5}); });
+  fwd("matmul", "matmul_tt", [](Net& n) { matmul_fwd(n, {4, 3}, {5, 4}, true, true, {3, 5}); });
+  fwd("matmul", "matmul_batched_nn", [](Net& n) {
+    matmul_fwd(n, {2, 3, 4}, {2, 4, 5}, false, false, {2, 3, 5});
+  });
+  fwd("matmul", "matmul_batched_tt", [](Net& n) {
+    matmul_fwd(n, {2, 4, 3}, {2, 5, 4}, true, true, {2, 3, 5});
+  });
+  fwd("matmul", "matmul_batched4d_nt", [](Net& n) {
+    matmul_fwd(n, {2, 2, 3, 4}, {2, 2, 5, 4}, false, true, {2, 2, 3, 5});
+  });
+  fwd("matmul", "matmul_batched4d_tn", [](Net& n) {
+    matmul_fwd(n, {2, 2, 4, 3}, {2, 2, 4, 5}, true, false, {2, 2, 3, 5});
+  });
+  fwd("matmul", "matmul_shared_rhs", [](Net& n) {
+    matmul_fwd(n, {2, 3, 4}, {4, 5}, false, false, {2, 3, 5});
+  });
+  fwd("matmul", "matmul_shared_rhs_t", [](Net& n) {
+    matmul_fwd(n, {2, 2, 3, 4}, {5, 4}, false, true, {2, 2, 3, 5});
+  });
+
+  // Neural-network ops.
+  fwd("embedding", "embedding", [](Net& n) {
+    Var table = n.param(Shape{7, 4});
+    Var ids = n.ids(Shape{2, 3}, {6, 0, 3, 3, 1, 6});
+    Var y = n.keep(n.b.embedding(table, ids));
+    EXPECT_EQ(y.shape(), (Shape{2, 3, 4}));
+    n.run();
+    std::vector<double> want;
+    for (int32_t id : n.host_ids(ids))
+      for (int c = 0; c < 4; ++c) want.push_back(n.host(table)[static_cast<size_t>(id * 4 + c)]);
+    expect_close(n.read(y), want, 0.0, "embedding");
+  });
+  fwd("embedding_grad", "embedding_grad", [](Net& n) {
+    Var dy = n.param(Shape{2, 3, 4});
+    Var ids = n.ids(Shape{2, 3}, {5, 0, 3, 3, 1, 3});
+    Var dt = n.keep(n.b.embedding_grad(dy, ids, 6));
+    n.run();
+    std::vector<double> want(24, 0.0);
+    for (size_t i = 0; i < 6; ++i)
+      for (size_t c = 0; c < 4; ++c)
+        want[static_cast<size_t>(n.host_ids(ids)[i]) * 4 + c] += n.host(dy)[i * 4 + c];
+    expect_close(n.read(dt), want, kFwdTol, "embedding_grad (scatter-add, repeated ids)");
+  });
+  fwd("layernorm", "layernorm", [](Net& n) {
+    Builder& b = n.b;
+    const double eps = 1e-5;
+    Var x = n.param(Shape{2, 3, 5}, uniform(-2, 2)), w = n.param(Shape{5}),
+        bias = n.param(Shape{5});
+    std::vector<Var> ln = b.layernorm(x, w, bias, eps);
+    for (Var v : ln) n.keep(v);
+    Var mean = b.scale(b.reduce_sum(x, {-1}, true), 1.0 / 5);
+    Var xc = x - mean;
+    Var var = b.scale(b.reduce_sum(xc * xc, {-1}, true), 1.0 / 5);
+    Var rstd = b.rsqrt(b.add_scalar(var, eps));
+    Var y = n.keep(xc * rstd * w + bias);
+    Var mean2 = n.keep(b.reshape(mean, Shape{2, 3})), rstd2 = n.keep(b.reshape(rstd, Shape{2, 3}));
+    n.run();
+    expect_close(n.read(ln[0]), n.read(y), kFwdTol, "layernorm y");
+    expect_close(n.read(ln[1]), n.read(mean2), kFwdTol, "layernorm mean");
+    expect_close(n.read(ln[2]), n.read(rstd2), kFwdTol, "layernorm rstd");
+  });
+  fwd("rmsnorm", "rmsnorm", [](Net& n) {
+    Builder& b = n.b;
+    const double eps = 1e-5;
+    Var x = n.param(Shape{2, 3, 4}, uniform(-2, 2)), w = n.param(Shape{4});
+    std::vector<Var> rn = b.rmsnorm(x, w, eps);
+    for (Var v : rn) n.keep(v);
+    Var rstd = b.rsqrt(b.add_scalar(b.scale(b.reduce_sum(x * x, {-1}, true), 0.25), eps));
+    Var y = n.keep(x * rstd * w);
+    Var rstd2 = n.keep(b.reshape(rstd, Shape{2, 3}));
+    n.run();
+    expect_close(n.read(rn[0]), n.read(y), kFwdTol, "rmsnorm y");
+    expect_close(n.read(rn[1]), n.read(rstd2), kFwdTol, "rmsnorm rstd");
+  });
+  fwd("rope", "rope", [](Net& n) {
+    const int64_t B = 2, T = 5, H = 2, D = 6;
+    const double theta = 100.0;
+    Var x = n.param(Shape{B, T, H, D});
+    Var y = n.keep(n.b.rope(x, theta));
+    Var back = n.keep(n.b.rope(y, theta, /*inverse=*/true));
+    n.run();
+    // Rotate-half RoPE (GPT-NeoX / HF LLaMA): pairs (i, i + D/2) rotate by t * theta^(-2i/D).
+    std::vector<double> want(static_cast<size_t>(B * T * H * D));
+    const std::vector<float>& xv = n.host(x);
+    for (int64_t b = 0; b < B; ++b)
+      for (int64_t t = 0; t < T; ++t)
+        for (int64_t h = 0; h < H; ++h)
+          for (int64_t i = 0; i < D / 2; ++i) {
+            size_t o = static_cast<size_t>(((b * T + t) * H + h) * D);
+            double ang =
+                static_cast<double>(t) * std::pow(theta, -2.0 * static_cast<double>(i) / D);
+            double x0 = xv[o + static_cast<size_t>(i)], x1 = xv[o + static_cast<size_t>(i + D / 2)];
+            want[o + static_cast<size_t>(i)] = x0 * std::cos(ang) - x1 * std::sin(ang);
+            want[o + static_cast<size_t>(i + D / 2)] = x1 * std::cos(ang) + x0 * std::sin(ang);
+          }
+    expect_close(n.read(y), want, kFwdTol, "rope");
+    expect_close(n.read(back), xv, kFwdTol, "rope inverse round trip");
+  });
+  fwd("rope", "rope_relative_position", [](Net& n) {
+    // The defining property: <rope(q)_t, rope(k)_s> depends only on t - s.
+    const int64_t T = 6, D = 8;
+    std::vector<float> q = n.random(D), k = n.random(D), qs, ks;
+    for (int64_t t = 0; t < T; ++t) {
+      qs.insert(qs.end(), q.begin(), q.end());
+      ks.insert(ks.end(), k.begin(), k.end());
+    }
+    Var rq = n.keep(n.b.rope(n.param_values(Shape{1, T, 1, D}, qs), 1e4));
+    Var rk = n.keep(n.b.rope(n.param_values(Shape{1, T, 1, D}, ks), 1e4));
+    n.run();
+    std::vector<float> a = n.read(rq), c = n.read(rk);
+    auto dot = [&](int64_t t, int64_t s) {
+      double d = 0;
+      for (int64_t i = 0; i < D; ++i)
+        d += a[static_cast<size_t>(t * D + i)] * c[static_cast<size_t>(s * D + i)];
+      return d;
+    };
+    for (int64_t t = 1; t < T; ++t)
+      for (int64_t s = 1; s <= t; ++s) EXPECT_NEAR(dot(t, s), dot(t - s, 0), 1e-5) << t << "," << s;
+  });
+  fwd("softmax", "softmax", [](Net& n) {
+    Var x = n.param(Shape{2, 3, 5}, uniform(-3, 3));
+    Var y = n.keep(n.b.softmax(x));
+    Var e = n.b.exp(x);
+    Var ref = n.keep(e / n.b.reduce_sum(e, {-1}, true));
+    n.run();
+    expect_close(n.read(y), n.read(ref), kFwdTol, "softmax vs exp/sum");
+    // Large logits: the fused op must not overflow (max subtraction).
+    Net big;
+    Var xb = big.param_values(Shape{1, 3}, {1000.0f, 1001.0f, 999.0f});
+    Var yb = big.keep(big.b.softmax(xb));
+    big.run();
+    double z = 1 + std::exp(1.0) + std::exp(-1.0);
+    expect_close(big.read(yb), std::vector<double>{1 / z, std::exp(1.0) / z, std::exp(-1.0) / z},
+                 kFwdTol, "softmax of large logits");
+  });
+  fwd("softmax_grad", "softmax_grad", [](Net& n) {
+    Var y = n.param(Shape{2, 5}, uniform(0.05f, 0.5f)), dy = n.param(Shape{2, 5});
+    Var dx = n.keep(n.b.softmax_grad(y, dy));
+    n.run();
+    std::vector<double> want;
+    for (size_t r = 0; r < 2; ++r) {
+      double dot = 0;
+      for (size_t j = 0; j < 5; ++j) dot += n.host(y)[r * 5 + j] * n.host(dy)[r * 5 + j];
+      for (size_t j = 0; j < 5; ++j)
+        want.push_back(n.host(y)[r * 5 + j] * (n.host(dy)[r * 5 + j] - dot));
+    }
+    expect_close(n.read(dx), want, kFwdTol, "softmax_grad");
+  });
+  fwd("causal_mask", "causal_mask", [](Net& n) {
+    Var x = n.param(Shape{2, 3, 4, 4});
+    Var y = n.keep(n.b.causal_mask(x, -7.0));
+    n.run();
+    std::vector<double> want;
+    for (int64_t i = 0; i < x.shape().numel(); ++i) {
+      std::vector<int64_t> c = unravel(i, x.shape());
+      want.push_back(c[3] > c[2] ? -7.0 : n.host(x)[static_cast<size_t>(i)]);
+    }
+    expect_close(n.read(y), want, 0.0, "causal_mask");
+  });
+  fwd("attention", "attention_mha", [](Net& n) { attention_fwd(n, 2, 2, 2, 5, 4); });
+  fwd("attention", "attention_gqa", [](Net& n) { attention_fwd(n, 2, 4, 2, 5, 4); });
+  fwd("attention", "attention_mqa", [](Net& n) { attention_fwd(n, 1, 3, 1, 4, 2); });
+  fwd("cross_entropy", "cross_entropy", [](Net& n) {
+    Builder& b = n.b;
+    const int64_t N = 4, V = 5;
+    Var logits = n.param(Shape{N, V}, uniform(-3, 3));
+    std::vector<int32_t> t = {4, 0, 2, 4};
+    Var targets = n.ids(Shape{N}, t);
+    std::vector<Var> ce = b.cross_entropy(logits, targets);
+    n.keep(ce[0]);
+    n.keep(ce[1]);
+    std::vector<float> onehot(static_cast<size_t>(N * V), 0.0f);
+    for (int64_t i = 0; i < N; ++i)
+      onehot[static_cast<size_t>(i * V + t[static_cast<size_t>(i)])] = 1;
+    Var lse = n.keep(b.log(b.reduce_sum(b.exp(logits), {-1})));
+    Var picked = b.reduce_sum(logits * n.finput(Shape{N, V}, onehot), {-1});
+    Var loss = n.keep(b.scale(b.reduce_sum(lse - picked, {0}), 1.0 / N));
+    n.run();
+    EXPECT_EQ(ce[0].shape(), Shape{});
+    expect_close(n.read(ce[0]), n.read(loss), kFwdTol, "cross_entropy loss");
+    expect_close(n.read(ce[1]), n.read(lse), kFwdTol, "cross_entropy lse");
+  });
+
+  // ---- gradient entries (every op with a VJP) ----
+  grad("add", "add_bcast", [](Net& n) { return n.param({2, 3, 4}) + n.param({4}); });
+  grad("add", "add_bcast_both", [](Net& n) { return n.param({2, 1, 4}) + n.param({3, 1}); });
+  grad("sub", "sub_bcast_left", [](Net& n) { return n.param({4}) - n.param({2, 3, 4}); });
+  grad("mul", "mul_bcast_both", [](Net& n) { return n.param({2, 1, 4}) * n.param({3, 1}); });
+  grad("div", "div_bcast", [](Net& n) {
+    return n.param({2, 3, 4}) / n.param({3, 1}, magnitude(0.5f, 2));
+  });
+  grad("div", "div_bcast_left", [](Net& n) {
+    return n.param({4}) / n.param({2, 3, 4}, magnitude(0.5f, 2));
+  });
+  grad("scale", "scale", [](Net& n) { return n.b.scale(n.param({2, 3}), -1.7); });
+  grad("add_scalar", "add_scalar", [](Net& n) { return n.b.add_scalar(n.param({2, 3}), 0.3); });
+  grad("exp", "exp", [](Net& n) { return n.b.exp(n.param({2, 3})); });
+  grad("log", "log", [](Net& n) { return n.b.log(n.param({2, 3}, uniform(0.5f, 2))); });
+  grad("sqrt", "sqrt", [](Net& n) { return n.b.sqrt(n.param({2, 3}, uniform(0.5f, 2))); });
+  grad("rsqrt", "rsqrt", [](Net& n) { return n.b.rsqrt(n.param({2, 3}, uniform(0.5f, 2))); });
+  grad("tanh", "tanh", [](Net& n) { return n.b.tanh(n.param({2, 3})); });
+  grad("gelu", "gelu", [](Net& n) { return n.b.gelu(n.param({2, 3, 4}, uniform(-3, 3))); });
+  grad("silu", "silu", [](Net& n) { return n.b.silu(n.param({2, 3, 4}, uniform(-3, 3))); });
+  grad("swiglu", "swiglu", [](Net& n) {
+    return n.b.swiglu(n.param({2, 3, 4}, uniform(-3, 3)), n.param({2, 3, 4}));
+  });
+  grad("reduce_sum", "reduce_sum_keep", [](Net& n) {
+    return n.b.reduce_sum(n.param({2, 3, 4}), {0, 2}, true);
+  });
+  grad("reduce_sum", "reduce_sum_nokeep_neg", [](Net& n) {
+    return n.b.reduce_sum(n.param({2, 3, 4}), {-2}, false);
+  });
+  grad("sum_to", "sum_to", [](Net& n) { return n.b.sum_to(n.param({2, 3, 4}), Shape{3, 1}); });
+  grad("broadcast_to", "broadcast_to", [](Net& n) {
+    return n.b.broadcast_to(n.param({3, 1}), Shape{2, 3, 4});
+  });
+  grad("reshape", "reshape", [](Net& n) { return n.b.reshape(n.param({2, 3, 4}), Shape{4, 6}); });
+  grad("transpose", "transpose_3d", [](Net& n) {
+    return n.b.transpose(n.param({2, 3, 4}), {2, 0, 1});
+  });
+  grad("transpose", "transpose_4d", [](Net& n) {
+    return n.b.transpose(n.param({2, 3, 2, 3}), {3, 1, 0, 2});
+  });
+  grad("slice", "slice_mid", [](Net& n) { return n.b.slice(n.param({2, 5, 3}), 1, 1, 4); });
+  grad("slice", "slice_prefix", [](Net& n) { return n.b.slice(n.param({2, 5, 3}), 1, 0, 2); });
+  grad("concat", "concat_mid", [](Net& n) {
+    return n.b.concat({n.param({2, 1, 3}), n.param({2, 2, 3}), n.param({2, 3, 3})}, 1);
+  });
+  for (bool ta : {false, true})
+    for (bool tb : {false, true}) {
+      static const char* names[2][2] = {{"matmul_nn", "matmul_nt"}, {"matmul_tn", "matmul_tt"}};
+      grad("matmul", names[ta][tb], [ta, tb](Net& n) {
+        return n.b.matmul(n.param(ta ? Shape{4, 3} : Shape{3, 4}),
+                          n.param(tb ? Shape{5, 4} : Shape{4, 5}), ta, tb);
+      });
+      static const char* bnames[2][2] = {{"matmul_batched_nn", "matmul_batched_nt"},
+                                         {"matmul_batched_tn", "matmul_batched_tt"}};
+      grad("matmul", bnames[ta][tb], [ta, tb](Net& n) {
+        return n.b.matmul(n.param(ta ? Shape{2, 4, 3} : Shape{2, 3, 4}),
+                          n.param(tb ? Shape{2, 5, 4} : Shape{2, 4, 5}), ta, tb);
+      });
+    }
+  grad("matmul", "matmul_shared_rhs", [](Net& n) {
+    return n.b.matmul(n.param({2, 3, 4}), n.param({4, 5}));
+  });
+  grad("matmul", "matmul_shared_rhs_t", [](Net& n) {
+    return n.b.matmul(n.param({2, 3, 4}), n.param({5, 4}), false, true);
+  });
+  grad("embedding", "embedding", [](Net& n) {
+    return n.b.embedding(n.param({6, 4}), n.ids(Shape{2, 3}, {5, 0, 3, 3, 1, 3}));
+  });
+  grad("layernorm", "layernorm", [](Net& n) {
+    return n.b.layernorm(n.param({2, 3, 5}, uniform(-2, 2)), n.param({5}), n.param({5}), 1e-5)[0];
+  });
+  grad("rmsnorm", "rmsnorm", [](Net& n) {
+    return n.b.rmsnorm(n.param({2, 3, 4}, uniform(-2, 2)), n.param({4}), 1e-5)[0];
+  });
+  grad("rope", "rope", [](Net& n) { return n.b.rope(n.param({1, 3, 2, 4}), 100.0); });
+  grad("softmax", "softmax", [](Net& n) {
+    return n.b.softmax(n.param({2, 3, 5}, uniform(-2, 2)));
+  });
+  grad("causal_mask", "causal_mask", [](Net& n) {
+    return n.b.causal_mask(n.param({2, 3, 3}), -2.0);
+  });
+  grad("attention", "attention_mha", [](Net& n) {
+    return n.b.attention(n.param({1, 2, 3, 4}), n.param({1, 2, 3, 4}), n.param({1, 2, 3, 4}),
+                         0.5)[0];
+  });
+  grad("attention", "attention_gqa", [](Net& n) {
+    return n.b.attention(n.param({2, 4, 3, 2}), n.param({2, 2, 3, 2}), n.param({2, 2, 3, 2}),
+                         0.7)[0];
+  });
+  grad("cross_entropy", "cross_entropy", [](Net& n) {
+    return n.b.cross_entropy(n.param({4, 5}, uniform(-2, 2)), n.ids(Shape{4}, {4, 0, 2, 4}))[0];
+  });
+  // Cast: inputs on a 1/64 grid in [-2, 2] and a step of 1/64 keep every perturbed value exact
+  // in bf16 and f16, so the finite difference is exact.
+  for (DType dt : {DType::bf16, DType::f16}) {
+    grad(
+        "cast", dt == DType::bf16 ? "cast_bf16" : "cast_f16",
+        [dt](Net& n) {
+          std::vector<float> v = n.random(6, uniform(-2, 2));
+          for (float& x : v) x = std::round(x * 64) / 64;
+          return n.b.cast(n.b.cast(n.param_values(Shape{2, 3}, v), dt), DType::f32);
+        },
+        1.0 / 64);
+  }
+  return e;
+}
+
+const std::vector<Entry>& entries() {
+  static const std::vector<Entry> e = build_entries();
+  return e;
+}
+
+// ---- tests ---------------------------------------------------------------------------------
+
+class OpConsistency : public testing::TestWithParam<size_t> {};
+
+TEST_P(OpConsistency, Check) {
+  const Entry& en = entries()[GetParam()];
+  OpKind k;
+  ASSERT_TRUE(op_from_name(en.op, &k)) << en.op;
+  Net n;
+  if (en.check == Check::grad) {
+    ASSERT_NE(op_def(k).vjp, nullptr) << en.op << " has no VJP";
+    Var out = en.grad(n);
+    ASSERT_TRUE(has_op(n.g, k)) << "entry does not use " << en.op;
+    grad_check(n, out, en.eps, en.rtol);
+    // The backward-only ops this forward op covers must appear in its backward graph.
+    for (OpKind bk : all_ops()) {
+      const char* of = op_def(bk).gradient_of;
+      if (of != nullptr && en.op == of) {
+        EXPECT_TRUE(has_op(n.g, bk)) << op_name(bk) << " is not used by the gradient of " << en.op;
+      }
+    }
+  } else {
+    en.forward(n);
+    EXPECT_TRUE(has_op(n.g, k)) << "entry does not use " << en.op;
+  }
+}
+
+std::string label_of(const testing::TestParamInfo<size_t>& info) {
+  const Entry& en = entries()[info.param];
+  return std::string(en.check == Check::grad     ? "grad_"
+                     : en.check == Check::source ? "source_"
+                                                 : "fwd_") +
+         en.label;
+}
+
+size_t num_entries() { return entries().size(); }
+INSTANTIATE_TEST_SUITE_P(Ops, OpConsistency, testing::Range<size_t>(0, num_entries()), label_of);
+
+TEST(OpConsistencyCoverage, EveryOpHasAnEntry) {
+  std::map<std::string, int> fwd, grad, source;
+  std::set<std::string> labels;
+  for (const Entry& en : entries()) {
+    OpKind k;
+    EXPECT_TRUE(op_from_name(en.op, &k)) << "entry for unknown op " << en.op;
+    EXPECT_TRUE(labels.insert(en.label + std::to_string(static_cast<int>(en.check))).second)
+        << "duplicate label " << en.label;
+    (en.check == Check::forward ? fwd : en.check == Check::grad ? grad : source)[en.op]++;
+  }
+  std::string table = "op                  forward  grad  covered-by\n";
+  std::vector<std::string> missing;
+  for (OpKind k : all_ops()) {
+    const OpDef& d = op_def(k);
+    std::string name = d.name;
+    std::string covered;
+    if (source.count(name)) covered = "source";
+    if (d.gradient_of != nullptr) {
+      covered = std::string("grad of ") + d.gradient_of;
+      if (!grad.count(d.gradient_of)) covered += " (MISSING)";
+    }
+    if (d.vjp != nullptr && !grad.count(name))
+      missing.push_back(name + " (differentiable, no grad entry)");
+    bool ok = fwd.count(name) || source.count(name) ||
+              (d.gradient_of != nullptr && grad.count(d.gradient_of));
+    if (!ok) missing.push_back(name);
+    char line[160];
+    std::snprintf(line, sizeof line, "%-19s %-8s %-5s %s\n", d.name,
+                  fwd.count(name) ? std::to_string(fwd[name]).c_str() : "-",
+                  grad.count(name) ? std::to_string(grad[name]).c_str() : (d.vjp ? "MISS" : "n/a"),
+                  covered.c_str());
+    table += line;
+  }
+  std::printf("%s", table.c_str());
+  std::string m;
+  for (const std::string& s : missing) m += " " + s;
+  EXPECT_TRUE(missing.empty()) << "ops without an entry:" << m;
+}
+
+// bf16/f16 storage: kernels compute in f32 around each op, so results match the f32 graph on the
+// same (rounded) inputs within the storage precision.
+TEST(OpConsistencyLowPrecision, MatmulAndGeluInBf16AndF16) {
+  for (DType dt : {DType::bf16, DType::f16}) {
+    Net n;
+    Var a = n.param(Shape{2, 3, 8}, {}, dt), w = n.param(Shape{5, 8}, {}, dt);
+    Var y = n.keep(n.b.gelu(n.b.matmul(a, w, false, true)));
+    Var y32 =
+        n.keep(n.b.gelu(n.b.matmul(n.b.cast(a, DType::f32), n.b.cast(w, DType::f32), false, true)));
+    EXPECT_EQ(y.dtype(), dt);
+    n.run();
+    // f32 reference on the stored (already rounded) inputs.
+    std::vector<double> mm = ref_matmul(n.host(a), a.shape(), n.host(w), w.shape(), false, true);
+    for (double& v : mm) v = gelu_ref(v);
+    expect_close(n.read(y32), mm, 1e-5, "f32 compute on rounded inputs");
+    double tol = dt == DType::bf16 ? 0x1p-8 : 0x1p-11;  // unit roundoff
+    // Two roundings to the storage type: the matmul output (gelu' <= 1.13) and the gelu output.
+    std::vector<double> pre = ref_matmul(n.host(a), a.shape(), n.host(w), w.shape(), false, true);
+    std::vector<float> got = n.read(y);
+    for (size_t i = 0; i < got.size(); ++i)
+      EXPECT_NEAR(got[i], mm[i], tol * (1.13 * std::fabs(pre[i]) + std::fabs(mm[i])) + 1e-6)
+          << dtype_name(dt) << " element " << i;
+  }
+}
+
+// fill with an i32 dtype is accepted by inference (infer_source takes any dtype), so it must
+// produce integers.
+TEST(OpConsistencyBugs, FillI32ProducesIntegers) {
+  if (!std::getenv("TESSERA_SHOW_BUGS"))
+    GTEST_SKIP() << "BUG: cpu::fill (src/backend/cpu/kernels_elementwise.cc) writes float bit "
+                    "patterns into i32 outputs; set TESSERA_SHOW_BUGS=1 to run";
+  Net n;
+  Var f = n.keep(n.b.fill(Shape{3}, 7.0, DType::i32));
+  n.run();
+  const int32_t* v = n.ex().data<int32_t>(f.id);
+  for (int i = 0; i < 3; ++i) EXPECT_EQ(v[i], 7) << "element " << i;
+}
+
+}  // namespace
+}  // namespace tessera

@@ -1,0 +1,111 @@
+// Model graphs: parameter counts against published figures, build time of the largest presets,
+// training FLOPs against the standard estimate, and config validation.
+#include "models/model.h"
+
+#include <gtest/gtest.h>
+
+#include <chrono>
+#include <cstdio>
+#include <string>
+
+namespace tessera {
+namespace {
+
+ModelConfig preset(const std::string& name) {
+  std::optional<ModelConfig> c = find_preset(name);
+  EXPECT_TRUE(c.has_value()) << name;
+  return c.value_or(ModelConfig{});
+}
+
+// Published sizes: GPT-2 small (HF transformers gpt2, tied head) and LLaMA-2 7B (Meta).
+TEST(Models, ExactParameterCountsOfKnownModels) {
+  ModelGraph gpt = build_model(preset("gpt2-small"), 1, 1, ModelMode::logits);
+  EXPECT_EQ(gpt.graph.param_count(), 124439808);
+  ModelGraph llama = build_model(preset("llama2-7b"), 1, 1, ModelMode::logits);
+  EXPECT_EQ(llama.graph.param_count(), 6738415616);
+}
+
+TEST(Models, CountParamsMatchesTheGraphForEveryPreset) {
+  std::vector<std::string> names = preset_names();
+  EXPECT_GE(names.size(), 21u);
+  for (const std::string& name : names) {
+    ModelConfig c = preset(name);
+    EXPECT_EQ(c.name, name);
+    Status s = validate(c);
+    ASSERT_TRUE(s.ok()) << name << ": " << s.to_string();
+    ModelGraph m = build_model(c, 1, 2, ModelMode::logits);
+    EXPECT_EQ(count_params(c), m.graph.param_count()) << name;
+  }
+  EXPECT_FALSE(find_preset("gpt5").has_value());
+}
+
+// Graph building is metadata only, so even the largest models build quickly.
+TEST(Models, LargestPresetsBuildTrainingGraphsQuickly) {
+  for (const char* name : {"gpt3-175b", "llama3-405b"}) {
+    ModelConfig c = preset(name);
+    auto t0 = std::chrono::steady_clock::now();
+    ModelGraph m = build_model(c, 1, c.max_seq_len, ModelMode::train);
+    double sec = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    std::printf("build_model(%s, B=1, T=%lld, train): %.3f s, %zu nodes, %.4g params\n", name,
+                static_cast<long long>(c.max_seq_len), sec, m.graph.nodes().size(),
+                static_cast<double>(m.graph.param_count()));
+    EXPECT_LT(sec, 3.0) << name;
+    EXPECT_EQ(m.graph.param_grads().size(), m.graph.params().size());
+    EXPECT_GE(m.loss, 0);
+  }
+}
+
+// Training FLOPs per token ~ 6 N + 12 L C T (Kaplan et al. 2020 / Chinchilla: 2N forward and 4N
+// backward for the weight matmuls, plus attention scores and weighted sum counted non-causally:
+// 4 L C T forward, 8 L C T backward). N is the full parameter count.
+TEST(Models, TrainingFlopsPerTokenOfGpt2Small) {
+  ModelConfig c = preset("gpt2-small");
+  const int64_t T = 1024, B = 1;
+  ModelGraph m = build_model(c, B, T, ModelMode::train);
+  const double tokens = static_cast<double>(B * T);
+  const double per_token = m.graph.total_flops() / tokens;
+  const double N = static_cast<double>(count_params(c));
+  const double L = static_cast<double>(c.n_layer), C = static_cast<double>(c.n_embd);
+  const double want = 6 * N + 12 * L * C * static_cast<double>(T);
+  std::printf("gpt2-small T=1024: %.4g FLOP/token from the graph, 6N + 12LCT = %.4g (ratio %.4f)\n",
+              per_token, want, per_token / want);
+  EXPECT_NEAR(per_token / want, 1.0, 0.02);
+  // Forward alone ~ 2N + 4LCT.
+  const double fwd = m.graph.forward_flops() / tokens;
+  EXPECT_NEAR(fwd / (2 * N + 4 * L * C * static_cast<double>(T)), 1.0, 0.02);
+}
+
+TEST(Models, ValidateRejectsBadConfigsNamingTheKey) {
+  ModelConfig c = preset("gpt-tiny");
+  ASSERT_TRUE(validate(c).ok());
+
+  ModelConfig heads = c;
+  heads.n_head = 5;  // 64 % 5 != 0
+  Status s = validate(heads);
+  ASSERT_FALSE(s.ok());
+  EXPECT_NE(s.message().find("n_head"), std::string::npos) << s.message();
+  EXPECT_NE(s.message().find("n_embd"), std::string::npos) << s.message();
+
+  ModelConfig kv = preset("llama-tiny");
+  ASSERT_TRUE(validate(kv).ok());
+  kv.n_kv_head = 3;  // 4 % 3 != 0
+  s = validate(kv);
+  ASSERT_FALSE(s.ok());
+  EXPECT_NE(s.message().find("n_kv_head"), std::string::npos) << s.message();
+
+  ModelConfig fam = c;
+  fam.family = "bert";
+  s = validate(fam);
+  ASSERT_FALSE(s.ok());
+  EXPECT_NE(s.message().find("family"), std::string::npos) << s.message();
+  EXPECT_NE(s.message().find("bert"), std::string::npos) << s.message();
+
+  ModelConfig neg = c;
+  neg.n_layer = 0;
+  s = validate(neg);
+  ASSERT_FALSE(s.ok());
+  EXPECT_NE(s.message().find("n_layer"), std::string::npos) << s.message();
+}
+
+}  // namespace
+}  // namespace tessera
