@@ -98,6 +98,9 @@ Status run_train(const TrainOptions& o) {
                                                          static_cast<int>(o.batch), static_cast<int>(o.seq), 0, 1, o.seed));
   TS_ASSIGN_OR_RETURN(DataLoader val, DataLoader::open(data_dir + "/val.bin", static_cast<int>(cfg.vocab_size),
                                                        static_cast<int>(o.batch), static_cast<int>(o.seq), 0, 1, 0));
+  if (!o.resume && fs::exists(fs::path(o.out) / "checkpoints" / "latest"))
+    return error("run directory '" + o.out + "' already holds checkpoints",
+                 "pass --resume to continue that run, or choose another --out");
   TS_RETURN_IF_ERROR(make_dirs(o.out));
 
   CpuBackend cpu;

@@ -4,7 +4,7 @@
 
 namespace tessera {
 
-const TensorType& Var::type() const { return b->graph().type(id); }
+TensorType Var::type() const { return b->graph().type(id); }
 
 Var operator+(Var a, Var b) { return a.b->add(a, b); }
 Var operator-(Var a, Var b) { return a.b->sub(a, b); }

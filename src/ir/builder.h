@@ -24,8 +24,9 @@ struct Var {
   Builder* b = nullptr;
   ValueId id = -1;
   bool valid() const { return b != nullptr && id >= 0; }
-  const TensorType& type() const;
-  const Shape& shape() const { return type().shape; }
+  TensorType type() const;
+  // By value: recording a node may reallocate the graph's value table.
+  Shape shape() const { return type().shape; }
   DType dtype() const { return type().dtype; }
   int rank() const { return shape().rank(); }
 };

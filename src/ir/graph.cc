@@ -39,6 +39,10 @@ Result<NodeId> Graph::add_node(OpKind op, Attrs attrs, std::vector<ValueId> inpu
                  s.hint());
   }
   TS_CHECK_EQ(static_cast<int>(out_types.size()), def.num_outputs) << def.name;
+  if (op == OpKind::parameter && param_by_name_.count(attrs.name))
+    return error("duplicate parameter name '" + attrs.name + "'");
+  if (op == OpKind::input && input_by_name_.count(attrs.name))
+    return error("duplicate input name '" + attrs.name + "'");
   NodeId id = static_cast<NodeId>(nodes_.size());
   Node n;
   n.op = op;
@@ -51,11 +55,9 @@ Result<NodeId> Graph::add_node(OpKind op, Attrs attrs, std::vector<ValueId> inpu
     values_.push_back(Value{out_types[static_cast<size_t>(i)], id, i});
   }
   if (op == OpKind::parameter) {
-    if (param_by_name_.count(attrs.name)) return error("duplicate parameter name '" + attrs.name + "'");
     param_by_name_[attrs.name] = n.outputs[0];
     params_.push_back(n.outputs[0]);
   } else if (op == OpKind::input) {
-    if (input_by_name_.count(attrs.name)) return error("duplicate input name '" + attrs.name + "'");
     input_by_name_[attrs.name] = n.outputs[0];
     inputs_.push_back(n.outputs[0]);
   }

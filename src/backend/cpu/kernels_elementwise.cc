@@ -97,6 +97,11 @@ inline float sigmoid(float x) { return 1.0f / (1.0f + std::exp(-x)); }
 }  // namespace
 
 void fill(const Args& a) {
+  if (a.out_types[0].dtype == DType::i32) {
+    int32_t* z = static_cast<int32_t*>(a.out[0]);
+    int32_t v = static_cast<int32_t>(a.attrs.scalar);
+    return parallel_map(a.out_shape(0).numel(), [&](int64_t i) { z[i] = v; });
+  }
   float* z = a.fout(0);
   float v = static_cast<float>(a.attrs.scalar);
   parallel_map(a.out_shape(0).numel(), [&](int64_t i) { z[i] = v; });
