@@ -1,0 +1,7 @@
+#!/usr/bin/env bash
+# The test suite on a fresh Debian 12 machine: install, build, run every CPU test.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+scripts/install_deps.sh
+scripts/build.sh
+ctest --test-dir build --output-on-failure -j "$(nproc)" "$@"
