@@ -39,12 +39,12 @@ std::string check_operands(const A& a, const B& b) {
   } else               \
     ::tessera::detail::CheckFailure(__FILE__, __LINE__, "TS_CHECK(" #cond ")").stream()
 
-#define TS_CHECK_OP(a, b, op)                                                             \
-  if ((a)op(b)) {                                                                         \
-  } else                                                                                  \
-    ::tessera::detail::CheckFailure(__FILE__, __LINE__,                                   \
-                                    "TS_CHECK(" #a " " #op " " #b ")" +                   \
-                                        ::tessera::detail::check_operands((a), (b)))      \
+#define TS_CHECK_OP(a, b, op)                                                            \
+  if ((a)op(b)) {                                                                        \
+  } else                                                                                 \
+    ::tessera::detail::CheckFailure(                                                     \
+        __FILE__, __LINE__,                                                              \
+        "TS_CHECK(" #a " " #op " " #b ")" + ::tessera::detail::check_operands((a), (b))) \
         .stream()
 
 #define TS_CHECK_EQ(a, b) TS_CHECK_OP(a, b, ==)

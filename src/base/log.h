@@ -25,7 +25,7 @@ class LogLine {
 }  // namespace detail
 }  // namespace tessera
 
-#define TS_LOG(level)                                                  \
-  if (::tessera::LogLevel::level < ::tessera::log_level()) {           \
-  } else                                                               \
+#define TS_LOG(level)                                        \
+  if (::tessera::LogLevel::level < ::tessera::log_level()) { \
+  } else                                                     \
     ::tessera::detail::LogLine(::tessera::LogLevel::level).stream()

@@ -43,8 +43,8 @@ inline Status error(std::string message, std::string hint = {}) {
 template <typename T>
 class Result {
  public:
-  Result(T value) : value_(std::move(value)) {}             // NOLINT: implicit by design
-  Result(Status status) : status_(std::move(status)) {}     // NOLINT: must be an error
+  Result(T value) : value_(std::move(value)) {}          // NOLINT: implicit by design
+  Result(Status status) : status_(std::move(status)) {}  // NOLINT: must be an error
   bool ok() const { return value_.has_value(); }
   const Status& status() const { return status_; }
   T& value() & { return *value_; }
@@ -64,10 +64,10 @@ class Result {
 #define TS_CONCAT_INNER(a, b) a##b
 #define TS_CONCAT(a, b) TS_CONCAT_INNER(a, b)
 
-#define TS_RETURN_IF_ERROR(expr)                    \
-  do {                                              \
-    ::tessera::Status ts_status_ = (expr);          \
-    if (!ts_status_.ok()) return ts_status_;        \
+#define TS_RETURN_IF_ERROR(expr)             \
+  do {                                       \
+    ::tessera::Status ts_status_ = (expr);   \
+    if (!ts_status_.ok()) return ts_status_; \
   } while (0)
 
 #define TS_ASSIGN_OR_RETURN_IMPL(tmp, lhs, expr) \

@@ -2,9 +2,8 @@
 // function does the work and returns a Status that main() prints in one paragraph.
 #pragma once
 
-#include <string>
-
 #include <CLI/CLI.hpp>
+#include <string>
 
 #include "base/status.h"
 

@@ -36,16 +36,18 @@ Status run_graph(const GraphOptions& o) {
   double tokens = static_cast<double>(o.batch * seq);
   if (o.print) std::fputs(print_graph(g).c_str(), stdout);
   std::printf("model            %s (%s)\n", cfg.name.c_str(), cfg.family.c_str());
-  std::printf("shape            %lld layers, width %lld, %lld heads (%lld kv), ffn %lld, vocab %lld\n",
-              (long long)cfg.n_layer, (long long)cfg.n_embd, (long long)cfg.n_head,
-              (long long)cfg.kv_heads(), (long long)cfg.ffn(), (long long)cfg.vocab_size);
+  std::printf(
+      "shape            %lld layers, width %lld, %lld heads (%lld kv), ffn %lld, vocab %lld\n",
+      (long long)cfg.n_layer, (long long)cfg.n_embd, (long long)cfg.n_head,
+      (long long)cfg.kv_heads(), (long long)cfg.ffn(), (long long)cfg.vocab_size);
   std::printf("ops              %zu (forward %lld, backward %lld)\n", g.nodes().size(),
-              (long long)fwd_nodes, (long long)(static_cast<int64_t>(g.nodes().size()) - fwd_nodes));
+              (long long)fwd_nodes,
+              (long long)(static_cast<int64_t>(g.nodes().size()) - fwd_nodes));
   std::printf("parameters       %s (%s in f32)\n", format_count(g.param_count()).c_str(),
               format_bytes(static_cast<double>(plan.param_bytes)).c_str());
   std::printf("FLOPs per token  %s forward, %s training step (batch %lld, seq %lld)\n",
-              format_si(g.forward_flops() / tokens).c_str(), format_si(g.total_flops() / tokens).c_str(),
-              (long long)o.batch, (long long)seq);
+              format_si(g.forward_flops() / tokens).c_str(),
+              format_si(g.total_flops() / tokens).c_str(), (long long)o.batch, (long long)seq);
   std::printf("activations      %s planned arena (live peak %s)\n",
               format_bytes(static_cast<double>(plan.arena_bytes)).c_str(),
               format_bytes(static_cast<double>(plan.live_peak_bytes)).c_str());

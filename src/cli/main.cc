@@ -20,7 +20,9 @@ int main(int argc, char** argv) {
   } catch (const CLI::CallForAllHelp& e) {
     return app.exit(e);
   } catch (const CLI::ParseError& e) {
-    std::fprintf(stderr, "error: %s\nHINT: run `tessera --help` or `tessera COMMAND --help` for the accepted flags.\n",
+    std::fprintf(stderr,
+                 "error: %s\nHINT: run `tessera --help` or `tessera COMMAND --help` for the "
+                 "accepted flags.\n",
                  e.what());
     return 2;
   }

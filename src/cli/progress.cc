@@ -9,8 +9,11 @@
 namespace tessera {
 
 Progress::Progress(int64_t total, int64_t start, int64_t log_every)
-    : total_(total), start_(start), log_every_(log_every > 0 ? log_every : 1),
-      tty_(isatty(STDERR_FILENO) != 0), t0_(std::chrono::steady_clock::now()) {}
+    : total_(total),
+      start_(start),
+      log_every_(log_every > 0 ? log_every : 1),
+      tty_(isatty(STDERR_FILENO) != 0),
+      t0_(std::chrono::steady_clock::now()) {}
 
 void Progress::update(int64_t step, double loss, double tps) {
   double elapsed = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0_).count();

@@ -60,11 +60,15 @@ Status run_sample(const SampleArgs& a) {
 void add_sample_command(CLI::App& app) {
   auto a = std::make_shared<SampleArgs>();
   CLI::App* cmd = app.add_subcommand("sample", "Generate text from a checkpoint");
-  cmd->add_option("--checkpoint", a->checkpoint, "Checkpoint directory, or a run's checkpoints/ root")->required();
+  cmd->add_option("--checkpoint", a->checkpoint,
+                  "Checkpoint directory, or a run's checkpoints/ root")
+      ->required();
   cmd->add_option("--prompt", a->prompt, "Text to continue")->capture_default_str();
   cmd->add_option("--tokens", a->tokens, "Tokens to generate")->capture_default_str();
-  cmd->add_option("--temperature", a->temperature, "Softmax temperature (0: greedy)")->capture_default_str();
-  cmd->add_option("--top-k", a->top_k, "Sample among the k most likely tokens (0: all)")->capture_default_str();
+  cmd->add_option("--temperature", a->temperature, "Softmax temperature (0: greedy)")
+      ->capture_default_str();
+  cmd->add_option("--top-k", a->top_k, "Sample among the k most likely tokens (0: all)")
+      ->capture_default_str();
   cmd->add_option("--seed", a->seed, "Sampling seed")->capture_default_str();
   cmd->callback([a] { exit_on_error(run_sample(*a)); });
 }

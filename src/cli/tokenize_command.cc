@@ -32,7 +32,8 @@ void add_tokenize_command(CLI::App& app) {
   CLI::App* cmd = app.add_subcommand("tokenize", "Turn a UTF-8 text into GPT-2 token shards");
   cmd->add_option("--input", a->input, "UTF-8 text file")->required();
   cmd->add_option("--out", a->out, "Output directory for train.bin and val.bin")->required();
-  cmd->add_option("--val-fraction", a->val_fraction, "Share of tokens for validation")->capture_default_str();
+  cmd->add_option("--val-fraction", a->val_fraction, "Share of tokens for validation")
+      ->capture_default_str();
   cmd->callback([a] { exit_on_error(run_tokenize(*a)); });
 }
 

@@ -94,10 +94,14 @@ Status run_train(const TrainOptions& o) {
   TS_RETURN_IF_ERROR(check_options(o, cfg));
   TS_ASSIGN_OR_RETURN(Gpt2Tokenizer tok, Gpt2Tokenizer::load(default_data_dir() + "/gpt2"));
   TS_ASSIGN_OR_RETURN(std::string data_dir, prepare_data(o, tok));
-  TS_ASSIGN_OR_RETURN(DataLoader train, DataLoader::open(data_dir + "/train.bin", static_cast<int>(cfg.vocab_size),
-                                                         static_cast<int>(o.batch), static_cast<int>(o.seq), 0, 1, o.seed));
-  TS_ASSIGN_OR_RETURN(DataLoader val, DataLoader::open(data_dir + "/val.bin", static_cast<int>(cfg.vocab_size),
-                                                       static_cast<int>(o.batch), static_cast<int>(o.seq), 0, 1, 0));
+  TS_ASSIGN_OR_RETURN(
+      DataLoader train,
+      DataLoader::open(data_dir + "/train.bin", static_cast<int>(cfg.vocab_size),
+                       static_cast<int>(o.batch), static_cast<int>(o.seq), 0, 1, o.seed));
+  TS_ASSIGN_OR_RETURN(
+      DataLoader val,
+      DataLoader::open(data_dir + "/val.bin", static_cast<int>(cfg.vocab_size),
+                       static_cast<int>(o.batch), static_cast<int>(o.seq), 0, 1, 0));
   if (!o.resume && fs::exists(fs::path(o.out) / "checkpoints" / "latest"))
     return error("run directory '" + o.out + "' already holds checkpoints",
                  "pass --resume to continue that run, or choose another --out");
@@ -153,9 +157,12 @@ Status run_train(const TrainOptions& o) {
     double norm = st.step->apply(lr, o.clip, static_cast<int>(o.grad_accum));
     double dt = std::chrono::duration<double>(Clock::now() - t0).count();
     ++steps_this_run;
-    nlohmann::json rec = {{"step", step},         {"loss", loss},
-                          {"lr", lr},             {"grad_norm", norm},
-                          {"tokens_per_s", tokens_per_step / dt}, {"step_s", dt}};
+    nlohmann::json rec = {{"step", step},
+                          {"loss", loss},
+                          {"lr", lr},
+                          {"grad_norm", norm},
+                          {"tokens_per_s", tokens_per_step / dt},
+                          {"step_s", dt}};
     metrics << rec.dump() << "\n";
     metrics.flush();
     progress.update(step + 1, loss, tokens_per_step / dt);
@@ -176,7 +183,8 @@ Status run_train(const TrainOptions& o) {
   }
   progress.finish();
   double secs = std::chrono::duration<double>(Clock::now() - t_start).count();
-  std::fprintf(stderr, "trained %lld steps in %s\n", (long long)steps_this_run, format_duration(secs).c_str());
+  std::fprintf(stderr, "trained %lld steps in %s\n", (long long)steps_this_run,
+               format_duration(secs).c_str());
 
   if (o.sample_tokens > 0 && start_step + steps_this_run == o.steps) {
     std::vector<int32_t> prompt = tok.encode("The whale");
@@ -187,28 +195,39 @@ Status run_train(const TrainOptions& o) {
 }
 
 void add_train_command(CLI::App& app, TrainOptions& o) {
-  CLI::App* cmd = app.add_subcommand("train", "Train a model (defaults: gpt-mini on the shipped corpus)");
+  CLI::App* cmd =
+      app.add_subcommand("train", "Train a model (defaults: gpt-mini on the shipped corpus)");
   cmd->add_option("--model", o.model, "Preset name or config.toml")->capture_default_str();
-  cmd->add_option("--data", o.data, "Directory with train.bin and val.bin (default: the shipped corpus)");
-  cmd->add_option("--out", o.out, "Run directory: metrics.jsonl and checkpoints/")->capture_default_str();
+  cmd->add_option("--data", o.data,
+                  "Directory with train.bin and val.bin (default: the shipped corpus)");
+  cmd->add_option("--out", o.out, "Run directory: metrics.jsonl and checkpoints/")
+      ->capture_default_str();
   cmd->add_option("--batch", o.batch, "Sequences per micro-batch")->capture_default_str();
   cmd->add_option("--seq", o.seq, "Tokens per sequence")->capture_default_str();
   cmd->add_option("--steps", o.steps, "Optimizer steps in total")->capture_default_str();
   cmd->add_option("--grad-accum", o.grad_accum, "Micro-batches per step")->capture_default_str();
   cmd->add_option("--lr", o.lr, "Peak learning rate")->capture_default_str();
   cmd->add_option("--warmup", o.warmup, "Linear warmup steps")->capture_default_str();
-  cmd->add_option("--min-lr-frac", o.min_lr_frac, "Final LR as a fraction of the peak (cosine)")->capture_default_str();
-  cmd->add_option("--weight-decay", o.weight_decay, "AdamW decoupled weight decay")->capture_default_str();
+  cmd->add_option("--min-lr-frac", o.min_lr_frac, "Final LR as a fraction of the peak (cosine)")
+      ->capture_default_str();
+  cmd->add_option("--weight-decay", o.weight_decay, "AdamW decoupled weight decay")
+      ->capture_default_str();
   cmd->add_option("--clip", o.clip, "Global gradient-norm clip (0: off)")->capture_default_str();
-  cmd->add_option("--eval-every", o.eval_every, "Validation every N steps (0: only at the end)")->capture_default_str();
+  cmd->add_option("--eval-every", o.eval_every, "Validation every N steps (0: only at the end)")
+      ->capture_default_str();
   cmd->add_option("--eval-batches", o.eval_batches, "Validation batches")->capture_default_str();
-  cmd->add_option("--ckpt-every", o.ckpt_every, "Checkpoint every N steps (0: only at the end)")->capture_default_str();
+  cmd->add_option("--ckpt-every", o.ckpt_every, "Checkpoint every N steps (0: only at the end)")
+      ->capture_default_str();
   cmd->add_option("--keep-ckpts", o.keep_ckpts, "Checkpoints to keep")->capture_default_str();
-  cmd->add_option("--log-every", o.log_every, "Log line every N steps when not on a terminal")->capture_default_str();
-  cmd->add_option("--sample-tokens", o.sample_tokens, "Tokens to sample at the end")->capture_default_str();
-  cmd->add_option("--seed", o.seed, "Seed for initialization and data order")->capture_default_str();
+  cmd->add_option("--log-every", o.log_every, "Log line every N steps when not on a terminal")
+      ->capture_default_str();
+  cmd->add_option("--sample-tokens", o.sample_tokens, "Tokens to sample at the end")
+      ->capture_default_str();
+  cmd->add_option("--seed", o.seed, "Seed for initialization and data order")
+      ->capture_default_str();
   cmd->add_flag("--resume", o.resume, "Continue from the latest checkpoint in --out");
-  cmd->add_option("--stop-after", o.stop_after, "Stop after N steps of this run, saving a checkpoint");
+  cmd->add_option("--stop-after", o.stop_after,
+                  "Stop after N steps of this run, saving a checkpoint");
   cmd->callback([&o] { exit_on_error(run_train(o)); });
 }
 

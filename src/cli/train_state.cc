@@ -50,18 +50,30 @@ Status TrainState::save(const std::string& root, int64_t completed, const DataLo
   TS_RETURN_IF_ERROR(w.add_tensors("model.safetensors", params));
   TS_RETURN_IF_ERROR(w.add_tensors("optimizer.safetensors", moments));
   const AdamWConfig& ac = opt.config();
-  nlohmann::json manifest = {
-      {"step", completed},
-      {"model", model_config_to_json(cfg)},
-      {"optimizer", {{"type", "adamw"}, {"t", opt.steps()}, {"lr", ac.lr}, {"beta1", ac.beta1},
-                     {"beta2", ac.beta2}, {"eps", ac.eps}, {"weight_decay", ac.weight_decay}}},
-      {"loader", train.state()},
-      {"rng", {{"seed", opts.seed}}},
-      {"train", {{"batch", opts.batch}, {"seq", opts.seq}, {"steps", opts.steps},
-                 {"grad_accum", opts.grad_accum}, {"lr", opts.lr}, {"warmup", opts.warmup},
-                 {"min_lr_frac", opts.min_lr_frac}, {"clip", opts.clip}}}};
+  nlohmann::json manifest = {{"step", completed},
+                             {"model", model_config_to_json(cfg)},
+                             {"optimizer",
+                              {{"type", "adamw"},
+                               {"t", opt.steps()},
+                               {"lr", ac.lr},
+                               {"beta1", ac.beta1},
+                               {"beta2", ac.beta2},
+                               {"eps", ac.eps},
+                               {"weight_decay", ac.weight_decay}}},
+                             {"loader", train.state()},
+                             {"rng", {{"seed", opts.seed}}},
+                             {"train",
+                              {{"batch", opts.batch},
+                               {"seq", opts.seq},
+                               {"steps", opts.steps},
+                               {"grad_accum", opts.grad_accum},
+                               {"lr", opts.lr},
+                               {"warmup", opts.warmup},
+                               {"min_lr_frac", opts.min_lr_frac},
+                               {"clip", opts.clip}}}};
   TS_RETURN_IF_ERROR(w.commit(manifest));
-  if (opts.keep_ckpts > 0) TS_RETURN_IF_ERROR(prune_checkpoints(root, static_cast<int>(opts.keep_ckpts)));
+  if (opts.keep_ckpts > 0)
+    TS_RETURN_IF_ERROR(prune_checkpoints(root, static_cast<int>(opts.keep_ckpts)));
   return Status();
 }
 
@@ -87,9 +99,13 @@ Result<int64_t> TrainState::load(const std::string& root, DataLoader* train) {
       ValueId p = g.params()[i];
       const std::string& name = g.name_of(p);
       int64_t bytes = g.type(p).bytes();
-      struct Slot { std::string key; void* dst; };
-      for (const Slot& s : {Slot{name, step->executor().raw(p)}, Slot{"adam.m." + name, opt.m(i).data()},
-                            Slot{"adam.v." + name, opt.v(i).data()}}) {
+      struct Slot {
+        std::string key;
+        void* dst;
+      };
+      for (const Slot& s :
+           {Slot{name, step->executor().raw(p)}, Slot{"adam.m." + name, opt.m(i).data()},
+            Slot{"adam.v." + name, opt.v(i).data()}}) {
         TS_ASSIGN_OR_RETURN(const TensorData* td, ck.find(s.key));
         if (td->dtype != DType::f32 || td->shape != g.type(p).shape.dims() ||
             static_cast<int64_t>(td->bytes.size()) != bytes)

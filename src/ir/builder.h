@@ -110,16 +110,16 @@ class Builder {
   Var linear(Var x, Var w, Var bias = Var{});
 
   // Neural-network ops.
-  Var embedding(Var table, Var ids);                      // table [V,C], ids int32 [...]
-  Var embedding_grad(Var dy, Var ids, int64_t vocab);     // -> [V,C]
+  Var embedding(Var table, Var ids);                               // table [V,C], ids int32 [...]
+  Var embedding_grad(Var dy, Var ids, int64_t vocab);              // -> [V,C]
   std::vector<Var> layernorm(Var x, Var w, Var bias, double eps);  // y, mean, rstd
   std::vector<Var> layernorm_grad(Var dy, Var x, Var w, Var mean, Var rstd);  // dx, dw, db
-  std::vector<Var> rmsnorm(Var x, Var w, double eps);               // y, rstd
-  std::vector<Var> rmsnorm_grad(Var dy, Var x, Var w, Var rstd);    // dx, dw
-  Var rope(Var x, double theta, bool inverse = false);              // x [B,T,H,D]
-  Var softmax(Var x);                                               // over the last dim
+  std::vector<Var> rmsnorm(Var x, Var w, double eps);                         // y, rstd
+  std::vector<Var> rmsnorm_grad(Var dy, Var x, Var w, Var rstd);              // dx, dw
+  Var rope(Var x, double theta, bool inverse = false);                        // x [B,T,H,D]
+  Var softmax(Var x);                                                         // over the last dim
   Var softmax_grad(Var y, Var dy);
-  Var causal_mask(Var scores, double fill);                         // [..., T, T]
+  Var causal_mask(Var scores, double fill);  // [..., T, T]
   // q [B,H,T,D], k/v [B,Hkv,T,D], causal. Returns out [B,H,T,D] and lse [B,H,T].
   std::vector<Var> attention(Var q, Var k, Var v, double scale);
   std::vector<Var> attention_grad(Var q, Var k, Var v, Var out, Var lse, Var dout, double scale);

@@ -22,8 +22,7 @@ Result<NodeId> Graph::add_node(OpKind op, Attrs attrs, std::vector<ValueId> inpu
   const OpDef& def = op_def(op);
   if (def.num_inputs >= 0 && static_cast<int>(inputs.size()) != def.num_inputs) {
     return error("op " + std::string(def.name) + " at '" + scope + "' takes " +
-                 std::to_string(def.num_inputs) + " inputs, got " +
-                 std::to_string(inputs.size()));
+                 std::to_string(def.num_inputs) + " inputs, got " + std::to_string(inputs.size()));
   }
   std::vector<TensorType> in_types;
   in_types.reserve(inputs.size());

@@ -14,18 +14,19 @@ struct Registry {
   std::array<OpKind, kNumOps> kinds;
   Registry() {
     int i = 0;
-#define TS_OP_INIT(op, in, out)           \
-  kinds[i] = OpKind::op;                  \
-  defs[i].name = #op;                     \
-  defs[i].num_inputs = in;                \
-  defs[i].num_outputs = out;              \
+#define TS_OP_INIT(op, in, out) \
+  kinds[i] = OpKind::op;        \
+  defs[i].name = #op;           \
+  defs[i].num_inputs = in;      \
+  defs[i].num_outputs = out;    \
   ++i;
     TESSERA_OPS(TS_OP_INIT)
 #undef TS_OP_INIT
     ops_detail::define_elementwise_ops(defs.data());
     ops_detail::define_shape_ops(defs.data());
     ops_detail::define_nn_ops(defs.data());
-    for (const OpDef& d : defs) TS_CHECK(d.infer != nullptr) << "op '" << d.name << "' has no definition";
+    for (const OpDef& d : defs)
+      TS_CHECK(d.infer != nullptr) << "op '" << d.name << "' has no definition";
   }
 };
 

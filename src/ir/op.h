@@ -21,49 +21,49 @@
 namespace tessera {
 
 // X(name, inputs (-1: variadic), outputs)
-#define TESSERA_OPS(X)                                                                       \
-  X(parameter, 0, 1)                                                                         \
-  X(input, 0, 1)                                                                             \
-  X(fill, 0, 1)                                                                              \
-  X(add, 2, 1)                                                                               \
-  X(sub, 2, 1)                                                                               \
-  X(mul, 2, 1)                                                                               \
-  X(div, 2, 1)                                                                               \
-  X(scale, 1, 1)                                                                             \
-  X(add_scalar, 1, 1)                                                                        \
-  X(exp, 1, 1)                                                                               \
-  X(log, 1, 1)                                                                               \
-  X(sqrt, 1, 1)                                                                              \
-  X(rsqrt, 1, 1)                                                                             \
-  X(tanh, 1, 1)                                                                              \
-  X(gelu, 1, 1)                                                                              \
-  X(gelu_grad, 2, 1)                                                                         \
-  X(silu, 1, 1)                                                                              \
-  X(silu_grad, 2, 1)                                                                         \
-  X(swiglu, 2, 1)                                                                            \
-  X(swiglu_grad, 3, 2)                                                                       \
-  X(reduce_sum, 1, 1)                                                                        \
-  X(sum_to, 1, 1)                                                                            \
-  X(broadcast_to, 1, 1)                                                                      \
-  X(reshape, 1, 1)                                                                           \
-  X(transpose, 1, 1)                                                                         \
-  X(slice, 1, 1)                                                                             \
-  X(concat, -1, 1)                                                                           \
-  X(matmul, 2, 1)                                                                            \
-  X(embedding, 2, 1)                                                                         \
-  X(embedding_grad, 2, 1)                                                                    \
-  X(layernorm, 3, 3)                                                                         \
-  X(layernorm_grad, 5, 3)                                                                    \
-  X(rmsnorm, 2, 2)                                                                           \
-  X(rmsnorm_grad, 4, 2)                                                                      \
-  X(rope, 1, 1)                                                                              \
-  X(softmax, 1, 1)                                                                           \
-  X(softmax_grad, 2, 1)                                                                      \
-  X(causal_mask, 1, 1)                                                                       \
-  X(attention, 3, 2)                                                                         \
-  X(attention_grad, 6, 3)                                                                    \
-  X(cross_entropy, 2, 2)                                                                     \
-  X(cross_entropy_grad, 4, 1)                                                                \
+#define TESSERA_OPS(X)        \
+  X(parameter, 0, 1)          \
+  X(input, 0, 1)              \
+  X(fill, 0, 1)               \
+  X(add, 2, 1)                \
+  X(sub, 2, 1)                \
+  X(mul, 2, 1)                \
+  X(div, 2, 1)                \
+  X(scale, 1, 1)              \
+  X(add_scalar, 1, 1)         \
+  X(exp, 1, 1)                \
+  X(log, 1, 1)                \
+  X(sqrt, 1, 1)               \
+  X(rsqrt, 1, 1)              \
+  X(tanh, 1, 1)               \
+  X(gelu, 1, 1)               \
+  X(gelu_grad, 2, 1)          \
+  X(silu, 1, 1)               \
+  X(silu_grad, 2, 1)          \
+  X(swiglu, 2, 1)             \
+  X(swiglu_grad, 3, 2)        \
+  X(reduce_sum, 1, 1)         \
+  X(sum_to, 1, 1)             \
+  X(broadcast_to, 1, 1)       \
+  X(reshape, 1, 1)            \
+  X(transpose, 1, 1)          \
+  X(slice, 1, 1)              \
+  X(concat, -1, 1)            \
+  X(matmul, 2, 1)             \
+  X(embedding, 2, 1)          \
+  X(embedding_grad, 2, 1)     \
+  X(layernorm, 3, 3)          \
+  X(layernorm_grad, 5, 3)     \
+  X(rmsnorm, 2, 2)            \
+  X(rmsnorm_grad, 4, 2)       \
+  X(rope, 1, 1)               \
+  X(softmax, 1, 1)            \
+  X(softmax_grad, 2, 1)       \
+  X(causal_mask, 1, 1)        \
+  X(attention, 3, 2)          \
+  X(attention_grad, 6, 3)     \
+  X(cross_entropy, 2, 2)      \
+  X(cross_entropy_grad, 4, 1) \
   X(cast, 1, 1)
 
 enum class OpKind : uint16_t {
@@ -83,18 +83,18 @@ enum class Init : uint8_t { zeros, ones, normal };
 
 // Typed attributes; each op reads only the fields its OpDef documents.
 struct Attrs {
-  std::vector<int64_t> ints;  // reshape/broadcast_to/sum_to/fill: target shape; transpose:
-                              // perm; reduce_sum: axes
-  int64_t axis = 0;           // slice, concat
-  int64_t start = 0, end = 0; // slice [start, end)
+  std::vector<int64_t> ints;   // reshape/broadcast_to/sum_to/fill: target shape; transpose:
+                               // perm; reduce_sum: axes
+  int64_t axis = 0;            // slice, concat
+  int64_t start = 0, end = 0;  // slice [start, end)
   bool transpose_a = false, transpose_b = false;  // matmul
   bool keepdim = false;                           // reduce_sum
   bool inverse = false;                           // rope: rotate by -angle (its VJP)
-  double scalar = 0.0;   // scale: factor; add_scalar: addend; fill/causal_mask: value;
-                         // attention: softmax scale
-  double eps = 1e-5;     // layernorm, rmsnorm
-  double theta = 1e4;    // rope base
-  int64_t vocab = 0;     // embedding_grad: table rows
+  double scalar = 0.0;       // scale: factor; add_scalar: addend; fill/causal_mask: value;
+                             // attention: softmax scale
+  double eps = 1e-5;         // layernorm, rmsnorm
+  double theta = 1e4;        // rope base
+  int64_t vocab = 0;         // embedding_grad: table rows
   DType dtype = DType::f32;  // cast target; parameter/input/fill dtype
   std::string name;          // parameter/input name
   Init init = Init::zeros;   // parameter
@@ -119,7 +119,7 @@ using ShardingRuleFn = void (*)();
 
 struct OpDef {
   const char* name = nullptr;
-  int num_inputs = 0;   // -1: variadic
+  int num_inputs = 0;  // -1: variadic
   int num_outputs = 1;
   InferFn infer = nullptr;
   CostFn flops = nullptr;  // nullptr: no arithmetic (data movement only)

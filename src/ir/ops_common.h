@@ -27,7 +27,9 @@ inline double out_numel(std::span<const TensorType> out, int i = 0) {
   return static_cast<double>(out[static_cast<size_t>(i)].shape.numel());
 }
 
-inline Var in_var(Builder& b, const Node& n, int i) { return b.var(n.inputs[static_cast<size_t>(i)]); }
+inline Var in_var(Builder& b, const Node& n, int i) {
+  return b.var(n.inputs[static_cast<size_t>(i)]);
+}
 inline Var out_var(Builder& b, const Node& n, int i) {
   return b.var(n.outputs[static_cast<size_t>(i)]);
 }

@@ -49,11 +49,14 @@ Status infer_cast(const Attrs& a, std::span<const TensorType> in, std::vector<Te
 }
 
 template <int kPerElement>
-double flops_per_element(const Attrs&, std::span<const TensorType>, std::span<const TensorType> out) {
+double flops_per_element(const Attrs&, std::span<const TensorType>,
+                         std::span<const TensorType> out) {
   return kPerElement * out_numel(out);
 }
 
-double no_bytes(const Attrs&, std::span<const TensorType>, std::span<const TensorType>) { return 0; }
+double no_bytes(const Attrs&, std::span<const TensorType>, std::span<const TensorType>) {
+  return 0;
+}
 double out_bytes(const Attrs&, std::span<const TensorType>, std::span<const TensorType> out) {
   return static_cast<double>(out[0].bytes());
 }

@@ -34,7 +34,8 @@ Status infer_matmul(const Attrs& a, std::span<const TensorType> in, std::vector<
   return Status();
 }
 
-double flops_matmul(const Attrs& a, std::span<const TensorType> in, std::span<const TensorType> out) {
+double flops_matmul(const Attrs& a, std::span<const TensorType> in,
+                    std::span<const TensorType> out) {
   int64_t k = a.transpose_a ? in[0].shape[-2] : in[0].shape[-1];
   return 2.0 * out_numel(out) * static_cast<double>(k);
 }
@@ -89,13 +90,16 @@ void vjp_embedding(Builder& b, const Node& n, std::span<const Var> g, std::vecto
   (*dx)[0] = b.embedding_grad(g[0], in_var(b, n, 1), table.shape()[0]);
 }
 
-double flops_embedding_grad(const Attrs&, std::span<const TensorType> in, std::span<const TensorType>) {
+double flops_embedding_grad(const Attrs&, std::span<const TensorType> in,
+                            std::span<const TensorType>) {
   return static_cast<double>(in[0].shape.numel());
 }
 
 // ---- norms -------------------------------------------------------------------------------
 
-Shape rows_of(const Shape& s) { return Shape(std::vector<int64_t>(s.dims().begin(), s.dims().end() - 1)); }
+Shape rows_of(const Shape& s) {
+  return Shape(std::vector<int64_t>(s.dims().begin(), s.dims().end() - 1));
+}
 
 Status check_norm_weight(const TensorType& x, const TensorType& w) {
   TS_RETURN_IF_ERROR(need_float(x, "norm input"));
@@ -147,8 +151,8 @@ double flops_in0(const Attrs&, std::span<const TensorType> in, std::span<const T
 
 // The mean/rstd outputs are saved statistics for the backward op, not differentiable.
 void vjp_layernorm(Builder& b, const Node& n, std::span<const Var> g, std::vector<Var>* dx) {
-  std::vector<Var> d = b.layernorm_grad(g[0], in_var(b, n, 0), in_var(b, n, 1), out_var(b, n, 1),
-                                        out_var(b, n, 2));
+  std::vector<Var> d =
+      b.layernorm_grad(g[0], in_var(b, n, 0), in_var(b, n, 1), out_var(b, n, 1), out_var(b, n, 2));
   for (int i = 0; i < 3; ++i) (*dx)[static_cast<size_t>(i)] = d[static_cast<size_t>(i)];
 }
 

@@ -133,14 +133,16 @@ void vjp_reshape(Builder& b, const Node& n, std::span<const Var> g, std::vector<
 }
 void vjp_transpose(Builder& b, const Node& n, std::span<const Var> g, std::vector<Var>* dx) {
   std::vector<int64_t> inv(n.attrs.ints.size());
-  for (size_t i = 0; i < inv.size(); ++i) inv[static_cast<size_t>(n.attrs.ints[i])] = static_cast<int64_t>(i);
+  for (size_t i = 0; i < inv.size(); ++i)
+    inv[static_cast<size_t>(n.attrs.ints[i])] = static_cast<int64_t>(i);
   (*dx)[0] = b.transpose(g[0], inv);
 }
 void vjp_slice(Builder& b, const Node& n, std::span<const Var> g, std::vector<Var>* dx) {
   Var x = in_var(b, n, 0);
   int ax = x.shape().axis(static_cast<int>(n.attrs.axis));
   std::vector<Var> parts;
-  if (n.attrs.start > 0) parts.push_back(b.fill(x.shape().with_dim(ax, n.attrs.start), 0, x.dtype()));
+  if (n.attrs.start > 0)
+    parts.push_back(b.fill(x.shape().with_dim(ax, n.attrs.start), 0, x.dtype()));
   parts.push_back(g[0]);
   int64_t after = x.shape()[ax] - n.attrs.end;
   if (after > 0) parts.push_back(b.fill(x.shape().with_dim(ax, after), 0, x.dtype()));

@@ -19,7 +19,9 @@ std::string Shape::to_string() const {
   return s + "]";
 }
 
-std::string TensorType::to_string() const { return std::string(dtype_name(dtype)) + shape.to_string(); }
+std::string TensorType::to_string() const {
+  return std::string(dtype_name(dtype)) + shape.to_string();
+}
 
 bool broadcast_shapes(const Shape& a, const Shape& b, Shape* out) {
   int r = std::max(a.rank(), b.rank());

@@ -25,8 +25,8 @@ struct ModelConfig {
   int64_t n_layer = 12;
   int64_t n_embd = 768;
   int64_t n_head = 12;
-  int64_t n_kv_head = 0;      // llama: grouped-query heads (0 = n_head)
-  int64_t ffn_hidden = 0;     // 0 = 4 * n_embd (gpt)
+  int64_t n_kv_head = 0;   // llama: grouped-query heads (0 = n_head)
+  int64_t ffn_hidden = 0;  // 0 = 4 * n_embd (gpt)
   int64_t max_seq_len = 1024;
   double norm_eps = 1e-5;
   double rope_theta = 10000.0;

@@ -19,8 +19,8 @@ ModelConfig gpt(const char* name, int64_t layers, int64_t width, int64_t heads, 
   return c;
 }
 
-ModelConfig llama(const char* name, int64_t layers, int64_t width, int64_t heads,
-                  int64_t kv_heads, int64_t ffn, int64_t vocab, int64_t ctx, double theta) {
+ModelConfig llama(const char* name, int64_t layers, int64_t width, int64_t heads, int64_t kv_heads,
+                  int64_t ffn, int64_t vocab, int64_t ctx, double theta) {
   ModelConfig c;
   c.name = name;
   c.family = "llama";
@@ -83,7 +83,9 @@ std::vector<std::string> preset_names() {
 
 Status validate(const ModelConfig& c) {
   auto positive = [](const char* key, int64_t v) -> Status {
-    if (v <= 0) return error("key '" + std::string(key) + "' must be a positive integer, got " + std::to_string(v));
+    if (v <= 0)
+      return error("key '" + std::string(key) + "' must be a positive integer, got " +
+                   std::to_string(v));
     return Status();
   };
   if (c.family != "gpt" && c.family != "llama")
@@ -94,12 +96,12 @@ Status validate(const ModelConfig& c) {
   TS_RETURN_IF_ERROR(positive("n_head", c.n_head));
   TS_RETURN_IF_ERROR(positive("max_seq_len", c.max_seq_len));
   if (c.n_embd % c.n_head != 0)
-    return error("n_head = " + std::to_string(c.n_head) + " does not divide n_embd = " +
-                     std::to_string(c.n_embd),
+    return error("n_head = " + std::to_string(c.n_head) +
+                     " does not divide n_embd = " + std::to_string(c.n_embd),
                  "choose n_head among the divisors of n_embd (head_dim = n_embd / n_head)");
   if (c.n_kv_head < 0 || (c.n_kv_head > 0 && c.n_head % c.n_kv_head != 0))
-    return error("n_kv_head = " + std::to_string(c.n_kv_head) + " does not divide n_head = " +
-                     std::to_string(c.n_head),
+    return error("n_kv_head = " + std::to_string(c.n_kv_head) +
+                     " does not divide n_head = " + std::to_string(c.n_head),
                  "use a divisor of n_head (or 0 for n_head)");
   if (c.family == "gpt" && c.n_kv_head > 0 && c.n_kv_head != c.n_head)
     return error("n_kv_head (grouped-query attention) is only supported by family \"llama\"");

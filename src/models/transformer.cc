@@ -125,7 +125,8 @@ ModelGraph build_model(const ModelConfig& c, int64_t batch, int64_t seq, ModelMo
     auto s = b.scope("norm");
     x = b.rmsnorm(x, b.parameter("weight", Shape{C}, Init::ones), c.norm_eps)[0];
   }
-  head = c.tied_embeddings ? emb : b.parameter("lm_head.weight", Shape{V, C}, Init::normal, c.init_std);
+  head = c.tied_embeddings ? emb
+                           : b.parameter("lm_head.weight", Shape{V, C}, Init::normal, c.init_std);
   Var logits;
   {
     auto s = b.scope("lm_head");

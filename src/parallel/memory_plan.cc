@@ -22,7 +22,8 @@ MemoryPlan plan_memory(const Graph& g, int64_t alignment) {
   }
   for (int i = 0; i < num_nodes; ++i)
     for (ValueId v : g.nodes()[static_cast<size_t>(i)].inputs)
-      plan.buffers[static_cast<size_t>(v)].last = std::max(plan.buffers[static_cast<size_t>(v)].last, i);
+      plan.buffers[static_cast<size_t>(v)].last =
+          std::max(plan.buffers[static_cast<size_t>(v)].last, i);
   for (ValueId v : g.outputs()) plan.buffers[static_cast<size_t>(v)].last = num_nodes;
 
   std::vector<ValueId> order;

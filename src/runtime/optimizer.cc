@@ -71,9 +71,11 @@ void AdamW::step(double lr) {
 }
 
 double lr_at(int64_t step, int64_t warmup, int64_t total, double max_lr, double min_lr) {
-  if (warmup > 0 && step < warmup) return max_lr * static_cast<double>(step + 1) / static_cast<double>(warmup);
+  if (warmup > 0 && step < warmup)
+    return max_lr * static_cast<double>(step + 1) / static_cast<double>(warmup);
   if (step >= total) return min_lr;
-  double progress = static_cast<double>(step - warmup) / static_cast<double>(std::max<int64_t>(1, total - warmup));
+  double progress = static_cast<double>(step - warmup) /
+                    static_cast<double>(std::max<int64_t>(1, total - warmup));
   return min_lr + 0.5 * (max_lr - min_lr) * (1.0 + std::cos(M_PI * progress));
 }
 

@@ -33,7 +33,8 @@ std::vector<int32_t> sample_tokens(Executor& ex, const ModelGraph& m, std::vecto
                         [](auto& a, auto& b) { return a.first > b.first; });
       std::vector<double> w(static_cast<size_t>(k));
       for (int64_t j = 0; j < k; ++j)
-        w[static_cast<size_t>(j)] = std::exp((ranked[static_cast<size_t>(j)].first - ranked[0].first) / opt.temperature);
+        w[static_cast<size_t>(j)] =
+            std::exp((ranked[static_cast<size_t>(j)].first - ranked[0].first) / opt.temperature);
       std::discrete_distribution<int64_t> dist(w.begin(), w.end());
       next = ranked[static_cast<size_t>(dist(rng))].second;
     }

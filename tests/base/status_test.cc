@@ -1,7 +1,8 @@
 #include "base/status.h"
-#include "base/check.h"
 
 #include <gtest/gtest.h>
+
+#include "base/check.h"
 
 namespace tessera {
 namespace {

@@ -20,8 +20,12 @@ struct Golden {
   int64_t batch = 0, seq = 0;
 };
 
-int64_t meta_int(const SafetensorsFile& f, const char* key) { return std::stoll(f.metadata().at(key)); }
-double meta_float(const SafetensorsFile& f, const char* key) { return std::stod(f.metadata().at(key)); }
+int64_t meta_int(const SafetensorsFile& f, const char* key) {
+  return std::stoll(f.metadata().at(key));
+}
+double meta_float(const SafetensorsFile& f, const char* key) {
+  return std::stod(f.metadata().at(key));
+}
 
 Golden load_golden(const std::string& name) {
   auto r = load_safetensors(std::string(TESSERA_SOURCE_DIR) + "/tests/golden/" + name);
@@ -62,7 +66,9 @@ double rel_error(const float* a, const float* b, int64_t n) {
 }
 
 const float* floats(const TensorData& t) { return reinterpret_cast<const float*>(t.bytes.data()); }
-const int32_t* ints(const TensorData& t) { return reinterpret_cast<const int32_t*>(t.bytes.data()); }
+const int32_t* ints(const TensorData& t) {
+  return reinterpret_cast<const int32_t*>(t.bytes.data());
+}
 
 void check_model(const std::string& file) {
   Golden gold = load_golden(file);

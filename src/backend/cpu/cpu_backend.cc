@@ -11,20 +11,32 @@ namespace {
 
 float load(const void* p, DType t, int64_t i) {
   switch (t) {
-    case DType::f32: return static_cast<const float*>(p)[i];
-    case DType::bf16: return bf16_to_f32(static_cast<const uint16_t*>(p)[i]);
-    case DType::f16: return f16_to_f32(static_cast<const uint16_t*>(p)[i]);
-    case DType::i32: return static_cast<float>(static_cast<const int32_t*>(p)[i]);
+    case DType::f32:
+      return static_cast<const float*>(p)[i];
+    case DType::bf16:
+      return bf16_to_f32(static_cast<const uint16_t*>(p)[i]);
+    case DType::f16:
+      return f16_to_f32(static_cast<const uint16_t*>(p)[i]);
+    case DType::i32:
+      return static_cast<float>(static_cast<const int32_t*>(p)[i]);
   }
   return 0;
 }
 
 void store(void* p, DType t, int64_t i, float v) {
   switch (t) {
-    case DType::f32: static_cast<float*>(p)[i] = v; return;
-    case DType::bf16: static_cast<uint16_t*>(p)[i] = f32_to_bf16(v); return;
-    case DType::f16: static_cast<uint16_t*>(p)[i] = f32_to_f16(v); return;
-    case DType::i32: static_cast<int32_t*>(p)[i] = static_cast<int32_t>(v); return;
+    case DType::f32:
+      static_cast<float*>(p)[i] = v;
+      return;
+    case DType::bf16:
+      static_cast<uint16_t*>(p)[i] = f32_to_bf16(v);
+      return;
+    case DType::f16:
+      static_cast<uint16_t*>(p)[i] = f32_to_f16(v);
+      return;
+    case DType::i32:
+      static_cast<int32_t*>(p)[i] = static_cast<int32_t>(v);
+      return;
   }
 }
 
@@ -34,11 +46,13 @@ void dispatch(OpKind op, const cpu::Args& a) {
     case OpKind::input:
       TS_CHECK(false) << op_name(op) << " nodes are bound by the executor, not run";
       return;
-    case OpKind::fill: return cpu::fill(a);
+    case OpKind::fill:
+      return cpu::fill(a);
     case OpKind::add:
     case OpKind::sub:
     case OpKind::mul:
-    case OpKind::div: return cpu::binary(op, a);
+    case OpKind::div:
+      return cpu::binary(op, a);
     case OpKind::scale:
     case OpKind::add_scalar:
     case OpKind::exp:
@@ -47,34 +61,63 @@ void dispatch(OpKind op, const cpu::Args& a) {
     case OpKind::rsqrt:
     case OpKind::tanh:
     case OpKind::gelu:
-    case OpKind::silu: return cpu::unary(op, a);
-    case OpKind::gelu_grad: return cpu::gelu_grad(a);
-    case OpKind::silu_grad: return cpu::silu_grad(a);
-    case OpKind::swiglu: return cpu::swiglu(a);
-    case OpKind::swiglu_grad: return cpu::swiglu_grad(a);
-    case OpKind::reduce_sum: return cpu::reduce_sum(a);
-    case OpKind::sum_to: return cpu::sum_to(a);
-    case OpKind::broadcast_to: return cpu::broadcast_to(a);
-    case OpKind::reshape: return cpu::copy(a);
-    case OpKind::transpose: return cpu::transpose(a);
-    case OpKind::slice: return cpu::slice(a);
-    case OpKind::concat: return cpu::concat(a);
-    case OpKind::matmul: return cpu::matmul(a);
-    case OpKind::embedding: return cpu::embedding(a);
-    case OpKind::embedding_grad: return cpu::embedding_grad(a);
-    case OpKind::layernorm: return cpu::layernorm(a);
-    case OpKind::layernorm_grad: return cpu::layernorm_grad(a);
-    case OpKind::rmsnorm: return cpu::rmsnorm(a);
-    case OpKind::rmsnorm_grad: return cpu::rmsnorm_grad(a);
-    case OpKind::rope: return cpu::rope(a);
-    case OpKind::softmax: return cpu::softmax(a);
-    case OpKind::softmax_grad: return cpu::softmax_grad(a);
-    case OpKind::causal_mask: return cpu::causal_mask(a);
-    case OpKind::attention: return cpu::attention(a);
-    case OpKind::attention_grad: return cpu::attention_grad(a);
-    case OpKind::cross_entropy: return cpu::cross_entropy(a);
-    case OpKind::cross_entropy_grad: return cpu::cross_entropy_grad(a);
-    case OpKind::cast: TS_CHECK(false) << "cast is handled by the dispatcher"; return;
+    case OpKind::silu:
+      return cpu::unary(op, a);
+    case OpKind::gelu_grad:
+      return cpu::gelu_grad(a);
+    case OpKind::silu_grad:
+      return cpu::silu_grad(a);
+    case OpKind::swiglu:
+      return cpu::swiglu(a);
+    case OpKind::swiglu_grad:
+      return cpu::swiglu_grad(a);
+    case OpKind::reduce_sum:
+      return cpu::reduce_sum(a);
+    case OpKind::sum_to:
+      return cpu::sum_to(a);
+    case OpKind::broadcast_to:
+      return cpu::broadcast_to(a);
+    case OpKind::reshape:
+      return cpu::copy(a);
+    case OpKind::transpose:
+      return cpu::transpose(a);
+    case OpKind::slice:
+      return cpu::slice(a);
+    case OpKind::concat:
+      return cpu::concat(a);
+    case OpKind::matmul:
+      return cpu::matmul(a);
+    case OpKind::embedding:
+      return cpu::embedding(a);
+    case OpKind::embedding_grad:
+      return cpu::embedding_grad(a);
+    case OpKind::layernorm:
+      return cpu::layernorm(a);
+    case OpKind::layernorm_grad:
+      return cpu::layernorm_grad(a);
+    case OpKind::rmsnorm:
+      return cpu::rmsnorm(a);
+    case OpKind::rmsnorm_grad:
+      return cpu::rmsnorm_grad(a);
+    case OpKind::rope:
+      return cpu::rope(a);
+    case OpKind::softmax:
+      return cpu::softmax(a);
+    case OpKind::softmax_grad:
+      return cpu::softmax_grad(a);
+    case OpKind::causal_mask:
+      return cpu::causal_mask(a);
+    case OpKind::attention:
+      return cpu::attention(a);
+    case OpKind::attention_grad:
+      return cpu::attention_grad(a);
+    case OpKind::cross_entropy:
+      return cpu::cross_entropy(a);
+    case OpKind::cross_entropy_grad:
+      return cpu::cross_entropy_grad(a);
+    case OpKind::cast:
+      TS_CHECK(false) << "cast is handled by the dispatcher";
+      return;
   }
 }
 

@@ -17,7 +17,9 @@ struct Args {
   std::vector<void*> out;
 
   const float* fin(int i) const { return static_cast<const float*>(in[static_cast<size_t>(i)]); }
-  const int32_t* iin(int i) const { return static_cast<const int32_t*>(in[static_cast<size_t>(i)]); }
+  const int32_t* iin(int i) const {
+    return static_cast<const int32_t*>(in[static_cast<size_t>(i)]);
+  }
   float* fout(int i) const { return static_cast<float*>(out[static_cast<size_t>(i)]); }
   const Shape& in_shape(int i) const { return in_types[static_cast<size_t>(i)].shape; }
   const Shape& out_shape(int i) const { return out_types[static_cast<size_t>(i)].shape; }
@@ -26,7 +28,7 @@ struct Args {
 // kernels_elementwise.cc
 void fill(const Args& a);
 void binary(OpKind op, const Args& a);  // add, sub, mul, div with broadcasting
-void unary(OpKind op, const Args& a);   // scale, add_scalar, exp, log, sqrt, rsqrt, tanh, gelu, silu
+void unary(OpKind op, const Args& a);  // scale, add_scalar, exp, log, sqrt, rsqrt, tanh, gelu, silu
 void gelu_grad(const Args& a);
 void silu_grad(const Args& a);
 void swiglu(const Args& a);

@@ -109,11 +109,16 @@ void fill(const Args& a) {
 
 void binary(OpKind op, const Args& a) {
   switch (op) {
-    case OpKind::add: return binary_impl(a, [](float x, float y) { return x + y; });
-    case OpKind::sub: return binary_impl(a, [](float x, float y) { return x - y; });
-    case OpKind::mul: return binary_impl(a, [](float x, float y) { return x * y; });
-    case OpKind::div: return binary_impl(a, [](float x, float y) { return x / y; });
-    default: TS_CHECK(false) << "not a binary op: " << op_name(op);
+    case OpKind::add:
+      return binary_impl(a, [](float x, float y) { return x + y; });
+    case OpKind::sub:
+      return binary_impl(a, [](float x, float y) { return x - y; });
+    case OpKind::mul:
+      return binary_impl(a, [](float x, float y) { return x * y; });
+    case OpKind::div:
+      return binary_impl(a, [](float x, float y) { return x / y; });
+    default:
+      TS_CHECK(false) << "not a binary op: " << op_name(op);
   }
 }
 
@@ -123,16 +128,26 @@ void unary(OpKind op, const Args& a) {
   int64_t n = a.out_shape(0).numel();
   float s = static_cast<float>(a.attrs.scalar);
   switch (op) {
-    case OpKind::scale: return parallel_map(n, [&](int64_t i) { y[i] = x[i] * s; });
-    case OpKind::add_scalar: return parallel_map(n, [&](int64_t i) { y[i] = x[i] + s; });
-    case OpKind::exp: return parallel_map(n, [&](int64_t i) { y[i] = std::exp(x[i]); });
-    case OpKind::log: return parallel_map(n, [&](int64_t i) { y[i] = std::log(x[i]); });
-    case OpKind::sqrt: return parallel_map(n, [&](int64_t i) { y[i] = std::sqrt(x[i]); });
-    case OpKind::rsqrt: return parallel_map(n, [&](int64_t i) { y[i] = 1.0f / std::sqrt(x[i]); });
-    case OpKind::tanh: return parallel_map(n, [&](int64_t i) { y[i] = std::tanh(x[i]); });
-    case OpKind::gelu: return parallel_map(n, [&](int64_t i) { y[i] = gelu_f(x[i]); });
-    case OpKind::silu: return parallel_map(n, [&](int64_t i) { y[i] = x[i] * sigmoid(x[i]); });
-    default: TS_CHECK(false) << "not a unary op: " << op_name(op);
+    case OpKind::scale:
+      return parallel_map(n, [&](int64_t i) { y[i] = x[i] * s; });
+    case OpKind::add_scalar:
+      return parallel_map(n, [&](int64_t i) { y[i] = x[i] + s; });
+    case OpKind::exp:
+      return parallel_map(n, [&](int64_t i) { y[i] = std::exp(x[i]); });
+    case OpKind::log:
+      return parallel_map(n, [&](int64_t i) { y[i] = std::log(x[i]); });
+    case OpKind::sqrt:
+      return parallel_map(n, [&](int64_t i) { y[i] = std::sqrt(x[i]); });
+    case OpKind::rsqrt:
+      return parallel_map(n, [&](int64_t i) { y[i] = 1.0f / std::sqrt(x[i]); });
+    case OpKind::tanh:
+      return parallel_map(n, [&](int64_t i) { y[i] = std::tanh(x[i]); });
+    case OpKind::gelu:
+      return parallel_map(n, [&](int64_t i) { y[i] = gelu_f(x[i]); });
+    case OpKind::silu:
+      return parallel_map(n, [&](int64_t i) { y[i] = x[i] * sigmoid(x[i]); });
+    default:
+      TS_CHECK(false) << "not a unary op: " << op_name(op);
   }
 }
 

@@ -19,8 +19,8 @@ void matmul(const Args& a) {
     int64_t rows = sc.numel() / n;  // batch folded into M (transpose_a excluded by inference)
     if (sa.rank() == 2) rows = m;
     cblas_sgemm(CblasRowMajor, opa, opb, static_cast<int>(rows), static_cast<int>(n),
-                static_cast<int>(k), 1.0f, A, static_cast<int>(lda), B, static_cast<int>(ldb),
-                0.0f, C, static_cast<int>(n));
+                static_cast<int>(k), 1.0f, A, static_cast<int>(lda), B, static_cast<int>(ldb), 0.0f,
+                C, static_cast<int>(n));
     return;
   }
   int64_t batch = sc.numel() / (m * n);
@@ -28,8 +28,7 @@ void matmul(const Args& a) {
   for (int64_t i = 0; i < batch; ++i)
     cblas_sgemm(CblasRowMajor, opa, opb, static_cast<int>(m), static_cast<int>(n),
                 static_cast<int>(k), 1.0f, A + i * stride_a, static_cast<int>(lda),
-                B + i * stride_b, static_cast<int>(ldb), 0.0f, C + i * m * n,
-                static_cast<int>(n));
+                B + i * stride_b, static_cast<int>(ldb), 0.0f, C + i * m * n, static_cast<int>(n));
 }
 
 }  // namespace tessera::cpu

@@ -29,7 +29,8 @@ void embedding(const Args& a) {
   int64_t v = a.in_shape(0)[0], c = a.in_shape(0)[1], n = a.in_shape(1).numel();
 #pragma omp parallel for schedule(static) if (n * c > 16384)
   for (int64_t i = 0; i < n; ++i) {
-    TS_CHECK(ids[i] >= 0 && ids[i] < v) << "token id " << ids[i] << " out of range [0, " << v << ")";
+    TS_CHECK(ids[i] >= 0 && ids[i] < v)
+        << "token id " << ids[i] << " out of range [0, " << v << ")";
     std::memcpy(y + i * c, table + ids[i] * c, static_cast<size_t>(c) * sizeof(float));
   }
 }
@@ -161,9 +162,11 @@ void rope(const Args& a) {
   double theta = a.attrs.theta;
   for (int64_t p = 0; p < t; ++p)
     for (int64_t i = 0; i < half; ++i) {
-      double ang = static_cast<double>(p) * std::pow(theta, -2.0 * static_cast<double>(i) / static_cast<double>(d));
+      double ang = static_cast<double>(p) *
+                   std::pow(theta, -2.0 * static_cast<double>(i) / static_cast<double>(d));
       cs[static_cast<size_t>(p * half + i)] = static_cast<float>(std::cos(ang));
-      sn[static_cast<size_t>(p * half + i)] = static_cast<float>(a.attrs.inverse ? -std::sin(ang) : std::sin(ang));
+      sn[static_cast<size_t>(p * half + i)] =
+          static_cast<float>(a.attrs.inverse ? -std::sin(ang) : std::sin(ang));
     }
   const float* x = a.fin(0);
   float* y = a.fout(0);

@@ -89,10 +89,12 @@ void transpose(const Args& a) {
   }
   // Stride in the input of each output dimension.
   std::vector<int64_t> src(static_cast<size_t>(r));
-  for (int d = 0; d < r; ++d) src[static_cast<size_t>(d)] = in_stride[static_cast<size_t>(perm[static_cast<size_t>(d)])];
+  for (int d = 0; d < r; ++d)
+    src[static_cast<size_t>(d)] = in_stride[static_cast<size_t>(perm[static_cast<size_t>(d)])];
   const float* x = a.fin(0);
   float* y = a.fout(0);
-  int64_t inner = out[r - 1], rows = out.numel() / inner, inner_stride = src[static_cast<size_t>(r - 1)];
+  int64_t inner = out[r - 1], rows = out.numel() / inner,
+          inner_stride = src[static_cast<size_t>(r - 1)];
 #pragma omp parallel for schedule(static) if (rows > 64)
   for (int64_t row = 0; row < rows; ++row) {
     int64_t rem = row, off = 0;
