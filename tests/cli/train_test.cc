@@ -150,29 +150,27 @@ TEST_F(TrainTest, TokenIdsBeyondTheVocabularyAreRejected) {
   EXPECT_NE(s.message().find("train.bin"), std::string::npos) << s.message();
 }
 
+// Runs the tessera binary with `args`; returns its exit code and puts stdout+stderr in *out.
+int run_tessera(const std::string& args, std::string* out) {
+  std::string cmd = std::string(TESSERA_BINARY) + " " + args + " 2>&1";
+  FILE* p = popen(cmd.c_str(), "r");
+  if (p == nullptr) return -1;
+  char buf[512];
+  while (fgets(buf, sizeof buf, p)) *out += buf;
+  return WEXITSTATUS(pclose(p));
+}
+
 // The binary itself: an unknown flag gives one message and exit code 2.
 TEST(TesseraBinary, UnknownFlagExitsWithUsageError) {
-  std::string cmd = std::string(TESSERA_BINARY) + " train --bogus-flag 2>&1";
-  FILE* p = popen(cmd.c_str(), "r");
-  ASSERT_NE(p, nullptr);
   std::string out;
-  char buf[512];
-  while (fgets(buf, sizeof buf, p)) out += buf;
-  int rc = pclose(p);
-  EXPECT_EQ(WEXITSTATUS(rc), 2) << out;
+  EXPECT_EQ(run_tessera("train --bogus-flag", &out), 2) << out;
   EXPECT_NE(out.find("--bogus-flag"), std::string::npos) << out;
   EXPECT_EQ(out.find("terminate"), std::string::npos) << out;
 }
 
 TEST(TesseraBinary, UnknownPresetListsPresets) {
-  std::string cmd = std::string(TESSERA_BINARY) + " graph gpt-9000 2>&1";
-  FILE* p = popen(cmd.c_str(), "r");
-  ASSERT_NE(p, nullptr);
   std::string out;
-  char buf[512];
-  while (fgets(buf, sizeof buf, p)) out += buf;
-  int rc = pclose(p);
-  EXPECT_EQ(WEXITSTATUS(rc), 1) << out;
+  EXPECT_EQ(run_tessera("graph gpt-9000", &out), 1) << out;
   EXPECT_NE(out.find("unknown model preset \"gpt-9000\""), std::string::npos) << out;
   EXPECT_NE(out.find("gpt2-small"), std::string::npos) << out;
 }
