@@ -152,19 +152,38 @@ Status CheckpointWriter::commit(const nlohmann::json& manifest) {
   // write_file_atomic fsyncs the file and the temporary directory.
   TS_RETURN_IF_ERROR(write_file_atomic(join_path(temp_dir_, kManifest), m.dump(2) + "\n"));
 
+  bool published = false;
+  Status s = detail::publish_checkpoint_dir(root_, name_, temp_dir_, options_, &published);
+  // Once published the destructor must not touch temp_dir_ (it may hold the old checkpoint,
+  // which publish_checkpoint_dir removes itself).
+  if (published) committed_ = true;
+  return s;
+}
+
+namespace detail {
+
+bool is_plain_checkpoint_name(const std::string& name) { return is_plain_name(name); }
+
+Status checkpoint_exists_error(const std::string& dir) { return exists_error(dir); }
+
+Status publish_checkpoint_dir(const std::string& root, const std::string& name,
+                              const std::string& staged_dir, const CheckpointWriteOptions& options,
+                              bool* published) {
+  *published = false;
+  const std::string final_path = join_path(root, name);
   bool replaced = false;
   if (path_exists(final_path)) {
-    if (!options_.overwrite) return exists_error(final_path);
-    // After the swap the old checkpoint sits at temp_dir_ and is deleted below.
-    Status swapped = exchange_paths(temp_dir_, final_path);
+    if (!options.overwrite) return exists_error(final_path);
+    // After the swap the old checkpoint sits at staged_dir and is deleted below.
+    Status swapped = exchange_paths(staged_dir, final_path);
     if (!swapped.ok()) {
       // No RENAME_EXCHANGE on this file system: two renames. A crash between them leaves
-      // the old checkpoint under temp_dir_ and none under the final name.
+      // the old checkpoint under staged_dir and none under the final name.
       TS_LOG(warn) << swapped.message() << "; replacing " << final_path << " in two steps";
-      const std::string old_dir = temp_dir_ + "-old";
+      const std::string old_dir = staged_dir + "-old";
       TS_RETURN_IF_ERROR(remove_all(old_dir));
       TS_RETURN_IF_ERROR(rename_path(final_path, old_dir));
-      Status moved = rename_no_replace(temp_dir_, final_path);
+      Status moved = rename_no_replace(staged_dir, final_path);
       if (!moved.ok()) {
         Status restored = rename_path(old_dir, final_path);  // put the old one back
         if (!restored.ok()) {
@@ -172,20 +191,57 @@ Status CheckpointWriter::commit(const nlohmann::json& manifest) {
         }
         return moved;
       }
-      TS_RETURN_IF_ERROR(rename_path(old_dir, temp_dir_));
+      *published = true;
+      TS_RETURN_IF_ERROR(rename_path(old_dir, staged_dir));
     }
     replaced = true;
   } else {
-    TS_RETURN_IF_ERROR(rename_no_replace(temp_dir_, final_path));
+    TS_RETURN_IF_ERROR(rename_no_replace(staged_dir, final_path));
   }
-  committed_ = true;  // the directory is published; the destructor must not touch temp_dir_
-  TS_RETURN_IF_ERROR(fsync_dir(root_));
-  if (options_.update_latest) {
-    TS_RETURN_IF_ERROR(write_file_atomic(join_path(root_, kLatest), name_ + "\n"));
+  *published = true;
+  TS_RETURN_IF_ERROR(fsync_dir(root));
+  if (options.update_latest) {
+    TS_RETURN_IF_ERROR(write_file_atomic(join_path(root, kLatest), name + "\n"));
   }
-  if (replaced) TS_RETURN_IF_ERROR(remove_all(temp_dir_));
+  if (replaced) TS_RETURN_IF_ERROR(remove_all(staged_dir));
   return Status();
 }
+
+Status verify_checkpoint_file(const std::string& dir, const std::string& file_name,
+                              const nlohmann::json& info, bool verify_checksum) {
+  if (!is_plain_name(file_name) || file_name == kManifest || !info.is_object() ||
+      !info.contains("bytes") || !info["bytes"].is_number_integer() || !info.contains("checksum") ||
+      !info["checksum"].is_string()) {
+    return ckpt_error(dir, "manifest.json entry for file '" + file_name + "' is malformed",
+                      "expected {\"bytes\": N, \"checksum\": \"<crc32c hex>\"}");
+  }
+  const std::string file_path = join_path(dir, file_name);
+  if (!is_regular_file(file_path)) {
+    return ckpt_error(dir, "file " + file_name + " listed in manifest.json is missing",
+                      "the checkpoint is incomplete — resume from an earlier checkpoint");
+  }
+  TS_ASSIGN_OR_RETURN(int64_t size, file_size(file_path));
+  const int64_t want_size = info["bytes"].get<int64_t>();
+  if (size != want_size) {
+    return ckpt_error(dir,
+                      "file " + file_name + " size mismatch (expected " +
+                          std::to_string(want_size) + " bytes, got " + std::to_string(size) + ")",
+                      kResumeHint);
+  }
+  if (verify_checksum) {
+    TS_ASSIGN_OR_RETURN(std::string crc, file_checksum(file_path));
+    const std::string want_crc = info["checksum"].get<std::string>();
+    if (crc != want_crc) {
+      return ckpt_error(
+          dir,
+          "file " + file_name + " checksum mismatch (expected " + want_crc + ", got " + crc + ")",
+          kResumeHint);
+    }
+  }
+  return Status();
+}
+
+}  // namespace detail
 
 // ---- Finding checkpoints -----------------------------------------------------------------
 
@@ -285,6 +341,11 @@ Result<Checkpoint> load_checkpoint(const std::string& path, bool verify_checksum
                       "object",
                       "this is not a Tessera checkpoint, or its manifest was edited");
   }
+  if (m.contains("format") && m["format"] == kShardedCheckpointFormat) {
+    return ckpt_error(
+        dir, "is a sharded checkpoint (format \"" + std::string(kShardedCheckpointFormat) + "\")",
+        "open it with ShardedCheckpoint::open (io/sharded_checkpoint.h)");
+  }
   const int64_t version = m["format_version"].get<int64_t>();
   if (version > kCheckpointFormatVersion || version < 1) {
     return ckpt_error(dir,
@@ -296,35 +357,8 @@ Result<Checkpoint> load_checkpoint(const std::string& path, bool verify_checksum
   }
 
   for (const auto& [file_name, info] : m["files"].items()) {
-    if (!is_plain_name(file_name) || file_name == kManifest || !info.is_object() ||
-        !info.contains("bytes") || !info["bytes"].is_number_integer() ||
-        !info.contains("checksum") || !info["checksum"].is_string()) {
-      return ckpt_error(dir, "manifest.json entry for file '" + file_name + "' is malformed",
-                        "expected {\"bytes\": N, \"checksum\": \"<crc32c hex>\"}");
-    }
+    TS_RETURN_IF_ERROR(detail::verify_checkpoint_file(dir, file_name, info, verify_checksums));
     const std::string file_path = join_path(dir, file_name);
-    if (!is_regular_file(file_path)) {
-      return ckpt_error(dir, "file " + file_name + " listed in manifest.json is missing",
-                        "the checkpoint is incomplete — resume from an earlier checkpoint");
-    }
-    TS_ASSIGN_OR_RETURN(int64_t size, file_size(file_path));
-    const int64_t want_size = info["bytes"].get<int64_t>();
-    if (size != want_size) {
-      return ckpt_error(dir,
-                        "file " + file_name + " size mismatch (expected " +
-                            std::to_string(want_size) + " bytes, got " + std::to_string(size) + ")",
-                        kResumeHint);
-    }
-    if (verify_checksums) {
-      TS_ASSIGN_OR_RETURN(std::string crc, file_checksum(file_path));
-      const std::string want_crc = info["checksum"].get<std::string>();
-      if (crc != want_crc) {
-        return ckpt_error(
-            dir,
-            "file " + file_name + " checksum mismatch (expected " + want_crc + ", got " + crc + ")",
-            kResumeHint);
-      }
-    }
     Result<SafetensorsFile> f = load_safetensors(file_path);
     if (!f.ok()) return f.status().with_context("checkpoint " + dir);
     for (const std::string& t : f->names()) {

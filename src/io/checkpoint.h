@@ -42,6 +42,9 @@
 namespace tessera {
 
 inline constexpr int kCheckpointFormatVersion = 1;
+// The "format" of checkpoints written by commit_checkpoint_shards (sharded_checkpoint.h);
+// load_checkpoint refuses them.
+inline constexpr const char* kShardedCheckpointFormat = "tessera-sharded-checkpoint";
 
 // "step-00000100"; names sort in step order up to 10^8 steps.
 std::string checkpoint_name(int64_t step);
@@ -128,5 +131,28 @@ Result<Checkpoint> load_checkpoint(const std::string& path, bool verify_checksum
 // before removal so a crash mid-delete leaves no half-deleted checkpoint under its name.
 // keep_last must be >= 1.
 Status prune_checkpoints(const std::string& root, int keep_last);
+
+// Building blocks shared with the sharded checkpoints (sharded_checkpoint.h).
+namespace detail {
+
+// A plain directory entry name: no '/', not starting with '.', not empty.
+bool is_plain_checkpoint_name(const std::string& name);
+// "checkpoint DIR already exists; refusing to overwrite it" with a hint.
+Status checkpoint_exists_error(const std::string& dir);
+// Publishes `staged_dir` (complete, fsynced, manifest.json written) as `<root>/<name>`
+// exactly as CheckpointWriter::commit does: rename (or atomic swap when
+// options.overwrite), fsync root, then rewrite `latest` if options.update_latest.
+// `*published` is set once the directory is in place under its final name; after that
+// `staged_dir` must not be touched by the caller.
+Status publish_checkpoint_dir(const std::string& root, const std::string& name,
+                              const std::string& staged_dir, const CheckpointWriteOptions& options,
+                              bool* published);
+// Checks `<dir>/<file_name>` against its manifest.json "files" entry `info` ({"bytes",
+// "checksum"}): well-formed entry, file present, size, and (if asked) CRC-32C. Errors are
+// the ones load_checkpoint gives.
+Status verify_checkpoint_file(const std::string& dir, const std::string& file_name,
+                              const nlohmann::json& info, bool verify_checksum);
+
+}  // namespace detail
 
 }  // namespace tessera

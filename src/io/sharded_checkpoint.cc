@@ -1,0 +1,683 @@
+#include "io/sharded_checkpoint.h"
+
+#include <algorithm>
+#include <cstdio>
+#include <map>
+#include <mutex>
+#include <optional>
+#include <set>
+
+#include "base/log.h"
+#include "io/checkpoint.h"
+#include "io/fs.h"
+#include "io/safetensors.h"
+#include "io/toml_config.h"  // closest_match, join_strings
+
+namespace tessera {
+namespace {
+
+constexpr const char* kManifest = "manifest.json";
+constexpr const char* kShardsKey = "tessera.shards";  // safetensors metadata key
+constexpr const char* kResumeHint =
+    "the file is corrupt or truncated — resume from an earlier checkpoint";
+constexpr const char* kBarrierHint =
+    "every rank must call write_checkpoint_shards and succeed before rank 0 commits; check "
+    "that rank's log";
+
+std::string staging_dir(const std::string& root, const std::string& name) {
+  return join_path(root, ".tmp-" + name + "-shared");
+}
+
+std::string receipt_name(int rank) {
+  char buf[32];
+  std::snprintf(buf, sizeof buf, "rank-%05d.json", rank);
+  return buf;
+}
+
+Status ckpt_error(const std::string& dir, const std::string& what, const std::string& hint = {}) {
+  return error("checkpoint " + dir + ": " + what, hint);
+}
+
+Status check_name(const std::string& root, const std::string& name) {
+  if (!detail::is_plain_checkpoint_name(name) || name == "latest") {
+    return error("invalid checkpoint name '" + name + "' under " + root,
+                 "use a plain directory name such as checkpoint_name(step) = \"step-00000100\"");
+  }
+  return Status();
+}
+
+std::string range_string(int64_t begin, int64_t end) {
+  return "[" + std::to_string(begin) + ", " + std::to_string(end) + ")";
+}
+
+// numel of a shape with non-negative dims, or nullopt (negative dim or overflow).
+std::optional<int64_t> checked_numel(const std::vector<int64_t>& dims) {
+  int64_t n = 1;
+  for (int64_t d : dims) {
+    if (d < 0 || __builtin_mul_overflow(n, d, &n)) return std::nullopt;
+  }
+  return n;
+}
+
+// "13 (index [4, 1])": a flat element index and its row-major multi-index.
+std::string element_string(int64_t flat, const std::vector<int64_t>& dims) {
+  std::string s = std::to_string(flat);
+  if (dims.size() < 2) return s;
+  std::vector<int64_t> idx(dims.size());
+  int64_t rest = flat;
+  for (size_t i = dims.size(); i-- > 0;) {
+    idx[i] = dims[i] == 0 ? 0 : rest % dims[i];
+    rest = dims[i] == 0 ? 0 : rest / dims[i];
+  }
+  s += " (index [";
+  for (size_t i = 0; i < idx.size(); ++i) s += (i ? ", " : "") + std::to_string(idx[i]);
+  return s + "])";
+}
+
+struct ShardLoc {
+  std::string file, entry;
+  int64_t offset = 0, count = 0;
+  int64_t end() const { return offset + count; }
+};
+
+struct TensorInfo {
+  DType dtype = DType::f32;
+  std::vector<int64_t> shape;
+  int64_t numel = 0;
+  std::vector<ShardLoc> shards;  // sorted by offset once complete
+};
+
+void sort_shards(TensorInfo& t) {
+  std::stable_sort(t.shards.begin(), t.shards.end(), [](const ShardLoc& a, const ShardLoc& b) {
+    return a.offset != b.offset ? a.offset < b.offset : a.count > b.count;
+  });
+}
+
+// The first element of [0, numel) that no shard covers, or -1. Shards must be sorted.
+int64_t first_uncovered(const TensorInfo& t) {
+  int64_t pos = 0;
+  for (const ShardLoc& s : t.shards) {
+    if (pos >= t.numel) break;
+    if (s.count == 0) continue;
+    if (s.offset > pos) return pos;
+    pos = std::max(pos, s.end());
+  }
+  return pos < t.numel ? pos : -1;
+}
+
+Status coverage_error(const std::string& dir, const std::string& name, const TensorInfo& t,
+                      int64_t missing) {
+  std::vector<std::string> have;
+  for (const ShardLoc& s : t.shards) {
+    if (have.size() == 8) {
+      have.push_back("...");
+      break;
+    }
+    have.push_back(range_string(s.offset, s.end()) + " in " + s.file);
+  }
+  return ckpt_error(dir,
+                    "tensor '" + name + "' of shape " + shape_to_string(t.shape) + " (" +
+                        std::to_string(t.numel) + " elements): element " +
+                        element_string(missing, t.shape) + " is not covered by any shard",
+                    "the ranks' shards must together cover every element of every tensor; "
+                    "shards: " +
+                        (have.empty() ? std::string("none") : join_strings(have)));
+}
+
+// Parses the "tessera.shards" metadata of one rank file and checks it against the header.
+// Adds the shards to `tensors`, checking that dtype and shape agree with earlier files.
+Status add_rank_file_shards(const std::string& dir, const std::string& file,
+                            const SafetensorsHeader& header,
+                            std::map<std::string, TensorInfo>& tensors,
+                            std::map<std::string, std::string>& first_file) {
+  auto fail = [&](const std::string& what) {
+    return ckpt_error(dir, "file " + file + ": " + what,
+                      "the file was not written by write_checkpoint_shards, or is corrupt");
+  };
+  auto meta = header.metadata.find(kShardsKey);
+  if (meta == header.metadata.end()) return fail("no \"" + std::string(kShardsKey) + "\" metadata");
+  nlohmann::json list;
+  try {
+    list = nlohmann::json::parse(meta->second);
+  } catch (const nlohmann::json::parse_error& e) {
+    return fail("\"" + std::string(kShardsKey) + "\" metadata is not valid JSON: " + e.what());
+  }
+  if (!list.is_array()) return fail("\"" + std::string(kShardsKey) + "\" metadata is not a list");
+  std::map<std::string, const SafetensorsEntry*> entries;
+  for (const SafetensorsEntry& e : header.entries) entries[e.name] = &e;
+  for (const nlohmann::json& d : list) {
+    if (!d.is_object() || !d.contains("name") || !d["name"].is_string() || !d.contains("entry") ||
+        !d["entry"].is_string() || !d.contains("dtype") || !d["dtype"].is_string() ||
+        !d.contains("shape") || !d["shape"].is_array() || !d.contains("offset") ||
+        !d["offset"].is_number_integer() || !d.contains("count") ||
+        !d["count"].is_number_integer()) {
+      return fail("malformed shard description " + d.dump());
+    }
+    const std::string name = d["name"], entry = d["entry"];
+    std::optional<DType> dtype = parse_dtype(d["dtype"].get<std::string>());
+    std::vector<int64_t> shape;
+    for (const nlohmann::json& x : d["shape"]) {
+      if (!x.is_number_integer()) return fail("tensor '" + name + "': malformed shape");
+      shape.push_back(x.get<int64_t>());
+    }
+    std::optional<int64_t> numel = checked_numel(shape);
+    const int64_t offset = d["offset"], count = d["count"];
+    if (!dtype || !numel || offset < 0 || count < 0 || offset > *numel - count) {
+      return fail("tensor '" + name + "': invalid shard " + d.dump());
+    }
+    auto it = entries.find(entry);
+    if (it == entries.end() || it->second->dtype != *dtype ||
+        it->second->shape != std::vector<int64_t>{count}) {
+      return fail("tensor '" + name + "': entry '" + entry + "' is missing or does not hold " +
+                  std::to_string(count) + " " + dtype_name(*dtype) + " elements");
+    }
+    auto [ti, inserted] = tensors.try_emplace(name);
+    TensorInfo& t = ti->second;
+    if (inserted) {
+      t.dtype = *dtype;
+      t.shape = shape;
+      t.numel = *numel;
+      first_file[name] = file;
+    } else if (t.dtype != *dtype || t.shape != shape) {
+      return ckpt_error(dir,
+                        "tensor '" + name + "': ranks disagree on its shape or dtype: " + file +
+                            " has " + shape_to_string(shape) + " " + dtype_name(*dtype) + ", " +
+                            first_file[name] + " has " + shape_to_string(t.shape) + " " +
+                            dtype_name(t.dtype),
+                        "every rank must describe a tensor with the same global shape and "
+                        "dtype; are all ranks running the same model configuration?");
+    }
+    t.shards.push_back({file, entry, offset, count});
+  }
+  return Status();
+}
+
+}  // namespace
+
+std::string shard_file_name(int rank) {
+  char buf[40];
+  std::snprintf(buf, sizeof buf, "rank-%05d.safetensors", rank);
+  return buf;
+}
+
+// ---- Phase 1: every rank -----------------------------------------------------------------
+
+Status write_checkpoint_shards(const std::string& root, const std::string& name, int rank,
+                               int world, const std::vector<TensorShard>& shards) {
+  TS_RETURN_IF_ERROR(check_name(root, name));
+  const std::string final_dir = join_path(root, name);
+  if (world < 1 || rank < 0 || rank >= world) {
+    return ckpt_error(final_dir,
+                      "invalid rank " + std::to_string(rank) + " of world " + std::to_string(world),
+                      "pass 0 <= rank < world");
+  }
+  const std::string dir = staging_dir(root, name);
+  const std::string file = shard_file_name(rank);
+  auto shard_error = [&](const TensorShard& s, const std::string& what) {
+    return ckpt_error(final_dir,
+                      "rank " + std::to_string(rank) + " (" + file + "): shard of tensor '" +
+                          s.name + "' " + what,
+                      "a shard is the flat range [offset, offset + count) of the row-major "
+                      "tensor, with count elements at data");
+  };
+
+  // Entry names: the tensor name, or "<name>@<offset>" when this rank holds several shards
+  // of one tensor.
+  std::map<std::string, int> per_tensor;
+  for (const TensorShard& s : shards) ++per_tensor[s.name];
+  std::set<std::string> entry_names;
+  std::set<std::pair<std::string, int64_t>> seen;
+  NamedTensorRefs refs;
+  nlohmann::json list = nlohmann::json::array();
+  for (const TensorShard& s : shards) {
+    if (s.name.empty()) return shard_error(s, "has an empty name");
+    std::optional<int64_t> numel = checked_numel(s.global_shape.dims());
+    if (!numel) {
+      return shard_error(s, "has invalid global shape " + shape_to_string(s.global_shape.dims()));
+    }
+    if (s.offset < 0 || s.count < 0 || s.offset > *numel - s.count) {
+      return shard_error(s, "range " + range_string(s.offset, s.offset + s.count) +
+                                " is outside its " + std::to_string(*numel) + " elements (shape " +
+                                shape_to_string(s.global_shape.dims()) + ")");
+    }
+    if (s.count > 0 && s.data == nullptr) return shard_error(s, "has null data");
+    if (!seen.insert({s.name, s.offset}).second) {
+      return shard_error(s, "at offset " + std::to_string(s.offset) + " is given twice");
+    }
+    std::string entry = per_tensor[s.name] == 1 ? s.name : s.name + "@" + std::to_string(s.offset);
+    if (!entry_names.insert(entry).second) {
+      return shard_error(s, "clashes with another shard's entry name '" + entry + "'");
+    }
+    refs.push_back({entry, {s.dtype, {s.count}, s.data}});
+    list.push_back({{"name", s.name},
+                    {"entry", entry},
+                    {"dtype", dtype_name(s.dtype)},
+                    {"shape", s.global_shape.dims()},
+                    {"offset", s.offset},
+                    {"count", s.count}});
+  }
+
+  auto context = [&](const Status& s) {
+    return s.with_context("checkpoint " + final_dir + ", rank " + std::to_string(rank));
+  };
+  // create_directories tolerates EEXIST, so ranks racing to create it all succeed.
+  Status made = make_dirs(dir);
+  if (!made.ok()) return context(made);
+  // Drop this rank's receipt from an earlier attempt first: a receipt is only ever next to
+  // the file it describes.
+  const std::string receipt = join_path(dir, receipt_name(rank));
+  Status removed = remove_all(receipt);
+  if (!removed.ok()) return context(removed);
+  uint32_t crc = 0;
+  int64_t bytes = 0;
+  Status saved =
+      save_safetensors(join_path(dir, file), refs, {{kShardsKey, list.dump()}}, &crc, &bytes);
+  if (!saved.ok()) return context(saved);
+  nlohmann::json r = {
+      {"rank", rank}, {"world", world}, {"bytes", bytes}, {"checksum", crc32c_hex(crc)}};
+  Status wrote = write_file_atomic(receipt, r.dump() + "\n");
+  if (!wrote.ok()) return context(wrote);
+  return Status();
+}
+
+// ---- Phase 2: rank 0 ---------------------------------------------------------------------
+
+Status commit_checkpoint_shards(const std::string& root, const std::string& name, int world,
+                                const nlohmann::json& manifest, bool overwrite) {
+  TS_RETURN_IF_ERROR(check_name(root, name));
+  const std::string final_dir = join_path(root, name);
+  if (world < 1) {
+    return ckpt_error(final_dir, "invalid world size " + std::to_string(world), "pass world >= 1");
+  }
+  if (!manifest.is_object()) {
+    return ckpt_error(
+        final_dir, "the manifest must be a JSON object, got " + std::string(manifest.type_name()),
+        "pass e.g. {{\"step\", step}, {\"model\", config}}");
+  }
+  for (const char* key : {"files", "format", "format_version", "name", "tensors", "world"}) {
+    if (manifest.contains(key)) {
+      return ckpt_error(final_dir, "manifest key '" + std::string(key) + "' is reserved",
+                        "the writer fills it in; rename your key");
+    }
+  }
+  if (path_exists(final_dir) && !overwrite) return detail::checkpoint_exists_error(final_dir);
+  const std::string dir = staging_dir(root, name);
+  if (!is_directory(dir)) {
+    return ckpt_error(final_dir, "no rank has written shards (" + dir + " does not exist)",
+                      kBarrierHint);
+  }
+
+  nlohmann::json files = nlohmann::json::object();
+  std::map<std::string, TensorInfo> tensors;
+  std::map<std::string, std::string> first_file;
+  std::set<std::string> keep;
+  for (int rank = 0; rank < world; ++rank) {
+    const std::string file = shard_file_name(rank), receipt = receipt_name(rank);
+    const std::string rank_of = "rank " + std::to_string(rank) + " of " + std::to_string(world);
+    if (!is_regular_file(join_path(dir, file))) {
+      return ckpt_error(final_dir,
+                        rank_of + " wrote no shard file (" + join_path(dir, file) + " is missing)",
+                        kBarrierHint);
+    }
+    if (!is_regular_file(join_path(dir, receipt))) {
+      return ckpt_error(final_dir,
+                        rank_of + " did not finish writing " + file + " (" +
+                            join_path(dir, receipt) + " is missing)",
+                        kBarrierHint);
+    }
+    TS_ASSIGN_OR_RETURN(std::string text, read_file(join_path(dir, receipt)));
+    nlohmann::json r = nlohmann::json::parse(text, nullptr, /*allow_exceptions=*/false);
+    if (!r.is_object() || !r.contains("rank") || r["rank"] != rank || !r.contains("world") ||
+        !r["world"].is_number_integer() || !r.contains("bytes") ||
+        !r["bytes"].is_number_integer() || !r.contains("checksum") || !r["checksum"].is_string()) {
+      return ckpt_error(final_dir, "receipt " + join_path(dir, receipt) + " is malformed",
+                        "delete " + dir + " and save again");
+    }
+    if (r["world"] != world) {
+      return ckpt_error(final_dir,
+                        file + " was written for world " + r["world"].dump() + ", not " +
+                            std::to_string(world) + " (left by an earlier attempt?)",
+                        kBarrierHint);
+    }
+    TS_ASSIGN_OR_RETURN(int64_t size, file_size(join_path(dir, file)));
+    if (size != r["bytes"].get<int64_t>()) {
+      return ckpt_error(final_dir,
+                        file + " has " + std::to_string(size) + " bytes, its writer recorded " +
+                            r["bytes"].dump() + " (overwritten or truncated since?)",
+                        "save the checkpoint again");
+    }
+    Result<SafetensorsHeader> header = load_safetensors_header(join_path(dir, file));
+    if (!header.ok()) return header.status().with_context("checkpoint " + final_dir);
+    TS_RETURN_IF_ERROR(add_rank_file_shards(final_dir, file, *header, tensors, first_file));
+    files[file] = {{"bytes", size}, {"checksum", r["checksum"]}};
+    keep.insert(file);
+  }
+
+  nlohmann::json tensors_json = nlohmann::json::object();
+  for (auto& [tname, t] : tensors) {
+    sort_shards(t);
+    int64_t missing = first_uncovered(t);
+    if (missing >= 0) return coverage_error(final_dir, tname, t, missing);
+    nlohmann::json list = nlohmann::json::array();
+    for (const ShardLoc& s : t.shards) {
+      list.push_back(
+          {{"file", s.file}, {"entry", s.entry}, {"offset", s.offset}, {"count", s.count}});
+    }
+    tensors_json[tname] = {{"dtype", dtype_name(t.dtype)}, {"shape", t.shape}, {"shards", list}};
+  }
+
+  // Everything else in the staging directory goes: files of an attempt with a larger world,
+  // temporary files of crashed writes, an old manifest. The receipts stay until the
+  // directory is published, so that a failed commit can be retried.
+  TS_ASSIGN_OR_RETURN(std::vector<std::string> present, list_dir(dir));
+  std::vector<std::string> receipts;
+  for (const std::string& entry : present) {
+    if (keep.count(entry)) continue;
+    bool is_receipt = false;
+    for (int rank = 0; rank < world && !is_receipt; ++rank)
+      is_receipt = entry == receipt_name(rank);
+    if (is_receipt) {
+      receipts.push_back(entry);
+      continue;
+    }
+    TS_RETURN_IF_ERROR(remove_all(join_path(dir, entry)));
+  }
+
+  nlohmann::json m = manifest;
+  m["format"] = kShardedCheckpointFormat;
+  m["format_version"] = kShardedCheckpointFormatVersion;
+  m["name"] = name;
+  m["world"] = world;
+  m["files"] = files;
+  m["tensors"] = tensors_json;
+  // write_file_atomic fsyncs the file and the staging directory; the rank files were fsynced
+  // by their writers.
+  TS_RETURN_IF_ERROR(write_file_atomic(join_path(dir, kManifest), m.dump(2) + "\n"));
+
+  CheckpointWriteOptions options;
+  options.overwrite = overwrite;
+  bool published = false;
+  Status s = detail::publish_checkpoint_dir(root, name, dir, options, &published);
+  if (published) {
+    // The receipts are not part of the checkpoint (readers only open what the manifest
+    // lists); leaving one behind after a failure here is harmless.
+    for (const std::string& r : receipts) {
+      Status gone = remove_all(join_path(final_dir, r));
+      if (!gone.ok()) {
+        TS_LOG(warn) << gone.to_string();
+      }
+    }
+  }
+  return s;
+}
+
+// ---- Reading -----------------------------------------------------------------------------
+
+struct ShardedCheckpoint::Impl {
+  struct OpenFile {
+    RandomAccessFile file;
+    SafetensorsHeader header;
+    std::map<std::string, const SafetensorsEntry*> entries;
+  };
+
+  std::string dir;
+  nlohmann::json manifest;
+  bool sharded = false;
+  int world = 1;
+  std::map<std::string, TensorInfo> tensors;
+
+  mutable std::mutex mu;
+  mutable std::map<std::string, std::shared_ptr<const OpenFile>> open_files;
+
+  Result<const TensorInfo*> find(const std::string& name) const;
+  Result<std::shared_ptr<const OpenFile>> file(const std::string& file_name) const;
+  Status copy(const std::string& name, const TensorInfo& t, const ShardLoc& s, int64_t begin,
+              int64_t end, uint8_t* dst) const;
+};
+
+Result<const TensorInfo*> ShardedCheckpoint::Impl::find(const std::string& name) const {
+  auto it = tensors.find(name);
+  if (it != tensors.end()) return &it->second;
+  std::vector<std::string> names;
+  for (const auto& [n, t] : tensors) names.push_back(n);
+  std::string near = closest_match(name, names);
+  return ckpt_error(
+      dir,
+      "no tensor named '" + name + "'" + (near.empty() ? "" : " (did you mean '" + near + "'?)"),
+      "the checkpoint holds " + std::to_string(tensors.size()) +
+          " tensors; check that it was written by the same model configuration");
+}
+
+Result<std::shared_ptr<const ShardedCheckpoint::Impl::OpenFile>> ShardedCheckpoint::Impl::file(
+    const std::string& file_name) const {
+  std::lock_guard<std::mutex> lock(mu);
+  auto it = open_files.find(file_name);
+  if (it != open_files.end()) return it->second;
+  const std::string path = join_path(dir, file_name);
+  Result<RandomAccessFile> f = RandomAccessFile::open(path);
+  if (!f.ok()) return f.status().with_context("checkpoint " + dir);
+  Result<SafetensorsHeader> h = load_safetensors_header(path);
+  if (!h.ok()) return h.status().with_context("checkpoint " + dir);
+  auto of = std::make_shared<OpenFile>(OpenFile{std::move(f).value(), std::move(h).value(), {}});
+  for (const SafetensorsEntry& e : of->header.entries) of->entries[e.name] = &e;
+  open_files.emplace(file_name, of);
+  return std::shared_ptr<const OpenFile>(of);
+}
+
+Status ShardedCheckpoint::Impl::copy(const std::string& name, const TensorInfo& t,
+                                     const ShardLoc& s, int64_t begin, int64_t end,
+                                     uint8_t* dst) const {
+  TS_ASSIGN_OR_RETURN(std::shared_ptr<const OpenFile> f, file(s.file));
+  auto it = f->entries.find(s.entry);
+  const int64_t esize = dtype_size(t.dtype);
+  if (it == f->entries.end() || it->second->dtype != t.dtype ||
+      it->second->end - it->second->begin != s.count * esize) {
+    return ckpt_error(dir,
+                      "file " + s.file + " has no entry '" + s.entry + "' with " +
+                          std::to_string(s.count) + " " + dtype_name(t.dtype) +
+                          " elements for tensor '" + name + "'",
+                      kResumeHint);
+  }
+  const int64_t at = f->header.data_start + it->second->begin + (begin - s.offset) * esize;
+  Status st = f->file.read_at(at, dst, static_cast<size_t>((end - begin) * esize));
+  if (!st.ok()) return st.with_context("checkpoint " + dir + ", tensor '" + name + "'");
+  return Status();
+}
+
+ShardedCheckpoint::ShardedCheckpoint(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
+ShardedCheckpoint::ShardedCheckpoint(ShardedCheckpoint&&) noexcept = default;
+ShardedCheckpoint& ShardedCheckpoint::operator=(ShardedCheckpoint&&) noexcept = default;
+ShardedCheckpoint::~ShardedCheckpoint() = default;
+
+Result<ShardedCheckpoint> ShardedCheckpoint::open(const std::string& path, bool verify_checksums) {
+  TS_ASSIGN_OR_RETURN(std::string dir, resolve_checkpoint(path));
+  auto impl = std::make_unique<Impl>();
+  impl->dir = dir;
+  TS_ASSIGN_OR_RETURN(std::string text, read_file(join_path(dir, kManifest)));
+  try {
+    impl->manifest = nlohmann::json::parse(text);
+  } catch (const nlohmann::json::parse_error& e) {
+    return ckpt_error(dir, "manifest.json is not valid JSON: " + std::string(e.what()),
+                      kResumeHint);
+  }
+  const nlohmann::json& m = impl->manifest;
+  if (!m.is_object() || !m.contains("format_version") || !m["format_version"].is_number_integer() ||
+      !m.contains("files") || !m["files"].is_object()) {
+    return ckpt_error(dir,
+                      "manifest.json lacks an integer \"format_version\" or a \"files\" object",
+                      "this is not a Tessera checkpoint, or its manifest was edited");
+  }
+  impl->sharded = m.contains("format") && m["format"] == kShardedCheckpointFormat;
+  const int64_t version = m["format_version"].get<int64_t>();
+  const int max_version =
+      impl->sharded ? kShardedCheckpointFormatVersion : kCheckpointFormatVersion;
+  if (version > max_version || version < 1) {
+    return ckpt_error(dir,
+                      "format_version " + std::to_string(version) +
+                          " is not supported (this build reads up to " +
+                          std::to_string(max_version) + ")",
+                      "load it with the Tessera version that wrote it");
+  }
+  for (const auto& [file_name, info] : m["files"].items()) {
+    TS_RETURN_IF_ERROR(detail::verify_checkpoint_file(dir, file_name, info, verify_checksums));
+  }
+
+  auto malformed = [&](const std::string& what) {
+    return ckpt_error(dir, "manifest.json: " + what,
+                      "the manifest was edited or is corrupt — resume from an earlier checkpoint");
+  };
+  if (!impl->sharded) {
+    // A CheckpointWriter checkpoint: every tensor is one shard covering all of it.
+    for (const auto& [file_name, info] : m["files"].items()) {
+      Result<SafetensorsHeader> h = load_safetensors_header(join_path(dir, file_name));
+      if (!h.ok()) return h.status().with_context("checkpoint " + dir);
+      for (const SafetensorsEntry& e : h->entries) {
+        TensorInfo t;
+        t.dtype = e.dtype;
+        t.shape = e.shape;
+        t.numel = shape_numel(e.shape);
+        t.shards.push_back({file_name, e.name, 0, t.numel});
+        if (!impl->tensors.emplace(e.name, std::move(t)).second) {
+          return ckpt_error(dir, "tensor '" + e.name + "' appears in two files",
+                            "tensor names must be unique across the files of a checkpoint");
+        }
+      }
+    }
+    return ShardedCheckpoint(std::move(impl));
+  }
+
+  if (!m.contains("world") || !m["world"].is_number_integer() || m["world"].get<int64_t>() < 1 ||
+      m["world"].get<int64_t>() > (1 << 30)) {
+    return malformed("\"world\" is missing or not a positive integer");
+  }
+  impl->world = m["world"].get<int>();
+  if (!m.contains("tensors") || !m["tensors"].is_object()) {
+    return malformed("\"tensors\" is missing or not an object");
+  }
+  for (const auto& [tname, tj] : m["tensors"].items()) {
+    if (!tj.is_object() || !tj.contains("dtype") || !tj["dtype"].is_string() ||
+        !tj.contains("shape") || !tj["shape"].is_array() || !tj.contains("shards") ||
+        !tj["shards"].is_array()) {
+      return malformed("entry for tensor '" + tname + "' is malformed");
+    }
+    TensorInfo t;
+    std::optional<DType> dtype = parse_dtype(tj["dtype"].get<std::string>());
+    if (!dtype) return malformed("tensor '" + tname + "' has unknown dtype " + tj["dtype"].dump());
+    t.dtype = *dtype;
+    for (const nlohmann::json& d : tj["shape"]) {
+      if (!d.is_number_integer()) return malformed("tensor '" + tname + "' has a malformed shape");
+      t.shape.push_back(d.get<int64_t>());
+    }
+    std::optional<int64_t> numel = checked_numel(t.shape);
+    if (!numel) return malformed("tensor '" + tname + "' has an invalid shape");
+    t.numel = *numel;
+    for (const nlohmann::json& sj : tj["shards"]) {
+      if (!sj.is_object() || !sj.contains("file") || !sj["file"].is_string() ||
+          !sj.contains("entry") || !sj["entry"].is_string() || !sj.contains("offset") ||
+          !sj["offset"].is_number_integer() || !sj.contains("count") ||
+          !sj["count"].is_number_integer()) {
+        return malformed("tensor '" + tname + "' has a malformed shard " + sj.dump());
+      }
+      ShardLoc s{sj["file"], sj["entry"], sj["offset"], sj["count"]};
+      if (!m["files"].contains(s.file)) {
+        return malformed("tensor '" + tname + "' has a shard in " + s.file +
+                         ", which is not listed under \"files\"");
+      }
+      if (s.offset < 0 || s.count < 0 || s.offset > t.numel - s.count) {
+        return malformed("tensor '" + tname + "' has a shard " +
+                         range_string(s.offset, s.offset + s.count) + " outside its " +
+                         std::to_string(t.numel) + " elements");
+      }
+      t.shards.push_back(std::move(s));
+    }
+    sort_shards(t);
+    int64_t missing = first_uncovered(t);
+    if (missing >= 0) return coverage_error(dir, tname, t, missing);
+    impl->tensors.emplace(tname, std::move(t));
+  }
+  return ShardedCheckpoint(std::move(impl));
+}
+
+const std::string& ShardedCheckpoint::dir() const { return impl_->dir; }
+const nlohmann::json& ShardedCheckpoint::manifest() const { return impl_->manifest; }
+bool ShardedCheckpoint::is_sharded() const { return impl_->sharded; }
+int ShardedCheckpoint::world() const { return impl_->world; }
+
+std::vector<std::string> ShardedCheckpoint::tensor_names() const {
+  std::vector<std::string> out;
+  for (const auto& [name, t] : impl_->tensors) out.push_back(name);
+  return out;
+}
+
+bool ShardedCheckpoint::contains(const std::string& name) const {
+  return impl_->tensors.count(name) != 0;
+}
+
+Result<Shape> ShardedCheckpoint::global_shape(const std::string& name) const {
+  TS_ASSIGN_OR_RETURN(const TensorInfo* t, impl_->find(name));
+  return Shape(t->shape);
+}
+
+Result<DType> ShardedCheckpoint::dtype(const std::string& name) const {
+  TS_ASSIGN_OR_RETURN(const TensorInfo* t, impl_->find(name));
+  return t->dtype;
+}
+
+Status ShardedCheckpoint::read_raw(const std::string& name, int64_t offset, int64_t count,
+                                   void* out) const {
+  TS_ASSIGN_OR_RETURN(const TensorInfo* t, impl_->find(name));
+  if (offset < 0 || count < 0 || offset > t->numel - count) {
+    return ckpt_error(impl_->dir,
+                      "read of elements " + range_string(offset, offset + count) + " of tensor '" +
+                          name + "' is out of bounds (shape " + shape_to_string(t->shape) + ", " +
+                          std::to_string(t->numel) + " elements)",
+                      "ask for a range inside [0, numel)");
+  }
+  auto* dst = static_cast<uint8_t*>(out);
+  const int64_t esize = dtype_size(t->dtype);
+  const int64_t end = offset + count;
+  int64_t pos = offset;
+  while (pos < end) {
+    // Of the shards holding `pos`, the one reaching furthest: a single shard whenever one
+    // covers the whole rest of the range, and few file reads otherwise.
+    const ShardLoc* best = nullptr;
+    for (const ShardLoc& s : t->shards) {
+      if (s.offset > pos) break;  // sorted by offset
+      if (s.end() > pos && (!best || s.end() > best->end())) best = &s;
+    }
+    if (!best) {
+      return ckpt_error(impl_->dir,
+                        "element " + element_string(pos, t->shape) + " of tensor '" + name +
+                            "' is not covered by any shard",
+                        kResumeHint);
+    }
+    const int64_t stop = std::min(end, best->end());
+    TS_RETURN_IF_ERROR(impl_->copy(name, *t, *best, pos, stop, dst + (pos - offset) * esize));
+    pos = stop;
+  }
+  return Status();
+}
+
+Status ShardedCheckpoint::read(const std::string& name, int64_t offset, int64_t count,
+                               float* out) const {
+  TS_ASSIGN_OR_RETURN(const TensorInfo* t, impl_->find(name));
+  switch (t->dtype) {
+    case DType::f32:
+      return read_raw(name, offset, count, out);
+    case DType::bf16:
+    case DType::f16: {
+      std::vector<uint16_t> tmp(static_cast<size_t>(std::max<int64_t>(count, 0)));
+      TS_RETURN_IF_ERROR(read_raw(name, offset, count, tmp.data()));
+      for (size_t i = 0; i < tmp.size(); ++i) {
+        out[i] = t->dtype == DType::bf16 ? bf16_to_f32(tmp[i]) : f16_to_f32(tmp[i]);
+      }
+      return Status();
+    }
+    case DType::i32:
+      break;
+  }
+  return ckpt_error(impl_->dir, "tensor '" + name + "' is " + dtype_name(t->dtype) + ", not float",
+                    "read it with read_raw into an int32_t buffer");
+}
+
+}  // namespace tessera
