@@ -1,0 +1,62 @@
+// Internal to comm/: the point-to-point layer under the ring algorithms (ring.cc). One
+// Transport per process (per simulated rank for the in-process one); every call happens on
+// that process's comm thread. Peers are world ranks; a channel is one communicator (0 is the
+// world), so messages of different communicators never match each other. Messages with the
+// same (channel, source, destination, tag) are received in the order they were sent.
+//
+//   Transport::Handle h = t.irecv(channel, left, tag, buf, bytes);
+//   Status err;
+//   while (t.test(h, &err) == 0) t.idle(++polls);
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "base/status.h"
+
+namespace tessera::detail {
+
+// What the comm thread is blocked on, for the termination reporter (mpi_comm.cc).
+struct WaitInfo {
+  const char* kind;         // "all_reduce"
+  const std::string* what;  // "grad bucket 3"
+  const std::string* axis;  // "dp"
+  int peer;                 // world rank
+  bool receiving;           // waiting for data from peer (else: for peer to take our data)
+};
+
+class Transport {
+ public:
+  using Handle = int64_t;
+  virtual ~Transport() = default;
+
+  virtual int world_rank() const = 0;
+  virtual int world_size() const = 0;
+  // First and last calls, on the comm thread. `broken`: an operation failed (peers may be
+  // dead), so nothing collective may be attempted.
+  virtual void start() {}
+  virtual void stop(bool broken) {}
+
+  // Post a transfer of `bytes` > 0 bytes; the buffer must stay valid until test() reports
+  // completion or abandon() is called.
+  virtual Handle isend(uint64_t channel, int peer, int tag, const void* data, int64_t bytes) = 0;
+  virtual Handle irecv(uint64_t channel, int peer, int tag, void* data, int64_t bytes) = 0;
+  // 1: done; 0: pending; -1: failed with *error (e.g. a message of the wrong size). Done and
+  // failed handles are released.
+  virtual int test(Handle h, Status* error) = 0;
+  // Gives up on a pending transfer after an error; the handle is released.
+  virtual void abandon(Handle h) = 0;
+  // Called between polls that completed nothing; may sleep briefly.
+  virtual void idle(int unproductive_polls) = 0;
+
+  // The channel for the members (world ranks, in order) of a split of `parent`. Collective
+  // over the parent's members (all of them call it, negative colors too, which get 0).
+  virtual Result<uint64_t> open_channel(uint64_t parent, int64_t split_seq, int color, int key,
+                                        const std::vector<int>& members) = 0;
+
+  // The comm thread starts (w) or stops (null) waiting for a peer.
+  virtual void note_waiting(const WaitInfo* w) {}
+};
+
+}  // namespace tessera::detail
