@@ -1,0 +1,181 @@
+// The collectives over MPI, one process per rank:
+//   mpirun --oversubscribe --allow-run-as-root -np 4 comm_mpi_test         (checks; exit 0 = pass)
+//   mpirun ... -np 3 comm_mpi_test kill|stuck   (rank 1 dies or hangs; see comm_mpi_kill_test)
+#include <signal.h>
+#include <unistd.h>
+
+#include <cstdio>
+#include <cstring>
+#include <string>
+#include <vector>
+
+#include "comm/communicator.h"
+#include "comm/mpi_comm.h"
+
+namespace tessera {
+namespace {
+
+int g_failures = 0;
+int g_rank = -1;
+
+#define EXPECT(cond)                                                                           \
+  do {                                                                                         \
+    if (!(cond)) {                                                                             \
+      ++g_failures;                                                                            \
+      std::fprintf(stderr, "rank %d: %s:%d: failed: %s\n", g_rank, __FILE__, __LINE__, #cond); \
+    }                                                                                          \
+  } while (0)
+
+#define EXPECT_OK(expr)                                                        \
+  do {                                                                         \
+    Status s_ = (expr);                                                        \
+    if (!s_.ok()) {                                                            \
+      ++g_failures;                                                            \
+      std::fprintf(stderr, "rank %d: %s:%d: %s\n", g_rank, __FILE__, __LINE__, \
+                   s_.to_string().c_str());                                    \
+    }                                                                          \
+  } while (0)
+
+float value(int rank, int64_t i) { return static_cast<float>((rank + 1) * (i % 13) - 7 * rank); }
+int64_t chunk_len(int64_t count, int n, int i) { return count / n + (i < count % n ? 1 : 0); }
+
+void check_collectives(Communicator& c) {
+  const int n = c.size(), r = c.rank();
+  for (int64_t count : {int64_t{0}, int64_t{1}, int64_t{3}, int64_t{1001}, int64_t{1} << 20}) {
+    // all_reduce: exact values and the ring byte count.
+    std::vector<float> x(count);
+    for (int64_t i = 0; i < count; ++i) x[i] = value(r, i);
+    c.reset_stats();
+    EXPECT_OK(c.wait(c.all_reduce(x.data(), count, "ar " + std::to_string(count))));
+    bool exact = true;
+    for (int64_t i = 0; i < count; ++i) {
+      float want = 0;
+      for (int q = 0; q < n; ++q) want += value(q, i);
+      exact = exact && x[i] == want;
+    }
+    EXPECT(exact);
+    const int next = (r + 1) % n;
+    EXPECT(c.stats().bytes_sent ==
+           (n == 1 ? 0 : 8 * count - 4 * (chunk_len(count, n, r) + chunk_len(count, n, next))));
+
+    // The result is bitwise identical on every rank.
+    std::vector<float> all(count * n);
+    EXPECT_OK(c.wait(c.all_gather(x.data(), all.data(), count, "compare")));
+    for (int q = 1; q < n; ++q)
+      EXPECT(count == 0 || std::memcmp(all.data() + q * count, all.data(), count * 4) == 0);
+
+    // reduce_scatter and all_gather.
+    std::vector<float> in(n * count), out(count);
+    for (int64_t i = 0; i < n * count; ++i) in[i] = value(r, i);
+    c.reset_stats();
+    EXPECT_OK(c.wait(c.reduce_scatter(in.data(), out.data(), count, "rs")));
+    EXPECT(c.stats().bytes_sent == (n - 1) * count * 4);
+    exact = true;
+    for (int64_t i = 0; i < count; ++i) {
+      float want = 0;
+      for (int q = 0; q < n; ++q) want += value(q, r * count + i);
+      exact = exact && out[i] == want;
+    }
+    EXPECT(exact);
+    c.reset_stats();
+    EXPECT_OK(c.wait(c.all_gather(in.data(), all.data(), count, "ag")));
+    EXPECT(c.stats().bytes_sent == (n - 1) * count * 4);
+    exact = true;
+    for (int q = 0; q < n; ++q)
+      for (int64_t i = 0; i < count; ++i) exact = exact && all[q * count + i] == value(q, i);
+    EXPECT(exact);
+
+    // broadcast from every root.
+    for (int root = 0; root < n; ++root) {
+      for (int64_t i = 0; i < count; ++i) x[i] = value(r, i);
+      c.reset_stats();
+      EXPECT_OK(c.wait(c.broadcast(x.data(), count, root, "bc")));
+      EXPECT(c.stats().bytes_sent == ((r + 1) % n == root ? 0 : count * 4));
+      exact = true;
+      for (int64_t i = 0; i < count; ++i) exact = exact && x[i] == value(root, i);
+      EXPECT(exact);
+    }
+  }
+  auto sum = c.all_reduce_scalar(r + 0.5, false, "sum");
+  EXPECT(sum.ok() && *sum == n * n / 2.0);
+  EXPECT_OK(c.barrier("barrier"));
+}
+
+void check_split(Communicator& world) {
+  const int n = world.size(), r = world.rank();
+  if (n == 4) {  // a 2x2 mesh
+    const int row = r / 2, col = r % 2;
+    auto tp = world.split(row, col, "tp");
+    auto dp = world.split(col, row, "dp");
+    EXPECT(tp.ok() && dp.ok());
+    if (!tp.ok() || !dp.ok()) return;
+    EXPECT((*tp)->size() == 2 && (*tp)->rank() == col && (*dp)->rank() == row);
+    std::vector<float> a(5), b(5);
+    for (int i = 0; i < 5; ++i) a[i] = b[i] = value(r, i);
+    Request ra = (*tp)->all_reduce(a.data(), 5, "tp");
+    Request rb = (*dp)->all_reduce(b.data(), 5, "dp");
+    EXPECT_OK((*tp)->wait(ra));
+    EXPECT_OK((*dp)->wait(rb));
+    for (int i = 0; i < 5; ++i) {
+      EXPECT(a[i] == value(row * 2, i) + value(row * 2 + 1, i));
+      EXPECT(b[i] == value(col, i) + value(2 + col, i));
+    }
+    check_collectives(**dp);
+  }
+  // Singleton groups (local copies) and one group in reverse order.
+  auto solo = world.split(r, 0, "solo");
+  EXPECT(solo.ok() && (*solo)->size() == 1);
+  if (solo.ok()) check_collectives(**solo);
+  auto rev = world.split(0, -r, "rev");
+  EXPECT(rev.ok() && (*rev)->rank() == n - 1 - r);
+  if (rev.ok()) {
+    std::vector<float> g(n);
+    float mine = static_cast<float>(r);
+    EXPECT_OK((*rev)->wait((*rev)->all_gather(&mine, g.data(), 1, "rev")));
+    for (int q = 0; q < n; ++q) EXPECT(g[q] == static_cast<float>(n - 1 - q));
+  }
+}
+
+// Rank 1 dies ("kill": the launcher should end the job) or hangs ("stuck": the others time
+// out after 2 s) just before an all_reduce the others enter.
+int run_failure(Communicator& world, bool kill) {
+  world.set_timeout(kill ? 20 : 2);
+  EXPECT_OK(world.barrier("setup"));
+  std::fflush(stdout);
+  std::fflush(stderr);
+  if (world.rank() == 1) {
+    if (kill) raise(SIGKILL);
+    sleep(60);
+  }
+  std::vector<float> x(1 << 16, 1.f);
+  Status s = world.wait(world.all_reduce(x.data(), x.size(), "doomed"));
+  std::fprintf(stderr, "tessera: %s\n", s.to_string().c_str());
+  return s.ok() ? 0 : 1;
+}
+
+}  // namespace
+}  // namespace tessera
+
+int main(int argc, char** argv) {
+  using namespace tessera;
+  auto world_or = mpi_world(&argc, &argv);
+  if (!world_or.ok()) {
+    std::fprintf(stderr, "%s\n", world_or.status().to_string().c_str());
+    return 2;
+  }
+  install_termination_reporter();
+  std::unique_ptr<Communicator> world = std::move(world_or).value();
+  g_rank = world->rank();
+  const std::string scenario = argc > 1 ? argv[1] : "";
+  if (scenario == "kill" || scenario == "stuck") return run_failure(*world, scenario == "kill");
+
+  check_collectives(*world);
+  check_split(*world);
+  auto failed = world->all_reduce_scalar(g_failures, /*max=*/false, "failures");
+  const bool pass = failed.ok() && *failed == 0;
+  if (world->rank() == 0)
+    std::printf("comm_mpi_test: %d ranks: %s\n", world->size(),
+                pass ? "all checks passed" : "FAILED");
+  world.reset();  // MPI_Finalize
+  return pass ? 0 : 1;
+}
