@@ -25,6 +25,8 @@ struct Registry {
     ops_detail::define_elementwise_ops(defs.data());
     ops_detail::define_shape_ops(defs.data());
     ops_detail::define_nn_ops(defs.data());
+    ops_detail::define_comm_ops(defs.data());
+    ops_detail::define_sharding_rules(defs.data());
     for (const OpDef& d : defs)
       TS_CHECK(d.infer != nullptr) << "op '" << d.name << "' has no definition";
   }

@@ -1,6 +1,6 @@
 // The op registry: each op is defined in exactly one place (src/ir/ops_*.cc) by an OpDef that
 // holds its shape/dtype inference, FLOP and byte counts, its VJP (in terms of other ops) and
-// the slot for the sharding rule that tensor parallelism fills. Kernels live in backend/.
+// its sharding rule along one mesh axis (ops_sharding.cc). Kernels live in backend/.
 //
 //   const OpDef& d = op_def(OpKind::matmul);
 //   d.name == "matmul";  d.num_inputs == 2;
@@ -64,7 +64,10 @@ namespace tessera {
   X(attention_grad, 6, 3)     \
   X(cross_entropy, 2, 2)      \
   X(cross_entropy_grad, 4, 1) \
-  X(cast, 1, 1)
+  X(cast, 1, 1)               \
+  X(all_reduce, 1, 1)         \
+  X(reduce_scatter, 1, 1)     \
+  X(all_gather, 1, 1)
 
 enum class OpKind : uint16_t {
 #define TS_OP_ENUM(name, in, out) name,
@@ -95,8 +98,11 @@ struct Attrs {
   double eps = 1e-5;         // layernorm, rmsnorm
   double theta = 1e4;        // rope base
   int64_t vocab = 0;         // embedding_grad: table rows
+  int64_t count = 0;  // cross_entropy(_grad): rows the mean divides by (0: the input's rows);
+                      // collectives: size of the rank group
   DType dtype = DType::f32;  // cast target; parameter/input/fill dtype
-  std::string name;          // parameter/input name
+  std::string name;          // parameter/input name; collectives: mesh axes ("dp" or
+                             // "dp_rep,dp_shard")
   Init init = Init::zeros;   // parameter
   double init_std = 0.0;     // parameter, Init::normal
 };
@@ -114,8 +120,10 @@ using CostFn = double (*)(const Attrs&, std::span<const TensorType> in,
 // (*in_grads)[j] for each differentiable input j.
 using VjpFn = void (*)(Builder& b, const Node& node, std::span<const Var> out_grads,
                        std::vector<Var>* in_grads);
-// Filled by tensor parallelism: the sharding patterns the op accepts along one mesh axis.
-using ShardingRuleFn = void (*)();
+// The shardings the op accepts along one mesh axis (ir/placement.h).
+struct ShardingRuleArgs;
+struct Placement;
+using ShardingRuleFn = bool (*)(const ShardingRuleArgs& args, std::vector<Placement>* out);
 
 struct OpDef {
   const char* name = nullptr;
@@ -145,6 +153,8 @@ namespace ops_detail {
 void define_elementwise_ops(OpDef* table);
 void define_shape_ops(OpDef* table);
 void define_nn_ops(OpDef* table);
+void define_comm_ops(OpDef* table);
+void define_sharding_rules(OpDef* table);
 }  // namespace ops_detail
 
 }  // namespace tessera

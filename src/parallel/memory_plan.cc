@@ -7,6 +7,10 @@ namespace tessera {
 
 namespace {
 int64_t align_up(int64_t x, int64_t a) { return (x + a - 1) / a * a; }
+
+bool is_collective(OpKind op) {
+  return op == OpKind::all_reduce || op == OpKind::reduce_scatter || op == OpKind::all_gather;
+}
 }  // namespace
 
 MemoryPlan plan_memory(const Graph& g, int64_t alignment) {
@@ -25,6 +29,26 @@ MemoryPlan plan_memory(const Graph& g, int64_t alignment) {
       plan.buffers[static_cast<size_t>(v)].last =
           std::max(plan.buffers[static_cast<size_t>(v)].last, i);
   for (ValueId v : g.outputs()) plan.buffers[static_cast<size_t>(v)].last = num_nodes;
+
+  // Collectives run asynchronously on the comm stream and are waited for just before the
+  // first reader of their output: their input stays live until then. A reduce-scatter reads
+  // and an all-gather writes the flattened tensor padded to count * block elements.
+  for (int i = 0; i < num_nodes; ++i) {
+    const Node& n = g.nodes()[static_cast<size_t>(i)];
+    if (!is_collective(n.op)) continue;
+    BufferPlan& in = plan.buffers[static_cast<size_t>(n.inputs[0])];
+    BufferPlan& out = plan.buffers[static_cast<size_t>(n.outputs[0])];
+    int wait = num_nodes;
+    for (int j = i + 1; j < num_nodes && wait == num_nodes; ++j)
+      for (ValueId v : g.nodes()[static_cast<size_t>(j)].inputs)
+        if (v == n.outputs[0]) wait = j;
+    in.last = std::max(in.last, wait);
+    const int64_t elem = dtype_size(g.type(n.inputs[0]).dtype);
+    if (n.op == OpKind::reduce_scatter)
+      in.bytes = std::max(in.bytes, g.type(n.outputs[0]).shape.numel() * n.attrs.count * elem);
+    if (n.op == OpKind::all_gather)
+      out.bytes = std::max(out.bytes, g.type(n.inputs[0]).shape.numel() * n.attrs.count * elem);
+  }
 
   std::vector<ValueId> order;
   for (ValueId v = 0; v < static_cast<ValueId>(g.values().size()); ++v) {

@@ -29,19 +29,35 @@ Executor::Executor(const Graph& g, Backend& backend) : g_(g), backend_(backend) 
   arena_.reset(new uint8_t[static_cast<size_t>(std::max<int64_t>(plan_.arena_bytes, 64))]);
 }
 
-void Executor::init_params(uint64_t seed) {
+void for_each_initial_param(const Graph& g, uint64_t seed,
+                            const std::function<void(size_t, ValueId, std::vector<float>&)>& fn) {
   std::mt19937_64 rng(seed);
-  for (ValueId p : g_.params()) {
-    const Node& n = g_.producer(p);
-    int64_t count = g_.type(p).shape.numel();
-    std::vector<float> v(static_cast<size_t>(count), 0.0f);
+  std::vector<float> v;
+  for (size_t i = 0; i < g.params().size(); ++i) {
+    const ValueId p = g.params()[i];
+    const Node& n = g.producer(p);
+    v.assign(static_cast<size_t>(g.type(p).shape.numel()), 0.0f);
     if (n.attrs.init == Init::ones) std::fill(v.begin(), v.end(), 1.0f);
     if (n.attrs.init == Init::normal) {
       std::normal_distribution<float> dist(0.0f, static_cast<float>(n.attrs.init_std));
       for (float& x : v) x = dist(rng);
     }
-    convert_elements(v.data(), DType::f32, raw(p), g_.type(p).dtype, count);
+    fn(i, p, v);
   }
+}
+
+void Executor::init_params(uint64_t seed) {
+  for_each_initial_param(g_, seed, [&](size_t, ValueId p, std::vector<float>& v) {
+    convert_elements(v.data(), DType::f32, raw(p), g_.type(p).dtype, g_.type(p).shape.numel());
+  });
+}
+
+void Executor::run_node(const Node& n) {
+  std::vector<const void*> in;
+  std::vector<void*> out;
+  for (ValueId v : n.inputs) in.push_back(raw(v));
+  for (ValueId v : n.outputs) out.push_back(raw(v));
+  backend_.run(g_, n, in, out);
 }
 
 void Executor::set_input(const std::string& name, const void* data) {

@@ -12,6 +12,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <random>
 #include <string>
@@ -21,6 +22,12 @@
 #include "parallel/memory_plan.h"
 
 namespace tessera {
+
+// Calls fn(i, p, values) for each parameter p = g.params()[i] with its initial values (f32),
+// drawn from one generator seeded with `seed` in parameter order. Every plan initializes
+// from these global values, so any number of ranks starts from the same model.
+void for_each_initial_param(const Graph& g, uint64_t seed,
+                            const std::function<void(size_t, ValueId, std::vector<float>&)>& fn);
 
 class Executor {
  public:
@@ -37,6 +44,8 @@ class Executor {
   void set_input(const std::string& name, const void* data);
   // Runs every node in order.
   void run();
+  // Runs one node on the backend (the ProgramExecutor drives nodes one by one).
+  void run_node(const Node& n);
 
   // Storage of any value: persistent for parameters, the arena slot otherwise (valid until the
   // next run overwrites it).

@@ -15,7 +15,16 @@ AdamW::AdamW(std::vector<ParamSlot> params, AdamWConfig cfg)
 
 // Sums of squares over fixed chunks added in order: the result does not depend on the thread
 // count or schedule, so runs (and resumed runs) are bitwise reproducible.
-double AdamW::grad_norm() const {
+double AdamW::grad_norm() const { return std::sqrt(grad_sq_sum()); }
+
+void AdamW::scale_grads(float c) {
+  for (const ParamSlot& p : params_) {
+#pragma omp parallel for if (p.size > 65536)
+    for (int64_t i = 0; i < p.size; ++i) p.grad[i] *= c;
+  }
+}
+
+double AdamW::grad_sq_sum() const {
   constexpr int64_t kChunk = 1 << 15;
   double total = 0;
   for (const ParamSlot& p : params_) {
@@ -30,19 +39,13 @@ double AdamW::grad_norm() const {
     }
     for (double s : partial) total += s;
   }
-  return std::sqrt(total);
+  return total;
 }
 
 double AdamW::clip_grad_norm(double max_norm) {
   double norm = grad_norm();
   double coef = max_norm / (norm + 1e-6);
-  if (coef < 1.0) {
-    float c = static_cast<float>(coef);
-    for (const ParamSlot& p : params_) {
-#pragma omp parallel for if (p.size > 65536)
-      for (int64_t i = 0; i < p.size; ++i) p.grad[i] *= c;
-    }
-  }
+  if (coef < 1.0) scale_grads(static_cast<float>(coef));
   return norm;
 }
 

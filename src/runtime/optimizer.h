@@ -37,6 +37,10 @@ class AdamW {
   // max_norm / (norm + 1e-6), as torch); returns the norm before clipping.
   double clip_grad_norm(double max_norm);
   double grad_norm() const;
+  // Sum of squared gradients over the slots, in a fixed order (sharded runs add the sums of
+  // all ranks before taking the root), and scaling every gradient by c.
+  double grad_sq_sum() const;
+  void scale_grads(float c);
   void step(double lr);
 
   int64_t steps() const { return t_; }

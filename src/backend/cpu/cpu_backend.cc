@@ -118,6 +118,11 @@ void dispatch(OpKind op, const cpu::Args& a) {
     case OpKind::cast:
       TS_CHECK(false) << "cast is handled by the dispatcher";
       return;
+    case OpKind::all_reduce:
+    case OpKind::reduce_scatter:
+    case OpKind::all_gather:
+      TS_CHECK(false) << op_name(op) << " runs on a Communicator (runtime/program_executor.h)";
+      return;
   }
 }
 
@@ -135,7 +140,9 @@ void convert_elements(const void* src, DType from, void* dst, DType to, int64_t 
   for (int64_t i = 0; i < n; ++i) store(dst, to, i, load(src, from, i));
 }
 
-bool CpuBackend::supports(OpKind) const { return true; }
+bool CpuBackend::supports(OpKind op) const {
+  return op != OpKind::all_reduce && op != OpKind::reduce_scatter && op != OpKind::all_gather;
+}
 
 void CpuBackend::run(const Graph& g, const Node& node, std::span<const void* const> inputs,
                      std::span<void* const> outputs) {

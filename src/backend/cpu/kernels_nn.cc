@@ -248,7 +248,9 @@ void cross_entropy(const Args& a) {
   }
   double total = 0;  // summed in row order: reproducible whatever the thread count
   for (int64_t i = 0; i < n; ++i) total += static_cast<double>(lse[i]) - logits[i * v + tgt[i]];
-  loss[0] = static_cast<float>(total / static_cast<double>(n));
+  // attrs.count: the global row count when the rows are split across ranks.
+  const int64_t rows = a.attrs.count > 0 ? a.attrs.count : n;
+  loss[0] = static_cast<float>(total / static_cast<double>(rows));
 }
 
 void cross_entropy_grad(const Args& a) {
@@ -256,7 +258,8 @@ void cross_entropy_grad(const Args& a) {
   const int32_t* tgt = a.iin(1);
   float* dl = a.fout(0);
   int64_t n = a.in_shape(0)[0], v = a.in_shape(0)[1];
-  float scale = dloss[0] / static_cast<float>(n);
+  const int64_t rows = a.attrs.count > 0 ? a.attrs.count : n;
+  float scale = dloss[0] / static_cast<float>(rows);
 #pragma omp parallel for schedule(static)
   for (int64_t i = 0; i < n; ++i) {
     const float* row = logits + i * v;

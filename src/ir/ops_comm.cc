@@ -1,0 +1,77 @@
+// Collective ops, inserted by the partition pass (parallel/partition.h), never by model code.
+// They run on a Communicator (comm/), not on a Backend; attrs.name names the mesh axes of the
+// rank group ("dp", or "dp_rep,dp_shard" for a group spanning both) and attrs.count its size.
+//
+//   all_reduce(x)       sums x over the group; same shape.
+//   reduce_scatter(x)   sums x over the group and keeps this rank's block of the flattened,
+//                       zero-padded sum: [ceil(numel / count)].
+//   all_gather(x)       x is one rank's block [c] of a flattened tensor; returns the whole
+//                       tensor, of shape attrs.ints (the first numel of count * c elements).
+#include "ir/ops_common.h"
+
+namespace tessera::ops_detail {
+
+namespace {
+
+Status need_group(const Attrs& a) {
+  if (a.count < 1 || a.name.empty())
+    return error("collective needs a rank group: attrs.name (mesh axes) and attrs.count >= 1");
+  return Status();
+}
+
+Status infer_all_reduce(const Attrs& a, std::span<const TensorType> in,
+                        std::vector<TensorType>* out) {
+  TS_RETURN_IF_ERROR(need_group(a));
+  TS_RETURN_IF_ERROR(need_float(in[0], "all_reduce operand"));
+  out->push_back(in[0]);
+  return Status();
+}
+
+Status infer_reduce_scatter(const Attrs& a, std::span<const TensorType> in,
+                            std::vector<TensorType>* out) {
+  TS_RETURN_IF_ERROR(need_group(a));
+  TS_RETURN_IF_ERROR(need_float(in[0], "reduce_scatter operand"));
+  int64_t n = in[0].shape.numel();
+  out->push_back({Shape{(n + a.count - 1) / a.count}, in[0].dtype});
+  return Status();
+}
+
+Status infer_all_gather(const Attrs& a, std::span<const TensorType> in,
+                        std::vector<TensorType>* out) {
+  TS_RETURN_IF_ERROR(need_group(a));
+  TS_RETURN_IF_ERROR(need_float(in[0], "all_gather operand"));
+  Shape s(a.ints);
+  if (in[0].shape.rank() != 1 || in[0].shape[0] * a.count < s.numel())
+    return error("all_gather of " + in[0].to_string() + " over " + std::to_string(a.count) +
+                 " ranks cannot hold " + s.to_string());
+  out->push_back({s, in[0].dtype});
+  return Status();
+}
+
+// Bytes moved over the network by one rank (ring algorithms).
+double bytes_all_reduce(const Attrs& a, std::span<const TensorType> in,
+                        std::span<const TensorType>) {
+  return 2.0 * static_cast<double>(a.count - 1) / static_cast<double>(a.count) *
+         static_cast<double>(in[0].bytes());
+}
+double bytes_reduce_scatter(const Attrs& a, std::span<const TensorType>,
+                            std::span<const TensorType> out) {
+  return static_cast<double>(a.count - 1) * static_cast<double>(out[0].bytes());
+}
+double bytes_all_gather(const Attrs& a, std::span<const TensorType> in,
+                        std::span<const TensorType>) {
+  return static_cast<double>(a.count - 1) * static_cast<double>(in[0].bytes());
+}
+
+}  // namespace
+
+void define_comm_ops(OpDef* t) {
+  def(t, OpKind::all_reduce).infer = infer_all_reduce;
+  def(t, OpKind::all_reduce).bytes = bytes_all_reduce;
+  def(t, OpKind::reduce_scatter).infer = infer_reduce_scatter;
+  def(t, OpKind::reduce_scatter).bytes = bytes_reduce_scatter;
+  def(t, OpKind::all_gather).infer = infer_all_gather;
+  def(t, OpKind::all_gather).bytes = bytes_all_gather;
+}
+
+}  // namespace tessera::ops_detail

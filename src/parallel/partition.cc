@@ -1,0 +1,421 @@
+#include "parallel/partition.h"
+
+#include <algorithm>
+#include <deque>
+
+#include "base/check.h"
+
+namespace tessera {
+
+namespace {
+
+using Placements = std::vector<Placement>;  // one per mesh axis
+
+std::string join(const std::vector<std::string>& v) {
+  std::string s;
+  for (const std::string& x : v) s += (s.empty() ? "" : ",") + x;
+  return s;
+}
+
+class Pass {
+ public:
+  Pass(const Graph& g, const Plan& plan) : g_(g), plan_(plan) {
+    for (const MeshAxis& a : plan.mesh.axes()) sizes_.push_back(a.size);
+    out_.global_to_local.assign(g.values().size(), -1);
+    gpl_.assign(g.values().size(), Placements(sizes_.size(), Placement::replicate()));
+  }
+
+  Result<Partitioned> run();
+
+ private:
+  Status visit(NodeId id);
+  Result<ValueId> emit(OpKind op, Attrs attrs, std::vector<ValueId> ins, const Node& like,
+                       const std::vector<Placements>& out_pl, const std::vector<Shape>& expect);
+  Shape local_shape(const Shape& global, const Placements& pl, const std::string& what) const;
+  Result<ValueId> to_replicate(ValueId local, const Shape& global, int axis, const Node& like);
+  Status issue_gathers(NodeId upto);
+  Result<ValueId> issue_gather(size_t param, bool backward, const Node& like);
+  Status flush_bucket();
+  bool is_zero_fill(ValueId local) const;
+
+  const Graph& g_;
+  const Plan& plan_;
+  Partitioned out_;
+  std::vector<int> sizes_;
+  std::vector<Placements> gpl_;  // placement of each global value
+
+  // ZeRO-3 gathers: (first use node, param index, backward), in issue order.
+  struct Use {
+    NodeId node;
+    size_t param;
+    bool backward;
+  };
+  std::vector<Use> uses_;
+  size_t next_use_ = 0;
+  std::deque<std::pair<NodeId, int64_t>> in_flight_;  // (first use, bytes)
+  std::map<std::pair<size_t, bool>, ValueId> gathered_;
+  std::map<ValueId, size_t> param_index_;  // global param -> index in out_.params
+
+  std::map<ValueId, size_t> grad_of_;  // global grad value -> param index
+  std::vector<size_t> pending_;        // params whose gradient waits in the open bucket
+  int64_t pending_bytes_ = 0;
+};
+
+Shape Pass::local_shape(const Shape& global, const Placements& pl, const std::string& what) const {
+  std::vector<int64_t> d(global.dims().begin(), global.dims().end());
+  for (size_t k = 0; k < pl.size(); ++k) {
+    if (!pl[k].is_shard()) continue;
+    int64_t& dim = d[static_cast<size_t>(pl[k].dim)];
+    TS_CHECK_EQ(dim % sizes_[k], 0) << what << ": dim " << pl[k].dim << " of " << global.to_string()
+                                    << " does not split over mesh axis '"
+                                    << plan_.mesh.axes()[k].name << "' of size " << sizes_[k];
+    dim /= sizes_[k];
+  }
+  return Shape(std::move(d));
+}
+
+Result<ValueId> Pass::emit(OpKind op, Attrs attrs, std::vector<ValueId> ins, const Node& like,
+                           const std::vector<Placements>& out_pl,
+                           const std::vector<Shape>& expect) {
+  Result<NodeId> id = out_.local.add_node(op, std::move(attrs), std::move(ins), like.scope,
+                                          like.layer, like.backward);
+  if (!id.ok()) return id.status().with_context("partition: " + std::string(op_name(op)));
+  const Node& n = out_.local.node(id.value());
+  out_.placements.resize(out_.local.values().size());
+  for (size_t i = 0; i < n.outputs.size(); ++i) {
+    out_.placements[static_cast<size_t>(n.outputs[i])] = out_pl[i];
+    if (i < expect.size() && out_.local.type(n.outputs[i]).shape != expect[i])
+      return error("partition: " + std::string(op_name(op)) + " at '" + like.scope +
+                   "' has local shape " + out_.local.type(n.outputs[i]).shape.to_string() +
+                   ", expected " + expect[i].to_string());
+  }
+  return n.outputs.empty() ? ValueId{-1} : n.outputs[0];
+}
+
+bool Pass::is_zero_fill(ValueId local) const {
+  const Node& p = out_.local.producer(local);
+  return p.op == OpKind::fill && p.attrs.scalar == 0.0;
+}
+
+Result<ValueId> Pass::to_replicate(ValueId local, const Shape& global, int axis, const Node& like) {
+  const Placement p = out_.placements[static_cast<size_t>(local)][static_cast<size_t>(axis)];
+  Placements pl = out_.placements[static_cast<size_t>(local)];
+  pl[static_cast<size_t>(axis)] = Placement::replicate();
+  Attrs a;
+  a.name = plan_.mesh.axes()[static_cast<size_t>(axis)].name;
+  a.count = sizes_[static_cast<size_t>(axis)];
+  out_.fallbacks.push_back(like.scope + " " + op_name(like.op) + ": " + p.to_string() +
+                           " -> R on " + a.name);
+  if (p.is_partial())
+    return emit(OpKind::all_reduce, a, {local}, like, {pl}, {out_.local.type(local).shape});
+  // Only a dim-0 split is a flat block; other dims would need a strided gather.
+  if (!p.is_shard(0) || out_.local.type(local).shape.numel() * a.count !=
+                            local_shape(global, pl, like.scope).numel())
+    return error("partition: '" + like.scope + "' " + op_name(like.op) + " needs an input " +
+                 p.to_string() + " on axis " + a.name + " gathered, which is not supported");
+  Shape whole = local_shape(global, pl, like.scope);
+  a.ints = std::vector<int64_t>(whole.dims().begin(), whole.dims().end());
+  Attrs r;
+  r.ints = {out_.local.type(local).shape.numel()};
+  TS_ASSIGN_OR_RETURN(ValueId flat, emit(OpKind::reshape, r, {local}, like,
+                                         {out_.placements[static_cast<size_t>(local)]}, {}));
+  return emit(OpKind::all_gather, a, {flat}, like, {pl}, {whole});
+}
+
+Result<ValueId> Pass::issue_gather(size_t param, bool backward, const Node& like) {
+  const ParamLayout& pl = out_.params[param];
+  Attrs a;
+  a.name = join(plan_.zero_axes);
+  a.count = plan_.zero_group();
+  a.ints = std::vector<int64_t>(pl.global_shape.dims().begin(), pl.global_shape.dims().end());
+  Node at = like;
+  at.backward = backward;
+  TS_ASSIGN_OR_RETURN(ValueId v,
+                      emit(OpKind::all_gather, a, {pl.local}, at,
+                           {Placements(sizes_.size(), Placement::replicate())}, {pl.global_shape}));
+  gathered_[{param, backward}] = v;
+  in_flight_.emplace_back(-1, pl.global_shape.numel() * 4);
+  return v;
+}
+
+// Issues the ZeRO-3 gathers needed by node `upto`, and those after it that fit under the
+// prefetch limit of gathered bytes whose first use is still ahead.
+Status Pass::issue_gathers(NodeId upto) {
+  while (!in_flight_.empty() && in_flight_.front().first < upto && in_flight_.front().first >= 0)
+    in_flight_.pop_front();
+  int64_t bytes = 0;
+  for (auto& [use, b] : in_flight_) bytes += b;
+  while (next_use_ < uses_.size()) {
+    const Use& u = uses_[next_use_];
+    int64_t b = out_.params[u.param].global_shape.numel() * 4;
+    if (u.node != upto && bytes + b > plan_.prefetch_bytes) break;
+    TS_RETURN_IF_ERROR(issue_gather(u.param, u.backward, g_.node(u.node)).status());
+    in_flight_.back().first = u.node;
+    bytes += b;
+    ++next_use_;
+  }
+  return Status();
+}
+
+Status Pass::flush_bucket() {
+  if (pending_.empty()) return Status();
+  std::vector<NodeId> bucket;
+  for (size_t pi : pending_) {
+    ParamLayout& pl = out_.params[pi];
+    ValueId gv = g_.param_grads().at(pl.global);
+    ValueId v = out_.global_to_local[static_cast<size_t>(gv)];
+    Placements cur = out_.placements[static_cast<size_t>(v)];
+    const Node& like = g_.producer(gv);
+    std::vector<std::string> partial_axes;
+    for (size_t k = 0; k < cur.size(); ++k) {
+      if (cur[k].is_shard())
+        return error("partition: gradient of " + pl.name + " is sharded on " +
+                     plan_.mesh.axes()[k].name + "; expected Partial or Replicate");
+      if (cur[k].is_partial()) partial_axes.push_back(plan_.mesh.axes()[k].name);
+    }
+    std::vector<std::string> rest = partial_axes;
+    Placements done(cur.size(), Placement::replicate());
+    if (pl.grads_sharded) {
+      for (const std::string& z : plan_.zero_axes) {
+        auto it = std::find(rest.begin(), rest.end(), z);
+        if (it == rest.end())
+          return error("partition: gradient of " + pl.name + " is not Partial on ZeRO axis " + z,
+                       "ZeRO-2/3 needs every parameter to be used on every rank");
+        rest.erase(it);
+        done[static_cast<size_t>(plan_.mesh.axis_index(z))] = Placement::shard(0);
+      }
+      Attrs a;
+      a.name = join(plan_.zero_axes);
+      a.count = plan_.zero_group();
+      FlatShard fs{static_cast<int>(a.count), 0, pl.global_shape.numel()};
+      Placements mid = cur;
+      for (const std::string& z : plan_.zero_axes)
+        mid[static_cast<size_t>(plan_.mesh.axis_index(z))] = Placement::shard(0);
+      TS_ASSIGN_OR_RETURN(v, emit(OpKind::reduce_scatter, a, {v}, like, {mid}, {Shape{fs.block()}}));
+      bucket.push_back(out_.local.value(v).producer);
+    }
+    if (!rest.empty()) {
+      Attrs a;
+      a.name = join(rest);
+      a.count = plan_.mesh.group_size(rest);
+      TS_ASSIGN_OR_RETURN(v, emit(OpKind::all_reduce, a, {v}, like, {done},
+                                  {out_.local.type(v).shape}));
+      bucket.push_back(out_.local.value(v).producer);
+    }
+    pl.local_grad = v;
+    out_.local.mark_output(v);
+  }
+  if (!bucket.empty()) out_.buckets.push_back(std::move(bucket));
+  pending_.clear();
+  pending_bytes_ = 0;
+  return Status();
+}
+
+Status Pass::visit(NodeId id) {
+  const Node& n = g_.node(id);
+  const size_t naxes = sizes_.size();
+  if (n.op == OpKind::parameter) {
+    const ValueId gv = n.outputs[0];
+    ParamLayout pl;
+    pl.name = n.attrs.name;
+    pl.global = gv;
+    pl.global_shape = g_.type(gv).shape;
+    pl.optim_sharded = plan_.shards_optimizer();
+    pl.grads_sharded = plan_.shards_grads();
+    pl.params_sharded = plan_.shards_params();
+    FlatShard fs{plan_.zero_group(), 0, pl.global_shape.numel()};
+    Shape s = pl.params_sharded ? Shape{fs.block()} : pl.global_shape;
+    Attrs a = n.attrs;
+    a.ints = std::vector<int64_t>(s.dims().begin(), s.dims().end());
+    TS_ASSIGN_OR_RETURN(pl.local, emit(OpKind::parameter, a, {}, n,
+                                       {Placements(naxes, Placement::replicate())}, {s}));
+    out_.global_to_local[static_cast<size_t>(gv)] = pl.local;
+    param_index_[gv] = out_.params.size();
+    out_.params.push_back(pl);
+    return Status();
+  }
+  if (n.op == OpKind::input) {
+    Placements pl(naxes, Placement::replicate());
+    for (const std::string& a : plan_.data_axes)
+      pl[static_cast<size_t>(plan_.mesh.axis_index(a))] = Placement::shard(0);
+    const Shape& gs = g_.type(n.outputs[0]).shape;
+    if (gs.rank() == 0 || gs[0] % plan_.data_group() != 0)
+      return error("partition: input '" + n.attrs.name + "' " + gs.to_string() +
+                       ": the batch does not split over " + std::to_string(plan_.data_group()) +
+                       " data-parallel ranks",
+                   "use a global batch that is a multiple of the data-parallel size");
+    Attrs a = n.attrs;
+    Shape ls = local_shape(gs, pl, n.attrs.name);
+    a.ints = std::vector<int64_t>(ls.dims().begin(), ls.dims().end());
+    TS_ASSIGN_OR_RETURN(ValueId v, emit(OpKind::input, a, {}, n, {pl}, {ls}));
+    out_.global_to_local[static_cast<size_t>(n.outputs[0])] = v;
+    gpl_[static_cast<size_t>(n.outputs[0])] = pl;
+    return Status();
+  }
+
+  TS_RETURN_IF_ERROR(issue_gathers(id));
+  std::vector<ValueId> ins;
+  std::vector<TensorType> in_types, out_types;
+  for (ValueId v : n.inputs) {
+    ValueId lv = out_.global_to_local[static_cast<size_t>(v)];
+    auto pi = param_index_.find(v);
+    if (pi != param_index_.end() && out_.params[pi->second].params_sharded)
+      lv = gathered_.at({pi->second, n.backward});
+    ins.push_back(lv);
+    in_types.push_back(g_.type(v));
+  }
+  for (ValueId v : n.outputs) out_types.push_back(g_.type(v));
+
+  const OpDef& def = op_def(n.op);
+  std::vector<Placements> out_pl(n.outputs.size(), Placements(naxes, Placement::replicate()));
+  std::vector<bool> local_fill(ins.size(), false);
+  for (size_t k = 0; k < naxes; ++k) {
+    Placements pk;
+    for (ValueId lv : ins) pk.push_back(out_.placements[static_cast<size_t>(lv)][k]);
+    bool all_r = std::all_of(pk.begin(), pk.end(), [](const Placement& p) { return p.is_replicate(); });
+    if (all_r) continue;
+    std::vector<Placement> res;
+    auto try_rule = [&](const Placements& p) {
+      return def.sharding && def.sharding(ShardingRuleArgs{n.attrs, in_types, out_types, p}, &res);
+    };
+    if (try_rule(pk)) {
+      for (size_t i = 0; i < res.size(); ++i) out_pl[i][k] = res[i];
+      continue;
+    }
+    // A zero fill is any placement for free; a fill is any Shard by filling the local shape.
+    Placement target = *std::find_if(pk.begin(), pk.end(),
+                                     [](const Placement& p) { return !p.is_replicate(); });
+    Placements relabeled = pk;
+    bool changed = false;
+    for (size_t i = 0; i < ins.size(); ++i) {
+      const Node& prod = out_.local.producer(ins[i]);
+      if (!pk[i].is_replicate() || prod.op != OpKind::fill) continue;
+      if (target.is_partial() && !is_zero_fill(ins[i])) continue;
+      if (target.is_shard() && target.dim >= in_types[i].shape.rank()) continue;
+      relabeled[i] = target;
+      changed = true;
+    }
+    if (changed && try_rule(relabeled)) {
+      for (size_t i = 0; i < ins.size(); ++i) {
+        if (relabeled[i] == pk[i]) continue;
+        // Give the fill its own copy of placements (the original value may be used elsewhere).
+        local_fill[i] = true;
+        pk[i] = relabeled[i];
+      }
+      for (size_t i = 0; i < res.size(); ++i) out_pl[i][k] = res[i];
+      // Record per-input placement changes for this axis in a side table.
+      for (size_t i = 0; i < ins.size(); ++i)
+        if (local_fill[i] && !(relabeled[i] == out_.placements[static_cast<size_t>(ins[i])][k])) {
+          Placements p = out_.placements[static_cast<size_t>(ins[i])];
+          p[k] = relabeled[i];
+          const Node prod = out_.local.producer(ins[i]);
+          Attrs fa = prod.attrs;
+          Shape ls = local_shape(g_.type(n.inputs[i]).shape, p, n.scope);
+          fa.ints = std::vector<int64_t>(ls.dims().begin(), ls.dims().end());
+          TS_ASSIGN_OR_RETURN(ins[i], emit(OpKind::fill, fa, {}, n, {p}, {ls}));
+        }
+      continue;
+    }
+    // Fallback: replicate every non-replicated input on this axis.
+    for (size_t i = 0; i < ins.size(); ++i) {
+      if (pk[i].is_replicate()) continue;
+      TS_ASSIGN_OR_RETURN(ins[i], to_replicate(ins[i], in_types[i].shape, static_cast<int>(k), n));
+    }
+  }
+
+  // Localize attributes that hold global shapes or counts.
+  Attrs a = n.attrs;
+  std::vector<Shape> expect;
+  for (size_t i = 0; i < n.outputs.size(); ++i)
+    expect.push_back(local_shape(out_types[i].shape, out_pl[i], n.scope));
+  switch (n.op) {
+    case OpKind::reshape:
+    case OpKind::broadcast_to:
+    case OpKind::sum_to:
+    case OpKind::fill:
+      a.ints = std::vector<int64_t>(expect[0].dims().begin(), expect[0].dims().end());
+      break;
+    case OpKind::cross_entropy:
+    case OpKind::cross_entropy_grad:
+      if (a.count == 0) a.count = in_types[0].shape[0];
+      break;
+    default:
+      break;
+  }
+  TS_ASSIGN_OR_RETURN(ValueId first, emit(n.op, a, ins, n, out_pl, expect));
+  const Node& ln = out_.local.producer(first);
+  for (size_t i = 0; i < n.outputs.size(); ++i) {
+    out_.global_to_local[static_cast<size_t>(n.outputs[i])] = ln.outputs[i];
+    auto gi = grad_of_.find(n.outputs[i]);
+    if (gi != grad_of_.end()) {
+      pending_.push_back(gi->second);
+      pending_bytes_ += out_types[i].bytes();
+    }
+  }
+  if (pending_bytes_ >= plan_.bucket_bytes) TS_RETURN_IF_ERROR(flush_bucket());
+  return Status();
+}
+
+Result<Partitioned> Pass::run() {
+  TS_RETURN_IF_ERROR(validate(plan_));
+  if (g_.param_grads().empty() || g_.loss() < 0)
+    return error("partition: the graph has no loss and gradients",
+                 "build the model in ModelMode::train");
+  for (const auto& [param, grad] : g_.param_grads()) {
+    size_t idx = 0;
+    for (ValueId p : g_.params()) {
+      if (p == param) break;
+      ++idx;
+    }
+    grad_of_[grad] = idx;
+  }
+  if (plan_.shards_params()) {
+    std::map<std::pair<ValueId, bool>, bool> seen;
+    size_t pi = 0;
+    std::map<ValueId, size_t> idx;
+    for (ValueId p : g_.params()) idx[p] = pi++;
+    for (NodeId i = 0; i < static_cast<NodeId>(g_.nodes().size()); ++i) {
+      const Node& n = g_.node(i);
+      for (ValueId v : n.inputs) {
+        auto it = idx.find(v);
+        if (it == idx.end() || seen[{v, n.backward}]) continue;
+        seen[{v, n.backward}] = true;
+        uses_.push_back({i, it->second, n.backward});
+      }
+    }
+  }
+  // Parameters first: ZeRO-3 gathers may be issued ahead of a parameter's node.
+  for (NodeId i = 0; i < static_cast<NodeId>(g_.nodes().size()); ++i)
+    if (g_.node(i).op == OpKind::parameter) TS_RETURN_IF_ERROR(visit(i));
+  for (NodeId i = 0; i < static_cast<NodeId>(g_.nodes().size()); ++i)
+    if (g_.node(i).op != OpKind::parameter) TS_RETURN_IF_ERROR(visit(i));
+  TS_RETURN_IF_ERROR(flush_bucket());
+
+  // The loss comes out Partial on the data axes: all-reduce it (one scalar).
+  ValueId loss = out_.global_to_local[static_cast<size_t>(g_.loss())];
+  std::vector<std::string> partial_axes;
+  for (size_t k = 0; k < sizes_.size(); ++k)
+    if (out_.placements[static_cast<size_t>(loss)][k].is_partial())
+      partial_axes.push_back(plan_.mesh.axes()[k].name);
+  if (!partial_axes.empty()) {
+    Attrs a;
+    a.name = join(partial_axes);
+    a.count = plan_.mesh.group_size(partial_axes);
+    TS_ASSIGN_OR_RETURN(loss, emit(OpKind::all_reduce, a, {loss}, g_.producer(g_.loss()),
+                                   {Placements(sizes_.size(), Placement::replicate())}, {Shape{}}));
+  }
+  out_.loss = loss;
+  out_.local.set_loss(loss);
+  out_.local.mark_output(loss);
+  for (ValueId v : g_.outputs()) {
+    if (v == g_.loss() || grad_of_.count(v)) continue;
+    out_.local.mark_output(out_.global_to_local[static_cast<size_t>(v)]);
+  }
+  return std::move(out_);
+}
+
+}  // namespace
+
+Result<Partitioned> partition(const Graph& g, const Plan& plan) { return Pass(g, plan).run(); }
+
+}  // namespace tessera

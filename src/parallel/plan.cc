@@ -1,0 +1,185 @@
+#include "parallel/plan.h"
+
+#include <fstream>
+#include <nlohmann/json.hpp>
+#include <set>
+
+namespace tessera {
+
+int Mesh::size() const {
+  int n = 1;
+  for (const MeshAxis& a : axes_) n *= a.size;
+  return n;
+}
+
+int Mesh::axis_index(const std::string& name) const {
+  for (size_t i = 0; i < axes_.size(); ++i)
+    if (axes_[i].name == name) return static_cast<int>(i);
+  return -1;
+}
+
+int Mesh::axis_size(const std::string& name) const {
+  int i = axis_index(name);
+  return i < 0 ? 1 : axes_[static_cast<size_t>(i)].size;
+}
+
+std::vector<int> Mesh::coords(int rank) const {
+  std::vector<int> c(axes_.size());
+  for (size_t i = axes_.size(); i-- > 0;) {
+    c[i] = rank % axes_[i].size;
+    rank /= axes_[i].size;
+  }
+  return c;
+}
+
+int Mesh::rank_of(const std::vector<int>& c) const {
+  int r = 0;
+  for (size_t i = 0; i < axes_.size(); ++i) r = r * axes_[i].size + c[i];
+  return r;
+}
+
+int Mesh::group_index(int rank, const std::vector<std::string>& names) const {
+  std::vector<int> c = coords(rank);
+  int idx = 0;
+  for (size_t i = 0; i < axes_.size(); ++i)
+    for (const std::string& n : names)
+      if (n == axes_[i].name) idx = idx * axes_[i].size + c[i];
+  return idx;
+}
+
+int Mesh::group_size(const std::vector<std::string>& names) const {
+  int n = 1;
+  for (const std::string& a : names) n *= axis_size(a);
+  return n;
+}
+
+int Mesh::group_color(int rank, const std::vector<std::string>& names) const {
+  std::vector<int> c = coords(rank);
+  for (size_t i = 0; i < axes_.size(); ++i)
+    for (const std::string& n : names)
+      if (n == axes_[i].name) c[i] = 0;
+  return rank_of(c);
+}
+
+std::string Mesh::to_string() const {
+  std::string s = "{";
+  for (size_t i = 0; i < axes_.size(); ++i)
+    s += (i ? ", " : "") + axes_[i].name + ": " + std::to_string(axes_[i].size);
+  return s + "}";
+}
+
+Plan Plan::data_parallel(int n, int zero) {
+  Plan p;
+  p.mesh = Mesh({{"dp", n}});
+  p.zero = zero;
+  return p;
+}
+
+Plan Plan::hybrid_sharded(int replicas, int shards) {
+  Plan p;
+  p.mesh = Mesh({{"dp_rep", replicas}, {"dp_shard", shards}});
+  p.data_axes = {"dp_rep", "dp_shard"};
+  p.zero_axes = {"dp_shard"};
+  p.zero = 3;
+  return p;
+}
+
+std::string Plan::describe() const {
+  std::string s;
+  for (size_t i = 0; i < mesh.axes().size(); ++i)
+    s += (i ? " x " : "") + mesh.axes()[i].name + "=" + std::to_string(mesh.axes()[i].size);
+  s += " zero=" + std::to_string(zero);
+  if (zero >= 1 && zero_group() < data_group() && zero_group() > 1) s += " (HSDP)";
+  if (micro_batches > 1) s += " micro_batches=" + std::to_string(micro_batches);
+  return s;
+}
+
+Status validate(const Plan& p, int world) {
+  if (p.mesh.axes().empty()) return error("plan: the mesh has no axes", "use {\"dp\": N}");
+  std::set<std::string> names;
+  for (const MeshAxis& a : p.mesh.axes()) {
+    if (a.name.empty() || !names.insert(a.name).second)
+      return error("plan: mesh axis names must be unique and non-empty, got '" + a.name + "'");
+    if (a.size < 1) return error("plan: mesh axis '" + a.name + "' has size " +
+                                 std::to_string(a.size) + "; sizes must be >= 1");
+  }
+  for (const std::string& a : p.data_axes)
+    if (!names.count(a)) return error("plan: data axis '" + a + "' is not a mesh axis");
+  for (const std::string& a : p.zero_axes) {
+    if (!names.count(a)) return error("plan: zero axis '" + a + "' is not a mesh axis");
+    if (std::find(p.data_axes.begin(), p.data_axes.end(), a) == p.data_axes.end())
+      return error("plan: zero axis '" + a + "' must also be a data axis");
+  }
+  if (p.data_axes.size() != p.mesh.axes().size())
+    return error("plan: every mesh axis must be a data axis for now",
+                 "tensor and pipeline axes are not implemented yet");
+  if (p.zero < 0 || p.zero > 3)
+    return error("plan: zero stage " + std::to_string(p.zero) + " is not 0, 1, 2 or 3");
+  if (p.micro_batches < 1) return error("plan: micro_batches must be >= 1");
+  if (p.bucket_bytes < 1 || p.prefetch_bytes < 0)
+    return error("plan: bucket_bytes must be >= 1 and prefetch_bytes >= 0");
+  if (world > 0 && p.mesh.size() != world)
+    return error("plan: mesh " + p.mesh.to_string() + " has " + std::to_string(p.mesh.size()) +
+                     " ranks but the job has " + std::to_string(world),
+                 "launch with -np " + std::to_string(p.mesh.size()) + " or change the mesh");
+  return Status();
+}
+
+nlohmann::json plan_to_json(const Plan& p) {
+  nlohmann::json mesh = nlohmann::json::array();
+  for (const MeshAxis& a : p.mesh.axes()) mesh.push_back({{"name", a.name}, {"size", a.size}});
+  return {{"mesh", mesh},
+          {"data_axes", p.data_axes},
+          {"zero_axes", p.zero_axes},
+          {"zero", p.zero},
+          {"micro_batches", p.micro_batches},
+          {"bucket_bytes", p.bucket_bytes},
+          {"prefetch_bytes", p.prefetch_bytes}};
+}
+
+Result<Plan> plan_from_json(const nlohmann::json& j) {
+  static const std::set<std::string> known = {"mesh",          "data_axes",    "zero_axes",
+                                              "zero",          "micro_batches", "bucket_bytes",
+                                              "prefetch_bytes"};
+  if (!j.is_object()) return error("plan: expected a JSON object");
+  for (auto it = j.begin(); it != j.end(); ++it)
+    if (!known.count(it.key()))
+      return error("plan: unknown key '" + it.key() + "'",
+                   "keys: mesh, data_axes, zero_axes, zero, micro_batches, bucket_bytes, "
+                   "prefetch_bytes");
+  Plan p;
+  try {
+    if (j.contains("mesh")) {
+      std::vector<MeshAxis> axes;
+      for (const auto& a : j.at("mesh"))
+        axes.push_back({a.at("name").get<std::string>(), a.at("size").get<int>()});
+      p.mesh = Mesh(std::move(axes));
+      p.data_axes.clear();
+      for (const MeshAxis& a : p.mesh.axes()) p.data_axes.push_back(a.name);
+      p.zero_axes = p.data_axes;
+    }
+    if (j.contains("data_axes")) p.data_axes = j.at("data_axes").get<std::vector<std::string>>();
+    if (j.contains("zero_axes")) p.zero_axes = j.at("zero_axes").get<std::vector<std::string>>();
+    if (j.contains("zero")) p.zero = j.at("zero").get<int>();
+    if (j.contains("micro_batches")) p.micro_batches = j.at("micro_batches").get<int>();
+    if (j.contains("bucket_bytes")) p.bucket_bytes = j.at("bucket_bytes").get<int64_t>();
+    if (j.contains("prefetch_bytes")) p.prefetch_bytes = j.at("prefetch_bytes").get<int64_t>();
+  } catch (const nlohmann::json::exception& e) {
+    return error(std::string("plan: ") + e.what(),
+                 "mesh is a list of {\"name\": ..., \"size\": ...}; see `tessera plan`");
+  }
+  TS_RETURN_IF_ERROR(validate(p));
+  return p;
+}
+
+Result<Plan> load_plan(const std::string& path) {
+  std::ifstream f(path);
+  if (!f) return error("plan: cannot open '" + path + "'");
+  nlohmann::json j = nlohmann::json::parse(f, nullptr, /*allow_exceptions=*/false);
+  if (j.is_discarded()) return error("plan: '" + path + "' is not valid JSON");
+  Result<Plan> p = plan_from_json(j);
+  if (!p.ok()) return p.status().with_context(path);
+  return p;
+}
+
+}  // namespace tessera

@@ -1,0 +1,145 @@
+#include "parallel/program.h"
+
+#include <map>
+
+#include "base/format.h"
+
+namespace tessera {
+
+namespace {
+
+bool is_collective(OpKind op) {
+  return op == OpKind::all_reduce || op == OpKind::reduce_scatter || op == OpKind::all_gather;
+}
+
+void lower_micro_step(Program& p) {
+  const Graph& g = p.part.local;
+  std::map<NodeId, int> bucket_of;
+  for (size_t b = 0; b < p.part.buckets.size(); ++b)
+    for (NodeId n : p.part.buckets[b]) bucket_of[n] = static_cast<int>(b);
+  std::vector<int> ready(g.values().size(), -1);  // instruction after which a value is ready
+  std::map<ValueId, int> pending;                 // collective output -> its start instruction
+  std::vector<Instruction>& out = p.micro_step;
+  auto wait_for = [&](ValueId v) {
+    auto it = pending.find(v);
+    if (it == pending.end()) return;
+    const Instruction& s = out[static_cast<size_t>(it->second)];
+    out.push_back({Instruction::wait, Stream::comm, s.node, -1, s.bucket, {it->second}});
+    ready[static_cast<size_t>(v)] = static_cast<int>(out.size()) - 1;
+    pending.erase(it);
+  };
+  for (NodeId id = 0; id < static_cast<NodeId>(g.nodes().size()); ++id) {
+    const Node& n = g.node(id);
+    if (n.op == OpKind::parameter || n.op == OpKind::input) continue;
+    for (ValueId v : n.inputs) wait_for(v);
+    Instruction in;
+    in.node = id;
+    for (ValueId v : n.inputs)
+      if (ready[static_cast<size_t>(v)] >= 0) in.deps.push_back(ready[static_cast<size_t>(v)]);
+    if (is_collective(n.op)) {
+      in.kind = Instruction::start;
+      in.stream = Stream::comm;
+      auto b = bucket_of.find(id);
+      in.bucket = b == bucket_of.end() ? -1 : b->second;
+      out.push_back(in);
+      pending[n.outputs[0]] = static_cast<int>(out.size()) - 1;
+    } else {
+      out.push_back(in);
+      for (ValueId v : n.outputs) ready[static_cast<size_t>(v)] = static_cast<int>(out.size()) - 1;
+    }
+  }
+  while (!pending.empty()) wait_for(pending.begin()->first);
+}
+
+void lower_optimizer(Program& p) {
+  std::vector<Instruction>& out = p.optimizer;
+  const bool norm_comm = p.plan.shards_grads() || p.plan.shards_optimizer();
+  out.push_back({Instruction::grad_norm, norm_comm ? Stream::comm : Stream::compute, -1, -1, -1, {}});
+  for (size_t i = 0; i < p.part.params.size(); ++i) {
+    const ParamLayout& pl = p.part.params[i];
+    out.push_back({Instruction::optimizer, Stream::compute, -1, static_cast<int>(i), -1, {0}});
+    if (pl.optim_sharded && !pl.params_sharded)
+      out.push_back({Instruction::param_sync, Stream::comm, -1, static_cast<int>(i), -1,
+                     {static_cast<int>(out.size()) - 1}});
+  }
+}
+
+void count_bytes(Program& p) {
+  const Graph& g = p.part.local;
+  const int group = p.plan.zero_group();
+  for (const ParamLayout& pl : p.part.params) {
+    const int64_t numel = pl.global_shape.numel();
+    const int64_t block = FlatShard{group, 0, numel}.block();
+    p.param_bytes += 4 * (pl.params_sharded ? block : numel);
+    p.grad_bytes += 4 * (pl.grads_sharded ? block : numel);   // accumulated, reduced gradient
+    p.optim_bytes += 2 * 4 * (pl.optim_sharded ? block : numel);  // AdamW m and v
+  }
+  double micro = 0;
+  for (const Node& n : g.nodes()) {
+    if (!is_collective(n.op)) continue;
+    std::vector<TensorType> in{g.type(n.inputs[0])}, outs{g.type(n.outputs[0])};
+    micro += op_bytes(n.op, n.attrs, in, outs);
+  }
+  double step = micro * p.plan.micro_batches;
+  for (const ParamLayout& pl : p.part.params)
+    if (pl.optim_sharded && !pl.params_sharded)  // all-gather of the updated blocks
+      step += static_cast<double>(group - 1) * 4.0 *
+              static_cast<double>(FlatShard{group, 0, pl.global_shape.numel()}.block());
+  if (p.plan.shards_grads() || p.plan.shards_optimizer())  // gradient norm: one f64 all-reduce
+    step += 2.0 * (group - 1) / group * 8.0;
+  p.comm_bytes_per_step = step;
+}
+
+const char* kind_name(Instruction::Kind k) {
+  switch (k) {
+    case Instruction::compute: return "compute";
+    case Instruction::start: return "start";
+    case Instruction::wait: return "wait";
+    case Instruction::grad_norm: return "grad_norm";
+    case Instruction::optimizer: return "adamw";
+    case Instruction::param_sync: return "param_sync";
+  }
+  return "?";
+}
+
+}  // namespace
+
+Result<Program> lower(const Graph& g, const Plan& plan) {
+  Program p;
+  p.plan = plan;
+  TS_ASSIGN_OR_RETURN(p.part, partition(g, plan));
+  p.memory = plan_memory(p.part.local);
+  lower_micro_step(p);
+  lower_optimizer(p);
+  count_bytes(p);
+  return p;
+}
+
+std::string print_program(const Program& p, size_t max_lines) {
+  const Graph& g = p.part.local;
+  std::string s = "program: " + p.plan.describe() + ", " +
+                  std::to_string(p.micro_step.size()) + " instructions per micro-batch, " +
+                  std::to_string(p.optimizer.size()) + " per step\n";
+  auto line = [&](size_t i, const Instruction& in) {
+    std::string l = (i < 10 ? "   " : i < 100 ? "  " : i < 1000 ? " " : "") + std::to_string(i) +
+                    (in.stream == Stream::comm ? " comm    " : " compute ") + kind_name(in.kind);
+    if (in.node >= 0) {
+      const Node& n = g.node(in.node);
+      l += std::string(" ") + op_name(n.op) + " %" + std::to_string(n.outputs[0]);
+      if (is_collective(n.op)) l += " on " + n.attrs.name;
+      if (!n.scope.empty()) l += "  # " + n.scope;
+    }
+    if (in.param >= 0) l += " " + p.part.params[static_cast<size_t>(in.param)].name;
+    if (in.bucket >= 0) l += " (bucket " + std::to_string(in.bucket) + ")";
+    return l + "\n";
+  };
+  size_t shown = 0;
+  for (size_t i = 0; i < p.micro_step.size() && shown < max_lines; ++i, ++shown)
+    s += line(i, p.micro_step[i]);
+  if (shown == max_lines) s += "  ... (" + std::to_string(p.micro_step.size() - shown) + " more)\n";
+  s += "optimizer:\n";
+  for (size_t i = 0; i < p.optimizer.size() && i < max_lines; ++i) s += line(i, p.optimizer[i]);
+  return s;
+}
+
+}  // namespace tessera

@@ -1,0 +1,66 @@
+// The Program: what one rank executes for one training step under a Plan, and what the
+// simulator will time and the memory planner sizes (DESIGN.md "The one idea").
+//
+//   TS_ASSIGN_OR_RETURN(Program prog, lower(model.graph, plan));
+//   prog.memory.arena_bytes      // planned per-rank activation/temporary peak
+//   prog.persistent_bytes()      // parameters + gradients + optimizer state per rank
+//   prog.comm_bytes_per_step     // bytes this rank sends per optimizer step (ring algorithms)
+//   std::puts(print_program(prog).c_str());
+//
+// `micro_step` runs once per micro-batch: compute instructions on the compute stream, each
+// collective as a start on the comm stream (issued as soon as its input is ready, so
+// gradient buckets overlap the rest of the backward pass and ZeRO-3 gathers run ahead of
+// their use) and a wait just before the first reader of its output. `optimizer` runs once
+// per step: the gradient norm (all-reduced over the ZeRO group when gradients or optimizer
+// state are sharded), AdamW on each rank's block, and for ZeRO-1/2 the all-gather that makes
+// the updated parameters whole again. Every instruction lists the instructions it depends on.
+#pragma once
+
+#include <string>
+#include <vector>
+
+#include "parallel/memory_plan.h"
+#include "parallel/partition.h"
+#include "parallel/plan.h"
+
+namespace tessera {
+
+enum class Stream : uint8_t { compute, comm };
+
+struct Instruction {
+  enum Kind : uint8_t {
+    compute,     // node of the local graph on the backend
+    start,       // collective node: issue on the communicator
+    wait,        // collective node: block until done
+    grad_norm,   // sum of squared gradients over this rank's blocks (+ all-reduce)
+    optimizer,   // AdamW on parameter `param`'s local block
+    param_sync,  // all-gather parameter `param`'s updated blocks (ZeRO-1/2)
+  };
+  Kind kind = compute;
+  Stream stream = Stream::compute;
+  NodeId node = -1;  // compute/start/wait
+  int param = -1;    // optimizer/param_sync
+  int bucket = -1;   // start/wait of gradient collectives
+  std::vector<int> deps;  // indices into the same instruction list
+};
+
+struct Program {
+  Plan plan;
+  Partitioned part;
+  MemoryPlan memory;
+  std::vector<Instruction> micro_step;
+  std::vector<Instruction> optimizer;
+  int64_t param_bytes = 0, grad_bytes = 0, optim_bytes = 0;  // persistent, per rank
+  double comm_bytes_per_step = 0;  // sent by one rank per optimizer step
+
+  const Graph& local() const { return part.local; }
+  int64_t persistent_bytes() const { return param_bytes + grad_bytes + optim_bytes; }
+};
+
+// Partitions `g` for `plan` and lowers the local graph to instruction streams.
+Result<Program> lower(const Graph& g, const Plan& plan);
+
+// One line per instruction: "  12 comm  start  all_reduce %88 (h.1 grads, bucket 3) <- 11".
+std::string print_program(const Program& p, size_t max_lines = 200);
+
+}  // namespace tessera

@@ -1,0 +1,306 @@
+#include "runtime/distributed_step.h"
+
+#include <cmath>
+#include <cstring>
+
+#include "base/check.h"
+
+namespace tessera {
+
+namespace {
+
+std::vector<std::string> split_axes(const std::string& csv) {
+  std::vector<std::string> out;
+  size_t start = 0;
+  while (start <= csv.size()) {
+    size_t end = csv.find(',', start);
+    if (end == std::string::npos) end = csv.size();
+    out.push_back(csv.substr(start, end - start));
+    start = end + 1;
+  }
+  return out;
+}
+
+std::string join(const std::vector<std::string>& v) {
+  std::string s;
+  for (const std::string& x : v) s += (s.empty() ? "" : ",") + x;
+  return s;
+}
+
+}  // namespace
+
+// ---- MeshComms ---------------------------------------------------------------------------
+
+Result<MeshComms> MeshComms::create(Communicator& world, const Plan& plan) {
+  TS_RETURN_IF_ERROR(validate(plan, world.size()));
+  MeshComms mc;
+  mc.world_ = &world;
+  // Every group a Program may use: each axis, the data axes, the ZeRO axes, and the other
+  // data axes (HSDP replicas). Split in a fixed order so every rank makes the same calls.
+  std::vector<std::string> keys;
+  for (const MeshAxis& a : plan.mesh.axes()) keys.push_back(a.name);
+  keys.push_back(join(plan.data_axes));
+  keys.push_back(join(plan.zero_axes));
+  std::vector<std::string> rest;
+  for (const std::string& a : plan.data_axes)
+    if (std::find(plan.zero_axes.begin(), plan.zero_axes.end(), a) == plan.zero_axes.end())
+      rest.push_back(a);
+  if (!rest.empty()) keys.push_back(join(rest));
+  const int r = world.rank();
+  for (const std::string& k : keys) {
+    if (k.empty() || mc.groups_.count(k)) continue;
+    std::vector<std::string> axes = split_axes(k);
+    TS_ASSIGN_OR_RETURN(std::unique_ptr<Communicator> c,
+                        world.split(plan.mesh.group_color(r, axes),
+                                    plan.mesh.group_index(r, axes), k));
+    mc.groups_[k] = std::move(c);
+  }
+  return mc;
+}
+
+Communicator& MeshComms::group(const std::string& axes) const {
+  auto it = groups_.find(axes);
+  TS_CHECK(it != groups_.end()) << "no communicator for mesh axes '" << axes << "'";
+  return *it->second;
+}
+
+int64_t MeshComms::bytes_sent() const {
+  int64_t b = world_->stats().bytes_sent;
+  for (const auto& [k, c] : groups_) b += c->stats().bytes_sent;
+  return b;
+}
+
+void MeshComms::reset_stats() {
+  world_->reset_stats();
+  for (auto& [k, c] : groups_) c->reset_stats();
+}
+
+void MeshComms::set_timeout(double seconds) {
+  world_->set_timeout(seconds);
+  for (auto& [k, c] : groups_) c->set_timeout(seconds);
+}
+
+// ---- DistributedStep ---------------------------------------------------------------------
+
+Result<std::unique_ptr<DistributedStep>> DistributedStep::create(const Graph& global,
+                                                                 const Plan& plan,
+                                                                 Backend& backend,
+                                                                 MeshComms& comms,
+                                                                 AdamWConfig opt) {
+  TS_RETURN_IF_ERROR(validate(plan, comms.world().size()));
+  for (ValueId p : global.params())
+    if (global.type(p).dtype != DType::f32)
+      return error("parameter " + global.name_of(p) + " is " +
+                   std::string(dtype_name(global.type(p).dtype)) + "; parameters are kept in f32");
+  TS_ASSIGN_OR_RETURN(Program prog, lower(global, plan));
+  return std::unique_ptr<DistributedStep>(
+      new DistributedStep(global, std::move(prog), backend, comms, opt));
+}
+
+DistributedStep::DistributedStep(const Graph& global, Program prog, Backend& backend,
+                                 MeshComms& comms, AdamWConfig opt)
+    : global_(global), prog_(std::move(prog)), backend_(backend), comms_(comms) {
+  rank_ = comms.world().rank();
+  zero_index_ = prog_.plan.mesh.group_index(rank_, prog_.plan.zero_axes);
+  exec_ = std::make_unique<Executor>(prog_.part.local, backend);
+  std::vector<ParamSlot> slots;
+  size_t scratch = 0;
+  for (size_t i = 0; i < prog_.part.params.size(); ++i) {
+    const ParamLayout& pl = prog_.part.params[i];
+    const Shape& gs = prog_.local().type(pl.local_grad).shape;
+    grads_.emplace_back(static_cast<size_t>(gs.numel()), 0.0f);
+    LocalPiece o = optim_piece(i);
+    LocalPiece pp = param_piece(i);
+    const int64_t grad_base = pl.grads_sharded ? block_of(i).offset : 0;
+    slots.push_back(ParamSlot{pl.name, param_data(i) + (o.offset - pp.offset),
+                              grads_.back().data() + (o.offset - grad_base), o.count,
+                              pl.global_shape.rank() >= 2});
+    if (pl.optim_sharded && !pl.params_sharded)
+      scratch = std::max(scratch, static_cast<size_t>(FlatShard{prog_.plan.zero_group(), 0,
+                                                                pl.global_shape.numel()}
+                                                          .block() *
+                                                      prog_.plan.zero_group()));
+  }
+  scratch_.assign(scratch, 0.0f);
+  opt_ = std::make_unique<AdamW>(std::move(slots), opt);
+}
+
+LocalPiece DistributedStep::block_of(size_t i) const {
+  FlatShard fs{prog_.plan.zero_group(), zero_index_,
+               prog_.part.params[i].global_shape.numel()};
+  return {fs.offset(), fs.count()};
+}
+
+LocalPiece DistributedStep::param_piece(size_t i) const {
+  const ParamLayout& pl = prog_.part.params[i];
+  return pl.params_sharded ? block_of(i) : LocalPiece{0, pl.global_shape.numel()};
+}
+
+LocalPiece DistributedStep::optim_piece(size_t i) const {
+  const ParamLayout& pl = prog_.part.params[i];
+  return pl.optim_sharded ? block_of(i) : LocalPiece{0, pl.global_shape.numel()};
+}
+
+float* DistributedStep::param_data(size_t i) {
+  return exec_->data<float>(prog_.part.params[i].local);
+}
+
+bool DistributedStep::writes_shards() const {
+  std::vector<std::string> rest;
+  for (const std::string& a : prog_.plan.data_axes)
+    if (std::find(prog_.plan.zero_axes.begin(), prog_.plan.zero_axes.end(), a) ==
+        prog_.plan.zero_axes.end())
+      rest.push_back(a);
+  return prog_.plan.mesh.group_index(rank_, rest) == 0;
+}
+
+void DistributedStep::init_params(uint64_t seed) {
+  for_each_initial_param(global_, seed, [&](size_t i, ValueId, std::vector<float>& v) {
+    const LocalPiece pc = param_piece(i);
+    const int64_t stored = prog_.local().type(prog_.part.params[i].local).shape.numel();
+    float* dst = param_data(i);
+    std::fill(dst, dst + stored, 0.0f);
+    std::memcpy(dst, v.data() + pc.offset, static_cast<size_t>(pc.count) * sizeof(float));
+  });
+}
+
+Status DistributedStep::start(const Node& n) {
+  Communicator& c = comms_.group(n.attrs.name);
+  const Graph& g = prog_.local();
+  const std::string what = std::string(op_name(n.op)) + " " + n.scope;
+  float* in = exec_->data<float>(n.inputs[0]);
+  float* out = exec_->data<float>(n.outputs[0]);
+  Request r;
+  switch (n.op) {
+    case OpKind::all_reduce: {
+      const int64_t count = g.type(n.inputs[0]).shape.numel();
+      std::memcpy(out, in, static_cast<size_t>(count) * sizeof(float));
+      r = c.all_reduce(out, count, what);
+      break;
+    }
+    case OpKind::reduce_scatter: {
+      const int64_t block = g.type(n.outputs[0]).shape.numel();
+      const int64_t numel = g.type(n.inputs[0]).shape.numel();
+      std::fill(in + numel, in + block * n.attrs.count, 0.0f);  // the planned padding
+      r = c.reduce_scatter(in, out, block, what);
+      break;
+    }
+    case OpKind::all_gather:
+      r = c.all_gather(in, out, g.type(n.inputs[0]).shape.numel(), what);
+      break;
+    default:
+      return error("not a collective: " + std::string(op_name(n.op)));
+  }
+  inflight_[g.value(n.outputs[0]).producer] = std::move(r);
+  return Status();
+}
+
+Status DistributedStep::run_instructions(const std::vector<Instruction>& list) {
+  const Graph& g = prog_.local();
+  for (const Instruction& in : list) {
+    switch (in.kind) {
+      case Instruction::compute:
+        exec_->run_node(g.node(in.node));
+        break;
+      case Instruction::start:
+        TS_RETURN_IF_ERROR(start(g.node(in.node)));
+        break;
+      case Instruction::wait: {
+        auto it = inflight_.find(in.node);
+        TS_CHECK(it != inflight_.end()) << "wait without start for node " << in.node;
+        Status s = comms_.group(g.node(in.node).attrs.name).wait(it->second);
+        inflight_.erase(it);
+        TS_RETURN_IF_ERROR(s);
+        break;
+      }
+      default:
+        return error("instruction kind not valid in this list");
+    }
+  }
+  return Status();
+}
+
+Result<float> DistributedStep::forward_backward(const int32_t* tokens, const int32_t* targets) {
+  exec_->set_input("tokens", tokens);
+  exec_->set_input("targets", targets);
+  TS_RETURN_IF_ERROR(run_instructions(prog_.micro_step));
+  for (size_t i = 0; i < grads_.size(); ++i) {
+    const float* src = exec_->data<float>(prog_.part.params[i].local_grad);
+    std::vector<float>& dst = grads_[i];
+    const int64_t n = static_cast<int64_t>(dst.size());
+    if (accumulated_ == 0) {
+      std::memcpy(dst.data(), src, dst.size() * sizeof(float));
+    } else {
+#pragma omp parallel for if (n > 65536)
+      for (int64_t k = 0; k < n; ++k) dst[static_cast<size_t>(k)] += src[k];
+    }
+  }
+  ++accumulated_;
+  return *exec_->data<float>(prog_.part.loss);
+}
+
+Status DistributedStep::sync_param(size_t i) {
+  const ParamLayout& pl = prog_.part.params[i];
+  const int group = prog_.plan.zero_group();
+  const int64_t numel = pl.global_shape.numel();
+  const int64_t block = FlatShard{group, 0, numel}.block();
+  const LocalPiece mine = block_of(i);
+  float* p = param_data(i);
+  std::vector<float> own(static_cast<size_t>(block), 0.0f);
+  std::memcpy(own.data(), p + mine.offset, static_cast<size_t>(mine.count) * sizeof(float));
+  Communicator& c = comms_.group(join(prog_.plan.zero_axes));
+  Request r = c.all_gather(own.data(), scratch_.data(), block, "parameter sync " + pl.name);
+  TS_RETURN_IF_ERROR(c.wait(r));
+  std::memcpy(p, scratch_.data(), static_cast<size_t>(numel) * sizeof(float));
+  return Status();
+}
+
+Result<double> DistributedStep::apply(double lr, double clip, int micro_steps) {
+  TS_CHECK_EQ(accumulated_, micro_steps);
+  accumulated_ = 0;
+  if (micro_steps > 1) {
+    const float inv = 1.0f / static_cast<float>(micro_steps);
+    for (std::vector<float>& gbuf : grads_)
+      for (float& x : gbuf) x *= inv;
+  }
+  for (const Instruction& in : prog_.optimizer) {
+    if (in.kind != Instruction::grad_norm) continue;
+    double sq = opt_->grad_sq_sum();
+    if (in.stream == Stream::comm) {
+      TS_ASSIGN_OR_RETURN(sq, comms_.group(join(prog_.plan.zero_axes))
+                                  .all_reduce_scalar(sq, /*max=*/false, "gradient norm"));
+    }
+    const double norm = std::sqrt(sq);
+    const double coef = clip / (norm + 1e-6);
+    if (clip > 0 && coef < 1.0) opt_->scale_grads(static_cast<float>(coef));
+    opt_->step(lr);  // every slot: this rank's block (or the whole tensor)
+    for (const Instruction& s : prog_.optimizer)
+      if (s.kind == Instruction::param_sync)
+        TS_RETURN_IF_ERROR(sync_param(static_cast<size_t>(s.param)));
+    return norm;
+  }
+  return error("program has no grad_norm instruction");
+}
+
+Status DistributedStep::gather_params(std::vector<std::vector<float>>* whole) {
+  whole->resize(prog_.part.params.size());
+  for (size_t i = 0; i < prog_.part.params.size(); ++i) {
+    const ParamLayout& pl = prog_.part.params[i];
+    const int64_t numel = pl.global_shape.numel();
+    std::vector<float>& w = (*whole)[i];
+    if (!pl.params_sharded) {
+      w.assign(param_data(i), param_data(i) + numel);
+      continue;
+    }
+    const int group = prog_.plan.zero_group();
+    w.assign(static_cast<size_t>(FlatShard{group, 0, numel}.block() * group), 0.0f);
+    Communicator& c = comms_.group(join(prog_.plan.zero_axes));
+    Request r = c.all_gather(param_data(i), w.data(), FlatShard{group, 0, numel}.block(),
+                             "gather " + pl.name);
+    TS_RETURN_IF_ERROR(c.wait(r));
+    w.resize(static_cast<size_t>(numel));
+  }
+  return Status();
+}
+
+}  // namespace tessera

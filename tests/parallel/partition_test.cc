@@ -1,0 +1,159 @@
+// The partition pass and Program lowering: local shapes, inserted collectives, persistent
+// bytes per rank and analytic communication bytes for the data-axis strategies.
+#include <gtest/gtest.h>
+
+#include <nlohmann/json.hpp>
+#include <set>
+
+#include "models/model.h"
+#include "parallel/program.h"
+
+namespace tessera {
+namespace {
+
+ModelGraph tiny(const char* preset, int64_t batch = 4, int64_t seq = 16) {
+  ModelConfig c = *find_preset(preset);
+  return build_model(c, batch, seq, ModelMode::train);
+}
+
+int count_ops(const Graph& g, OpKind k) {
+  int n = 0;
+  for (const Node& node : g.nodes()) n += node.op == k;
+  return n;
+}
+
+int64_t grad_bytes(const Graph& g) {
+  int64_t b = 0;
+  for (ValueId p : g.params()) b += g.type(p).bytes();
+  return b;
+}
+
+TEST(Plan, JsonRoundTrip) {
+  Plan p = Plan::hybrid_sharded(2, 4);
+  p.micro_batches = 3;
+  p.prefetch_bytes = 12345;
+  Result<Plan> q = plan_from_json(plan_to_json(p));
+  ASSERT_TRUE(q.ok()) << q.status().to_string();
+  EXPECT_EQ(plan_to_json(q.value()), plan_to_json(p));
+  EXPECT_EQ(q.value().mesh.size(), 8);
+  EXPECT_EQ(q.value().zero_group(), 4);
+  EXPECT_EQ(q.value().describe(), "dp_rep=2 x dp_shard=4 zero=3 (HSDP) micro_batches=3");
+}
+
+TEST(Plan, BadPlansNameTheProblem) {
+  nlohmann::json j = plan_to_json(Plan::data_parallel(4));
+  j["zeroo"] = 1;
+  EXPECT_NE(plan_from_json(j).status().message().find("unknown key 'zeroo'"), std::string::npos);
+  j = plan_to_json(Plan::data_parallel(4));
+  j["zero"] = 5;
+  EXPECT_NE(plan_from_json(j).status().message().find("zero stage 5"), std::string::npos);
+  j = plan_to_json(Plan::data_parallel(4));
+  j["zero_axes"] = {"tp"};
+  EXPECT_NE(plan_from_json(j).status().message().find("'tp' is not a mesh axis"),
+            std::string::npos);
+  Status s = validate(Plan::data_parallel(4), 2);
+  EXPECT_NE(s.message().find("has 4 ranks but the job has 2"), std::string::npos);
+}
+
+TEST(Mesh, CoordinatesAndGroups) {
+  Mesh m({{"a", 2}, {"b", 3}});
+  EXPECT_EQ(m.size(), 6);
+  EXPECT_EQ(m.coords(4), (std::vector<int>{1, 1}));
+  EXPECT_EQ(m.rank_of({1, 2}), 5);
+  EXPECT_EQ(m.group_index(5, {"b"}), 2);
+  EXPECT_EQ(m.group_index(5, {"a"}), 1);
+  EXPECT_EQ(m.group_color(5, {"b"}), m.group_color(3, {"b"}));
+  EXPECT_NE(m.group_color(5, {"b"}), m.group_color(2, {"b"}));
+}
+
+class PartitionTest : public testing::TestWithParam<const char*> {};
+
+TEST_P(PartitionTest, DataParallelNeedsNoFallback) {
+  ModelGraph m = tiny(GetParam());
+  for (Plan plan : {Plan::data_parallel(2), Plan::data_parallel(4, 1), Plan::data_parallel(4, 2),
+                    Plan::data_parallel(4, 3), Plan::hybrid_sharded(2, 2)}) {
+    SCOPED_TRACE(plan.describe());
+    Result<Program> r = lower(m.graph, plan);
+    ASSERT_TRUE(r.ok()) << r.status().to_string();
+    const Program& p = r.value();
+    EXPECT_TRUE(verify(p.local()).ok()) << verify(p.local()).to_string();
+    EXPECT_TRUE(p.part.fallbacks.empty()) << p.part.fallbacks.front();
+    // Inputs hold this rank's rows.
+    const int dp = plan.data_group();
+    EXPECT_EQ(p.local().type(p.local().find_input("tokens")).shape, (Shape{4 / dp, 16}));
+    // Every gradient is reduced: one collective per parameter (two for HSDP), plus the loss.
+    const int n = static_cast<int>(m.graph.params().size());
+    const int reductions = count_ops(p.local(), OpKind::all_reduce) +
+                           count_ops(p.local(), OpKind::reduce_scatter);
+    EXPECT_EQ(reductions, (plan.shards_params() && plan.zero_group() < dp ? 2 * n : n) + 1);
+    // ZeRO-3 gathers a parameter once for the forward and once for the backward pass if the
+    // backward reads it (biases and wpe it does not).
+    std::set<std::pair<ValueId, bool>> uses;
+    for (const Node& node : m.graph.nodes())
+      for (ValueId v : node.inputs)
+        if (m.graph.producer(v).op == OpKind::parameter) uses.insert({v, node.backward});
+    EXPECT_GT(static_cast<int>(uses.size()), n);
+    EXPECT_EQ(count_ops(p.local(), OpKind::all_gather),
+              plan.shards_params() ? static_cast<int>(uses.size()) : 0);
+    for (const ParamLayout& pl : p.part.params) EXPECT_GE(pl.local_grad, 0) << pl.name;
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(Models, PartitionTest, testing::Values("gpt-tiny", "llama-tiny"));
+
+TEST(Program, ZeroThreePersistentBytesAreOneNth) {
+  ModelGraph m = tiny("gpt-tiny");
+  Program dp = lower(m.graph, Plan::data_parallel(4)).value();
+  Program z3 = lower(m.graph, Plan::data_parallel(4, 3)).value();
+  const int64_t full = grad_bytes(m.graph);
+  EXPECT_EQ(dp.persistent_bytes(), 4 * full);  // params, grads, m, v
+  // Blocks are padded to a multiple of 4 elements: at most 3 elements per tensor.
+  const int64_t pad = 4 * 3 * 4 * static_cast<int64_t>(m.graph.params().size());
+  EXPECT_LE(z3.persistent_bytes() * 4, dp.persistent_bytes() + pad);
+  EXPECT_GE(z3.persistent_bytes() * 4, dp.persistent_bytes());
+}
+
+TEST(Program, CommBytesMatchTheRingFormulas) {
+  ModelGraph m = tiny("gpt-tiny");
+  const double G = static_cast<double>(grad_bytes(m.graph));
+  for (int n : {2, 4}) {
+    SCOPED_TRACE(n);
+    const double ring = 2.0 * (n - 1) / n;
+    const double loss = ring * 4;
+    Program dp = lower(m.graph, Plan::data_parallel(n)).value();
+    EXPECT_NEAR(dp.comm_bytes_per_step, ring * G + loss, 1e-6 * G);
+    // ZeRO-3: reduce-scatter (N-1)/N + two all-gathers 2(N-1)/N = 1.5x DP, up to padding.
+    Program z3 = lower(m.graph, Plan::data_parallel(n, 3)).value();
+    EXPECT_NEAR(z3.comm_bytes_per_step / (ring * G), 1.5, 0.01);
+  }
+}
+
+TEST(Program, PrefetchLimitBoundsGathersInFlight) {
+  ModelGraph m = tiny("gpt-tiny");
+  for (int64_t limit : {int64_t{0}, int64_t{1} << 20}) {
+    Plan plan = Plan::data_parallel(2, 3);
+    plan.prefetch_bytes = limit;
+    Program p = lower(m.graph, plan).value();
+    const Graph& g = p.local();
+    // Bytes of gathers issued but not yet read, at every node.
+    int64_t worst = 0;
+    for (size_t i = 0; i < g.nodes().size(); ++i) {
+      int64_t ahead = 0;
+      for (size_t j = 0; j <= i; ++j) {
+        const Node& n = g.nodes()[j];
+        if (n.op != OpKind::all_gather) continue;
+        bool used = false;
+        for (size_t k = j + 1; k <= i && !used; ++k)
+          for (ValueId v : g.nodes()[k].inputs) used = used || v == n.outputs[0];
+        if (!used) ahead += g.type(n.outputs[0]).bytes();
+      }
+      worst = std::max(worst, ahead);
+    }
+    int64_t largest = 0;
+    for (ValueId v : m.graph.params()) largest = std::max(largest, m.graph.type(v).bytes());
+    EXPECT_LE(worst, std::max(limit, int64_t{0}) + largest) << "limit " << limit;
+  }
+}
+
+}  // namespace
+}  // namespace tessera
