@@ -1,0 +1,147 @@
+// Shared by the distributed equivalence tests (in-process ranks and MPI ranks): trains one
+// tiny GPT for a few steps on one rank (TrainStep) and on N ranks under a Plan
+// (DistributedStep), on the same global batches, and returns what is compared.
+#pragma once
+
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <cstdlib>
+#include <random>
+#include <vector>
+
+#include "backend/cpu/cpu_backend.h"
+#include "models/model.h"
+#include "runtime/distributed_step.h"
+#include "runtime/train_step.h"
+
+namespace tessera::testing_equivalence {
+
+inline ModelConfig tiny_gpt() {
+  ModelConfig c;
+  c.name = "equivalence-gpt";
+  c.vocab_size = 96;
+  c.n_layer = 2;
+  c.n_embd = 32;
+  c.n_head = 4;
+  c.max_seq_len = 16;
+  return c;
+}
+
+constexpr int64_t kBatch = 8, kSeq = 8;  // global micro-batch
+constexpr uint64_t kSeed = 7;
+constexpr double kLr = 2e-3;
+
+struct RunResult {
+  std::vector<float> losses;
+  std::vector<std::vector<float>> params;  // whole tensors, global parameter order
+  double comm_bytes_measured = 0;           // sent by this rank in the last step
+  double comm_bytes_planned = 0;
+  int64_t arena_planned = 0, arena_measured = 0;
+  int64_t persistent_bytes = 0;
+};
+
+// Global batch of step s, micro-batch m: deterministic tokens and targets (B*T each).
+inline void global_batch(int step, int micro, std::vector<int32_t>* x, std::vector<int32_t>* y) {
+  std::mt19937 rng(static_cast<uint32_t>(1000 * step + micro + 1));
+  std::uniform_int_distribution<int32_t> tok(0, static_cast<int32_t>(tiny_gpt().vocab_size) - 1);
+  x->resize(kBatch * kSeq);
+  y->resize(kBatch * kSeq);
+  for (auto& t : *x) t = tok(rng);
+  for (auto& t : *y) t = tok(rng);
+}
+
+inline AdamWConfig adamw() {
+  AdamWConfig c;
+  c.lr = kLr;
+  c.weight_decay = 0.1;
+  return c;
+}
+
+inline RunResult run_single(int steps, int micro_batches) {
+  CpuBackend cpu;
+  ModelGraph m = build_model(tiny_gpt(), kBatch, kSeq, ModelMode::train);
+  TrainStep ts(m, cpu, adamw());
+  ts.executor().init_params(kSeed);
+  RunResult r;
+  std::vector<int32_t> x, y;
+  for (int s = 0; s < steps; ++s) {
+    float loss = 0;
+    for (int k = 0; k < micro_batches; ++k) {
+      global_batch(s, k, &x, &y);
+      loss += ts.forward_backward(x.data(), y.data());
+    }
+    ts.apply(kLr, /*clip=*/0.5, micro_batches);
+    r.losses.push_back(loss / static_cast<float>(micro_batches));
+  }
+  for (ValueId p : m.graph.params()) {
+    const float* d = ts.executor().data<float>(p);
+    r.params.emplace_back(d, d + m.graph.type(p).shape.numel());
+  }
+  return r;
+}
+
+// Runs on one rank of `world`; every rank returns the same losses and whole parameters.
+inline RunResult run_rank(Communicator& world, const Plan& plan, int steps) {
+  RunResult r;
+  CpuBackend cpu;
+  ModelGraph m = build_model(tiny_gpt(), kBatch, kSeq, ModelMode::train);
+  Result<MeshComms> comms = MeshComms::create(world, plan);
+  EXPECT_TRUE(comms.ok()) << comms.status().to_string();
+  if (!comms.ok()) return r;
+  auto made = DistributedStep::create(m.graph, plan, cpu, comms.value(), adamw());
+  EXPECT_TRUE(made.ok()) << made.status().to_string();
+  if (!made.ok()) return r;
+  DistributedStep& step = *made.value();
+  step.init_params(kSeed);
+  const int dp = plan.data_group();
+  const int idx = plan.mesh.group_index(world.rank(), plan.data_axes);
+  const int64_t rows = kBatch / dp;
+  std::vector<int32_t> x, y;
+  for (int s = 0; s < steps; ++s) {
+    if (s == steps - 1) {
+      comms.value().reset_stats();
+      step.executor().paint_arena();
+    }
+    float loss = 0;
+    for (int k = 0; k < plan.micro_batches; ++k) {
+      global_batch(s, k, &x, &y);
+      Result<float> l = step.forward_backward(x.data() + idx * rows * kSeq,
+                                              y.data() + idx * rows * kSeq);
+      EXPECT_TRUE(l.ok()) << l.status().to_string();
+      if (!l.ok()) return r;
+      loss += l.value();
+    }
+    if (s == steps - 1) r.arena_measured = step.executor().measured_high_water();
+    Result<double> norm = step.apply(kLr, 0.5, plan.micro_batches);
+    EXPECT_TRUE(norm.ok()) << norm.status().to_string();
+    r.losses.push_back(loss / static_cast<float>(plan.micro_batches));
+  }
+  r.comm_bytes_measured = static_cast<double>(comms.value().bytes_sent());
+  r.comm_bytes_planned = step.program().comm_bytes_per_step;
+  r.arena_planned = step.program().memory.arena_bytes;
+  r.persistent_bytes = step.program().persistent_bytes();
+  Status s = step.gather_params(&r.params);
+  EXPECT_TRUE(s.ok()) << s.to_string();
+  return r;
+}
+
+// Losses within 1e-5 relative, parameters within 1e-5 absolute.
+inline void expect_equivalent(const RunResult& ref, const RunResult& got) {
+  ASSERT_EQ(got.losses.size(), ref.losses.size());
+  for (size_t i = 0; i < ref.losses.size(); ++i)
+    EXPECT_NEAR(got.losses[i], ref.losses[i], 1e-5 * std::abs(ref.losses[i])) << "step " << i;
+  ASSERT_EQ(got.params.size(), ref.params.size());
+  double worst = 0;
+  for (size_t i = 0; i < ref.params.size(); ++i) {
+    ASSERT_EQ(got.params[i].size(), ref.params[i].size()) << "param " << i;
+    for (size_t k = 0; k < ref.params[i].size(); ++k)
+      worst = std::max(worst, static_cast<double>(std::abs(got.params[i][k] - ref.params[i][k])));
+  }
+  EXPECT_LE(worst, 1e-5) << "largest parameter difference";
+  if (std::getenv("TESSERA_VERBOSE")) std::printf("largest parameter difference %.3g\n", worst);
+}
+
+}  // namespace tessera::testing_equivalence
