@@ -34,12 +34,20 @@ struct TrainOptions {
   uint64_t seed = 1337;
   bool resume = false;
   int64_t stop_after = 0;  // stop (with a checkpoint) after this many steps of this run; 0: off
+  // Distributed (under mpirun): --batch is the global micro-batch, split over the data ranks.
+  int dp = 0;               // data-parallel ranks (0: the MPI world size)
+  int zero = 0;             // ZeRO stage 0-3
+  int hsdp = 0;             // > 0: HSDP with this many replica groups (ZeRO-3 inside each)
+  std::string plan;         // plan JSON file (overrides --dp/--zero/--hsdp)
+  double comm_timeout = 30; // seconds a collective waits for a peer before failing
 };
 
 void add_train_command(CLI::App& app, TrainOptions& opts);
 Status run_train(const TrainOptions& opts);
 
 void add_graph_command(CLI::App& app);
+void add_plan_command(CLI::App& app);
+void add_launch_command(CLI::App& app);
 void add_sample_command(CLI::App& app);
 void add_tokenize_command(CLI::App& app);
 

@@ -11,6 +11,8 @@ int main(int argc, char** argv) {
   tessera::TrainOptions train;
   tessera::add_train_command(app, train);
   tessera::add_graph_command(app);
+  tessera::add_plan_command(app);
+  tessera::add_launch_command(app);
   tessera::add_sample_command(app);
   tessera::add_tokenize_command(app);
   try {

@@ -22,6 +22,11 @@
 #include "io/model_config.h"
 #include "runtime/sampler.h"
 #include "runtime/train_step.h"
+#include "comm/mpi_comm.h"
+#include "parallel/plan.h"
+#include <csignal>
+#include <cstdlib>
+#include <optional>
 
 namespace tessera {
 
@@ -71,8 +76,8 @@ Status check_options(const TrainOptions& o, const ModelConfig& cfg) {
   return Status();
 }
 
-double evaluate(TrainState& st, DataLoader& val, int64_t batches) {
-  st.copy_params_to_eval();
+Result<double> evaluate(TrainState& st, DataLoader& val, int64_t batches) {
+  TS_RETURN_IF_ERROR(st.copy_params_to_eval());
   Status s = val.restore(st.val_start);
   TS_CHECK(s.ok()) << s.to_string();
   std::vector<int32_t> x, y;
@@ -87,17 +92,73 @@ double evaluate(TrainState& st, DataLoader& val, int64_t batches) {
   return total / static_cast<double>(batches);
 }
 
+// The plan of a distributed run from the flags, checked against the MPI world size.
+Result<Plan> plan_from_flags(const TrainOptions& o, int world) {
+  Plan plan;
+  if (!o.plan.empty()) {
+    TS_ASSIGN_OR_RETURN(plan, load_plan(o.plan));
+  } else if (o.hsdp > 0) {
+    if (world % o.hsdp != 0)
+      return error("--hsdp " + std::to_string(o.hsdp) + " does not divide the " +
+                   std::to_string(world) + " ranks");
+    plan = Plan::hybrid_sharded(o.hsdp, world / o.hsdp);
+  } else {
+    plan = Plan::data_parallel(o.dp > 0 ? o.dp : world, o.zero);
+  }
+  plan.micro_batches = static_cast<int>(o.grad_accum);
+  TS_RETURN_IF_ERROR(validate(plan, world));
+  if (o.batch % plan.data_group() != 0)
+    return error("--batch " + std::to_string(o.batch) + " (the global micro-batch) does not split "
+                     "over " + std::to_string(plan.data_group()) + " data-parallel ranks",
+                 "use a multiple of " + std::to_string(plan.data_group()));
+  return plan;
+}
+
+// Test hook: TESSERA_FAULT_KILL_RANK=r TESSERA_FAULT_KILL_STEP=s kills rank r in step s.
+void maybe_kill(int rank, int64_t step) {
+  const char* r = std::getenv("TESSERA_FAULT_KILL_RANK");
+  const char* s = std::getenv("TESSERA_FAULT_KILL_STEP");
+  if (r && s && std::atoi(r) == rank && std::atoll(s) == step) {
+    std::fprintf(stderr, "tessera: rank %d: killed by TESSERA_FAULT_KILL_* in step %lld\n", rank,
+                 (long long)step);
+    std::raise(SIGKILL);
+  }
+}
+
 }  // namespace
 
 Status run_train(const TrainOptions& o) {
   TS_ASSIGN_OR_RETURN(ModelConfig cfg, load_model_config(o.model));
   TS_RETURN_IF_ERROR(check_options(o, cfg));
+  // A distributed run: started by mpirun (or `tessera launch`), or asked for by flags.
+  const bool wants_ranks = o.dp > 1 || o.hsdp > 0 || !o.plan.empty();
+  std::unique_ptr<Communicator> world;
+  if (launched_by_mpirun()) {
+    TS_ASSIGN_OR_RETURN(world, mpi_world(nullptr, nullptr));
+    install_termination_reporter();
+    world->set_timeout(o.comm_timeout);
+    set_process_rank(world->rank());
+  } else if (wants_ranks) {
+    int n = o.dp > 1 ? o.dp : 2;
+    return error("a distributed plan needs one process per rank",
+                 "run `tessera launch -n " + std::to_string(n) + " -- train ...` or `mpirun -np " +
+                     std::to_string(n) + " tessera train ...`");
+  }
+  const bool distributed = world && (world->size() > 1 || wants_ranks);
+  Plan plan;
+  if (distributed) {
+    TS_ASSIGN_OR_RETURN(plan, plan_from_flags(o, world->size()));
+  }
+  const int data_ranks = distributed ? plan.data_group() : 1;
+  const int data_index = distributed ? plan.mesh.group_index(world->rank(), plan.data_axes) : 0;
+  const bool leader = !world || world->rank() == 0;
   TS_ASSIGN_OR_RETURN(Gpt2Tokenizer tok, Gpt2Tokenizer::load(default_data_dir() + "/gpt2"));
   TS_ASSIGN_OR_RETURN(std::string data_dir, prepare_data(o, tok));
   TS_ASSIGN_OR_RETURN(
       DataLoader train,
       DataLoader::open(data_dir + "/train.bin", static_cast<int>(cfg.vocab_size),
-                       static_cast<int>(o.batch), static_cast<int>(o.seq), 0, 1, o.seed));
+                       static_cast<int>(o.batch / data_ranks), static_cast<int>(o.seq), data_index,
+                       data_ranks, o.seed));
   TS_ASSIGN_OR_RETURN(
       DataLoader val,
       DataLoader::open(data_dir + "/val.bin", static_cast<int>(cfg.vocab_size),
@@ -108,31 +169,55 @@ Status run_train(const TrainOptions& o) {
   TS_RETURN_IF_ERROR(make_dirs(o.out));
 
   CpuBackend cpu;
-  TrainState st(cfg, o, cpu);
+  std::optional<MeshComms> comms;
+  std::unique_ptr<TrainState> state;
+  if (distributed) {
+    TS_ASSIGN_OR_RETURN(comms, MeshComms::create(*world, plan));
+    comms->set_timeout(o.comm_timeout);
+    TS_ASSIGN_OR_RETURN(state, TrainState::distributed(cfg, o, cpu, *comms, plan));
+  } else {
+    state = std::make_unique<TrainState>(cfg, o, cpu);
+  }
+  TrainState& st = *state;
   st.val_start = val.state();
   const Graph& g = st.model.graph;
   int64_t start_step = 0;
   if (o.resume) {
     TS_ASSIGN_OR_RETURN(start_step, st.load(o.out + "/checkpoints", &train));
-    std::fprintf(stderr, "resumed from step %lld\n", (long long)start_step);
+    if (leader) std::fprintf(stderr, "resumed from step %lld\n", (long long)start_step);
   } else {
-    st.step->executor().init_params(o.seed);
+    st.init_params(o.seed);
   }
 
   const double tokens_per_step = static_cast<double>(o.batch * o.seq * o.grad_accum);
-  const MemoryPlan& plan = st.step->executor().plan();
-  std::fprintf(stderr,
+  const MemoryPlan& mplan = st.executor().plan();
+  if (leader && distributed) {
+    const Program& prog = st.dstep->program();
+    std::fprintf(stderr,
+                 "plan %s on %d ranks: per rank arena %s, parameters %s, gradients %s, "
+                 "optimizer %s; %s sent per step\n",
+                 plan.describe().c_str(), world->size(),
+                 format_bytes(static_cast<double>(prog.memory.arena_bytes)).c_str(),
+                 format_bytes(static_cast<double>(prog.param_bytes)).c_str(),
+                 format_bytes(static_cast<double>(prog.grad_bytes)).c_str(),
+                 format_bytes(static_cast<double>(prog.optim_bytes)).c_str(),
+                 format_bytes(prog.comm_bytes_per_step).c_str());
+  }
+  if (leader && !distributed) std::fprintf(stderr,
                "model %s: %s parameters, %s FLOPs/token (train)\n"
                "planned memory: arena %s (activations+gradients), parameters %s, optimizer %s\n",
                cfg.name.c_str(), format_count(g.param_count()).c_str(),
                format_si(g.total_flops() / static_cast<double>(o.batch * o.seq)).c_str(),
-               format_bytes(static_cast<double>(plan.arena_bytes)).c_str(),
-               format_bytes(static_cast<double>(plan.param_bytes)).c_str(),
-               format_bytes(3.0 * static_cast<double>(plan.param_bytes)).c_str());
+               format_bytes(static_cast<double>(mplan.arena_bytes)).c_str(),
+               format_bytes(static_cast<double>(mplan.param_bytes)).c_str(),
+               format_bytes(3.0 * static_cast<double>(mplan.param_bytes)).c_str());
 
-  std::ofstream metrics(o.out + "/metrics.jsonl", std::ios::app);
-  if (!metrics) return error("cannot open " + o.out + "/metrics.jsonl for appending");
-  Progress progress(o.steps, start_step, o.log_every);
+  std::ofstream metrics;
+  if (leader) {
+    metrics.open(o.out + "/metrics.jsonl", std::ios::app);
+    if (!metrics) return error("cannot open " + o.out + "/metrics.jsonl for appending");
+  }
+  Progress progress(o.steps, start_step, leader ? o.log_every : 0);
   std::vector<int32_t> x, y;
   auto t_start = Clock::now();
   int64_t steps_this_run = 0;
@@ -143,18 +228,22 @@ Status run_train(const TrainOptions& o) {
     bool measure = steps_this_run == 0;
     for (int64_t micro = 0; micro < o.grad_accum; ++micro) {
       train.next(&x, &y);
-      if (measure && micro == 0) st.step->executor().paint_arena();
-      loss += st.step->forward_backward(x.data(), y.data());
+      if (measure && micro == 0) st.executor().paint_arena();
+      if (world) maybe_kill(world->rank(), step);
+      TS_ASSIGN_OR_RETURN(float l, st.forward_backward(x.data(), y.data()));
+      loss += l;
       if (measure && micro == 0) {
-        int64_t hw = st.step->executor().measured_high_water();
-        std::fprintf(stderr, "measured arena high-water %s (planned %s)%s\n",
-                     format_bytes(static_cast<double>(hw)).c_str(),
-                     format_bytes(static_cast<double>(plan.arena_bytes)).c_str(),
-                     hw == plan.arena_bytes ? "" : "  MISMATCH");
+        int64_t hw = st.executor().measured_high_water();
+        if (leader || hw != mplan.arena_bytes)
+          std::fprintf(stderr, "%smeasured arena high-water %s (planned %s)%s\n",
+                       world ? ("rank " + std::to_string(world->rank()) + ": ").c_str() : "",
+                       format_bytes(static_cast<double>(hw)).c_str(),
+                       format_bytes(static_cast<double>(mplan.arena_bytes)).c_str(),
+                       hw == mplan.arena_bytes ? "" : "  MISMATCH");
       }
     }
     loss /= static_cast<double>(o.grad_accum);
-    double norm = st.step->apply(lr, o.clip, static_cast<int>(o.grad_accum));
+    TS_ASSIGN_OR_RETURN(double norm, st.apply(lr, o.clip, static_cast<int>(o.grad_accum)));
     double dt = std::chrono::duration<double>(Clock::now() - t0).count();
     ++steps_this_run;
     nlohmann::json rec = {{"step", step},
@@ -163,30 +252,38 @@ Status run_train(const TrainOptions& o) {
                           {"grad_norm", norm},
                           {"tokens_per_s", tokens_per_step / dt},
                           {"step_s", dt}};
-    metrics << rec.dump() << "\n";
-    metrics.flush();
-    progress.update(step + 1, loss, tokens_per_step / dt);
+    if (leader) {
+      metrics << rec.dump() << "\n";
+      metrics.flush();
+      progress.update(step + 1, loss, tokens_per_step / dt);
+    }
 
     bool last = step + 1 == o.steps;
     bool stopping = o.stop_after > 0 && steps_this_run >= o.stop_after;
     if ((o.eval_every > 0 && (step + 1) % o.eval_every == 0) || last) {
-      double vl = evaluate(st, val, o.eval_batches);
-      metrics << nlohmann::json{{"step", step}, {"val_loss", vl}}.dump() << "\n";
-      metrics.flush();
-      progress.note("step " + std::to_string(step + 1) + ": val loss " + std::to_string(vl));
+      TS_ASSIGN_OR_RETURN(double vl, evaluate(st, val, o.eval_batches));
+      if (leader) {
+        metrics << nlohmann::json{{"step", step}, {"val_loss", vl}}.dump() << "\n";
+        metrics.flush();
+        progress.note("step " + std::to_string(step + 1) + ": val loss " + std::to_string(vl));
+      }
     }
     if ((o.ckpt_every > 0 && (step + 1) % o.ckpt_every == 0) || last || stopping) {
       TS_RETURN_IF_ERROR(st.save(o.out + "/checkpoints", step + 1, train));
-      progress.note("step " + std::to_string(step + 1) + ": checkpoint saved");
+      if (leader) progress.note("step " + std::to_string(step + 1) + ": checkpoint saved");
     }
     if (stopping) break;
   }
-  progress.finish();
+  if (leader) progress.finish();
   double secs = std::chrono::duration<double>(Clock::now() - t_start).count();
-  std::fprintf(stderr, "trained %lld steps in %s\n", (long long)steps_this_run,
-               format_duration(secs).c_str());
+  if (leader)
+    std::fprintf(stderr, "trained %lld steps in %s\n", (long long)steps_this_run,
+                 format_duration(secs).c_str());
 
   if (o.sample_tokens > 0 && start_step + steps_this_run == o.steps) {
+    TS_RETURN_IF_ERROR(st.copy_params_to_eval());  // collective when distributed
+  }
+  if (leader && o.sample_tokens > 0 && start_step + steps_this_run == o.steps) {
     std::vector<int32_t> prompt = tok.encode("The whale");
     std::string text = st.sample(prompt, static_cast<int>(o.sample_tokens), o.seed, tok);
     std::printf("--- sample ---\n%s\n--------------\n", text.c_str());
@@ -228,6 +325,16 @@ void add_train_command(CLI::App& app, TrainOptions& o) {
   cmd->add_flag("--resume", o.resume, "Continue from the latest checkpoint in --out");
   cmd->add_option("--stop-after", o.stop_after,
                   "Stop after N steps of this run, saving a checkpoint");
+  cmd->add_option("--dp", o.dp, "Data-parallel ranks (default: the mpirun world size)");
+  cmd->add_option("--zero", o.zero, "ZeRO stage: 0 DP, 1 optimizer state, 2 + gradients, 3 FSDP")
+      ->check(CLI::Range(0, 3))
+      ->capture_default_str();
+  cmd->add_option("--hsdp", o.hsdp,
+                  "HSDP: this many replica groups, ZeRO-3 within each (ranks / N per group)");
+  cmd->add_option("--plan", o.plan, "Plan JSON (see `tessera plan`); overrides --dp/--zero/--hsdp");
+  cmd->add_option("--comm-timeout", o.comm_timeout,
+                  "Seconds a collective waits for a peer before the run fails")
+      ->capture_default_str();
   cmd->callback([&o] { exit_on_error(run_train(o)); });
 }
 

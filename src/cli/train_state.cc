@@ -5,6 +5,7 @@
 
 #include "base/check.h"
 #include "io/checkpoint.h"
+#include "io/sharded_checkpoint.h"
 #include "io/model_config.h"
 #include "runtime/sampler.h"
 
@@ -21,6 +22,38 @@ TrainState::TrainState(const ModelConfig& c, const TrainOptions& o, Backend& b)
   eval_exec = std::make_unique<Executor>(eval_model.graph, backend);
 }
 
+Result<std::unique_ptr<TrainState>> TrainState::distributed(const ModelConfig& cfg,
+                                                            const TrainOptions& opts,
+                                                            Backend& backend, MeshComms& comms,
+                                                            const Plan& plan) {
+  std::unique_ptr<TrainState> st(new TrainState(cfg, opts, backend));
+  st->step.reset();  // the one-process step is not used
+  AdamWConfig ac;
+  ac.lr = opts.lr;
+  ac.weight_decay = opts.weight_decay;
+  TS_ASSIGN_OR_RETURN(st->dstep, DistributedStep::create(st->model.graph, plan, backend, comms, ac));
+  st->rank = comms.world().rank();
+  return st;
+}
+
+Result<float> TrainState::forward_backward(const int32_t* tokens, const int32_t* targets) {
+  if (distributed()) return dstep->forward_backward(tokens, targets);
+  return step->forward_backward(tokens, targets);
+}
+
+Result<double> TrainState::apply(double lr, double clip, int micro_steps) {
+  if (distributed()) return dstep->apply(lr, clip, micro_steps);
+  return step->apply(lr, clip, micro_steps);
+}
+
+void TrainState::init_params(uint64_t seed) {
+  if (distributed()) {
+    dstep->init_params(seed);
+  } else {
+    step->executor().init_params(seed);
+  }
+}
+
 void copy_params(const Graph& gs, Executor& src, const Graph& gd, Executor& dst) {
   for (ValueId p : gd.params()) {
     ValueId q = gs.find_param(gd.name_of(p));
@@ -29,11 +62,52 @@ void copy_params(const Graph& gs, Executor& src, const Graph& gd, Executor& dst)
   }
 }
 
-void TrainState::copy_params_to_eval() {
-  copy_params(model.graph, step->executor(), eval_model.graph, *eval_exec);
+Status TrainState::copy_params_to_eval() {
+  if (!distributed()) {
+    copy_params(model.graph, step->executor(), eval_model.graph, *eval_exec);
+    return Status();
+  }
+  std::vector<std::vector<float>> whole;
+  TS_RETURN_IF_ERROR(dstep->gather_params(&whole));
+  const Graph& g = model.graph;
+  for (size_t i = 0; i < g.params().size(); ++i) {
+    ValueId q = eval_model.graph.find_param(g.name_of(g.params()[i]));
+    TS_CHECK_GE(q, 0) << g.name_of(g.params()[i]);
+    std::memcpy(eval_exec->raw(q), whole[i].data(), whole[i].size() * sizeof(float));
+  }
+  return Status();
+}
+
+nlohmann::json TrainState::manifest(int64_t completed, const DataLoader& train) const {
+  const AdamW& opt = distributed() ? dstep->optimizer() : step->optimizer();
+  const AdamWConfig& ac = opt.config();
+  nlohmann::json m = {{"step", completed},
+                      {"model", model_config_to_json(cfg)},
+                      {"optimizer",
+                       {{"type", "adamw"},
+                        {"t", opt.steps()},
+                        {"lr", ac.lr},
+                        {"beta1", ac.beta1},
+                        {"beta2", ac.beta2},
+                        {"eps", ac.eps},
+                        {"weight_decay", ac.weight_decay}}},
+                      {"loader", train.state()},
+                      {"rng", {{"seed", opts.seed}}},
+                      {"train",
+                       {{"batch", opts.batch},
+                        {"seq", opts.seq},
+                        {"steps", opts.steps},
+                        {"grad_accum", opts.grad_accum},
+                        {"lr", opts.lr},
+                        {"warmup", opts.warmup},
+                        {"min_lr_frac", opts.min_lr_frac},
+                        {"clip", opts.clip}}}};
+  if (distributed()) m["plan"] = plan_to_json(dstep->program().plan);
+  return m;
 }
 
 Status TrainState::save(const std::string& root, int64_t completed, const DataLoader& train) const {
+  if (distributed()) return save_sharded(root, completed, manifest(completed, train));
   const Graph& g = model.graph;
   Executor& ex = step->executor();
   AdamW& opt = step->optimizer();
@@ -49,36 +123,55 @@ Status TrainState::save(const std::string& root, int64_t completed, const DataLo
   CheckpointWriter w(root, checkpoint_name(completed));
   TS_RETURN_IF_ERROR(w.add_tensors("model.safetensors", params));
   TS_RETURN_IF_ERROR(w.add_tensors("optimizer.safetensors", moments));
-  const AdamWConfig& ac = opt.config();
-  nlohmann::json manifest = {{"step", completed},
-                             {"model", model_config_to_json(cfg)},
-                             {"optimizer",
-                              {{"type", "adamw"},
-                               {"t", opt.steps()},
-                               {"lr", ac.lr},
-                               {"beta1", ac.beta1},
-                               {"beta2", ac.beta2},
-                               {"eps", ac.eps},
-                               {"weight_decay", ac.weight_decay}}},
-                             {"loader", train.state()},
-                             {"rng", {{"seed", opts.seed}}},
-                             {"train",
-                              {{"batch", opts.batch},
-                               {"seq", opts.seq},
-                               {"steps", opts.steps},
-                               {"grad_accum", opts.grad_accum},
-                               {"lr", opts.lr},
-                               {"warmup", opts.warmup},
-                               {"min_lr_frac", opts.min_lr_frac},
-                               {"clip", opts.clip}}}};
-  TS_RETURN_IF_ERROR(w.commit(manifest));
+  TS_RETURN_IF_ERROR(w.commit(manifest(completed, train)));
   if (opts.keep_ckpts > 0)
     TS_RETURN_IF_ERROR(prune_checkpoints(root, static_cast<int>(opts.keep_ckpts)));
   return Status();
 }
 
+// Every rank writes the pieces it is the designated writer of (one copy of each element),
+// all ranks agree that every write succeeded, then rank 0 publishes.
+Status TrainState::save_sharded(const std::string& root, int64_t completed,
+                                const nlohmann::json& man) const {
+  DistributedStep& d = *dstep;
+  const Program& prog = d.program();
+  const Graph& g = model.graph;
+  std::vector<TensorShard> shards;
+  for (size_t i = 0; i < g.params().size(); ++i) {
+    const ParamLayout& pl = prog.part.params[i];
+    const LocalPiece pp = d.param_piece(i), op = d.optim_piece(i);
+    if (pl.params_sharded ? d.writes_shards() : d.writes_whole())
+      shards.push_back({pl.name, DType::f32, pl.global_shape, pp.offset, pp.count, d.param_data(i)});
+    if (pl.optim_sharded ? d.writes_shards() : d.writes_whole()) {
+      shards.push_back({"adam.m." + pl.name, DType::f32, pl.global_shape, op.offset, op.count,
+                        d.optimizer().m(i).data()});
+      shards.push_back({"adam.v." + pl.name, DType::f32, pl.global_shape, op.offset, op.count,
+                        d.optimizer().v(i).data()});
+    }
+  }
+  Communicator& world = d.comms().world();
+  const std::string name = checkpoint_name(completed);
+  Status wrote = write_checkpoint_shards(root, name, world.rank(), world.size(), shards);
+  TS_ASSIGN_OR_RETURN(double failed,
+                      world.all_reduce_scalar(wrote.ok() ? 0.0 : 1.0, true, "checkpoint write"));
+  if (!wrote.ok()) return wrote;
+  if (failed > 0) return error("checkpoint " + name + ": another rank failed to write its shards",
+                               "see that rank's message; the previous checkpoint is intact");
+  Status committed;
+  if (world.rank() == 0) {
+    committed = commit_checkpoint_shards(root, name, world.size(), man);
+    if (committed.ok() && opts.keep_ckpts > 0)
+      committed = prune_checkpoints(root, static_cast<int>(opts.keep_ckpts));
+  }
+  TS_ASSIGN_OR_RETURN(failed, world.all_reduce_scalar(committed.ok() ? 0.0 : 1.0, true,
+                                                      "checkpoint commit"));
+  if (!committed.ok()) return committed;
+  if (failed > 0) return error("checkpoint " + name + ": rank 0 failed to commit it");
+  return Status();
+}
+
 Result<int64_t> TrainState::load(const std::string& root, DataLoader* train) {
-  TS_ASSIGN_OR_RETURN(Checkpoint ck, load_checkpoint(root));
+  TS_ASSIGN_OR_RETURN(ShardedCheckpoint ck, ShardedCheckpoint::open(root));
   const nlohmann::json& m = ck.manifest();
   std::string where = "checkpoint " + ck.dir();
   try {
@@ -92,27 +185,25 @@ Result<int64_t> TrainState::load(const std::string& root, DataLoader* train) {
         t.at("grad_accum").get<int64_t>() != opts.grad_accum)
       return error(where + " was written with --batch " + t.at("batch").dump() + " --seq " +
                        t.at("seq").dump() + " --grad-accum " + t.at("grad_accum").dump(),
-                   "resume with the same batch shape");
+                   "resume with the same (global) batch shape; the plan may differ");
     const Graph& g = model.graph;
-    AdamW& opt = step->optimizer();
+    AdamW& opt = distributed() ? dstep->optimizer() : step->optimizer();
     for (size_t i = 0; i < g.params().size(); ++i) {
       ValueId p = g.params()[i];
       const std::string& name = g.name_of(p);
-      int64_t bytes = g.type(p).bytes();
-      struct Slot {
-        std::string key;
-        void* dst;
-      };
-      for (const Slot& s :
-           {Slot{name, step->executor().raw(p)}, Slot{"adam.m." + name, opt.m(i).data()},
-            Slot{"adam.v." + name, opt.v(i).data()}}) {
-        TS_ASSIGN_OR_RETURN(const TensorData* td, ck.find(s.key));
-        if (td->dtype != DType::f32 || td->shape != g.type(p).shape.dims() ||
-            static_cast<int64_t>(td->bytes.size()) != bytes)
-          return error(where + ": tensor " + s.key + " has shape " + shape_to_string(td->shape) +
-                       ", expected " + g.type(p).shape.to_string());
-        std::memcpy(s.dst, td->bytes.data(), static_cast<size_t>(bytes));
+      TS_ASSIGN_OR_RETURN(Shape shape, ck.global_shape(name));
+      if (shape != g.type(p).shape)
+        return error(where + ": tensor " + name + " has shape " + shape.to_string() +
+                     ", expected " + g.type(p).shape.to_string());
+      LocalPiece pp{0, shape.numel()}, op{0, shape.numel()};
+      float* dst = distributed() ? dstep->param_data(i) : step->executor().data<float>(p);
+      if (distributed()) {
+        pp = dstep->param_piece(i);
+        op = dstep->optim_piece(i);
       }
+      TS_RETURN_IF_ERROR(ck.read(name, pp.offset, pp.count, dst));
+      TS_RETURN_IF_ERROR(ck.read("adam.m." + name, op.offset, op.count, opt.m(i).data()));
+      TS_RETURN_IF_ERROR(ck.read("adam.v." + name, op.offset, op.count, opt.v(i).data()));
     }
     opt.set_steps(m.at("optimizer").at("t").get<int64_t>());
     TS_ASSIGN_OR_RETURN(LoaderState ls, loader_state_from_json(m.at("loader")));
@@ -129,7 +220,7 @@ std::string TrainState::sample(const std::vector<int32_t>& prompt, int tokens, u
                                const Gpt2Tokenizer& tok) {
   ModelGraph gen = build_model(cfg, 1, opts.seq, ModelMode::logits);
   Executor ex(gen.graph, backend);
-  copy_params(model.graph, step->executor(), gen.graph, ex);
+  copy_params(eval_model.graph, *eval_exec, gen.graph, ex);
   std::mt19937_64 rng(seed);
   std::vector<int32_t> out = sample_tokens(ex, gen, prompt, tokens, SampleOptions{}, rng);
   std::vector<int32_t> all = prompt;

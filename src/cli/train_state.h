@@ -10,32 +10,57 @@
 #include "data/bpe_tokenizer.h"
 #include "data/loader.h"
 #include "models/model.h"
+#include "runtime/distributed_step.h"
 #include "runtime/train_step.h"
 
 namespace tessera {
 
 class TrainState {
  public:
+  // One process: TrainStep. With `comms` (a distributed run under `plan`): DistributedStep.
   TrainState(const ModelConfig& cfg, const TrainOptions& opts, Backend& backend);
+  static Result<std::unique_ptr<TrainState>> distributed(const ModelConfig& cfg,
+                                                         const TrainOptions& opts,
+                                                         Backend& backend, MeshComms& comms,
+                                                         const Plan& plan);
   TrainState(const TrainState&) = delete;
 
   ModelConfig cfg;
   TrainOptions opts;
   Backend& backend;
-  ModelGraph model;                 // training graph
-  std::unique_ptr<TrainStep> step;  // parameters, gradients, optimizer
+  ModelGraph model;                 // training graph (global batch)
+  std::unique_ptr<TrainStep> step;  // one process: parameters, gradients, optimizer
+  std::unique_ptr<DistributedStep> dstep;  // distributed: this rank's shards
+  int rank = 0;
+  bool distributed() const { return dstep != nullptr; }
+  bool is_leader() const { return rank == 0; }  // prints, writes metrics
+
+  // The step, whichever kind: tokens/targets are this rank's rows.
+  Result<float> forward_backward(const int32_t* tokens, const int32_t* targets);
+  Result<double> apply(double lr, double clip, int micro_steps);
+  Executor& executor() { return distributed() ? dstep->executor() : step->executor(); }
+  void init_params(uint64_t seed);
   ModelGraph eval_model;            // loss only, same batch shape
   std::unique_ptr<Executor> eval_exec;
   LoaderState val_start;
 
-  void copy_params_to_eval();
+
+  Status copy_params_to_eval();  // collective when distributed
   // Writes <root>/step-N (parameters, AdamW moments, loader position, config) and prunes old
-  // checkpoints beyond opts.keep_ckpts.
+  // checkpoints beyond opts.keep_ckpts. Distributed: every rank writes its shards, rank 0
+  // commits after all succeeded (the checkpoint loads under any plan).
   Status save(const std::string& root, int64_t completed_steps, const DataLoader& train) const;
-  // Loads the newest checkpoint under root (or a step directory); returns its completed steps.
+  // Loads the newest checkpoint under root (or a step directory), written under any plan,
+  // re-sharding to this one; returns its completed steps.
   Result<int64_t> load(const std::string& root, DataLoader* train);
+  // Uses the evaluation executor's parameters (call copy_params_to_eval first).
   std::string sample(const std::vector<int32_t>& prompt, int tokens, uint64_t seed,
                      const Gpt2Tokenizer& tok);
+
+ private:
+  Status save_sharded(const std::string& root, int64_t completed,
+                      const nlohmann::json& manifest) const;
+  nlohmann::json manifest(int64_t completed, const DataLoader& train) const;
 };
 
 // Copies the named parameters of `src` into the same-named parameters of `dst`.

@@ -10,6 +10,7 @@
 
 #include "cli/commands.h"
 #include "data/token_shards.h"
+#include "train_fixture.h"
 
 namespace tessera {
 namespace {
@@ -23,16 +24,7 @@ class TrainTest : public ::testing::Test {
            ("tessera_train_test_" + std::to_string(::getpid()) + "_" +
             ::testing::UnitTest::GetInstance()->current_test_info()->name());
     fs::remove_all(dir_);
-    fs::create_directories(dir_ / "data");
-    std::mt19937 rng(7);
-    std::vector<int32_t> tokens(4000);
-    // A learnable stream: a repeating pattern with noise.
-    for (size_t i = 0; i < tokens.size(); ++i)
-      tokens[i] = static_cast<int32_t>((i % 17) * 11 + (rng() % 3));
-    ASSERT_TRUE(write_token_shard((dir_ / "data/train.bin").string(), tokens, 50257).ok());
-    ASSERT_TRUE(write_token_shard((dir_ / "data/val.bin").string(),
-                                  std::span<const int32_t>(tokens).subspan(0, 1000), 50257)
-                    .ok());
+    write_learnable_tokens(dir_ / "data");
   }
   void TearDown() override { fs::remove_all(dir_); }
 
@@ -52,16 +44,7 @@ class TrainTest : public ::testing::Test {
     return o;
   }
 
-  static std::vector<std::string> losses(const fs::path& metrics) {
-    std::ifstream in(metrics);
-    std::vector<std::string> out;
-    std::string line;
-    while (std::getline(in, line)) {
-      auto p = line.find("\"loss\":");
-      if (p != std::string::npos) out.push_back(line.substr(p, line.find(',', p) - p));
-    }
-    return out;
-  }
+  static std::vector<std::string> losses(const fs::path& m) { return metric_losses(m); }
 
   fs::path dir_;
 };

@@ -1,0 +1,78 @@
+// `tessera plan MODEL --dp N --zero S`: lowers the training step for a plan and prints, per
+// rank, the planned memory, the bytes sent per step and (with --program) the instructions.
+// Needs no MPI and no devices: the same Program the runtime executes.
+#include <cstdio>
+#include <nlohmann/json.hpp>
+
+#include "base/format.h"
+#include "cli/commands.h"
+#include "cli/common.h"
+#include "io/model_config.h"
+#include "parallel/program.h"
+
+namespace tessera {
+
+namespace {
+
+struct PlanOptions {
+  std::string model;
+  int64_t batch = 8, seq = 0;
+  int dp = 1, zero = 0, hsdp = 0, micro = 1;
+  std::string plan;
+  bool program = false;
+};
+
+Status run_plan(const PlanOptions& o) {
+  TS_ASSIGN_OR_RETURN(ModelConfig cfg, load_model_config(o.model));
+  const int64_t seq = o.seq > 0 ? o.seq : cfg.max_seq_len;
+  if (seq > cfg.max_seq_len) return error("--seq exceeds the model's max_seq_len");
+  Plan plan;
+  if (!o.plan.empty()) {
+    TS_ASSIGN_OR_RETURN(plan, load_plan(o.plan));
+  } else if (o.hsdp > 0) {
+    if (o.dp % o.hsdp != 0) return error("--hsdp must divide --dp");
+    plan = Plan::hybrid_sharded(o.hsdp, o.dp / o.hsdp);
+  } else {
+    plan = Plan::data_parallel(o.dp, o.zero);
+  }
+  plan.micro_batches = o.micro;
+  TS_RETURN_IF_ERROR(validate(plan));
+  ModelGraph m = build_model(cfg, o.batch, seq, ModelMode::train);
+  TS_ASSIGN_OR_RETURN(Program p, lower(m.graph, plan));
+  std::printf("%s\n", plan_to_json(plan).dump(2).c_str());
+  std::printf("plan            %s\n", plan.describe().c_str());
+  std::printf("local batch     %lld of %lld sequences per micro-batch\n",
+              (long long)(o.batch / plan.data_group()), (long long)o.batch);
+  std::printf("per rank        arena %s + parameters %s + gradients %s + optimizer %s\n",
+              format_bytes(static_cast<double>(p.memory.arena_bytes)).c_str(),
+              format_bytes(static_cast<double>(p.param_bytes)).c_str(),
+              format_bytes(static_cast<double>(p.grad_bytes)).c_str(),
+              format_bytes(static_cast<double>(p.optim_bytes)).c_str());
+  std::printf("communication   %s sent per rank per step\n",
+              format_bytes(p.comm_bytes_per_step).c_str());
+  std::printf("instructions    %zu per micro-batch, %zu per step (%zu gradient buckets)\n",
+              p.micro_step.size(), p.optimizer.size(), p.part.buckets.size());
+  for (const std::string& f : p.part.fallbacks) std::printf("fallback        %s\n", f.c_str());
+  if (o.program) std::fputs(print_program(p, 100000).c_str(), stdout);
+  return Status();
+}
+
+}  // namespace
+
+void add_plan_command(CLI::App& app) {
+  auto o = std::make_shared<PlanOptions>();
+  CLI::App* cmd = app.add_subcommand("plan", "Lower a training step for a parallel plan and "
+                                             "report per-rank memory and communication");
+  cmd->add_option("model", o->model, "Preset name or config.toml")->required();
+  cmd->add_option("--batch", o->batch, "Global micro-batch")->capture_default_str();
+  cmd->add_option("--seq", o->seq, "Sequence length (default: max_seq_len)");
+  cmd->add_option("--dp", o->dp, "Data-parallel ranks")->capture_default_str();
+  cmd->add_option("--zero", o->zero, "ZeRO stage 0-3")->capture_default_str();
+  cmd->add_option("--hsdp", o->hsdp, "HSDP replica groups (ZeRO-3 within each)");
+  cmd->add_option("--grad-accum", o->micro, "Micro-batches per step")->capture_default_str();
+  cmd->add_option("--plan", o->plan, "Plan JSON file");
+  cmd->add_flag("--program", o->program, "Print every instruction");
+  cmd->callback([o] { exit_on_error(run_plan(*o)); });
+}
+
+}  // namespace tessera
