@@ -35,11 +35,11 @@ struct TrainOptions {
   bool resume = false;
   int64_t stop_after = 0;  // stop (with a checkpoint) after this many steps of this run; 0: off
   // Distributed (under mpirun): --batch is the global micro-batch, split over the data ranks.
-  int dp = 0;               // data-parallel ranks (0: the MPI world size)
-  int zero = 0;             // ZeRO stage 0-3
-  int hsdp = 0;             // > 0: HSDP with this many replica groups (ZeRO-3 inside each)
-  std::string plan;         // plan JSON file (overrides --dp/--zero/--hsdp)
-  double comm_timeout = 30; // seconds a collective waits for a peer before failing
+  int dp = 0;                // data-parallel ranks (0: the MPI world size)
+  int zero = 0;              // ZeRO stage 0-3
+  int hsdp = 0;              // > 0: HSDP with this many replica groups (ZeRO-3 inside each)
+  std::string plan;          // plan JSON file (overrides --dp/--zero/--hsdp)
+  double comm_timeout = 30;  // seconds a collective waits for a peer before failing
 };
 
 void add_train_command(CLI::App& app, TrainOptions& opts);

@@ -2,8 +2,8 @@
 // through mpirun (--oversubscribe, so N may exceed the cores), forwarding the arguments.
 #include <unistd.h>
 
-#include <cstdio>
 #include <cerrno>
+#include <cstdio>
 #include <cstring>
 #include <filesystem>
 #include <vector>

@@ -61,8 +61,9 @@ Status run_plan(const PlanOptions& o) {
 
 void add_plan_command(CLI::App& app) {
   auto o = std::make_shared<PlanOptions>();
-  CLI::App* cmd = app.add_subcommand("plan", "Lower a training step for a parallel plan and "
-                                             "report per-rank memory and communication");
+  CLI::App* cmd = app.add_subcommand("plan",
+                                     "Lower a training step for a parallel plan and "
+                                     "report per-rank memory and communication");
   cmd->add_option("model", o->model, "Preset name or config.toml")->required();
   cmd->add_option("--batch", o->batch, "Global micro-batch")->capture_default_str();
   cmd->add_option("--seq", o->seq, "Sequence length (default: max_seq_len)");

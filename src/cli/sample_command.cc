@@ -7,8 +7,8 @@
 #include "cli/commands.h"
 #include "cli/common.h"
 #include "data/bpe_tokenizer.h"
-#include "io/checkpoint.h"
 #include "io/model_config.h"
+#include "io/sharded_checkpoint.h"
 #include "runtime/sampler.h"
 
 namespace tessera {
@@ -25,7 +25,7 @@ struct SampleArgs {
 };
 
 Status run_sample(const SampleArgs& a) {
-  TS_ASSIGN_OR_RETURN(Checkpoint ck, load_checkpoint(a.checkpoint));
+  TS_ASSIGN_OR_RETURN(ShardedCheckpoint ck, ShardedCheckpoint::open(a.checkpoint));
   nlohmann::json model_json;
   try {
     model_json = ck.manifest().at("model");
@@ -42,11 +42,12 @@ Status run_sample(const SampleArgs& a) {
   Executor ex(m.graph, cpu);
   for (ValueId p : m.graph.params()) {
     const std::string& name = m.graph.name_of(p);
-    TS_ASSIGN_OR_RETURN(const TensorData* t, ck.find(name));
-    if (t->dtype != DType::f32 || t->shape != m.graph.type(p).shape.dims())
+    // Any plan's checkpoint: the whole tensor is assembled from the shards.
+    TS_ASSIGN_OR_RETURN(Shape shape, ck.global_shape(name));
+    if (shape != m.graph.type(p).shape)
       return error("checkpoint " + ck.dir() + ": tensor " + name + " has shape " +
-                   shape_to_string(t->shape) + ", expected " + m.graph.type(p).shape.to_string());
-    std::memcpy(ex.raw(p), t->bytes.data(), t->bytes.size());
+                   shape.to_string() + ", expected " + m.graph.type(p).shape.to_string());
+    TS_RETURN_IF_ERROR(ck.read(name, 0, shape.numel(), ex.data<float>(p)));
   }
   std::mt19937_64 rng(a.seed);
   SampleOptions opt{a.temperature, a.top_k};

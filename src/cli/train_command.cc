@@ -4,9 +4,12 @@
 
 #include <chrono>
 #include <cmath>
+#include <csignal>
 #include <cstdio>
+#include <cstdlib>
 #include <filesystem>
 #include <fstream>
+#include <optional>
 
 #include "backend/cpu/cpu_backend.h"
 #include "base/check.h"
@@ -15,18 +18,15 @@
 #include "cli/common.h"
 #include "cli/progress.h"
 #include "cli/train_state.h"
+#include "comm/mpi_comm.h"
 #include "data/bpe_tokenizer.h"
 #include "data/loader.h"
 #include "data/tokenize_corpus.h"
 #include "io/fs.h"
 #include "io/model_config.h"
+#include "parallel/plan.h"
 #include "runtime/sampler.h"
 #include "runtime/train_step.h"
-#include "comm/mpi_comm.h"
-#include "parallel/plan.h"
-#include <csignal>
-#include <cstdlib>
-#include <optional>
 
 namespace tessera {
 
@@ -108,8 +108,10 @@ Result<Plan> plan_from_flags(const TrainOptions& o, int world) {
   plan.micro_batches = static_cast<int>(o.grad_accum);
   TS_RETURN_IF_ERROR(validate(plan, world));
   if (o.batch % plan.data_group() != 0)
-    return error("--batch " + std::to_string(o.batch) + " (the global micro-batch) does not split "
-                     "over " + std::to_string(plan.data_group()) + " data-parallel ranks",
+    return error("--batch " + std::to_string(o.batch) +
+                     " (the global micro-batch) does not split "
+                     "over " +
+                     std::to_string(plan.data_group()) + " data-parallel ranks",
                  "use a multiple of " + std::to_string(plan.data_group()));
   return plan;
 }
@@ -154,11 +156,10 @@ Status run_train(const TrainOptions& o) {
   const bool leader = !world || world->rank() == 0;
   TS_ASSIGN_OR_RETURN(Gpt2Tokenizer tok, Gpt2Tokenizer::load(default_data_dir() + "/gpt2"));
   TS_ASSIGN_OR_RETURN(std::string data_dir, prepare_data(o, tok));
-  TS_ASSIGN_OR_RETURN(
-      DataLoader train,
-      DataLoader::open(data_dir + "/train.bin", static_cast<int>(cfg.vocab_size),
-                       static_cast<int>(o.batch / data_ranks), static_cast<int>(o.seq), data_index,
-                       data_ranks, o.seed));
+  TS_ASSIGN_OR_RETURN(DataLoader train,
+                      DataLoader::open(data_dir + "/train.bin", static_cast<int>(cfg.vocab_size),
+                                       static_cast<int>(o.batch / data_ranks),
+                                       static_cast<int>(o.seq), data_index, data_ranks, o.seed));
   TS_ASSIGN_OR_RETURN(
       DataLoader val,
       DataLoader::open(data_dir + "/val.bin", static_cast<int>(cfg.vocab_size),
@@ -203,14 +204,15 @@ Status run_train(const TrainOptions& o) {
                  format_bytes(static_cast<double>(prog.optim_bytes)).c_str(),
                  format_bytes(prog.comm_bytes_per_step).c_str());
   }
-  if (leader && !distributed) std::fprintf(stderr,
-               "model %s: %s parameters, %s FLOPs/token (train)\n"
-               "planned memory: arena %s (activations+gradients), parameters %s, optimizer %s\n",
-               cfg.name.c_str(), format_count(g.param_count()).c_str(),
-               format_si(g.total_flops() / static_cast<double>(o.batch * o.seq)).c_str(),
-               format_bytes(static_cast<double>(mplan.arena_bytes)).c_str(),
-               format_bytes(static_cast<double>(mplan.param_bytes)).c_str(),
-               format_bytes(3.0 * static_cast<double>(mplan.param_bytes)).c_str());
+  if (leader && !distributed)
+    std::fprintf(stderr,
+                 "model %s: %s parameters, %s FLOPs/token (train)\n"
+                 "planned memory: arena %s (activations+gradients), parameters %s, optimizer %s\n",
+                 cfg.name.c_str(), format_count(g.param_count()).c_str(),
+                 format_si(g.total_flops() / static_cast<double>(o.batch * o.seq)).c_str(),
+                 format_bytes(static_cast<double>(mplan.arena_bytes)).c_str(),
+                 format_bytes(static_cast<double>(mplan.param_bytes)).c_str(),
+                 format_bytes(3.0 * static_cast<double>(mplan.param_bytes)).c_str());
 
   std::ofstream metrics;
   if (leader) {

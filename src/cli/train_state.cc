@@ -5,8 +5,8 @@
 
 #include "base/check.h"
 #include "io/checkpoint.h"
-#include "io/sharded_checkpoint.h"
 #include "io/model_config.h"
+#include "io/sharded_checkpoint.h"
 #include "runtime/sampler.h"
 
 namespace tessera {
@@ -31,7 +31,8 @@ Result<std::unique_ptr<TrainState>> TrainState::distributed(const ModelConfig& c
   AdamWConfig ac;
   ac.lr = opts.lr;
   ac.weight_decay = opts.weight_decay;
-  TS_ASSIGN_OR_RETURN(st->dstep, DistributedStep::create(st->model.graph, plan, backend, comms, ac));
+  TS_ASSIGN_OR_RETURN(st->dstep,
+                      DistributedStep::create(st->model.graph, plan, backend, comms, ac));
   st->rank = comms.world().rank();
   return st;
 }
@@ -141,7 +142,8 @@ Status TrainState::save_sharded(const std::string& root, int64_t completed,
     const ParamLayout& pl = prog.part.params[i];
     const LocalPiece pp = d.param_piece(i), op = d.optim_piece(i);
     if (pl.params_sharded ? d.writes_shards() : d.writes_whole())
-      shards.push_back({pl.name, DType::f32, pl.global_shape, pp.offset, pp.count, d.param_data(i)});
+      shards.push_back(
+          {pl.name, DType::f32, pl.global_shape, pp.offset, pp.count, d.param_data(i)});
     if (pl.optim_sharded ? d.writes_shards() : d.writes_whole()) {
       shards.push_back({"adam.m." + pl.name, DType::f32, pl.global_shape, op.offset, op.count,
                         d.optimizer().m(i).data()});
@@ -155,16 +157,17 @@ Status TrainState::save_sharded(const std::string& root, int64_t completed,
   TS_ASSIGN_OR_RETURN(double failed,
                       world.all_reduce_scalar(wrote.ok() ? 0.0 : 1.0, true, "checkpoint write"));
   if (!wrote.ok()) return wrote;
-  if (failed > 0) return error("checkpoint " + name + ": another rank failed to write its shards",
-                               "see that rank's message; the previous checkpoint is intact");
+  if (failed > 0)
+    return error("checkpoint " + name + ": another rank failed to write its shards",
+                 "see that rank's message; the previous checkpoint is intact");
   Status committed;
   if (world.rank() == 0) {
     committed = commit_checkpoint_shards(root, name, world.size(), man);
     if (committed.ok() && opts.keep_ckpts > 0)
       committed = prune_checkpoints(root, static_cast<int>(opts.keep_ckpts));
   }
-  TS_ASSIGN_OR_RETURN(failed, world.all_reduce_scalar(committed.ok() ? 0.0 : 1.0, true,
-                                                      "checkpoint commit"));
+  TS_ASSIGN_OR_RETURN(
+      failed, world.all_reduce_scalar(committed.ok() ? 0.0 : 1.0, true, "checkpoint commit"));
   if (!committed.ok()) return committed;
   if (failed > 0) return error("checkpoint " + name + ": rank 0 failed to commit it");
   return Status();

@@ -20,16 +20,15 @@ class TrainState {
   // One process: TrainStep. With `comms` (a distributed run under `plan`): DistributedStep.
   TrainState(const ModelConfig& cfg, const TrainOptions& opts, Backend& backend);
   static Result<std::unique_ptr<TrainState>> distributed(const ModelConfig& cfg,
-                                                         const TrainOptions& opts,
-                                                         Backend& backend, MeshComms& comms,
-                                                         const Plan& plan);
+                                                         const TrainOptions& opts, Backend& backend,
+                                                         MeshComms& comms, const Plan& plan);
   TrainState(const TrainState&) = delete;
 
   ModelConfig cfg;
   TrainOptions opts;
   Backend& backend;
-  ModelGraph model;                 // training graph (global batch)
-  std::unique_ptr<TrainStep> step;  // one process: parameters, gradients, optimizer
+  ModelGraph model;                        // training graph (global batch)
+  std::unique_ptr<TrainStep> step;         // one process: parameters, gradients, optimizer
   std::unique_ptr<DistributedStep> dstep;  // distributed: this rank's shards
   int rank = 0;
   bool distributed() const { return dstep != nullptr; }
@@ -40,10 +39,9 @@ class TrainState {
   Result<double> apply(double lr, double clip, int micro_steps);
   Executor& executor() { return distributed() ? dstep->executor() : step->executor(); }
   void init_params(uint64_t seed);
-  ModelGraph eval_model;            // loss only, same batch shape
+  ModelGraph eval_model;  // loss only, same batch shape
   std::unique_ptr<Executor> eval_exec;
   LoaderState val_start;
-
 
   Status copy_params_to_eval();  // collective when distributed
   // Writes <root>/step-N (parameters, AdamW moments, loader position, config) and prunes old

@@ -160,8 +160,10 @@ bool matmul(const ShardingRuleArgs& a, Out* out) {
   if (x.is_partial() || y.is_partial())
     return ((x.is_partial() && y.is_replicate()) || (x.is_replicate() && y.is_partial())) &&
            all_outputs(a, out, P::partial());
-  const int a_m = a.attrs.transpose_a ? ra - 1 : ra - 2, a_k = a.attrs.transpose_a ? ra - 2 : ra - 1;
-  const int b_k = a.attrs.transpose_b ? rb - 1 : rb - 2, b_n = a.attrs.transpose_b ? rb - 2 : rb - 1;
+  const int a_m = a.attrs.transpose_a ? ra - 1 : ra - 2,
+            a_k = a.attrs.transpose_a ? ra - 2 : ra - 1;
+  const int b_k = a.attrs.transpose_b ? rb - 1 : rb - 2,
+            b_n = a.attrs.transpose_b ? rb - 2 : rb - 1;
   if (x.is_shard() && y.is_shard()) {
     if (x.dim == a_k && y.dim == b_k) return all_outputs(a, out, P::partial());
     if (ra == rb && x.dim == y.dim && x.dim < ra - 2) return all_outputs(a, out, x);
@@ -256,7 +258,9 @@ bool binary_rule(const ShardingRuleArgs& a, Out* out) {
 }
 // layernorm(x, w, b) -> (y, mean, rstd); layernorm_grad(dy, x, w, mean, rstd) -> (dx, dw, db)
 bool layernorm(const ShardingRuleArgs& a, Out* out) { return rowwise(a, out, {0}, 3); }
-bool layernorm_grad(const ShardingRuleArgs& a, Out* out) { return rowwise(a, out, {0, 1, 3, 4}, 1); }
+bool layernorm_grad(const ShardingRuleArgs& a, Out* out) {
+  return rowwise(a, out, {0, 1, 3, 4}, 1);
+}
 // rmsnorm(x, w) -> (y, rstd); rmsnorm_grad(dy, x, w, rstd) -> (dx, dw)
 bool rmsnorm(const ShardingRuleArgs& a, Out* out) { return rowwise(a, out, {0}, 2); }
 bool rmsnorm_grad(const ShardingRuleArgs& a, Out* out) { return rowwise(a, out, {0, 1, 3}, 1); }

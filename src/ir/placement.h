@@ -38,8 +38,8 @@ struct Placement {
 
 struct ShardingRuleArgs {
   const Attrs& attrs;
-  std::span<const TensorType> in;   // global input types
-  std::span<const TensorType> out;  // global output types
+  std::span<const TensorType> in;         // global input types
+  std::span<const TensorType> out;        // global output types
   std::span<const Placement> placements;  // of the inputs, along this axis
   const Placement& p(int i) const { return placements[static_cast<size_t>(i)]; }
 };

@@ -109,8 +109,8 @@ Result<ValueId> Pass::to_replicate(ValueId local, const Shape& global, int axis,
   if (p.is_partial())
     return emit(OpKind::all_reduce, a, {local}, like, {pl}, {out_.local.type(local).shape});
   // Only a dim-0 split is a flat block; other dims would need a strided gather.
-  if (!p.is_shard(0) || out_.local.type(local).shape.numel() * a.count !=
-                            local_shape(global, pl, like.scope).numel())
+  if (!p.is_shard(0) ||
+      out_.local.type(local).shape.numel() * a.count != local_shape(global, pl, like.scope).numel())
     return error("partition: '" + like.scope + "' " + op_name(like.op) + " needs an input " +
                  p.to_string() + " on axis " + a.name + " gathered, which is not supported");
   Shape whole = local_shape(global, pl, like.scope);
@@ -191,15 +191,16 @@ Status Pass::flush_bucket() {
       Placements mid = cur;
       for (const std::string& z : plan_.zero_axes)
         mid[static_cast<size_t>(plan_.mesh.axis_index(z))] = Placement::shard(0);
-      TS_ASSIGN_OR_RETURN(v, emit(OpKind::reduce_scatter, a, {v}, like, {mid}, {Shape{fs.block()}}));
+      TS_ASSIGN_OR_RETURN(v,
+                          emit(OpKind::reduce_scatter, a, {v}, like, {mid}, {Shape{fs.block()}}));
       bucket.push_back(out_.local.value(v).producer);
     }
     if (!rest.empty()) {
       Attrs a;
       a.name = join(rest);
       a.count = plan_.mesh.group_size(rest);
-      TS_ASSIGN_OR_RETURN(v, emit(OpKind::all_reduce, a, {v}, like, {done},
-                                  {out_.local.type(v).shape}));
+      TS_ASSIGN_OR_RETURN(
+          v, emit(OpKind::all_reduce, a, {v}, like, {done}, {out_.local.type(v).shape}));
       bucket.push_back(out_.local.value(v).producer);
     }
     pl.local_grad = v;
@@ -272,7 +273,8 @@ Status Pass::visit(NodeId id) {
   for (size_t k = 0; k < naxes; ++k) {
     Placements pk;
     for (ValueId lv : ins) pk.push_back(out_.placements[static_cast<size_t>(lv)][k]);
-    bool all_r = std::all_of(pk.begin(), pk.end(), [](const Placement& p) { return p.is_replicate(); });
+    bool all_r =
+        std::all_of(pk.begin(), pk.end(), [](const Placement& p) { return p.is_replicate(); });
     if (all_r) continue;
     std::vector<Placement> res;
     auto try_rule = [&](const Placements& p) {
@@ -283,8 +285,8 @@ Status Pass::visit(NodeId id) {
       continue;
     }
     // A zero fill is any placement for free; a fill is any Shard by filling the local shape.
-    Placement target = *std::find_if(pk.begin(), pk.end(),
-                                     [](const Placement& p) { return !p.is_replicate(); });
+    Placement target =
+        *std::find_if(pk.begin(), pk.end(), [](const Placement& p) { return !p.is_replicate(); });
     Placements relabeled = pk;
     bool changed = false;
     for (size_t i = 0; i < ins.size(); ++i) {

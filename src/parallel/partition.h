@@ -44,9 +44,9 @@ struct FlatShard {
 struct ParamLayout {
   std::string name;
   Shape global_shape;
-  ValueId global = -1;      // parameter in the global graph
-  ValueId local = -1;       // parameter node in the local graph ([block] when params_sharded)
-  ValueId local_grad = -1;  // reduced gradient in the local graph ([block] when grads_sharded)
+  ValueId global = -1;          // parameter in the global graph
+  ValueId local = -1;           // parameter node in the local graph ([block] when params_sharded)
+  ValueId local_grad = -1;      // reduced gradient in the local graph ([block] when grads_sharded)
   bool params_sharded = false;  // stored as a flat block over the ZeRO axes (ZeRO-3)
   bool grads_sharded = false;   // reduced into a flat block (ZeRO-2/3)
   bool optim_sharded = false;   // AdamW state and update on a flat block (ZeRO-1/2/3)
@@ -54,11 +54,11 @@ struct ParamLayout {
 
 struct Partitioned {
   Graph local;
-  std::vector<ParamLayout> params;         // in global parameter order
-  std::vector<ValueId> global_to_local;    // indexed by global ValueId, -1 if none
-  ValueId loss = -1;                       // local, replicated (all-reduced) loss
-  std::vector<std::string> fallbacks;      // nodes that needed a non-free conversion
-  std::vector<std::vector<NodeId>> buckets;  // gradient collectives issued together, in order
+  std::vector<ParamLayout> params;                 // in global parameter order
+  std::vector<ValueId> global_to_local;            // indexed by global ValueId, -1 if none
+  ValueId loss = -1;                               // local, replicated (all-reduced) loss
+  std::vector<std::string> fallbacks;              // nodes that needed a non-free conversion
+  std::vector<std::vector<NodeId>> buckets;        // gradient collectives issued together, in order
   std::vector<std::vector<Placement>> placements;  // per local value, per mesh axis
 };
 

@@ -100,8 +100,9 @@ Status validate(const Plan& p, int world) {
   for (const MeshAxis& a : p.mesh.axes()) {
     if (a.name.empty() || !names.insert(a.name).second)
       return error("plan: mesh axis names must be unique and non-empty, got '" + a.name + "'");
-    if (a.size < 1) return error("plan: mesh axis '" + a.name + "' has size " +
-                                 std::to_string(a.size) + "; sizes must be >= 1");
+    if (a.size < 1)
+      return error("plan: mesh axis '" + a.name + "' has size " + std::to_string(a.size) +
+                   "; sizes must be >= 1");
   }
   for (const std::string& a : p.data_axes)
     if (!names.count(a)) return error("plan: data axis '" + a + "' is not a mesh axis");
@@ -138,9 +139,8 @@ nlohmann::json plan_to_json(const Plan& p) {
 }
 
 Result<Plan> plan_from_json(const nlohmann::json& j) {
-  static const std::set<std::string> known = {"mesh",          "data_axes",    "zero_axes",
-                                              "zero",          "micro_batches", "bucket_bytes",
-                                              "prefetch_bytes"};
+  static const std::set<std::string> known = {
+      "mesh", "data_axes", "zero_axes", "zero", "micro_batches", "bucket_bytes", "prefetch_bytes"};
   if (!j.is_object()) return error("plan: expected a JSON object");
   for (auto it = j.begin(); it != j.end(); ++it)
     if (!known.count(it.key()))

@@ -34,9 +34,9 @@ class Mesh {
   explicit Mesh(std::vector<MeshAxis> axes) : axes_(std::move(axes)) {}
 
   const std::vector<MeshAxis>& axes() const { return axes_; }
-  int size() const;                                // number of ranks
-  int axis_index(const std::string& name) const;   // -1 when absent
-  int axis_size(const std::string& name) const;    // 1 when absent
+  int size() const;                               // number of ranks
+  int axis_index(const std::string& name) const;  // -1 when absent
+  int axis_size(const std::string& name) const;   // 1 when absent
   std::vector<int> coords(int rank) const;
   int rank_of(const std::vector<int>& coords) const;
   // Index of `rank` within the group spanned by `axes` (row-major over them in mesh order),

@@ -54,12 +54,17 @@ void lower_micro_step(Program& p) {
 void lower_optimizer(Program& p) {
   std::vector<Instruction>& out = p.optimizer;
   const bool norm_comm = p.plan.shards_grads() || p.plan.shards_optimizer();
-  out.push_back({Instruction::grad_norm, norm_comm ? Stream::comm : Stream::compute, -1, -1, -1, {}});
+  out.push_back(
+      {Instruction::grad_norm, norm_comm ? Stream::comm : Stream::compute, -1, -1, -1, {}});
   for (size_t i = 0; i < p.part.params.size(); ++i) {
     const ParamLayout& pl = p.part.params[i];
     out.push_back({Instruction::optimizer, Stream::compute, -1, static_cast<int>(i), -1, {0}});
     if (pl.optim_sharded && !pl.params_sharded)
-      out.push_back({Instruction::param_sync, Stream::comm, -1, static_cast<int>(i), -1,
+      out.push_back({Instruction::param_sync,
+                     Stream::comm,
+                     -1,
+                     static_cast<int>(i),
+                     -1,
                      {static_cast<int>(out.size()) - 1}});
   }
 }
@@ -71,7 +76,7 @@ void count_bytes(Program& p) {
     const int64_t numel = pl.global_shape.numel();
     const int64_t block = FlatShard{group, 0, numel}.block();
     p.param_bytes += 4 * (pl.params_sharded ? block : numel);
-    p.grad_bytes += 4 * (pl.grads_sharded ? block : numel);   // accumulated, reduced gradient
+    p.grad_bytes += 4 * (pl.grads_sharded ? block : numel);       // accumulated, reduced gradient
     p.optim_bytes += 2 * 4 * (pl.optim_sharded ? block : numel);  // AdamW m and v
   }
   double micro = 0;
@@ -92,12 +97,18 @@ void count_bytes(Program& p) {
 
 const char* kind_name(Instruction::Kind k) {
   switch (k) {
-    case Instruction::compute: return "compute";
-    case Instruction::start: return "start";
-    case Instruction::wait: return "wait";
-    case Instruction::grad_norm: return "grad_norm";
-    case Instruction::optimizer: return "adamw";
-    case Instruction::param_sync: return "param_sync";
+    case Instruction::compute:
+      return "compute";
+    case Instruction::start:
+      return "start";
+    case Instruction::wait:
+      return "wait";
+    case Instruction::grad_norm:
+      return "grad_norm";
+    case Instruction::optimizer:
+      return "adamw";
+    case Instruction::param_sync:
+      return "param_sync";
   }
   return "?";
 }
@@ -117,12 +128,16 @@ Result<Program> lower(const Graph& g, const Plan& plan) {
 
 std::string print_program(const Program& p, size_t max_lines) {
   const Graph& g = p.part.local;
-  std::string s = "program: " + p.plan.describe() + ", " +
-                  std::to_string(p.micro_step.size()) + " instructions per micro-batch, " +
-                  std::to_string(p.optimizer.size()) + " per step\n";
+  std::string s = "program: " + p.plan.describe() + ", " + std::to_string(p.micro_step.size()) +
+                  " instructions per micro-batch, " + std::to_string(p.optimizer.size()) +
+                  " per step\n";
   auto line = [&](size_t i, const Instruction& in) {
-    std::string l = (i < 10 ? "   " : i < 100 ? "  " : i < 1000 ? " " : "") + std::to_string(i) +
-                    (in.stream == Stream::comm ? " comm    " : " compute ") + kind_name(in.kind);
+    std::string l = (i < 10     ? "   "
+                     : i < 100  ? "  "
+                     : i < 1000 ? " "
+                                : "") +
+                    std::to_string(i) + (in.stream == Stream::comm ? " comm    " : " compute ") +
+                    kind_name(in.kind);
     if (in.node >= 0) {
       const Node& n = g.node(in.node);
       l += std::string(" ") + op_name(n.op) + " %" + std::to_string(n.outputs[0]);

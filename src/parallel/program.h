@@ -38,9 +38,9 @@ struct Instruction {
   };
   Kind kind = compute;
   Stream stream = Stream::compute;
-  NodeId node = -1;  // compute/start/wait
-  int param = -1;    // optimizer/param_sync
-  int bucket = -1;   // start/wait of gradient collectives
+  NodeId node = -1;       // compute/start/wait
+  int param = -1;         // optimizer/param_sync
+  int bucket = -1;        // start/wait of gradient collectives
   std::vector<int> deps;  // indices into the same instruction list
 };
 
@@ -51,7 +51,7 @@ struct Program {
   std::vector<Instruction> micro_step;
   std::vector<Instruction> optimizer;
   int64_t param_bytes = 0, grad_bytes = 0, optim_bytes = 0;  // persistent, per rank
-  double comm_bytes_per_step = 0;  // sent by one rank per optimizer step
+  double comm_bytes_per_step = 0;                            // sent by one rank per optimizer step
 
   const Graph& local() const { return part.local; }
   int64_t persistent_bytes() const { return param_bytes + grad_bytes + optim_bytes; }

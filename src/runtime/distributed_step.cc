@@ -50,9 +50,9 @@ Result<MeshComms> MeshComms::create(Communicator& world, const Plan& plan) {
   for (const std::string& k : keys) {
     if (k.empty() || mc.groups_.count(k)) continue;
     std::vector<std::string> axes = split_axes(k);
-    TS_ASSIGN_OR_RETURN(std::unique_ptr<Communicator> c,
-                        world.split(plan.mesh.group_color(r, axes),
-                                    plan.mesh.group_index(r, axes), k));
+    TS_ASSIGN_OR_RETURN(
+        std::unique_ptr<Communicator> c,
+        world.split(plan.mesh.group_color(r, axes), plan.mesh.group_index(r, axes), k));
     mc.groups_[k] = std::move(c);
   }
   return mc;
@@ -83,8 +83,7 @@ void MeshComms::set_timeout(double seconds) {
 // ---- DistributedStep ---------------------------------------------------------------------
 
 Result<std::unique_ptr<DistributedStep>> DistributedStep::create(const Graph& global,
-                                                                 const Plan& plan,
-                                                                 Backend& backend,
+                                                                 const Plan& plan, Backend& backend,
                                                                  MeshComms& comms,
                                                                  AdamWConfig opt) {
   TS_RETURN_IF_ERROR(validate(plan, comms.world().size()));
@@ -116,18 +115,17 @@ DistributedStep::DistributedStep(const Graph& global, Program prog, Backend& bac
                               grads_.back().data() + (o.offset - grad_base), o.count,
                               pl.global_shape.rank() >= 2});
     if (pl.optim_sharded && !pl.params_sharded)
-      scratch = std::max(scratch, static_cast<size_t>(FlatShard{prog_.plan.zero_group(), 0,
-                                                                pl.global_shape.numel()}
-                                                          .block() *
-                                                      prog_.plan.zero_group()));
+      scratch = std::max(
+          scratch, static_cast<size_t>(
+                       FlatShard{prog_.plan.zero_group(), 0, pl.global_shape.numel()}.block() *
+                       prog_.plan.zero_group()));
   }
   scratch_.assign(scratch, 0.0f);
   opt_ = std::make_unique<AdamW>(std::move(slots), opt);
 }
 
 LocalPiece DistributedStep::block_of(size_t i) const {
-  FlatShard fs{prog_.plan.zero_group(), zero_index_,
-               prog_.part.params[i].global_shape.numel()};
+  FlatShard fs{prog_.plan.zero_group(), zero_index_, prog_.part.params[i].global_shape.numel()};
   return {fs.offset(), fs.count()};
 }
 

@@ -32,7 +32,8 @@ class DistributedTrainTest : public ::testing::Test {
                       std::to_string(ranks) + " -- train --model gpt-tiny --data " +
                       (dir_ / "data").string() + " --out " + (dir_ / out).string() +
                       " --seq 16 --warmup 1 --eval-every 0 "
-                      "--eval-batches 1 --ckpt-every 0 --sample-tokens 0 " + extra;
+                      "--eval-batches 1 --ckpt-every 0 --sample-tokens 0 " +
+                      extra;
     return run_command(cmd, log);
   }
 
@@ -49,7 +50,8 @@ TEST_F(DistributedTrainTest, CheckpointFromFourRanksZero3ResumesOnTwoRanksZero1A
   std::string log;
   ASSERT_EQ(train(1, "straight", "--batch 4 --steps 4", &log), 0) << log;
   ASSERT_EQ(train(4, "z3", "--batch 4 --steps 4 --zero 3 --stop-after 2", &log), 0) << log;
-  for (const char* out : {"z1", "one"}) fs::copy(dir_ / "z3", dir_ / out, fs::copy_options::recursive);
+  for (const char* out : {"z1", "one"})
+    fs::copy(dir_ / "z3", dir_ / out, fs::copy_options::recursive);
   ASSERT_EQ(train(2, "z1", "--batch 4 --steps 4 --zero 1 --resume", &log), 0) << log;
   EXPECT_NE(log.find("resumed from step 2"), std::string::npos) << log;
   ASSERT_EQ(train(1, "one", "--batch 4 --steps 4 --resume", &log), 0) << log;
@@ -69,8 +71,8 @@ TEST_F(DistributedTrainTest, KilledRankEndsTheJobWithAMessage) {
   // TESSERA_FAULT_KILL_* makes rank 1 SIGKILL itself at the start of step 2's forward pass.
   std::string log;
   auto t0 = std::chrono::steady_clock::now();
-  int rc = train(3, "killed", "--zero 2 --comm-timeout 20 --steps 6 --batch 3",
-                 &log, "TESSERA_FAULT_KILL_RANK=1 TESSERA_FAULT_KILL_STEP=2 ");
+  int rc = train(3, "killed", "--zero 2 --comm-timeout 20 --steps 6 --batch 3", &log,
+                 "TESSERA_FAULT_KILL_RANK=1 TESSERA_FAULT_KILL_STEP=2 ");
   double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   EXPECT_NE(rc, 0) << log;
   EXPECT_LT(secs, 60.0) << log;

@@ -83,8 +83,8 @@ TEST_P(PartitionTest, DataParallelNeedsNoFallback) {
     EXPECT_EQ(p.local().type(p.local().find_input("tokens")).shape, (Shape{4 / dp, 16}));
     // Every gradient is reduced: one collective per parameter (two for HSDP), plus the loss.
     const int n = static_cast<int>(m.graph.params().size());
-    const int reductions = count_ops(p.local(), OpKind::all_reduce) +
-                           count_ops(p.local(), OpKind::reduce_scatter);
+    const int reductions =
+        count_ops(p.local(), OpKind::all_reduce) + count_ops(p.local(), OpKind::reduce_scatter);
     EXPECT_EQ(reductions, (plan.shards_params() && plan.zero_group() < dp ? 2 * n : n) + 1);
     // ZeRO-3 gathers a parameter once for the forward and once for the backward pass if the
     // backward reads it (biases and wpe it does not).

@@ -16,7 +16,8 @@ std::vector<RunResult> run_threads(const Plan& plan, int steps) {
   std::vector<RunResult> out(static_cast<size_t>(n));
   std::vector<std::thread> threads;
   for (int r = 0; r < n; ++r)
-    threads.emplace_back([&, r] { out[static_cast<size_t>(r)] = run_rank(*comms[r], plan, steps); });
+    threads.emplace_back(
+        [&, r] { out[static_cast<size_t>(r)] = run_rank(*comms[r], plan, steps); });
   for (std::thread& t : threads) t.join();
   return out;
 }

@@ -37,7 +37,7 @@ constexpr double kLr = 2e-3;
 struct RunResult {
   std::vector<float> losses;
   std::vector<std::vector<float>> params;  // whole tensors, global parameter order
-  double comm_bytes_measured = 0;           // sent by this rank in the last step
+  double comm_bytes_measured = 0;          // sent by this rank in the last step
   double comm_bytes_planned = 0;
   int64_t arena_planned = 0, arena_measured = 0;
   int64_t persistent_bytes = 0;
@@ -108,8 +108,8 @@ inline RunResult run_rank(Communicator& world, const Plan& plan, int steps) {
     float loss = 0;
     for (int k = 0; k < plan.micro_batches; ++k) {
       global_batch(s, k, &x, &y);
-      Result<float> l = step.forward_backward(x.data() + idx * rows * kSeq,
-                                              y.data() + idx * rows * kSeq);
+      Result<float> l =
+          step.forward_backward(x.data() + idx * rows * kSeq, y.data() + idx * rows * kSeq);
       EXPECT_TRUE(l.ok()) << l.status().to_string();
       if (!l.ok()) return r;
       loss += l.value();

@@ -23,14 +23,14 @@ TEST(MpiEquivalence, MatchesOneRank) {
   RunResult got = run_rank(*g_world, g_plan, steps);
   expect_equivalent(ref, got);
   EXPECT_EQ(got.arena_measured, got.arena_planned);
-  EXPECT_NEAR(got.comm_bytes_measured, got.comm_bytes_planned,
-              0.002 * got.comm_bytes_planned + 64);
+  EXPECT_NEAR(got.comm_bytes_measured, got.comm_bytes_planned, 0.002 * got.comm_bytes_planned + 64);
   if (g_world->rank() == 0)
-    std::printf("%s: loss %.6f -> %.6f (1 rank %.6f), %.0f bytes sent per step (planned %.0f), "
-                "arena %ld B, persistent %ld B per rank\n",
-                g_plan.describe().c_str(), got.losses.front(), got.losses.back(), ref.losses.back(),
-                got.comm_bytes_measured, got.comm_bytes_planned,
-                static_cast<long>(got.arena_planned), static_cast<long>(got.persistent_bytes));
+    std::printf(
+        "%s: loss %.6f -> %.6f (1 rank %.6f), %.0f bytes sent per step (planned %.0f), "
+        "arena %ld B, persistent %ld B per rank\n",
+        g_plan.describe().c_str(), got.losses.front(), got.losses.back(), ref.losses.back(),
+        got.comm_bytes_measured, got.comm_bytes_planned, static_cast<long>(got.arena_planned),
+        static_cast<long>(got.persistent_bytes));
 }
 
 }  // namespace
@@ -47,11 +47,16 @@ int main(int argc, char** argv) {
   const int n = world.value()->size();
   const std::string which = argc > 1 ? argv[1] : "dp";
   using tessera::Plan;
-  if (which == "dp") tessera::g_plan = Plan::data_parallel(n, 0);
-  else if (which == "zero1") tessera::g_plan = Plan::data_parallel(n, 1);
-  else if (which == "zero2") tessera::g_plan = Plan::data_parallel(n, 2);
-  else if (which == "zero3") tessera::g_plan = Plan::data_parallel(n, 3);
-  else if (which == "hsdp") tessera::g_plan = Plan::hybrid_sharded(2, n / 2);
+  if (which == "dp")
+    tessera::g_plan = Plan::data_parallel(n, 0);
+  else if (which == "zero1")
+    tessera::g_plan = Plan::data_parallel(n, 1);
+  else if (which == "zero2")
+    tessera::g_plan = Plan::data_parallel(n, 2);
+  else if (which == "zero3")
+    tessera::g_plan = Plan::data_parallel(n, 3);
+  else if (which == "hsdp")
+    tessera::g_plan = Plan::hybrid_sharded(2, n / 2);
   else {
     std::fprintf(stderr, "unknown plan '%s' (dp, zero1, zero2, zero3, hsdp)\n", which.c_str());
     return 2;
