@@ -11,13 +11,22 @@
 
 namespace tessera {
 
+namespace {
+AdamWConfig adamw_config(const TrainOptions& o) {
+  AdamWConfig ac;
+  ac.lr = o.lr;
+  ac.weight_decay = o.weight_decay;
+  return ac;
+}
+}  // namespace
+
 TrainState::TrainState(const ModelConfig& c, const TrainOptions& o, Backend& b)
+    : TrainState(c, o, b, /*one_process=*/true) {}
+
+TrainState::TrainState(const ModelConfig& c, const TrainOptions& o, Backend& b, bool one_process)
     : cfg(c), opts(o), backend(b) {
   model = build_model(cfg, opts.batch, opts.seq, ModelMode::train);
-  AdamWConfig ac;
-  ac.lr = opts.lr;
-  ac.weight_decay = opts.weight_decay;
-  step = std::make_unique<TrainStep>(model, backend, ac);
+  if (one_process) step = std::make_unique<TrainStep>(model, backend, adamw_config(opts));
   eval_model = build_model(cfg, opts.batch, opts.seq, ModelMode::loss);
   eval_exec = std::make_unique<Executor>(eval_model.graph, backend);
 }
@@ -26,13 +35,9 @@ Result<std::unique_ptr<TrainState>> TrainState::distributed(const ModelConfig& c
                                                             const TrainOptions& opts,
                                                             Backend& backend, MeshComms& comms,
                                                             const Plan& plan) {
-  std::unique_ptr<TrainState> st(new TrainState(cfg, opts, backend));
-  st->step.reset();  // the one-process step is not used
-  AdamWConfig ac;
-  ac.lr = opts.lr;
-  ac.weight_decay = opts.weight_decay;
-  TS_ASSIGN_OR_RETURN(st->dstep,
-                      DistributedStep::create(st->model.graph, plan, backend, comms, ac));
+  std::unique_ptr<TrainState> st(new TrainState(cfg, opts, backend, /*one_process=*/false));
+  TS_ASSIGN_OR_RETURN(st->dstep, DistributedStep::create(st->model.graph, plan, backend, comms,
+                                                         adamw_config(opts)));
   st->rank = comms.world().rank();
   return st;
 }

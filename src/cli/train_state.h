@@ -56,6 +56,7 @@ class TrainState {
                      const Gpt2Tokenizer& tok);
 
  private:
+  TrainState(const ModelConfig& cfg, const TrainOptions& opts, Backend& backend, bool one_process);
   Status save_sharded(const std::string& root, int64_t completed,
                       const nlohmann::json& manifest) const;
   nlohmann::json manifest(int64_t completed, const DataLoader& train) const;

@@ -93,13 +93,13 @@ struct Attrs {
   bool transpose_a = false, transpose_b = false;  // matmul
   bool keepdim = false;                           // reduce_sum
   bool inverse = false;                           // rope: rotate by -angle (its VJP)
-  double scalar = 0.0;       // scale: factor; add_scalar: addend; fill/causal_mask: value;
-                             // attention: softmax scale
-  double eps = 1e-5;         // layernorm, rmsnorm
-  double theta = 1e4;        // rope base
-  int64_t vocab = 0;         // embedding_grad: table rows
-  int64_t count = 0;  // cross_entropy(_grad): rows the mean divides by (0: the input's rows);
-                      // collectives: size of the rank group
+  double scalar = 0.0;  // scale: factor; add_scalar: addend; fill/causal_mask: value;
+                        // attention: softmax scale
+  double eps = 1e-5;    // layernorm, rmsnorm
+  double theta = 1e4;   // rope base
+  int64_t vocab = 0;    // embedding_grad: table rows
+  int64_t count = 0;    // cross_entropy(_grad): rows the mean divides by (0: the input's rows);
+                        // collectives: size of the rank group
   DType dtype = DType::f32;  // cast target; parameter/input/fill dtype
   std::string name;          // parameter/input name; collectives: mesh axes ("dp" or
                              // "dp_rep,dp_shard")
@@ -142,6 +142,9 @@ const OpDef& op_def(OpKind kind);
 const char* op_name(OpKind kind);
 std::span<const OpKind> all_ops();
 bool op_from_name(std::string_view name, OpKind* out);
+
+// all_reduce, reduce_scatter, all_gather: run on a Communicator, not a Backend (ops_comm.cc).
+bool is_collective(OpKind kind);
 
 double op_flops(OpKind kind, const Attrs& a, std::span<const TensorType> in,
                 std::span<const TensorType> out);

@@ -9,7 +9,13 @@
 //                       tensor, of shape attrs.ints (the first numel of count * c elements).
 #include "ir/ops_common.h"
 
-namespace tessera::ops_detail {
+namespace tessera {
+
+bool is_collective(OpKind k) {
+  return k == OpKind::all_reduce || k == OpKind::reduce_scatter || k == OpKind::all_gather;
+}
+
+namespace ops_detail {
 
 namespace {
 
@@ -74,4 +80,5 @@ void define_comm_ops(OpDef* t) {
   def(t, OpKind::all_gather).bytes = bytes_all_gather;
 }
 
-}  // namespace tessera::ops_detail
+}  // namespace ops_detail
+}  // namespace tessera

@@ -7,10 +7,6 @@ namespace tessera {
 
 namespace {
 int64_t align_up(int64_t x, int64_t a) { return (x + a - 1) / a * a; }
-
-bool is_collective(OpKind op) {
-  return op == OpKind::all_reduce || op == OpKind::reduce_scatter || op == OpKind::all_gather;
-}
 }  // namespace
 
 MemoryPlan plan_memory(const Graph& g, int64_t alignment) {

@@ -11,12 +11,6 @@ namespace {
 
 using Placements = std::vector<Placement>;  // one per mesh axis
 
-std::string join(const std::vector<std::string>& v) {
-  std::string s;
-  for (const std::string& x : v) s += (s.empty() ? "" : ",") + x;
-  return s;
-}
-
 class Pass {
  public:
   Pass(const Graph& g, const Plan& plan) : g_(g), plan_(plan) {
@@ -125,7 +119,7 @@ Result<ValueId> Pass::to_replicate(ValueId local, const Shape& global, int axis,
 Result<ValueId> Pass::issue_gather(size_t param, bool backward, const Node& like) {
   const ParamLayout& pl = out_.params[param];
   Attrs a;
-  a.name = join(plan_.zero_axes);
+  a.name = axes_key(plan_.zero_axes);
   a.count = plan_.zero_group();
   a.ints = std::vector<int64_t>(pl.global_shape.dims().begin(), pl.global_shape.dims().end());
   Node at = like;
@@ -185,7 +179,7 @@ Status Pass::flush_bucket() {
         done[static_cast<size_t>(plan_.mesh.axis_index(z))] = Placement::shard(0);
       }
       Attrs a;
-      a.name = join(plan_.zero_axes);
+      a.name = axes_key(plan_.zero_axes);
       a.count = plan_.zero_group();
       FlatShard fs{static_cast<int>(a.count), 0, pl.global_shape.numel()};
       Placements mid = cur;
@@ -197,7 +191,7 @@ Status Pass::flush_bucket() {
     }
     if (!rest.empty()) {
       Attrs a;
-      a.name = join(rest);
+      a.name = axes_key(rest);
       a.count = plan_.mesh.group_size(rest);
       TS_ASSIGN_OR_RETURN(
           v, emit(OpKind::all_reduce, a, {v}, like, {done}, {out_.local.type(v).shape}));
@@ -269,7 +263,6 @@ Status Pass::visit(NodeId id) {
 
   const OpDef& def = op_def(n.op);
   std::vector<Placements> out_pl(n.outputs.size(), Placements(naxes, Placement::replicate()));
-  std::vector<bool> local_fill(ins.size(), false);
   for (size_t k = 0; k < naxes; ++k) {
     Placements pk;
     for (ValueId lv : ins) pk.push_back(out_.placements[static_cast<size_t>(lv)][k]);
@@ -298,24 +291,17 @@ Status Pass::visit(NodeId id) {
       changed = true;
     }
     if (changed && try_rule(relabeled)) {
+      for (size_t i = 0; i < res.size(); ++i) out_pl[i][k] = res[i];
+      // A new local fill carries the new placement (the original may be used elsewhere).
       for (size_t i = 0; i < ins.size(); ++i) {
         if (relabeled[i] == pk[i]) continue;
-        // Give the fill its own copy of placements (the original value may be used elsewhere).
-        local_fill[i] = true;
-        pk[i] = relabeled[i];
+        Placements p = out_.placements[static_cast<size_t>(ins[i])];
+        p[k] = relabeled[i];
+        Attrs fa = out_.local.producer(ins[i]).attrs;
+        Shape ls = local_shape(g_.type(n.inputs[i]).shape, p, n.scope);
+        fa.ints = std::vector<int64_t>(ls.dims().begin(), ls.dims().end());
+        TS_ASSIGN_OR_RETURN(ins[i], emit(OpKind::fill, fa, {}, n, {p}, {ls}));
       }
-      for (size_t i = 0; i < res.size(); ++i) out_pl[i][k] = res[i];
-      // Record per-input placement changes for this axis in a side table.
-      for (size_t i = 0; i < ins.size(); ++i)
-        if (local_fill[i] && !(relabeled[i] == out_.placements[static_cast<size_t>(ins[i])][k])) {
-          Placements p = out_.placements[static_cast<size_t>(ins[i])];
-          p[k] = relabeled[i];
-          const Node prod = out_.local.producer(ins[i]);
-          Attrs fa = prod.attrs;
-          Shape ls = local_shape(g_.type(n.inputs[i]).shape, p, n.scope);
-          fa.ints = std::vector<int64_t>(ls.dims().begin(), ls.dims().end());
-          TS_ASSIGN_OR_RETURN(ins[i], emit(OpKind::fill, fa, {}, n, {p}, {ls}));
-        }
       continue;
     }
     // Fallback: replicate every non-replicated input on this axis.
@@ -401,7 +387,7 @@ Result<Partitioned> Pass::run() {
       partial_axes.push_back(plan_.mesh.axes()[k].name);
   if (!partial_axes.empty()) {
     Attrs a;
-    a.name = join(partial_axes);
+    a.name = axes_key(partial_axes);
     a.count = plan_.mesh.group_size(partial_axes);
     TS_ASSIGN_OR_RETURN(loss, emit(OpKind::all_reduce, a, {loss}, g_.producer(g_.loss()),
                                    {Placements(sizes_.size(), Placement::replicate())}, {Shape{}}));

@@ -1,5 +1,6 @@
 #include "parallel/plan.h"
 
+#include <algorithm>
 #include <fstream>
 #include <nlohmann/json.hpp>
 #include <set>
@@ -66,6 +67,31 @@ std::string Mesh::to_string() const {
   for (size_t i = 0; i < axes_.size(); ++i)
     s += (i ? ", " : "") + axes_[i].name + ": " + std::to_string(axes_[i].size);
   return s + "}";
+}
+
+std::string axes_key(const std::vector<std::string>& axes) {
+  std::string s;
+  for (const std::string& a : axes) s += (s.empty() ? "" : ",") + a;
+  return s;
+}
+
+std::vector<std::string> axes_of_key(const std::string& key) {
+  std::vector<std::string> out;
+  size_t start = 0;
+  while (start <= key.size()) {
+    size_t end = key.find(',', start);
+    if (end == std::string::npos) end = key.size();
+    out.push_back(key.substr(start, end - start));
+    start = end + 1;
+  }
+  return out;
+}
+
+std::vector<std::string> Plan::replica_axes() const {
+  std::vector<std::string> rest;
+  for (const std::string& a : data_axes)
+    if (std::find(zero_axes.begin(), zero_axes.end(), a) == zero_axes.end()) rest.push_back(a);
+  return rest;
 }
 
 Plan Plan::data_parallel(int n, int zero) {

@@ -64,6 +64,8 @@ struct Plan {
   static Plan data_parallel(int n, int zero = 0);
   static Plan hybrid_sharded(int replicas, int shards);  // HSDP, ZeRO-3 within a group
 
+  // Data axes ZeRO does not shard over: HSDP's replica groups (empty otherwise).
+  std::vector<std::string> replica_axes() const;
   int zero_group() const { return mesh.group_size(zero_axes); }
   int data_group() const { return mesh.group_size(data_axes); }
   bool shards_optimizer() const { return zero >= 1 && zero_group() > 1; }
@@ -72,6 +74,11 @@ struct Plan {
   // "dp=4 zero=3" / "dp_rep=2 x dp_shard=2 zero=3 (HSDP)"
   std::string describe() const;
 };
+
+// A rank group named by its mesh axes, as collectives' attrs.name and MeshComms keys hold it:
+// {"dp_rep", "dp_shard"} <-> "dp_rep,dp_shard".
+std::string axes_key(const std::vector<std::string>& axes);
+std::vector<std::string> axes_of_key(const std::string& key);
 
 // Checks axis names and sizes, that data/zero axes exist and zero_axes ⊆ data_axes, the ZeRO
 // stage, and (when world > 0) that the mesh has exactly `world` ranks.

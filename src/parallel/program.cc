@@ -8,10 +8,6 @@ namespace tessera {
 
 namespace {
 
-bool is_collective(OpKind op) {
-  return op == OpKind::all_reduce || op == OpKind::reduce_scatter || op == OpKind::all_gather;
-}
-
 void lower_micro_step(Program& p) {
   const Graph& g = p.part.local;
   std::map<NodeId, int> bucket_of;

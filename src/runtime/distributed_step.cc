@@ -7,28 +7,6 @@
 
 namespace tessera {
 
-namespace {
-
-std::vector<std::string> split_axes(const std::string& csv) {
-  std::vector<std::string> out;
-  size_t start = 0;
-  while (start <= csv.size()) {
-    size_t end = csv.find(',', start);
-    if (end == std::string::npos) end = csv.size();
-    out.push_back(csv.substr(start, end - start));
-    start = end + 1;
-  }
-  return out;
-}
-
-std::string join(const std::vector<std::string>& v) {
-  std::string s;
-  for (const std::string& x : v) s += (s.empty() ? "" : ",") + x;
-  return s;
-}
-
-}  // namespace
-
 // ---- MeshComms ---------------------------------------------------------------------------
 
 Result<MeshComms> MeshComms::create(Communicator& world, const Plan& plan) {
@@ -39,17 +17,13 @@ Result<MeshComms> MeshComms::create(Communicator& world, const Plan& plan) {
   // data axes (HSDP replicas). Split in a fixed order so every rank makes the same calls.
   std::vector<std::string> keys;
   for (const MeshAxis& a : plan.mesh.axes()) keys.push_back(a.name);
-  keys.push_back(join(plan.data_axes));
-  keys.push_back(join(plan.zero_axes));
-  std::vector<std::string> rest;
-  for (const std::string& a : plan.data_axes)
-    if (std::find(plan.zero_axes.begin(), plan.zero_axes.end(), a) == plan.zero_axes.end())
-      rest.push_back(a);
-  if (!rest.empty()) keys.push_back(join(rest));
+  keys.push_back(axes_key(plan.data_axes));
+  keys.push_back(axes_key(plan.zero_axes));
+  if (!plan.replica_axes().empty()) keys.push_back(axes_key(plan.replica_axes()));
   const int r = world.rank();
   for (const std::string& k : keys) {
     if (k.empty() || mc.groups_.count(k)) continue;
-    std::vector<std::string> axes = split_axes(k);
+    std::vector<std::string> axes = axes_of_key(k);
     TS_ASSIGN_OR_RETURN(
         std::unique_ptr<Communicator> c,
         world.split(plan.mesh.group_color(r, axes), plan.mesh.group_index(r, axes), k));
@@ -98,7 +72,7 @@ Result<std::unique_ptr<DistributedStep>> DistributedStep::create(const Graph& gl
 
 DistributedStep::DistributedStep(const Graph& global, Program prog, Backend& backend,
                                  MeshComms& comms, AdamWConfig opt)
-    : global_(global), prog_(std::move(prog)), backend_(backend), comms_(comms) {
+    : global_(global), prog_(std::move(prog)), comms_(comms) {
   rank_ = comms.world().rank();
   zero_index_ = prog_.plan.mesh.group_index(rank_, prog_.plan.zero_axes);
   exec_ = std::make_unique<Executor>(prog_.part.local, backend);
@@ -144,12 +118,7 @@ float* DistributedStep::param_data(size_t i) {
 }
 
 bool DistributedStep::writes_shards() const {
-  std::vector<std::string> rest;
-  for (const std::string& a : prog_.plan.data_axes)
-    if (std::find(prog_.plan.zero_axes.begin(), prog_.plan.zero_axes.end(), a) ==
-        prog_.plan.zero_axes.end())
-      rest.push_back(a);
-  return prog_.plan.mesh.group_index(rank_, rest) == 0;
+  return prog_.plan.mesh.group_index(rank_, prog_.plan.replica_axes()) == 0;
 }
 
 void DistributedStep::init_params(uint64_t seed) {
@@ -222,17 +191,9 @@ Result<float> DistributedStep::forward_backward(const int32_t* tokens, const int
   exec_->set_input("tokens", tokens);
   exec_->set_input("targets", targets);
   TS_RETURN_IF_ERROR(run_instructions(prog_.micro_step));
-  for (size_t i = 0; i < grads_.size(); ++i) {
-    const float* src = exec_->data<float>(prog_.part.params[i].local_grad);
-    std::vector<float>& dst = grads_[i];
-    const int64_t n = static_cast<int64_t>(dst.size());
-    if (accumulated_ == 0) {
-      std::memcpy(dst.data(), src, dst.size() * sizeof(float));
-    } else {
-#pragma omp parallel for if (n > 65536)
-      for (int64_t k = 0; k < n; ++k) dst[static_cast<size_t>(k)] += src[k];
-    }
-  }
+  for (size_t i = 0; i < grads_.size(); ++i)
+    accumulate_grad(grads_[i].data(), exec_->data<float>(prog_.part.params[i].local_grad),
+                    static_cast<int64_t>(grads_[i].size()), accumulated_ == 0);
   ++accumulated_;
   return *exec_->data<float>(prog_.part.loss);
 }
@@ -246,7 +207,7 @@ Status DistributedStep::sync_param(size_t i) {
   float* p = param_data(i);
   std::vector<float> own(static_cast<size_t>(block), 0.0f);
   std::memcpy(own.data(), p + mine.offset, static_cast<size_t>(mine.count) * sizeof(float));
-  Communicator& c = comms_.group(join(prog_.plan.zero_axes));
+  Communicator& c = comms_.group(axes_key(prog_.plan.zero_axes));
   Request r = c.all_gather(own.data(), scratch_.data(), block, "parameter sync " + pl.name);
   TS_RETURN_IF_ERROR(c.wait(r));
   std::memcpy(p, scratch_.data(), static_cast<size_t>(numel) * sizeof(float));
@@ -256,28 +217,22 @@ Status DistributedStep::sync_param(size_t i) {
 Result<double> DistributedStep::apply(double lr, double clip, int micro_steps) {
   TS_CHECK_EQ(accumulated_, micro_steps);
   accumulated_ = 0;
-  if (micro_steps > 1) {
-    const float inv = 1.0f / static_cast<float>(micro_steps);
-    for (std::vector<float>& gbuf : grads_)
-      for (float& x : gbuf) x *= inv;
+  // The optimizer list: grad_norm first (all-reduced over the ZeRO group when it runs on the
+  // comm stream), one AdamW per parameter, then the ZeRO-1/2 parameter syncs.
+  if (micro_steps > 1) opt_->scale_grads(1.0f / static_cast<float>(micro_steps));
+  double sq = opt_->grad_sq_sum();
+  if (prog_.optimizer.front().stream == Stream::comm) {
+    TS_ASSIGN_OR_RETURN(sq, comms_.group(axes_key(prog_.plan.zero_axes))
+                                .all_reduce_scalar(sq, /*max=*/false, "gradient norm"));
   }
-  for (const Instruction& in : prog_.optimizer) {
-    if (in.kind != Instruction::grad_norm) continue;
-    double sq = opt_->grad_sq_sum();
-    if (in.stream == Stream::comm) {
-      TS_ASSIGN_OR_RETURN(sq, comms_.group(join(prog_.plan.zero_axes))
-                                  .all_reduce_scalar(sq, /*max=*/false, "gradient norm"));
-    }
-    const double norm = std::sqrt(sq);
-    const double coef = clip / (norm + 1e-6);
-    if (clip > 0 && coef < 1.0) opt_->scale_grads(static_cast<float>(coef));
-    opt_->step(lr);  // every slot: this rank's block (or the whole tensor)
-    for (const Instruction& s : prog_.optimizer)
-      if (s.kind == Instruction::param_sync)
-        TS_RETURN_IF_ERROR(sync_param(static_cast<size_t>(s.param)));
-    return norm;
-  }
-  return error("program has no grad_norm instruction");
+  const double norm = std::sqrt(sq);
+  const double coef = clip / (norm + 1e-6);
+  if (clip > 0 && coef < 1.0) opt_->scale_grads(static_cast<float>(coef));
+  opt_->step(lr);  // every slot: this rank's block (or the whole tensor)
+  for (const Instruction& s : prog_.optimizer)
+    if (s.kind == Instruction::param_sync)
+      TS_RETURN_IF_ERROR(sync_param(static_cast<size_t>(s.param)));
+  return norm;
 }
 
 Status DistributedStep::gather_params(std::vector<std::vector<float>>* whole) {
@@ -292,7 +247,7 @@ Status DistributedStep::gather_params(std::vector<std::vector<float>>* whole) {
     }
     const int group = prog_.plan.zero_group();
     w.assign(static_cast<size_t>(FlatShard{group, 0, numel}.block() * group), 0.0f);
-    Communicator& c = comms_.group(join(prog_.plan.zero_axes));
+    Communicator& c = comms_.group(axes_key(prog_.plan.zero_axes));
     Request r = c.all_gather(param_data(i), w.data(), FlatShard{group, 0, numel}.block(),
                              "gather " + pl.name);
     TS_RETURN_IF_ERROR(c.wait(r));

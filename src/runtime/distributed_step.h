@@ -92,7 +92,6 @@ class DistributedStep {
 
   const Graph& global_;  // the caller keeps it alive
   Program prog_;
-  Backend& backend_;
   MeshComms& comms_;
   int rank_ = 0;
   int zero_index_ = 0;

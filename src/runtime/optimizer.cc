@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstring>
 
 namespace tessera {
 
@@ -71,6 +72,15 @@ void AdamW::step(double lr) {
       p.param[i] -= step_size * m[i] / (std::sqrt(v[i]) / bc2_sqrt + eps);
     }
   }
+}
+
+void accumulate_grad(float* dst, const float* src, int64_t n, bool first) {
+  if (first) {
+    std::memcpy(dst, src, static_cast<size_t>(n) * sizeof(float));
+    return;
+  }
+#pragma omp parallel for if (n > 65536)
+  for (int64_t k = 0; k < n; ++k) dst[k] += src[k];
 }
 
 double lr_at(int64_t step, int64_t warmup, int64_t total, double max_lr, double min_lr) {

@@ -58,6 +58,9 @@ class AdamW {
   int64_t t_ = 0;
 };
 
+// Gradient accumulation over micro-batches: dst = src on the first, dst += src after.
+void accumulate_grad(float* dst, const float* src, int64_t n, bool first);
+
 // Linear warmup to max_lr over warmup steps, then cosine decay to min_lr at total steps.
 double lr_at(int64_t step, int64_t warmup, int64_t total, double max_lr, double min_lr);
 

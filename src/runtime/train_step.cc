@@ -28,15 +28,9 @@ float TrainStep::forward_backward(const int32_t* tokens, const int32_t* targets)
   const Graph& g = model_.graph;
   size_t i = 0;
   for (ValueId p : g.params()) {
-    const float* src = exec_->data<float>(g.param_grads().at(p));
     std::vector<float>& dst = grads_[i++];
-    int64_t n = static_cast<int64_t>(dst.size());
-    if (accumulated_ == 0) {
-      std::memcpy(dst.data(), src, dst.size() * sizeof(float));
-    } else {
-#pragma omp parallel for if (n > 65536)
-      for (int64_t k = 0; k < n; ++k) dst[static_cast<size_t>(k)] += src[k];
-    }
+    accumulate_grad(dst.data(), exec_->data<float>(g.param_grads().at(p)),
+                    static_cast<int64_t>(dst.size()), accumulated_ == 0);
   }
   ++accumulated_;
   return *exec_->data<float>(g.loss());
@@ -44,11 +38,7 @@ float TrainStep::forward_backward(const int32_t* tokens, const int32_t* targets)
 
 double TrainStep::apply(double lr, double clip, int micro_steps) {
   TS_CHECK_EQ(accumulated_, micro_steps);
-  if (micro_steps > 1) {
-    float inv = 1.0f / static_cast<float>(micro_steps);
-    for (std::vector<float>& gbuf : grads_)
-      for (float& x : gbuf) x *= inv;
-  }
+  if (micro_steps > 1) opt_->scale_grads(1.0f / static_cast<float>(micro_steps));
   double norm = clip > 0 ? opt_->clip_grad_norm(clip) : opt_->grad_norm();
   opt_->step(lr);
   accumulated_ = 0;

@@ -1047,8 +1047,7 @@ TEST(OpConsistencyCoverage, EveryOpHasAnEntry) {
     if (source.count(name)) covered = "source";
     // Collectives run on a Communicator, not a Backend: their numerics are checked by
     // tests/comm and, inside training steps, by tests/runtime/distributed_step_test.cc.
-    const bool collective = k == OpKind::all_reduce || k == OpKind::reduce_scatter ||
-                            k == OpKind::all_gather;
+    const bool collective = is_collective(k);
     if (collective) covered = "comm + distributed tests";
     if (d.gradient_of != nullptr) {
       covered = std::string("grad of ") + d.gradient_of;

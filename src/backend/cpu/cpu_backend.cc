@@ -140,9 +140,7 @@ void convert_elements(const void* src, DType from, void* dst, DType to, int64_t 
   for (int64_t i = 0; i < n; ++i) store(dst, to, i, load(src, from, i));
 }
 
-bool CpuBackend::supports(OpKind op) const {
-  return op != OpKind::all_reduce && op != OpKind::reduce_scatter && op != OpKind::all_gather;
-}
+bool CpuBackend::supports(OpKind op) const { return !is_collective(op); }
 
 void CpuBackend::run(const Graph& g, const Node& node, std::span<const void* const> inputs,
                      std::span<void* const> outputs) {
