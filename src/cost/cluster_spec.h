@@ -1,0 +1,99 @@
+// ClusterSpec: what the cost model knows about a cluster — its devices, how they are wired
+// inside a node, the network between nodes, and how efficiently real kernels and collectives
+// use them. Specs are TOML; presets ship in clusters/*.toml (compiled into the binary) and
+// every number in a preset cites its source in a comment.
+//
+//   TS_ASSIGN_OR_RETURN(ClusterSpec c, load_cluster("dgx-a100"));     // preset name ...
+//   TS_ASSIGN_OR_RETURN(ClusterSpec d, load_cluster("my_cluster.toml"));  // ... or a file
+//   c.device.peak_flops(DType::bf16);   // 312e12
+//   c.nodes_for(1024);                  // 128
+//
+// Units are SI throughout: FLOP/s, bytes/s, bytes, seconds. Link bandwidths are one
+// direction, per device (intra-node) or per NIC (inter-node).
+//
+// The TOML layout (see clusters/dgx-a100.toml for a commented example):
+//   name = "dgx-a100"          description = "..."        price_per_device_hour = 0.0
+//   [device]  name, peak_tflops_f32, peak_tflops_bf16, peak_tflops_f16, memory_gib,
+//             memory_bandwidth_gbs, launch_overhead_us, gemm_efficiency, memory_efficiency,
+//             attention_efficiency, sm_count, gemm_tile_m, gemm_tile_n
+//   [node]    devices, intra_bandwidth_gbs, intra_latency_us, intra_efficiency
+//   [network] nics, nic_gbits, latency_us, efficiency, topology, oversubscription
+//   [efficiency]  op_name = fraction   (optional; overrides the defaults per op kind, e.g.
+//                 written by `tessera calibrate`)
+#pragma once
+
+#include <map>
+#include <string>
+#include <vector>
+
+#include "base/status.h"
+#include "ir/dtype.h"
+
+namespace tessera {
+
+struct DeviceSpec {
+  std::string name;
+  double peak_flops_f32 = 0;   // dense FLOP/s
+  double peak_flops_bf16 = 0;  // dense FLOP/s (tensor cores / matrix cores)
+  double peak_flops_f16 = 0;
+  double memory_bytes = 0;     // capacity
+  double memory_bandwidth = 0; // bytes/s
+  double launch_overhead = 0;  // seconds per kernel (fixed cost of every compute op)
+  // Achievable fractions of peak for the best-shaped GEMM, of memory bandwidth for streaming
+  // kernels, and of peak for fused attention. Shape effects (tile and wave quantization) are
+  // applied on top by cost/op_cost.h.
+  double gemm_efficiency = 0.8;
+  double memory_efficiency = 0.8;
+  double attention_efficiency = 0.5;
+  int sm_count = 0;      // streaming multiprocessors / compute units (0: no wave quantization)
+  int gemm_tile_m = 128; // output tile of one thread block (tile quantization)
+  int gemm_tile_n = 128;
+
+  double peak_flops(DType t) const;  // bf16/f16 fall back to f32 when 0
+};
+
+struct NodeSpec {
+  int devices = 1;                // devices per node
+  double intra_bandwidth = 0;     // bytes/s, one direction, per device (NVLink, xGMI, shm)
+  double intra_latency = 0;       // seconds per message
+  double intra_efficiency = 1.0;  // achievable fraction of intra_bandwidth for collectives
+};
+
+struct NetworkSpec {
+  int nics = 0;                  // per node (0: single node only)
+  double nic_bandwidth = 0;      // bytes/s, one direction, per NIC
+  double latency = 0;            // seconds per message between nodes
+  double efficiency = 1.0;       // achievable fraction (protocol overhead: TCP ~0.6, IB ~0.9)
+  std::string topology = "fat-tree";
+  double oversubscription = 1.0; // >1: the fabric above a leaf switch is that much thinner
+
+  // Usable bytes/s leaving one node: nics * nic_bandwidth * efficiency / oversubscription.
+  double node_bandwidth() const;
+};
+
+struct ClusterSpec {
+  std::string name;
+  std::string description;
+  DeviceSpec device;
+  NodeSpec node;
+  NetworkSpec network;
+  double price_per_device_hour = 0;
+  // Per-op efficiency overrides (op name -> fraction of the roofline bound achieved).
+  std::map<std::string, double> op_efficiency;
+
+  int nodes_for(int devices) const;  // ceil(devices / node.devices)
+};
+
+// Parses a spec; `source` names it in errors ("clusters/dgx-a100.toml:12: key
+// 'device.peak_tflops_bf16' must be a number ..."). Unknown keys are refused.
+Result<ClusterSpec> parse_cluster_spec(const std::string& toml_text, const std::string& source);
+// A preset name (see cluster_presets()) or a path to a .toml file.
+Result<ClusterSpec> load_cluster(const std::string& name_or_path);
+// Names of the shipped presets, sorted.
+std::vector<std::string> cluster_presets();
+// The TOML text of a preset ("" when unknown) — `tessera simulate --cluster-toml NAME` prints it.
+std::string cluster_preset_text(const std::string& name);
+// Serializes a spec as TOML that parse_cluster_spec reads back (used by `tessera calibrate`).
+std::string cluster_spec_to_toml(const ClusterSpec& c);
+
+}  // namespace tessera

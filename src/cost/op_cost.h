@@ -1,0 +1,43 @@
+// The time of one compute op on one device: a roofline (FLOPs at peak vs bytes at memory
+// bandwidth) scaled by an efficiency, plus the fixed launch overhead of a kernel.
+//
+//   OpTime t = op_time(graph, node, cluster.device, cluster.op_efficiency, DType::bf16);
+//   t.seconds;  t.flops;  t.bytes;  t.bound == OpTime::compute
+//
+// GEMMs (matmul, and the GEMMs inside embedding_grad) get a shape-dependent efficiency:
+//   eff = device.gemm_efficiency * tile_util * wave_util * k_util, where
+//   tile_util = (m*n) / (ceil(m/tm)*tm * ceil(n/tn)*tn)   (partial edge tiles do full work)
+//   wave_util = tiles / (ceil(tiles / sm_count) * sm_count)  (the last wave is partly idle)
+//   k_util    = k / (k + 128)                               (prologue/epilogue per tile)
+// Fused attention uses device.attention_efficiency; everything else is memory-bound work at
+// device.memory_bandwidth * memory_efficiency (bytes from op_bytes, scaled to the compute
+// dtype: activations move in bf16 under mixed precision). An entry in `op_efficiency` (op
+// name -> fraction) replaces the default efficiency of that op kind — `tessera calibrate`
+// measures them.
+#pragma once
+
+#include <map>
+#include <string>
+
+#include "cost/cluster_spec.h"
+#include "ir/graph.h"
+
+namespace tessera {
+
+struct OpTime {
+  enum Bound : uint8_t { compute, memory, overhead };
+  double seconds = 0;
+  double flops = 0;  // arithmetic work (op_flops)
+  double bytes = 0;  // memory traffic at the compute dtype
+  Bound bound = overhead;
+};
+
+// `compute` is the dtype arithmetic runs in (f32 on CPU; bf16 under mixed precision).
+OpTime op_time(const Graph& g, const Node& n, const DeviceSpec& dev,
+               const std::map<std::string, double>& op_efficiency, DType compute);
+
+// Shape efficiency of an m x n x k GEMM on `dev` (the product of the factors above, without
+// device.gemm_efficiency).
+double gemm_shape_efficiency(double m, double n, double k, const DeviceSpec& dev);
+
+}  // namespace tessera

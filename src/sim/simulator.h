@@ -1,0 +1,74 @@
+// The simulator: times the Program the runtime executes (DESIGN.md "The one idea") on a
+// ClusterSpec. One representative rank's instruction streams are replayed as a discrete-event
+// schedule: the compute stream runs compute instructions in order; the comm stream runs each
+// collective from its start instruction, in issue order; a wait blocks the compute stream
+// until its collective ends; every instruction also waits for its dependencies. The
+// micro-step runs plan.micro_batches times, then the optimizer instructions.
+//
+//   TS_ASSIGN_OR_RETURN(Program prog, lower(model.graph, plan));
+//   TS_ASSIGN_OR_RETURN(SimResult r, simulate(prog, cluster, SimOptions{}));
+//   r.step_seconds;  r.tokens_per_second;  r.mfu;  r.peak_memory_bytes
+//   write_file("trace.json", chrome_trace(r));   // chrome://tracing or ui.perfetto.dev
+//
+// Precision: the Program is f32 (what the CPU runtime executes). SimOptions::precision bf16
+// times it as mixed precision: compute at the bf16 peak, activations and collectives in bf16
+// (2 bytes), an fp32 master copy of parameters and fp32 AdamW state; the memory estimate
+// scales the planned activation arena and gradients accordingly.
+//
+// Breakdown of a step (they sum to step_seconds):
+//   compute_seconds        time the compute stream is busy
+//   exposed_comm_seconds   time the compute stream waits on a collective
+//   bubble_seconds         pipeline bubble (0 until pipeline parallelism lands)
+// Rank placement: ranks are numbered row-major over the mesh (the last axis varies fastest)
+// and fill nodes of cluster.node.devices consecutively.
+#pragma once
+
+#include <string>
+#include <vector>
+
+#include "cost/cluster_spec.h"
+#include "cost/collective_cost.h"
+#include "parallel/program.h"
+
+namespace tessera {
+
+struct SimOptions {
+  DType precision = DType::f32;  // f32, or bf16/f16 mixed precision
+  CollAlgo algo = CollAlgo::automatic;
+  bool trace = false;            // record events for chrome_trace()
+};
+
+struct TraceEvent {
+  std::string name;      // "matmul h.3.mlp.fc", "all_gather h.4 params"
+  std::string category;  // "compute", "comm", "optimizer"
+  int stream = 0;        // 0 compute, 1 comm
+  double start = 0, duration = 0;  // seconds
+};
+
+struct SimResult {
+  double step_seconds = 0;
+  double compute_seconds = 0, exposed_comm_seconds = 0, bubble_seconds = 0;
+  double comm_seconds = 0;        // total busy time of the comm stream (overlapped or not)
+  double optimizer_seconds = 0;   // part of compute_seconds spent in the optimizer
+  double tokens_per_step = 0;     // global
+  double tokens_per_second = 0;   // global
+  int devices = 0;
+  double model_flops_per_step = 0;     // global, no recomputation
+  double hardware_flops_per_step = 0;  // global, as executed
+  double model_tflops_per_device = 0, hardware_tflops_per_device = 0;
+  double mfu = 0, hfu = 0;        // fractions of device peak at the compute dtype
+  double peak_memory_bytes = 0;   // per device: persistent state + planned arena
+  double persistent_bytes = 0, arena_bytes = 0;
+  std::vector<TraceEvent> events;  // when SimOptions::trace
+};
+
+Result<SimResult> simulate(const Program& prog, const ClusterSpec& cluster,
+                           const SimOptions& opt);
+
+// Chrome trace event format (JSON), one step, one process with two threads (compute, comm).
+std::string chrome_trace(const SimResult& r, const std::string& title);
+
+// Multi-line summary: step time and breakdown, tokens/s, TFLOP/s, MFU, HFU, memory.
+std::string format_sim_result(const SimResult& r, const ClusterSpec& cluster);
+
+}  // namespace tessera
