@@ -50,6 +50,7 @@ struct DeviceSpec {
   int gemm_tile_n = 128;
 
   double peak_flops(DType t) const;  // bf16/f16 fall back to f32 when 0
+  bool operator==(const DeviceSpec&) const = default;
 };
 
 struct NodeSpec {
@@ -57,6 +58,7 @@ struct NodeSpec {
   double intra_bandwidth = 0;     // bytes/s, one direction, per device (NVLink, xGMI, shm)
   double intra_latency = 0;       // seconds per message
   double intra_efficiency = 1.0;  // achievable fraction of intra_bandwidth for collectives
+  bool operator==(const NodeSpec&) const = default;
 };
 
 struct NetworkSpec {
@@ -69,6 +71,7 @@ struct NetworkSpec {
 
   // Usable bytes/s leaving one node: nics * nic_bandwidth * efficiency / oversubscription.
   double node_bandwidth() const;
+  bool operator==(const NetworkSpec&) const = default;
 };
 
 struct ClusterSpec {
@@ -82,7 +85,11 @@ struct ClusterSpec {
   std::map<std::string, double> op_efficiency;
 
   int nodes_for(int devices) const;  // ceil(devices / node.devices)
+  bool operator==(const ClusterSpec&) const = default;
 };
+
+// The values [network] topology (NetworkSpec::topology) accepts.
+inline constexpr const char* kNetworkTopologies[] = {"fat-tree", "dragonfly", "torus"};
 
 // Parses a spec; `source` names it in errors ("clusters/dgx-a100.toml:12: key
 // 'device.peak_tflops_bf16' must be a number ..."). Unknown keys are refused.
@@ -94,6 +101,8 @@ std::vector<std::string> cluster_presets();
 // The TOML text of a preset ("" when unknown) — `tessera simulate --cluster-toml NAME` prints it.
 std::string cluster_preset_text(const std::string& name);
 // Serializes a spec as TOML that parse_cluster_spec reads back (used by `tessera calibrate`).
+// parse(to_toml(c)) == c for every spec that parse produced; a computed *_us value (seconds
+// stored, microseconds written) may come back one ulp off.
 std::string cluster_spec_to_toml(const ClusterSpec& c);
 
 }  // namespace tessera
