@@ -19,6 +19,7 @@ struct PlanOptions {
   int64_t batch = 8, seq = 0;
   int dp = 1, zero = 0, hsdp = 0, micro = 1;
   std::string plan;
+  std::string recompute;  // "" keeps the plan's (none by default)
   bool program = false;
 };
 
@@ -36,6 +37,11 @@ Status run_plan(const PlanOptions& o) {
     plan = Plan::data_parallel(o.dp, o.zero);
   }
   plan.micro_batches = o.micro;
+  if (!o.recompute.empty()) {
+    Result<RecomputePolicy> r = parse_recompute(o.recompute);
+    if (!r.ok()) return error("--recompute: " + r.status().message(), r.status().hint());
+    plan.recompute = r.value();
+  }
   TS_RETURN_IF_ERROR(validate(plan));
   ModelGraph m = build_model(cfg, o.batch, seq, ModelMode::train);
   TS_ASSIGN_OR_RETURN(Program p, lower(m.graph, plan));
@@ -72,6 +78,8 @@ void add_plan_command(CLI::App& app) {
   cmd->add_option("--hsdp", o->hsdp, "HSDP replica groups (ZeRO-3 within each)");
   cmd->add_option("--grad-accum", o->micro, "Micro-batches per step")->capture_default_str();
   cmd->add_option("--plan", o->plan, "Plan JSON file");
+  cmd->add_option("--recompute", o->recompute,
+                  "Activation recomputation: none or full (default: the plan's, or none)");
   cmd->add_flag("--program", o->program, "Print every instruction");
   cmd->callback([o] { exit_on_error(run_plan(*o)); });
 }

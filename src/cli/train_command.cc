@@ -73,6 +73,10 @@ Status check_options(const TrainOptions& o, const ModelConfig& cfg) {
     return error("model vocab_size " + std::to_string(cfg.vocab_size) +
                  " is smaller than the GPT-2 tokenizer's 50257");
   if (!(o.lr > 0)) return error("--lr must be positive");
+  if (!o.recompute.empty()) {
+    Result<RecomputePolicy> r = parse_recompute(o.recompute);
+    if (!r.ok()) return error("--recompute: " + r.status().message(), r.status().hint());
+  }
   return Status();
 }
 
@@ -106,6 +110,9 @@ Result<Plan> plan_from_flags(const TrainOptions& o, int world) {
     plan = Plan::data_parallel(o.dp > 0 ? o.dp : world, o.zero);
   }
   plan.micro_batches = static_cast<int>(o.grad_accum);
+  if (!o.recompute.empty()) {
+    TS_ASSIGN_OR_RETURN(plan.recompute, parse_recompute(o.recompute));
+  }
   TS_RETURN_IF_ERROR(validate(plan, world));
   if (o.batch % plan.data_group() != 0)
     return error("--batch " + std::to_string(o.batch) +
@@ -181,7 +188,7 @@ Status run_train(const TrainOptions& o) {
   }
   TrainState& st = *state;
   st.val_start = val.state();
-  const Graph& g = st.model.graph;
+  const Graph& g = st.distributed() ? st.model.graph : st.step->graph();  // as executed
   int64_t start_step = 0;
   if (o.resume) {
     TS_ASSIGN_OR_RETURN(start_step, st.load(o.out + "/checkpoints", &train));
@@ -334,6 +341,10 @@ void add_train_command(CLI::App& app, TrainOptions& o) {
   cmd->add_option("--hsdp", o.hsdp,
                   "HSDP: this many replica groups, ZeRO-3 within each (ranks / N per group)");
   cmd->add_option("--plan", o.plan, "Plan JSON (see `tessera plan`); overrides --dp/--zero/--hsdp");
+  cmd->add_option("--recompute", o.recompute,
+                  "Activation recomputation: none, or full (each block's forward again in the "
+                  "backward pass: less activation memory, ~20% more FLOPs). Default: the plan's, "
+                  "or none");
   cmd->add_option("--comm-timeout", o.comm_timeout,
                   "Seconds a collective waits for a peer before the run fails")
       ->capture_default_str();

@@ -26,7 +26,11 @@ TrainState::TrainState(const ModelConfig& c, const TrainOptions& o, Backend& b)
 TrainState::TrainState(const ModelConfig& c, const TrainOptions& o, Backend& b, bool one_process)
     : cfg(c), opts(o), backend(b) {
   model = build_model(cfg, opts.batch, opts.seq, ModelMode::train);
-  if (one_process) step = std::make_unique<TrainStep>(model, backend, adamw_config(opts));
+  if (one_process) {
+    Result<RecomputePolicy> r = parse_recompute(opts.recompute.empty() ? "none" : opts.recompute);
+    TS_CHECK(r.ok()) << r.status().to_string();  // checked with the other options
+    step = std::make_unique<TrainStep>(model, backend, adamw_config(opts), r.value());
+  }
   eval_model = build_model(cfg, opts.batch, opts.seq, ModelMode::loss);
   eval_exec = std::make_unique<Executor>(eval_model.graph, backend);
 }

@@ -18,7 +18,7 @@ std::string types_to_string(const Graph& g, const std::vector<ValueId>& ids) {
 }  // namespace
 
 Result<NodeId> Graph::add_node(OpKind op, Attrs attrs, std::vector<ValueId> inputs,
-                               std::string scope, int layer, bool backward) {
+                               std::string scope, int layer, bool backward, bool recompute) {
   const OpDef& def = op_def(op);
   if (def.num_inputs >= 0 && static_cast<int>(inputs.size()) != def.num_inputs) {
     return error("op " + std::string(def.name) + " at '" + scope + "' takes " +
@@ -49,6 +49,7 @@ Result<NodeId> Graph::add_node(OpKind op, Attrs attrs, std::vector<ValueId> inpu
   n.scope = std::move(scope);
   n.layer = layer;
   n.backward = backward;
+  n.recompute = recompute;
   for (int i = 0; i < def.num_outputs; ++i) {
     n.outputs.push_back(static_cast<ValueId>(values_.size()));
     values_.push_back(Value{out_types[static_cast<size_t>(i)], id, i});
@@ -119,7 +120,7 @@ double Graph::total_flops() const {
 double Graph::forward_flops() const {
   double f = 0;
   for (const Node& n : nodes_)
-    if (!n.backward) f += node_flops(*this, n);
+    if (!n.backward && !n.recompute) f += node_flops(*this, n);
   return f;
 }
 
@@ -170,7 +171,8 @@ std::string print_graph(const Graph& g) {
     s << " : ";
     for (size_t k = 0; k < n.outputs.size(); ++k)
       s << (k ? ", " : "") << g.type(n.outputs[k]).to_string();
-    if (!n.scope.empty() || n.backward) s << "  # " << (n.backward ? "bwd " : "") << n.scope;
+    if (!n.scope.empty() || n.backward || n.recompute)
+      s << "  # " << (n.backward ? "bwd " : "") << (n.recompute ? "recompute " : "") << n.scope;
     s << "\n";
   }
   return s.str();

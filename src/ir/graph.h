@@ -36,6 +36,9 @@ struct Node {
   std::string scope;  // "h.3.attn.qkv"; "" at top level
   int layer = -1;     // transformer block index, -1 outside blocks
   bool backward = false;
+  // A forward node cloned into the backward pass by activation recomputation
+  // (parallel/recompute.h): backward stays false, but it runs where the backward pass runs.
+  bool recompute = false;
 };
 
 class Graph {
@@ -43,7 +46,7 @@ class Graph {
   // Appends a node after inferring its output types. Errors name the op, the scope and the
   // input types.
   Result<NodeId> add_node(OpKind op, Attrs attrs, std::vector<ValueId> inputs, std::string scope,
-                          int layer, bool backward);
+                          int layer, bool backward, bool recompute = false);
 
   const std::vector<Node>& nodes() const { return nodes_; }
   const Node& node(NodeId id) const { return nodes_[static_cast<size_t>(id)]; }
@@ -70,7 +73,8 @@ class Graph {
   void set_param_grad(ValueId param, ValueId grad);
 
   int64_t param_count() const;
-  // Sum of op FLOPs over the graph (forward and backward nodes separately when asked).
+  // Sum of op FLOPs over the graph; forward_flops() counts the forward pass only (neither
+  // backward nor recomputed nodes).
   double total_flops() const;
   double forward_flops() const;
 
@@ -87,7 +91,8 @@ class Graph {
 // types. Returns the first violation, naming the node.
 Status verify(const Graph& g);
 
-// One line per node: "%12 = matmul(%3, %7) {tb} : f32[2,16,192]  # h.0.attn.qkv".
+// One line per node: "%12 = matmul(%3, %7) {tb} : f32[2,16,192]  # h.0.attn.qkv"; "bwd" and
+// "recompute" mark backward nodes and recomputed forward nodes.
 std::string print_graph(const Graph& g);
 
 }  // namespace tessera

@@ -11,6 +11,10 @@ namespace {
 
 using Placements = std::vector<Placement>;  // one per mesh axis
 
+// Recomputed forward nodes run in the backward pass: under ZeRO-3 they read the parameters
+// gathered for the backward pass, so the forward gathers are freed after the forward pass.
+bool in_backward_pass(const Node& n) { return n.backward || n.recompute; }
+
 class Pass {
  public:
   Pass(const Graph& g, const Plan& plan) : g_(g), plan_(plan) {
@@ -72,7 +76,7 @@ Result<ValueId> Pass::emit(OpKind op, Attrs attrs, std::vector<ValueId> ins, con
                            const std::vector<Placements>& out_pl,
                            const std::vector<Shape>& expect) {
   Result<NodeId> id = out_.local.add_node(op, std::move(attrs), std::move(ins), like.scope,
-                                          like.layer, like.backward);
+                                          like.layer, like.backward, like.recompute);
   if (!id.ok()) return id.status().with_context("partition: " + std::string(op_name(op)));
   const Node& n = out_.local.node(id.value());
   out_.placements.resize(out_.local.values().size());
@@ -124,6 +128,7 @@ Result<ValueId> Pass::issue_gather(size_t param, bool backward, const Node& like
   a.ints = std::vector<int64_t>(pl.global_shape.dims().begin(), pl.global_shape.dims().end());
   Node at = like;
   at.backward = backward;
+  at.recompute = false;
   TS_ASSIGN_OR_RETURN(ValueId v,
                       emit(OpKind::all_gather, a, {pl.local}, at,
                            {Placements(sizes_.size(), Placement::replicate())}, {pl.global_shape}));
@@ -255,7 +260,7 @@ Status Pass::visit(NodeId id) {
     ValueId lv = out_.global_to_local[static_cast<size_t>(v)];
     auto pi = param_index_.find(v);
     if (pi != param_index_.end() && out_.params[pi->second].params_sharded)
-      lv = gathered_.at({pi->second, n.backward});
+      lv = gathered_.at({pi->second, in_backward_pass(n)});
     ins.push_back(lv);
     in_types.push_back(g_.type(v));
   }
@@ -366,9 +371,10 @@ Result<Partitioned> Pass::run() {
       const Node& n = g_.node(i);
       for (ValueId v : n.inputs) {
         auto it = idx.find(v);
-        if (it == idx.end() || seen[{v, n.backward}]) continue;
-        seen[{v, n.backward}] = true;
-        uses_.push_back({i, it->second, n.backward});
+        const bool bwd = in_backward_pass(n);
+        if (it == idx.end() || seen[{v, bwd}]) continue;
+        seen[{v, bwd}] = true;
+        uses_.push_back({i, it->second, bwd});
       }
     }
   }

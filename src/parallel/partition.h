@@ -17,7 +17,9 @@
 // reduced in buckets right after the node that completes them — all_reduce, or
 // reduce_scatter over the ZeRO axes (+ all_reduce of the block across replicas for HSDP).
 // Under ZeRO-3 each parameter is all-gathered before its first use in the forward pass
-// and again in the backward pass, each gather issued up to Plan::prefetch_bytes ahead.
+// and again in the backward pass (where recomputed forward nodes run: Node::recompute), each
+// gather issued up to Plan::prefetch_bytes ahead. Recomputation itself is a separate pass
+// (recompute.h) that lower() applies before this one.
 #pragma once
 
 #include <map>

@@ -87,6 +87,23 @@ std::vector<std::string> axes_of_key(const std::string& key) {
   return out;
 }
 
+const char* recompute_name(RecomputePolicy p) {
+  switch (p) {
+    case RecomputePolicy::none:
+      return "none";
+    case RecomputePolicy::full:
+      return "full";
+  }
+  return "?";
+}
+
+Result<RecomputePolicy> parse_recompute(std::string_view name) {
+  for (RecomputePolicy p : {RecomputePolicy::none, RecomputePolicy::full})
+    if (name == recompute_name(p)) return p;
+  return error("recompute '" + std::string(name) + "' is not one of: none, full",
+               "full recomputes each transformer block's forward in the backward pass");
+}
+
 std::vector<std::string> Plan::replica_axes() const {
   std::vector<std::string> rest;
   for (const std::string& a : data_axes)
@@ -117,6 +134,8 @@ std::string Plan::describe() const {
   s += " zero=" + std::to_string(zero);
   if (zero >= 1 && zero_group() < data_group() && zero_group() > 1) s += " (HSDP)";
   if (micro_batches > 1) s += " micro_batches=" + std::to_string(micro_batches);
+  if (recompute != RecomputePolicy::none)
+    s += std::string(" recompute=") + recompute_name(recompute);
   return s;
 }
 
@@ -145,6 +164,9 @@ Status validate(const Plan& p, int world) {
   if (p.micro_batches < 1) return error("plan: micro_batches must be >= 1");
   if (p.bucket_bytes < 1 || p.prefetch_bytes < 0)
     return error("plan: bucket_bytes must be >= 1 and prefetch_bytes >= 0");
+  if (p.recompute != RecomputePolicy::none && p.recompute != RecomputePolicy::full)
+    return error("plan: recompute policy " + std::to_string(static_cast<int>(p.recompute)) +
+                 " is not none or full");
   if (world > 0 && p.mesh.size() != world)
     return error("plan: mesh " + p.mesh.to_string() + " has " + std::to_string(p.mesh.size()) +
                      " ranks but the job has " + std::to_string(world),
@@ -161,18 +183,20 @@ nlohmann::json plan_to_json(const Plan& p) {
           {"zero", p.zero},
           {"micro_batches", p.micro_batches},
           {"bucket_bytes", p.bucket_bytes},
-          {"prefetch_bytes", p.prefetch_bytes}};
+          {"prefetch_bytes", p.prefetch_bytes},
+          {"recompute", recompute_name(p.recompute)}};
 }
 
 Result<Plan> plan_from_json(const nlohmann::json& j) {
-  static const std::set<std::string> known = {
-      "mesh", "data_axes", "zero_axes", "zero", "micro_batches", "bucket_bytes", "prefetch_bytes"};
+  static const std::set<std::string> known = {"mesh",           "data_axes",     "zero_axes",
+                                              "zero",           "micro_batches", "bucket_bytes",
+                                              "prefetch_bytes", "recompute"};
   if (!j.is_object()) return error("plan: expected a JSON object");
   for (auto it = j.begin(); it != j.end(); ++it)
     if (!known.count(it.key()))
       return error("plan: unknown key '" + it.key() + "'",
                    "keys: mesh, data_axes, zero_axes, zero, micro_batches, bucket_bytes, "
-                   "prefetch_bytes");
+                   "prefetch_bytes, recompute");
   Plan p;
   try {
     if (j.contains("mesh")) {
@@ -190,6 +214,12 @@ Result<Plan> plan_from_json(const nlohmann::json& j) {
     if (j.contains("micro_batches")) p.micro_batches = j.at("micro_batches").get<int>();
     if (j.contains("bucket_bytes")) p.bucket_bytes = j.at("bucket_bytes").get<int64_t>();
     if (j.contains("prefetch_bytes")) p.prefetch_bytes = j.at("prefetch_bytes").get<int64_t>();
+    if (j.contains("recompute")) {
+      Result<RecomputePolicy> r = parse_recompute(j.at("recompute").get<std::string>());
+      if (!r.ok())
+        return error("plan: key 'recompute': " + r.status().message(), r.status().hint());
+      p.recompute = r.value();
+    }
   } catch (const nlohmann::json::exception& e) {
     return error(std::string("plan: ") + e.what(),
                  "mesh is a list of {\"name\": ..., \"size\": ...}; see `tessera plan`");

@@ -10,16 +10,27 @@
 // (s >= 1), the gradients (s >= 2) and the parameters (s >= 3) — each as Shard(0) of the
 // flattened tensor, zero-padded to a multiple of the group size. HSDP is ZeRO-3 whose
 // zero_axes are a strict subset of the data axes: shard within a group, replicate across.
+// `recompute` trades compute for activation memory (parallel/recompute.h).
 #pragma once
 
 #include <cstdint>
 #include <nlohmann/json_fwd.hpp>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "base/status.h"
 
 namespace tessera {
+
+// Activation recomputation (gradient checkpointing): `none` keeps every forward activation
+// for the backward pass; `full` keeps only each transformer block's input and recomputes the
+// block's forward just before its backward (parallel/recompute.h).
+enum class RecomputePolicy : uint8_t { none, full };
+
+const char* recompute_name(RecomputePolicy p);  // "none", "full"
+// Errors name the value and the accepted ones.
+Result<RecomputePolicy> parse_recompute(std::string_view name);
 
 struct MeshAxis {
   std::string name;
@@ -60,6 +71,7 @@ struct Plan {
   int micro_batches = 1;                     // gradient accumulation steps per optimizer step
   int64_t bucket_bytes = 4 << 20;            // gradient reduction bucket size
   int64_t prefetch_bytes = 16 << 20;  // FSDP: gathered parameter bytes in flight ahead of use
+  RecomputePolicy recompute = RecomputePolicy::none;  // activation recomputation
 
   static Plan data_parallel(int n, int zero = 0);
   static Plan hybrid_sharded(int replicas, int shards);  // HSDP, ZeRO-3 within a group
@@ -71,7 +83,7 @@ struct Plan {
   bool shards_optimizer() const { return zero >= 1 && zero_group() > 1; }
   bool shards_grads() const { return zero >= 2 && zero_group() > 1; }
   bool shards_params() const { return zero >= 3 && zero_group() > 1; }
-  // "dp=4 zero=3" / "dp_rep=2 x dp_shard=2 zero=3 (HSDP)"
+  // "dp=4 zero=3" / "dp_rep=2 x dp_shard=2 zero=3 (HSDP)" / "dp=2 zero=0 recompute=full"
   std::string describe() const;
 };
 
@@ -85,7 +97,8 @@ std::vector<std::string> axes_of_key(const std::string& key);
 Status validate(const Plan& p, int world = 0);
 
 nlohmann::json plan_to_json(const Plan& p);
-// Errors name the key; unknown keys are refused (typos would otherwise be ignored).
+// Errors name the key; unknown keys are refused (typos would otherwise be ignored). Absent
+// keys keep their defaults (a file without "recompute" loads as recompute none).
 Result<Plan> plan_from_json(const nlohmann::json& j);
 Result<Plan> load_plan(const std::string& path);
 

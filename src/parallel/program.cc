@@ -3,6 +3,7 @@
 #include <map>
 
 #include "base/format.h"
+#include "parallel/recompute.h"
 
 namespace tessera {
 
@@ -114,7 +115,19 @@ const char* kind_name(Instruction::Kind k) {
 Result<Program> lower(const Graph& g, const Plan& plan) {
   Program p;
   p.plan = plan;
-  TS_ASSIGN_OR_RETURN(p.part, partition(g, plan));
+  if (plan.recompute == RecomputePolicy::none) {
+    TS_ASSIGN_OR_RETURN(p.part, partition(g, plan));
+  } else {
+    // Partition the recomputed graph, then index global_to_local by the caller's graph.
+    std::vector<ValueId> map;
+    TS_ASSIGN_OR_RETURN(Graph rg, apply_recompute(g, plan.recompute, &map));
+    TS_ASSIGN_OR_RETURN(p.part, partition(rg, plan));
+    std::vector<ValueId> to_local(g.values().size(), -1);
+    for (size_t v = 0; v < map.size(); ++v)
+      to_local[v] = p.part.global_to_local[static_cast<size_t>(map[v])];
+    p.part.global_to_local = std::move(to_local);
+    for (size_t i = 0; i < p.part.params.size(); ++i) p.part.params[i].global = g.params()[i];
+  }
   p.memory = plan_memory(p.part.local);
   lower_micro_step(p);
   lower_optimizer(p);

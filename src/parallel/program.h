@@ -57,7 +57,9 @@ struct Program {
   int64_t persistent_bytes() const { return param_bytes + grad_bytes + optim_bytes; }
 };
 
-// Partitions `g` for `plan` and lowers the local graph to instruction streams.
+// Partitions `g` for `plan` (after apply_recompute when plan.recompute is not none:
+// parallel/recompute.h) and lowers the local graph to instruction streams. part.params[i].global
+// and part.global_to_local refer to `g`'s values either way.
 Result<Program> lower(const Graph& g, const Plan& plan);
 
 // One line per instruction: "  12 comm  start  all_reduce %88 (h.1 grads, bucket 3) <- 11".

@@ -3,12 +3,25 @@
 #include <cstring>
 
 #include "base/check.h"
+#include "parallel/recompute.h"
 
 namespace tessera {
 
-TrainStep::TrainStep(const ModelGraph& model, Backend& backend, AdamWConfig opt)
-    : model_(model), exec_(std::make_unique<Executor>(model.graph, backend)) {
-  const Graph& g = model.graph;
+namespace {
+std::unique_ptr<Graph> maybe_recompute(const Graph& g, RecomputePolicy policy) {
+  if (policy == RecomputePolicy::none) return nullptr;
+  Result<Graph> r = apply_recompute(g, policy);
+  TS_CHECK(r.ok()) << r.status().to_string();
+  return std::make_unique<Graph>(std::move(r).value());
+}
+}  // namespace
+
+TrainStep::TrainStep(const ModelGraph& model, Backend& backend, AdamWConfig opt,
+                     RecomputePolicy recompute)
+    : model_(model),
+      recomputed_(maybe_recompute(model.graph, recompute)),
+      exec_(std::make_unique<Executor>(graph(), backend)) {
+  const Graph& g = graph();
   TS_CHECK(!g.param_grads().empty()) << "TrainStep needs a graph built in ModelMode::train";
   std::vector<ParamSlot> slots;
   for (ValueId p : g.params()) {
@@ -25,7 +38,7 @@ float TrainStep::forward_backward(const int32_t* tokens, const int32_t* targets)
   exec_->set_input("tokens", tokens);
   exec_->set_input("targets", targets);
   exec_->run();
-  const Graph& g = model_.graph;
+  const Graph& g = graph();
   size_t i = 0;
   for (ValueId p : g.params()) {
     std::vector<float>& dst = grads_[i++];
