@@ -48,6 +48,7 @@ Status run_train(const TrainOptions& opts);
 
 void add_graph_command(CLI::App& app);
 void add_plan_command(CLI::App& app);
+void add_simulate_command(CLI::App& app);
 void add_launch_command(CLI::App& app);
 void add_sample_command(CLI::App& app);
 void add_tokenize_command(CLI::App& app);

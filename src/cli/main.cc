@@ -12,6 +12,7 @@ int main(int argc, char** argv) {
   tessera::add_train_command(app, train);
   tessera::add_graph_command(app);
   tessera::add_plan_command(app);
+  tessera::add_simulate_command(app);
   tessera::add_launch_command(app);
   tessera::add_sample_command(app);
   tessera::add_tokenize_command(app);

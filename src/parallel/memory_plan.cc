@@ -9,6 +9,29 @@ namespace {
 int64_t align_up(int64_t x, int64_t a) { return (x + a - 1) / a * a; }
 }  // namespace
 
+std::vector<int> collective_waits(const Graph& g) {
+  const int num_nodes = static_cast<int>(g.nodes().size());
+  std::vector<int> first_reader(g.values().size(), num_nodes);
+  for (int j = num_nodes - 1; j >= 0; --j)
+    for (ValueId v : g.nodes()[static_cast<size_t>(j)].inputs)
+      first_reader[static_cast<size_t>(v)] = j;
+  std::vector<int> waits(static_cast<size_t>(num_nodes), -1);
+  std::vector<int> unread;  // collectives whose output nobody reads, in start order
+  for (int i = 0; i < num_nodes; ++i) {
+    const Node& n = g.nodes()[static_cast<size_t>(i)];
+    if (!is_collective(n.op)) continue;
+    int reader = first_reader[static_cast<size_t>(n.outputs[0])];
+    waits[static_cast<size_t>(i)] = reader;
+    if (reader < num_nodes) continue;
+    unread.push_back(i);
+    if (unread.size() > static_cast<size_t>(kUnreadCollectivesInFlight)) {
+      int old = unread[unread.size() - 1 - kUnreadCollectivesInFlight];
+      waits[static_cast<size_t>(old)] = i;
+    }
+  }
+  return waits;
+}
+
 MemoryPlan plan_memory(const Graph& g, int64_t alignment) {
   MemoryPlan plan;
   const int num_nodes = static_cast<int>(g.nodes().size());
@@ -29,16 +52,13 @@ MemoryPlan plan_memory(const Graph& g, int64_t alignment) {
   // Collectives run asynchronously on the comm stream and are waited for just before the
   // first reader of their output: their input stays live until then. A reduce-scatter reads
   // and an all-gather writes the flattened tensor padded to count * block elements.
+  const std::vector<int> waits = collective_waits(g);
   for (int i = 0; i < num_nodes; ++i) {
     const Node& n = g.nodes()[static_cast<size_t>(i)];
     if (!is_collective(n.op)) continue;
     BufferPlan& in = plan.buffers[static_cast<size_t>(n.inputs[0])];
     BufferPlan& out = plan.buffers[static_cast<size_t>(n.outputs[0])];
-    int wait = num_nodes;
-    for (int j = i + 1; j < num_nodes && wait == num_nodes; ++j)
-      for (ValueId v : g.nodes()[static_cast<size_t>(j)].inputs)
-        if (v == n.outputs[0]) wait = j;
-    in.last = std::max(in.last, wait);
+    in.last = std::max(in.last, waits[static_cast<size_t>(i)]);
     const int64_t elem = dtype_size(g.type(n.inputs[0]).dtype);
     if (n.op == OpKind::reduce_scatter)
       in.bytes = std::max(in.bytes, g.type(n.outputs[0]).shape.numel() * n.attrs.count * elem);

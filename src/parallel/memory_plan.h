@@ -29,6 +29,15 @@ struct MemoryPlan {
   int64_t offset(ValueId v) const { return buffers[static_cast<size_t>(v)].offset; }
 };
 
+// Where each collective of `g` is waited for, indexed by node: the index of the node before
+// which its wait happens (g.nodes().size(): at the end of the step; -1 for other nodes). A
+// collective whose output is read is waited for just before its first reader. One whose output
+// nobody reads in the step (a gradient reduction) is waited for when the
+// kUnreadCollectivesInFlight-th later such collective starts, so that only that many
+// reductions hold their full-size input at once. The memory planner and lower() both use it.
+inline constexpr int kUnreadCollectivesInFlight = 8;
+std::vector<int> collective_waits(const Graph& g);
+
 // Greedy best-fit by size over buffer lifetimes. Buffers are aligned to `alignment` bytes.
 MemoryPlan plan_memory(const Graph& g, int64_t alignment = 64);
 

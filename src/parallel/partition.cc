@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <deque>
+#include <set>
 
 #include "base/check.h"
 
@@ -34,7 +35,6 @@ class Pass {
   Status issue_gathers(NodeId upto);
   Result<ValueId> issue_gather(size_t param, bool backward, const Node& like);
   Status flush_bucket();
-  bool is_zero_fill(ValueId local) const;
 
   const Graph& g_;
   const Plan& plan_;
@@ -54,6 +54,10 @@ class Pass {
   std::map<std::pair<size_t, bool>, ValueId> gathered_;
   std::map<ValueId, size_t> param_index_;  // global param -> index in out_.params
 
+  // Fills read only by later nodes are emitted at each reader, already in the placement the
+  // reader needs: a Replicate fill of the global shape would otherwise be planned (and run)
+  // before being relabeled — for a [B, T, C] zero under data parallelism, B times too large.
+  std::set<ValueId> lazy_fills_;
   std::map<ValueId, size_t> grad_of_;  // global grad value -> param index
   std::vector<size_t> pending_;        // params whose gradient waits in the open bucket
   int64_t pending_bytes_ = 0;
@@ -90,15 +94,14 @@ Result<ValueId> Pass::emit(OpKind op, Attrs attrs, std::vector<ValueId> ins, con
   return n.outputs.empty() ? ValueId{-1} : n.outputs[0];
 }
 
-bool Pass::is_zero_fill(ValueId local) const {
-  const Node& p = out_.local.producer(local);
-  return p.op == OpKind::fill && p.attrs.scalar == 0.0;
-}
-
 Result<ValueId> Pass::to_replicate(ValueId local, const Shape& global, int axis, const Node& like) {
   const Placement p = out_.placements[static_cast<size_t>(local)][static_cast<size_t>(axis)];
   Placements pl = out_.placements[static_cast<size_t>(local)];
   pl[static_cast<size_t>(axis)] = Placement::replicate();
+  if (sizes_[static_cast<size_t>(axis)] == 1) {  // one rank holds everything: relabel for free
+    out_.placements[static_cast<size_t>(local)] = pl;
+    return local;
+  }
   Attrs a;
   a.name = plan_.mesh.axes()[static_cast<size_t>(axis)].name;
   a.count = sizes_[static_cast<size_t>(axis)];
@@ -253,6 +256,11 @@ Status Pass::visit(NodeId id) {
     return Status();
   }
 
+  if (n.op == OpKind::fill && !grad_of_.count(n.outputs[0]) &&
+      std::find(g_.outputs().begin(), g_.outputs().end(), n.outputs[0]) == g_.outputs().end()) {
+    lazy_fills_.insert(n.outputs[0]);
+    return Status();
+  }
   TS_RETURN_IF_ERROR(issue_gathers(id));
   std::vector<ValueId> ins;
   std::vector<TensorType> in_types, out_types;
@@ -266,11 +274,19 @@ Status Pass::visit(NodeId id) {
   }
   for (ValueId v : n.outputs) out_types.push_back(g_.type(v));
 
+  // lazy[i]: placements of a fill input to be emitted once this node's placements are chosen.
+  std::vector<Placements> lazy(ins.size());
+  for (size_t i = 0; i < ins.size(); ++i)
+    if (lazy_fills_.count(n.inputs[i])) lazy[i] = Placements(naxes, Placement::replicate());
+  auto placement = [&](size_t i, size_t k) {
+    return lazy[i].empty() ? out_.placements[static_cast<size_t>(ins[i])][k] : lazy[i][k];
+  };
+
   const OpDef& def = op_def(n.op);
   std::vector<Placements> out_pl(n.outputs.size(), Placements(naxes, Placement::replicate()));
   for (size_t k = 0; k < naxes; ++k) {
     Placements pk;
-    for (ValueId lv : ins) pk.push_back(out_.placements[static_cast<size_t>(lv)][k]);
+    for (size_t i = 0; i < ins.size(); ++i) pk.push_back(placement(i, k));
     bool all_r =
         std::all_of(pk.begin(), pk.end(), [](const Placement& p) { return p.is_replicate(); });
     if (all_r) continue;
@@ -288,9 +304,9 @@ Status Pass::visit(NodeId id) {
     Placements relabeled = pk;
     bool changed = false;
     for (size_t i = 0; i < ins.size(); ++i) {
-      const Node& prod = out_.local.producer(ins[i]);
+      const Node& prod = lazy[i].empty() ? out_.local.producer(ins[i]) : g_.producer(n.inputs[i]);
       if (!pk[i].is_replicate() || prod.op != OpKind::fill) continue;
-      if (target.is_partial() && !is_zero_fill(ins[i])) continue;
+      if (target.is_partial() && prod.attrs.scalar != 0.0) continue;
       if (target.is_shard() && target.dim >= in_types[i].shape.rank()) continue;
       relabeled[i] = target;
       changed = true;
@@ -300,6 +316,10 @@ Status Pass::visit(NodeId id) {
       // A new local fill carries the new placement (the original may be used elsewhere).
       for (size_t i = 0; i < ins.size(); ++i) {
         if (relabeled[i] == pk[i]) continue;
+        if (!lazy[i].empty()) {
+          lazy[i][k] = relabeled[i];
+          continue;
+        }
         Placements p = out_.placements[static_cast<size_t>(ins[i])];
         p[k] = relabeled[i];
         Attrs fa = out_.local.producer(ins[i]).attrs;
@@ -314,6 +334,14 @@ Status Pass::visit(NodeId id) {
       if (pk[i].is_replicate()) continue;
       TS_ASSIGN_OR_RETURN(ins[i], to_replicate(ins[i], in_types[i].shape, static_cast<int>(k), n));
     }
+  }
+
+  for (size_t i = 0; i < ins.size(); ++i) {
+    if (lazy[i].empty()) continue;
+    Attrs fa = g_.producer(n.inputs[i]).attrs;
+    Shape ls = local_shape(g_.type(n.inputs[i]).shape, lazy[i], n.scope);
+    fa.ints = std::vector<int64_t>(ls.dims().begin(), ls.dims().end());
+    TS_ASSIGN_OR_RETURN(ins[i], emit(OpKind::fill, fa, {}, n, {lazy[i]}, {ls}));
   }
 
   // Localize attributes that hold global shapes or counts.

@@ -25,8 +25,17 @@ void lower_micro_step(Program& p) {
     ready[static_cast<size_t>(v)] = static_cast<int>(out.size()) - 1;
     pending.erase(it);
   };
+  // Collectives waited for before node j (memory_plan.h: the planner assumes the same points).
+  const std::vector<int> waits = collective_waits(g);
+  std::map<NodeId, std::vector<ValueId>> waits_before;
+  for (NodeId c = 0; c < static_cast<NodeId>(waits.size()); ++c)
+    if (waits[static_cast<size_t>(c)] >= 0)
+      waits_before[waits[static_cast<size_t>(c)]].push_back(g.node(c).outputs[0]);
   for (NodeId id = 0; id < static_cast<NodeId>(g.nodes().size()); ++id) {
     const Node& n = g.node(id);
+    auto w = waits_before.find(id);
+    if (w != waits_before.end())
+      for (ValueId v : w->second) wait_for(v);
     if (n.op == OpKind::parameter || n.op == OpKind::input) continue;
     for (ValueId v : n.inputs) wait_for(v);
     Instruction in;

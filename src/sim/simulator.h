@@ -23,6 +23,7 @@
 // and fill nodes of cluster.node.devices consecutively.
 #pragma once
 
+#include <map>
 #include <string>
 #include <vector>
 
@@ -35,35 +36,35 @@ namespace tessera {
 struct SimOptions {
   DType precision = DType::f32;  // f32, or bf16/f16 mixed precision
   CollAlgo algo = CollAlgo::automatic;
-  bool trace = false;            // record events for chrome_trace()
+  bool trace = false;  // record events for chrome_trace()
 };
 
 struct TraceEvent {
-  std::string name;      // "matmul h.3.mlp.fc", "all_gather h.4 params"
-  std::string category;  // "compute", "comm", "optimizer"
-  int stream = 0;        // 0 compute, 1 comm
+  std::string name;                // "matmul h.3.mlp.fc", "all_gather h.4 params"
+  std::string category;            // "compute", "comm", "optimizer"
+  int stream = 0;                  // 0 compute, 1 comm
   double start = 0, duration = 0;  // seconds
 };
 
 struct SimResult {
   double step_seconds = 0;
   double compute_seconds = 0, exposed_comm_seconds = 0, bubble_seconds = 0;
-  double comm_seconds = 0;        // total busy time of the comm stream (overlapped or not)
-  double optimizer_seconds = 0;   // part of compute_seconds spent in the optimizer
-  double tokens_per_step = 0;     // global
-  double tokens_per_second = 0;   // global
+  double comm_seconds = 0;       // total busy time of the comm stream (overlapped or not)
+  double optimizer_seconds = 0;  // part of compute_seconds spent in the optimizer
+  double tokens_per_step = 0;    // global
+  double tokens_per_second = 0;  // global
   int devices = 0;
   double model_flops_per_step = 0;     // global, no recomputation
   double hardware_flops_per_step = 0;  // global, as executed
   double model_tflops_per_device = 0, hardware_tflops_per_device = 0;
-  double mfu = 0, hfu = 0;        // fractions of device peak at the compute dtype
-  double peak_memory_bytes = 0;   // per device: persistent state + planned arena
+  double mfu = 0, hfu = 0;       // fractions of device peak at the compute dtype
+  double peak_memory_bytes = 0;  // per device: persistent state + planned arena
   double persistent_bytes = 0, arena_bytes = 0;
-  std::vector<TraceEvent> events;  // when SimOptions::trace
+  std::map<std::string, double> seconds_by_op;  // busy time per op kind ("matmul", "all_gather")
+  std::vector<TraceEvent> events;               // when SimOptions::trace
 };
 
-Result<SimResult> simulate(const Program& prog, const ClusterSpec& cluster,
-                           const SimOptions& opt);
+Result<SimResult> simulate(const Program& prog, const ClusterSpec& cluster, const SimOptions& opt);
 
 // Chrome trace event format (JSON), one step, one process with two threads (compute, comm).
 std::string chrome_trace(const SimResult& r, const std::string& title);

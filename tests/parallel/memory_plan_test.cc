@@ -14,6 +14,7 @@
 #include "backend/cpu/cpu_backend.h"
 #include "ir/builder.h"
 #include "models/model.h"
+#include "parallel/program.h"
 #include "runtime/executor.h"
 
 namespace tessera {
@@ -144,6 +145,53 @@ TEST(MemoryPlan, ReusesFreedBuffers) {
   check_plan_is_valid(g, plan);
   EXPECT_EQ(plan.live_peak_bytes, 2 * 1024);
   EXPECT_EQ(plan.arena_bytes, 2 * 1024);
+}
+
+// Gradient reductions nobody reads until the optimizer are waited for a bounded number of
+// collectives later, so a rank never holds every full-size gradient at once.
+TEST(CollectiveWaits, BoundUnreadReductionsInFlight) {
+  ModelGraph m = build_model(*find_preset("gpt2-small"), 8, 256, ModelMode::train);
+  Result<Program> p = lower(m.graph, Plan::data_parallel(8, 3));
+  ASSERT_TRUE(p.ok()) << p.status().message();
+  const Graph& g = p->local();
+  std::vector<int> waits = collective_waits(g);
+  const int num_nodes = static_cast<int>(g.nodes().size());
+  int max_open = 0;
+  for (int at = 0; at < num_nodes; ++at) {
+    int open = 0;
+    for (int c = 0; c < at; ++c)
+      if (waits[static_cast<size_t>(c)] > at && waits[static_cast<size_t>(c)] == num_nodes) ++open;
+    max_open = std::max(max_open, open);
+  }
+  EXPECT_LE(max_open, kUnreadCollectivesInFlight);
+  // Every unread reduction but the last few is waited for inside the step.
+  int at_end = 0;
+  for (int w : waits) at_end += w == num_nodes;
+  EXPECT_LE(at_end, kUnreadCollectivesInFlight);
+  // The arena holds far less than the full gradients (dp=1 keeps them all as outputs; a
+  // ZeRO-3 rank still holds its activations, in-flight reductions and gathered parameters).
+  ModelGraph one = build_model(*find_preset("gpt2-small"), 1, 256, ModelMode::train);
+  Result<Program> q = lower(one.graph, Plan::data_parallel(1));
+  ASSERT_TRUE(q.ok());
+  const double full_grads = 4.0 * static_cast<double>(one.graph.param_count());
+  EXPECT_LT(static_cast<double>(p->memory.arena_bytes),
+            static_cast<double>(q->memory.arena_bytes) - 0.4 * full_grads);
+}
+
+// Zero fills (gradients of slices) are emitted at their reader in its placement: under data
+// parallelism they have the local batch, not the global one.
+TEST(Partition, FillsTakeTheLocalShapeOfTheirReader) {
+  auto fill_bytes = [](const Graph& g) {
+    double b = 0;
+    for (const Node& n : g.nodes())
+      if (n.op == OpKind::fill) b += static_cast<double>(g.type(n.outputs[0]).bytes());
+    return b;
+  };
+  ModelGraph m = build_model(*find_preset("gpt-tiny"), 8, 32, ModelMode::train);
+  Result<Program> p = lower(m.graph, Plan::data_parallel(4, 0));
+  ASSERT_TRUE(p.ok());
+  EXPECT_GT(fill_bytes(m.graph), 0);
+  EXPECT_LT(fill_bytes(p->local()), 0.3 * fill_bytes(m.graph));
 }
 
 }  // namespace

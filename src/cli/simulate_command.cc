@@ -1,0 +1,115 @@
+// `tessera simulate MODEL --cluster C --gpus N ...`: lowers the training step for a plan (the
+// same Program `tessera train` executes) and times it on a ClusterSpec: step time and its
+// breakdown, tokens/s, MFU/HFU and per-device memory; --trace writes a Chrome/Perfetto trace.
+#include <chrono>
+#include <cstdio>
+
+#include "base/format.h"
+#include "cli/commands.h"
+#include "cli/common.h"
+#include "io/fs.h"
+#include "io/model_config.h"
+#include "sim/simulator.h"
+
+namespace tessera {
+
+namespace {
+
+struct SimulateOptions {
+  std::string model, cluster = "dgx-a100", plan, trace, precision = "bf16", algo = "auto";
+  std::string recompute = "none";
+  int64_t batch = 0, seq = 0;
+  int gpus = 8, zero = 3, hsdp = 0, micro = 1;
+};
+
+Status run_simulate(const SimulateOptions& o) {
+  auto t0 = std::chrono::steady_clock::now();
+  TS_ASSIGN_OR_RETURN(ModelConfig cfg, load_model_config(o.model));
+  TS_ASSIGN_OR_RETURN(ClusterSpec cluster, load_cluster(o.cluster));
+  const int64_t seq = o.seq > 0 ? o.seq : cfg.max_seq_len;
+  if (seq > cfg.max_seq_len)
+    return error("--seq " + std::to_string(seq) + " exceeds the model's max_seq_len " +
+                 std::to_string(cfg.max_seq_len));
+  Plan plan;
+  if (!o.plan.empty()) {
+    TS_ASSIGN_OR_RETURN(plan, load_plan(o.plan));
+  } else {
+    if (o.hsdp > 0 && o.gpus % o.hsdp != 0)
+      return error("--hsdp " + std::to_string(o.hsdp) + " must divide --gpus " +
+                   std::to_string(o.gpus));
+    plan = o.hsdp > 0 ? Plan::hybrid_sharded(o.hsdp, o.gpus / o.hsdp)
+                      : Plan::data_parallel(o.gpus, o.zero);
+    plan.micro_batches = o.micro;
+    TS_ASSIGN_OR_RETURN(plan.recompute, parse_recompute(o.recompute));
+  }
+  TS_RETURN_IF_ERROR(validate(plan));
+  const int64_t batch = o.batch > 0 ? o.batch : plan.data_group();
+  if (batch % plan.data_group() != 0)
+    return error("--batch " + std::to_string(batch) + " (global micro-batch) must be a multiple " +
+                 "of the " + std::to_string(plan.data_group()) + " data-parallel ranks");
+  SimOptions so;
+  std::optional<DType> prec = parse_dtype(o.precision);
+  if (!prec || *prec == DType::i32)
+    return error("--precision '" + o.precision + "' is not one of f32, bf16, f16");
+  so.precision = *prec;
+  if (!parse_coll_algo(o.algo, &so.algo))
+    return error("--algo '" + o.algo + "' is not one of auto, ring, tree, hierarchical");
+  so.trace = !o.trace.empty();
+
+  ModelGraph m = build_model(cfg, batch, seq, ModelMode::train);
+  TS_ASSIGN_OR_RETURN(Program prog, lower(m.graph, plan));
+  TS_ASSIGN_OR_RETURN(SimResult r, simulate(prog, cluster, so));
+  double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+
+  std::printf("model            %s (%s parameters), global micro-batch %lld x %lld tokens\n",
+              cfg.name.c_str(), format_count(m.graph.param_count()).c_str(), (long long)batch,
+              (long long)seq);
+  std::printf("cluster          %s: %d x %s, %d per node (%d nodes)\n", cluster.name.c_str(),
+              plan.mesh.size(), cluster.device.name.c_str(), cluster.node.devices,
+              cluster.nodes_for(plan.mesh.size()));
+  std::printf("plan             %s, %d micro-batch(es) per step, %s\n", plan.describe().c_str(),
+              plan.micro_batches, dtype_name(so.precision));
+  std::fputs(format_sim_result(r, cluster).c_str(), stdout);
+  if (r.peak_memory_bytes > cluster.device.memory_bytes)
+    std::printf("DOES NOT FIT     predicted peak exceeds the device's %s\n",
+                format_bytes(cluster.device.memory_bytes).c_str());
+  if (so.trace) {
+    std::string title = cfg.name + " on " + std::to_string(plan.mesh.size()) + " x " +
+                        cluster.device.name + " (" + plan.describe() + ")";
+    TS_RETURN_IF_ERROR(write_file_atomic(o.trace, chrome_trace(r, title)));
+    std::printf("trace            %s (%zu events; open in ui.perfetto.dev)\n", o.trace.c_str(),
+                r.events.size());
+  }
+  std::printf("simulated in     %.3f s\n", secs);
+  return Status();
+}
+
+}  // namespace
+
+void add_simulate_command(CLI::App& app) {
+  auto o = std::make_shared<SimulateOptions>();
+  CLI::App* cmd = app.add_subcommand(
+      "simulate", "Predict step time, throughput, MFU and memory of a plan on a cluster");
+  cmd->add_option("model", o->model, "Preset name or config.toml")->required();
+  cmd->add_option("--cluster", o->cluster,
+                  "Cluster preset or .toml file (see --help of "
+                  "`tessera validate` for presets)")
+      ->capture_default_str();
+  cmd->add_option("--gpus", o->gpus, "Devices (data-parallel ranks)")->capture_default_str();
+  cmd->add_option("--batch", o->batch, "Global micro-batch in sequences (default: --gpus)");
+  cmd->add_option("--seq", o->seq, "Sequence length (default: max_seq_len)");
+  cmd->add_option("--zero", o->zero, "ZeRO stage 0-3")->capture_default_str();
+  cmd->add_option("--hsdp", o->hsdp, "HSDP replica groups (ZeRO-3 within each)");
+  cmd->add_option("--grad-accum", o->micro, "Micro-batches per step")->capture_default_str();
+  cmd->add_option("--recompute", o->recompute, "Activation recomputation: none|full")
+      ->capture_default_str();
+  cmd->add_option("--plan", o->plan, "Plan JSON file (overrides the plan flags)");
+  cmd->add_option("--precision", o->precision, "f32 | bf16 (mixed) | f16 (mixed)")
+      ->capture_default_str();
+  cmd->add_option("--algo", o->algo, "Collective algorithm: auto|ring|tree|hierarchical")
+      ->capture_default_str();
+  cmd->add_option("--trace", o->trace, "Write a Chrome/Perfetto trace of one step here");
+  cmd->callback([o] { exit_on_error(run_simulate(*o)); });
+}
+
+}  // namespace tessera

@@ -1,0 +1,89 @@
+#include "cost/op_cost.h"
+
+#include <algorithm>
+#include <cmath>
+#include <vector>
+
+namespace tessera {
+
+namespace {
+
+double ceil_div(double a, double b) { return std::ceil(a / b); }
+
+double efficiency_or(const std::map<std::string, double>& table, OpKind k, double fallback) {
+  auto it = table.find(op_name(k));
+  return it == table.end() ? fallback : it->second;
+}
+
+// Scales bytes counted at each tensor's stored dtype (f32 in the Program) to the compute dtype:
+// under mixed precision activations move as bf16.
+double bytes_at(double f32_bytes, DType compute) {
+  return f32_bytes * static_cast<double>(dtype_size(compute)) / 4.0;
+}
+
+}  // namespace
+
+double gemm_shape_efficiency(double m, double n, double k, const DeviceSpec& dev) {
+  if (m <= 0 || n <= 0 || k <= 0) return 1.0;
+  double tm = std::max(1, dev.gemm_tile_m), tn = std::max(1, dev.gemm_tile_n);
+  double tiles = ceil_div(m, tm) * ceil_div(n, tn);
+  double tile_util = (m * n) / (tiles * tm * tn);
+  double wave_util = 1.0;
+  if (dev.sm_count > 0) {
+    double waves = ceil_div(tiles, dev.sm_count);
+    wave_util = tiles / (waves * dev.sm_count);
+  }
+  double k_util = k / (k + 128.0);
+  return tile_util * wave_util * k_util;
+}
+
+OpTime op_time(const Graph& g, const Node& n, const DeviceSpec& dev,
+               const std::map<std::string, double>& op_efficiency, DType compute) {
+  std::vector<TensorType> in, out;
+  for (ValueId v : n.inputs) in.push_back(g.type(v));
+  for (ValueId v : n.outputs) out.push_back(g.type(v));
+  OpTime t;
+  if (n.op == OpKind::parameter || n.op == OpKind::input || is_collective(n.op)) return t;
+  // A reshape is a view on GPU backends; a spec that measured it (the CPU backend copies)
+  // names it in [efficiency].
+  if (n.op == OpKind::reshape && !op_efficiency.count("reshape")) return t;
+
+  t.flops = op_flops(n.op, n.attrs, in, out);
+  t.bytes = bytes_at(op_bytes(n.op, n.attrs, in, out), compute);
+  double peak = dev.peak_flops(compute);
+  double bw = dev.memory_bandwidth;
+  double compute_s = 0, memory_s = 0;
+
+  if (n.op == OpKind::matmul) {
+    const Shape& os = out[0].shape;
+    double cols = static_cast<double>(os[-1]);
+    double numel = static_cast<double>(os.numel());
+    double k = numel > 0 ? t.flops / (2.0 * numel) : 0;
+    double rows = os.rank() >= 2 ? static_cast<double>(os[-2]) : 1.0;
+    double batch = numel / std::max(1.0, rows * cols);
+    // A shared 2-D weight lets the batch fold into rows (one GEMM); otherwise a batched GEMM
+    // whose tiles add up over the batch.
+    if (in[1].shape.rank() == 2) rows *= batch, batch = 1;
+    double eff = efficiency_or(op_efficiency, n.op, dev.gemm_efficiency) *
+                 gemm_shape_efficiency(rows * batch, cols, k, dev);
+    compute_s = t.flops / (peak * std::max(eff, 1e-6));
+    memory_s = t.bytes / (bw * dev.memory_efficiency);
+  } else if (n.op == OpKind::attention || n.op == OpKind::attention_grad) {
+    // FLOPs are counted as full attention (the MFU convention); a causal kernel skips the
+    // masked half of the score matrix.
+    double eff = efficiency_or(op_efficiency, n.op, dev.attention_efficiency);
+    compute_s = 0.5 * t.flops / (peak * eff);
+    memory_s = t.bytes / (bw * dev.memory_efficiency);
+  } else {
+    double eff = efficiency_or(op_efficiency, n.op, dev.memory_efficiency);
+    memory_s = t.bytes / (bw * eff);
+    // Elementwise arithmetic runs on the vector units (f32 peak), never on tensor cores.
+    compute_s = t.flops / std::max(dev.peak_flops_f32, 1.0);
+  }
+  t.seconds = std::max(compute_s, memory_s) + dev.launch_overhead;
+  t.bound = compute_s >= memory_s ? OpTime::compute : OpTime::memory;
+  if (compute_s == 0 && memory_s == 0) t.bound = OpTime::overhead;
+  return t;
+}
+
+}  // namespace tessera

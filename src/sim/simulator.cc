@@ -1,0 +1,292 @@
+#include "sim/simulator.h"
+
+#include <algorithm>
+#include <cstdio>
+#include <map>
+#include <nlohmann/json.hpp>
+
+#include "base/format.h"
+#include "cost/op_cost.h"
+#include "parallel/partition.h"
+
+namespace tessera {
+
+namespace {
+
+std::string format_seconds(double s) {
+  char buf[32];
+  if (s >= 1)
+    std::snprintf(buf, sizeof buf, "%.3f s", s);
+  else if (s >= 1e-3)
+    std::snprintf(buf, sizeof buf, "%.2f ms", s * 1e3);
+  else
+    std::snprintf(buf, sizeof buf, "%.1f us", s * 1e6);
+  return buf;
+}
+
+// Where the members of rank 0's group over `axes` sit: how many share a node.
+GroupLayout group_layout(const Mesh& mesh, const std::vector<std::string>& axes,
+                         int devices_per_node) {
+  GroupLayout g;
+  g.size = mesh.group_size(axes);
+  int color = mesh.group_color(0, axes), same_node = 0;
+  for (int r = 0; r < mesh.size() && r < devices_per_node; ++r)
+    if (mesh.group_color(r, axes) == color) ++same_node;
+  g.per_node = std::max(1, std::min(same_node, g.size));
+  if (g.size % g.per_node != 0) g.per_node = 1;  // ragged placement: count every hop as inter-node
+  return g;
+}
+
+class Schedule {
+ public:
+  Schedule(const Program& prog, const ClusterSpec& c, const SimOptions& opt, SimResult* r)
+      : prog_(prog), c_(c), opt_(opt), r_(r), g_(prog.local()) {
+    scale_ = static_cast<double>(dtype_size(opt.precision)) / 4.0;
+    node_time_.assign(g_.nodes().size(), -1.0);
+  }
+
+  void run() {
+    for (int mb = 0; mb < prog_.plan.micro_batches; ++mb) run_list(prog_.micro_step, "compute");
+    double t = std::max(compute_free_, comm_free_);
+    compute_free_ = comm_free_ = t;
+    run_list(prog_.optimizer, "optimizer");
+    r_->step_seconds = std::max(compute_free_, comm_free_);
+  }
+
+ private:
+  double node_seconds(NodeId id) {
+    double& t = node_time_[static_cast<size_t>(id)];
+    if (t < 0) {
+      const Node& n = g_.node(id);
+      if (is_collective(n.op)) {
+        const TensorType& in = g_.type(n.inputs[0]);
+        const TensorType& out = g_.type(n.outputs[0]);
+        double whole = n.op == OpKind::all_gather ? out.bytes() : in.bytes();
+        if (in.shape.numel() > 1) whole *= scale_;  // the loss scalar stays f32
+        t = collective(n.op, whole, axes_of_key(n.attrs.name));
+      } else {
+        t = op_time(g_, n, c_.device, c_.op_efficiency, opt_.precision).seconds;
+      }
+    }
+    return t;
+  }
+
+  double collective(OpKind kind, double bytes, const std::vector<std::string>& axes) {
+    std::string key = axes_key(axes);
+    auto it = layouts_.find(key);
+    if (it == layouts_.end())
+      it = layouts_.emplace(key, group_layout(prog_.plan.mesh, axes, c_.node.devices)).first;
+    return collective_time(kind, bytes, it->second, c_, opt_.algo).seconds;
+  }
+
+  // Optimizer-phase instructions: memory-bound updates of this rank's blocks.
+  double optimizer_seconds(const Instruction& in, bool* on_comm) {
+    *on_comm = false;
+    const int zg = prog_.plan.zero_group();
+    const double bw = c_.device.memory_bandwidth * c_.device.memory_efficiency;
+    auto elems = [&](const ParamLayout& pl, bool sharded) {
+      int64_t numel = pl.global_shape.numel();
+      return static_cast<double>(sharded ? FlatShard{zg, 0, numel}.block() : numel);
+    };
+    switch (in.kind) {
+      case Instruction::grad_norm: {  // its all-reduce, when sharded, is timed by run_list
+        double bytes = 0;
+        for (const ParamLayout& pl : prog_.part.params) bytes += 4.0 * elems(pl, pl.grads_sharded);
+        return bytes / bw + c_.device.launch_overhead;
+      }
+      case Instruction::optimizer: {
+        // AdamW on fp32 master state: read p, g, m, v; write p, m, v.
+        const ParamLayout& pl = prog_.part.params[static_cast<size_t>(in.param)];
+        return 7.0 * 4.0 * elems(pl, pl.optim_sharded) / bw + c_.device.launch_overhead;
+      }
+      case Instruction::param_sync: {
+        *on_comm = true;
+        const ParamLayout& pl = prog_.part.params[static_cast<size_t>(in.param)];
+        double whole = 4.0 * scale_ * elems(pl, true) * zg;
+        return collective(OpKind::all_gather, whole, prog_.plan.zero_axes);
+      }
+      default:
+        return 0;
+    }
+  }
+
+  void run_list(const std::vector<Instruction>& list, const char* category) {
+    std::vector<double> end(list.size(), 0.0);
+    for (size_t i = 0; i < list.size(); ++i) {
+      const Instruction& in = list[i];
+      double ready = 0;
+      for (int d : in.deps) ready = std::max(ready, end[static_cast<size_t>(d)]);
+      double dur = 0;
+      bool comm = in.stream == Stream::comm;
+      if (in.kind == Instruction::compute || in.kind == Instruction::start) {
+        dur = node_seconds(in.node);
+      } else if (in.kind == Instruction::wait) {
+        dur = 0;
+      } else {
+        dur = optimizer_seconds(in, &comm);
+      }
+      double& free = comm ? comm_free_ : compute_free_;
+      double start = std::max(free, ready);
+      if (in.kind == Instruction::wait) {  // the compute stream idles until the collective ends
+        start = std::max(compute_free_, ready);
+      }
+      end[i] = start + dur;
+      free = end[i];
+      if (in.kind == Instruction::grad_norm && in.stream == Stream::comm) {
+        // The sum of squares is all-reduced over the ZeRO group; AdamW waits for it.
+        double ar = collective(OpKind::all_reduce, 8.0, prog_.plan.zero_axes);
+        double ar_start = std::max(comm_free_, end[i]);
+        comm_free_ = ar_start + ar;
+        r_->comm_seconds += ar;
+        end[i] = compute_free_ = comm_free_;
+      }
+      if (comm)
+        r_->comm_seconds += dur;
+      else
+        r_->compute_seconds += dur;
+      if (in.kind == Instruction::start) r_->seconds_by_op[op_name(g_.node(in.node).op)] += dur;
+      if (in.kind != Instruction::compute && in.kind != Instruction::start) {
+        if (!comm && in.kind != Instruction::wait) r_->optimizer_seconds += dur;
+      } else if (in.kind == Instruction::compute) {
+        const Node& n = g_.node(in.node);
+        r_->seconds_by_op[op_name(n.op)] += dur;
+        std::vector<TensorType> ti, to;
+        for (ValueId v : n.inputs) ti.push_back(g_.type(v));
+        for (ValueId v : n.outputs) to.push_back(g_.type(v));
+        double f = op_flops(n.op, n.attrs, ti, to);
+        hardware_flops_ += f;
+        if (!n.recompute) model_flops_ += f;
+      }
+      if (opt_.trace && dur > 0) record(in, comm, start, dur, category);
+    }
+  }
+
+  void record(const Instruction& in, bool comm, double start, double dur, const char* category) {
+    TraceEvent e;
+    e.stream = comm ? 1 : 0;
+    e.start = start;
+    e.duration = dur;
+    e.category = comm ? "comm" : category;
+    if (in.node >= 0) {
+      const Node& n = g_.node(in.node);
+      e.name = std::string(op_name(n.op)) + (n.scope.empty() ? "" : " " + n.scope);
+      if (n.recompute) e.name += " (recompute)";
+    } else if (in.param >= 0) {
+      e.name = std::string(in.kind == Instruction::param_sync ? "all_gather " : "adamw ") +
+               prog_.part.params[static_cast<size_t>(in.param)].name;
+    } else {
+      e.name = "grad_norm";
+    }
+    r_->events.push_back(std::move(e));
+  }
+
+ public:
+  double hardware_flops_ = 0, model_flops_ = 0;  // per rank, per step
+
+ private:
+  const Program& prog_;
+  const ClusterSpec& c_;
+  const SimOptions& opt_;
+  SimResult* r_;
+  const Graph& g_;
+  double scale_ = 1;
+  std::vector<double> node_time_;
+  std::map<std::string, GroupLayout> layouts_;
+  double compute_free_ = 0, comm_free_ = 0;
+};
+
+double tokens_per_micro_batch(const Program& p) {
+  const Graph& g = p.local();
+  ValueId tok = g.find_input("tokens");
+  if (tok < 0) return 0;
+  return static_cast<double>(g.type(tok).shape.numel()) * p.plan.data_group();
+}
+
+}  // namespace
+
+Result<SimResult> simulate(const Program& prog, const ClusterSpec& cluster, const SimOptions& opt) {
+  if (opt.precision == DType::i32) return error("simulate: precision must be f32, bf16 or f16");
+  if (cluster.device.peak_flops(opt.precision) <= 0 || cluster.device.memory_bandwidth <= 0)
+    return error("cluster '" + cluster.name + "' has no peak FLOP/s or memory bandwidth for " +
+                 dtype_name(opt.precision));
+  SimResult r;
+  r.devices = prog.plan.mesh.size();
+  Schedule s(prog, cluster, opt, &r);
+  s.run();
+  r.exposed_comm_seconds = std::max(0.0, r.step_seconds - r.compute_seconds);
+  r.tokens_per_step = tokens_per_micro_batch(prog) * prog.plan.micro_batches;
+  r.tokens_per_second = r.step_seconds > 0 ? r.tokens_per_step / r.step_seconds : 0;
+  // Every rank of a data-parallel mesh runs the same stream on its own shard.
+  r.hardware_flops_per_step = s.hardware_flops_ * prog.plan.micro_batches * r.devices;
+  r.model_flops_per_step = s.model_flops_ * prog.plan.micro_batches * r.devices;
+  double peak = cluster.device.peak_flops(opt.precision);
+  if (r.step_seconds > 0) {
+    r.model_tflops_per_device = r.model_flops_per_step / r.step_seconds / r.devices / 1e12;
+    r.hardware_tflops_per_device = r.hardware_flops_per_step / r.step_seconds / r.devices / 1e12;
+    r.mfu = r.model_tflops_per_device * 1e12 / peak;
+    r.hfu = r.hardware_tflops_per_device * 1e12 / peak;
+  }
+  // Memory: fp32 master parameters, gradients and AdamW state as planned; under mixed
+  // precision the activation arena holds bf16 and replicated parameters keep a bf16 copy.
+  double scale = static_cast<double>(dtype_size(opt.precision)) / 4.0;
+  r.persistent_bytes = static_cast<double>(prog.persistent_bytes());
+  if (scale < 1 && !prog.plan.shards_params())
+    r.persistent_bytes += static_cast<double>(prog.param_bytes) * scale;
+  r.arena_bytes = static_cast<double>(prog.memory.arena_bytes) * scale;
+  r.peak_memory_bytes = r.persistent_bytes + r.arena_bytes;
+  return r;
+}
+
+std::string chrome_trace(const SimResult& r, const std::string& title) {
+  nlohmann::json events = nlohmann::json::array();
+  events.push_back(
+      {{"ph", "M"}, {"pid", 0}, {"name", "process_name"}, {"args", {{"name", title}}}});
+  const char* threads[] = {"compute", "comm"};
+  for (int tid = 0; tid < 2; ++tid)
+    events.push_back({{"ph", "M"},
+                      {"pid", 0},
+                      {"tid", tid},
+                      {"name", "thread_name"},
+                      {"args", {{"name", threads[tid]}}}});
+  for (const TraceEvent& e : r.events)  // microseconds, the format's unit
+    events.push_back({{"ph", "X"},
+                      {"pid", 0},
+                      {"tid", e.stream},
+                      {"name", e.name},
+                      {"cat", e.category},
+                      {"ts", e.start * 1e6},
+                      {"dur", e.duration * 1e6}});
+  nlohmann::json doc = {{"displayTimeUnit", "ms"}, {"traceEvents", std::move(events)}};
+  return doc.dump() + "\n";
+}
+
+std::string format_sim_result(const SimResult& r, const ClusterSpec& c) {
+  auto pct = [&](double x) { return x > 0 ? 100.0 * x / r.step_seconds : 0.0; };
+  char buf[1024];
+  std::snprintf(buf, sizeof buf,
+                "step time        %s  (compute %s %.0f%%, exposed comm %s %.0f%%, bubble %s)\n"
+                "  of which       optimizer %s; comm stream busy %s\n"
+                "throughput       %.4g tokens/s (%.4g per device), %g tokens per step\n"
+                "per device       %.1f TFLOP/s model (MFU %.1f%%), %.1f TFLOP/s hardware "
+                "(HFU %.1f%%)\n"
+                "memory / device  %s peak = %s persistent + %s activations (capacity %s)\n",
+                format_seconds(r.step_seconds).c_str(), format_seconds(r.compute_seconds).c_str(),
+                pct(r.compute_seconds), format_seconds(r.exposed_comm_seconds).c_str(),
+                pct(r.exposed_comm_seconds), format_seconds(r.bubble_seconds).c_str(),
+                format_seconds(r.optimizer_seconds).c_str(), format_seconds(r.comm_seconds).c_str(),
+                r.tokens_per_second, r.tokens_per_second / std::max(1, r.devices),
+                r.tokens_per_step, r.model_tflops_per_device, 100 * r.mfu,
+                r.hardware_tflops_per_device, 100 * r.hfu,
+                format_bytes(r.peak_memory_bytes).c_str(), format_bytes(r.persistent_bytes).c_str(),
+                format_bytes(r.arena_bytes).c_str(), format_bytes(c.device.memory_bytes).c_str());
+  std::string out = buf;
+  std::vector<std::pair<double, std::string>> ops;
+  for (const auto& [name, secs] : r.seconds_by_op) ops.emplace_back(secs, name);
+  std::sort(ops.rbegin(), ops.rend());
+  out += "busiest ops      ";
+  for (size_t i = 0; i < ops.size() && i < 6; ++i)
+    out += (i ? ", " : "") + ops[i].second + " " + format_seconds(ops[i].first);
+  return out + "\n";
+}
+
+}  // namespace tessera

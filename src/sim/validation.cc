@@ -1,0 +1,380 @@
+#include "sim/validation.h"
+
+#include <algorithm>
+#include <atomic>
+#include <cmath>
+#include <cstdio>
+#include <regex>
+#include <thread>
+
+#include "cost/flops.h"
+#include "io/fs.h"
+
+namespace tessera {
+
+namespace {
+
+const std::string kEmpty;
+
+// Splits CSV text into records of cells (quotes, doubled quotes, newlines inside quotes).
+Result<std::vector<std::vector<std::string>>> parse_csv(const std::string& text,
+                                                        const std::string& path) {
+  std::vector<std::vector<std::string>> rows(1);
+  std::string cell;
+  bool quoted = false;
+  int line = 1;
+  for (size_t i = 0; i < text.size(); ++i) {
+    char c = text[i];
+    if (c == '\n') ++line;
+    if (quoted) {
+      if (c == '"' && i + 1 < text.size() && text[i + 1] == '"') {
+        cell += '"', ++i;
+      } else if (c == '"') {
+        quoted = false;
+      } else {
+        cell += c;
+      }
+    } else if (c == '"') {
+      if (!cell.empty())
+        return error(path + ":" + std::to_string(line) + ": a quote inside an unquoted cell");
+      quoted = true;
+    } else if (c == ',') {
+      rows.back().push_back(std::move(cell)), cell.clear();
+    } else if (c == '\n' || c == '\r') {
+      if (c == '\r' && i + 1 < text.size() && text[i + 1] == '\n') continue;
+      rows.back().push_back(std::move(cell)), cell.clear();
+      rows.emplace_back();
+    } else {
+      cell += c;
+    }
+  }
+  if (quoted) return error(path + ": unterminated quoted cell at the end of the file");
+  if (!cell.empty() || !rows.back().empty()) rows.back().push_back(std::move(cell));
+  while (!rows.empty() && rows.back().empty()) rows.pop_back();
+  return rows;
+}
+
+// A cell that is exactly one number ("2048", "0.3"); not ">173", "~55" or "128-512".
+bool number(const std::string& s, double* out) {
+  if (s.empty()) return false;
+  size_t used = 0;
+  try {
+    *out = std::stod(s, &used);
+  } catch (...) {
+    return false;
+  }
+  return used == s.size() && std::isfinite(*out);
+}
+
+bool contains(const std::string& s, const char* what) {
+  std::string a = s, b = what;
+  std::transform(a.begin(), a.end(), a.begin(), ::tolower);
+  std::transform(b.begin(), b.end(), b.begin(), ::tolower);
+  return a.find(b) != std::string::npos;
+}
+
+Status need(const PublishedRun& r, const std::string& column, double* out) {
+  const std::string& s = r.at(column);
+  if (s.empty()) return error(column + " not published");
+  if (!number(s, out)) return error(column + " '" + s + "' is not a single number");
+  return Status();
+}
+
+Result<std::string> cluster_for(const std::string& gpu) {
+  if (contains(gpu, "H100")) return std::string("dgx-h100");
+  if (contains(gpu, "A100") && contains(gpu, "40")) return std::string("dgx-a100-40gb");
+  if (contains(gpu, "A100")) return std::string("dgx-a100");
+  if (contains(gpu, "V100")) return std::string("v100-dgx2");
+  if (contains(gpu, "MI250X")) return std::string("frontier");
+  return error("no cluster preset for GPU '" + gpu + "'");
+}
+
+// "1600 Gbps node-node interconnect", "2 Tb/s RoCE (per node)", "400 Gbps + GPUDirect RDMA".
+bool node_network_gbits(const std::string& s, double* gbits) {
+  static const std::regex re(R"((\d+(?:\.\d+)?)\s*(Gbps|Gb/s|Tbps|Tb/s))");
+  std::smatch m;
+  if (!std::regex_search(s, m, re)) return false;
+  if (s.find(" x ") != std::string::npos || s.find("x HDR") != std::string::npos) return false;
+  *gbits = std::stod(m[1].str()) * (m[2].str()[0] == 'T' ? 1000.0 : 1.0);
+  return true;
+}
+
+Result<ModelConfig> model_for(const PublishedRun& r, RunSetup* s) {
+  const std::string& name = r.at("model_name");
+  if (contains(r.at("architecture"), "llama")) {
+    // LLaMA rows do not list ffn_hidden / kv_heads; take them from the named model.
+    for (const char* size : {"70B", "13B", "7B"})
+      if (contains(name, "llama2") && contains(name, size)) {
+        std::string preset = std::string("llama2-") + (size[1] == '0'   ? "70b"
+                                                       : size[0] == '1' ? "13b"
+                                                                        : "7b");
+        s->assumptions.push_back("dimensions of preset " + preset);
+        return *find_preset(preset);
+      }
+    return error("LLaMA-style model '" + name + "' without a matching preset (ffn_hidden, " +
+                 "kv_heads not published)");
+  }
+  double layers, hidden, heads, seq, vocab;
+  TS_RETURN_IF_ERROR(need(r, "layers", &layers));
+  TS_RETURN_IF_ERROR(need(r, "hidden", &hidden));
+  TS_RETURN_IF_ERROR(need(r, "heads", &heads));
+  TS_RETURN_IF_ERROR(need(r, "seq_len", &seq));
+  TS_RETURN_IF_ERROR(need(r, "vocab", &vocab));
+  ModelConfig c;
+  c.name = name;
+  c.family = "gpt";
+  c.n_layer = static_cast<int64_t>(layers);
+  c.n_embd = static_cast<int64_t>(hidden);
+  c.n_head = static_cast<int64_t>(heads);
+  c.vocab_size = static_cast<int64_t>(vocab);
+  c.max_seq_len = static_cast<int64_t>(seq);
+  double ffn;
+  if (number(r.at("ffn_hidden"), &ffn)) c.ffn_hidden = static_cast<int64_t>(ffn);
+  TS_RETURN_IF_ERROR(validate(c));
+  return c;
+}
+
+double median_abs(std::vector<double> v) { return percentile(std::move(v), 0.5); }
+
+}  // namespace
+
+const std::string& PublishedRun::at(const std::string& column) const {
+  auto it = fields.find(column);
+  return it == fields.end() ? kEmpty : it->second;
+}
+
+Result<std::vector<PublishedRun>> read_published_runs(const std::string& path) {
+  TS_ASSIGN_OR_RETURN(std::string text, read_file(path));
+  TS_ASSIGN_OR_RETURN(auto rows, parse_csv(text, path));
+  if (rows.empty()) return error(path + ": empty file (expected a header row)");
+  const std::vector<std::string>& header = rows[0];
+  for (const char* col : {"row_id", "source_key", "model_name", "gpu_type", "num_gpus"})
+    if (std::find(header.begin(), header.end(), col) == header.end())
+      return error(path + ": no column '" + col + "' in the header");
+  std::vector<PublishedRun> out;
+  for (size_t i = 1; i < rows.size(); ++i) {
+    if (rows[i].size() != header.size())
+      return error(path + ": record " + std::to_string(i) + " has " +
+                   std::to_string(rows[i].size()) + " cells, the header " +
+                   std::to_string(header.size()));
+    PublishedRun r;
+    for (size_t c = 0; c < header.size(); ++c) r.fields[header[c]] = rows[i][c];
+    out.push_back(std::move(r));
+  }
+  return out;
+}
+
+Result<RunSetup> setup_run(const PublishedRun& r) {
+  RunSetup s;
+  // Parallelism: only data-axis plans are in the Program today.
+  double tp = 1, pp = 1, gpus, micro;
+  const std::string &tps = r.at("tp"), &pps = r.at("pp");
+  if (!tps.empty() && (!number(tps, &tp) || tp != 1))
+    return error("tensor parallelism (tp=" + tps + ") is not in the Program yet");
+  if (!pps.empty() && (!number(pps, &pp) || pp != 1))
+    return error("pipeline parallelism (pp=" + pps + ") is not in the Program yet");
+  for (const char* col : {"cp", "ep"}) {
+    double v;
+    if (!r.at(col).empty() && (!number(r.at(col), &v) || v != 1))
+      return error(std::string(col) + "=" + r.at(col) + " is not in the Program yet");
+  }
+  TS_RETURN_IF_ERROR(need(r, "num_gpus", &gpus));
+  double dp = gpus;
+  if (!r.at("dp").empty() && (!number(r.at("dp"), &dp) || dp != gpus))
+    return error("dp=" + r.at("dp") + " on " + r.at("num_gpus") +
+                 " GPUs implies model parallelism of unknown kind");
+  if (tps.empty() || pps.empty()) s.assumptions.push_back("tp=pp=1 (not published; dp = num_gpus)");
+  TS_RETURN_IF_ERROR(need(r, "micro_batch", &micro));
+
+  const std::string& prec = r.at("precision");
+  if (contains(prec, "fp8")) return error("FP8 training is not modeled (no FP8 peak in specs)");
+  if (contains(prec, "bf16") || prec.empty()) {
+    s.sim.precision = DType::bf16;
+    if (prec.empty()) s.assumptions.push_back("bf16 mixed precision (not published)");
+  } else if (contains(prec, "fp16") || contains(prec, "16-bit")) {
+    s.sim.precision = DType::f16;
+  } else {
+    return error("precision '" + prec + "' is not modeled");
+  }
+
+  const std::string& rc = r.at("activation_recompute");
+  if (contains(rc, "selective"))
+    return error("selective recomputation ('" + rc + "') is not modeled");
+  s.plan = Plan::data_parallel(static_cast<int>(gpus), 0);
+  if (contains(rc, "full")) {
+    s.plan.recompute = RecomputePolicy::full;
+  } else if (rc.empty()) {
+    s.assumptions.push_back("no activation recomputation (not published)");
+  } else if (!contains(rc, "none")) {
+    return error("activation_recompute '" + rc + "' is not modeled");
+  }
+
+  const std::string& z = r.at("zero_or_fsdp");
+  if (contains(z, "FULL_SHARD") || contains(z, "ZeRO-3") || z == "FSDP")
+    s.plan.zero = 3;
+  else if (contains(z, "SHARD_GRAD_OP") || contains(z, "ZeRO-2"))
+    s.plan.zero = 2;
+  else if (contains(z, "ZeRO-1"))
+    s.plan.zero = 1;
+  else if (z.empty())
+    s.assumptions.push_back("plain data parallelism (no ZeRO stage published)");
+  else if (!contains(z, "none"))
+    return error("sharding '" + z + "' is not modeled");
+  if (contains(z, "ZeRO-R"))
+    return error("ZeRO-R (partitioned activations with MP) is not modeled");
+
+  TS_ASSIGN_OR_RETURN(s.model, model_for(r, &s));
+  double seq;
+  TS_RETURN_IF_ERROR(need(r, "seq_len", &seq));
+  s.seq = static_cast<int64_t>(seq);
+  s.model.max_seq_len = std::max(s.model.max_seq_len, s.seq);
+  s.batch = static_cast<int64_t>(micro * gpus);
+  double global;
+  if (number(r.at("global_batch_seqs"), &global)) {
+    double accum = global / (micro * gpus);
+    if (accum < 1 || accum != std::floor(accum))
+      return error("global batch " + r.at("global_batch_seqs") + " is not a multiple of " +
+                   "micro_batch x dp = " + std::to_string(static_cast<int64_t>(micro * gpus)));
+    s.plan.micro_batches = static_cast<int>(accum);
+  } else {
+    s.assumptions.push_back("1 micro-batch per step (global batch not published)");
+  }
+  TS_RETURN_IF_ERROR(validate(s.plan));
+
+  TS_ASSIGN_OR_RETURN(std::string preset, cluster_for(r.at("gpu_type")));
+  TS_ASSIGN_OR_RETURN(s.cluster, load_cluster(preset));
+  double per_node, gbits;
+  if (number(r.at("gpus_per_node"), &per_node)) s.cluster.node.devices = static_cast<int>(per_node);
+  if (node_network_gbits(r.at("inter_node_network"), &gbits) && s.cluster.network.nics > 0) {
+    s.cluster.network.nic_bandwidth = gbits * 1e9 / 8 / s.cluster.network.nics;
+    s.assumptions.push_back("network " + std::to_string(static_cast<int>(gbits)) +
+                            " Gb/s per node (from the row)");
+  }
+
+  double v;
+  if (number(r.at("tokens_per_s_per_gpu"), &v)) {
+    s.metric = "tokens/s/GPU", s.published = v;
+  } else if (number(r.at("iteration_time_s"), &v) && !contains(r.at("notes"), "per *layer*")) {
+    s.metric = "s/iteration", s.published = v;
+  } else if (number(r.at("tflops_per_gpu"), &v) && contains(r.at("tflops_basis"), "eq.(3)")) {
+    s.metric = "TFLOP/s/GPU (eq.3)", s.published = v;
+  } else {
+    return error("no comparable metric (tokens/s per GPU, s/iteration or eq.(3) TFLOP/s)");
+  }
+  return s;
+}
+
+double percentile(std::vector<double> v, double p) {
+  if (v.empty()) return 0;
+  std::sort(v.begin(), v.end());
+  size_t rank = static_cast<size_t>(std::ceil(p * static_cast<double>(v.size())));
+  return v[std::min(v.size() - 1, rank == 0 ? 0 : rank - 1)];
+}
+
+ValidationReport validate_runs(const std::vector<PublishedRun>& runs, int threads,
+                               const std::string& only_source) {
+  ValidationReport rep;
+  std::vector<const PublishedRun*> todo;
+  for (const PublishedRun& r : runs)
+    if (only_source.empty() || r.at("source_key") == only_source) todo.push_back(&r);
+  std::vector<Result<RunResult>> out(todo.size(), error("not run"));
+  std::atomic<size_t> next{0};
+  auto worker = [&] {
+    for (size_t i; (i = next++) < todo.size();) {
+      const PublishedRun& r = *todo[i];
+      out[i] = [&]() -> Result<RunResult> {
+        TS_ASSIGN_OR_RETURN(RunSetup s, setup_run(r));
+        ModelGraph m = build_model(s.model, s.batch, s.seq, ModelMode::train);
+        TS_ASSIGN_OR_RETURN(Program prog, lower(m.graph, s.plan));
+        TS_ASSIGN_OR_RETURN(SimResult sim, simulate(prog, s.cluster, s.sim));
+        RunResult rr;
+        rr.sim = sim;
+        if (s.metric == "tokens/s/GPU") {
+          rr.predicted = sim.tokens_per_second / sim.devices;
+        } else if (s.metric == "s/iteration") {
+          rr.predicted = sim.step_seconds;
+        } else {
+          TransformerShape t{static_cast<double>(s.batch * s.plan.micro_batches),
+                             static_cast<double>(s.seq), static_cast<double>(s.model.n_layer),
+                             static_cast<double>(s.model.n_embd),
+                             static_cast<double>(s.model.vocab_size)};
+          rr.predicted = megatron_flops_with_recompute(t) / sim.step_seconds / sim.devices / 1e12;
+        }
+        rr.error = rr.predicted / s.published - 1;
+        rr.setup = std::move(s);
+        return rr;
+      }();
+    }
+  };
+  std::vector<std::thread> pool;
+  for (int t = 0; t < std::max(1, threads); ++t) pool.emplace_back(worker);
+  for (std::thread& t : pool) t.join();
+
+  std::map<std::string, std::vector<double>> errors;
+  for (size_t i = 0; i < todo.size(); ++i) {
+    const PublishedRun& r = *todo[i];
+    if (!out[i].ok()) {
+      rep.excluded.push_back(
+          {r.at("row_id"), r.at("source_key"), r.at("model_name"), out[i].status().message()});
+      continue;
+    }
+    RunResult rr = std::move(*out[i]);
+    rr.row_id = r.at("row_id"), rr.source = r.at("source_key"), rr.model = r.at("model_name");
+    errors[rr.source].push_back(std::fabs(rr.error));
+    errors["all"].push_back(std::fabs(rr.error));
+    rep.results.push_back(std::move(rr));
+  }
+  for (auto& [source, e] : errors) {
+    if (source == "all") continue;
+    rep.stats.push_back({source, static_cast<int>(e.size()), median_abs(e), percentile(e, 0.9),
+                         *std::max_element(e.begin(), e.end())});
+  }
+  if (!errors["all"].empty()) {
+    const std::vector<double>& e = errors["all"];
+    rep.stats.push_back({"all", static_cast<int>(e.size()), median_abs(e), percentile(e, 0.9),
+                         *std::max_element(e.begin(), e.end())});
+  }
+  return rep;
+}
+
+std::string format_report(const ValidationReport& rep, bool per_row) {
+  std::string s;
+  char buf[512];
+  if (per_row) {
+    std::snprintf(buf, sizeof buf, "%-5s %-24s %-22s %5s %-22s %-18s %10s %10s %7s\n", "row",
+                  "source", "model", "gpus", "plan", "metric", "published", "predicted", "error");
+    s += buf;
+    for (const RunResult& r : rep.results) {
+      std::string plan = "zero=" + std::to_string(r.setup.plan.zero) +
+                         " mb=" + std::to_string(r.setup.batch / r.setup.plan.mesh.size()) + "x" +
+                         std::to_string(r.setup.plan.micro_batches) +
+                         (r.setup.plan.recompute == RecomputePolicy::full ? " rc" : "");
+      std::snprintf(
+          buf, sizeof buf, "%-5s %-24.24s %-22.22s %5d %-22s %-18s %10.4g %10.4g %+6.1f%%%s\n",
+          r.row_id.c_str(), r.source.c_str(), r.model.c_str(), r.sim.devices, plan.c_str(),
+          r.setup.metric.c_str(), r.setup.published, r.predicted, 100 * r.error,
+          r.sim.peak_memory_bytes > r.setup.cluster.device.memory_bytes ? "  (OOM)" : "");
+      s += buf;
+    }
+    s += "\n";
+  }
+  s += "error per source (|predicted / published - 1|):\n";
+  std::snprintf(buf, sizeof buf, "  %-26s %5s %8s %8s %8s\n", "source", "rows", "median", "p90",
+                "max");
+  s += buf;
+  for (const SourceStats& st : rep.stats) {
+    std::snprintf(buf, sizeof buf, "  %-26s %5d %7.1f%% %7.1f%% %7.1f%%\n", st.source.c_str(),
+                  st.rows, 100 * st.median, 100 * st.p90, 100 * st.max);
+    s += buf;
+  }
+  std::snprintf(buf, sizeof buf, "\nrows not modelled (%zu):\n", rep.excluded.size());
+  s += buf;
+  for (const ExcludedRun& e : rep.excluded) {
+    std::snprintf(buf, sizeof buf, "  %-5s %-24.24s %-26.26s %s\n", e.row_id.c_str(),
+                  e.source.c_str(), e.model.c_str(), e.reason.c_str());
+    s += buf;
+  }
+  return s;
+}
+
+}  // namespace tessera

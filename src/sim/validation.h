@@ -1,0 +1,82 @@
+// Validation of the simulator against published training runs (validation/published_runs.csv,
+// see validation/README.md): each row that the current Program can express is rebuilt — model,
+// plan, cluster preset, precision — simulated, and compared on the metric the source
+// published; every other row is listed with the reason it cannot be modelled.
+//
+//   TS_ASSIGN_OR_RETURN(std::vector<PublishedRun> runs, read_published_runs(path));
+//   ValidationReport rep = validate_runs(runs, /*threads=*/2);
+//   std::fputs(format_report(rep, /*per_row=*/true).c_str(), stdout);
+//
+// The metric, in this order of preference: tokens/s per GPU; seconds per iteration; TFLOP/s
+// per GPU counted with Megatron's eq. (3) (the predicted value uses the same formula on the
+// predicted step time). error = predicted / published - 1.
+#pragma once
+
+#include <map>
+#include <string>
+#include <vector>
+
+#include "base/status.h"
+#include "cost/cluster_spec.h"
+#include "models/model.h"
+#include "sim/simulator.h"
+
+namespace tessera {
+
+struct PublishedRun {
+  std::map<std::string, std::string> fields;               // column -> cell, as in the CSV
+  const std::string& at(const std::string& column) const;  // "" when absent
+};
+
+// RFC 4180 CSV with a header row. Errors name the file and line.
+Result<std::vector<PublishedRun>> read_published_runs(const std::string& path);
+
+// What a row becomes: a model, a plan and a cluster to simulate, and the number to match.
+struct RunSetup {
+  ModelConfig model;
+  Plan plan;
+  int64_t batch = 0, seq = 0;  // global micro-batch (sequences) and sequence length
+  ClusterSpec cluster;
+  SimOptions sim;
+  std::string metric;  // "tokens/s/GPU", "s/iteration", "TFLOP/s/GPU (eq.3)"
+  double published = 0;
+  std::vector<std::string> assumptions;  // what was inferred rather than read from the row
+};
+
+// Fails with the reason when the row cannot be modelled yet (missing fields, tensor or
+// pipeline parallelism, FP8, ...).
+Result<RunSetup> setup_run(const PublishedRun& run);
+
+struct RunResult {
+  std::string row_id, source, model;
+  RunSetup setup;
+  SimResult sim;
+  double predicted = 0, error = 0;  // error = predicted / published - 1
+};
+
+struct ExcludedRun {
+  std::string row_id, source, model, reason;
+};
+
+struct SourceStats {
+  std::string source;
+  int rows = 0;
+  double median = 0, p90 = 0, max = 0;  // of |error|
+};
+
+struct ValidationReport {
+  std::vector<RunResult> results;
+  std::vector<ExcludedRun> excluded;
+  std::vector<SourceStats> stats;  // one per source with results, then "all"
+};
+
+// `only_source` (a source_key) limits the rows; threads simulate rows in parallel.
+ValidationReport validate_runs(const std::vector<PublishedRun>& runs, int threads,
+                               const std::string& only_source = "");
+
+std::string format_report(const ValidationReport& rep, bool per_row);
+
+// |error| percentiles by the nearest-rank method (p in [0, 1]).
+double percentile(std::vector<double> v, double p);
+
+}  // namespace tessera

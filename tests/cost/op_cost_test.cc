@@ -1,0 +1,88 @@
+#include "cost/op_cost.h"
+
+#include <gtest/gtest.h>
+
+#include "ir/builder.h"
+#include "test_cluster.h"
+
+namespace tessera {
+namespace {
+
+using testing::round_cluster;
+
+TEST(GemmShapeEfficiency, WholeTilesLoseOnlyTheKTerm) {
+  DeviceSpec d = round_cluster().device;
+  d.sm_count = 0;
+  EXPECT_NEAR(gemm_shape_efficiency(1024, 1024, 1024, d), 1024.0 / 1152.0, 1e-12);
+}
+
+TEST(GemmShapeEfficiency, PartialTilesAndLastWaveCost) {
+  DeviceSpec d = round_cluster().device;
+  d.sm_count = 0;
+  // 129 rows need two 128-row tiles: half the second tile is wasted.
+  EXPECT_NEAR(gemm_shape_efficiency(129, 128, 1e9, d), 129.0 / 256.0, 1e-6);
+  d.sm_count = 100;
+  // 101 tiles on 100 SMs run in two waves; the second is 1% busy.
+  EXPECT_NEAR(gemm_shape_efficiency(128 * 101, 128, 1e9, d), 101.0 / 200.0, 1e-6);
+}
+
+struct OneOp {
+  Graph g;
+  NodeId node = -1;
+};
+
+OneOp matmul_graph(int64_t m, int64_t k, int64_t n) {
+  OneOp o;
+  Builder b(&o.g);
+  Var x = b.input("x", Shape{m, k});
+  Var w = b.parameter("w", Shape{k, n}, Init::zeros, 0);
+  Var y = b.matmul(x, w);
+  o.node = o.g.value(y.id).producer;
+  return o;
+}
+
+TEST(OpTime, LargeMatmulIsComputeBoundAtShapeEfficiency) {
+  ClusterSpec c = round_cluster();
+  OneOp o = matmul_graph(4096, 4096, 4096);
+  OpTime t = op_time(o.g, o.g.node(o.node), c.device, {}, DType::bf16);
+  double flops = 2.0 * 4096 * 4096 * 4096;
+  EXPECT_DOUBLE_EQ(t.flops, flops);
+  EXPECT_EQ(t.bound, OpTime::compute);
+  double eff = 0.8 * gemm_shape_efficiency(4096, 4096, 4096, c.device);
+  EXPECT_NEAR(t.seconds, flops / (200e12 * eff) + 5e-6, 1e-12);
+  // In f32 the same GEMM runs at the f32 peak: twice as long, give or take the launch.
+  OpTime t32 = op_time(o.g, o.g.node(o.node), c.device, {}, DType::f32);
+  EXPECT_NEAR(t32.seconds - 5e-6, 2 * (t.seconds - 5e-6), 1e-12);
+}
+
+TEST(OpTime, ElementwiseIsMemoryBoundAndHalvesInBf16) {
+  ClusterSpec c = round_cluster();
+  Graph g;
+  Builder b(&g);
+  Var x = b.input("x", Shape{1024, 1024});
+  Var y = b.gelu(x);
+  const Node& n = g.node(g.value(y.id).producer);
+  OpTime f32 = op_time(g, n, c.device, {}, DType::f32);
+  OpTime bf = op_time(g, n, c.device, {}, DType::bf16);
+  EXPECT_EQ(f32.bound, OpTime::memory);
+  EXPECT_DOUBLE_EQ(f32.bytes, 2.0 * 4 * 1024 * 1024);  // read x, write y
+  EXPECT_NEAR(f32.seconds, f32.bytes / (2e12 * 0.5) + 5e-6, 1e-15);
+  EXPECT_DOUBLE_EQ(bf.bytes, f32.bytes / 2);
+  // A measured efficiency for the op kind replaces memory_efficiency.
+  OpTime tuned = op_time(g, n, c.device, {{"gelu", 0.25}}, DType::f32);
+  EXPECT_NEAR(tuned.seconds, f32.bytes / (2e12 * 0.25) + 5e-6, 1e-15);
+}
+
+TEST(OpTime, ReshapeIsAViewUnlessMeasured) {
+  ClusterSpec c = round_cluster();
+  Graph g;
+  Builder b(&g);
+  Var x = b.input("x", Shape{64, 64});
+  Var y = b.reshape(x, Shape{4096});
+  const Node& n = g.node(g.value(y.id).producer);
+  EXPECT_EQ(op_time(g, n, c.device, {}, DType::f32).seconds, 0.0);
+  EXPECT_GT(op_time(g, n, c.device, {{"reshape", 0.5}}, DType::f32).seconds, 5e-6);
+}
+
+}  // namespace
+}  // namespace tessera

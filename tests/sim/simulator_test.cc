@@ -1,0 +1,149 @@
+#include "sim/simulator.h"
+
+#include <gtest/gtest.h>
+
+#include <chrono>
+#include <nlohmann/json.hpp>
+
+#include "../cost/test_cluster.h"
+#include "cost/op_cost.h"
+#include "models/model.h"
+
+namespace tessera {
+namespace {
+
+using testing::round_cluster;
+
+Program lowered(const std::string& preset, int64_t batch, int64_t seq, const Plan& plan) {
+  ModelGraph m = build_model(*find_preset(preset), batch, seq, ModelMode::train);
+  Result<Program> p = lower(m.graph, plan);
+  EXPECT_TRUE(p.ok()) << p.status().message();
+  return std::move(*p);
+}
+
+TEST(Simulator, OneDeviceIsTheSumOfItsOps) {
+  ClusterSpec c = round_cluster(1, 0);
+  Program p = lowered("gpt-tiny", 4, 32, Plan::data_parallel(1));
+  SimOptions o;
+  Result<SimResult> r = simulate(p, c, o);
+  ASSERT_TRUE(r.ok()) << r.status().message();
+  double ops = 0;
+  for (const Instruction& in : p.micro_step)
+    ops += op_time(p.local(), p.local().node(in.node), c.device, {}, DType::f32).seconds;
+  EXPECT_NEAR(r->compute_seconds - r->optimizer_seconds, ops, 1e-12);
+  EXPECT_GT(r->optimizer_seconds, 0);
+  EXPECT_NEAR(r->step_seconds, r->compute_seconds, 1e-12);
+  EXPECT_EQ(r->exposed_comm_seconds, 0);
+  EXPECT_EQ(r->tokens_per_step, 4 * 32);
+  EXPECT_NEAR(r->model_flops_per_step, p.local().total_flops(), 1e-6 * p.local().total_flops());
+  EXPECT_DOUBLE_EQ(r->peak_memory_bytes,
+                   static_cast<double>(p.persistent_bytes() + p.memory.arena_bytes));
+}
+
+TEST(Simulator, GradientAccumulationRepeatsTheMicroStep) {
+  ClusterSpec c = round_cluster(1, 0);
+  Plan one = Plan::data_parallel(1), four = one;
+  four.micro_batches = 4;
+  SimResult a = *simulate(lowered("gpt-tiny", 4, 32, one), c, {});
+  SimResult b = *simulate(lowered("gpt-tiny", 4, 32, four), c, {});
+  EXPECT_NEAR(b.step_seconds - b.optimizer_seconds, 4 * (a.step_seconds - a.optimizer_seconds),
+              1e-9);
+  EXPECT_EQ(b.tokens_per_step, 4 * a.tokens_per_step);
+}
+
+TEST(Simulator, DataParallelOverlapsGradientReductionWithBackward) {
+  ClusterSpec c = round_cluster();
+  SimOptions o;
+  o.precision = DType::bf16;
+  SimResult dp = *simulate(lowered("gpt2-small", 16, 1024, Plan::data_parallel(16, 0)), c, o);
+  SimResult one = *simulate(lowered("gpt2-small", 1, 1024, Plan::data_parallel(1)), c, o);
+  EXPECT_EQ(dp.devices, 16);
+  EXPECT_GT(dp.comm_seconds, 0);
+  // Buckets overlap the backward pass: far less is exposed than the comm stream's busy time.
+  EXPECT_LT(dp.exposed_comm_seconds, 0.5 * dp.comm_seconds);
+  // Each rank computes what one device does on its 1/16 of the batch, plus the zero fills of
+  // the gradient buffers the partition pass adds.
+  double dp_micro = dp.compute_seconds - dp.optimizer_seconds;
+  double one_micro = one.compute_seconds - one.optimizer_seconds;
+  EXPECT_GE(dp_micro, one_micro);
+  EXPECT_LT(dp_micro, 1.2 * one_micro);
+  EXPECT_NEAR(dp.step_seconds, dp.compute_seconds + dp.exposed_comm_seconds, 1e-9);
+  EXPECT_NEAR(dp.tokens_per_second, 16 * 1024 / dp.step_seconds, 1e-6 * dp.tokens_per_second);
+  EXPECT_GT(dp.mfu, 0.05);
+  EXPECT_LT(dp.mfu, 0.8);
+}
+
+TEST(Simulator, SlowerNetworkExposesMoreCommunication) {
+  ClusterSpec fast = round_cluster(), slow = round_cluster(8, 1);
+  SimOptions o;
+  o.precision = DType::bf16;
+  Program p = lowered("gpt2-small", 32, 1024, Plan::data_parallel(32, 3));
+  SimResult a = *simulate(p, fast, o), b = *simulate(p, slow, o);
+  EXPECT_GT(b.step_seconds, a.step_seconds);
+  EXPECT_GT(b.exposed_comm_seconds, a.exposed_comm_seconds);
+  EXPECT_NEAR(a.compute_seconds, b.compute_seconds, 1e-12);
+}
+
+TEST(Simulator, MixedPrecisionHalvesActivationsAndSpeedsUpGemms) {
+  ClusterSpec c = round_cluster();
+  Program p = lowered("gpt2-small", 8, 512, Plan::data_parallel(8, 3));
+  SimOptions f32, bf;
+  bf.precision = DType::bf16;
+  SimResult a = *simulate(p, c, f32), b = *simulate(p, c, bf);
+  EXPECT_LT(b.step_seconds, 0.75 * a.step_seconds);
+  EXPECT_DOUBLE_EQ(b.arena_bytes, a.arena_bytes / 2);
+  EXPECT_DOUBLE_EQ(b.persistent_bytes, a.persistent_bytes);  // fp32 master + AdamW state
+  EXPECT_DOUBLE_EQ(a.peak_memory_bytes,
+                   static_cast<double>(p.persistent_bytes() + p.memory.arena_bytes));
+}
+
+TEST(Simulator, RecomputationCountsAsHardwareNotModelFlops) {
+  ClusterSpec c = round_cluster();
+  Plan plain = Plan::data_parallel(8, 3), rc = plain;
+  rc.recompute = RecomputePolicy::full;
+  SimResult a = *simulate(lowered("gpt2-small", 8, 1024, plain), c, {});
+  SimResult b = *simulate(lowered("gpt2-small", 8, 1024, rc), c, {});
+  EXPECT_NEAR(b.model_flops_per_step, a.model_flops_per_step, 1e-9 * a.model_flops_per_step);
+  EXPECT_GT(b.hardware_flops_per_step, 1.2 * a.hardware_flops_per_step);
+  EXPECT_GT(b.step_seconds, a.step_seconds);
+  EXPECT_LT(b.arena_bytes, a.arena_bytes);
+  EXPECT_GT(b.hfu, b.mfu);
+}
+
+TEST(Simulator, TraceHasBothStreamsInOrder) {
+  ClusterSpec c = round_cluster();
+  SimOptions o;
+  o.trace = true;
+  SimResult r = *simulate(lowered("gpt-tiny", 8, 32, Plan::data_parallel(4, 3)), c, o);
+  nlohmann::json j = nlohmann::json::parse(chrome_trace(r, "gpt-tiny \"test\""));
+  int compute = 0, comm = 0;
+  double last_end = 0;
+  for (const auto& e : j["traceEvents"]) {
+    if (e["ph"] != "X") continue;
+    (e["tid"] == 0 ? compute : comm)++;
+    last_end = std::max(last_end, e["ts"].get<double>() + e["dur"].get<double>());
+    EXPECT_GE(e["dur"].get<double>(), 0);
+  }
+  EXPECT_GT(compute, 10);
+  EXPECT_GT(comm, 2);
+  EXPECT_NEAR(last_end, r.step_seconds * 1e6, 1e-3);
+}
+
+TEST(Simulator, Gpt3OnAThousandDevicesInUnderASecond) {
+  ClusterSpec c = round_cluster();
+  auto t0 = std::chrono::steady_clock::now();
+  ModelGraph m = build_model(*find_preset("gpt3-175b"), 1024, 2048, ModelMode::train);
+  Result<Program> p = lower(m.graph, Plan::data_parallel(1024, 3));
+  ASSERT_TRUE(p.ok()) << p.status().message();
+  SimOptions o;
+  o.precision = DType::bf16;
+  Result<SimResult> r = simulate(*p, c, o);
+  double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  ASSERT_TRUE(r.ok());
+  EXPECT_LT(secs, 1.0);
+  EXPECT_GT(r->step_seconds, 1.0);
+  EXPECT_EQ(r->devices, 1024);
+}
+
+}  // namespace
+}  // namespace tessera
