@@ -3,7 +3,7 @@
 set -euo pipefail
 packages=(build-essential cmake ninja-build pkg-config git
           libopenblas-dev libopenblas0-pthread
-          nlohmann-json3-dev libtomlplusplus-dev libcli11-dev libgtest-dev libgmock-dev
+          nlohmann-json3-dev libtomlplusplus-dev libcli11-dev libgtest-dev libgmock-dev libbenchmark-dev
           libopenmpi-dev openmpi-bin)
 missing=()
 for p in "${packages[@]}"; do

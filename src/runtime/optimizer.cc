@@ -4,6 +4,8 @@
 #include <cmath>
 #include <cstring>
 
+#include "backend/cpu/kernels.h"
+
 namespace tessera {
 
 AdamW::AdamW(std::vector<ParamSlot> params, AdamWConfig cfg)
@@ -19,38 +21,28 @@ AdamW::AdamW(std::vector<ParamSlot> params, AdamWConfig cfg)
 double AdamW::grad_norm() const { return std::sqrt(grad_sq_sum()); }
 
 void AdamW::scale_grads(float c) {
-  for (const ParamSlot& p : params_) {
-#pragma omp parallel for if (p.size > 65536)
-    for (int64_t i = 0; i < p.size; ++i) p.grad[i] *= c;
-  }
+  for (const ParamSlot& p : params_) cpu::scale_inplace(p.grad, p.size, c);
 }
 
 double AdamW::grad_sq_sum() const {
-  constexpr int64_t kChunk = 1 << 15;
   double total = 0;
-  for (const ParamSlot& p : params_) {
-    int64_t chunks = (p.size + kChunk - 1) / kChunk;
-    std::vector<double> partial(static_cast<size_t>(chunks), 0.0);
-#pragma omp parallel for schedule(static) if (chunks > 1)
-    for (int64_t c = 0; c < chunks; ++c) {
-      double s = 0;
-      for (int64_t i = c * kChunk; i < std::min(p.size, (c + 1) * kChunk); ++i)
-        s += static_cast<double>(p.grad[i]) * p.grad[i];
-      partial[static_cast<size_t>(c)] = s;
-    }
-    for (double s : partial) total += s;
-  }
+  for (const ParamSlot& p : params_) total += cpu::sum_squares(p.grad, p.size);
   return total;
+}
+
+double AdamW::clip_coefficient(double norm, double max_norm) {
+  double coef = max_norm / (norm + 1e-6);
+  return coef < 1.0 ? coef : 1.0;
 }
 
 double AdamW::clip_grad_norm(double max_norm) {
   double norm = grad_norm();
-  double coef = max_norm / (norm + 1e-6);
+  double coef = clip_coefficient(norm, max_norm);
   if (coef < 1.0) scale_grads(static_cast<float>(coef));
   return norm;
 }
 
-void AdamW::step(double lr) {
+void AdamW::step(double lr, float grad_scale) {
   ++t_;
   const float b1 = static_cast<float>(cfg_.beta1), b2 = static_cast<float>(cfg_.beta2);
   const double bc1 = 1.0 - std::pow(cfg_.beta1, static_cast<double>(t_));
@@ -60,27 +52,21 @@ void AdamW::step(double lr) {
   const float eps = static_cast<float>(cfg_.eps);
   for (size_t k = 0; k < params_.size(); ++k) {
     const ParamSlot& p = params_[k];
-    const float shrink = p.decay ? static_cast<float>(1.0 - lr * cfg_.weight_decay) : 1.0f;
-    float* m = m_[k].data();
-    float* v = v_[k].data();
-#pragma omp parallel for if (p.size > 65536)
-    for (int64_t i = 0; i < p.size; ++i) {
-      float g = p.grad[i];
-      p.param[i] *= shrink;
-      m[i] = b1 * m[i] + (1.0f - b1) * g;
-      v[i] = b2 * v[i] + (1.0f - b2) * g * g;
-      p.param[i] -= step_size * m[i] / (std::sqrt(v[i]) / bc2_sqrt + eps);
-    }
+    cpu::AdamWUpdate u;
+    u.grad_scale = grad_scale;
+    u.shrink = p.decay ? static_cast<float>(1.0 - lr * cfg_.weight_decay) : 1.0f;
+    u.beta1 = b1;
+    u.beta2 = b2;
+    u.step_size = step_size;
+    u.bc2_sqrt = bc2_sqrt;
+    u.eps = eps;
+    cpu::adamw_update(u, p.param, p.grad, m_[k].data(), v_[k].data(), p.size);
   }
 }
 
 void accumulate_grad(float* dst, const float* src, int64_t n, bool first) {
-  if (first) {
-    std::memcpy(dst, src, static_cast<size_t>(n) * sizeof(float));
-    return;
-  }
-#pragma omp parallel for if (n > 65536)
-  for (int64_t k = 0; k < n; ++k) dst[k] += src[k];
+  if (first) return cpu::copy_floats(dst, src, n);
+  cpu::add_inplace(dst, src, n);
 }
 
 double lr_at(int64_t step, int64_t warmup, int64_t total, double max_lr, double min_lr) {

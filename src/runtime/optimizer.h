@@ -36,16 +36,22 @@ class AdamW {
   // Scales gradients so their global L2 norm is at most max_norm (coefficient
   // max_norm / (norm + 1e-6), as torch); returns the norm before clipping.
   double clip_grad_norm(double max_norm);
+  // The factor clip_grad_norm scales by: min(1, max_norm / (norm + 1e-6)).
+  static double clip_coefficient(double norm, double max_norm);
   double grad_norm() const;
   // Sum of squared gradients over the slots, in a fixed order (sharded runs add the sums of
   // all ranks before taking the root), and scaling every gradient by c.
   double grad_sq_sum() const;
   void scale_grads(float c);
-  void step(double lr);
+  // One AdamW step on gradients times grad_scale (a clipping coefficient folded into the
+  // update, the same floats as scale_grads(grad_scale) then step(lr)).
+  void step(double lr, float grad_scale = 1.0f);
 
   int64_t steps() const { return t_; }
   void set_steps(int64_t t) { t_ = t; }
   const std::vector<ParamSlot>& params() const { return params_; }
+  // The slots, to point a gradient at another buffer (TrainStep's accumulators).
+  std::vector<ParamSlot>& slots() { return params_; }
   // First and second moments per parameter (for checkpoints).
   std::vector<float>& m(size_t i) { return m_[i]; }
   std::vector<float>& v(size_t i) { return v_[i]; }

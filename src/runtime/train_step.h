@@ -39,14 +39,14 @@ class TrainStep {
   // clipping), steps AdamW with lr and clears the accumulators. Returns the pre-clip norm.
   double apply(double lr, double clip, int micro_steps);
   // Accumulated gradient of parameter i (the optimizer's order: graph.params()).
-  const float* grad(size_t i) const { return grads_[i].data(); }
+  const float* grad(size_t i) const;
 
  private:
   const ModelGraph& model_;
   std::unique_ptr<Graph> recomputed_;  // null without recomputation
   std::unique_ptr<Executor> exec_;
   std::unique_ptr<AdamW> opt_;
-  std::vector<std::vector<float>> grads_;
+  std::vector<std::vector<float>> grads_;  // accumulators, filled from a second micro-batch on
   int accumulated_ = 0;
 };
 

@@ -3,6 +3,7 @@
 #include <cstring>
 
 #include "backend/cpu/kernels.h"
+#include "backend/cpu/thread_pool.h"
 #include "base/check.h"
 
 namespace tessera {
@@ -136,8 +137,9 @@ void convert_elements(const void* src, DType from, void* dst, DType to, int64_t 
     return;
   }
   TS_CHECK(from != DType::i32 && to != DType::i32) << "cannot convert i32 to/from float";
-#pragma omp parallel for schedule(static) if (n > 16384)
-  for (int64_t i = 0; i < n; ++i) store(dst, to, i, load(src, from, i));
+  cpu::parallel_for(n, 16384, [&](int64_t lo, int64_t hi) {
+    for (int64_t i = lo; i < hi; ++i) store(dst, to, i, load(src, from, i));
+  });
 }
 
 bool CpuBackend::supports(OpKind op) const { return !is_collective(op); }

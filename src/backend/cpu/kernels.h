@@ -45,6 +45,10 @@ void concat(const Args& a);
 
 // kernels_matmul.cc
 void matmul(const Args& a);
+// C[m,n] = op(A) op(B) + beta C, row-major, split over OpenMP's threads (OpenBLAS
+// single-threaded inside each); ld* are the row strides of A, B, C as stored.
+void sgemm(bool ta, bool tb, int64_t m, int64_t n, int64_t k, const float* A, int64_t lda,
+           const float* B, int64_t ldb, float* C, int64_t ldc, float beta);
 
 // kernels_nn.cc
 void embedding(const Args& a);
@@ -63,5 +67,23 @@ void cross_entropy_grad(const Args& a);
 // kernels_attention.cc
 void attention(const Args& a);
 void attention_grad(const Args& a);
+
+// kernels_optim.cc: flat f32 passes of the optimizer (runtime/optimizer.cc).
+struct AdamWUpdate {
+  float grad_scale = 1.0f;  // g = grad * grad_scale (clipping)
+  float shrink = 1.0f;      // decoupled weight decay: p *= shrink
+  float beta1 = 0.9f, beta2 = 0.95f;
+  float step_size = 0.0f;  // lr / (1 - beta1^t)
+  float bc2_sqrt = 1.0f;   // sqrt(1 - beta2^t)
+  float eps = 1e-8f;
+};
+// m = b1 m + (1-b1) g; v = b2 v + (1-b2) g^2; p = p*shrink - step_size m / (sqrt(v)/bc2_sqrt + eps)
+void adamw_update(const AdamWUpdate& u, float* param, const float* grad, float* m, float* v,
+                  int64_t n);
+// Sum of x^2 in double over fixed chunks added in order (the same whatever the thread count).
+double sum_squares(const float* x, int64_t n);
+void scale_inplace(float* x, int64_t n, float c);
+void add_inplace(float* dst, const float* src, int64_t n);
+void copy_floats(float* dst, const float* src, int64_t n);
 
 }  // namespace tessera::cpu

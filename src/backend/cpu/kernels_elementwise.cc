@@ -1,18 +1,24 @@
+#include <algorithm>
 #include <cmath>
 
 #include "backend/cpu/kernels.h"
+#include "backend/cpu/thread_pool.h"
+#include "backend/cpu/vec_math.h"
 #include "base/check.h"
 
 namespace tessera::cpu {
 
 namespace {
 
-constexpr float kGeluC = 0.7978845608028654f;  // sqrt(2/pi)
+// Elements per thread below which a pass runs on one thread.
+constexpr int64_t kGrain = 16384;
 
 template <typename F>
 void parallel_map(int64_t n, F f) {
-#pragma omp parallel for schedule(static) if (n > 16384)
-  for (int64_t i = 0; i < n; ++i) f(i);
+  parallel_for(n, kGrain, [&](int64_t lo, int64_t hi) {
+#pragma omp simd
+    for (int64_t i = lo; i < hi; ++i) f(i);
+  });
 }
 
 // Strides of `in` broadcast against `out` (0 where `in` is broadcast), aligned to out's rank.
@@ -32,17 +38,17 @@ template <typename F>
 void for_each_broadcast(const Shape& in, const Shape& out, F f) {
   std::vector<int64_t> st = broadcast_strides(in, out);
   int r = out.rank();
-  int64_t n = out.numel();
-#pragma omp parallel for schedule(static) if (n > 16384)
-  for (int64_t i = 0; i < n; ++i) {
-    int64_t rem = i, off = 0;
-    for (int d = r - 1; d >= 0; --d) {
-      int64_t dim = out[d];
-      off += (rem % dim) * st[static_cast<size_t>(d)];
-      rem /= dim;
+  parallel_for(out.numel(), kGrain, [&](int64_t lo, int64_t hi) {
+    for (int64_t i = lo; i < hi; ++i) {
+      int64_t rem = i, off = 0;
+      for (int d = r - 1; d >= 0; --d) {
+        int64_t dim = out[d];
+        off += (rem % dim) * st[static_cast<size_t>(d)];
+        rem /= dim;
+      }
+      f(i, off);
     }
-    f(i, off);
-  }
+  });
 }
 
 bool is_suffix(const Shape& small, const Shape& big) {
@@ -61,38 +67,36 @@ void binary_impl(const Args& a, Op op) {
   if (nx == n && ny == n) {
     parallel_map(n, [&](int64_t i) { z[i] = op(x[i], y[i]); });
   } else if (nx == n && is_suffix(sy, sz)) {
-    int64_t rows = n / ny;
-#pragma omp parallel for schedule(static) if (n > 16384)
-    for (int64_t r = 0; r < rows; ++r)
-      for (int64_t j = 0; j < ny; ++j) z[r * ny + j] = op(x[r * ny + j], y[j]);
+    parallel_for(n / ny, std::max<int64_t>(1, kGrain / ny), [&](int64_t lo, int64_t hi) {
+      for (int64_t r = lo; r < hi; ++r)
+#pragma omp simd
+        for (int64_t j = 0; j < ny; ++j) z[r * ny + j] = op(x[r * ny + j], y[j]);
+    });
   } else if (ny == n && is_suffix(sx, sz)) {
-    int64_t rows = n / nx;
-#pragma omp parallel for schedule(static) if (n > 16384)
-    for (int64_t r = 0; r < rows; ++r)
-      for (int64_t j = 0; j < nx; ++j) z[r * nx + j] = op(x[j], y[r * nx + j]);
+    parallel_for(n / nx, std::max<int64_t>(1, kGrain / nx), [&](int64_t lo, int64_t hi) {
+      for (int64_t r = lo; r < hi; ++r)
+#pragma omp simd
+        for (int64_t j = 0; j < nx; ++j) z[r * nx + j] = op(x[j], y[r * nx + j]);
+    });
   } else {
     std::vector<int64_t> stx = broadcast_strides(sx, sz), sty = broadcast_strides(sy, sz);
     int rank = sz.rank();
-#pragma omp parallel for schedule(static) if (n > 16384)
-    for (int64_t i = 0; i < n; ++i) {
-      int64_t rem = i, ox = 0, oy = 0;
-      for (int d = rank - 1; d >= 0; --d) {
-        int64_t c = rem % sz[d];
-        rem /= sz[d];
-        ox += c * stx[static_cast<size_t>(d)];
-        oy += c * sty[static_cast<size_t>(d)];
+    parallel_for(n, kGrain, [&](int64_t lo, int64_t hi) {
+      for (int64_t i = lo; i < hi; ++i) {
+        int64_t rem = i, ox = 0, oy = 0;
+        for (int d = rank - 1; d >= 0; --d) {
+          int64_t c = rem % sz[d];
+          rem /= sz[d];
+          ox += c * stx[static_cast<size_t>(d)];
+          oy += c * sty[static_cast<size_t>(d)];
+        }
+        z[i] = op(x[ox], y[oy]);
       }
-      z[i] = op(x[ox], y[oy]);
-    }
+    });
   }
 }
 
-inline float gelu_f(float x) {
-  float u = kGeluC * (x + 0.044715f * x * x * x);
-  return 0.5f * x * (1.0f + std::tanh(u));
-}
-
-inline float sigmoid(float x) { return 1.0f / (1.0f + std::exp(-x)); }
+inline float sigmoid(float x) { return 1.0f / (1.0f + exp_fast(-x)); }
 
 }  // namespace
 
@@ -143,7 +147,7 @@ void unary(OpKind op, const Args& a) {
     case OpKind::tanh:
       return parallel_map(n, [&](int64_t i) { y[i] = std::tanh(x[i]); });
     case OpKind::gelu:
-      return parallel_map(n, [&](int64_t i) { y[i] = gelu_f(x[i]); });
+      return parallel_map(n, [&](int64_t i) { y[i] = gelu_fast(x[i]); });
     case OpKind::silu:
       return parallel_map(n, [&](int64_t i) { y[i] = x[i] * sigmoid(x[i]); });
     default:
@@ -154,13 +158,7 @@ void unary(OpKind op, const Args& a) {
 void gelu_grad(const Args& a) {
   const float *x = a.fin(0), *dy = a.fin(1);
   float* dx = a.fout(0);
-  parallel_map(a.out_shape(0).numel(), [&](int64_t i) {
-    float v = x[i];
-    float u = kGeluC * (v + 0.044715f * v * v * v);
-    float t = std::tanh(u);
-    float du = kGeluC * (1.0f + 3.0f * 0.044715f * v * v);
-    dx[i] = dy[i] * (0.5f * (1.0f + t) + 0.5f * v * (1.0f - t * t) * du);
-  });
+  parallel_map(a.out_shape(0).numel(), [&](int64_t i) { dx[i] = dy[i] * gelu_grad_fast(x[i]); });
 }
 
 void silu_grad(const Args& a) {

@@ -1,34 +1,83 @@
 #include <cblas.h>
 
+#include <algorithm>
+
 #include "backend/cpu/kernels.h"
+#include "backend/cpu/thread_pool.h"
 
 namespace tessera::cpu {
 
-// C[M,N] = op(A) op(B) through OpenBLAS; batched operands loop over the batch, a rank-2 right
-// operand is shared by folding the left operand's batch into its rows.
+namespace {
+
+// Work below which one thread does the whole product (splitting costs more than it saves).
+constexpr double kSplitFlops = 4e6;
+
+}  // namespace
+
+// C[M,N] = op(A) op(B) + beta C, row-major, on the backend's threads (thread_pool.h): OpenBLAS
+// runs single-threaded inside each on a slice of C (columns when N >= M, else rows). OpenBLAS's
+// own threads would spin between calls against the backend's.
+void sgemm(bool ta, bool tb, int64_t m, int64_t n, int64_t k, const float* A, int64_t lda,
+           const float* B, int64_t ldb, float* C, int64_t ldc, float beta) {
+  if (openblas_get_num_threads() != 1) openblas_set_num_threads(1);
+  const CBLAS_TRANSPOSE opa = ta ? CblasTrans : CblasNoTrans, opb = tb ? CblasTrans : CblasNoTrans;
+  auto call = [&](int64_t i0, int64_t rows, int64_t j0, int64_t cols) {
+    if (rows <= 0 || cols <= 0) return;
+    // Row i of op(A) starts at A + i*lda (no transpose) or at column i (transpose); column j
+    // of op(B) likewise.
+    const float* a = A + (ta ? i0 : i0 * lda);
+    const float* b = B + (tb ? j0 * ldb : j0);
+    cblas_sgemm(CblasRowMajor, opa, opb, static_cast<int>(rows), static_cast<int>(cols),
+                static_cast<int>(k), 1.0f, a, static_cast<int>(lda), b, static_cast<int>(ldb), beta,
+                C + i0 * ldc + j0, static_cast<int>(ldc));
+  };
+  if (2.0 * m * n * k < kSplitFlops) return call(0, m, 0, n);
+  const bool by_cols = n >= m;
+  const int64_t len = by_cols ? n : m;
+  // Slices rounded to 16 (a multiple of every kernel's register block), as even as that allows.
+  const int64_t unit = 16, units = (len + unit - 1) / unit;
+  parallel_run([&](int t, int nt) {
+    const int64_t lo = std::min(len, units * t / nt * unit);
+    const int64_t hi = std::min(len, units * (t + 1) / nt * unit);
+    if (by_cols) {
+      call(0, m, lo, hi - lo);
+    } else {
+      call(lo, hi - lo, 0, n);
+    }
+  });
+}
+
+// Batched operands loop over the batch; a rank-2 right operand is shared by folding the left
+// operand's batch into its rows.
 void matmul(const Args& a) {
   const Shape &sa = a.in_shape(0), &sb = a.in_shape(1), &sc = a.out_shape(0);
   bool ta = a.attrs.transpose_a, tb = a.attrs.transpose_b;
   int64_t m = sc[-2], n = sc[-1];
   int64_t k = ta ? sa[-2] : sa[-1];
   int64_t lda = sa[-1], ldb = sb[-1];
-  CBLAS_TRANSPOSE opa = ta ? CblasTrans : CblasNoTrans, opb = tb ? CblasTrans : CblasNoTrans;
   const float *A = a.fin(0), *B = a.fin(1);
   float* C = a.fout(0);
   if (sb.rank() == 2) {
     int64_t rows = sc.numel() / n;  // batch folded into M (transpose_a excluded by inference)
     if (sa.rank() == 2) rows = m;
-    cblas_sgemm(CblasRowMajor, opa, opb, static_cast<int>(rows), static_cast<int>(n),
-                static_cast<int>(k), 1.0f, A, static_cast<int>(lda), B, static_cast<int>(ldb), 0.0f,
-                C, static_cast<int>(n));
-    return;
+    return sgemm(ta, tb, rows, n, k, A, lda, B, ldb, C, n, 0.0f);
   }
   int64_t batch = sc.numel() / (m * n);
   int64_t stride_a = sa[-1] * sa[-2], stride_b = sb[-1] * sb[-2];
-  for (int64_t i = 0; i < batch; ++i)
-    cblas_sgemm(CblasRowMajor, opa, opb, static_cast<int>(m), static_cast<int>(n),
-                static_cast<int>(k), 1.0f, A + i * stride_a, static_cast<int>(lda),
-                B + i * stride_b, static_cast<int>(ldb), 0.0f, C + i * m * n, static_cast<int>(n));
+  // Fewer products than threads: each product is split. Otherwise whole products per thread
+  // (sgemm runs serially inside a region), at least kSplitFlops of work each.
+  auto one = [&](int64_t i) {
+    sgemm(ta, tb, m, n, k, A + i * stride_a, lda, B + i * stride_b, ldb, C + i * m * n, n, 0.0f);
+  };
+  if (batch < num_threads()) {
+    for (int64_t i = 0; i < batch; ++i) one(i);
+    return;
+  }
+  const double per = 2.0 * static_cast<double>(m) * n * k;
+  parallel_for(batch, std::max<int64_t>(1, static_cast<int64_t>(kSplitFlops / per)),
+               [&](int64_t lo, int64_t hi) {
+                 for (int64_t i = lo; i < hi; ++i) one(i);
+               });
 }
 
 }  // namespace tessera::cpu

@@ -1,6 +1,8 @@
+#include <algorithm>
 #include <cstring>
 
 #include "backend/cpu/kernels.h"
+#include "backend/cpu/thread_pool.h"
 #include "base/check.h"
 
 namespace tessera::cpu {
@@ -17,13 +19,21 @@ void reduce_into(const float* x, const Shape& in, float* y, const Shape& out) {
   bool trailing_kept = true;
   for (int d = lead; d < r; ++d) trailing_kept = trailing_kept && out[d] == in[d];
   if (trailing_kept) {
-    int64_t rows = in.numel() / nout;
-#pragma omp parallel for schedule(static) if (nout > 256)
-    for (int64_t j = 0; j < nout; ++j) {
-      float s = 0;
-      for (int64_t i = 0; i < rows; ++i) s += x[i * nout + j];
-      y[j] = s;
-    }
+    // Rows summed in order into a block of columns: contiguous, vectorized reads.
+    const int64_t rows = in.numel() / nout, block = 256;
+    parallel_for((nout + block - 1) / block, rows * block > 65536 ? 1 : 1 << 30,
+                 [&](int64_t lo, int64_t hi) {
+                   for (int64_t j0 = lo * block; j0 < std::min(nout, hi * block); j0 += block) {
+                     const int64_t w = std::min(block, nout - j0);
+                     float* yj = y + j0;
+                     for (int64_t j = 0; j < w; ++j) yj[j] = 0.0f;
+                     for (int64_t i = 0; i < rows; ++i) {
+                       const float* xi = x + i * nout + j0;
+#pragma omp simd
+                       for (int64_t j = 0; j < w; ++j) yj[j] += xi[j];
+                     }
+                   }
+                 });
     return;
   }
   // General path: one output element at a time, iterating over the reduced sub-space.
@@ -34,26 +44,27 @@ void reduce_into(const float* x, const Shape& in, float* y, const Shape& out) {
     st *= in[d];
   }
   int64_t per_out = in.numel() / nout;
-#pragma omp parallel for schedule(static) if (nout > 256)
-  for (int64_t o = 0; o < nout; ++o) {
-    int64_t base = 0, rem = o;
-    for (int d = r - 1; d >= 0; --d) {
-      int64_t c = rem % out[d];
-      rem /= out[d];
-      if (out[d] != 1) base += c * in_stride[static_cast<size_t>(d)];
-    }
-    float s = 0;
-    for (int64_t k = 0; k < per_out; ++k) {
-      int64_t off = base, kr = k;
+  parallel_for(nout, 256, [&](int64_t o_lo, int64_t o_hi) {
+    for (int64_t o = o_lo; o < o_hi; ++o) {
+      int64_t base = 0, rem = o;
       for (int d = r - 1; d >= 0; --d) {
-        if (out[d] != 1 || in[d] == 1) continue;
-        off += (kr % in[d]) * in_stride[static_cast<size_t>(d)];
-        kr /= in[d];
+        int64_t c = rem % out[d];
+        rem /= out[d];
+        if (out[d] != 1) base += c * in_stride[static_cast<size_t>(d)];
       }
-      s += x[off];
+      float s = 0;
+      for (int64_t k = 0; k < per_out; ++k) {
+        int64_t off = base, kr = k;
+        for (int d = r - 1; d >= 0; --d) {
+          if (out[d] != 1 || in[d] == 1) continue;
+          off += (kr % in[d]) * in_stride[static_cast<size_t>(d)];
+          kr /= in[d];
+        }
+        s += x[off];
+      }
+      y[o] = s;
     }
-    y[o] = s;
-  }
+  });
 }
 
 }  // namespace
@@ -95,16 +106,21 @@ void transpose(const Args& a) {
   float* y = a.fout(0);
   int64_t inner = out[r - 1], rows = out.numel() / inner,
           inner_stride = src[static_cast<size_t>(r - 1)];
-#pragma omp parallel for schedule(static) if (rows > 64)
-  for (int64_t row = 0; row < rows; ++row) {
-    int64_t rem = row, off = 0;
-    for (int d = r - 2; d >= 0; --d) {
-      off += (rem % out[d]) * src[static_cast<size_t>(d)];
-      rem /= out[d];
+  parallel_for(rows, std::max<int64_t>(64, 16384 / inner), [&](int64_t lo, int64_t hi) {
+    for (int64_t row = lo; row < hi; ++row) {
+      int64_t rem = row, off = 0;
+      for (int d = r - 2; d >= 0; --d) {
+        off += (rem % out[d]) * src[static_cast<size_t>(d)];
+        rem /= out[d];
+      }
+      float* yr = y + row * inner;
+      if (inner_stride == 1) {
+        std::memcpy(yr, x + off, static_cast<size_t>(inner) * sizeof(float));
+      } else {
+        for (int64_t j = 0; j < inner; ++j) yr[j] = x[off + j * inner_stride];
+      }
     }
-    float* yr = y + row * inner;
-    for (int64_t j = 0; j < inner; ++j) yr[j] = x[off + j * inner_stride];
-  }
+  });
 }
 
 void slice(const Args& a) {

@@ -1,0 +1,106 @@
+#!/usr/bin/env python3
+"""GPT-2 124M (fp32, AdamW) training speed in PyTorch, the anchor of bench/run_speed.sh.
+
+The model is the one Tessera's gpt2-small preset builds: tied token embedding and LM head,
+learned positions, pre-LayerNorm blocks, GELU (tanh), causal attention, biases everywhere,
+AdamW with decoupled weight decay on matrices and embeddings, global-norm clipping at 1.0.
+
+  /usr/bin/python3 bench/pytorch_gpt2.py --batch 4 --seq 64 --steps 3 --threads 2
+
+Prints one line: `pytorch B=4 T=64 steps=3 s_per_step=... tokens_per_s=...`.
+"""
+import argparse
+import math
+import time
+
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+
+class Block(nn.Module):
+    def __init__(self, c, h):
+        super().__init__()
+        self.h = h
+        self.ln_1 = nn.LayerNorm(c, eps=1e-5)
+        self.qkv = nn.Linear(c, 3 * c)
+        self.proj = nn.Linear(c, c)
+        self.ln_2 = nn.LayerNorm(c, eps=1e-5)
+        self.fc = nn.Linear(c, 4 * c)
+        self.fc_proj = nn.Linear(4 * c, c)
+
+    def forward(self, x):
+        b, t, c = x.shape
+        q, k, v = self.qkv(self.ln_1(x)).split(c, dim=2)
+        q, k, v = (z.view(b, t, self.h, c // self.h).transpose(1, 2) for z in (q, k, v))
+        # Causal attention written out (torch 1.13 has no fused CPU kernel).
+        att = (q @ k.transpose(-2, -1)) * (1.0 / math.sqrt(c // self.h))
+        mask = torch.ones(t, t, dtype=torch.bool).tril()
+        att = att.masked_fill(~mask, float("-inf")).softmax(dim=-1)
+        y = (att @ v).transpose(1, 2).reshape(b, t, c)
+        x = x + self.proj(y)
+        return x + self.fc_proj(F.gelu(self.fc(self.ln_2(x)), approximate="tanh"))
+
+
+class GPT(nn.Module):
+    def __init__(self, vocab=50257, ctx=1024, c=768, layers=12, heads=12):
+        super().__init__()
+        self.wte = nn.Embedding(vocab, c)
+        self.wpe = nn.Embedding(ctx, c)
+        self.blocks = nn.ModuleList(Block(c, heads) for _ in range(layers))
+        self.ln_f = nn.LayerNorm(c, eps=1e-5)
+        for n, p in self.named_parameters():
+            if p.dim() >= 2:
+                nn.init.normal_(p, std=0.02)
+            elif n.endswith("bias"):
+                nn.init.zeros_(p)
+
+    def forward(self, idx, targets):
+        t = idx.shape[1]
+        x = self.wte(idx) + self.wpe(torch.arange(t))
+        for blk in self.blocks:
+            x = blk(x)
+        logits = self.ln_f(x).view(-1, x.shape[-1]) @ self.wte.weight.t()  # tied head
+        return F.cross_entropy(logits, targets.view(-1))
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--batch", type=int, default=4)
+    ap.add_argument("--seq", type=int, default=64)
+    ap.add_argument("--steps", type=int, default=3)
+    ap.add_argument("--warmup", type=int, default=1)
+    ap.add_argument("--threads", type=int, default=2)
+    a = ap.parse_args()
+    torch.set_num_threads(a.threads)
+    torch.manual_seed(0)
+    model = GPT()
+    decay = [p for p in model.parameters() if p.dim() >= 2]
+    no_decay = [p for p in model.parameters() if p.dim() < 2]
+    opt = torch.optim.AdamW([{"params": decay, "weight_decay": 0.1},
+                             {"params": no_decay, "weight_decay": 0.0}],
+                            lr=6e-4, betas=(0.9, 0.95), eps=1e-8)
+    g = torch.Generator().manual_seed(1)
+
+    def step():
+        x = torch.randint(0, 50257, (a.batch, a.seq), generator=g)
+        y = torch.randint(0, 50257, (a.batch, a.seq), generator=g)
+        opt.zero_grad(set_to_none=True)
+        loss = model(x, y)
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+        opt.step()
+        return loss.item()
+
+    for _ in range(a.warmup):
+        step()
+    t0 = time.perf_counter()
+    for _ in range(a.steps):
+        step()
+    dt = (time.perf_counter() - t0) / a.steps
+    print(f"pytorch B={a.batch} T={a.seq} steps={a.steps} s_per_step={dt:.4f} "
+          f"tokens_per_s={a.batch * a.seq / dt:.2f}", flush=True)
+
+
+if __name__ == "__main__":
+    main()
