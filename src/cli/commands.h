@@ -49,6 +49,8 @@ Status run_train(const TrainOptions& opts);
 void add_graph_command(CLI::App& app);
 void add_plan_command(CLI::App& app);
 void add_simulate_command(CLI::App& app);
+void add_validate_command(CLI::App& app);
+void add_calibrate_command(CLI::App& app);
 void add_launch_command(CLI::App& app);
 void add_sample_command(CLI::App& app);
 void add_tokenize_command(CLI::App& app);

@@ -13,6 +13,8 @@ int main(int argc, char** argv) {
   tessera::add_graph_command(app);
   tessera::add_plan_command(app);
   tessera::add_simulate_command(app);
+  tessera::add_validate_command(app);
+  tessera::add_calibrate_command(app);
   tessera::add_launch_command(app);
   tessera::add_sample_command(app);
   tessera::add_tokenize_command(app);

@@ -81,7 +81,8 @@ struct ClusterSpec {
   NodeSpec node;
   NetworkSpec network;
   double price_per_device_hour = 0;
-  // Per-op efficiency overrides (op name -> fraction of the roofline bound achieved).
+  // Per-op efficiency overrides (op name -> roofline time / achieved time; usually a fraction,
+  // above 1 where a CPU op's tensors stay in cache and beat the streaming bandwidth).
   std::map<std::string, double> op_efficiency;
 
   int nodes_for(int devices) const;  // ceil(devices / node.devices)

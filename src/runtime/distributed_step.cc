@@ -256,4 +256,12 @@ Status DistributedStep::gather_params(std::vector<std::vector<float>>* whole) {
   return Status();
 }
 
+int64_t DistributedStep::state_bytes_allocated() {
+  int64_t bytes = exec_->plan().param_bytes;
+  for (const std::vector<float>& g : grads_) bytes += 4 * static_cast<int64_t>(g.size());
+  for (size_t i = 0; i < opt_->params().size(); ++i)
+    bytes += 4 * static_cast<int64_t>(opt_->m(i).size() + opt_->v(i).size());
+  return bytes;
+}
+
 }  // namespace tessera

@@ -79,6 +79,9 @@ class DistributedStep {
   // rank 0 only).
   bool writes_shards() const;
   bool writes_whole() const { return rank_ == 0; }
+  // Bytes this rank allocated for parameters, accumulated gradients and AdamW moments (what
+  // Program::persistent_bytes() predicts; counted from the buffers themselves).
+  int64_t state_bytes_allocated();
   // Every rank receives every whole parameter (gathering ZeRO-3 blocks).
   Status gather_params(std::vector<std::vector<float>>* whole);
 

@@ -117,7 +117,12 @@ Result<ModelConfig> model_for(const PublishedRun& r, RunSetup* s) {
   double layers, hidden, heads, seq, vocab;
   TS_RETURN_IF_ERROR(need(r, "layers", &layers));
   TS_RETURN_IF_ERROR(need(r, "hidden", &hidden));
-  TS_RETURN_IF_ERROR(need(r, "heads", &heads));
+  if (r.at("heads").empty() && contains(r.at("architecture"), "GPT-2")) {
+    heads = hidden / 64;  // every GPT-2 size has 64-wide heads
+    s->assumptions.push_back("heads = hidden / 64 (GPT-2 head size)");
+  } else {
+    TS_RETURN_IF_ERROR(need(r, "heads", &heads));
+  }
   TS_RETURN_IF_ERROR(need(r, "seq_len", &seq));
   TS_RETURN_IF_ERROR(need(r, "vocab", &vocab));
   ModelConfig c;
@@ -164,7 +169,7 @@ Result<std::vector<PublishedRun>> read_published_runs(const std::string& path) {
   return out;
 }
 
-Result<RunSetup> setup_run(const PublishedRun& r) {
+Result<RunSetup> setup_run(const PublishedRun& r, const std::string& cluster_dir) {
   RunSetup s;
   // Parallelism: only data-axis plans are in the Program today.
   double tp = 1, pp = 1, gpus, micro;
@@ -229,8 +234,13 @@ Result<RunSetup> setup_run(const PublishedRun& r) {
   s.seq = static_cast<int64_t>(seq);
   s.model.max_seq_len = std::max(s.model.max_seq_len, s.seq);
   s.batch = static_cast<int64_t>(micro * gpus);
-  double global;
-  if (number(r.at("global_batch_seqs"), &global)) {
+  double global, global_tokens;
+  bool have_global = number(r.at("global_batch_seqs"), &global);
+  if (!have_global && number(r.at("global_batch_tokens"), &global_tokens)) {
+    global = global_tokens / seq;
+    have_global = true;
+  }
+  if (have_global) {
     double accum = global / (micro * gpus);
     if (accum < 1 || accum != std::floor(accum))
       return error("global batch " + r.at("global_batch_seqs") + " is not a multiple of " +
@@ -242,7 +252,8 @@ Result<RunSetup> setup_run(const PublishedRun& r) {
   TS_RETURN_IF_ERROR(validate(s.plan));
 
   TS_ASSIGN_OR_RETURN(std::string preset, cluster_for(r.at("gpu_type")));
-  TS_ASSIGN_OR_RETURN(s.cluster, load_cluster(preset));
+  TS_ASSIGN_OR_RETURN(
+      s.cluster, load_cluster(cluster_dir.empty() ? preset : cluster_dir + "/" + preset + ".toml"));
   double per_node, gbits;
   if (number(r.at("gpus_per_node"), &per_node)) s.cluster.node.devices = static_cast<int>(per_node);
   if (node_network_gbits(r.at("inter_node_network"), &gbits) && s.cluster.network.nics > 0) {
@@ -272,7 +283,7 @@ double percentile(std::vector<double> v, double p) {
 }
 
 ValidationReport validate_runs(const std::vector<PublishedRun>& runs, int threads,
-                               const std::string& only_source) {
+                               const std::string& only_source, const std::string& cluster_dir) {
   ValidationReport rep;
   std::vector<const PublishedRun*> todo;
   for (const PublishedRun& r : runs)
@@ -283,7 +294,7 @@ ValidationReport validate_runs(const std::vector<PublishedRun>& runs, int thread
     for (size_t i; (i = next++) < todo.size();) {
       const PublishedRun& r = *todo[i];
       out[i] = [&]() -> Result<RunResult> {
-        TS_ASSIGN_OR_RETURN(RunSetup s, setup_run(r));
+        TS_ASSIGN_OR_RETURN(RunSetup s, setup_run(r, cluster_dir));
         ModelGraph m = build_model(s.model, s.batch, s.seq, ModelMode::train);
         TS_ASSIGN_OR_RETURN(Program prog, lower(m.graph, s.plan));
         TS_ASSIGN_OR_RETURN(SimResult sim, simulate(prog, s.cluster, s.sim));

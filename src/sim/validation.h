@@ -44,8 +44,9 @@ struct RunSetup {
 };
 
 // Fails with the reason when the row cannot be modelled yet (missing fields, tensor or
-// pipeline parallelism, FP8, ...).
-Result<RunSetup> setup_run(const PublishedRun& run);
+// pipeline parallelism, FP8, ...). Cluster presets come from `cluster_dir`/<preset>.toml when
+// given (to validate edited or calibrated specs), else from the shipped presets.
+Result<RunSetup> setup_run(const PublishedRun& run, const std::string& cluster_dir = "");
 
 struct RunResult {
   std::string row_id, source, model;
@@ -72,7 +73,8 @@ struct ValidationReport {
 
 // `only_source` (a source_key) limits the rows; threads simulate rows in parallel.
 ValidationReport validate_runs(const std::vector<PublishedRun>& runs, int threads,
-                               const std::string& only_source = "");
+                               const std::string& only_source = "",
+                               const std::string& cluster_dir = "");
 
 std::string format_report(const ValidationReport& rep, bool per_row);
 

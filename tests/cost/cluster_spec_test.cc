@@ -261,8 +261,13 @@ TEST(ClusterSpec, EfficiencyTableTakesOpNames) {
   EXPECT_TRUE(contains(e, "must be op names")) << e;
   EXPECT_TRUE(contains(e, "did you mean 'matmul'")) << e;
   EXPECT_TRUE(contains(e, "attention")) << e;  // the hint lists the op names
-  e = parse_error(std::string(kMinimal) + "[efficiency]\nmatmul = 2\n");
-  EXPECT_TRUE(contains(e, "efficiency.matmul' must be a fraction in (0, 1]")) << e;
+  e = parse_error(std::string(kMinimal) + "[efficiency]\nmatmul = 0\n");
+  EXPECT_TRUE(contains(e, "efficiency.matmul' must be a positive ratio of at most 100")) << e;
+  // Above 1 is a cache-resident CPU op beating the streaming bandwidth (tessera calibrate).
+  Result<ClusterSpec> fast =
+      parse_cluster_spec(std::string(kMinimal) + "[efficiency]\nadd = 2.5\n", "fast.toml");
+  ASSERT_TRUE(fast.ok()) << fast.status().to_string();
+  EXPECT_DOUBLE_EQ(fast.value().op_efficiency.at("add"), 2.5);
 }
 
 TEST(ClusterSpec, UnknownPresetListsThePresets) {

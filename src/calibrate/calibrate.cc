@@ -1,0 +1,327 @@
+#include "calibrate/calibrate.h"
+
+#include <unistd.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <cstdarg>
+#include <cstdio>
+#include <functional>
+#include <map>
+#include <random>
+
+#include "backend/cpu/cpu_backend.h"
+#include "base/format.h"
+#include "cost/op_cost.h"
+#include "io/model_config.h"
+#include "ir/builder.h"
+#include "runtime/distributed_step.h"
+#include "sim/simulator.h"
+
+namespace tessera {
+
+namespace {
+
+std::string format_string(const char* f, ...) __attribute__((format(printf, 1, 2)));
+std::string format_string(const char* f, ...) {
+  char buf[512];
+  va_list ap;
+  va_start(ap, f);
+  std::vsnprintf(buf, sizeof buf, f, ap);
+  va_end(ap);
+  return buf;
+}
+
+double now() {
+  return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
+}
+
+double median(std::vector<double> v) {
+  if (v.empty()) return 0;
+  std::sort(v.begin(), v.end());
+  return v[v.size() / 2];
+}
+
+// Median over `reps` runs of fn, every rank starting together.
+Result<double> timed(Communicator& world, int reps, const std::function<Status()>& fn) {
+  std::vector<double> t;
+  for (int i = 0; i < reps; ++i) {
+    TS_RETURN_IF_ERROR(world.barrier("calibrate"));
+    double t0 = now();
+    TS_RETURN_IF_ERROR(fn());
+    t.push_back(now() - t0);
+  }
+  return median(t);
+}
+
+// The mean over ranks (every rank gets the same value).
+Result<double> mean(Communicator& world, double x, const std::string& what) {
+  TS_ASSIGN_OR_RETURN(double sum, world.all_reduce_scalar(x, false, what));
+  return sum / world.size();
+}
+
+// Seconds of one run of a graph holding a single op after its inputs (all ranks at once).
+Result<double> one_op_seconds(Communicator& world, Graph& g, int reps) {
+  CpuBackend cpu;
+  Executor ex(g, cpu);
+  ex.init_params(1);
+  for (ValueId in : g.inputs()) {
+    std::vector<float> x(static_cast<size_t>(g.type(in).shape.numel()), 0.5f);
+    ex.set_input(g.name_of(in), x.data());
+  }
+  ex.run();  // warm-up: page faults, thread start
+  return timed(world, reps, [&] {
+    ex.run();
+    return Status();
+  });
+}
+
+// The backend's GEMM throughput on a large square product, in FLOP/s.
+Result<double> gemm_peak(Communicator& world, int reps) {
+  const int64_t n = 1024;
+  Graph g;
+  Builder b(&g);
+  Var x = b.input("x", Shape{n, n});
+  Var w = b.parameter("w", Shape{n, n}, Init::normal, 0.02);
+  b.matmul(x, w);
+  TS_ASSIGN_OR_RETURN(double s, one_op_seconds(world, g, reps));
+  return 2.0 * n * n * n / s;
+}
+
+// The backend's streaming bandwidth (read + write of 32 MiB), in bytes/s.
+Result<double> stream_bandwidth(Communicator& world, int reps) {
+  const int64_t n = 8 << 20;
+  Graph g;
+  Builder b(&g);
+  b.scale(b.input("x", Shape{n}), 0.5);
+  TS_ASSIGN_OR_RETURN(double s, one_op_seconds(world, g, reps));
+  return 2.0 * 4.0 * static_cast<double>(n) / s;
+}
+
+// all_reduce over the world at several sizes, fitted to T = 2(p-1)·α + 2(p-1)/p · S/B.
+Status fit_collectives(Communicator& world, int reps, ClusterSpec* spec,
+                       std::vector<std::string>* notes) {
+  const double p = world.size();
+  std::vector<double> S, T;
+  for (int64_t count : {1 << 10, 1 << 14, 1 << 17, 1 << 20}) {
+    std::vector<float> buf(static_cast<size_t>(count), 1.0f);
+    TS_ASSIGN_OR_RETURN(double t, timed(world, reps, [&] {
+                          return world.wait(world.all_reduce(buf.data(), count, "calibrate"));
+                        }));
+    TS_ASSIGN_OR_RETURN(t, mean(world, t, "calibrate all_reduce time"));
+    S.push_back(4.0 * static_cast<double>(count));
+    T.push_back(t);
+  }
+  double n = static_cast<double>(S.size()), sx = 0, sy = 0, sxx = 0, sxy = 0;
+  for (size_t i = 0; i < S.size(); ++i)
+    sx += S[i], sy += T[i], sxx += S[i] * S[i], sxy += S[i] * T[i];
+  double slope = (n * sxy - sx * sy) / (n * sxx - sx * sx);
+  double intercept = (sy - slope * sx) / n;
+  if (slope <= 0)
+    return error(
+        "calibrate: all_reduce time does not grow with size; the machine is "
+        "too noisy to fit a bandwidth — run again on a quieter machine");
+  spec->node.intra_bandwidth = 2.0 * (p - 1) / p / slope;
+  spec->node.intra_latency = std::max(0.0, intercept / (2.0 * (p - 1)));
+  spec->node.intra_efficiency = 1.0;
+  notes->push_back(
+      format_string("all_reduce over %d ranks: latency %.1f us per ring step, "
+                    "bandwidth %s/s per rank (4 KiB .. 4 MiB, %d reps)",
+                    world.size(), 1e6 * spec->node.intra_latency,
+                    format_bytes(spec->node.intra_bandwidth).c_str(), reps));
+  return Status();
+}
+
+// A real training step of `cfg` under `plan` on this rank, with a random batch.
+struct RealStep {
+  ModelGraph model;
+  MeshComms comms;
+  CpuBackend cpu;
+  std::unique_ptr<DistributedStep> step;
+  std::vector<int32_t> tokens, targets;
+
+  Status run() {
+    TS_RETURN_IF_ERROR(step->forward_backward(tokens.data(), targets.data()).status());
+    return step->apply(1e-4, 1.0, 1).status();
+  }
+};
+
+Result<std::unique_ptr<RealStep>> real_step(Communicator& world, const ModelConfig& cfg,
+                                            int64_t batch, int64_t seq, int zero) {
+  const int ranks = world.size();
+  if (batch % ranks != 0)
+    return error("calibrate: batch " + std::to_string(batch) + " does not split over " +
+                 std::to_string(ranks) + " ranks");
+  if (seq > cfg.max_seq_len) return error("calibrate: --seq exceeds the model's max_seq_len");
+  auto r = std::make_unique<RealStep>();
+  r->model = build_model(cfg, batch, seq, ModelMode::train);
+  Plan plan = Plan::data_parallel(ranks, zero);
+  TS_ASSIGN_OR_RETURN(r->comms, MeshComms::create(world, plan));
+  TS_ASSIGN_OR_RETURN(r->step, DistributedStep::create(r->model.graph, plan, r->cpu, r->comms, {}));
+  r->step->init_params(1);
+  r->tokens.resize(static_cast<size_t>(batch / ranks * seq));
+  r->targets.resize(r->tokens.size());
+  std::mt19937 rng(static_cast<uint32_t>(world.rank() + 1));
+  for (size_t i = 0; i < r->tokens.size(); ++i) {
+    r->tokens[i] = static_cast<int32_t>(rng() % static_cast<uint32_t>(cfg.vocab_size));
+    r->targets[i] = static_cast<int32_t>(rng() % static_cast<uint32_t>(cfg.vocab_size));
+  }
+  for (int i = 0; i < 2; ++i) TS_RETURN_IF_ERROR(r->run());  // warm-up
+  return r;
+}
+
+struct OpFit {
+  double roofline = 0;  // seconds at efficiency 1 and no launch overhead
+  double measured = 0;  // seconds minus the launch overhead
+};
+
+}  // namespace
+
+Result<Calibration> calibrate(Communicator& world, const CalibrationOptions& o) {
+  Calibration c;
+  ClusterSpec& spec = c.spec;
+  const int ranks = world.size();
+  const char* threads = std::getenv("OMP_NUM_THREADS");
+  char host[256] = "this machine";
+  gethostname(host, sizeof host - 1);
+  spec.name = "cpu-local";
+  spec.description = format_string(
+      "calibrated by `tessera calibrate` on %s: %d rank(s) x %s "
+      "OpenMP thread(s), model %s",
+      host, ranks, threads ? threads : "default", o.model.c_str());
+  spec.device.name = format_string("CPU rank (%s threads)", threads ? threads : "default");
+
+  // 1. Peak and bandwidth of the backend, all ranks at once.
+  TS_ASSIGN_OR_RETURN(double peak, gemm_peak(world, o.reps));
+  TS_ASSIGN_OR_RETURN(peak, mean(world, peak, "calibrate peak"));
+  TS_ASSIGN_OR_RETURN(double bw, stream_bandwidth(world, o.reps));
+  TS_ASSIGN_OR_RETURN(bw, mean(world, bw, "calibrate bandwidth"));
+  spec.device.peak_flops_f32 = peak;
+  spec.device.memory_bandwidth = bw;
+  spec.device.memory_bytes = static_cast<double>(sysconf(_SC_PHYS_PAGES)) *
+                             static_cast<double>(sysconf(_SC_PAGE_SIZE)) / ranks;
+  spec.device.sm_count = 0;
+  spec.device.gemm_tile_m = spec.device.gemm_tile_n = 1;
+  c.notes.push_back(format_string("GEMM 1024^3: %.1f GFLOP/s per rank; streaming: %s/s per rank",
+                                  peak / 1e9, format_bytes(bw).c_str()));
+
+  // 2. Every compute instruction of the real Program, timed one by one.
+  TS_ASSIGN_OR_RETURN(ModelConfig cfg, load_model_config(o.model));
+  const int64_t batch = o.batch > 0 ? o.batch : 4 * ranks;
+  TS_ASSIGN_OR_RETURN(std::unique_ptr<RealStep> real, real_step(world, cfg, batch, o.seq, o.zero));
+  DistributedStep* step = real->step.get();
+
+  const Program& prog = step->program();
+  const Graph& g = prog.local();
+  std::vector<size_t> compute;
+  for (size_t i = 0; i < prog.micro_step.size(); ++i)
+    if (prog.micro_step[i].kind == Instruction::compute) compute.push_back(i);
+  std::vector<std::vector<double>> t(compute.size());
+  for (int r = 0; r < o.reps; ++r) {
+    TS_RETURN_IF_ERROR(world.barrier("calibrate ops"));
+    // Later values reuse the inputs' arena slots; put the batch back before each replay.
+    step->executor().set_input("tokens", real->tokens.data());
+    step->executor().set_input("targets", real->targets.data());
+    for (size_t j = 0; j < compute.size(); ++j) {
+      const Node& n = g.node(prog.micro_step[compute[j]].node);
+      double t0 = now();
+      step->executor().run_node(n);
+      t[j].push_back(now() - t0);
+    }
+  }
+  // Per op kind: efficiency = roofline time / measured time (minus the launch overhead). Where
+  // a GEMM-bound kind beats the 1024^3 GEMM, the peak is raised until its efficiency is 1 (the
+  // products peak x efficiency stay what was measured). Memory-bound kinds may exceed 1: their
+  // tensors often stay in cache and beat the 32 MiB streaming bandwidth.
+  std::vector<double> meas(compute.size());
+  for (size_t j = 0; j < compute.size(); ++j) meas[j] = median(t[j]);
+  const std::map<std::string, double> costed{{"reshape", 1.0}};  // the CPU backend copies
+  auto is_compute_kind = [](OpKind k) {
+    return k == OpKind::matmul || k == OpKind::attention || k == OpKind::attention_grad;
+  };
+  std::map<std::string, OpFit> fit;
+  OpFit memory_ops;
+  double launch = 0;
+  for (int pass = 0; pass < 4; ++pass) {
+    DeviceSpec ideal = spec.device;
+    ideal.gemm_efficiency = ideal.memory_efficiency = ideal.attention_efficiency = 1.0;
+    ideal.launch_overhead = 0;
+    std::vector<double> roof(compute.size()), tiny;
+    for (size_t j = 0; j < compute.size(); ++j) {
+      roof[j] =
+          op_time(g, g.node(prog.micro_step[compute[j]].node), ideal, costed, DType::f32).seconds;
+      if (roof[j] < 2e-7) tiny.push_back(meas[j]);
+    }
+    if (pass == 0) {
+      launch = tiny.size() >= 3 ? median(tiny) : *std::min_element(meas.begin(), meas.end());
+      TS_ASSIGN_OR_RETURN(launch, mean(world, launch, "calibrate launch"));
+    }
+    fit.clear();
+    memory_ops = OpFit{};
+    for (size_t j = 0; j < compute.size(); ++j) {
+      const Node& n = g.node(prog.micro_step[compute[j]].node);
+      OpFit& f = fit[op_name(n.op)];
+      double m_s = std::max(meas[j] - launch, 1e-9);
+      f.roofline += roof[j];
+      f.measured += m_s;
+      if (!is_compute_kind(n.op)) memory_ops.roofline += roof[j], memory_ops.measured += m_s;
+    }
+    double over_compute = 1;
+    for (auto& [name, f] : fit) {  // the same kinds, in the same order, on every rank
+      TS_ASSIGN_OR_RETURN(double e, mean(world, f.roofline / f.measured, "calibrate " + name));
+      spec.op_efficiency[name] = e;
+      OpKind k;
+      if (op_from_name(name, &k) && is_compute_kind(k)) over_compute = std::max(over_compute, e);
+    }
+    if (over_compute <= 1.0001) break;
+    spec.device.peak_flops_f32 *= over_compute;
+  }
+  for (auto& [name, e] : spec.op_efficiency) e = std::clamp(e, 1e-4, 100.0);
+  spec.device.launch_overhead = launch;
+  TS_ASSIGN_OR_RETURN(double mem_eff, mean(world, memory_ops.roofline / memory_ops.measured,
+                                           "calibrate memory ops"));
+  spec.device.memory_efficiency = std::clamp(mem_eff, 1e-4, 1.0);  // for kinds not measured
+  if (fit.count("matmul"))
+    spec.device.gemm_efficiency = std::min(1.0, spec.op_efficiency["matmul"]);
+  if (fit.count("attention"))
+    spec.device.attention_efficiency = std::min(1.0, spec.op_efficiency["attention"]);
+  c.notes.push_back(
+      format_string("%zu compute instructions of %s (batch %lld x %lld, %s), "
+                    "%d reps: launch %.1f us; efficiency matmul %.2f, memory-bound "
+                    "ops %.2f",
+                    compute.size(), cfg.name.c_str(), (long long)batch, (long long)o.seq,
+                    prog.plan.describe().c_str(), o.reps, 1e6 * launch, spec.device.gemm_efficiency,
+                    spec.device.memory_efficiency));
+
+  // 3. The ranks of this machine are one node.
+  spec.node.devices = ranks;
+  spec.network.nics = 0;
+  if (ranks > 1) {
+    TS_RETURN_IF_ERROR(fit_collectives(world, o.reps, &spec, &c.notes));
+  } else {
+    spec.node.intra_bandwidth = bw;  // unused with one rank; must be positive
+  }
+
+  // 4. The check: the real step against the simulator on the spec just measured.
+  if (o.check_steps > 0) {
+    const int zero = o.check_zero >= 0 ? o.check_zero : o.zero;
+    const int64_t check_batch = o.check_batch > 0 ? o.check_batch : batch;
+    real.reset();
+    TS_ASSIGN_OR_RETURN(real, real_step(world, cfg, check_batch, o.seq, zero));
+    real->step->executor().paint_arena();
+    TS_ASSIGN_OR_RETURN(double measured, timed(world, o.check_steps, [&] { return real->run(); }));
+    TS_ASSIGN_OR_RETURN(c.measured_step, mean(world, measured, "calibrate step"));
+    TS_ASSIGN_OR_RETURN(SimResult r, simulate(real->step->program(), spec, SimOptions{}));
+    c.predicted_step = r.step_seconds;
+    c.predicted_peak_memory = r.peak_memory_bytes;
+    c.measured_peak_memory = static_cast<double>(real->step->executor().measured_high_water() +
+                                                 real->step->state_bytes_allocated());
+    c.notes.push_back(format_string("check: %s, batch %lld x %lld, %d steps",
+                                    real->step->program().plan.describe().c_str(),
+                                    (long long)check_batch, (long long)o.seq, o.check_steps));
+  }
+  return c;
+}
+
+}  // namespace tessera

@@ -1,0 +1,51 @@
+// Calibration of the cost model against the real CPU runtime (DESIGN.md: the simulator times the
+// Program the runtime executes, so the two can be compared). Every rank of the job measures at
+// once — as in a real run, the ranks share cores and memory bandwidth:
+//
+//   1. the backend's GEMM throughput (a 1024^3 matmul node) and streaming bandwidth (a 32 MiB
+//      scale node): the device's peak_flops_f32 and memory_bandwidth;
+//   2. every compute instruction of the Program of `model` under the requested plan, timed one
+//      by one after warm-up steps: per op kind, efficiency = roofline time / measured time
+//      (written to [efficiency]), and the launch overhead from the tiniest ops;
+//   3. all_reduce over the world at 4 KiB .. 4 MiB, fitted to the ring's α-β model: the node's
+//      intra_latency and intra_bandwidth (all ranks of this machine are one node);
+//   4. with check_steps > 0, the real training step (forward, backward, optimizer) of that
+//      Program, against the simulator's prediction on the calibrated spec, and the planned
+//      peak memory against the measured one.
+//
+//   TS_ASSIGN_OR_RETURN(Calibration c, calibrate(world, opts));   // collective over `world`
+//   write_file_atomic("cpu-local.toml", cluster_spec_to_toml(c.spec));
+#pragma once
+
+#include <string>
+#include <vector>
+
+#include "comm/communicator.h"
+#include "cost/cluster_spec.h"
+
+namespace tessera {
+
+struct CalibrationOptions {
+  std::string model = "gpt-mini";  // preset or config.toml measured (and checked)
+  int64_t batch = 0;               // global micro-batch (0: 4 per rank)
+  int64_t seq = 128;
+  int zero = 0;         // ZeRO stage of the measured plan
+  int reps = 5;         // repetitions per measurement (the median is kept)
+  int check_steps = 0;  // > 0: run and time this many real steps afterwards
+  // The checked run may differ from the measured one, to show the spec carries over to other
+  // plans and shapes (-1 / 0: the same as measured).
+  int check_zero = -1;
+  int64_t check_batch = 0;
+};
+
+struct Calibration {
+  ClusterSpec spec;
+  std::vector<std::string> notes;  // what was measured, one line each
+  // The check (check_steps > 0); times in seconds, memory in bytes per rank.
+  double measured_step = 0, predicted_step = 0;
+  double measured_peak_memory = 0, predicted_peak_memory = 0;
+};
+
+Result<Calibration> calibrate(Communicator& world, const CalibrationOptions& opts);
+
+}  // namespace tessera

@@ -1,0 +1,81 @@
+// `tessera calibrate`: measures this machine's ranks — backend GEMM and bandwidth, every op of a
+// real training step, MPI collectives — and writes a ClusterSpec TOML that `tessera simulate
+// --cluster FILE` uses. Run it with as many ranks as the runs it should predict:
+//   tessera launch -n 2 -- calibrate --out cpu-local.toml --check 5
+#include <cstdio>
+
+#include "base/check.h"
+#include "base/format.h"
+#include "calibrate/calibrate.h"
+#include "cli/commands.h"
+#include "cli/common.h"
+#include "comm/local_comm.h"
+#include "comm/mpi_comm.h"
+#include "io/fs.h"
+
+namespace tessera {
+
+namespace {
+
+struct CalibrateCli {
+  CalibrationOptions opts;
+  std::string out = "cpu-local.toml";
+};
+
+Status run_calibrate(const CalibrateCli& o) {
+  std::unique_ptr<Communicator> world;
+  std::vector<std::unique_ptr<Communicator>> local;
+  if (launched_by_mpirun()) {
+    TS_ASSIGN_OR_RETURN(world, mpi_world(nullptr, nullptr));
+    install_termination_reporter();
+    set_process_rank(world->rank());
+  } else {
+    local = make_local_comms(1);
+  }
+  Communicator& w = world ? *world : *local[0];
+  TS_ASSIGN_OR_RETURN(Calibration c, calibrate(w, o.opts));
+  if (w.rank() != 0) return Status();
+  for (const std::string& n : c.notes) std::printf("measured   %s\n", n.c_str());
+  std::string toml = "# " + c.spec.description + "\n" + cluster_spec_to_toml(c.spec);
+  TS_RETURN_IF_ERROR(write_file_atomic(o.out, toml));
+  std::printf(
+      "wrote      %s (use: tessera simulate MODEL --cluster %s --gpus %d --precision f32)\n",
+      o.out.c_str(), o.out.c_str(), w.size());
+  if (o.opts.check_steps > 0) {
+    std::printf(
+        "check      step time: predicted %.4f s, measured %.4f s (median of %d), error "
+        "%+.1f%%\n",
+        c.predicted_step, c.measured_step, o.opts.check_steps,
+        100.0 * (c.predicted_step / c.measured_step - 1));
+    std::printf(
+        "check      peak memory per rank: predicted %s, measured %s (arena high-water + "
+        "allocated state), error %+.2f%%\n",
+        format_bytes(c.predicted_peak_memory).c_str(), format_bytes(c.measured_peak_memory).c_str(),
+        100.0 * (c.predicted_peak_memory / c.measured_peak_memory - 1));
+  }
+  return Status();
+}
+
+}  // namespace
+
+void add_calibrate_command(CLI::App& app) {
+  auto o = std::make_shared<CalibrateCli>();
+  CLI::App* cmd = app.add_subcommand(
+      "calibrate", "Measure this machine's ranks and write a cluster spec for the simulator");
+  cmd->add_option("--out", o->out, "Cluster spec TOML to write")->capture_default_str();
+  cmd->add_option("--model", o->opts.model, "Model whose ops are measured")->capture_default_str();
+  cmd->add_option("--batch", o->opts.batch, "Global micro-batch (default: 4 per rank)");
+  cmd->add_option("--seq", o->opts.seq, "Sequence length")->capture_default_str();
+  cmd->add_option("--zero", o->opts.zero, "ZeRO stage of the measured plan")->capture_default_str();
+  cmd->add_option("--reps", o->opts.reps, "Repetitions per measurement (median)")
+      ->capture_default_str();
+  cmd->add_option("--check", o->opts.check_steps,
+                  "Then time this many real steps and compare with the simulator");
+  cmd->add_option("--check-zero", o->opts.check_zero,
+                  "ZeRO stage of the checked run (default: the measured one)");
+  cmd->add_option("--check-batch", o->opts.check_batch,
+                  "Global micro-batch of the checked run (default: the measured one)");
+  cmd->callback([o] { exit_on_error(run_calibrate(*o)); });
+}
+
+}  // namespace tessera

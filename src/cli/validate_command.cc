@@ -1,0 +1,52 @@
+// `tessera validate`: simulates every published training run the Program can express
+// (validation/published_runs.csv) and reports predicted against published, with error
+// statistics per source, and every row it cannot model with the reason.
+#include <chrono>
+#include <cstdio>
+#include <thread>
+
+#include "cli/commands.h"
+#include "cli/common.h"
+#include "sim/validation.h"
+
+namespace tessera {
+
+namespace {
+
+struct ValidateOptions {
+  std::string csv = TESSERA_VALIDATION_CSV;
+  std::string source, cluster_dir;
+  bool rows = false;
+  int threads = 0;
+};
+
+Status run_validate(const ValidateOptions& o) {
+  auto t0 = std::chrono::steady_clock::now();
+  TS_ASSIGN_OR_RETURN(std::vector<PublishedRun> runs, read_published_runs(o.csv));
+  int threads = o.threads > 0 ? o.threads : static_cast<int>(std::thread::hardware_concurrency());
+  ValidationReport rep = validate_runs(runs, threads, o.source, o.cluster_dir);
+  if (rep.results.empty() && rep.excluded.empty())
+    return error("no rows with source_key '" + o.source + "' in " + o.csv);
+  std::fputs(format_report(rep, o.rows).c_str(), stdout);
+  double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  std::printf("\n%zu rows simulated, %zu not modelled, in %.1f s\n", rep.results.size(),
+              rep.excluded.size(), secs);
+  return Status();
+}
+
+}  // namespace
+
+void add_validate_command(CLI::App& app) {
+  auto o = std::make_shared<ValidateOptions>();
+  CLI::App* cmd = app.add_subcommand(
+      "validate", "Compare the simulator with published training runs (error per source)");
+  cmd->add_option("--csv", o->csv, "Table of published runs")->capture_default_str();
+  cmd->add_option("--source", o->source, "Only rows with this source_key");
+  cmd->add_option("--cluster-dir", o->cluster_dir,
+                  "Read cluster presets as DIR/<preset>.toml (edited or calibrated specs)");
+  cmd->add_flag("--rows", o->rows, "Print every simulated row, not just the statistics");
+  cmd->add_option("--threads", o->threads, "Rows simulated in parallel (default: all cores)");
+  cmd->callback([o] { exit_on_error(run_validate(*o)); });
+}
+
+}  // namespace tessera
