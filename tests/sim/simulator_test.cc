@@ -104,7 +104,9 @@ TEST(Simulator, RecomputationCountsAsHardwareNotModelFlops) {
   SimResult a = *simulate(lowered("gpt2-small", 8, 1024, plain), c, {});
   SimResult b = *simulate(lowered("gpt2-small", 8, 1024, rc), c, {});
   EXPECT_NEAR(b.model_flops_per_step, a.model_flops_per_step, 1e-9 * a.model_flops_per_step);
-  EXPECT_GT(b.hardware_flops_per_step, 1.2 * a.hardware_flops_per_step);
+  // The clones re-run each block's forward except what its backward never reads (the MLP
+  // output projection): about +18% on gpt2-small.
+  EXPECT_GT(b.hardware_flops_per_step, 1.12 * a.hardware_flops_per_step);
   EXPECT_GT(b.step_seconds, a.step_seconds);
   EXPECT_LT(b.arena_bytes, a.arena_bytes);
   EXPECT_GT(b.hfu, b.mfu);

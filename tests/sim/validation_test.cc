@@ -1,0 +1,132 @@
+// tessera validate: the CSV reader, how a published row becomes (or fails to become) a
+// simulation, and the simulator's error on the shipped table of published runs.
+#include "sim/validation.h"
+
+#include <gtest/gtest.h>
+
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+
+namespace tessera {
+namespace {
+
+std::string write_temp(const std::string& name, const std::string& text) {
+  std::string path = (std::filesystem::temp_directory_path() / name).string();
+  std::ofstream(path) << text;
+  return path;
+}
+
+TEST(PublishedRuns, ReadsQuotedCellsAndNamesBadRecords) {
+  std::string path = write_temp("tessera_runs_ok.csv",
+                                "row_id,source_key,model_name,gpu_type,num_gpus,notes\n"
+                                "1,a,\"GPT, big\",A100,8,\"say \"\"hi\"\"\nsecond line\"\n"
+                                "2,b,small,H100,16,\n");
+  Result<std::vector<PublishedRun>> r = read_published_runs(path);
+  ASSERT_TRUE(r.ok()) << r.status().to_string();
+  ASSERT_EQ(r->size(), 2u);
+  EXPECT_EQ((*r)[0].at("model_name"), "GPT, big");
+  EXPECT_EQ((*r)[0].at("notes"), "say \"hi\"\nsecond line");
+  EXPECT_EQ((*r)[1].at("num_gpus"), "16");
+  EXPECT_EQ((*r)[1].at("no_such_column"), "");
+
+  path = write_temp("tessera_runs_bad.csv",
+                    "row_id,source_key,model_name,gpu_type,num_gpus\n1,a,b,c\n");
+  r = read_published_runs(path);
+  ASSERT_FALSE(r.ok());
+  EXPECT_NE(r.status().message().find("record 1 has 4 cells, the header 5"), std::string::npos)
+      << r.status().message();
+  path = write_temp("tessera_runs_nocol.csv", "row_id,source_key\n1,a\n");
+  r = read_published_runs(path);
+  ASSERT_FALSE(r.ok());
+  EXPECT_NE(r.status().message().find("no column 'model_name'"), std::string::npos);
+}
+
+PublishedRun mosaic_like() {
+  PublishedRun r;
+  r.fields = {{"row_id", "1"},
+              {"source_key", "test"},
+              {"model_name", "MPT-7b"},
+              {"architecture", "MPT decoder"},
+              {"layers", "32"},
+              {"hidden", "4096"},
+              {"heads", "32"},
+              {"seq_len", "2048"},
+              {"vocab", "50368"},
+              {"global_batch_seqs", "512"},
+              {"micro_batch", "8"},
+              {"gpu_type", "A100 80GB"},
+              {"num_gpus", "32"},
+              {"precision", "amp_bf16"},
+              {"tp", "1"},
+              {"pp", "1"},
+              {"zero_or_fsdp", "FSDP FULL_SHARD"},
+              {"activation_recompute", "full"},
+              {"tokens_per_s_per_gpu", "3000"}};
+  return r;
+}
+
+TEST(SetupRun, BuildsModelPlanAndClusterFromARow) {
+  Result<RunSetup> s = setup_run(mosaic_like());
+  ASSERT_TRUE(s.ok()) << s.status().to_string();
+  EXPECT_EQ(s->model.n_layer, 32);
+  EXPECT_EQ(s->plan.mesh.size(), 32);
+  EXPECT_EQ(s->plan.zero, 3);
+  EXPECT_EQ(s->plan.recompute, RecomputePolicy::full);
+  EXPECT_EQ(s->plan.micro_batches, 2);  // 512 = 8 x 32 x 2
+  EXPECT_EQ(s->batch, 8 * 32);
+  EXPECT_EQ(s->cluster.name, "dgx-a100");
+  EXPECT_EQ(s->sim.precision, DType::bf16);
+  EXPECT_EQ(s->metric, "tokens/s/GPU");
+  EXPECT_EQ(s->published, 3000);
+}
+
+TEST(SetupRun, SaysWhyARowCannotBeModelled) {
+  auto reason = [](std::map<std::string, std::string> changes) {
+    PublishedRun r = mosaic_like();
+    for (auto& [k, v] : changes) r.fields[k] = v;
+    Result<RunSetup> s = setup_run(r);
+    return s.ok() ? std::string("ok") : s.status().message();
+  };
+  EXPECT_NE(reason({{"tp", "8"}}).find("tensor parallelism (tp=8)"), std::string::npos);
+  EXPECT_NE(reason({{"pp", "4"}}).find("pipeline parallelism (pp=4)"), std::string::npos);
+  EXPECT_NE(reason({{"precision", "amp_fp8"}}).find("FP8"), std::string::npos);
+  EXPECT_NE(reason({{"num_gpus", "128-512"}}).find("num_gpus '128-512' is not a single number"),
+            std::string::npos);
+  EXPECT_NE(reason({{"micro_batch", ""}}).find("micro_batch not published"), std::string::npos);
+  EXPECT_NE(reason({{"global_batch_seqs", "500"}}).find("not a multiple"), std::string::npos);
+  EXPECT_NE(reason({{"activation_recompute", "selective"}}).find("selective"), std::string::npos);
+  EXPECT_NE(reason({{"gpu_type", "TPU v4"}}).find("no cluster preset"), std::string::npos);
+  EXPECT_NE(reason({{"tokens_per_s_per_gpu", ""}}).find("no comparable metric"), std::string::npos);
+}
+
+TEST(Percentile, NearestRank) {
+  EXPECT_EQ(percentile({5, 1, 3, 2, 4}, 0.5), 3);
+  EXPECT_EQ(percentile({1, 2, 3, 4, 5, 6, 7, 8, 9, 10}, 0.9), 9);
+  EXPECT_EQ(percentile({7}, 0.9), 7);
+  EXPECT_EQ(percentile({}, 0.5), 0);
+}
+
+// The shipped table (validation/published_runs.csv): every row is either simulated or listed
+// with a reason, and on the data-parallel sources the error stays within the targets
+// (median <= 10%, p90 <= 20%).
+TEST(Validation, ShippedTableMeetsTheTargetsOnDataParallelSources) {
+  Result<std::vector<PublishedRun>> runs =
+      read_published_runs(std::string(TESSERA_SOURCE_DIR) + "/validation/published_runs.csv");
+  ASSERT_TRUE(runs.ok()) << runs.status().to_string();
+  EXPECT_EQ(runs->size(), 455u);
+  for (const char* source : {"mosaic_llmfoundry_bench", "ibm_fsdp_max_2024"}) {
+    ValidationReport rep = validate_runs(*runs, 2, source);
+    ASSERT_FALSE(rep.stats.empty()) << source;
+    const SourceStats& st = rep.stats.front();
+    std::printf("%s: %d rows simulated, %zu not modelled; median %.1f%%, p90 %.1f%%, max %.1f%%\n",
+                source, st.rows, rep.excluded.size(), 100 * st.median, 100 * st.p90, 100 * st.max);
+    EXPECT_GE(st.rows, 4);
+    EXPECT_LE(st.median, 0.10) << source;
+    EXPECT_LE(st.p90, 0.20) << source;
+    for (const ExcludedRun& e : rep.excluded) EXPECT_FALSE(e.reason.empty()) << e.row_id;
+  }
+}
+
+}  // namespace
+}  // namespace tessera
