@@ -5,6 +5,7 @@
 #include <cstdio>
 
 #include "base/format.h"
+#include "cost/flops.h"
 #include "cli/commands.h"
 #include "cli/common.h"
 #include "io/fs.h"
@@ -70,6 +71,16 @@ Status run_simulate(const SimulateOptions& o) {
   std::printf("plan             %s, %d micro-batch(es) per step, %s\n", plan.describe().c_str(),
               plan.micro_batches, dtype_name(so.precision));
   std::fputs(format_sim_result(r, cluster).c_str(), stdout);
+  // The counts published runs use, for comparing with them (cost/flops.h).
+  TransformerShape ts{static_cast<double>(batch * plan.micro_batches), static_cast<double>(seq),
+                      static_cast<double>(cfg.n_layer), static_cast<double>(cfg.n_embd),
+                      static_cast<double>(cfg.vocab_size)};
+  const double per_device_s = r.step_seconds * r.devices;
+  const double peak = cluster.device.peak_flops(so.precision);
+  std::printf("published-style  Megatron eq.(3) %.1f TFLOP/s per device; 6N+12lhs MFU %.1f%%\n",
+              megatron_flops_with_recompute(ts) / per_device_s / 1e12,
+              100 * palm_model_flops(ts, static_cast<double>(m.graph.param_count())) /
+                  per_device_s / peak);
   if (r.peak_memory_bytes > cluster.device.memory_bytes)
     std::printf("DOES NOT FIT     predicted peak exceeds the device's %s\n",
                 format_bytes(cluster.device.memory_bytes).c_str());
