@@ -53,12 +53,12 @@ echo "machine: $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2 | sed 's/^ //
 rows=()
 for shape in "4 64 3" "8 256 2"; do
   read -r B T STEPS <<<"$shape"
-  ts=() pt=() gf=() pk=()
+  ts=() pt=() gf=() pk=() fr=()
   for rep in $(seq "$REPS"); do
     out=$("$BUILD/bench/tessera_train_speed" --batch "$B" --seq "$T" --steps "$STEPS" --threads "$THREADS")
     echo "$out"
     ts+=("$(field tokens_per_s <<<"$out")") gf+=("$(field gflops <<<"$out")")
-    pk+=("$(field peak_gflops <<<"$out")")
+    pk+=("$(field peak_gflops <<<"$out")") fr+=("$(field fraction <<<"$out")")
     out=$(env $TORCH_ENV /usr/bin/python3 bench/pytorch_gpt2.py --batch "$B" --seq "$T" \
       --steps "$STEPS" --threads "$THREADS")
     echo "$out"
@@ -66,11 +66,13 @@ for shape in "4 64 3" "8 256 2"; do
   done
   t=$(printf '%s\n' "${ts[@]}" | median) p=$(printf '%s\n' "${pt[@]}" | median)
   g=$(printf '%s\n' "${gf[@]}" | median) k=$(printf '%s\n' "${pk[@]}" | median)
-  rows+=("$(awk -v b="$B" -v t="$T" -v ts="$t" -v pt="$p" -v g="$g" -v k="$k" 'BEGIN {
-    printf "| B=%s, T=%s | %.1f | %.1f | %.2fx | %.1f | %.1f | %.0f%% |", b, t, ts, pt, ts / pt, g, k, 100 * g / k }')")
+  f=$(printf '%s\n' "${fr[@]}" | median)
+  rows+=("$(awk -v b="$B" -v t="$T" -v ts="$t" -v pt="$p" -v g="$g" -v k="$k" -v f="$f" 'BEGIN {
+    printf "| B=%s, T=%s | %.1f | %.1f | %.2fx | %.1f | %.1f | %.0f%% |", b, t, ts, pt, ts / pt, g, k, 100 * f }')")
 done
 echo
-echo "GPT-2 124M, fp32, AdamW, $THREADS threads; medians of $REPS interleaved runs"
+echo "GPT-2 124M, fp32, AdamW, $THREADS threads; medians of $REPS interleaved runs (fraction: the"
+echo "median of each run's Tessera GFLOP/s over the SGEMM peak measured in that run)"
 echo "| shape | Tessera tok/s | PyTorch tok/s | ratio | Tessera GFLOP/s | SGEMM peak GFLOP/s | fraction |"
 echo "|---|---|---|---|---|---|---|"
 printf '%s\n' "${rows[@]}"
