@@ -286,7 +286,15 @@ std::string format_sim_result(const SimResult& r, const ClusterSpec& c) {
   out += "busiest ops      ";
   for (size_t i = 0; i < ops.size() && i < 6; ++i)
     out += (i ? ", " : "") + ops[i].second + " " + format_seconds(ops[i].first);
-  return out + "\n";
+  out += "\n";
+  if (c.price_per_device_hour > 0 && r.tokens_per_second > 0) {
+    const double per_hour = c.price_per_device_hour * r.devices;
+    char line[160];
+    std::snprintf(line, sizeof line, "price            $%.0f per hour, $%.3g per million tokens\n",
+                  per_hour, per_hour / 3600.0 / r.tokens_per_second * 1e6);
+    out += line;
+  }
+  return out;
 }
 
 }  // namespace tessera
