@@ -95,7 +95,7 @@ void Executor::run() {
     for (double s : seconds) total += s;
     std::fprintf(stderr, "TESSERA_PROFILE: %.3f s in kernels\n", total);
     for (OpKind k : all_ops())
-      if (seconds[static_cast<size_t>(k)] > 0.01 * total)
+      if (seconds[static_cast<size_t>(k)] > 0.005 * total)
         std::fprintf(stderr, "  %-20s %7.3f s  %5.1f%%\n", op_name(k),
                      seconds[static_cast<size_t>(k)],
                      100.0 * seconds[static_cast<size_t>(k)] / total);

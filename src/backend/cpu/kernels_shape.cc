@@ -83,9 +83,19 @@ void sum_to(const Args& a) {
   reduce_into(a.fin(0), in, a.fout(0), Shape(d));
 }
 
-void copy(const Args& a) {
-  std::memcpy(a.out[0], a.in[0], static_cast<size_t>(a.out_types[0].bytes()));
+namespace {
+// memcpy of `bytes`, in pieces of at least 256 KiB on the backend's threads.
+void parallel_memcpy(void* dst, const void* src, int64_t bytes) {
+  constexpr int64_t kPiece = 1 << 18;
+  parallel_for((bytes + kPiece - 1) / kPiece, 1, [&](int64_t lo, int64_t hi) {
+    const int64_t b0 = lo * kPiece, b1 = std::min(bytes, hi * kPiece);
+    std::memcpy(static_cast<char*>(dst) + b0, static_cast<const char*>(src) + b0,
+                static_cast<size_t>(b1 - b0));
+  });
 }
+}  // namespace
+
+void copy(const Args& a) { parallel_memcpy(a.out[0], a.in[0], a.out_types[0].bytes()); }
 
 void transpose(const Args& a) {
   const Shape& in = a.in_shape(0);
@@ -133,9 +143,14 @@ void slice(const Args& a) {
   const char* x = static_cast<const char*>(a.in[0]);
   char* y = static_cast<char*>(a.out[0]);
   int64_t es = dtype_size(a.in_types[0].dtype);
-  for (int64_t o = 0; o < outer; ++o)
-    std::memcpy(y + o * len * inner * es, x + (o * in[ax] + a.attrs.start) * inner * es,
-                static_cast<size_t>(len * inner * es));
+  const int64_t piece = len * inner * es;
+  if (outer == 1) return parallel_memcpy(y, x + a.attrs.start * inner * es, piece);
+  parallel_for(outer, std::max<int64_t>(1, (1 << 16) / std::max<int64_t>(1, piece)),
+               [&](int64_t lo, int64_t hi) {
+                 for (int64_t o = lo; o < hi; ++o)
+                   std::memcpy(y + o * piece, x + (o * in[ax] + a.attrs.start) * inner * es,
+                               static_cast<size_t>(piece));
+               });
 }
 
 void concat(const Args& a) {
@@ -146,15 +161,21 @@ void concat(const Args& a) {
   for (int d = ax + 1; d < out.rank(); ++d) inner *= out[d];
   int64_t es = dtype_size(a.out_types[0].dtype);
   char* y = static_cast<char*>(a.out[0]);
-  int64_t offset = 0;
-  for (size_t i = 0; i < a.in.size(); ++i) {
-    int64_t len = a.in_types[i].shape[ax];
-    const char* x = static_cast<const char*>(a.in[i]);
-    for (int64_t o = 0; o < outer; ++o)
-      std::memcpy(y + (o * out[ax] + offset) * inner * es, x + o * len * inner * es,
-                  static_cast<size_t>(len * inner * es));
-    offset += len;
-  }
+  // Output rows in parallel; each row gathers its piece of every input.
+  const int64_t row_bytes = out[ax] * inner * es;
+  parallel_for(outer, std::max<int64_t>(1, (1 << 16) / std::max<int64_t>(1, row_bytes)),
+               [&](int64_t lo, int64_t hi) {
+                 for (int64_t o = lo; o < hi; ++o) {
+                   int64_t offset = 0;
+                   for (size_t i = 0; i < a.in.size(); ++i) {
+                     const int64_t len = a.in_types[i].shape[ax];
+                     const char* x = static_cast<const char*>(a.in[i]);
+                     std::memcpy(y + (o * out[ax] + offset) * inner * es, x + o * len * inner * es,
+                                 static_cast<size_t>(len * inner * es));
+                     offset += len;
+                   }
+                 }
+               });
 }
 
 }  // namespace tessera::cpu
