@@ -1,9 +1,14 @@
 #include <cblas.h>
 
 #include <algorithm>
+#include <cstring>
+#include <mutex>
 
 #include "backend/cpu/kernels.h"
 #include "backend/cpu/thread_pool.h"
+#include "base/log.h"
+
+extern "C" char* openblas_get_corename(void);
 
 namespace tessera::cpu {
 
@@ -11,6 +16,25 @@ namespace {
 
 // Work below which one thread does the whole product (splitting costs more than it saves).
 constexpr double kSplitFlops = 4e6;
+
+// Once per process: OpenBLAS 0.3.21 does not know some newer x86 CPUs and falls back to its
+// SSE3 kernels, 5-10x slower than the AVX2/AVX-512 ones the CPU could run.
+void warn_if_generic_kernels() {
+  static std::once_flag once;
+  std::call_once(once, [] {
+#if defined(__x86_64__)
+    const char* core = openblas_get_corename();
+    if (core == nullptr || std::strcmp(core, "Prescott") != 0) return;
+    const char* hint = __builtin_cpu_supports("avx512f") ? "SkylakeX"
+                       : __builtin_cpu_supports("avx2")  ? "Haswell"
+                                                         : nullptr;
+    if (hint != nullptr)
+      TS_LOG(warn) << "OpenBLAS does not recognize this CPU and uses its slow Prescott kernels. "
+                      "HINT: run with OPENBLAS_CORETYPE="
+                   << hint;
+#endif
+  });
+}
 
 }  // namespace
 
@@ -20,6 +44,7 @@ constexpr double kSplitFlops = 4e6;
 void sgemm(bool ta, bool tb, int64_t m, int64_t n, int64_t k, const float* A, int64_t lda,
            const float* B, int64_t ldb, float* C, int64_t ldc, float beta) {
   if (openblas_get_num_threads() != 1) openblas_set_num_threads(1);
+  warn_if_generic_kernels();
   const CBLAS_TRANSPOSE opa = ta ? CblasTrans : CblasNoTrans, opb = tb ? CblasTrans : CblasNoTrans;
   auto call = [&](int64_t i0, int64_t rows, int64_t j0, int64_t cols) {
     if (rows <= 0 || cols <= 0) return;
