@@ -1,9 +1,21 @@
 // tessera: train, inspect and sample transformer models written once for one device.
-#include <cstdio>
+#include <unistd.h>
 
+#include <cstdio>
+#include <cstdlib>
+
+#include "backend/cpu/cpu_backend.h"
 #include "cli/commands.h"
 
 int main(int argc, char** argv) {
+  // OpenBLAS picks its kernels when it is loaded: if it fell back to the slow generic ones on
+  // this CPU, start again with the fast ones named (5-7x faster GEMMs on AVX-512 Xeons).
+  if (std::getenv("OPENBLAS_CORETYPE") == nullptr) {
+    if (const char* core = tessera::openblas_better_coretype()) {
+      setenv("OPENBLAS_CORETYPE", core, 1);
+      execv("/proc/self/exe", argv);  // returns only on failure: carry on with slow kernels
+    }
+  }
   CLI::App app{
       "Tessera: train transformer models written once for one device.\n"
       "Run `tessera COMMAND --help` for a command's flags."};

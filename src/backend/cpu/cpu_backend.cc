@@ -1,5 +1,7 @@
 #include "backend/cpu/cpu_backend.h"
 
+#include <cblas.h>
+
 #include <cstring>
 
 #include "backend/cpu/kernels.h"
@@ -186,6 +188,18 @@ void CpuBackend::run(const Graph& g, const Node& node, std::span<const void* con
     const TensorType& t = g.type(node.outputs[i]);
     convert_elements(buf.data(), DType::f32, outputs[i], t.dtype, t.shape.numel());
   }
+}
+
+const char* openblas_better_coretype() {
+#if defined(__x86_64__)
+  const char* core = openblas_get_corename();
+  if (core == nullptr || std::strcmp(core, "Prescott") != 0) return nullptr;
+  return __builtin_cpu_supports("avx512f") ? "SkylakeX"
+         : __builtin_cpu_supports("avx2")  ? "Haswell"
+                                           : nullptr;
+#else
+  return nullptr;
+#endif
 }
 
 }  // namespace tessera

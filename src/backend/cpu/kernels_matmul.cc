@@ -4,6 +4,7 @@
 #include <cstring>
 #include <mutex>
 
+#include "backend/cpu/cpu_backend.h"
 #include "backend/cpu/kernels.h"
 #include "backend/cpu/thread_pool.h"
 #include "base/log.h"
@@ -22,17 +23,10 @@ constexpr double kSplitFlops = 4e6;
 void warn_if_generic_kernels() {
   static std::once_flag once;
   std::call_once(once, [] {
-#if defined(__x86_64__)
-    const char* core = openblas_get_corename();
-    if (core == nullptr || std::strcmp(core, "Prescott") != 0) return;
-    const char* hint = __builtin_cpu_supports("avx512f") ? "SkylakeX"
-                       : __builtin_cpu_supports("avx2")  ? "Haswell"
-                                                         : nullptr;
-    if (hint != nullptr)
+    if (const char* hint = tessera::openblas_better_coretype())
       TS_LOG(warn) << "OpenBLAS does not recognize this CPU and uses its slow Prescott kernels. "
                       "HINT: run with OPENBLAS_CORETYPE="
                    << hint;
-#endif
   });
 }
 
