@@ -217,19 +217,20 @@ Result<Calibration> calibrate(Communicator& world, const CalibrationOptions& o) 
   std::vector<size_t> compute;
   for (size_t i = 0; i < prog.micro_step.size(); ++i)
     if (prog.micro_step[i].kind == Instruction::compute) compute.push_back(i);
+  // Timed in place during real steps (collectives running, the comm thread competing), and the
+  // optimizer's apply() after each.
   std::vector<std::vector<double>> t(compute.size());
+  std::vector<double> seconds, apply_seconds;
+  step->time_instructions(&seconds);
   for (int r = 0; r < o.reps; ++r) {
     TS_RETURN_IF_ERROR(world.barrier("calibrate ops"));
-    // Later values reuse the inputs' arena slots; put the batch back before each replay.
-    step->executor().set_input("tokens", real->tokens.data());
-    step->executor().set_input("targets", real->targets.data());
-    for (size_t j = 0; j < compute.size(); ++j) {
-      const Node& n = g.node(prog.micro_step[compute[j]].node);
-      double t0 = now();
-      step->executor().run_node(n);
-      t[j].push_back(now() - t0);
-    }
+    TS_RETURN_IF_ERROR(step->forward_backward(real->tokens.data(), real->targets.data()).status());
+    for (size_t j = 0; j < compute.size(); ++j) t[j].push_back(seconds[compute[j]]);
+    double t0 = now();
+    TS_RETURN_IF_ERROR(step->apply(1e-4, 1.0, 1).status());
+    apply_seconds.push_back(now() - t0);
   }
+  step->time_instructions(nullptr);
   // Per op kind: efficiency = roofline time / measured time (minus the launch overhead). Where
   // a GEMM-bound kind beats the 1024^3 GEMM, the peak is raised until its efficiency is 1 (the
   // products peak x efficiency stay what was measured). Memory-bound kinds may exceed 1: their
@@ -294,11 +295,37 @@ Result<Calibration> calibrate(Communicator& world, const CalibrationOptions& o) 
                     prog.plan.describe().c_str(), o.reps, 1e6 * launch, spec.device.gemm_efficiency,
                     spec.device.memory_efficiency));
 
+  // The optimizer (AdamW over this rank's blocks, the gradient norm): its measured time
+  // against the simulator's at efficiency 1.
+  {
+    TS_ASSIGN_OR_RETURN(double apply_s, mean(world, median(apply_seconds), "calibrate apply"));
+    ClusterSpec probe = spec;
+    probe.device.optimizer_efficiency = 1.0;
+    TS_ASSIGN_OR_RETURN(SimResult pr, simulate(prog, probe, SimOptions{}));
+    spec.device.optimizer_efficiency = std::clamp(pr.optimizer_seconds / apply_s, 1e-3, 1.0);
+    c.notes.push_back(format_string("optimizer step %.2f ms: %.2f of the streaming bandwidth",
+                                    1e3 * apply_s, spec.device.optimizer_efficiency));
+  }
+
   // 3. The ranks of this machine are one node.
   spec.node.devices = ranks;
   spec.network.nics = 0;
   if (ranks > 1) {
     TS_RETURN_IF_ERROR(fit_collectives(world, o.reps, &spec, &c.notes));
+    // How much of the collectives' time the compute stream loses to the comm thread: the real
+    // step of the measured plan against the simulator with free overlap.
+    TS_ASSIGN_OR_RETURN(double step_s, timed(world, o.reps, [&] { return real->run(); }));
+    TS_ASSIGN_OR_RETURN(step_s, mean(world, step_s, "calibrate overlap"));
+    spec.node.comm_overlap = 1.0;
+    TS_ASSIGN_OR_RETURN(SimResult free_overlap, simulate(prog, spec, SimOptions{}));
+    double gap = step_s - free_overlap.step_seconds;
+    spec.node.comm_overlap = free_overlap.comm_seconds > 0
+                                 ? std::clamp(1 - gap / free_overlap.comm_seconds, 0.0, 1.0)
+                                 : 1.0;
+    c.notes.push_back(
+        format_string("step %.2f ms against %.2f ms simulated with free overlap: "
+                      "comm_overlap %.2f",
+                      1e3 * step_s, 1e3 * free_overlap.step_seconds, spec.node.comm_overlap));
   } else {
     spec.node.intra_bandwidth = bw;  // unused with one rank; must be positive
   }
@@ -310,10 +337,22 @@ Result<Calibration> calibrate(Communicator& world, const CalibrationOptions& o) 
     real.reset();
     TS_ASSIGN_OR_RETURN(real, real_step(world, cfg, check_batch, o.seq, zero));
     real->step->executor().paint_arena();
-    TS_ASSIGN_OR_RETURN(double measured, timed(world, o.check_steps, [&] { return real->run(); }));
+    std::vector<double> optimizer;
+    TS_ASSIGN_OR_RETURN(
+        double measured, timed(world, o.check_steps, [&]() -> Status {
+          TS_RETURN_IF_ERROR(
+              real->step->forward_backward(real->tokens.data(), real->targets.data()).status());
+          double t0 = now();
+          TS_RETURN_IF_ERROR(real->step->apply(1e-4, 1.0, 1).status());
+          optimizer.push_back(now() - t0);
+          return Status();
+        }));
     TS_ASSIGN_OR_RETURN(c.measured_step, mean(world, measured, "calibrate step"));
+    TS_ASSIGN_OR_RETURN(c.measured_optimizer,
+                        mean(world, median(optimizer), "calibrate optimizer"));
     TS_ASSIGN_OR_RETURN(SimResult r, simulate(real->step->program(), spec, SimOptions{}));
     c.predicted_step = r.step_seconds;
+    c.predicted_optimizer = r.optimizer_seconds;
     c.predicted_peak_memory = r.peak_memory_bytes;
     c.measured_peak_memory = static_cast<double>(real->step->executor().measured_high_water() +
                                                  real->step->state_bytes_allocated());

@@ -43,6 +43,7 @@ struct Calibration {
   std::vector<std::string> notes;  // what was measured, one line each
   // The check (check_steps > 0); times in seconds, memory in bytes per rank.
   double measured_step = 0, predicted_step = 0;
+  double measured_optimizer = 0, predicted_optimizer = 0;  // the part of a step after backward
   double measured_peak_memory = 0, predicted_peak_memory = 0;
 };
 

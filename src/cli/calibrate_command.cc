@@ -47,6 +47,8 @@ Status run_calibrate(const CalibrateCli& o) {
         "%+.1f%%\n",
         c.predicted_step, c.measured_step, o.opts.check_steps,
         100.0 * (c.predicted_step / c.measured_step - 1));
+    std::printf("check      of which optimizer: predicted %.4f s, measured %.4f s\n",
+                c.predicted_optimizer, c.measured_optimizer);
     std::printf(
         "check      peak memory per rank: predicted %s, measured %s (arena high-water + "
         "allocated state), error %+.2f%%\n",

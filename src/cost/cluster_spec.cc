@@ -48,7 +48,7 @@ namespace {
 
 // ---- The schema: one table drives parsing, validation and serialization ------------------
 
-enum class Range { positive, non_negative, fraction, at_least_one };
+enum class Range { positive, non_negative, fraction, unit, at_least_one };
 
 // A number stored in SI units and written in the file's unit: si = file * scale, or
 // si = file / scale when `divide` (so every scale is an exact integer and values read from a
@@ -95,6 +95,8 @@ const FloatField<DeviceSpec> kDeviceFloats[] = {
      "fraction of memory bandwidth streaming kernels reach, e.g. 0.8"},
     {"attention_efficiency", &DeviceSpec::attention_efficiency, 1, false, Range::fraction, false,
      "fraction of peak fused attention reaches, e.g. 0.5"},
+    {"optimizer_efficiency", &DeviceSpec::optimizer_efficiency, 1, false, Range::fraction, false,
+     "fraction of memory bandwidth the AdamW update and gradient accumulation reach, e.g. 0.8"},
 };
 const IntField<DeviceSpec> kDeviceInts[] = {
     {"sm_count", &DeviceSpec::sm_count, 0, false,
@@ -110,6 +112,9 @@ const FloatField<NodeSpec> kNodeFloats[] = {
      "per-message latency inside a node in microseconds, e.g. 2"},
     {"intra_efficiency", &NodeSpec::intra_efficiency, 1, false, Range::fraction, false,
      "fraction of the intra-node bandwidth collectives reach, e.g. 0.8"},
+    {"comm_overlap", &NodeSpec::comm_overlap, 1, false, Range::unit, false,
+     "fraction of a collective's time that overlaps compute for free (1 on GPUs; below 1 "
+     "where the comm thread shares the compute cores), e.g. 1"},
 };
 const IntField<NodeSpec> kNodeInts[] = {
     {"devices", &NodeSpec::devices, 1, true, "devices per node, e.g. 8"},
@@ -160,6 +165,8 @@ std::string range_text(Range r) {
       return "must be >= 0";
     case Range::fraction:
       return "must be a fraction in (0, 1]";
+    case Range::unit:
+      return "must be in [0, 1]";
     case Range::at_least_one:
       return "must be >= 1";
   }
@@ -175,6 +182,8 @@ bool in_range(double v, Range r) {
       return v >= 0;
     case Range::fraction:
       return v > 0 && v <= 1;
+    case Range::unit:
+      return v >= 0 && v <= 1;
     case Range::at_least_one:
       return v >= 1;
   }

@@ -15,8 +15,8 @@
 //   name = "dgx-a100"          description = "..."        price_per_device_hour = 0.0
 //   [device]  name, peak_tflops_f32, peak_tflops_bf16, peak_tflops_f16, memory_gib,
 //             memory_bandwidth_gbs, launch_overhead_us, gemm_efficiency, memory_efficiency,
-//             attention_efficiency, sm_count, gemm_tile_m, gemm_tile_n
-//   [node]    devices, intra_bandwidth_gbs, intra_latency_us, intra_efficiency
+//             attention_efficiency, optimizer_efficiency, sm_count, gemm_tile_m, gemm_tile_n
+//   [node]    devices, intra_bandwidth_gbs, intra_latency_us, intra_efficiency, comm_overlap
 //   [network] nics, nic_gbits, latency_us, efficiency, topology, oversubscription
 //   [efficiency]  op_name = fraction   (optional; overrides the defaults per op kind, e.g.
 //                 written by `tessera calibrate`)
@@ -36,17 +36,20 @@ struct DeviceSpec {
   double peak_flops_f32 = 0;   // dense FLOP/s
   double peak_flops_bf16 = 0;  // dense FLOP/s (tensor cores / matrix cores)
   double peak_flops_f16 = 0;
-  double memory_bytes = 0;     // capacity
-  double memory_bandwidth = 0; // bytes/s
-  double launch_overhead = 0;  // seconds per kernel (fixed cost of every compute op)
+  double memory_bytes = 0;      // capacity
+  double memory_bandwidth = 0;  // bytes/s
+  double launch_overhead = 0;   // seconds per kernel (fixed cost of every compute op)
   // Achievable fractions of peak for the best-shaped GEMM, of memory bandwidth for streaming
   // kernels, and of peak for fused attention. Shape effects (tile and wave quantization) are
   // applied on top by cost/op_cost.h.
   double gemm_efficiency = 0.8;
   double memory_efficiency = 0.8;
   double attention_efficiency = 0.5;
-  int sm_count = 0;      // streaming multiprocessors / compute units (0: no wave quantization)
-  int gemm_tile_m = 128; // output tile of one thread block (tile quantization)
+  // Fraction of memory_bandwidth the optimizer's passes reach (AdamW over the local blocks,
+  // gradient accumulation): their own kernels, outside the op table.
+  double optimizer_efficiency = 0.8;
+  int sm_count = 0;       // streaming multiprocessors / compute units (0: no wave quantization)
+  int gemm_tile_m = 128;  // output tile of one thread block (tile quantization)
   int gemm_tile_n = 128;
 
   double peak_flops(DType t) const;  // bf16/f16 fall back to f32 when 0
@@ -58,16 +61,20 @@ struct NodeSpec {
   double intra_bandwidth = 0;     // bytes/s, one direction, per device (NVLink, xGMI, shm)
   double intra_latency = 0;       // seconds per message
   double intra_efficiency = 1.0;  // achievable fraction of intra_bandwidth for collectives
+  // Fraction of a collective's time that overlaps compute for free. GPUs: 1 (DMA engines and a
+  // few SMs). CPU ranks: below 1 — the comm thread reduces and copies on the compute cores, so
+  // (1 - comm_overlap) of each collective's time is taken from the compute stream.
+  double comm_overlap = 1.0;
   bool operator==(const NodeSpec&) const = default;
 };
 
 struct NetworkSpec {
-  int nics = 0;                  // per node (0: single node only)
-  double nic_bandwidth = 0;      // bytes/s, one direction, per NIC
-  double latency = 0;            // seconds per message between nodes
-  double efficiency = 1.0;       // achievable fraction (protocol overhead: TCP ~0.6, IB ~0.9)
+  int nics = 0;              // per node (0: single node only)
+  double nic_bandwidth = 0;  // bytes/s, one direction, per NIC
+  double latency = 0;        // seconds per message between nodes
+  double efficiency = 1.0;   // achievable fraction (protocol overhead: TCP ~0.6, IB ~0.9)
   std::string topology = "fat-tree";
-  double oversubscription = 1.0; // >1: the fabric above a leaf switch is that much thinner
+  double oversubscription = 1.0;  // >1: the fabric above a leaf switch is that much thinner
 
   // Usable bytes/s leaving one node: nics * nic_bandwidth * efficiency / oversubscription.
   double node_bandwidth() const;

@@ -1,5 +1,6 @@
 #include "runtime/distributed_step.h"
 
+#include <chrono>
 #include <cmath>
 #include <cstring>
 
@@ -164,10 +165,20 @@ Status DistributedStep::start(const Node& n) {
 
 Status DistributedStep::run_instructions(const std::vector<Instruction>& list) {
   const Graph& g = prog_.local();
-  for (const Instruction& in : list) {
+  const bool timed = instruction_seconds_ != nullptr && &list == &prog_.micro_step;
+  if (timed) instruction_seconds_->assign(list.size(), 0.0);
+  for (size_t i = 0; i < list.size(); ++i) {
+    const Instruction& in = list[i];
     switch (in.kind) {
       case Instruction::compute:
-        exec_->run_node(g.node(in.node));
+        if (timed) {
+          auto t0 = std::chrono::steady_clock::now();
+          exec_->run_node(g.node(in.node));
+          (*instruction_seconds_)[i] =
+              std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+        } else {
+          exec_->run_node(g.node(in.node));
+        }
         break;
       case Instruction::start:
         TS_RETURN_IF_ERROR(start(g.node(in.node)));

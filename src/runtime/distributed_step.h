@@ -79,6 +79,9 @@ class DistributedStep {
   // rank 0 only).
   bool writes_shards() const;
   bool writes_whole() const { return rank_ == 0; }
+  // When set, forward_backward() records the seconds each compute instruction of the
+  // micro-step took, in place (indexed like program().micro_step; others stay 0).
+  void time_instructions(std::vector<double>* seconds) { instruction_seconds_ = seconds; }
   // Bytes this rank allocated for parameters, accumulated gradients and AdamW moments (what
   // Program::persistent_bytes() predicts; counted from the buffers themselves).
   int64_t state_bytes_allocated();
@@ -104,6 +107,7 @@ class DistributedStep {
   std::map<NodeId, Request> inflight_;
   std::vector<float> scratch_;  // padded all-gather staging for ZeRO-1/2 parameter sync
   int accumulated_ = 0;
+  std::vector<double>* instruction_seconds_ = nullptr;
 };
 
 }  // namespace tessera

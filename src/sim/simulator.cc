@@ -46,7 +46,10 @@ class Schedule {
   }
 
   void run() {
-    for (int mb = 0; mb < prog_.plan.micro_batches; ++mb) run_list(prog_.micro_step, "compute");
+    for (int mb = 0; mb < prog_.plan.micro_batches; ++mb) {
+      run_list(prog_.micro_step, "compute");
+      accumulate_grads(mb == 0);
+    }
     double t = std::max(compute_free_, comm_free_);
     compute_free_ = comm_free_ = t;
     run_list(prog_.optimizer, "optimizer");
@@ -79,11 +82,25 @@ class Schedule {
     return collective_time(kind, bytes, it->second, c_, opt_.algo).seconds;
   }
 
+  // After each micro-batch the runtime adds the reduced gradients into persistent buffers
+  // (the first one copies: read + write; later ones read both and write one); it waits for the
+  // last reductions first.
+  void accumulate_grads(bool first) {
+    double bytes = 0;
+    for (const ParamLayout& pl : prog_.part.params)
+      bytes += (first ? 2.0 : 3.0) * static_cast<double>(g_.type(pl.local_grad).bytes());
+    double t = bytes / (c_.device.memory_bandwidth * c_.device.optimizer_efficiency);
+    double start = std::max(compute_free_, comm_free_);
+    compute_free_ = start + t;
+    r_->compute_seconds += t;
+    r_->seconds_by_op["accumulate_grads"] += t;
+  }
+
   // Optimizer-phase instructions: memory-bound updates of this rank's blocks.
   double optimizer_seconds(const Instruction& in, bool* on_comm) {
     *on_comm = false;
     const int zg = prog_.plan.zero_group();
-    const double bw = c_.device.memory_bandwidth * c_.device.memory_efficiency;
+    const double bw = c_.device.memory_bandwidth * c_.device.optimizer_efficiency;
     auto elems = [&](const ParamLayout& pl, bool sharded) {
       int64_t numel = pl.global_shape.numel();
       return static_cast<double>(sharded ? FlatShard{zg, 0, numel}.block() : numel);
@@ -100,10 +117,13 @@ class Schedule {
         return 7.0 * 4.0 * elems(pl, pl.optim_sharded) / bw + c_.device.launch_overhead;
       }
       case Instruction::param_sync: {
+        // The runtime copies its block out, all-gathers, copies the whole tensor back, and
+        // waits for each parameter in turn (DistributedStep::sync_param).
         *on_comm = true;
         const ParamLayout& pl = prog_.part.params[static_cast<size_t>(in.param)];
         double whole = 4.0 * scale_ * elems(pl, true) * zg;
-        return collective(OpKind::all_gather, whole, prog_.plan.zero_axes);
+        double copies = 2.0 * 4.0 * (elems(pl, true) + elems(pl, false)) / bw;
+        return collective(OpKind::all_gather, whole, prog_.plan.zero_axes) + copies;
       }
       default:
         return 0;
@@ -132,6 +152,13 @@ class Schedule {
       }
       end[i] = start + dur;
       free = end[i];
+      if (in.kind == Instruction::param_sync) compute_free_ = std::max(compute_free_, end[i]);
+      // Where the comm thread shares the compute cores, part of its time is taken from compute.
+      if (comm && dur > 0 && c_.node.comm_overlap < 1) {
+        double stolen = (1 - c_.node.comm_overlap) * dur;
+        compute_free_ = std::max(compute_free_, start) + stolen;
+        r_->compute_seconds += stolen;
+      }
       if (in.kind == Instruction::grad_norm && in.stream == Stream::comm) {
         // The sum of squares is all-reduced over the ZeRO group; AdamW waits for it.
         double ar = collective(OpKind::all_reduce, 8.0, prog_.plan.zero_axes);

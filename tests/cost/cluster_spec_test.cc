@@ -70,7 +70,7 @@ TEST(ClusterSpec, EveryPresetParsesWithPositiveNumbers) {
     EXPECT_GT(c.device.launch_overhead, 0);
     for (double e :
          {c.device.gemm_efficiency, c.device.memory_efficiency, c.device.attention_efficiency,
-          c.node.intra_efficiency, c.network.efficiency}) {
+          c.device.optimizer_efficiency, c.node.intra_efficiency, c.network.efficiency}) {
       EXPECT_GT(e, 0);
       EXPECT_LE(e, 1);
     }
@@ -168,9 +168,9 @@ TEST(ClusterSpec, ToTomlRoundTripsEveryField) {
   c.name = "calibrated \"lab\" box";
   c.description = "two\\three\nlines";
   c.price_per_device_hour = 1.2345;
-  c.device = {"cpu", 8.123456789e10, 1.7e11, 1.9e11, 3.3e10, 1.23456789e10, 4.7e-6, 0.91,
-              0.83,  0.37,           7,      64,     32};
-  c.node = {3, 2.2e9, 1.3e-5, 0.77};
+  c.device = {"cpu", 8.123456789e10, 1.7e11, 1.9e11, 3.3e10, 1.23456789e10, 4.7e-6, 0.91, 0.83,
+              0.37,  0.66,           7,      64,     32};
+  c.node = {3, 2.2e9, 1.3e-5, 0.77, 0.4};
   c.network = {5, 1.25e10, 7.1e-6, 0.65, "torus", 2.5};
   c.op_efficiency = {{"matmul", 0.71}, {"layernorm", 0.33}};
   const std::string text = cluster_spec_to_toml(c);
