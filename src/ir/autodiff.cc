@@ -1,5 +1,6 @@
 #include "ir/autodiff.h"
 
+#include <algorithm>
 #include <vector>
 
 #include "base/check.h"
@@ -28,6 +29,50 @@ void append_backward(Builder& b, Var loss) {
     Var& slot = grad[static_cast<size_t>(v)];
     slot = slot.valid() ? b.add(slot, d) : d;
   };
+  // The gradient of a slice is the output gradient placed in a zero tensor of the input's
+  // shape. Slices of one tensor (q, k and v of a fused projection) are collected here and
+  // placed together by finish(): one concat instead of a zero-padded concat per slice and the
+  // adds between them.
+  struct Piece {
+    int axis;
+    int64_t start, end;
+    Var grad;
+  };
+  std::vector<std::vector<Piece>> pieces(g.values().size());
+  auto finish = [&](ValueId v) {
+    std::vector<Piece>& ps = pieces[static_cast<size_t>(v)];
+    if (ps.empty()) return;
+    std::sort(ps.begin(), ps.end(), [](const Piece& a, const Piece& c) {
+      return a.axis != c.axis ? a.axis < c.axis : a.start < c.start;
+    });
+    const TensorType& t = g.type(v);
+    std::vector<Var> parts;
+    int64_t at = 0;
+    for (size_t i = 0; i < ps.size(); ++i) {
+      if (ps[i].axis != ps[0].axis || ps[i].start < at) {  // overlapping or another axis
+        for (size_t j = i; j < ps.size(); ++j) {
+          std::vector<Var> one;
+          int64_t n = t.shape[ps[j].axis];
+          if (ps[j].start > 0)
+            one.push_back(b.fill(t.shape.with_dim(ps[j].axis, ps[j].start), 0, t.dtype));
+          one.push_back(ps[j].grad);
+          if (ps[j].end < n)
+            one.push_back(b.fill(t.shape.with_dim(ps[j].axis, n - ps[j].end), 0, t.dtype));
+          accumulate(v, one.size() == 1 ? one[0] : b.concat(one, ps[j].axis));
+        }
+        break;
+      }
+      if (ps[i].start > at)
+        parts.push_back(b.fill(t.shape.with_dim(ps[i].axis, ps[i].start - at), 0, t.dtype));
+      parts.push_back(ps[i].grad);
+      at = ps[i].end;
+    }
+    const int axis = ps[0].axis;
+    if (at < t.shape[axis])
+      parts.push_back(b.fill(t.shape.with_dim(axis, t.shape[axis] - at), 0, t.dtype));
+    accumulate(v, parts.size() == 1 ? parts[0] : b.concat(parts, axis));
+    ps.clear();
+  };
 
   const std::string saved_scope = b.current_scope();
   b.set_backward(true);
@@ -39,6 +84,8 @@ void append_backward(Builder& b, Var loss) {
     const Node n = g.nodes()[i];
     const OpDef& def = op_def(n.op);
     if (!def.vjp) continue;
+    b.set_position(n.scope, n.layer);
+    for (ValueId v : n.outputs) finish(v);
     bool has_out_grad = false, has_in_need = false;
     std::vector<Var> out_grads;
     for (ValueId v : n.outputs) {
@@ -53,7 +100,12 @@ void append_backward(Builder& b, Var loss) {
       const TensorType& t = g.type(n.outputs[0]);
       out_grads[0] = b.fill(t.shape, 0.0, t.dtype);
     }
-    b.set_position(n.scope, n.layer);
+    if (n.op == OpKind::slice && needs[static_cast<size_t>(n.inputs[0])]) {
+      const Shape& in = g.type(n.inputs[0]).shape;
+      pieces[static_cast<size_t>(n.inputs[0])].push_back(
+          {in.axis(static_cast<int>(n.attrs.axis)), n.attrs.start, n.attrs.end, out_grads[0]});
+      continue;
+    }
     std::vector<Var> in_grads(n.inputs.size());
     def.vjp(b, n, out_grads, &in_grads);
     for (size_t k = 0; k < n.inputs.size(); ++k) {
@@ -65,6 +117,7 @@ void append_backward(Builder& b, Var loss) {
 
   b.set_position("", -1);
   for (ValueId p : g.params()) {
+    finish(p);
     Var d = grad[static_cast<size_t>(p)];
     if (!d.valid()) d = b.fill(g.type(p).shape, 0.0, g.type(p).dtype);
     g.set_param_grad(p, d.id);

@@ -259,6 +259,39 @@ TEST(Autodiff, AccumulatesFanOutAndZeroesUnusedParameters) {
   EXPECT_EQ(du[1], 0.0f);
 }
 
+// Slices of one tensor get their gradients placed by one concat: no zero fills, no adds, and
+// the gaps (a slice nobody reads) filled once; values as the per-slice formula gives.
+TEST(Autodiff, SiblingSlicesShareOneConcat) {
+  Graph g;
+  Builder b(&g);
+  Var x = b.parameter("x", Shape{2, 6}, Init::zeros);
+  Var a = b.slice(x, 1, 0, 2), c = b.slice(x, 1, 4, 6);  // columns 2..3 unused
+  Var loss = b.reduce_sum(b.exp(a) + b.scale(c, 3.0), {0, 1});
+  append_backward(b, loss);
+  ASSERT_TRUE(verify(g).ok());
+  int concats = 0, adds = 0, fills = 0;
+  for (const Node& n : g.nodes()) {
+    if (!n.backward) continue;
+    concats += n.op == OpKind::concat;
+    adds += n.op == OpKind::add;
+    fills += n.op == OpKind::fill && g.type(n.outputs[0]).shape.numel() > 1;
+  }
+  EXPECT_EQ(concats, 1);
+  EXPECT_EQ(adds, 0);
+  EXPECT_EQ(fills, 1);  // the unread columns
+  CpuBackend cpu;
+  Executor ex(g, cpu);
+  float xs[12] = {0.1f, 0.2f, 0.3f, 0.4f, 0.5f, 0.6f, -1, -2, -3, -4, -5, -6};
+  std::memcpy(ex.raw(x.id), xs, sizeof xs);
+  ex.run();
+  const float* dx = ex.data<float>(g.param_grads().at(x.id));
+  for (int r = 0; r < 2; ++r)
+    for (int k = 0; k < 6; ++k) {
+      float want = k < 2 ? std::exp(xs[r * 6 + k]) : k < 4 ? 0.0f : 3.0f;
+      EXPECT_FLOAT_EQ(dx[r * 6 + k], want) << r << "," << k;
+    }
+}
+
 // VJPs must not hold a `const Shape&` from Var::shape() (a reference into Graph::values_) across
 // a builder call that appends values: the vector may reallocate. Which call reallocates depends
 // on the graph size, so this builds the same computation after 0..63 unrelated nodes.
