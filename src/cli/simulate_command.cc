@@ -5,9 +5,9 @@
 #include <cstdio>
 
 #include "base/format.h"
-#include "cost/flops.h"
 #include "cli/commands.h"
 #include "cli/common.h"
+#include "cost/flops.h"
 #include "io/fs.h"
 #include "io/model_config.h"
 #include "sim/simulator.h"
@@ -77,10 +77,10 @@ Status run_simulate(const SimulateOptions& o) {
                       static_cast<double>(cfg.vocab_size)};
   const double per_device_s = r.step_seconds * r.devices;
   const double peak = cluster.device.peak_flops(so.precision);
-  std::printf("published-style  Megatron eq.(3) %.1f TFLOP/s per device; 6N+12lhs MFU %.1f%%\n",
-              megatron_flops_with_recompute(ts) / per_device_s / 1e12,
-              100 * palm_model_flops(ts, static_cast<double>(m.graph.param_count())) /
-                  per_device_s / peak);
+  std::printf(
+      "published-style  Megatron eq.(3) %.1f TFLOP/s per device; 6N+12lhs MFU %.1f%%\n",
+      megatron_flops_with_recompute(ts) / per_device_s / 1e12,
+      100 * palm_model_flops(ts, static_cast<double>(m.graph.param_count())) / per_device_s / peak);
   if (r.peak_memory_bytes > cluster.device.memory_bytes)
     std::printf("DOES NOT FIT     predicted peak exceeds the device's %s\n",
                 format_bytes(cluster.device.memory_bytes).c_str());
