@@ -9,6 +9,7 @@
 #include <benchmark/benchmark.h>
 #include <cblas.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cstring>
 #include <random>
@@ -79,7 +80,7 @@ void BM_matmul(benchmark::State& st) {
     cpu::sgemm(ta, tb, m, n, k, A.data(), lda, B.data(), ldb, C.data(), n, 0.0f);
   };
   // Anchor: single-threaded OpenBLAS on the whole product, scaled by the thread count (perfect
-  // scaling). OpenBLAS's own threads are not used: they would spin against OpenMP's.
+  // scaling). OpenBLAS's own threads are not used: they would spin against the backend's.
   const int threads = cpu::num_threads();
   auto anchor = [&] {
     cblas_sgemm(CblasRowMajor, ta ? CblasTrans : CblasNoTrans, tb ? CblasTrans : CblasNoTrans,
@@ -241,17 +242,21 @@ void BM_attention(benchmark::State& st) {
   g.out = {dq.data(), dk.data(), dv.data()};
   std::vector<float> s(static_cast<size_t>(t * t)), out(static_cast<size_t>(t * d));
   const int threads = cpu::num_threads();
-  auto gemms = [&] {  // 7 products of one head, times the heads, over the threads
+  // 7 products of one head, times the heads, over the threads; causal like the kernel: query
+  // block j (64 rows) against keys [0, 64 (j + 1)) only.
+  const int64_t qb = std::min<int64_t>(64, t);
+  auto gemms = [&] {
     for (int64_t i = 0; i < b * h; i += threads)
-      for (int r = 0; r < 7; ++r) {
-        bool square = r == 0 || r == 3;  // Q K^T, dO V^T: [T,D] x [D,T]
-        if (square)
-          cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, int(t), int(t), int(d), 1.0f,
-                      q.data(), int(d), k.data(), int(d), 0.0f, s.data(), int(t));
-        else
-          cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, int(t), int(d), int(t), 1.0f,
-                      s.data(), int(t), v.data(), int(d), 0.0f, out.data(), int(d));
-      }
+      for (int r = 0; r < 7; ++r)
+        for (int64_t q0 = 0; q0 < t; q0 += qb) {
+          const int rows = int(std::min(qb, t - q0)), keys = int(std::min(t, q0 + qb));
+          if (r == 0 || r == 3)  // Q K^T, dO V^T: [rows, D] x [D, keys]
+            cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, rows, keys, int(d), 1.0f,
+                        q.data() + q0 * d, int(d), k.data(), int(d), 0.0f, s.data(), keys);
+          else  // P V and the gradient products: [rows, keys] x [keys, D]
+            cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, rows, int(d), keys, 1.0f,
+                        s.data(), keys, v.data(), int(d), 0.0f, out.data(), int(d));
+        }
   };
   run_with_anchor(
       st,

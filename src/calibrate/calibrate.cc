@@ -12,6 +12,7 @@
 #include <random>
 
 #include "backend/cpu/cpu_backend.h"
+#include "backend/cpu/thread_pool.h"
 #include "base/format.h"
 #include "cost/op_cost.h"
 #include "io/model_config.h"
@@ -182,15 +183,14 @@ Result<Calibration> calibrate(Communicator& world, const CalibrationOptions& o) 
   Calibration c;
   ClusterSpec& spec = c.spec;
   const int ranks = world.size();
-  const char* threads = std::getenv("OMP_NUM_THREADS");
+  const int threads = cpu::num_threads();  // the backend's (TESSERA_NUM_THREADS, ...)
   char host[256] = "this machine";
   gethostname(host, sizeof host - 1);
   spec.name = "cpu-local";
-  spec.description = format_string(
-      "calibrated by `tessera calibrate` on %s: %d rank(s) x %s "
-      "OpenMP thread(s), model %s",
-      host, ranks, threads ? threads : "default", o.model.c_str());
-  spec.device.name = format_string("CPU rank (%s threads)", threads ? threads : "default");
+  spec.description =
+      format_string("calibrated by `tessera calibrate` on %s: %d rank(s) x %d thread(s), model %s",
+                    host, ranks, threads, o.model.c_str());
+  spec.device.name = format_string("CPU rank (%d threads)", threads);
 
   // 1. Peak and bandwidth of the backend, all ranks at once.
   TS_ASSIGN_OR_RETURN(double peak, gemm_peak(world, o.reps));

@@ -45,7 +45,7 @@ void concat(const Args& a);
 
 // kernels_matmul.cc
 void matmul(const Args& a);
-// C[m,n] = op(A) op(B) + beta C, row-major, split over OpenMP's threads (OpenBLAS
+// C[m,n] = op(A) op(B) + beta C, row-major, split over the backend's threads (OpenBLAS
 // single-threaded inside each); ld* are the row strides of A, B, C as stored.
 void sgemm(bool ta, bool tb, int64_t m, int64_t n, int64_t k, const float* A, int64_t lda,
            const float* B, int64_t ldb, float* C, int64_t ldc, float beta);

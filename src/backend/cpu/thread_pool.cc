@@ -1,11 +1,14 @@
 #include "backend/cpu/thread_pool.h"
 
 #include <pthread.h>
+#include <sched.h>
 
 #include <atomic>
 #include <cstdlib>
+#include <exception>
 #include <mutex>
 #include <thread>
+#include <utility>
 #include <vector>
 
 #if defined(__x86_64__) || defined(__i386__)
@@ -31,6 +34,9 @@ int default_threads() {
       int n = std::atoi(s);
       if (n >= 1) return n;
     }
+  // The CPUs this process may run on (mpirun's core binding, cpusets), as OpenMP counts them.
+  cpu_set_t set;
+  if (sched_getaffinity(0, sizeof set, &set) == 0 && CPU_COUNT(&set) >= 1) return CPU_COUNT(&set);
   unsigned hw = std::thread::hardware_concurrency();
   return hw >= 1 ? static_cast<int>(hw) : 1;
 }
@@ -58,8 +64,11 @@ class Pool {
   void run(int nt, detail::ChunkFn fn, void* ctx) {
     std::lock_guard<std::mutex> lock(submit_);
     while (static_cast<int>(workers_.size()) + 1 < nt) {
+      // A new worker starts from the current generation: it must not take the last region
+      // (already finished) for a new one while this one is being posted.
       int index = static_cast<int>(workers_.size()) + 1;
-      workers_.emplace_back([this, index] { loop(index); });
+      uint64_t now = generation_.load(std::memory_order_relaxed);
+      workers_.emplace_back([this, index, now] { loop(index, now); });
     }
     fn_ = fn;
     ctx_ = ctx;
@@ -68,22 +77,40 @@ class Pool {
     pending_.store(n, std::memory_order_relaxed);
     generation_.fetch_add(1, std::memory_order_release);
     generation_.notify_all();
+    // Whatever fn does, the workers are waited for (they use the caller's ctx) and the thread
+    // leaves the region; an exception is rethrown after that.
+    std::exception_ptr error;
     t_in_region = true;
-    fn(ctx, 0, nt);
+    try {
+      fn(ctx, 0, nt);
+    } catch (...) {
+      error = std::current_exception();
+    }
     t_in_region = false;
     for (int p = pending_.load(std::memory_order_acquire); p != 0;) p = wait_change(pending_, p);
+    if (!error) error = std::exchange(worker_error_, nullptr);
+    if (error) std::rethrow_exception(error);
   }
 
  private:
-  void loop(int index) {
+  void loop(int index, uint64_t seen) {
     t_in_region = true;  // a kernel on a worker never opens a nested region
-    uint64_t seen = 0;
     for (;;) {
       seen = wait_change(generation_, seen);
-      if (index < nt_) fn_(ctx_, index, nt_);
+      if (index < nt_) {
+        try {
+          fn_(ctx_, index, nt_);
+        } catch (...) {  // handed to the caller of run()
+          std::lock_guard<std::mutex> lock(error_mu_);
+          if (!worker_error_) worker_error_ = std::current_exception();
+        }
+      }
       if (pending_.fetch_sub(1, std::memory_order_acq_rel) == 1) pending_.notify_one();
     }
   }
+
+  std::mutex error_mu_;
+  std::exception_ptr worker_error_;  // the first exception a worker caught in this region
 
   std::mutex submit_;  // one region at a time
   std::vector<std::thread> workers_;

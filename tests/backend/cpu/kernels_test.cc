@@ -8,6 +8,7 @@
 #include <atomic>
 #include <cmath>
 #include <random>
+#include <stdexcept>
 #include <vector>
 
 #include "backend/cpu/thread_pool.h"
@@ -54,6 +55,40 @@ TEST(ThreadPool, NestedRegionRunsSeriallyOnTheCaller) {
   EXPECT_EQ(inner_threads.load(), 2);  // each outer thread ran one inner region of one thread
 }
 
+// Growing the pool between regions (more threads than any region so far) while regions run
+// back to back: every index exactly once, every time.
+TEST(ThreadPool, GrowingThePoolKeepsEveryRegionExact) {
+  for (int round = 0; round < 50; ++round) {
+    for (int threads : {2, 3, 5, 8}) {
+      set_num_threads(threads);
+      std::vector<std::atomic<int>> hits(64);
+      parallel_for(64, 1, [&](int64_t lo, int64_t hi) {
+        for (int64_t i = lo; i < hi; ++i) hits[static_cast<size_t>(i)]++;
+      });
+      for (auto& h : hits) ASSERT_EQ(h.load(), 1) << "round " << round << ", " << threads;
+    }
+  }
+  set_num_threads(2);
+}
+
+// An exception in a region (on the caller or a worker) reaches the caller after every thread
+// is done, and the next region is parallel again.
+TEST(ThreadPool, ExceptionsReachTheCallerAndThePoolRecovers) {
+  set_num_threads(2);
+  for (int thrower : {0, 1}) {
+    EXPECT_THROW(parallel_run([&](int t, int) {
+                   if (t == thrower) throw std::runtime_error("chunk failed");
+                 }),
+                 std::runtime_error);
+    std::atomic<int> ran{0};
+    parallel_run([&](int, int nt) {
+      ran++;
+      EXPECT_EQ(nt, 2);
+    });
+    EXPECT_EQ(ran.load(), 2);
+  }
+}
+
 TEST(VecMath, ExpAndTanhMatchLibm) {
   double worst_exp = 0, worst_tanh = 0;
   for (float x = -80.0f; x < 80.0f; x += 0.01f) {
@@ -66,6 +101,10 @@ TEST(VecMath, ExpAndTanhMatchLibm) {
   EXPECT_EQ(exp_fast(-INFINITY), 0.0f);
   EXPECT_EQ(exp_fast(-200.0f), 0.0f);
   EXPECT_TRUE(std::isinf(exp_fast(200.0f)));
+  // The top of the range (2^128 rounds into the exponent of infinity there) and NaN.
+  for (float x : {88.4f, 88.6f, 88.7f})
+    EXPECT_NEAR(exp_fast(x) / std::exp(static_cast<double>(x)), 1.0, 3e-7) << x;
+  EXPECT_TRUE(std::isnan(exp_fast(NAN)));
 }
 
 // Every transpose combination on a product large enough to be split across threads, with
