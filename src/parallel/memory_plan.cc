@@ -32,6 +32,14 @@ std::vector<int> collective_waits(const Graph& g) {
   return waits;
 }
 
+ValueId reshape_view_of(const Graph& g, ValueId v) {
+  const Node& n = g.producer(v);
+  if (n.op != OpKind::reshape) return -1;
+  const ValueId in = n.inputs[0];
+  if (g.producer(in).op == OpKind::parameter) return -1;  // parameters live outside the arena
+  return g.type(in).dtype == g.type(v).dtype ? in : -1;
+}
+
 MemoryPlan plan_memory(const Graph& g, int64_t alignment) {
   MemoryPlan plan;
   const int num_nodes = static_cast<int>(g.nodes().size());
@@ -66,13 +74,29 @@ MemoryPlan plan_memory(const Graph& g, int64_t alignment) {
       out.bytes = std::max(out.bytes, g.type(n.inputs[0]).shape.numel() * n.attrs.count * elem);
   }
 
+  // A reshape of an arena value is a view: its output shares the input's bytes. Aliases are
+  // folded into their root, whose lifetime covers them all.
+  std::vector<ValueId> root(g.values().size());
+  for (ValueId v = 0; v < static_cast<ValueId>(g.values().size()); ++v) {
+    root[static_cast<size_t>(v)] = v;
+    if (const ValueId in = reshape_view_of(g, v); in >= 0) {
+      const ValueId r = root[static_cast<size_t>(in)];
+      root[static_cast<size_t>(v)] = r;
+      BufferPlan& rb = plan.buffers[static_cast<size_t>(r)];
+      const BufferPlan& vb = plan.buffers[static_cast<size_t>(v)];
+      rb.first = std::min(rb.first, vb.first);
+      rb.last = std::max(rb.last, vb.last);
+      rb.bytes = std::max(rb.bytes, vb.bytes);
+    }
+  }
+
   std::vector<ValueId> order;
   for (ValueId v = 0; v < static_cast<ValueId>(g.values().size()); ++v) {
     if (g.producer(v).op == OpKind::parameter) {
       plan.param_bytes += plan.buffers[static_cast<size_t>(v)].bytes;
       continue;
     }
-    order.push_back(v);
+    if (root[static_cast<size_t>(v)] == v) order.push_back(v);
   }
   std::stable_sort(order.begin(), order.end(), [&](ValueId a, ValueId b) {
     return plan.buffers[static_cast<size_t>(a)].bytes > plan.buffers[static_cast<size_t>(b)].bytes;
@@ -106,6 +130,11 @@ MemoryPlan plan_memory(const Graph& g, int64_t alignment) {
                                    }),
                   v);
   }
+
+  for (ValueId v = 0; v < static_cast<ValueId>(g.values().size()); ++v)
+    if (root[static_cast<size_t>(v)] != v)
+      plan.buffers[static_cast<size_t>(v)].offset =
+          plan.buffers[static_cast<size_t>(root[static_cast<size_t>(v)])].offset;
 
   // Live-bytes profile: +bytes at first, -bytes after last.
   std::vector<int64_t> delta(static_cast<size_t>(num_nodes) + 2, 0);

@@ -38,7 +38,12 @@ struct MemoryPlan {
 inline constexpr int kUnreadCollectivesInFlight = 8;
 std::vector<int> collective_waits(const Graph& g);
 
-// Greedy best-fit by size over buffer lifetimes. Buffers are aligned to `alignment` bytes.
+// The value a reshape output `v` is a view of (shares its arena bytes), or -1: reshapes of
+// arena values are free; a reshape of a parameter is a copy into the arena.
+ValueId reshape_view_of(const Graph& g, ValueId v);
+
+// Greedy best-fit by size over buffer lifetimes; reshape views share their input's offset. Buffers
+// are aligned to `alignment` bytes.
 MemoryPlan plan_memory(const Graph& g, int64_t alignment = 64);
 
 }  // namespace tessera
