@@ -17,17 +17,7 @@ THREADS=${THREADS:-2}
 # OpenBLAS's and the step is ~1.5x slower (measured here). Set TORCH_ENV= to run it as is.
 TORCH_ENV=${TORCH_ENV-OMP_WAIT_POLICY=passive}
 
-missing=()
-for p in python3-torch libopenblas0-pthread; do
-  dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
-done
-if [ ${#missing[@]} -gt 0 ]; then
-  sudo=""
-  [ "$(id -u)" -ne 0 ] && sudo="sudo"
-  echo "installing: ${missing[*]}"
-  $sudo apt-get update -qq
-  DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq "${missing[@]}" >/dev/null
-fi
+bash scripts/install_deps.sh python3-torch libopenblas0-pthread
 if [ ! -x "$BUILD/bench/tessera_train_speed" ]; then
   cmake -S . -B "$BUILD" -G Ninja >/dev/null
   cmake --build "$BUILD" --target tessera_train_speed

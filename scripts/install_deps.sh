@@ -1,10 +1,12 @@
 #!/usr/bin/env bash
-# Installs the Debian 12 packages Tessera builds and tests with (only those missing).
+# Installs the Debian 12 packages Tessera builds and tests with (only those missing), or, when
+# given package names, just those (bench/run_speed.sh: python3-torch ...).
 set -euo pipefail
 packages=(build-essential cmake ninja-build pkg-config git
           libopenblas-dev libopenblas0-pthread
           nlohmann-json3-dev libtomlplusplus-dev libcli11-dev libgtest-dev libgmock-dev libbenchmark-dev
           libopenmpi-dev openmpi-bin)
+[ $# -gt 0 ] && packages=("$@")
 missing=()
 for p in "${packages[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")

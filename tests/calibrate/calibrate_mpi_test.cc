@@ -8,8 +8,8 @@
 #include <cmath>
 #include <cstdio>
 
+#include "../mpi_test_main.h"
 #include "calibrate/calibrate.h"
-#include "comm/mpi_comm.h"
 
 namespace tessera {
 namespace {
@@ -72,16 +72,4 @@ TEST(Calibrate, SimulatorPredictsAnotherPlanOnTheseRanks) {
 }  // namespace
 }  // namespace tessera
 
-int main(int argc, char** argv) {
-  testing::InitGoogleTest(&argc, argv);
-  auto world = tessera::mpi_world(&argc, &argv);
-  if (!world.ok()) {
-    std::fprintf(stderr, "%s\n", world.status().to_string().c_str());
-    return 1;
-  }
-  tessera::install_termination_reporter();
-  tessera::g_world = world.value().get();
-  int rc = RUN_ALL_TESTS();
-  tessera::g_world = nullptr;
-  return rc;
-}
+int main(int argc, char** argv) { return tessera::run_mpi_tests(argc, argv, &tessera::g_world); }

@@ -5,7 +5,7 @@
 // and checks planned = measured arena and analytic = measured bytes sent.
 #include <cstring>
 
-#include "comm/mpi_comm.h"
+#include "../mpi_test_main.h"
 #include "equivalence.h"
 
 namespace tessera {
@@ -37,32 +37,26 @@ TEST(MpiEquivalence, MatchesOneRank) {
 }  // namespace tessera
 
 int main(int argc, char** argv) {
-  testing::InitGoogleTest(&argc, argv);
-  auto world = tessera::mpi_world(&argc, &argv);
-  if (!world.ok()) {
-    std::fprintf(stderr, "%s\n", world.status().to_string().c_str());
-    return 1;
-  }
-  tessera::install_termination_reporter();
-  const int n = world.value()->size();
-  const std::string which = argc > 1 ? argv[1] : "dp";
-  using tessera::Plan;
-  if (which == "dp")
-    tessera::g_plan = Plan::data_parallel(n, 0);
-  else if (which == "zero1")
-    tessera::g_plan = Plan::data_parallel(n, 1);
-  else if (which == "zero2")
-    tessera::g_plan = Plan::data_parallel(n, 2);
-  else if (which == "zero3")
-    tessera::g_plan = Plan::data_parallel(n, 3);
-  else if (which == "hsdp")
-    tessera::g_plan = Plan::hybrid_sharded(2, n / 2);
-  else {
-    std::fprintf(stderr, "unknown plan '%s' (dp, zero1, zero2, zero3, hsdp)\n", which.c_str());
-    return 2;
-  }
-  tessera::g_world = world.value().get();
-  int rc = RUN_ALL_TESTS();
-  tessera::g_world = nullptr;
-  return rc;
+  return tessera::run_mpi_tests(
+      argc, argv, &tessera::g_world, [](tessera::Communicator& world, int argc, char** argv) {
+        using tessera::Plan;
+        const int n = world.size();
+        const std::string which = argc > 1 ? argv[1] : "dp";
+        if (which == "dp")
+          tessera::g_plan = Plan::data_parallel(n, 0);
+        else if (which == "zero1")
+          tessera::g_plan = Plan::data_parallel(n, 1);
+        else if (which == "zero2")
+          tessera::g_plan = Plan::data_parallel(n, 2);
+        else if (which == "zero3")
+          tessera::g_plan = Plan::data_parallel(n, 3);
+        else if (which == "hsdp")
+          tessera::g_plan = Plan::hybrid_sharded(2, n / 2);
+        else {
+          std::fprintf(stderr, "unknown plan '%s' (dp, zero1, zero2, zero3, hsdp)\n",
+                       which.c_str());
+          return 2;
+        }
+        return 0;
+      });
 }
