@@ -4,13 +4,11 @@
 //   tessera launch -n 2 -- calibrate --out cpu-local.toml --check 5
 #include <cstdio>
 
-#include "base/check.h"
 #include "base/format.h"
 #include "calibrate/calibrate.h"
 #include "cli/commands.h"
 #include "cli/common.h"
 #include "comm/local_comm.h"
-#include "comm/mpi_comm.h"
 #include "io/fs.h"
 
 namespace tessera {
@@ -23,15 +21,9 @@ struct CalibrateCli {
 };
 
 Status run_calibrate(const CalibrateCli& o) {
-  std::unique_ptr<Communicator> world;
+  TS_ASSIGN_OR_RETURN(std::unique_ptr<Communicator> world, join_mpi_job());
   std::vector<std::unique_ptr<Communicator>> local;
-  if (launched_by_mpirun()) {
-    TS_ASSIGN_OR_RETURN(world, mpi_world(nullptr, nullptr));
-    install_termination_reporter();
-    set_process_rank(world->rank());
-  } else {
-    local = make_local_comms(1);
-  }
+  if (!world) local = make_local_comms(1);
   Communicator& w = world ? *world : *local[0];
   TS_ASSIGN_OR_RETURN(Calibration c, calibrate(w, o.opts));
   if (w.rank() != 0) return Status();

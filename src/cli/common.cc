@@ -2,7 +2,9 @@
 
 #include <cstdio>
 
+#include "base/check.h"
 #include "cli/commands.h"
+#include "comm/mpi_comm.h"
 
 namespace tessera {
 
@@ -17,6 +19,14 @@ void exit_on_error(const Status& s) {
   if (!s.hint().empty()) std::fprintf(stderr, "HINT: %s\n", s.hint().c_str());
   std::fflush(stderr);
   std::exit(1);
+}
+
+Result<std::unique_ptr<Communicator>> join_mpi_job() {
+  if (!launched_by_mpirun()) return std::unique_ptr<Communicator>();
+  TS_ASSIGN_OR_RETURN(std::unique_ptr<Communicator> world, mpi_world(nullptr, nullptr));
+  install_termination_reporter();
+  set_process_rank(world->rank());
+  return world;
 }
 
 }  // namespace tessera

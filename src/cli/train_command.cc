@@ -18,7 +18,6 @@
 #include "cli/common.h"
 #include "cli/progress.h"
 #include "cli/train_state.h"
-#include "comm/mpi_comm.h"
 #include "data/bpe_tokenizer.h"
 #include "data/loader.h"
 #include "data/tokenize_corpus.h"
@@ -141,12 +140,9 @@ Status run_train(const TrainOptions& o) {
   TS_RETURN_IF_ERROR(check_options(o, cfg));
   // A distributed run: started by mpirun (or `tessera launch`), or asked for by flags.
   const bool wants_ranks = o.dp > 1 || o.hsdp > 0 || !o.plan.empty();
-  std::unique_ptr<Communicator> world;
-  if (launched_by_mpirun()) {
-    TS_ASSIGN_OR_RETURN(world, mpi_world(nullptr, nullptr));
-    install_termination_reporter();
+  TS_ASSIGN_OR_RETURN(std::unique_ptr<Communicator> world, join_mpi_job());
+  if (world) {
     world->set_timeout(o.comm_timeout);
-    set_process_rank(world->rank());
   } else if (wants_ranks) {
     int n = o.dp > 1 ? o.dp : 2;
     return error("a distributed plan needs one process per rank",

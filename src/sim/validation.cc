@@ -139,8 +139,6 @@ Result<ModelConfig> model_for(const PublishedRun& r, RunSetup* s) {
   return c;
 }
 
-double median_abs(std::vector<double> v) { return percentile(std::move(v), 0.5); }
-
 }  // namespace
 
 const std::string& PublishedRun::at(const std::string& column) const {
@@ -337,12 +335,12 @@ ValidationReport validate_runs(const std::vector<PublishedRun>& runs, int thread
   }
   for (auto& [source, e] : errors) {
     if (source == "all") continue;
-    rep.stats.push_back({source, static_cast<int>(e.size()), median_abs(e), percentile(e, 0.9),
+    rep.stats.push_back({source, static_cast<int>(e.size()), percentile(e, 0.5), percentile(e, 0.9),
                          *std::max_element(e.begin(), e.end())});
   }
   if (!errors["all"].empty()) {
     const std::vector<double>& e = errors["all"];
-    rep.stats.push_back({"all", static_cast<int>(e.size()), median_abs(e), percentile(e, 0.9),
+    rep.stats.push_back({"all", static_cast<int>(e.size()), percentile(e, 0.5), percentile(e, 0.9),
                          *std::max_element(e.begin(), e.end())});
   }
   return rep;

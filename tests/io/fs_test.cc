@@ -9,13 +9,8 @@
 namespace tessera {
 namespace {
 
+using testing::HookGuard;
 using testing::TempDir;
-
-// Clears the fault hook even when an assertion returns early.
-struct HookGuard {
-  explicit HookGuard(FsFaultHook hook) { set_fs_fault_hook(std::move(hook)); }
-  ~HookGuard() { set_fs_fault_hook(nullptr); }
-};
 
 FsFaultHook fail_on(FsOp which) {
   return [which](FsOp op, const std::string& path) {

@@ -10,6 +10,7 @@
 namespace tessera {
 namespace {
 
+using testing::contains;
 using testing::TempDir;
 
 // Writes a safetensors file by hand: 8-byte little-endian length, header, data. Built
@@ -40,10 +41,6 @@ Status load_error(const TempDir& dir, const std::string& header, const std::stri
   EXPECT_NE(r.status().message().find(dir / "bad.safetensors"), std::string::npos)
       << r.status().message();
   return r.status();
-}
-
-bool contains(const Status& s, const std::string& text) {
-  return s.message().find(text) != std::string::npos;
 }
 
 TEST(Safetensors, ReadsHandWrittenFile) {

@@ -12,16 +12,9 @@
 namespace tessera {
 namespace {
 
+using testing::contains;
+using testing::HookGuard;
 using testing::TempDir;
-
-struct HookGuard {
-  explicit HookGuard(FsFaultHook hook) { set_fs_fault_hook(std::move(hook)); }
-  ~HookGuard() { set_fs_fault_hook(nullptr); }
-};
-
-bool contains(const Status& s, const std::string& text) {
-  return s.message().find(text) != std::string::npos;
-}
 
 // How a tensor is split over the ranks of a save.
 enum class Split {

@@ -1,4 +1,5 @@
-// Helpers shared by the io tests: a scratch directory removed at the end of each test.
+// Helpers shared by the io tests: a scratch directory removed at the end of each test, a guard
+// that clears the file-system fault hook, and a substring check on error messages.
 #pragma once
 
 #include <gtest/gtest.h>
@@ -8,6 +9,8 @@
 #include <cstdlib>
 #include <filesystem>
 #include <string>
+
+#include "io/fs.h"
 
 namespace tessera::testing {
 
@@ -28,5 +31,15 @@ class TempDir {
  private:
   std::string path_;
 };
+
+// Installs a fault hook for one scope; clears it even when an assertion returns early.
+struct HookGuard {
+  explicit HookGuard(FsFaultHook hook) { set_fs_fault_hook(std::move(hook)); }
+  ~HookGuard() { set_fs_fault_hook(nullptr); }
+};
+
+inline bool contains(const Status& s, const std::string& text) {
+  return s.message().find(text) != std::string::npos;
+}
 
 }  // namespace tessera::testing
