@@ -42,7 +42,7 @@ class Schedule {
   Schedule(const Program& prog, const ClusterSpec& c, const SimOptions& opt, SimResult* r)
       : prog_(prog), c_(c), opt_(opt), r_(r), g_(prog.local()) {
     scale_ = static_cast<double>(dtype_size(opt.precision)) / 4.0;
-    node_time_.assign(g_.nodes().size(), -1.0);
+    node_cost_.assign(g_.nodes().size(), OpTime{-1.0});
   }
 
   void run() {
@@ -57,18 +57,19 @@ class Schedule {
   }
 
  private:
-  double node_seconds(NodeId id) {
-    double& t = node_time_[static_cast<size_t>(id)];
-    if (t < 0) {
+  // Seconds and FLOPs of a compute or collective node, computed once per node.
+  const OpTime& node_cost(NodeId id) {
+    OpTime& t = node_cost_[static_cast<size_t>(id)];
+    if (t.seconds < 0) {
       const Node& n = g_.node(id);
       if (is_collective(n.op)) {
         const TensorType& in = g_.type(n.inputs[0]);
         const TensorType& out = g_.type(n.outputs[0]);
         double whole = n.op == OpKind::all_gather ? out.bytes() : in.bytes();
         if (in.shape.numel() > 1) whole *= scale_;  // the loss scalar stays f32
-        t = collective(n.op, whole, axes_of_key(n.attrs.name));
+        t = OpTime{collective(n.op, whole, axes_of_key(n.attrs.name))};
       } else {
-        t = op_time(g_, n, c_.device, c_.op_efficiency, opt_.precision).seconds;
+        t = op_time(g_, n, c_.device, c_.op_efficiency, opt_.precision);
       }
     }
     return t;
@@ -139,7 +140,7 @@ class Schedule {
       double dur = 0;
       bool comm = in.stream == Stream::comm;
       if (in.kind == Instruction::compute || in.kind == Instruction::start) {
-        dur = node_seconds(in.node);
+        dur = node_cost(in.node).seconds;
       } else if (in.kind == Instruction::wait) {
         dur = 0;
       } else {
@@ -171,18 +172,15 @@ class Schedule {
         r_->comm_seconds += dur;
       else
         r_->compute_seconds += dur;
-      if (in.kind == Instruction::start) r_->seconds_by_op[op_name(g_.node(in.node).op)] += dur;
-      if (in.kind != Instruction::compute && in.kind != Instruction::start) {
-        if (!comm && in.kind != Instruction::wait) r_->optimizer_seconds += dur;
-      } else if (in.kind == Instruction::compute) {
+      if (in.kind == Instruction::compute) {
         const Node& n = g_.node(in.node);
         r_->seconds_by_op[op_name(n.op)] += dur;
-        std::vector<TensorType> ti, to;
-        for (ValueId v : n.inputs) ti.push_back(g_.type(v));
-        for (ValueId v : n.outputs) to.push_back(g_.type(v));
-        double f = op_flops(n.op, n.attrs, ti, to);
-        hardware_flops_ += f;
-        if (!n.recompute) model_flops_ += f;
+        hardware_flops_ += node_cost(in.node).flops;
+        if (!n.recompute) model_flops_ += node_cost(in.node).flops;
+      } else if (in.kind == Instruction::start) {
+        r_->seconds_by_op[op_name(g_.node(in.node).op)] += dur;
+      } else if (!comm) {  // grad_norm and AdamW on the compute stream
+        r_->optimizer_seconds += dur;
       }
       if (opt_.trace && dur > 0) record(in, comm, start, dur, category);
     }
@@ -217,7 +215,7 @@ class Schedule {
   SimResult* r_;
   const Graph& g_;
   double scale_ = 1;
-  std::vector<double> node_time_;
+  std::vector<OpTime> node_cost_;
   std::map<std::string, GroupLayout> layouts_;
   double compute_free_ = 0, comm_free_ = 0;
 };
