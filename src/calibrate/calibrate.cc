@@ -337,17 +337,23 @@ Result<Calibration> calibrate(Communicator& world, const CalibrationOptions& o) 
     real.reset();
     TS_ASSIGN_OR_RETURN(real, real_step(world, cfg, check_batch, o.seq, zero));
     real->step->executor().paint_arena();
-    std::vector<double> optimizer;
+    std::vector<double> optimizer, steps;
     TS_ASSIGN_OR_RETURN(
         double measured, timed(world, o.check_steps, [&]() -> Status {
+          double s0 = now();
           TS_RETURN_IF_ERROR(
               real->step->forward_backward(real->tokens.data(), real->targets.data()).status());
           double t0 = now();
           TS_RETURN_IF_ERROR(real->step->apply(1e-4, 1.0, 1).status());
           optimizer.push_back(now() - t0);
+          steps.push_back(now() - s0);
           return Status();
         }));
     TS_ASSIGN_OR_RETURN(c.measured_step, mean(world, measured, "calibrate step"));
+    const auto [fastest, slowest] = std::minmax_element(steps.begin(), steps.end());
+    TS_ASSIGN_OR_RETURN(
+        c.measured_step_noise,
+        world.all_reduce_scalar((*slowest - *fastest) / median(steps), true, "calibrate noise"));
     TS_ASSIGN_OR_RETURN(c.measured_optimizer,
                         mean(world, median(optimizer), "calibrate optimizer"));
     TS_ASSIGN_OR_RETURN(SimResult r, simulate(real->step->program(), spec, SimOptions{}));

@@ -43,6 +43,9 @@ struct Calibration {
   std::vector<std::string> notes;  // what was measured, one line each
   // The check (check_steps > 0); times in seconds, memory in bytes per rank.
   double measured_step = 0, predicted_step = 0;
+  // The noise of the measurement: (slowest - fastest) / median over the checked steps, the
+  // largest over ranks. A quiet machine gives a few percent; a loaded one much more.
+  double measured_step_noise = 0;
   double measured_optimizer = 0, predicted_optimizer = 0;  // the part of a step after backward
   double measured_peak_memory = 0, predicted_peak_memory = 0;
 };

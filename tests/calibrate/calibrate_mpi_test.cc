@@ -1,8 +1,13 @@
-// The simulator against the real runtime (CTest label `mpi`, run serially: it times things):
+// The simulator against the real runtime on 2 MPI ranks (CTest label `mpi`):
 //   mpirun -np 2 calibrate_mpi_test
 // calibrates the cost model on these ranks with one plan and batch (DP, 8 sequences), then
-// runs a different one for real (ZeRO-2, 4 sequences) and checks the simulator's step time
-// within 15% and its peak memory within 5% of what was measured.
+// runs a different one for real (ZeRO-2, 4 sequences).
+//
+// Calibrate.* (the default suite) checks what does not depend on how busy the machine is: the
+// spec is complete and round-trips, the planned peak memory equals the measured one, and the
+// predicted step is of the right order. CalibrateTiming.* (label `timing`, run by
+// scripts/test_timing.sh on a quiet machine) checks the predicted step time against the measured
+// one, within 15% plus the noise measured in the same run.
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -29,29 +34,29 @@ CalibrationOptions options() {
   return o;
 }
 
-TEST(Calibrate, SimulatorPredictsAnotherPlanOnTheseRanks) {
+void print(const Calibration& c) {
+  if (g_world->rank() != 0) return;
+  for (const std::string& n : c.notes) std::printf("%s\n", n.c_str());
+  std::printf(
+      "step: predicted %.4f s, measured %.4f s (%+.1f%%, noise %.1f%%); peak memory: predicted "
+      "%.0f B, measured %.0f B\n",
+      c.predicted_step, c.measured_step, 100 * (c.predicted_step / c.measured_step - 1),
+      100 * c.measured_step_noise, c.predicted_peak_memory, c.measured_peak_memory);
+}
+
+TEST(Calibrate, SpecAndMemoryCarryOverToAnotherPlan) {
   ASSERT_NE(g_world, nullptr);
   Result<Calibration> c = calibrate(*g_world, options());
   ASSERT_TRUE(c.ok()) << c.status().to_string();
-  double err = c->predicted_step / c->measured_step - 1;
-  // Timing on a shared machine: one re-measurement when the first is off (both printed).
-  if (std::fabs(err) > 0.15) {
-    std::printf("first attempt: predicted %.4f s, measured %.4f s (%+.1f%%); measuring again\n",
-                c->predicted_step, c->measured_step, 100 * err);
-    c = calibrate(*g_world, options());
-    ASSERT_TRUE(c.ok()) << c.status().to_string();
-    err = c->predicted_step / c->measured_step - 1;
-  }
-  if (g_world->rank() == 0) {
-    for (const std::string& n : c->notes) std::printf("%s\n", n.c_str());
-    std::printf(
-        "step: predicted %.4f s, measured %.4f s (%+.1f%%); peak memory: predicted %.0f B, "
-        "measured %.0f B\n",
-        c->predicted_step, c->measured_step, 100 * err, c->predicted_peak_memory,
-        c->measured_peak_memory);
-  }
-  EXPECT_LE(std::fabs(err), 0.15);
+  print(*c);
+  // Memory is a plan, not a timing: exact whatever the load.
   EXPECT_NEAR(c->predicted_peak_memory, c->measured_peak_memory, 0.05 * c->measured_peak_memory);
+  // The prediction is a step time of the right order (a unit or accounting bug is off by 1000x;
+  // load on a shared machine moves it by less than 10x).
+  ASSERT_TRUE(std::isfinite(c->predicted_step));
+  EXPECT_GT(c->predicted_step, c->measured_step / 10);
+  EXPECT_LT(c->predicted_step, c->measured_step * 10);
+  EXPECT_GE(c->measured_step_noise, 0);
 
   // The spec is complete: it round-trips through TOML and describes these ranks as one node.
   const ClusterSpec& s = c->spec;
@@ -67,6 +72,17 @@ TEST(Calibrate, SimulatorPredictsAnotherPlanOnTheseRanks) {
   EXPECT_NEAR(back->device.launch_overhead, s.device.launch_overhead, 1e-12);
   EXPECT_DOUBLE_EQ(back->device.peak_flops_f32, s.device.peak_flops_f32);
   EXPECT_EQ(back->op_efficiency, s.op_efficiency);
+}
+
+TEST(CalibrateTiming, SimulatorPredictsAnotherPlansStepTime) {
+  ASSERT_NE(g_world, nullptr);
+  Result<Calibration> c = calibrate(*g_world, options());
+  ASSERT_TRUE(c.ok()) << c.status().to_string();
+  print(*c);
+  // 15% is the model's accuracy; the spread of the measured steps is the machine's noise, which
+  // the measurement itself carries.
+  double err = c->predicted_step / c->measured_step - 1;
+  EXPECT_LE(std::fabs(err), 0.15 + c->measured_step_noise);
 }
 
 }  // namespace

@@ -75,7 +75,7 @@ TEST_F(DistributedTrainTest, KilledRankEndsTheJobWithAMessage) {
                  "TESSERA_FAULT_KILL_RANK=1 TESSERA_FAULT_KILL_STEP=2 ");
   double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   EXPECT_NE(rc, 0) << log;
-  EXPECT_LT(secs, 60.0) << log;
+  EXPECT_LT(secs, 200.0) << log;  // ends, well before the test's 300 s limit
   EXPECT_NE(log.find("rank 1: killed by TESSERA_FAULT_KILL"), std::string::npos) << log;
   // A survivor names the operation it was waiting in and its peer; mpirun names the dead rank.
   EXPECT_NE(log.find("while waiting in"), std::string::npos) << log;

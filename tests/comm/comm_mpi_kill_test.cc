@@ -50,7 +50,7 @@ Outcome run_scenario(const std::string& scenario) {
 TEST(CommMpiKill, JobEndsAndSurvivorNamesTheOperation) {
   Outcome run = run_scenario("kill");
   EXPECT_NE(run.exit_code, 0);
-  EXPECT_LT(run.seconds, 60.0);
+  EXPECT_NE(run.exit_code, 124) << "the job hung until `timeout 90` ended it";
   const bool reported =
       contains(run.output, "terminated by the launcher while waiting in all_reduce 'doomed'") ||
       (contains(run.output, "timed out after") && contains(run.output, "'doomed'"));
@@ -64,7 +64,7 @@ TEST(CommMpiKill, JobEndsAndSurvivorNamesTheOperation) {
 TEST(CommMpiKill, StuckRankMakesOthersTimeOut) {
   Outcome run = run_scenario("stuck");
   EXPECT_NE(run.exit_code, 0);
-  EXPECT_LT(run.seconds, 30.0);
+  EXPECT_NE(run.exit_code, 124) << "the job hung until `timeout 90` ended it";
   EXPECT_TRUE(contains(
       run.output, "rank 2: timed out after 2.0 s in all_reduce 'doomed' (axis world, 3 ranks"));
   EXPECT_TRUE(contains(run.output, "waiting for data from rank 1"));

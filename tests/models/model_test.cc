@@ -49,7 +49,7 @@ TEST(Models, LargestPresetsBuildTrainingGraphsQuickly) {
     std::printf("build_model(%s, B=1, T=%lld, train): %.3f s, %zu nodes, %.4g params\n", name,
                 static_cast<long long>(c.max_seq_len), sec, m.graph.nodes().size(),
                 static_cast<double>(m.graph.param_count()));
-    EXPECT_LT(sec, 3.0) << name;
+    EXPECT_LT(sec, 30.0) << name;  // well under 1 s quiet; catches a blow-up, not load
     EXPECT_EQ(m.graph.param_grads().size(), m.graph.params().size());
     EXPECT_GE(m.loss, 0);
   }
