@@ -140,6 +140,57 @@ FlatRange TensorLayout::flat_block(const Mesh& mesh, int rank) const {
 
 int64_t TensorLayout::stored_numel(const Mesh& mesh) const { return flat_block(mesh, 0).block; }
 
+namespace {
+
+// Calls fn(offset in the whole tensor, offset in the piece, run length) for each contiguous
+// run of the box (a row of its last dim).
+template <typename Fn>
+void for_each_run(const Shape& global, const Box& b, Fn fn) {
+  const int r = global.rank();
+  if (b.numel() == 0) return;
+  if (r == 0) return fn(int64_t{0}, int64_t{0}, int64_t{1});
+  const int64_t run = b.hi.back() - b.lo.back();
+  std::vector<int64_t> i(b.lo.begin(), b.lo.end());
+  for (int64_t piece = 0;; piece += run) {
+    int64_t off = 0;
+    for (int d = 0; d < r; ++d) off = off * global.dim(d) + i[static_cast<size_t>(d)];
+    fn(off, piece, run);
+    int d = r - 2;
+    for (; d >= 0; --d) {
+      const size_t u = static_cast<size_t>(d);
+      if (++i[u] < b.hi[u]) break;
+      i[u] = b.lo[u];
+    }
+    if (d < 0) return;
+  }
+}
+
+}  // namespace
+
+std::vector<float> box_of(const std::vector<float>& whole, const Shape& global, const Box& b) {
+  std::vector<float> out(static_cast<size_t>(b.numel()));
+  for_each_run(global, b, [&](int64_t w, int64_t p, int64_t n) {
+    std::copy_n(whole.data() + w, n, out.data() + p);
+  });
+  return out;
+}
+
+void place_box(const float* piece, const Shape& global, const Box& b, float* whole) {
+  for_each_run(global, b, [&](int64_t w, int64_t p, int64_t n) {
+    std::copy_n(piece + p, n, whole + w);
+  });
+}
+
+int group_member(const Mesh& mesh, int rank, const std::vector<std::string>& axes, int index) {
+  std::vector<int> c = mesh.coords(rank);
+  for (size_t i = mesh.axes().size(); i-- > 0;)
+    if (std::count(axes.begin(), axes.end(), mesh.axes()[i].name)) {
+      c[i] = index % mesh.axes()[i].size;
+      index /= mesh.axes()[i].size;
+    }
+  return mesh.rank_of(c);
+}
+
 std::string TensorLayout::to_string(const Mesh& mesh) const {
   std::string s = global.to_string() + " {";
   for (size_t i = 0; i < axes.size(); ++i) {

@@ -74,4 +74,12 @@ struct TensorLayout {
   bool operator==(const TensorLayout&) const = default;
 };
 
+// Copies between a whole row-major tensor of shape `global` and the box `b` of it.
+std::vector<float> box_of(const std::vector<float>& whole, const Shape& global, const Box& b);
+void place_box(const float* piece, const Shape& global, const Box& b, float* whole);
+
+// The rank whose coordinates equal `rank`'s except on `axes`, where they are the `index`-th
+// member of the group over `axes` (row-major in mesh order, as Mesh::group_index counts).
+int group_member(const Mesh& mesh, int rank, const std::vector<std::string>& axes, int index);
+
 }  // namespace tessera

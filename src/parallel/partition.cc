@@ -5,6 +5,7 @@
 #include <set>
 
 #include "base/check.h"
+#include "parallel/redistribute.h"
 
 namespace tessera {
 
@@ -30,8 +31,16 @@ class Pass {
   Status visit(NodeId id);
   Result<ValueId> emit(OpKind op, Attrs attrs, std::vector<ValueId> ins, const Node& like,
                        const std::vector<Placements>& out_pl, const std::vector<Shape>& expect);
-  Shape local_shape(const Shape& global, const Placements& pl, const std::string& what) const;
+  Result<Shape> local_shape(const Shape& global, const Placements& pl,
+                            const std::string& what) const;
   Result<ValueId> to_replicate(ValueId local, const Shape& global, int axis, const Node& like);
+  // Converts a local value laid out as its recorded placements into `target` (redistribute(),
+  // each step lowered to collectives and the reshapes/transposes that pack them). `bucket`
+  // collects the collectives emitted.
+  Result<ValueId> convert(ValueId local, const Shape& global, const Placements& target,
+                          const Node& like, std::vector<NodeId>* bucket = nullptr);
+  Result<ValueId> lower_step(const CommStep& s, ValueId v, const Node& like,
+                             std::vector<NodeId>* bucket);
   Status issue_gathers(NodeId upto);
   Result<ValueId> issue_gather(size_t param, bool backward, const Node& like);
   Status flush_bucket();
@@ -63,17 +72,11 @@ class Pass {
   int64_t pending_bytes_ = 0;
 };
 
-Shape Pass::local_shape(const Shape& global, const Placements& pl, const std::string& what) const {
-  std::vector<int64_t> d(global.dims().begin(), global.dims().end());
-  for (size_t k = 0; k < pl.size(); ++k) {
-    if (!pl[k].is_shard()) continue;
-    int64_t& dim = d[static_cast<size_t>(pl[k].dim)];
-    TS_CHECK_EQ(dim % sizes_[k], 0) << what << ": dim " << pl[k].dim << " of " << global.to_string()
-                                    << " does not split over mesh axis '"
-                                    << plan_.mesh.axes()[k].name << "' of size " << sizes_[k];
-    dim /= sizes_[k];
-  }
-  return Shape(std::move(d));
+Result<Shape> Pass::local_shape(const Shape& global, const Placements& pl,
+                                const std::string& what) const {
+  Result<Shape> s = TensorLayout{global, pl, {}}.local_shape(plan_.mesh);
+  if (!s.ok()) return s.status().with_context("partition: '" + what + "'");
+  return s;
 }
 
 Result<ValueId> Pass::emit(OpKind op, Attrs attrs, std::vector<ValueId> ins, const Node& like,
@@ -95,32 +98,90 @@ Result<ValueId> Pass::emit(OpKind op, Attrs attrs, std::vector<ValueId> ins, con
 }
 
 Result<ValueId> Pass::to_replicate(ValueId local, const Shape& global, int axis, const Node& like) {
-  const Placement p = out_.placements[static_cast<size_t>(local)][static_cast<size_t>(axis)];
   Placements pl = out_.placements[static_cast<size_t>(local)];
+  const Placement p = pl[static_cast<size_t>(axis)];
   pl[static_cast<size_t>(axis)] = Placement::replicate();
-  if (sizes_[static_cast<size_t>(axis)] == 1) {  // one rank holds everything: relabel for free
-    out_.placements[static_cast<size_t>(local)] = pl;
-    return local;
+  if (sizes_[static_cast<size_t>(axis)] > 1)
+    out_.fallbacks.push_back(like.scope + " " + op_name(like.op) + ": " + p.to_string() +
+                             " -> R on " + plan_.mesh.axes()[static_cast<size_t>(axis)].name);
+  return convert(local, global, pl, like);
+}
+
+Result<ValueId> Pass::convert(ValueId local, const Shape& global, const Placements& target,
+                              const Node& like, std::vector<NodeId>* bucket) {
+  const TensorLayout from{global, out_.placements[static_cast<size_t>(local)], {}};
+  Result<std::vector<CommStep>> steps = redistribute(from, {global, target, {}}, plan_.mesh);
+  if (!steps.ok()) return steps.status().with_context("partition: '" + like.scope + "'");
+  for (const CommStep& s : steps.value()) {
+    if (s.group == 1) {  // one rank holds everything along the axis: relabel for free
+      out_.placements[static_cast<size_t>(local)] = s.after.axes;
+      continue;
+    }
+    TS_ASSIGN_OR_RETURN(local, lower_step(s, local, like, bucket));
   }
+  return local;
+}
+
+// One CommStep as local-graph nodes. A gather or scatter on dim d of a piece [outer, mid,
+// inner] is a flat collective of contiguous blocks, so when outer > 1 the blocks are packed
+// ([outer, n, m] -> [n, outer, m]) before a reduce-scatter and unpacked after a gather.
+Result<ValueId> Pass::lower_step(const CommStep& s, ValueId v, const Node& like,
+                                 std::vector<NodeId>* bucket) {
   Attrs a;
-  a.name = plan_.mesh.axes()[static_cast<size_t>(axis)].name;
-  a.count = sizes_[static_cast<size_t>(axis)];
-  out_.fallbacks.push_back(like.scope + " " + op_name(like.op) + ": " + p.to_string() +
-                           " -> R on " + a.name);
-  if (p.is_partial())
-    return emit(OpKind::all_reduce, a, {local}, like, {pl}, {out_.local.type(local).shape});
-  // Only a dim-0 split is a flat block; other dims would need a strided gather.
-  if (!p.is_shard(0) ||
-      out_.local.type(local).shape.numel() * a.count != local_shape(global, pl, like.scope).numel())
-    return error("partition: '" + like.scope + "' " + op_name(like.op) + " needs an input " +
-                 p.to_string() + " on axis " + a.name + " gathered, which is not supported");
-  Shape whole = local_shape(global, pl, like.scope);
-  a.ints = std::vector<int64_t>(whole.dims().begin(), whole.dims().end());
-  Attrs r;
-  r.ints = {out_.local.type(local).shape.numel()};
-  TS_ASSIGN_OR_RETURN(ValueId flat, emit(OpKind::reshape, r, {local}, like,
-                                         {out_.placements[static_cast<size_t>(local)]}, {}));
-  return emit(OpKind::all_gather, a, {flat}, like, {pl}, {whole});
+  a.name = axes_key(s.axes);
+  a.count = s.group;
+  const Placements& before = s.before.axes;
+  const Placements& after = s.after.axes;
+  auto ints = [](const Shape& sh) { return std::vector<int64_t>(sh.dims().begin(), sh.dims().end()); };
+  auto reshape = [&](ValueId x, const Shape& to, const Placements& pl) {
+    Attrs r;
+    r.ints = ints(to);
+    return emit(OpKind::reshape, r, {x}, like, {pl}, {to});
+  };
+  auto swap01 = [&](ValueId x, const Placements& pl) {
+    Attrs t;
+    t.ints = {1, 0, 2};
+    return emit(OpKind::transpose, t, {x}, like, {pl}, {});
+  };
+  auto collective = [&](OpKind op, ValueId x, const Shape& out) -> Result<ValueId> {
+    TS_ASSIGN_OR_RETURN(ValueId y, emit(op, a, {x}, like, {after}, {out}));
+    if (bucket) bucket->push_back(out_.local.value(y).producer);
+    return y;
+  };
+  const Shape& in = s.in_shape;
+  int64_t outer = 1;
+  for (int d = 0; d < s.dim; ++d) outer *= in[d];
+  switch (s.kind) {
+    case CommStep::all_reduce:
+      return collective(OpKind::all_reduce, v, in);
+    case CommStep::all_gather: {
+      TS_ASSIGN_OR_RETURN(ValueId flat, reshape(v, Shape{in.numel()}, before));
+      a.ints = ints(s.out_shape);
+      if (outer == 1) return collective(OpKind::all_gather, flat, s.out_shape);
+      const int64_t rest = in.numel() / outer;
+      a.ints = {s.group, outer, rest};
+      TS_ASSIGN_OR_RETURN(ValueId g, collective(OpKind::all_gather, flat, Shape{s.group, outer, rest}));
+      TS_ASSIGN_OR_RETURN(ValueId t, swap01(g, after));
+      return reshape(t, s.out_shape, after);
+    }
+    case CommStep::reduce_scatter: {
+      ValueId flat;
+      if (outer == 1) {
+        TS_ASSIGN_OR_RETURN(flat, reshape(v, Shape{in.numel()}, before));
+      } else {
+        TS_ASSIGN_OR_RETURN(ValueId x3, reshape(v, Shape{outer, s.group, in.numel() / outer / s.group}, before));
+        TS_ASSIGN_OR_RETURN(ValueId t, swap01(x3, before));
+        TS_ASSIGN_OR_RETURN(flat, reshape(t, Shape{in.numel()}, before));
+      }
+      TS_ASSIGN_OR_RETURN(ValueId r, collective(OpKind::reduce_scatter, flat, Shape{s.out_shape.numel()}));
+      return reshape(r, s.out_shape, after);
+    }
+    default:
+      return error("partition: '" + like.scope + "' " + op_name(like.op) + " needs its input " +
+                       s.before.to_string(plan_.mesh) + " as " + s.after.to_string(plan_.mesh) +
+                       ", a " + comm_step_name(s.kind) + " the partition pass does not emit yet",
+                   "place the parameters so that the ops' sharding rules accept them");
+  }
 }
 
 Result<ValueId> Pass::issue_gather(size_t param, bool backward, const Node& like) {
@@ -128,15 +189,14 @@ Result<ValueId> Pass::issue_gather(size_t param, bool backward, const Node& like
   Attrs a;
   a.name = axes_key(plan_.zero_axes);
   a.count = plan_.zero_group();
-  a.ints = std::vector<int64_t>(pl.global_shape.dims().begin(), pl.global_shape.dims().end());
+  a.ints = std::vector<int64_t>(pl.local_shape.dims().begin(), pl.local_shape.dims().end());
   Node at = like;
   at.backward = backward;
   at.recompute = false;
-  TS_ASSIGN_OR_RETURN(ValueId v,
-                      emit(OpKind::all_gather, a, {pl.local}, at,
-                           {Placements(sizes_.size(), Placement::replicate())}, {pl.global_shape}));
+  TS_ASSIGN_OR_RETURN(ValueId v, emit(OpKind::all_gather, a, {pl.local}, at, {pl.layout.axes},
+                                      {pl.local_shape}));
   gathered_[{param, backward}] = v;
-  in_flight_.emplace_back(-1, pl.global_shape.numel() * 4);
+  in_flight_.emplace_back(-1, pl.local_shape.numel() * 4);
   return v;
 }
 
@@ -149,7 +209,7 @@ Status Pass::issue_gathers(NodeId upto) {
   for (auto& [use, b] : in_flight_) bytes += b;
   while (next_use_ < uses_.size()) {
     const Use& u = uses_[next_use_];
-    int64_t b = out_.params[u.param].global_shape.numel() * 4;
+    int64_t b = out_.params[u.param].local_shape.numel() * 4;
     if (u.node != upto && bytes + b > plan_.prefetch_bytes) break;
     TS_RETURN_IF_ERROR(issue_gather(u.param, u.backward, g_.node(u.node)).status());
     in_flight_.back().first = u.node;
@@ -166,17 +226,25 @@ Status Pass::flush_bucket() {
     ParamLayout& pl = out_.params[pi];
     ValueId gv = g_.param_grads().at(pl.global);
     ValueId v = out_.global_to_local[static_cast<size_t>(gv)];
-    Placements cur = out_.placements[static_cast<size_t>(v)];
     const Node& like = g_.producer(gv);
+    // Tensor axes: the gradient takes its parameter's layout (a Shard is final; a Partial is
+    // reduced, or reduce-scattered onto the parameter's shard).
+    Placements want = out_.placements[static_cast<size_t>(v)];
+    for (const std::string& t : plan_.tensor_axes) {
+      const size_t k = static_cast<size_t>(plan_.mesh.axis_index(t));
+      want[k] = pl.layout.axes[k];
+    }
+    TS_ASSIGN_OR_RETURN(v, convert(v, pl.global_shape, want, like, &bucket));
+    Placements cur = out_.placements[static_cast<size_t>(v)];
     std::vector<std::string> partial_axes;
     for (size_t k = 0; k < cur.size(); ++k) {
-      if (cur[k].is_shard())
+      if (cur[k].is_shard() && !(cur[k] == pl.layout.axes[k]))
         return error("partition: gradient of " + pl.name + " is sharded on " +
                      plan_.mesh.axes()[k].name + "; expected Partial or Replicate");
       if (cur[k].is_partial()) partial_axes.push_back(plan_.mesh.axes()[k].name);
     }
     std::vector<std::string> rest = partial_axes;
-    Placements done(cur.size(), Placement::replicate());
+    Placements done = pl.layout.axes;
     if (pl.grads_sharded) {
       for (const std::string& z : plan_.zero_axes) {
         auto it = std::find(rest.begin(), rest.end(), z);
@@ -189,7 +257,7 @@ Status Pass::flush_bucket() {
       Attrs a;
       a.name = axes_key(plan_.zero_axes);
       a.count = plan_.zero_group();
-      FlatShard fs{static_cast<int>(a.count), 0, pl.global_shape.numel()};
+      FlatShard fs{static_cast<int>(a.count), 0, pl.local_shape.numel()};
       Placements mid = cur;
       for (const std::string& z : plan_.zero_axes)
         mid[static_cast<size_t>(plan_.mesh.axis_index(z))] = Placement::shard(0);
@@ -226,12 +294,15 @@ Status Pass::visit(NodeId id) {
     pl.optim_sharded = plan_.shards_optimizer();
     pl.grads_sharded = plan_.shards_grads();
     pl.params_sharded = plan_.shards_params();
-    FlatShard fs{plan_.zero_group(), 0, pl.global_shape.numel()};
-    Shape s = pl.params_sharded ? Shape{fs.block()} : pl.global_shape;
+    pl.layout = TensorLayout{pl.global_shape, plan_.placements_of(pl.name), {}};
+    Result<Shape> ls = pl.layout.local_shape(plan_.mesh);
+    if (!ls.ok()) return ls.status().with_context("plan: parameter '" + pl.name + "'");
+    pl.local_shape = ls.value();
+    FlatShard fs{plan_.zero_group(), 0, pl.local_shape.numel()};
+    Shape s = pl.params_sharded ? Shape{fs.block()} : pl.local_shape;
     Attrs a = n.attrs;
     a.ints = std::vector<int64_t>(s.dims().begin(), s.dims().end());
-    TS_ASSIGN_OR_RETURN(pl.local, emit(OpKind::parameter, a, {}, n,
-                                       {Placements(naxes, Placement::replicate())}, {s}));
+    TS_ASSIGN_OR_RETURN(pl.local, emit(OpKind::parameter, a, {}, n, {pl.layout.axes}, {s}));
     out_.global_to_local[static_cast<size_t>(gv)] = pl.local;
     param_index_[gv] = out_.params.size();
     out_.params.push_back(pl);
@@ -248,7 +319,7 @@ Status Pass::visit(NodeId id) {
                        " data-parallel ranks",
                    "use a global batch that is a multiple of the data-parallel size");
     Attrs a = n.attrs;
-    Shape ls = local_shape(gs, pl, n.attrs.name);
+    TS_ASSIGN_OR_RETURN(Shape ls, local_shape(gs, pl, n.attrs.name));
     a.ints = std::vector<int64_t>(ls.dims().begin(), ls.dims().end());
     TS_ASSIGN_OR_RETURN(ValueId v, emit(OpKind::input, a, {}, n, {pl}, {ls}));
     out_.global_to_local[static_cast<size_t>(n.outputs[0])] = v;
@@ -323,7 +394,7 @@ Status Pass::visit(NodeId id) {
         Placements p = out_.placements[static_cast<size_t>(ins[i])];
         p[k] = relabeled[i];
         Attrs fa = out_.local.producer(ins[i]).attrs;
-        Shape ls = local_shape(g_.type(n.inputs[i]).shape, p, n.scope);
+        TS_ASSIGN_OR_RETURN(Shape ls, local_shape(g_.type(n.inputs[i]).shape, p, n.scope));
         fa.ints = std::vector<int64_t>(ls.dims().begin(), ls.dims().end());
         TS_ASSIGN_OR_RETURN(ins[i], emit(OpKind::fill, fa, {}, n, {p}, {ls}));
       }
@@ -339,7 +410,7 @@ Status Pass::visit(NodeId id) {
   for (size_t i = 0; i < ins.size(); ++i) {
     if (lazy[i].empty()) continue;
     Attrs fa = g_.producer(n.inputs[i]).attrs;
-    Shape ls = local_shape(g_.type(n.inputs[i]).shape, lazy[i], n.scope);
+    TS_ASSIGN_OR_RETURN(Shape ls, local_shape(g_.type(n.inputs[i]).shape, lazy[i], n.scope));
     fa.ints = std::vector<int64_t>(ls.dims().begin(), ls.dims().end());
     TS_ASSIGN_OR_RETURN(ins[i], emit(OpKind::fill, fa, {}, n, {lazy[i]}, {ls}));
   }
@@ -347,8 +418,10 @@ Status Pass::visit(NodeId id) {
   // Localize attributes that hold global shapes or counts.
   Attrs a = n.attrs;
   std::vector<Shape> expect;
-  for (size_t i = 0; i < n.outputs.size(); ++i)
-    expect.push_back(local_shape(out_types[i].shape, out_pl[i], n.scope));
+  for (size_t i = 0; i < n.outputs.size(); ++i) {
+    TS_ASSIGN_OR_RETURN(Shape ls, local_shape(out_types[i].shape, out_pl[i], n.scope));
+    expect.push_back(ls);
+  }
   switch (n.op) {
     case OpKind::reshape:
     case OpKind::broadcast_to:
@@ -379,6 +452,13 @@ Status Pass::visit(NodeId id) {
 
 Result<Partitioned> Pass::run() {
   TS_RETURN_IF_ERROR(validate(plan_));
+  for (const auto& [name, pl] : plan_.params) {
+    bool found = false;
+    for (ValueId p : g_.params()) found = found || g_.name_of(p) == name;
+    if (!found)
+      return error("plan: parameter '" + name + "' is not in the model",
+                   "`tessera graph MODEL --print` lists the parameter names");
+  }
   if (g_.param_grads().empty() || g_.loss() < 0)
     return error("partition: the graph has no loss and gradients",
                  "build the model in ModelMode::train");

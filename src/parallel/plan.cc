@@ -127,6 +127,48 @@ Plan Plan::hybrid_sharded(int replicas, int shards) {
   return p;
 }
 
+Plan Plan::tensor_parallel(int dp, int tp, int zero) {
+  Plan p;
+  p.mesh = Mesh({{"dp", dp}, {"tp", tp}});
+  p.tensor_axes = {"tp"};
+  p.zero = zero;
+  return p;
+}
+
+std::vector<Placement> Plan::placements_of(const std::string& name) const {
+  auto it = params.find(name);
+  if (it != params.end()) return it->second;
+  return std::vector<Placement>(mesh.axes().size(), Placement::replicate());
+}
+
+std::vector<std::string> Plan::grad_norm_axes() const {
+  std::vector<std::string> out;
+  const bool zero_sharded = shards_grads() || shards_optimizer();
+  for (const MeshAxis& a : mesh.axes()) {
+    const bool z = zero_sharded && std::count(zero_axes.begin(), zero_axes.end(), a.name);
+    const bool t = tensor_group() > 1 && std::count(tensor_axes.begin(), tensor_axes.end(), a.name);
+    if (z || t) out.push_back(a.name);
+  }
+  return out;
+}
+
+Result<Placement> parse_placement(std::string_view t) {
+  if (t == "R") return Placement::replicate();
+  if (t == "P") return Placement::partial();
+  if (t.size() >= 4 && t.substr(0, 2) == "S(" && t.back() == ')') {
+    std::string_view d = t.substr(2, t.size() - 3);
+    int v = 0;
+    bool digits = !d.empty() && d.size() < 4;
+    for (char ch : d) {
+      digits = digits && ch >= '0' && ch <= '9';
+      v = v * 10 + (ch - '0');
+    }
+    if (digits) return Placement::shard(v);
+  }
+  return error("placement '" + std::string(t) + "' is not R, P or S(dim)",
+               "S(0) splits dim 0 over the axis; R replicates");
+}
+
 std::string Plan::describe() const {
   std::string s;
   for (size_t i = 0; i < mesh.axes().size(); ++i)
@@ -156,9 +198,33 @@ Status validate(const Plan& p, int world) {
     if (std::find(p.data_axes.begin(), p.data_axes.end(), a) == p.data_axes.end())
       return error("plan: zero axis '" + a + "' must also be a data axis");
   }
-  if (p.data_axes.size() != p.mesh.axes().size())
-    return error("plan: every mesh axis must be a data axis for now",
-                 "tensor and pipeline axes are not implemented yet");
+  auto has = [](const std::vector<std::string>& v, const std::string& a) {
+    return std::find(v.begin(), v.end(), a) != v.end();
+  };
+  for (const std::string& a : p.tensor_axes) {
+    if (!names.count(a)) return error("plan: tensor axis '" + a + "' is not a mesh axis");
+    if (has(p.data_axes, a))
+      return error("plan: axis '" + a + "' is both a data and a tensor axis",
+                   "the batch splits over data axes, parameters over tensor axes");
+  }
+  for (const MeshAxis& a : p.mesh.axes())
+    if (!has(p.data_axes, a.name) && !has(p.tensor_axes, a.name))
+      return error("plan: mesh axis '" + a.name + "' is neither a data nor a tensor axis",
+                   "list it in data_axes or tensor_axes (pipeline axes are not implemented yet)");
+  for (const auto& [name, pl] : p.params) {
+    if (pl.size() != p.mesh.axes().size())
+      return error("plan: parameter '" + name + "' has " + std::to_string(pl.size()) +
+                   " placements for a mesh of " + std::to_string(p.mesh.axes().size()) + " axes");
+    for (size_t i = 0; i < pl.size(); ++i) {
+      const std::string& axis = p.mesh.axes()[i].name;
+      if (pl[i].is_partial())
+        return error("plan: parameter '" + name + "' is Partial on '" + axis +
+                     "'; a parameter is Replicate or Shard(dim)");
+      if (pl[i].is_shard() && !has(p.tensor_axes, axis))
+        return error("plan: parameter '" + name + "' is sharded on data axis '" + axis + "'",
+                     "data axes shard parameters through the ZeRO stage; shard on a tensor axis");
+    }
+  }
   if (p.zero < 0 || p.zero > 3)
     return error("plan: zero stage " + std::to_string(p.zero) + " is not 0, 1, 2 or 3");
   if (p.micro_batches < 1) return error("plan: micro_batches must be >= 1");
@@ -177,9 +243,18 @@ Status validate(const Plan& p, int world) {
 nlohmann::json plan_to_json(const Plan& p) {
   nlohmann::json mesh = nlohmann::json::array();
   for (const MeshAxis& a : p.mesh.axes()) mesh.push_back({{"name", a.name}, {"size", a.size}});
+  nlohmann::json params = nlohmann::json::object();
+  for (const auto& [name, pl] : p.params) {
+    nlohmann::json by_axis = nlohmann::json::object();
+    for (size_t i = 0; i < pl.size() && i < p.mesh.axes().size(); ++i)
+      if (!pl[i].is_replicate()) by_axis[p.mesh.axes()[i].name] = pl[i].to_string();
+    params[name] = by_axis;
+  }
   return {{"mesh", mesh},
           {"data_axes", p.data_axes},
           {"zero_axes", p.zero_axes},
+          {"tensor_axes", p.tensor_axes},
+          {"params", params},
           {"zero", p.zero},
           {"micro_batches", p.micro_batches},
           {"bucket_bytes", p.bucket_bytes},
@@ -188,15 +263,15 @@ nlohmann::json plan_to_json(const Plan& p) {
 }
 
 Result<Plan> plan_from_json(const nlohmann::json& j) {
-  static const std::set<std::string> known = {"mesh",           "data_axes",     "zero_axes",
-                                              "zero",           "micro_batches", "bucket_bytes",
-                                              "prefetch_bytes", "recompute"};
+  static const std::set<std::string> known = {
+      "mesh",          "data_axes",    "zero_axes",      "tensor_axes", "params", "zero",
+      "micro_batches", "bucket_bytes", "prefetch_bytes", "recompute"};
   if (!j.is_object()) return error("plan: expected a JSON object");
   for (auto it = j.begin(); it != j.end(); ++it)
     if (!known.count(it.key()))
       return error("plan: unknown key '" + it.key() + "'",
-                   "keys: mesh, data_axes, zero_axes, zero, micro_batches, bucket_bytes, "
-                   "prefetch_bytes, recompute");
+                   "keys: mesh, data_axes, zero_axes, tensor_axes, params, zero, micro_batches, "
+                   "bucket_bytes, prefetch_bytes, recompute");
   Plan p;
   try {
     if (j.contains("mesh")) {
@@ -205,11 +280,41 @@ Result<Plan> plan_from_json(const nlohmann::json& j) {
         axes.push_back({a.at("name").get<std::string>(), a.at("size").get<int>()});
       p.mesh = Mesh(std::move(axes));
       p.data_axes.clear();
-      for (const MeshAxis& a : p.mesh.axes()) p.data_axes.push_back(a.name);
+      for (const MeshAxis& a : p.mesh.axes())
+        (a.name == "tp" ? p.tensor_axes : p.data_axes).push_back(a.name);
       p.zero_axes = p.data_axes;
     }
     if (j.contains("data_axes")) p.data_axes = j.at("data_axes").get<std::vector<std::string>>();
     if (j.contains("zero_axes")) p.zero_axes = j.at("zero_axes").get<std::vector<std::string>>();
+    if (j.contains("tensor_axes"))
+      p.tensor_axes = j.at("tensor_axes").get<std::vector<std::string>>();
+    if (j.contains("params")) {
+      if (!j.at("params").is_object())
+        return error("plan: key 'params' must be an object of parameter name -> "
+                     "{axis: placement}");
+      for (auto it = j.at("params").begin(); it != j.at("params").end(); ++it) {
+        std::vector<Placement> pl(p.mesh.axes().size(), Placement::replicate());
+        if (!it.value().is_object())
+          return error("plan: params['" + it.key() + "'] must be an object {axis: placement}",
+                       "for example {\"tp\": \"S(0)\"}");
+        for (auto ax = it.value().begin(); ax != it.value().end(); ++ax) {
+          int i = p.mesh.axis_index(ax.key());
+          if (i < 0)
+            return error("plan: params['" + it.key() + "'] names axis '" + ax.key() +
+                         "', which is not in the mesh " + p.mesh.to_string());
+          if (!ax.value().is_string())
+            return error("plan: params['" + it.key() + "']['" + ax.key() +
+                         "'] must be a string such as \"S(0)\"");
+          Result<Placement> r = parse_placement(ax.value().get<std::string>());
+          if (!r.ok())
+            return error("plan: params['" + it.key() + "']['" + ax.key() +
+                             "']: " + r.status().message(),
+                         r.status().hint());
+          pl[static_cast<size_t>(i)] = r.value();
+        }
+        p.params[it.key()] = std::move(pl);
+      }
+    }
     if (j.contains("zero")) p.zero = j.at("zero").get<int>();
     if (j.contains("micro_batches")) p.micro_batches = j.at("micro_batches").get<int>();
     if (j.contains("bucket_bytes")) p.bucket_bytes = j.at("bucket_bytes").get<int64_t>();

@@ -11,15 +11,23 @@
 // flattened tensor, zero-padded to a multiple of the group size. HSDP is ZeRO-3 whose
 // zero_axes are a strict subset of the data axes: shard within a group, replicate across.
 // `recompute` trades compute for activation memory (parallel/recompute.h).
+//
+// Tensor axes (`tp`) replicate the batch; parameters are laid out on them by `params`
+// (parameter name -> one Placement per mesh axis, Replicate where absent), and the partition
+// pass derives every activation's layout from the ops' sharding rules:
+//   Plan t = Plan::tensor_parallel(2, 2);                // mesh {dp: 2, tp: 2}
+//   t.params["h.0.mlp.up.weight"] = {R, Shard(0)};       // column-parallel [F, C] weight
 #pragma once
 
 #include <cstdint>
+#include <map>
 #include <nlohmann/json_fwd.hpp>
 #include <string>
 #include <string_view>
 #include <vector>
 
 #include "base/status.h"
+#include "ir/placement.h"
 
 namespace tessera {
 
@@ -67,6 +75,9 @@ struct Plan {
   Mesh mesh{{{"dp", 1}}};
   std::vector<std::string> data_axes{"dp"};  // the batch is Shard(0) over these
   std::vector<std::string> zero_axes{"dp"};  // ZeRO shards over these (subset of data_axes)
+  std::vector<std::string> tensor_axes;      // parameters laid out by `params` over these
+  // Per-parameter placements, one per mesh axis; only tensor axes may be non-Replicate.
+  std::map<std::string, std::vector<Placement>> params;
   int zero = 0;                              // 0: plain data parallel; 1, 2, 3 (FSDP)
   int micro_batches = 1;                     // gradient accumulation steps per optimizer step
   int64_t bucket_bytes = 4 << 20;            // gradient reduction bucket size
@@ -75,6 +86,9 @@ struct Plan {
 
   static Plan data_parallel(int n, int zero = 0);
   static Plan hybrid_sharded(int replicas, int shards);  // HSDP, ZeRO-3 within a group
+  // mesh {dp: dp, tp: tp} (tp innermost: consecutive ranks), every parameter Replicate until
+  // `params` says otherwise.
+  static Plan tensor_parallel(int dp, int tp, int zero = 0);
 
   // Data axes ZeRO does not shard over: HSDP's replica groups (empty otherwise).
   std::vector<std::string> replica_axes() const;
@@ -83,6 +97,13 @@ struct Plan {
   bool shards_optimizer() const { return zero >= 1 && zero_group() > 1; }
   bool shards_grads() const { return zero >= 2 && zero_group() > 1; }
   bool shards_params() const { return zero >= 3 && zero_group() > 1; }
+  int tensor_group() const { return mesh.group_size(tensor_axes); }
+  // The axes the gradient norm's sum of squares is all-reduced over (mesh order): the ZeRO
+  // axes when gradients or optimizer state are sharded, and the tensor axes. Empty: every
+  // rank already holds every gradient element.
+  std::vector<std::string> grad_norm_axes() const;
+  // The placements of parameter `name`: its `params` entry, or Replicate on every axis.
+  std::vector<Placement> placements_of(const std::string& name) const;
   // "dp=4 zero=3" / "dp_rep=2 x dp_shard=2 zero=3 (HSDP)" / "dp=2 zero=0 recompute=full"
   std::string describe() const;
 };
@@ -92,13 +113,19 @@ struct Plan {
 std::string axes_key(const std::vector<std::string>& axes);
 std::vector<std::string> axes_of_key(const std::string& key);
 
-// Checks axis names and sizes, that data/zero axes exist and zero_axes ⊆ data_axes, the ZeRO
-// stage, and (when world > 0) that the mesh has exactly `world` ranks.
+// Checks axis names and sizes, that every axis is a data or a tensor axis (not both),
+// zero_axes ⊆ data_axes, parameter placements (one per axis, Shard only on tensor axes), the
+// ZeRO stage, and (when world > 0) that the mesh has exactly `world` ranks.
 Status validate(const Plan& p, int world = 0);
+
+// "R", "P", "S(d)" (Placement::to_string's form); errors name the text.
+Result<Placement> parse_placement(std::string_view text);
 
 nlohmann::json plan_to_json(const Plan& p);
 // Errors name the key; unknown keys are refused (typos would otherwise be ignored). Absent
-// keys keep their defaults (a file without "recompute" loads as recompute none).
+// keys keep their defaults (a file without "recompute" loads as recompute none); a mesh axis
+// named "tp" is a tensor axis unless "tensor_axes" says otherwise, every other a data axis.
+// "params": {"h.0.mlp.up.weight": {"tp": "S(0)"}} places a parameter by axis name.
 Result<Plan> plan_from_json(const nlohmann::json& j);
 Result<Plan> load_plan(const std::string& path);
 

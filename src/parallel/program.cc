@@ -59,7 +59,7 @@ void lower_micro_step(Program& p) {
 
 void lower_optimizer(Program& p) {
   std::vector<Instruction>& out = p.optimizer;
-  const bool norm_comm = p.plan.shards_grads() || p.plan.shards_optimizer();
+  const bool norm_comm = !p.plan.grad_norm_axes().empty();
   out.push_back(
       {Instruction::grad_norm, norm_comm ? Stream::comm : Stream::compute, -1, -1, -1, {}});
   for (size_t i = 0; i < p.part.params.size(); ++i) {
@@ -79,7 +79,7 @@ void count_bytes(Program& p) {
   const Graph& g = p.part.local;
   const int group = p.plan.zero_group();
   for (const ParamLayout& pl : p.part.params) {
-    const int64_t numel = pl.global_shape.numel();
+    const int64_t numel = pl.local_shape.numel();
     const int64_t block = FlatShard{group, 0, numel}.block();
     p.param_bytes += 4 * (pl.params_sharded ? block : numel);
     p.grad_bytes += 4 * (pl.grads_sharded ? block : numel);       // accumulated, reduced gradient
@@ -95,9 +95,9 @@ void count_bytes(Program& p) {
   for (const ParamLayout& pl : p.part.params)
     if (pl.optim_sharded && !pl.params_sharded)  // all-gather of the updated blocks
       step += static_cast<double>(group - 1) * 4.0 *
-              static_cast<double>(FlatShard{group, 0, pl.global_shape.numel()}.block());
-  if (p.plan.shards_grads() || p.plan.shards_optimizer())  // gradient norm: one f64 all-reduce
-    step += 2.0 * (group - 1) / group * 8.0;
+              static_cast<double>(FlatShard{group, 0, pl.local_shape.numel()}.block());
+  if (const int n = p.plan.mesh.group_size(p.plan.grad_norm_axes()); n > 1)
+    step += 2.0 * (n - 1) / n * 8.0;  // gradient norm: one f64 all-reduce
   p.comm_bytes_per_step = step;
 }
 

@@ -21,6 +21,8 @@ Result<MeshComms> MeshComms::create(Communicator& world, const Plan& plan) {
   keys.push_back(axes_key(plan.data_axes));
   keys.push_back(axes_key(plan.zero_axes));
   if (!plan.replica_axes().empty()) keys.push_back(axes_key(plan.replica_axes()));
+  keys.push_back(axes_key(plan.tensor_axes));
+  keys.push_back(axes_key(plan.grad_norm_axes()));
   const int r = world.rank();
   for (const std::string& k : keys) {
     if (k.empty() || mc.groups_.count(k)) continue;
@@ -89,10 +91,16 @@ DistributedStep::DistributedStep(const Graph& global, Program prog, Backend& bac
     slots.push_back(ParamSlot{pl.name, param_data(i) + (o.offset - pp.offset),
                               grads_.back().data() + (o.offset - grad_base), o.count,
                               pl.global_shape.rank() >= 2});
+    // Elements replicated over a tensor axis are counted once over the norm's group.
+    int64_t copies = 1;
+    for (const std::string& t : prog_.plan.tensor_axes)
+      if (pl.layout.axes[static_cast<size_t>(prog_.plan.mesh.axis_index(t))].is_replicate())
+        copies *= prog_.plan.mesh.axis_size(t);
+    slots.back().norm_weight = 1.0 / static_cast<double>(copies);
     if (pl.optim_sharded && !pl.params_sharded)
       scratch = std::max(
           scratch, static_cast<size_t>(
-                       FlatShard{prog_.plan.zero_group(), 0, pl.global_shape.numel()}.block() *
+                       FlatShard{prog_.plan.zero_group(), 0, pl.local_shape.numel()}.block() *
                        prog_.plan.zero_group()));
   }
   scratch_.assign(scratch, 0.0f);
@@ -100,18 +108,18 @@ DistributedStep::DistributedStep(const Graph& global, Program prog, Backend& bac
 }
 
 LocalPiece DistributedStep::block_of(size_t i) const {
-  FlatShard fs{prog_.plan.zero_group(), zero_index_, prog_.part.params[i].global_shape.numel()};
+  FlatShard fs{prog_.plan.zero_group(), zero_index_, prog_.part.params[i].local_shape.numel()};
   return {fs.offset(), fs.count()};
 }
 
 LocalPiece DistributedStep::param_piece(size_t i) const {
   const ParamLayout& pl = prog_.part.params[i];
-  return pl.params_sharded ? block_of(i) : LocalPiece{0, pl.global_shape.numel()};
+  return pl.params_sharded ? block_of(i) : LocalPiece{0, pl.local_shape.numel()};
 }
 
 LocalPiece DistributedStep::optim_piece(size_t i) const {
   const ParamLayout& pl = prog_.part.params[i];
-  return pl.optim_sharded ? block_of(i) : LocalPiece{0, pl.global_shape.numel()};
+  return pl.optim_sharded ? block_of(i) : LocalPiece{0, pl.local_shape.numel()};
 }
 
 float* DistributedStep::param_data(size_t i) {
@@ -124,6 +132,9 @@ bool DistributedStep::writes_shards() const {
 
 void DistributedStep::init_params(uint64_t seed) {
   for_each_initial_param(global_, seed, [&](size_t i, ValueId, std::vector<float>& v) {
+    const ParamLayout& pl = prog_.part.params[i];
+    if (pl.local_shape != pl.global_shape)  // this rank's tensor-parallel piece
+      v = box_of(v, pl.global_shape, pl.layout.local_box(prog_.plan.mesh, rank_));
     const LocalPiece pc = param_piece(i);
     const int64_t stored = prog_.local().type(prog_.part.params[i].local).shape.numel();
     float* dst = param_data(i);
@@ -212,7 +223,7 @@ Result<float> DistributedStep::forward_backward(const int32_t* tokens, const int
 Status DistributedStep::sync_param(size_t i) {
   const ParamLayout& pl = prog_.part.params[i];
   const int group = prog_.plan.zero_group();
-  const int64_t numel = pl.global_shape.numel();
+  const int64_t numel = pl.local_shape.numel();
   const int64_t block = FlatShard{group, 0, numel}.block();
   const LocalPiece mine = block_of(i);
   float* p = param_data(i);
@@ -233,7 +244,7 @@ Result<double> DistributedStep::apply(double lr, double clip, int micro_steps) {
   if (micro_steps > 1) opt_->scale_grads(1.0f / static_cast<float>(micro_steps));
   double sq = opt_->grad_sq_sum();
   if (prog_.optimizer.front().stream == Stream::comm) {
-    TS_ASSIGN_OR_RETURN(sq, comms_.group(axes_key(prog_.plan.zero_axes))
+    TS_ASSIGN_OR_RETURN(sq, comms_.group(axes_key(prog_.plan.grad_norm_axes()))
                                 .all_reduce_scalar(sq, /*max=*/false, "gradient norm"));
   }
   const double norm = std::sqrt(sq);
@@ -248,21 +259,39 @@ Result<double> DistributedStep::apply(double lr, double clip, int micro_steps) {
 
 Status DistributedStep::gather_params(std::vector<std::vector<float>>* whole) {
   whole->resize(prog_.part.params.size());
+  const Plan& plan = prog_.plan;
   for (size_t i = 0; i < prog_.part.params.size(); ++i) {
     const ParamLayout& pl = prog_.part.params[i];
-    const int64_t numel = pl.global_shape.numel();
+    const int64_t local = pl.local_shape.numel();
     std::vector<float>& w = (*whole)[i];
+    std::vector<float> piece;
     if (!pl.params_sharded) {
-      w.assign(param_data(i), param_data(i) + numel);
+      piece.assign(param_data(i), param_data(i) + local);
+    } else {  // the ZeRO-3 blocks of this rank's piece
+      const int group = plan.zero_group();
+      const int64_t block = FlatShard{group, 0, local}.block();
+      piece.assign(static_cast<size_t>(block * group), 0.0f);
+      Communicator& c = comms_.group(axes_key(plan.zero_axes));
+      Request r = c.all_gather(param_data(i), piece.data(), block, "gather " + pl.name);
+      TS_RETURN_IF_ERROR(c.wait(r));
+      piece.resize(static_cast<size_t>(local));
+    }
+    if (pl.local_shape == pl.global_shape) {
+      w = std::move(piece);
       continue;
     }
-    const int group = prog_.plan.zero_group();
-    w.assign(static_cast<size_t>(FlatShard{group, 0, numel}.block() * group), 0.0f);
-    Communicator& c = comms_.group(axes_key(prog_.plan.zero_axes));
-    Request r = c.all_gather(param_data(i), w.data(), FlatShard{group, 0, numel}.block(),
-                             "gather " + pl.name);
+    // The pieces of the tensor axes' group, each placed at its box.
+    const int tg = plan.tensor_group();
+    std::vector<float> all(static_cast<size_t>(local * tg));
+    Communicator& c = comms_.group(axes_key(plan.tensor_axes));
+    Request r = c.all_gather(piece.data(), all.data(), local, "gather " + pl.name);
     TS_RETURN_IF_ERROR(c.wait(r));
-    w.resize(static_cast<size_t>(numel));
+    w.assign(static_cast<size_t>(pl.global_shape.numel()), 0.0f);
+    for (int k = 0; k < tg; ++k) {
+      const int q = group_member(plan.mesh, rank_, plan.tensor_axes, k);
+      place_box(all.data() + k * local, pl.global_shape, pl.layout.local_box(plan.mesh, q),
+                w.data());
+    }
   }
   return Status();
 }

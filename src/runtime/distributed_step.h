@@ -44,8 +44,9 @@ class MeshComms {
   std::map<std::string, std::shared_ptr<Communicator>> groups_;
 };
 
-// What this rank holds of one parameter tensor: elements [offset, offset + count) of the
-// flattened tensor (the whole tensor when not sharded).
+// What this rank holds of one parameter tensor: elements [offset, offset + count) of its
+// flattened local piece (ParamLayout::local_shape: the whole tensor unless a tensor axis
+// shards it; the whole piece unless ZeRO shards it).
 struct LocalPiece {
   int64_t offset = 0, count = 0;
 };
@@ -85,7 +86,8 @@ class DistributedStep {
   // Bytes this rank allocated for parameters, accumulated gradients and AdamW moments (what
   // Program::persistent_bytes() predicts; counted from the buffers themselves).
   int64_t state_bytes_allocated();
-  // Every rank receives every whole parameter (gathering ZeRO-3 blocks).
+  // Every rank receives every whole parameter (gathering ZeRO-3 blocks and tensor-parallel
+  // pieces).
   Status gather_params(std::vector<std::vector<float>>* whole);
 
  private:

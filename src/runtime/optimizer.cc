@@ -26,7 +26,7 @@ void AdamW::scale_grads(float c) {
 
 double AdamW::grad_sq_sum() const {
   double total = 0;
-  for (const ParamSlot& p : params_) total += cpu::sum_squares(p.grad, p.size);
+  for (const ParamSlot& p : params_) total += p.norm_weight * cpu::sum_squares(p.grad, p.size);
   return total;
 }
 

@@ -28,6 +28,9 @@ struct ParamSlot {
   float* grad = nullptr;
   int64_t size = 0;
   bool decay = true;
+  // The share of this slot's squares the gradient norm counts on this rank: 1 / the number of
+  // ranks of the norm's reduction group holding the same elements (tensor-axis replicas).
+  double norm_weight = 1.0;
 };
 
 class AdamW {

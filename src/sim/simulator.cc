@@ -103,7 +103,7 @@ class Schedule {
     const int zg = prog_.plan.zero_group();
     const double bw = c_.device.memory_bandwidth * c_.device.optimizer_efficiency;
     auto elems = [&](const ParamLayout& pl, bool sharded) {
-      int64_t numel = pl.global_shape.numel();
+      int64_t numel = pl.local_shape.numel();
       return static_cast<double>(sharded ? FlatShard{zg, 0, numel}.block() : numel);
     };
     switch (in.kind) {
@@ -162,7 +162,7 @@ class Schedule {
       }
       if (in.kind == Instruction::grad_norm && in.stream == Stream::comm) {
         // The sum of squares is all-reduced over the ZeRO group; AdamW waits for it.
-        double ar = collective(OpKind::all_reduce, 8.0, prog_.plan.zero_axes);
+        double ar = collective(OpKind::all_reduce, 8.0, prog_.plan.grad_norm_axes());
         double ar_start = std::max(comm_free_, end[i]);
         comm_free_ = ar_start + ar;
         r_->comm_seconds += ar;
