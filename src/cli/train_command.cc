@@ -113,6 +113,11 @@ Result<Plan> plan_from_flags(const TrainOptions& o, int world) {
     TS_ASSIGN_OR_RETURN(plan.recompute, parse_recompute(o.recompute));
   }
   TS_RETURN_IF_ERROR(validate(plan, world));
+  if (plan.tensor_group() > 1)
+    return error("plan '" + o.plan + "' has tensor axes (" + axes_key(plan.tensor_axes) +
+                     "); `tessera train` cannot checkpoint tensor-parallel pieces yet",
+                 "`tessera plan MODEL --plan FILE` and `tessera simulate --plan FILE` take this "
+                 "plan; train with data axes only for now");
   if (o.batch % plan.data_group() != 0)
     return error("--batch " + std::to_string(o.batch) +
                      " (the global micro-batch) does not split "

@@ -176,9 +176,8 @@ std::vector<float> box_of(const std::vector<float>& whole, const Shape& global, 
 }
 
 void place_box(const float* piece, const Shape& global, const Box& b, float* whole) {
-  for_each_run(global, b, [&](int64_t w, int64_t p, int64_t n) {
-    std::copy_n(piece + p, n, whole + w);
-  });
+  for_each_run(global, b,
+               [&](int64_t w, int64_t p, int64_t n) { std::copy_n(piece + p, n, whole + w); });
 }
 
 int group_member(const Mesh& mesh, int rank, const std::vector<std::string>& axes, int index) {

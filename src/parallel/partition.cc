@@ -132,7 +132,9 @@ Result<ValueId> Pass::lower_step(const CommStep& s, ValueId v, const Node& like,
   a.count = s.group;
   const Placements& before = s.before.axes;
   const Placements& after = s.after.axes;
-  auto ints = [](const Shape& sh) { return std::vector<int64_t>(sh.dims().begin(), sh.dims().end()); };
+  auto ints = [](const Shape& sh) {
+    return std::vector<int64_t>(sh.dims().begin(), sh.dims().end());
+  };
   auto reshape = [&](ValueId x, const Shape& to, const Placements& pl) {
     Attrs r;
     r.ints = ints(to);
@@ -160,7 +162,8 @@ Result<ValueId> Pass::lower_step(const CommStep& s, ValueId v, const Node& like,
       if (outer == 1) return collective(OpKind::all_gather, flat, s.out_shape);
       const int64_t rest = in.numel() / outer;
       a.ints = {s.group, outer, rest};
-      TS_ASSIGN_OR_RETURN(ValueId g, collective(OpKind::all_gather, flat, Shape{s.group, outer, rest}));
+      TS_ASSIGN_OR_RETURN(ValueId g,
+                          collective(OpKind::all_gather, flat, Shape{s.group, outer, rest}));
       TS_ASSIGN_OR_RETURN(ValueId t, swap01(g, after));
       return reshape(t, s.out_shape, after);
     }
@@ -169,11 +172,13 @@ Result<ValueId> Pass::lower_step(const CommStep& s, ValueId v, const Node& like,
       if (outer == 1) {
         TS_ASSIGN_OR_RETURN(flat, reshape(v, Shape{in.numel()}, before));
       } else {
-        TS_ASSIGN_OR_RETURN(ValueId x3, reshape(v, Shape{outer, s.group, in.numel() / outer / s.group}, before));
+        TS_ASSIGN_OR_RETURN(
+            ValueId x3, reshape(v, Shape{outer, s.group, in.numel() / outer / s.group}, before));
         TS_ASSIGN_OR_RETURN(ValueId t, swap01(x3, before));
         TS_ASSIGN_OR_RETURN(flat, reshape(t, Shape{in.numel()}, before));
       }
-      TS_ASSIGN_OR_RETURN(ValueId r, collective(OpKind::reduce_scatter, flat, Shape{s.out_shape.numel()}));
+      TS_ASSIGN_OR_RETURN(ValueId r,
+                          collective(OpKind::reduce_scatter, flat, Shape{s.out_shape.numel()}));
       return reshape(r, s.out_shape, after);
     }
     default:
@@ -193,8 +198,8 @@ Result<ValueId> Pass::issue_gather(size_t param, bool backward, const Node& like
   Node at = like;
   at.backward = backward;
   at.recompute = false;
-  TS_ASSIGN_OR_RETURN(ValueId v, emit(OpKind::all_gather, a, {pl.local}, at, {pl.layout.axes},
-                                      {pl.local_shape}));
+  TS_ASSIGN_OR_RETURN(
+      ValueId v, emit(OpKind::all_gather, a, {pl.local}, at, {pl.layout.axes}, {pl.local_shape}));
   gathered_[{param, backward}] = v;
   in_flight_.emplace_back(-1, pl.local_shape.numel() * 4);
   return v;

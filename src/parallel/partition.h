@@ -47,8 +47,8 @@ struct FlatShard {
 struct ParamLayout {
   std::string name;
   Shape global_shape;
-  TensorLayout layout;  // on the mesh, from Plan::params (tensor axes); no flat block
-  Shape local_shape;    // the piece this rank computes with; ZeRO blocks are cut from it
+  TensorLayout layout;          // on the mesh, from Plan::params (tensor axes); no flat block
+  Shape local_shape;            // the piece this rank computes with; ZeRO blocks are cut from it
   ValueId global = -1;          // parameter in the global graph
   ValueId local = -1;           // parameter node in the local graph ([block] when params_sharded)
   ValueId local_grad = -1;      // reduced gradient in the local graph ([block] when grads_sharded)

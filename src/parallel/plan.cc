@@ -264,8 +264,8 @@ nlohmann::json plan_to_json(const Plan& p) {
 
 Result<Plan> plan_from_json(const nlohmann::json& j) {
   static const std::set<std::string> known = {
-      "mesh",          "data_axes",    "zero_axes",      "tensor_axes", "params", "zero",
-      "micro_batches", "bucket_bytes", "prefetch_bytes", "recompute"};
+      "mesh", "data_axes",     "zero_axes",    "tensor_axes",    "params",
+      "zero", "micro_batches", "bucket_bytes", "prefetch_bytes", "recompute"};
   if (!j.is_object()) return error("plan: expected a JSON object");
   for (auto it = j.begin(); it != j.end(); ++it)
     if (!known.count(it.key()))
@@ -290,8 +290,9 @@ Result<Plan> plan_from_json(const nlohmann::json& j) {
       p.tensor_axes = j.at("tensor_axes").get<std::vector<std::string>>();
     if (j.contains("params")) {
       if (!j.at("params").is_object())
-        return error("plan: key 'params' must be an object of parameter name -> "
-                     "{axis: placement}");
+        return error(
+            "plan: key 'params' must be an object of parameter name -> "
+            "{axis: placement}");
       for (auto it = j.at("params").begin(); it != j.at("params").end(); ++it) {
         std::vector<Placement> pl(p.mesh.axes().size(), Placement::replicate());
         if (!it.value().is_object())
@@ -307,9 +308,9 @@ Result<Plan> plan_from_json(const nlohmann::json& j) {
                          "'] must be a string such as \"S(0)\"");
           Result<Placement> r = parse_placement(ax.value().get<std::string>());
           if (!r.ok())
-            return error("plan: params['" + it.key() + "']['" + ax.key() +
-                             "']: " + r.status().message(),
-                         r.status().hint());
+            return error(
+                "plan: params['" + it.key() + "']['" + ax.key() + "']: " + r.status().message(),
+                r.status().hint());
           pl[static_cast<size_t>(i)] = r.value();
         }
         p.params[it.key()] = std::move(pl);

@@ -78,9 +78,9 @@ struct Plan {
   std::vector<std::string> tensor_axes;      // parameters laid out by `params` over these
   // Per-parameter placements, one per mesh axis; only tensor axes may be non-Replicate.
   std::map<std::string, std::vector<Placement>> params;
-  int zero = 0;                              // 0: plain data parallel; 1, 2, 3 (FSDP)
-  int micro_batches = 1;                     // gradient accumulation steps per optimizer step
-  int64_t bucket_bytes = 4 << 20;            // gradient reduction bucket size
+  int zero = 0;                       // 0: plain data parallel; 1, 2, 3 (FSDP)
+  int micro_batches = 1;              // gradient accumulation steps per optimizer step
+  int64_t bucket_bytes = 4 << 20;     // gradient reduction bucket size
   int64_t prefetch_bytes = 16 << 20;  // FSDP: gathered parameter bytes in flight ahead of use
   RecomputePolicy recompute = RecomputePolicy::none;  // activation recomputation
 

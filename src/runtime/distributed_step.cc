@@ -98,10 +98,10 @@ DistributedStep::DistributedStep(const Graph& global, Program prog, Backend& bac
         copies *= prog_.plan.mesh.axis_size(t);
     slots.back().norm_weight = 1.0 / static_cast<double>(copies);
     if (pl.optim_sharded && !pl.params_sharded)
-      scratch = std::max(
-          scratch, static_cast<size_t>(
-                       FlatShard{prog_.plan.zero_group(), 0, pl.local_shape.numel()}.block() *
-                       prog_.plan.zero_group()));
+      scratch = std::max(scratch,
+                         static_cast<size_t>(
+                             FlatShard{prog_.plan.zero_group(), 0, pl.local_shape.numel()}.block() *
+                             prog_.plan.zero_group()));
   }
   scratch_.assign(scratch, 0.0f);
   opt_ = std::make_unique<AdamW>(std::move(slots), opt);

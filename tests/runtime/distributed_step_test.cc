@@ -11,14 +11,15 @@ namespace {
 
 using namespace testing_equivalence;
 
-std::vector<RunResult> run_threads(const Plan& plan, int steps) {
+std::vector<RunResult> run_threads(const Plan& plan, int steps,
+                                   const ModelConfig& cfg = tiny_gpt()) {
   const int n = plan.mesh.size();
   std::vector<std::unique_ptr<Communicator>> comms = make_local_comms(n);
   std::vector<RunResult> out(static_cast<size_t>(n));
   std::vector<std::thread> threads;
   for (int r = 0; r < n; ++r)
     threads.emplace_back(
-        [&, r] { out[static_cast<size_t>(r)] = run_rank(*comms[r], plan, steps); });
+        [&, r] { out[static_cast<size_t>(r)] = run_rank(*comms[r], plan, steps, cfg); });
   for (std::thread& t : threads) t.join();
   return out;
 }
@@ -80,6 +81,43 @@ TEST(DistributedStep, RecomputeIsBitwiseTheSameUnderZeroThree) {
       EXPECT_EQ(a[r].params[i], b[r].params[i]) << "parameter " << i;
     EXPECT_EQ(b[r].arena_measured, b[r].arena_planned);
   }
+}
+
+// Tensor parallelism: LLaMA (GQA) under the Megatron layout, alone and with data parallelism
+// and ZeRO, against one rank.
+class TensorParallelTest : public testing::TestWithParam<Case> {};
+
+TEST_P(TensorParallelTest, LlamaMatchesOneRank) {
+  const Plan plan = with_megatron_llama(GetParam().plan, tiny_llama());
+  const int steps = 8;
+  RunResult ref = run_single(steps, plan.micro_batches, tiny_llama());
+  std::vector<RunResult> ranks = run_threads(plan, steps, tiny_llama());
+  for (size_t r = 0; r < ranks.size(); ++r) {
+    SCOPED_TRACE("rank " + std::to_string(r));
+    expect_equivalent(ref, ranks[r]);
+    EXPECT_EQ(ranks[r].arena_measured, ranks[r].arena_planned);
+    EXPECT_NEAR(ranks[r].comm_bytes_measured, ranks[r].comm_bytes_planned,
+                0.002 * ranks[r].comm_bytes_planned + 64);
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(
+    Plans, TensorParallelTest,
+    testing::Values(Case{"tp2", Plan::tensor_parallel(1, 2)},
+                    Case{"dp2_tp2", Plan::tensor_parallel(2, 2)},
+                    Case{"dp2_tp2_zero1", Plan::tensor_parallel(2, 2, 1)},
+                    Case{"dp2_tp2_zero3", Plan::tensor_parallel(2, 2, 3)},
+                    Case{"tp2_accum", with_micro(Plan::tensor_parallel(1, 2), 2)},
+                    Case{"tp2_recompute", with_recompute(Plan::tensor_parallel(1, 2))}),
+    [](const testing::TestParamInfo<Case>& i) { return std::string(i.param.name); });
+
+TEST(TensorParallel, KvHeadsThatDoNotSplitAreAnErrorNamingTheDegrees) {
+  Plan plan = with_megatron_llama(Plan::tensor_parallel(1, 4), tiny_llama());
+  ModelGraph m = build_model(tiny_llama(), kBatch, kSeq, ModelMode::train);
+  Result<Program> p = lower(m.graph, plan);
+  ASSERT_FALSE(p.ok());
+  std::printf("%s\n", p.status().to_string().c_str());
+  EXPECT_NE(p.status().message().find("cannot be split 4 ways over tp"), std::string::npos);
 }
 
 TEST(DistributedStep, ZeroThreeHoldsOneNthOfDataParallelState) {

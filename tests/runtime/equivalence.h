@@ -1,5 +1,5 @@
 // Shared by the distributed equivalence tests (in-process ranks and MPI ranks): trains one
-// tiny GPT for a few steps on one rank (TrainStep) and on N ranks under a Plan
+// tiny GPT (or LLaMA) for a few steps on one rank (TrainStep) and on N ranks under a Plan
 // (DistributedStep), on the same global batches, and returns what is compared.
 #pragma once
 
@@ -28,6 +28,36 @@ inline ModelConfig tiny_gpt() {
   c.n_head = 4;
   c.max_seq_len = 16;
   return c;
+}
+
+// GQA (2 KV heads for 4 heads), SwiGLU, RoPE, an untied head.
+inline ModelConfig tiny_llama() {
+  ModelConfig c = tiny_gpt();
+  c.name = "equivalence-llama";
+  c.family = "llama";
+  c.n_kv_head = 2;
+  c.ffn_hidden = 64;
+  c.tied_embeddings = false;
+  return c;
+}
+
+// The Megatron layout of a LLaMA model on the tensor axis of `plan`, written by hand (the
+// partition search that finds it is still to come): q, k, v, gate and up column-parallel
+// (Shard(0) of [out, in]), o and down row-parallel (Shard(1)); embeddings and norms Replicate.
+inline Plan with_megatron_llama(Plan plan, const ModelConfig& c) {
+  const size_t tp = static_cast<size_t>(plan.mesh.axis_index(plan.tensor_axes.at(0)));
+  for (int64_t l = 0; l < c.n_layer; ++l) {
+    const std::string h = "h." + std::to_string(l) + ".";
+    for (const char* col : {"attn.q", "attn.k", "attn.v", "mlp.gate", "mlp.up"}) {
+      plan.params[h + col + ".weight"] = plan.placements_of("");
+      plan.params[h + col + ".weight"][tp] = Placement::shard(0);
+    }
+    for (const char* row : {"attn.o", "mlp.down"}) {
+      plan.params[h + row + ".weight"] = plan.placements_of("");
+      plan.params[h + row + ".weight"][tp] = Placement::shard(1);
+    }
+  }
+  return plan;
 }
 
 constexpr int64_t kBatch = 8, kSeq = 8;  // global micro-batch
@@ -60,9 +90,9 @@ inline AdamWConfig adamw() {
   return c;
 }
 
-inline RunResult run_single(int steps, int micro_batches) {
+inline RunResult run_single(int steps, int micro_batches, const ModelConfig& cfg = tiny_gpt()) {
   CpuBackend cpu;
-  ModelGraph m = build_model(tiny_gpt(), kBatch, kSeq, ModelMode::train);
+  ModelGraph m = build_model(cfg, kBatch, kSeq, ModelMode::train);
   TrainStep ts(m, cpu, adamw());
   ts.executor().init_params(kSeed);
   RunResult r;
@@ -84,10 +114,11 @@ inline RunResult run_single(int steps, int micro_batches) {
 }
 
 // Runs on one rank of `world`; every rank returns the same losses and whole parameters.
-inline RunResult run_rank(Communicator& world, const Plan& plan, int steps) {
+inline RunResult run_rank(Communicator& world, const Plan& plan, int steps,
+                          const ModelConfig& cfg = tiny_gpt()) {
   RunResult r;
   CpuBackend cpu;
-  ModelGraph m = build_model(tiny_gpt(), kBatch, kSeq, ModelMode::train);
+  ModelGraph m = build_model(cfg, kBatch, kSeq, ModelMode::train);
   Result<MeshComms> comms = MeshComms::create(world, plan);
   EXPECT_TRUE(comms.ok()) << comms.status().to_string();
   if (!comms.ok()) return r;
