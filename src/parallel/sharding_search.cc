@@ -1,0 +1,148 @@
+#include "parallel/sharding_search.h"
+
+#include <algorithm>
+#include <limits>
+
+#include "parallel/partition.h"
+
+namespace tessera {
+
+namespace {
+
+// Parameters of block `layer`, in graph order.
+std::vector<ValueId> block_params(const Graph& g, int layer) {
+  std::vector<ValueId> out;
+  for (ValueId p : g.params())
+    if (g.producer(p).layer == layer) out.push_back(p);
+  return out;
+}
+
+struct Score {
+  bool ok = false;
+  double cost = 0, flops = 0, tensor_bytes = 0, param_bytes = 0;
+  bool better_than(const Score& o) const {
+    if (!o.ok) return ok;
+    if (!ok) return false;
+    if (cost != o.cost) return cost < o.cost;
+    return param_bytes < o.param_bytes;
+  }
+};
+
+Score evaluate(const Graph& g, const Plan& plan, const SearchCost& c) {
+  Score s;
+  Result<Partitioned> part = partition(g, plan);
+  if (!part.ok()) return s;
+  const Graph& l = part->local;
+  for (const Node& n : l.nodes()) {
+    std::vector<TensorType> in, out;
+    for (ValueId v : n.inputs) in.push_back(l.type(v));
+    for (ValueId v : n.outputs) out.push_back(l.type(v));
+    if (!is_collective(n.op)) {
+      s.flops += op_flops(n.op, n.attrs, in, out);
+      continue;
+    }
+    bool tensor = false;
+    for (const std::string& a : axes_of_key(n.attrs.name))
+      tensor = tensor || std::count(plan.tensor_axes.begin(), plan.tensor_axes.end(), a);
+    if (tensor) s.tensor_bytes += op_bytes(n.op, n.attrs, in, out);
+  }
+  for (const ParamLayout& p : part->params) s.param_bytes += 4.0 * p.local_shape.numel();
+  s.cost = s.flops + c.flops_per_byte * s.tensor_bytes;
+  s.ok = true;
+  return s;
+}
+
+// The plan with block 0's placements applied to every block of g.
+Plan with_block(const Plan& plan, const Graph& g, const BlockLayout& b) {
+  Plan p = plan;
+  Result<std::map<std::string, std::vector<Placement>>> all = expand_block_layout(b, g, plan);
+  if (all.ok()) p.params = std::move(all).value();
+  return p;
+}
+
+}  // namespace
+
+Result<std::map<std::string, std::vector<Placement>>> expand_block_layout(const BlockLayout& b,
+                                                                          const Graph& g,
+                                                                          const Plan& plan) {
+  std::map<std::string, std::vector<Placement>> out = plan.params;
+  for (int layer = 0;; ++layer) {
+    std::vector<ValueId> ps = block_params(g, layer);
+    if (ps.empty()) break;
+    if (ps.size() != b.names.size())
+      return error("sharding search: block " + std::to_string(layer) + " has " +
+                       std::to_string(ps.size()) + " parameters, block 0 had " +
+                       std::to_string(b.names.size()),
+                   "every transformer block must have the same parameters");
+    for (size_t i = 0; i < ps.size(); ++i) {
+      const bool replicated = std::all_of(b.placements[i].begin(), b.placements[i].end(),
+                                          [](const Placement& x) { return x.is_replicate(); });
+      if (replicated)
+        out.erase(g.name_of(ps[i]));
+      else
+        out[g.name_of(ps[i])] = b.placements[i];
+    }
+  }
+  return out;
+}
+
+Result<BlockLayout> search_block_layout(const Graph& g, const Plan& plan, const SearchCost& c) {
+  TS_RETURN_IF_ERROR(validate(plan));
+  if (plan.tensor_axes.size() != 1)
+    return error("sharding search: the plan needs exactly one tensor axis, it has " +
+                 std::to_string(plan.tensor_axes.size()));
+  const size_t tp = static_cast<size_t>(plan.mesh.axis_index(plan.tensor_axes[0]));
+  std::vector<ValueId> ps = block_params(g, 0);
+  if (ps.empty()) return error("sharding search: the graph has no transformer block 0");
+  BlockLayout b;
+  const std::vector<Placement> rep(plan.mesh.axes().size(), Placement::replicate());
+  for (ValueId p : ps) {
+    b.names.push_back(g.name_of(p));
+    b.placements.push_back(rep);
+  }
+  std::vector<size_t> matrices, vectors;
+  for (size_t i = 0; i < ps.size(); ++i)
+    (g.type(ps[i]).shape.rank() >= 2 ? matrices : vectors).push_back(i);
+
+  Score best = evaluate(g, with_block(plan, g, b), c);
+  ++b.candidates;
+  BlockLayout best_b = b;
+  // Matrices: every combination of R, S(0), S(1).
+  const Placement choices[] = {Placement::replicate(), Placement::shard(0), Placement::shard(1)};
+  std::vector<int> pick(matrices.size(), 0);
+  for (;;) {
+    size_t i = 0;
+    while (i < pick.size() && ++pick[i] == 3) pick[i++] = 0;
+    if (i == pick.size()) break;
+    BlockLayout cand = b;
+    for (size_t k = 0; k < matrices.size(); ++k)
+      cand.placements[matrices[k]][tp] = choices[pick[k]];
+    Score s = evaluate(g, with_block(plan, g, cand), c);
+    ++b.candidates;
+    if (s.better_than(best)) {
+      best = s;
+      best_b = cand;
+    }
+  }
+  // Vectors, one at a time given the matrices.
+  for (size_t v : vectors) {
+    BlockLayout cand = best_b;
+    cand.placements[v][tp] = Placement::shard(0);
+    Score s = evaluate(g, with_block(plan, g, cand), c);
+    ++b.candidates;
+    if (s.better_than(best)) {
+      best = s;
+      best_b = cand;
+    }
+  }
+  if (!best.ok)
+    return error("sharding search: no placement of block 0 partitions under " +
+                 plan.mesh.to_string());
+  best_b.cost = best.cost;
+  best_b.local_flops = best.flops;
+  best_b.tensor_bytes = best.tensor_bytes;
+  best_b.candidates = b.candidates;
+  return best_b;
+}
+
+}  // namespace tessera

@@ -1,0 +1,53 @@
+// The search for parameter placements on a tensor axis (DESIGN.md "Tensor layouts and
+// redistribution": the Megatron layout is found, not spelled). Model code never names a
+// layout; this pass tries placements of one transformer block's parameters, partitions the
+// graph under each, and keeps the cheapest:
+//
+//   SearchCost cost{.flops_per_byte = 2000};          // device FLOP/s per tp-link byte/s
+//   TS_ASSIGN_OR_RETURN(BlockLayout b, search_block_layout(one_layer_graph, plan, cost));
+//   plan.params = expand_block_layout(b, full_graph, plan);   // the same choice in every block
+//
+// Every matrix of block 0 (Node::layer == 0) is tried as Replicate, Shard(0) and Shard(1) on
+// the tensor axis (all combinations: 3^k partitions, k = 4 for GPT, 7 for LLaMA); then every
+// vector (biases, norm weights) as Replicate or Shard(0), one at a time. A candidate's cost is
+// the local FLOPs of one step plus flops_per_byte times the bytes the tensor axis sends (the
+// step time on a roofline in FLOP units), ties broken by parameter bytes per rank. A
+// candidate the shapes cannot take (a degree that does not divide heads or widths) is
+// skipped; when every sharded one is, the block stays Replicate. Blocks are matched by
+// position: the i-th parameter of block l gets the i-th parameter of block 0's placement.
+#pragma once
+
+#include <map>
+#include <string>
+#include <vector>
+
+#include "ir/graph.h"
+#include "parallel/plan.h"
+
+namespace tessera {
+
+struct SearchCost {
+  double flops_per_byte = 2000;  // FLOP/s of a device over bytes/s of a tensor-axis link
+};
+
+struct BlockLayout {
+  // Block 0's parameters, in graph order, and their placements (one per mesh axis).
+  std::vector<std::string> names;
+  std::vector<std::vector<Placement>> placements;
+  double cost = 0;          // FLOPs + flops_per_byte * tensor-axis bytes, per step
+  double local_flops = 0;   // per rank, per micro-batch
+  double tensor_bytes = 0;  // sent per rank per micro-batch over the tensor axes
+  int candidates = 0;       // partitions tried
+};
+
+// `g` is a training graph (a one-block model is enough and fast); `plan` has exactly one
+// tensor axis. Errors name what is missing.
+Result<BlockLayout> search_block_layout(const Graph& g, const Plan& plan, const SearchCost& cost);
+
+// Block 0's placements applied to every block of `g` (by parameter position in the block),
+// as Plan::params.
+Result<std::map<std::string, std::vector<Placement>>> expand_block_layout(const BlockLayout& b,
+                                                                          const Graph& g,
+                                                                          const Plan& plan);
+
+}  // namespace tessera

@@ -1,0 +1,87 @@
+// The placement search on a tensor axis: the Megatron layout of a LLaMA block comes out of
+// the costs (FLOPs saved against bytes sent), and its communication is the analytic count.
+#include "parallel/sharding_search.h"
+
+#include <gtest/gtest.h>
+
+#include <chrono>
+
+#include "models/model.h"
+#include "parallel/program.h"
+
+namespace tessera {
+namespace {
+
+std::string placement_on(const BlockLayout& b, const std::string& suffix, size_t axis) {
+  for (size_t i = 0; i < b.names.size(); ++i)
+    if (b.names[i].size() >= suffix.size() &&
+        b.names[i].compare(b.names[i].size() - suffix.size(), suffix.size(), suffix) == 0)
+      return b.placements[i][axis].to_string();
+  return "absent";
+}
+
+TEST(ShardingSearch, FindsTheMegatronLayoutOfALlamaBlock) {
+  ModelConfig c = *find_preset("llama2-7b");
+  c.n_layer = 1;
+  const int64_t B = 1, T = 4096, C = c.n_embd;
+  ModelGraph m = build_model(c, B, T, ModelMode::train);
+  Plan plan = Plan::tensor_parallel(1, 8);
+  auto t0 = std::chrono::steady_clock::now();
+  Result<BlockLayout> b = search_block_layout(m.graph, plan, SearchCost{2000});
+  const double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  ASSERT_TRUE(b.ok()) << b.status().to_string();
+  std::printf("%d candidates in %.2f s; cost %.4g FLOP-equivalents\n", b->candidates, secs,
+              b->cost);
+  const size_t tp = 1;
+  for (const char* col :
+       {"attn.q.weight", "attn.k.weight", "attn.v.weight", "mlp.gate.weight", "mlp.up.weight"})
+    EXPECT_EQ(placement_on(*b, col, tp), "S(0)") << col;  // column-parallel [out, in]
+  for (const char* row : {"attn.o.weight", "mlp.down.weight"})
+    EXPECT_EQ(placement_on(*b, row, tp), "S(1)") << row;  // row-parallel
+  for (const char* norm : {"attn_norm.weight", "mlp_norm.weight"})
+    EXPECT_EQ(placement_on(*b, norm, tp), "R") << norm;
+  // One all-reduce of the [B*T, C] activations per block half, forward and backward: a ring
+  // over 8 ranks sends 2 * 7/8 of it.
+  const double analytic = 4 * 2.0 * 7 / 8 * static_cast<double>(B * T * C) * 4;
+  EXPECT_DOUBLE_EQ(b->tensor_bytes, analytic);
+}
+
+TEST(ShardingSearch, SpreadsOverEveryBlockAndLowers) {
+  ModelConfig c = *find_preset("llama-tiny");
+  ModelGraph one = build_model(
+      [&] {
+        ModelConfig d = c;
+        d.n_layer = 1;
+        return d;
+      }(),
+      2, 64, ModelMode::train);
+  ModelGraph all = build_model(c, 2, 64, ModelMode::train);
+  Plan plan = Plan::tensor_parallel(2, 2);
+  // On a model this small a plain all-reduce costs more than the FLOPs it saves unless the
+  // link is fast: say so.
+  Result<BlockLayout> b = search_block_layout(one.graph, plan, SearchCost{1});
+  ASSERT_TRUE(b.ok()) << b.status().to_string();
+  Result<std::map<std::string, std::vector<Placement>>> params =
+      expand_block_layout(*b, all.graph, plan);
+  ASSERT_TRUE(params.ok()) << params.status().to_string();
+  EXPECT_EQ(params->size(), static_cast<size_t>(7 * c.n_layer));
+  EXPECT_EQ(params->at("h.1.mlp.down.weight")[1], Placement::shard(1));
+  plan.params = *params;
+  Result<Program> p = lower(all.graph, plan);
+  ASSERT_TRUE(p.ok()) << p.status().to_string();
+  // A slow link (a byte costs a million FLOPs): replicating everything is cheapest.
+  Result<BlockLayout> slow =
+      search_block_layout(one.graph, Plan::tensor_parallel(2, 2), SearchCost{1e6});
+  ASSERT_TRUE(slow.ok());
+  EXPECT_EQ(slow->tensor_bytes, 0);
+}
+
+TEST(ShardingSearch, NeedsOneTensorAxis) {
+  ModelGraph m = build_model(*find_preset("llama-tiny"), 2, 64, ModelMode::train);
+  Result<BlockLayout> b = search_block_layout(m.graph, Plan::data_parallel(2), SearchCost{});
+  ASSERT_FALSE(b.ok());
+  EXPECT_NE(b.status().message().find("exactly one tensor axis"), std::string::npos);
+}
+
+}  // namespace
+}  // namespace tessera
