@@ -1,12 +1,15 @@
 // `tessera plan MODEL --dp N --zero S`: lowers the training step for a plan and prints, per
 // rank, the planned memory, the bytes sent per step and (with --program) the instructions.
 // Needs no MPI and no devices: the same Program the runtime executes.
+#include <algorithm>
 #include <cstdio>
 #include <nlohmann/json.hpp>
+#include <regex>
 
 #include "base/format.h"
 #include "cli/commands.h"
 #include "cli/common.h"
+#include "cli/tensor_plan.h"
 #include "io/model_config.h"
 #include "parallel/program.h"
 
@@ -17,7 +20,7 @@ namespace {
 struct PlanOptions {
   std::string model;
   int64_t batch = 8, seq = 0;
-  int dp = 1, zero = 0, hsdp = 0, micro = 1;
+  int dp = 1, tp = 1, zero = 0, hsdp = 0, micro = 1;
   std::string plan;
   std::string recompute;  // "" keeps the plan's (none by default)
   bool program = false;
@@ -31,8 +34,11 @@ Status run_plan(const PlanOptions& o) {
   if (!o.plan.empty()) {
     TS_ASSIGN_OR_RETURN(plan, load_plan(o.plan));
   } else if (o.hsdp > 0) {
+    if (o.tp > 1) return error("--hsdp with --tp is not supported yet", "use --zero 3 with --tp");
     if (o.dp % o.hsdp != 0) return error("--hsdp must divide --dp");
     plan = Plan::hybrid_sharded(o.hsdp, o.dp / o.hsdp);
+  } else if (o.tp > 1) {
+    plan = Plan::tensor_parallel(o.dp, o.tp, o.zero);
   } else {
     plan = Plan::data_parallel(o.dp, o.zero);
   }
@@ -43,9 +49,19 @@ Status run_plan(const PlanOptions& o) {
     plan.recompute = r.value();
   }
   TS_RETURN_IF_ERROR(validate(plan));
+  if (o.tp < 1) return error("--tp must be >= 1");
   ModelGraph m = build_model(cfg, o.batch, seq, ModelMode::train);
+  std::string placements;
+  if (o.plan.empty() && o.tp > 1) {
+    // The placements the search picks for a device whose FLOP/s are ~2,000 times its link's
+    // bytes/s (H100 bf16 over NVLink 4); `simulate --tp` uses the cluster's own ratio.
+    TS_ASSIGN_OR_RETURN(BlockLayout b,
+                        place_tensor_parallel(cfg, o.batch, seq, m.graph, SearchCost{}, &plan));
+    placements = describe_block_layout(b, plan);
+  }
   TS_ASSIGN_OR_RETURN(Program p, lower(m.graph, plan));
   std::printf("%s\n", plan_to_json(plan).dump(2).c_str());
+  std::fputs(placements.c_str(), stdout);
   std::printf("plan            %s\n", plan.describe().c_str());
   std::printf("local batch     %lld of %lld sequences per micro-batch\n",
               (long long)(o.batch / plan.data_group()), (long long)o.batch);
@@ -58,7 +74,20 @@ Status run_plan(const PlanOptions& o) {
               format_bytes(p.comm_bytes_per_step).c_str());
   std::printf("instructions    %zu per micro-batch, %zu per step (%zu gradient buckets)\n",
               p.micro_step.size(), p.optimizer.size(), p.part.buckets.size());
-  for (const std::string& f : p.part.fallbacks) std::printf("fallback        %s\n", f.c_str());
+  // Conversions the ops' rules needed (the tensor-parallel all-reduces among them), counted
+  // over blocks: "h.3.mlp add" and "h.4.mlp add" are one line, "h.*.mlp add ... (x2)".
+  std::vector<std::pair<std::string, int>> conversions;
+  for (const std::string& f : p.part.fallbacks) {
+    std::string key = std::regex_replace(f, std::regex("^h\\.[0-9]+\\."), "h.*.");
+    auto it = std::find_if(conversions.begin(), conversions.end(),
+                           [&](const auto& c) { return c.first == key; });
+    if (it == conversions.end())
+      conversions.emplace_back(key, 1);
+    else
+      ++it->second;
+  }
+  for (const auto& [what, n] : conversions)
+    std::printf("conversion      %s (x%d)\n", what.c_str(), n);
   if (o.program) std::fputs(print_program(p, 100000).c_str(), stdout);
   return Status();
 }
@@ -74,6 +103,8 @@ void add_plan_command(CLI::App& app) {
   cmd->add_option("--batch", o->batch, "Global micro-batch")->capture_default_str();
   cmd->add_option("--seq", o->seq, "Sequence length (default: max_seq_len)");
   cmd->add_option("--dp", o->dp, "Data-parallel ranks")->capture_default_str();
+  cmd->add_option("--tp", o->tp, "Tensor-parallel ranks (placements found by the sharding search)")
+      ->capture_default_str();
   cmd->add_option("--zero", o->zero, "ZeRO stage 0-3")->capture_default_str();
   cmd->add_option("--hsdp", o->hsdp, "HSDP replica groups (ZeRO-3 within each)");
   cmd->add_option("--grad-accum", o->micro, "Micro-batches per step")->capture_default_str();

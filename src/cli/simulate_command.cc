@@ -7,6 +7,7 @@
 #include "base/format.h"
 #include "cli/commands.h"
 #include "cli/common.h"
+#include "cli/tensor_plan.h"
 #include "cost/flops.h"
 #include "io/fs.h"
 #include "io/model_config.h"
@@ -20,7 +21,7 @@ struct SimulateOptions {
   std::string model, cluster = "dgx-a100", plan, trace, precision = "bf16", algo = "auto";
   std::string recompute = "none";
   int64_t batch = 0, seq = 0;
-  int gpus = 8, zero = 3, hsdp = 0, micro = 1;
+  int gpus = 8, tp = 1, zero = 3, hsdp = 0, micro = 1;
 };
 
 Status run_simulate(const SimulateOptions& o) {
@@ -38,7 +39,13 @@ Status run_simulate(const SimulateOptions& o) {
     if (o.hsdp > 0 && o.gpus % o.hsdp != 0)
       return error("--hsdp " + std::to_string(o.hsdp) + " must divide --gpus " +
                    std::to_string(o.gpus));
+    if (o.tp < 1 || o.gpus % o.tp != 0)
+      return error("--tp " + std::to_string(o.tp) + " must divide --gpus " +
+                   std::to_string(o.gpus));
+    if (o.hsdp > 0 && o.tp > 1)
+      return error("--hsdp with --tp is not supported yet", "use --zero 3 with --tp");
     plan = o.hsdp > 0 ? Plan::hybrid_sharded(o.hsdp, o.gpus / o.hsdp)
+           : o.tp > 1 ? Plan::tensor_parallel(o.gpus / o.tp, o.tp, o.zero)
                       : Plan::data_parallel(o.gpus, o.zero);
     plan.micro_batches = o.micro;
     TS_ASSIGN_OR_RETURN(plan.recompute, parse_recompute(o.recompute));
@@ -58,6 +65,13 @@ Status run_simulate(const SimulateOptions& o) {
   so.trace = !o.trace.empty();
 
   ModelGraph m = build_model(cfg, batch, seq, ModelMode::train);
+  if (o.plan.empty() && o.tp > 1) {
+    // The search weighs FLOPs saved against bytes sent at this device's ratio of FLOP/s to
+    // intra-node bytes/s (tp is the innermost axis: one node).
+    SearchCost cost{cluster.device.peak_flops(so.precision) /
+                    (cluster.node.intra_bandwidth * cluster.node.intra_efficiency)};
+    TS_RETURN_IF_ERROR(place_tensor_parallel(cfg, batch, seq, m.graph, cost, &plan).status());
+  }
   TS_ASSIGN_OR_RETURN(Program prog, lower(m.graph, plan));
   TS_ASSIGN_OR_RETURN(SimResult r, simulate(prog, cluster, so));
   double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
@@ -106,7 +120,11 @@ void add_simulate_command(CLI::App& app) {
                   "Cluster preset or .toml file (see --help of "
                   "`tessera validate` for presets)")
       ->capture_default_str();
-  cmd->add_option("--gpus", o->gpus, "Devices (data-parallel ranks)")->capture_default_str();
+  cmd->add_option("--gpus", o->gpus, "Devices (data-parallel x tensor-parallel ranks)")
+      ->capture_default_str();
+  cmd->add_option("--tp", o->tp,
+                  "Tensor-parallel ranks, innermost (placements found by the sharding search)")
+      ->capture_default_str();
   cmd->add_option("--batch", o->batch, "Global micro-batch in sequences (default: --gpus)");
   cmd->add_option("--seq", o->seq, "Sequence length (default: max_seq_len)");
   cmd->add_option("--zero", o->zero, "ZeRO stage 0-3")->capture_default_str();
