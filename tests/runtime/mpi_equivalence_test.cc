@@ -1,6 +1,7 @@
 // The equivalence tests over MPI, one process per rank (CTest label `mpi`):
 //   mpirun -np 4 mpi_equivalence_test zero3
-// trains the tiny GPT for 10 steps under the named plan and compares every rank's losses
+// trains the tiny GPT (the tiny LLaMA for the tensor-parallel plans tp and tp_zero3: tp 2,
+// the other ranks data-parallel) for 10 steps under the named plan and compares every rank's losses
 // and final parameters with a 1-rank run on the same global batches (computed on each rank),
 // and checks planned = measured arena and analytic = measured bytes sent.
 #include <cstring>
@@ -15,12 +16,13 @@ using namespace testing_equivalence;
 
 Communicator* g_world = nullptr;
 Plan g_plan;
+ModelConfig g_model = tiny_gpt();
 
 TEST(MpiEquivalence, MatchesOneRank) {
   ASSERT_NE(g_world, nullptr);
   const int steps = 10;
-  RunResult ref = run_single(steps, g_plan.micro_batches);
-  RunResult got = run_rank(*g_world, g_plan, steps);
+  RunResult ref = run_single(steps, g_plan.micro_batches, g_model);
+  RunResult got = run_rank(*g_world, g_plan, steps, g_model);
   expect_equivalent(ref, got);
   EXPECT_EQ(got.arena_measured, got.arena_planned);
   EXPECT_NEAR(got.comm_bytes_measured, got.comm_bytes_planned, 0.002 * got.comm_bytes_planned + 64);
@@ -52,8 +54,13 @@ int main(int argc, char** argv) {
           tessera::g_plan = Plan::data_parallel(n, 3);
         else if (which == "hsdp")
           tessera::g_plan = Plan::hybrid_sharded(2, n / 2);
-        else {
-          std::fprintf(stderr, "unknown plan '%s' (dp, zero1, zero2, zero3, hsdp)\n",
+        else if (which == "tp" || which == "tp_zero3") {
+          using namespace tessera::testing_equivalence;
+          tessera::g_model = tiny_llama();
+          tessera::g_plan = with_megatron_llama(
+              Plan::tensor_parallel(n / 2, 2, which == "tp" ? 0 : 3), tiny_llama());
+        } else {
+          std::fprintf(stderr, "unknown plan '%s' (dp, zero1, zero2, zero3, hsdp, tp, tp_zero3)\n",
                        which.c_str());
           return 2;
         }
