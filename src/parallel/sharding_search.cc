@@ -104,9 +104,25 @@ Result<BlockLayout> search_block_layout(const Graph& g, const Plan& plan, const 
   for (size_t i = 0; i < ps.size(); ++i)
     (g.type(ps[i]).shape.rank() >= 2 ? matrices : vectors).push_back(i);
 
-  Score best = evaluate(g, with_block(plan, g, b), c);
-  ++b.candidates;
+  // A candidate's matrices fixed, its vectors (biases follow their matrix) greedily, one at a
+  // time: Shard(0) kept where it lowers the cost.
+  auto score = [&](BlockLayout* cand) {
+    Score s = evaluate(g, with_block(plan, g, *cand), c);
+    ++b.candidates;
+    for (size_t v : vectors) {
+      BlockLayout alt = *cand;
+      alt.placements[v][tp] = Placement::shard(0);
+      Score t = evaluate(g, with_block(plan, g, alt), c);
+      ++b.candidates;
+      if (t.better_than(s)) {
+        s = t;
+        *cand = alt;
+      }
+    }
+    return s;
+  };
   BlockLayout best_b = b;
+  Score best = score(&best_b);
   // Matrices: every combination of R, S(0), S(1).
   const Placement choices[] = {Placement::replicate(), Placement::shard(0), Placement::shard(1)};
   std::vector<int> pick(matrices.size(), 0);
@@ -117,19 +133,7 @@ Result<BlockLayout> search_block_layout(const Graph& g, const Plan& plan, const 
     BlockLayout cand = b;
     for (size_t k = 0; k < matrices.size(); ++k)
       cand.placements[matrices[k]][tp] = choices[pick[k]];
-    Score s = evaluate(g, with_block(plan, g, cand), c);
-    ++b.candidates;
-    if (s.better_than(best)) {
-      best = s;
-      best_b = cand;
-    }
-  }
-  // Vectors, one at a time given the matrices.
-  for (size_t v : vectors) {
-    BlockLayout cand = best_b;
-    cand.placements[v][tp] = Placement::shard(0);
-    Score s = evaluate(g, with_block(plan, g, cand), c);
-    ++b.candidates;
+    Score s = score(&cand);
     if (s.better_than(best)) {
       best = s;
       best_b = cand;
