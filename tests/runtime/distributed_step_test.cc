@@ -31,20 +31,21 @@ struct Case {
 
 class DistributedStepTest : public testing::TestWithParam<Case> {};
 
-TEST_P(DistributedStepTest, MatchesOneRank) {
-  const Plan& plan = GetParam().plan;
-  const int steps = 10;
-  RunResult ref = run_single(steps, plan.micro_batches);
-  std::vector<RunResult> ranks = run_threads(plan, steps);
+// Every rank: the 1-rank losses and parameters, planned = measured arena, and analytic =
+// measured bytes sent (ring chunking rounds each collective's bytes by a few elements).
+void expect_ranks_match(const Plan& plan, int steps, const ModelConfig& cfg) {
+  RunResult ref = run_single(steps, plan.micro_batches, cfg);
+  std::vector<RunResult> ranks = run_threads(plan, steps, cfg);
   for (size_t r = 0; r < ranks.size(); ++r) {
     SCOPED_TRACE("rank " + std::to_string(r));
     expect_equivalent(ref, ranks[r]);
     EXPECT_EQ(ranks[r].arena_measured, ranks[r].arena_planned);
-    // Ring chunking rounds each collective's bytes by at most a few elements.
     EXPECT_NEAR(ranks[r].comm_bytes_measured, ranks[r].comm_bytes_planned,
                 0.002 * ranks[r].comm_bytes_planned + 64);
   }
 }
+
+TEST_P(DistributedStepTest, MatchesOneRank) { expect_ranks_match(GetParam().plan, 10, tiny_gpt()); }
 
 Plan with_micro(Plan p, int k) {
   p.micro_batches = k;
@@ -88,17 +89,7 @@ TEST(DistributedStep, RecomputeIsBitwiseTheSameUnderZeroThree) {
 class TensorParallelTest : public testing::TestWithParam<Case> {};
 
 TEST_P(TensorParallelTest, LlamaMatchesOneRank) {
-  const Plan plan = with_megatron_llama(GetParam().plan, tiny_llama());
-  const int steps = 8;
-  RunResult ref = run_single(steps, plan.micro_batches, tiny_llama());
-  std::vector<RunResult> ranks = run_threads(plan, steps, tiny_llama());
-  for (size_t r = 0; r < ranks.size(); ++r) {
-    SCOPED_TRACE("rank " + std::to_string(r));
-    expect_equivalent(ref, ranks[r]);
-    EXPECT_EQ(ranks[r].arena_measured, ranks[r].arena_planned);
-    EXPECT_NEAR(ranks[r].comm_bytes_measured, ranks[r].comm_bytes_planned,
-                0.002 * ranks[r].comm_bytes_planned + 64);
-  }
+  expect_ranks_match(with_megatron_llama(GetParam().plan, tiny_llama()), 8, tiny_llama());
 }
 
 INSTANTIATE_TEST_SUITE_P(
