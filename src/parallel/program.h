@@ -52,6 +52,9 @@ struct Program {
   std::vector<Instruction> optimizer;
   int64_t param_bytes = 0, grad_bytes = 0, optim_bytes = 0;  // persistent, per rank
   double comm_bytes_per_step = 0;                            // sent by one rank per optimizer step
+  // FLOPs of one micro-batch of the global graph (forward and backward, each op once however
+  // many ranks replicate it): the model FLOPs MFU counts.
+  double model_flops = 0;
 
   const Graph& local() const { return part.local; }
   int64_t persistent_bytes() const { return param_bytes + grad_bytes + optim_bytes; }

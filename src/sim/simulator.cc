@@ -241,9 +241,22 @@ Result<SimResult> simulate(const Program& prog, const ClusterSpec& cluster, cons
   r.exposed_comm_seconds = std::max(0.0, r.step_seconds - r.compute_seconds);
   r.tokens_per_step = tokens_per_micro_batch(prog) * prog.plan.micro_batches;
   r.tokens_per_second = r.step_seconds > 0 ? r.tokens_per_step / r.step_seconds : 0;
-  // Every rank of a data-parallel mesh runs the same stream on its own shard.
+  // Every rank runs the same stream on its own shard: hardware FLOPs are the local ones times
+  // the devices. Model FLOPs count each op of the global graph once: the local ones scaled by
+  // global / (local op FLOPs), which is the device count under data parallelism and less
+  // where a tensor axis replicates work (norms, residual adds, the loss).
   r.hardware_flops_per_step = s.hardware_flops_ * prog.plan.micro_batches * r.devices;
-  r.model_flops_per_step = s.model_flops_ * prog.plan.micro_batches * r.devices;
+  double local = 0;
+  const Graph& lg = prog.local();
+  for (const Node& n : lg.nodes()) {
+    if (n.recompute || is_collective(n.op)) continue;
+    std::vector<TensorType> in, out;
+    for (ValueId v : n.inputs) in.push_back(lg.type(v));
+    for (ValueId v : n.outputs) out.push_back(lg.type(v));
+    local += op_flops(n.op, n.attrs, in, out);
+  }
+  const double replicas = local > 0 ? prog.model_flops / local : r.devices;
+  r.model_flops_per_step = s.model_flops_ * prog.plan.micro_batches * replicas;
   double peak = cluster.device.peak_flops(opt.precision);
   if (r.step_seconds > 0) {
     r.model_tflops_per_device = r.model_flops_per_step / r.step_seconds / r.devices / 1e12;
