@@ -30,6 +30,7 @@ Status run_plan(const PlanOptions& o) {
   TS_ASSIGN_OR_RETURN(ModelConfig cfg, load_model_config(o.model));
   const int64_t seq = o.seq > 0 ? o.seq : cfg.max_seq_len;
   if (seq > cfg.max_seq_len) return error("--seq exceeds the model's max_seq_len");
+  if (o.tp < 1) return error("--tp must be >= 1");
   Plan plan;
   if (!o.plan.empty()) {
     TS_ASSIGN_OR_RETURN(plan, load_plan(o.plan));
@@ -49,7 +50,6 @@ Status run_plan(const PlanOptions& o) {
     plan.recompute = r.value();
   }
   TS_RETURN_IF_ERROR(validate(plan));
-  if (o.tp < 1) return error("--tp must be >= 1");
   ModelGraph m = build_model(cfg, o.batch, seq, ModelMode::train);
   std::string placements;
   if (o.plan.empty() && o.tp > 1) {

@@ -19,6 +19,7 @@ std::vector<ValueId> block_params(const Graph& g, int layer) {
 
 struct Score {
   bool ok = false;
+  Status why;  // the partition error when not ok
   double cost = 0, flops = 0, tensor_bytes = 0, param_bytes = 0;
   bool better_than(const Score& o) const {
     if (!o.ok) return ok;
@@ -31,7 +32,10 @@ struct Score {
 Score evaluate(const Graph& g, const Plan& plan, const SearchCost& c) {
   Score s;
   Result<Partitioned> part = partition(g, plan);
-  if (!part.ok()) return s;
+  if (!part.ok()) {
+    s.why = part.status();
+    return s;
+  }
   const Graph& l = part->local;
   for (const Node& n : l.nodes()) {
     std::vector<TensorType> in, out;
@@ -52,11 +56,11 @@ Score evaluate(const Graph& g, const Plan& plan, const SearchCost& c) {
   return s;
 }
 
-// The plan with block 0's placements applied to every block of g.
+// The plan with block 0's placements applied to every block of g (whose blocks the search
+// has checked alike).
 Plan with_block(const Plan& plan, const Graph& g, const BlockLayout& b) {
   Plan p = plan;
-  Result<std::map<std::string, std::vector<Placement>>> all = expand_block_layout(b, g, plan);
-  if (all.ok()) p.params = std::move(all).value();
+  p.params = expand_block_layout(b, g, plan).value();
   return p;
 }
 
@@ -100,20 +104,29 @@ Result<BlockLayout> search_block_layout(const Graph& g, const Plan& plan, const 
     b.names.push_back(g.name_of(p));
     b.placements.push_back(rep);
   }
+  TS_RETURN_IF_ERROR(expand_block_layout(b, g, plan).status());
   std::vector<size_t> matrices, vectors;
   for (size_t i = 0; i < ps.size(); ++i)
     (g.type(ps[i]).shape.rank() >= 2 ? matrices : vectors).push_back(i);
+  // Sharded candidates the shapes took, and the first refusal (reported when none did).
+  int sharded_ok = 0;
+  Status refusal;
+  auto tried = [&](const Score& s) {
+    ++b.candidates;
+    if (s.ok) ++sharded_ok;
+    if (!s.ok && refusal.ok()) refusal = s.why;
+    return s;
+  };
 
   // A candidate's matrices fixed, its vectors (biases follow their matrix) greedily, one at a
   // time: Shard(0) kept where it lowers the cost.
-  auto score = [&](BlockLayout* cand) {
+  auto score = [&](BlockLayout* cand, bool sharded) {
     Score s = evaluate(g, with_block(plan, g, *cand), c);
-    ++b.candidates;
+    if (sharded) tried(s);
     for (size_t v : vectors) {
       BlockLayout alt = *cand;
       alt.placements[v][tp] = Placement::shard(0);
-      Score t = evaluate(g, with_block(plan, g, alt), c);
-      ++b.candidates;
+      Score t = tried(evaluate(g, with_block(plan, g, alt), c));
       if (t.better_than(s)) {
         s = t;
         *cand = alt;
@@ -122,7 +135,8 @@ Result<BlockLayout> search_block_layout(const Graph& g, const Plan& plan, const 
     return s;
   };
   BlockLayout best_b = b;
-  Score best = score(&best_b);
+  Score best = score(&best_b, false);
+  ++b.candidates;
   // Matrices: every combination of R, S(0), S(1).
   const Placement choices[] = {Placement::replicate(), Placement::shard(0), Placement::shard(1)};
   std::vector<int> pick(matrices.size(), 0);
@@ -133,15 +147,18 @@ Result<BlockLayout> search_block_layout(const Graph& g, const Plan& plan, const 
     BlockLayout cand = b;
     for (size_t k = 0; k < matrices.size(); ++k)
       cand.placements[matrices[k]][tp] = choices[pick[k]];
-    Score s = score(&cand);
+    Score s = score(&cand, true);
     if (s.better_than(best)) {
       best = s;
       best_b = cand;
     }
   }
-  if (!best.ok)
-    return error("sharding search: no placement of block 0 partitions under " +
-                 plan.mesh.to_string());
+  if (!best.ok) return best.why.with_context("sharding search, every block Replicate");
+  if (sharded_ok == 0)
+    return error("sharding search: no parameter of a block can be sharded " +
+                     std::to_string(plan.tensor_group()) + " ways over " + plan.tensor_axes[0] +
+                     "; for example, " + refusal.message(),
+                 refusal.hint().empty() ? "use a smaller tensor-parallel degree" : refusal.hint());
   best_b.cost = best.cost;
   best_b.local_flops = best.flops;
   best_b.tensor_bytes = best.tensor_bytes;

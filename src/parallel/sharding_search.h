@@ -14,7 +14,8 @@
 // the local FLOPs of one step plus flops_per_byte times the bytes the tensor axis sends (the
 // step time on a roofline in FLOP units), ties broken by parameter bytes per rank. A
 // candidate the shapes cannot take (a degree that does not divide heads or widths) is
-// skipped; when every sharded one is, the block stays Replicate. Blocks are matched by
+// skipped; when every sharded one is, the search is an error naming a dim that refused and
+// the degrees that divide it. Blocks are matched by
 // position: the i-th parameter of block l gets the i-th parameter of block 0's placement.
 #pragma once
 

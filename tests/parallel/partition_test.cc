@@ -28,6 +28,38 @@ int64_t grad_bytes(const Graph& g) {
   return b;
 }
 
+TEST(Plan, TensorAxesAndPlacementsRoundTripAndBadOnesAreNamed) {
+  Plan p = Plan::tensor_parallel(2, 4, 3);
+  p.params["h.0.mlp.up.weight"] = {Placement::replicate(), Placement::shard(0)};
+  Result<Plan> q = plan_from_json(plan_to_json(p));
+  ASSERT_TRUE(q.ok()) << q.status().to_string();
+  EXPECT_EQ(plan_to_json(q.value()), plan_to_json(p));
+  EXPECT_EQ(q->tensor_axes, std::vector<std::string>{"tp"});
+  EXPECT_EQ(q->params.at("h.0.mlp.up.weight")[1], Placement::shard(0));
+  EXPECT_EQ(q->placements_of("h.0.mlp.down.weight")[1], Placement::replicate());
+  const std::string mesh = R"("mesh": [{"name": "dp", "size": 2}, {"name": "tp", "size": 2}])";
+  const std::pair<const char*, const char*> bad[] = {
+      {R"j("params": 5)j", "must be an object"},
+      {R"j("params": {"w": {"xx": "S(0)"}})j", "names axis 'xx'"},
+      {R"j("params": {"w": {"tp": "Q(1)"}})j", "placement 'Q(1)' is not R, P or S(dim)"},
+      {R"j("params": {"w": {"tp": 3}})j", "must be a string"},
+      {R"j("params": {"w": {"tp": "P"}})j", "is Partial on 'tp'"},
+      {R"j("params": {"w": {"dp": "S(0)"}})j", "sharded on data axis 'dp'"},
+      {R"j("tensor_axes": ["dp"])j", "both a data and a tensor axis"},
+  };
+  for (const auto& [text, why] : bad) {
+    Result<Plan> r = plan_from_json(nlohmann::json::parse("{" + mesh + ", " + text + "}"));
+    ASSERT_FALSE(r.ok()) << text;
+    EXPECT_NE(r.status().message().find(why), std::string::npos) << r.status().message();
+  }
+  // A placement naming a parameter the model does not have.
+  Plan unknown = Plan::tensor_parallel(1, 2);
+  unknown.params["h.0.nope.weight"] = {Placement::replicate(), Placement::shard(0)};
+  Result<Program> l = lower(tiny("llama-tiny").graph, unknown);
+  ASSERT_FALSE(l.ok());
+  EXPECT_NE(l.status().message().find("'h.0.nope.weight' is not in the model"), std::string::npos);
+}
+
 TEST(Plan, JsonRoundTrip) {
   Plan p = Plan::hybrid_sharded(2, 4);
   p.micro_batches = 3;

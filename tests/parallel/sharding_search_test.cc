@@ -76,6 +76,15 @@ TEST(ShardingSearch, SpreadsOverEveryBlockAndLowers) {
   EXPECT_EQ(slow->tensor_bytes, 0);
 }
 
+TEST(ShardingSearch, ADegreeNothingDividesIsAnErrorNamingTheDegreesThatWork) {
+  ModelGraph m = build_model(*find_preset("llama-tiny"), 2, 64, ModelMode::train);
+  Result<BlockLayout> b = search_block_layout(m.graph, Plan::tensor_parallel(1, 3), SearchCost{});
+  ASSERT_FALSE(b.ok());
+  EXPECT_NE(b.status().message().find("can be sharded 3 ways over tp"), std::string::npos)
+      << b.status().message();
+  EXPECT_NE(b.status().hint().find("1, 2, 4, 8"), std::string::npos) << b.status().hint();
+}
+
 TEST(ShardingSearch, NeedsOneTensorAxis) {
   ModelGraph m = build_model(*find_preset("llama-tiny"), 2, 64, ModelMode::train);
   Result<BlockLayout> b = search_block_layout(m.graph, Plan::data_parallel(2), SearchCost{});
