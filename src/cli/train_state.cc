@@ -139,8 +139,9 @@ Status TrainState::save(const std::string& root, int64_t completed, const DataLo
   return Status();
 }
 
-// Every rank writes the pieces it is the designated writer of (one copy of each element),
-// all ranks agree that every write succeeded, then rank 0 publishes.
+// Every rank writes the pieces it is the designated writer of (one copy of each element;
+// a tensor-parallel piece as its box of the global tensor), all ranks agree that every
+// write succeeded, then rank 0 publishes.
 Status TrainState::save_sharded(const std::string& root, int64_t completed,
                                 const nlohmann::json& man) const {
   DistributedStep& d = *dstep;
@@ -150,14 +151,15 @@ Status TrainState::save_sharded(const std::string& root, int64_t completed,
   for (size_t i = 0; i < g.params().size(); ++i) {
     const ParamLayout& pl = prog.part.params[i];
     const LocalPiece pp = d.param_piece(i), op = d.optim_piece(i);
-    if (pl.params_sharded ? d.writes_shards() : d.writes_whole())
-      shards.push_back(
-          {pl.name, DType::f32, pl.global_shape, pp.offset, pp.count, d.param_data(i)});
-    if (pl.optim_sharded ? d.writes_shards() : d.writes_whole()) {
+    const Box box = d.param_box(i);  // this rank's tensor-parallel piece of the global tensor
+    if (d.writes_param(i))
+      shards.push_back({pl.name, DType::f32, pl.global_shape, pp.offset, pp.count,
+                        d.param_data(i), box.lo, box.hi});
+    if (d.writes_optim(i)) {
       shards.push_back({"adam.m." + pl.name, DType::f32, pl.global_shape, op.offset, op.count,
-                        d.optimizer().m(i).data()});
+                        d.optimizer().m(i).data(), box.lo, box.hi});
       shards.push_back({"adam.v." + pl.name, DType::f32, pl.global_shape, op.offset, op.count,
-                        d.optimizer().v(i).data()});
+                        d.optimizer().v(i).data(), box.lo, box.hi});
     }
   }
   Communicator& world = d.comms().world();
@@ -208,14 +210,18 @@ Result<int64_t> TrainState::load(const std::string& root, DataLoader* train) {
         return error(where + ": tensor " + name + " has shape " + shape.to_string() +
                      ", expected " + g.type(p).shape.to_string());
       LocalPiece pp{0, shape.numel()}, op{0, shape.numel()};
+      Box box;  // empty: the whole tensor
       float* dst = distributed() ? dstep->param_data(i) : step->executor().data<float>(p);
       if (distributed()) {
         pp = dstep->param_piece(i);
         op = dstep->optim_piece(i);
+        box = dstep->param_box(i);
       }
-      TS_RETURN_IF_ERROR(ck.read(name, pp.offset, pp.count, dst));
-      TS_RETURN_IF_ERROR(ck.read("adam.m." + name, op.offset, op.count, opt.m(i).data()));
-      TS_RETURN_IF_ERROR(ck.read("adam.v." + name, op.offset, op.count, opt.v(i).data()));
+      TS_RETURN_IF_ERROR(ck.read_box(name, box.lo, box.hi, pp.offset, pp.count, dst));
+      TS_RETURN_IF_ERROR(
+          ck.read_box("adam.m." + name, box.lo, box.hi, op.offset, op.count, opt.m(i).data()));
+      TS_RETURN_IF_ERROR(
+          ck.read_box("adam.v." + name, box.lo, box.hi, op.offset, op.count, opt.v(i).data()));
     }
     opt.set_steps(m.at("optimizer").at("t").get<int64_t>());
     TS_ASSIGN_OR_RETURN(LoaderState ls, loader_state_from_json(m.at("loader")));

@@ -74,9 +74,20 @@ std::string element_string(int64_t flat, const std::vector<int64_t>& dims) {
   return s + "])";
 }
 
-struct ShardLoc {
+// One shard as a rank file or the manifest describes it: elements [offset, offset + count)
+// of the row-major order of the box [lo, hi) of the global tensor (the whole tensor when lo
+// and hi are empty), stored as `count` elements in `entry` of `file`.
+struct ShardDesc {
   std::string file, entry;
+  std::vector<int64_t> lo, hi;
   int64_t offset = 0, count = 0;
+};
+
+// A contiguous run [offset, offset + count) of the flattened global tensor, held by shard
+// `shard` starting `at` elements into its entry.
+struct Segment {
+  size_t shard = 0;
+  int64_t offset = 0, count = 0, at = 0;
   int64_t end() const { return offset + count; }
 };
 
@@ -84,36 +95,132 @@ struct TensorInfo {
   DType dtype = DType::f32;
   std::vector<int64_t> shape;
   int64_t numel = 0;
-  std::vector<ShardLoc> shards;  // sorted by offset once complete
+  std::vector<ShardDesc> shards;
+  std::vector<Segment> cover;  // disjoint, sorted; covers [0, numel) once complete
 };
 
-void sort_shards(TensorInfo& t) {
-  std::stable_sort(t.shards.begin(), t.shards.end(), [](const ShardLoc& a, const ShardLoc& b) {
-    return a.offset != b.offset ? a.offset < b.offset : a.count > b.count;
-  });
+std::string box_string(const std::vector<int64_t>& lo, const std::vector<int64_t>& hi) {
+  if (lo.empty()) return "";
+  std::string s = "[";
+  for (size_t d = 0; d < lo.size(); ++d)
+    s += (d ? ", " : "") + std::to_string(lo[d]) + ":" + std::to_string(hi[d]);
+  return s + "]";
 }
 
-// The first element of [0, numel) that no shard covers, or -1. Shards must be sorted.
-int64_t first_uncovered(const TensorInfo& t) {
-  int64_t pos = 0;
-  for (const ShardLoc& s : t.shards) {
-    if (pos >= t.numel) break;
-    if (s.count == 0) continue;
-    if (s.offset > pos) return pos;
-    pos = std::max(pos, s.end());
+std::string shard_string(const ShardDesc& s) {
+  std::string where = range_string(s.offset, s.offset + s.count);
+  if (!s.lo.empty()) where += " of box " + box_string(s.lo, s.hi);
+  return where + " in " + s.file;
+}
+
+// Calls fn(global_offset, count, at) for each maximal run of [offset, offset + count) of the
+// box [lo, hi) that is contiguous in the flattened global tensor; `at` counts from `offset`.
+template <typename Fn>
+void for_each_run(const std::vector<int64_t>& shape, const std::vector<int64_t>& lo,
+                  const std::vector<int64_t>& hi, int64_t offset, int64_t count, Fn fn) {
+  if (count == 0) return;
+  if (lo.empty() || shape.empty()) {
+    fn(offset, count, int64_t{0});
+    return;
   }
-  return pos < t.numel ? pos : -1;
+  const size_t r = shape.size();
+  std::vector<int64_t> stride(r, 1);
+  for (size_t d = r - 1; d-- > 0;) stride[d] = stride[d + 1] * shape[d + 1];
+  const int64_t row = hi[r - 1] - lo[r - 1];
+  int64_t run_begin = -1, run_count = 0, run_at = 0;
+  for (int64_t p = offset; p < offset + count;) {
+    const int64_t row_index = p / row, col = p % row;
+    const int64_t len = std::min(row - col, offset + count - p);
+    int64_t global = lo[r - 1] + col, rest = row_index;
+    for (size_t d = r - 1; d-- > 0;) {
+      const int64_t extent = hi[d] - lo[d];
+      global += (lo[d] + rest % extent) * stride[d];
+      rest /= extent;
+    }
+    if (run_begin >= 0 && run_begin + run_count == global) {
+      run_count += len;
+    } else {
+      if (run_begin >= 0) fn(run_begin, run_count, run_at);
+      run_begin = global;
+      run_count = len;
+      run_at = p - offset;
+    }
+    p += len;
+  }
+  fn(run_begin, run_count, run_at);
+}
+
+// Reads {"offset", "count"} and the optional {"box": {"lo": [...], "hi": [...]}} of a shard
+// description into s; returns what is wrong with them, or "".
+std::string parse_shard_range(const nlohmann::json& d, const std::vector<int64_t>& shape,
+                              ShardDesc* s) {
+  if (!d.contains("offset") || !d["offset"].is_number_integer() || !d.contains("count") ||
+      !d["count"].is_number_integer())
+    return "no integer \"offset\" and \"count\"";
+  s->offset = d["offset"];
+  s->count = d["count"];
+  std::optional<int64_t> numel = checked_numel(shape);
+  if (!numel) return "invalid shape " + shape_to_string(shape);
+  int64_t extent = *numel;
+  if (d.contains("box")) {
+    const nlohmann::json& b = d["box"];
+    if (!b.is_object() || !b.contains("lo") || !b["lo"].is_array() || !b.contains("hi") ||
+        !b["hi"].is_array() || b["lo"].size() != shape.size() || b["hi"].size() != shape.size())
+      return "\"box\" must be {\"lo\": [...], \"hi\": [...]} with one bound per dimension";
+    for (size_t i = 0; i < shape.size(); ++i) {
+      if (!b["lo"][i].is_number_integer() || !b["hi"][i].is_number_integer())
+        return "box bounds must be integers";
+      s->lo.push_back(b["lo"][i]);
+      s->hi.push_back(b["hi"][i]);
+      if (s->lo[i] < 0 || s->lo[i] > s->hi[i] || s->hi[i] > shape[i])
+        return "box " + box_string(s->lo, s->hi) + " is outside shape " + shape_to_string(shape);
+    }
+    std::vector<int64_t> dims(shape.size());
+    for (size_t i = 0; i < shape.size(); ++i) dims[i] = s->hi[i] - s->lo[i];
+    extent = *checked_numel(dims);
+  }
+  if (s->offset < 0 || s->count < 0 || s->offset > extent - s->count)
+    return "range " + range_string(s->offset, s->offset + s->count) + " is outside its " +
+           std::to_string(extent) + " elements";
+  return "";
+}
+
+// Builds t.cover from t.shards: of the shards holding each element, the one whose run
+// reaches furthest (few file reads). Returns the first element no shard covers, or -1.
+int64_t build_cover(TensorInfo& t) {
+  std::vector<Segment> segs;
+  for (size_t i = 0; i < t.shards.size(); ++i) {
+    const ShardDesc& s = t.shards[i];
+    for_each_run(t.shape, s.lo, s.hi, s.offset, s.count,
+                 [&](int64_t g, int64_t n, int64_t at) { segs.push_back({i, g, n, at}); });
+  }
+  std::stable_sort(segs.begin(), segs.end(), [](const Segment& a, const Segment& b) {
+    return a.offset != b.offset ? a.offset < b.offset : a.count > b.count;
+  });
+  t.cover.clear();
+  int64_t pos = 0;
+  size_t next = 0;
+  while (pos < t.numel) {
+    const Segment* best = nullptr;
+    for (; next < segs.size() && segs[next].offset <= pos; ++next)
+      if (segs[next].end() > pos && (!best || segs[next].end() > best->end())) best = &segs[next];
+    // Segments seen in earlier rounds end by pos: the one kept then reached furthest.
+    if (!best) return pos;
+    t.cover.push_back({best->shard, pos, best->end() - pos, best->at + (pos - best->offset)});
+    pos = best->end();
+  }
+  return -1;
 }
 
 Status coverage_error(const std::string& dir, const std::string& name, const TensorInfo& t,
                       int64_t missing) {
   std::vector<std::string> have;
-  for (const ShardLoc& s : t.shards) {
+  for (const ShardDesc& s : t.shards) {
     if (have.size() == 8) {
       have.push_back("...");
       break;
     }
-    have.push_back(range_string(s.offset, s.end()) + " in " + s.file);
+    have.push_back(shard_string(s));
   }
   return ckpt_error(dir,
                     "tensor '" + name + "' of shape " + shape_to_string(t.shape) + " (" +
@@ -122,6 +229,13 @@ Status coverage_error(const std::string& dir, const std::string& name, const Ten
                     "the ranks' shards must together cover every element of every tensor; "
                     "shards: " +
                         (have.empty() ? std::string("none") : join_strings(have)));
+}
+
+nlohmann::json shard_json(const ShardDesc& s) {
+  nlohmann::json j = {{"file", s.file}, {"entry", s.entry}, {"offset", s.offset},
+                      {"count", s.count}};
+  if (!s.lo.empty()) j["box"] = {{"lo", s.lo}, {"hi", s.hi}};
+  return j;
 }
 
 // Parses the "tessera.shards" metadata of one rank file and checks it against the header.
@@ -148,23 +262,23 @@ Status add_rank_file_shards(const std::string& dir, const std::string& file,
   for (const nlohmann::json& d : list) {
     if (!d.is_object() || !d.contains("name") || !d["name"].is_string() || !d.contains("entry") ||
         !d["entry"].is_string() || !d.contains("dtype") || !d["dtype"].is_string() ||
-        !d.contains("shape") || !d["shape"].is_array() || !d.contains("offset") ||
-        !d["offset"].is_number_integer() || !d.contains("count") ||
-        !d["count"].is_number_integer()) {
+        !d.contains("shape") || !d["shape"].is_array()) {
       return fail("malformed shard description " + d.dump());
     }
     const std::string name = d["name"], entry = d["entry"];
     std::optional<DType> dtype = parse_dtype(d["dtype"].get<std::string>());
+    if (!dtype) return fail("tensor '" + name + "': unknown dtype " + d["dtype"].dump());
     std::vector<int64_t> shape;
     for (const nlohmann::json& x : d["shape"]) {
       if (!x.is_number_integer()) return fail("tensor '" + name + "': malformed shape");
       shape.push_back(x.get<int64_t>());
     }
-    std::optional<int64_t> numel = checked_numel(shape);
-    const int64_t offset = d["offset"], count = d["count"];
-    if (!dtype || !numel || offset < 0 || count < 0 || offset > *numel - count) {
-      return fail("tensor '" + name + "': invalid shard " + d.dump());
-    }
+    ShardDesc shard;
+    shard.file = file;
+    shard.entry = entry;
+    std::string bad = parse_shard_range(d, shape, &shard);
+    if (!bad.empty()) return fail("tensor '" + name + "': invalid shard " + d.dump() + ": " + bad);
+    const int64_t count = shard.count;
     auto it = entries.find(entry);
     if (it == entries.end() || it->second->dtype != *dtype ||
         it->second->shape != std::vector<int64_t>{count}) {
@@ -176,7 +290,7 @@ Status add_rank_file_shards(const std::string& dir, const std::string& file,
     if (inserted) {
       t.dtype = *dtype;
       t.shape = shape;
-      t.numel = *numel;
+      t.numel = *checked_numel(shape);
       first_file[name] = file;
     } else if (t.dtype != *dtype || t.shape != shape) {
       return ckpt_error(dir,
@@ -187,7 +301,7 @@ Status add_rank_file_shards(const std::string& dir, const std::string& file,
                         "every rank must describe a tensor with the same global shape and "
                         "dtype; are all ranks running the same model configuration?");
     }
-    t.shards.push_back({file, entry, offset, count});
+    t.shards.push_back(std::move(shard));
   }
   return Status();
 }
@@ -218,43 +332,54 @@ Status write_checkpoint_shards(const std::string& root, const std::string& name,
                       "rank " + std::to_string(rank) + " (" + file + "): shard of tensor '" +
                           s.name + "' " + what,
                       "a shard is the flat range [offset, offset + count) of the row-major "
-                      "tensor, with count elements at data");
+                      "tensor (or of its box [box_lo, box_hi)), with count elements at data");
   };
 
-  // Entry names: the tensor name, or "<name>@<offset>" when this rank holds several shards
-  // of one tensor.
+  // Entry names: the tensor name, or "<name>@<offset>" ("<name>@<box lo>+<offset>" for a
+  // box) when this rank holds several shards of one tensor.
   std::map<std::string, int> per_tensor;
   for (const TensorShard& s : shards) ++per_tensor[s.name];
   std::set<std::string> entry_names;
-  std::set<std::pair<std::string, int64_t>> seen;
   NamedTensorRefs refs;
   nlohmann::json list = nlohmann::json::array();
   for (const TensorShard& s : shards) {
     if (s.name.empty()) return shard_error(s, "has an empty name");
-    std::optional<int64_t> numel = checked_numel(s.global_shape.dims());
-    if (!numel) {
-      return shard_error(s, "has invalid global shape " + shape_to_string(s.global_shape.dims()));
+    if (s.box_lo.size() != s.box_hi.size() ||
+        (!s.box_lo.empty() && s.box_lo.size() != s.global_shape.dims().size())) {
+      return shard_error(s, "has a box with " + std::to_string(s.box_lo.size()) + " lower and " +
+                                std::to_string(s.box_hi.size()) + " upper bounds for shape " +
+                                shape_to_string(s.global_shape.dims()));
     }
-    if (s.offset < 0 || s.count < 0 || s.offset > *numel - s.count) {
-      return shard_error(s, "range " + range_string(s.offset, s.offset + s.count) +
-                                " is outside its " + std::to_string(*numel) + " elements (shape " +
-                                shape_to_string(s.global_shape.dims()) + ")");
-    }
+    nlohmann::json d = {{"name", s.name},
+                        {"dtype", dtype_name(s.dtype)},
+                        {"shape", s.global_shape.dims()},
+                        {"offset", s.offset},
+                        {"count", s.count}};
+    // A box that is the whole tensor is written as none (a format-1 shard).
+    const bool whole = s.box_lo.empty() ||
+                       (std::all_of(s.box_lo.begin(), s.box_lo.end(),
+                                    [](int64_t x) { return x == 0; }) &&
+                        s.box_hi == s.global_shape.dims());
+    if (!whole) d["box"] = {{"lo", s.box_lo}, {"hi", s.box_hi}};
+    ShardDesc parsed;
+    std::string bad = parse_shard_range(d, s.global_shape.dims(), &parsed);
+    if (!bad.empty()) return shard_error(s, bad);
     if (s.count > 0 && s.data == nullptr) return shard_error(s, "has null data");
-    if (!seen.insert({s.name, s.offset}).second) {
-      return shard_error(s, "at offset " + std::to_string(s.offset) + " is given twice");
+    std::string entry = s.name;
+    if (per_tensor[s.name] > 1) {
+      entry += "@";
+      for (size_t i = 0; i < parsed.lo.size(); ++i)
+        entry += (i ? "," : "") + std::to_string(parsed.lo[i]);
+      entry += (parsed.lo.empty() ? "" : "+") + std::to_string(s.offset);
     }
-    std::string entry = per_tensor[s.name] == 1 ? s.name : s.name + "@" + std::to_string(s.offset);
     if (!entry_names.insert(entry).second) {
-      return shard_error(s, "clashes with another shard's entry name '" + entry + "'");
+      std::string box = box_string(s.box_lo, s.box_hi);
+      return shard_error(s, "at offset " + std::to_string(s.offset) +
+                                (box.empty() ? "" : " of box " + box) + " is given twice");
     }
+    d["entry"] = entry;
     refs.push_back({entry, {s.dtype, {s.count}, s.data}});
-    list.push_back({{"name", s.name},
-                    {"entry", entry},
-                    {"dtype", dtype_name(s.dtype)},
-                    {"shape", s.global_shape.dims()},
-                    {"offset", s.offset},
-                    {"count", s.count}});
+    list.push_back(std::move(d));
   }
 
   auto context = [&](const Status& s) {
@@ -354,14 +479,14 @@ Status commit_checkpoint_shards(const std::string& root, const std::string& name
   }
 
   nlohmann::json tensors_json = nlohmann::json::object();
+  bool any_box = false;
   for (auto& [tname, t] : tensors) {
-    sort_shards(t);
-    int64_t missing = first_uncovered(t);
+    int64_t missing = build_cover(t);
     if (missing >= 0) return coverage_error(final_dir, tname, t, missing);
     nlohmann::json list = nlohmann::json::array();
-    for (const ShardLoc& s : t.shards) {
-      list.push_back(
-          {{"file", s.file}, {"entry", s.entry}, {"offset", s.offset}, {"count", s.count}});
+    for (const ShardDesc& s : t.shards) {
+      any_box = any_box || !s.lo.empty();
+      list.push_back(shard_json(s));
     }
     tensors_json[tname] = {{"dtype", dtype_name(t.dtype)}, {"shape", t.shape}, {"shards", list}};
   }
@@ -385,7 +510,8 @@ Status commit_checkpoint_shards(const std::string& root, const std::string& name
 
   nlohmann::json m = manifest;
   m["format"] = kShardedCheckpointFormat;
-  m["format_version"] = kShardedCheckpointFormatVersion;
+  // Version 1 readers know flat ranges only; boxes need version 2.
+  m["format_version"] = any_box ? kShardedCheckpointFormatVersion : 1;
   m["name"] = name;
   m["world"] = world;
   m["files"] = files;
@@ -431,7 +557,7 @@ struct ShardedCheckpoint::Impl {
 
   Result<const TensorInfo*> find(const std::string& name) const;
   Result<std::shared_ptr<const OpenFile>> file(const std::string& file_name) const;
-  Status copy(const std::string& name, const TensorInfo& t, const ShardLoc& s, int64_t begin,
+  Status copy(const std::string& name, const TensorInfo& t, const Segment& seg, int64_t begin,
               int64_t end, uint8_t* dst) const;
 };
 
@@ -465,8 +591,9 @@ Result<std::shared_ptr<const ShardedCheckpoint::Impl::OpenFile>> ShardedCheckpoi
 }
 
 Status ShardedCheckpoint::Impl::copy(const std::string& name, const TensorInfo& t,
-                                     const ShardLoc& s, int64_t begin, int64_t end,
+                                     const Segment& seg, int64_t begin, int64_t end,
                                      uint8_t* dst) const {
+  const ShardDesc& s = t.shards[seg.shard];
   TS_ASSIGN_OR_RETURN(std::shared_ptr<const OpenFile> f, file(s.file));
   auto it = f->entries.find(s.entry);
   const int64_t esize = dtype_size(t.dtype);
@@ -478,7 +605,8 @@ Status ShardedCheckpoint::Impl::copy(const std::string& name, const TensorInfo& 
                           " elements for tensor '" + name + "'",
                       kResumeHint);
   }
-  const int64_t at = f->header.data_start + it->second->begin + (begin - s.offset) * esize;
+  const int64_t at =
+      f->header.data_start + it->second->begin + (seg.at + begin - seg.offset) * esize;
   Status st = f->file.read_at(at, dst, static_cast<size_t>((end - begin) * esize));
   if (!st.ok()) return st.with_context("checkpoint " + dir + ", tensor '" + name + "'");
   return Status();
@@ -536,7 +664,8 @@ Result<ShardedCheckpoint> ShardedCheckpoint::open(const std::string& path, bool 
         t.dtype = e.dtype;
         t.shape = e.shape;
         t.numel = shape_numel(e.shape);
-        t.shards.push_back({file_name, e.name, 0, t.numel});
+        t.shards.push_back({file_name, e.name, {}, {}, 0, t.numel});
+        build_cover(t);
         if (!impl->tensors.emplace(e.name, std::move(t)).second) {
           return ckpt_error(dir, "tensor '" + e.name + "' appears in two files",
                             "tensor names must be unique across the files of a checkpoint");
@@ -572,26 +701,22 @@ Result<ShardedCheckpoint> ShardedCheckpoint::open(const std::string& path, bool 
     if (!numel) return malformed("tensor '" + tname + "' has an invalid shape");
     t.numel = *numel;
     for (const nlohmann::json& sj : tj["shards"]) {
-      if (!sj.is_object() || !sj.contains("file") || !sj["file"].is_string() ||
-          !sj.contains("entry") || !sj["entry"].is_string() || !sj.contains("offset") ||
-          !sj["offset"].is_number_integer() || !sj.contains("count") ||
-          !sj["count"].is_number_integer()) {
-        return malformed("tensor '" + tname + "' has a malformed shard " + sj.dump());
-      }
-      ShardLoc s{sj["file"], sj["entry"], sj["offset"], sj["count"]};
+      ShardDesc s;
+      std::string bad = !sj.is_object() || !sj.contains("file") || !sj["file"].is_string() ||
+                                !sj.contains("entry") || !sj["entry"].is_string()
+                            ? "no \"file\" and \"entry\""
+                            : parse_shard_range(sj, t.shape, &s);
+      if (!bad.empty())
+        return malformed("tensor '" + tname + "' has a malformed shard " + sj.dump() + ": " + bad);
+      s.file = sj["file"];
+      s.entry = sj["entry"];
       if (!m["files"].contains(s.file)) {
         return malformed("tensor '" + tname + "' has a shard in " + s.file +
                          ", which is not listed under \"files\"");
       }
-      if (s.offset < 0 || s.count < 0 || s.offset > t.numel - s.count) {
-        return malformed("tensor '" + tname + "' has a shard " +
-                         range_string(s.offset, s.offset + s.count) + " outside its " +
-                         std::to_string(t.numel) + " elements");
-      }
       t.shards.push_back(std::move(s));
     }
-    sort_shards(t);
-    int64_t missing = first_uncovered(t);
+    int64_t missing = build_cover(t);
     if (missing >= 0) return coverage_error(dir, tname, t, missing);
     impl->tensors.emplace(tname, std::move(t));
   }
@@ -625,49 +750,65 @@ Result<DType> ShardedCheckpoint::dtype(const std::string& name) const {
 
 Status ShardedCheckpoint::read_raw(const std::string& name, int64_t offset, int64_t count,
                                    void* out) const {
-  TS_ASSIGN_OR_RETURN(const TensorInfo* t, impl_->find(name));
-  if (offset < 0 || count < 0 || offset > t->numel - count) {
-    return ckpt_error(impl_->dir,
-                      "read of elements " + range_string(offset, offset + count) + " of tensor '" +
-                          name + "' is out of bounds (shape " + shape_to_string(t->shape) + ", " +
-                          std::to_string(t->numel) + " elements)",
-                      "ask for a range inside [0, numel)");
-  }
-  auto* dst = static_cast<uint8_t*>(out);
-  const int64_t esize = dtype_size(t->dtype);
-  const int64_t end = offset + count;
-  int64_t pos = offset;
-  while (pos < end) {
-    // Of the shards holding `pos`, the one reaching furthest: a single shard whenever one
-    // covers the whole rest of the range, and few file reads otherwise.
-    const ShardLoc* best = nullptr;
-    for (const ShardLoc& s : t->shards) {
-      if (s.offset > pos) break;  // sorted by offset
-      if (s.end() > pos && (!best || s.end() > best->end())) best = &s;
-    }
-    if (!best) {
-      return ckpt_error(impl_->dir,
-                        "element " + element_string(pos, t->shape) + " of tensor '" + name +
-                            "' is not covered by any shard",
-                        kResumeHint);
-    }
-    const int64_t stop = std::min(end, best->end());
-    TS_RETURN_IF_ERROR(impl_->copy(name, *t, *best, pos, stop, dst + (pos - offset) * esize));
-    pos = stop;
-  }
-  return Status();
+  return read_box_raw(name, {}, {}, offset, count, out);
 }
 
 Status ShardedCheckpoint::read(const std::string& name, int64_t offset, int64_t count,
                                float* out) const {
+  return read_box(name, {}, {}, offset, count, out);
+}
+
+Status ShardedCheckpoint::read_box_raw(const std::string& name, const std::vector<int64_t>& lo,
+                                       const std::vector<int64_t>& hi, int64_t offset,
+                                       int64_t count, void* out) const {
+  TS_ASSIGN_OR_RETURN(const TensorInfo* t, impl_->find(name));
+  nlohmann::json request = {{"offset", offset}, {"count", count}};
+  if (!lo.empty() || !hi.empty()) request["box"] = {{"lo", lo}, {"hi", hi}};
+  ShardDesc want;
+  std::string bad = parse_shard_range(request, t->shape, &want);
+  if (!bad.empty()) {
+    return ckpt_error(impl_->dir,
+                      "read of elements " + range_string(offset, offset + count) +
+                          (lo.empty() ? "" : " of box " + box_string(lo, hi)) + " of tensor '" +
+                          name + "' (shape " + shape_to_string(t->shape) + ", " +
+                          std::to_string(t->numel) + " elements) is out of bounds: " + bad,
+                      "ask for a box inside the shape and a range inside the box");
+  }
+  auto* dst = static_cast<uint8_t*>(out);
+  const int64_t esize = dtype_size(t->dtype);
+  Status status;
+  for_each_run(t->shape, want.lo, want.hi, offset, count, [&](int64_t g, int64_t n, int64_t at) {
+    for (int64_t pos = g; status.ok() && pos < g + n;) {
+      // The cover piece holding pos: the last one starting at or before it.
+      auto it = std::upper_bound(t->cover.begin(), t->cover.end(), pos,
+                                 [](int64_t p, const Segment& c) { return p < c.offset; });
+      if (it == t->cover.begin() || std::prev(it)->end() <= pos) {
+        status = ckpt_error(impl_->dir,
+                            "element " + element_string(pos, t->shape) + " of tensor '" + name +
+                                "' is not covered by any shard",
+                            kResumeHint);
+        return;
+      }
+      const Segment& piece = *std::prev(it);
+      const int64_t stop = std::min(g + n, piece.end());
+      status = impl_->copy(name, *t, piece, pos, stop, dst + (at + pos - g) * esize);
+      pos = stop;
+    }
+  });
+  return status;
+}
+
+Status ShardedCheckpoint::read_box(const std::string& name, const std::vector<int64_t>& lo,
+                                   const std::vector<int64_t>& hi, int64_t offset, int64_t count,
+                                   float* out) const {
   TS_ASSIGN_OR_RETURN(const TensorInfo* t, impl_->find(name));
   switch (t->dtype) {
     case DType::f32:
-      return read_raw(name, offset, count, out);
+      return read_box_raw(name, lo, hi, offset, count, out);
     case DType::bf16:
     case DType::f16: {
       std::vector<uint16_t> tmp(static_cast<size_t>(std::max<int64_t>(count, 0)));
-      TS_RETURN_IF_ERROR(read_raw(name, offset, count, tmp.data()));
+      TS_RETURN_IF_ERROR(read_box_raw(name, lo, hi, offset, count, tmp.data()));
       for (size_t i = 0; i < tmp.size(); ++i) {
         out[i] = t->dtype == DType::bf16 ? bf16_to_f32(tmp[i]) : f16_to_f32(tmp[i]);
       }

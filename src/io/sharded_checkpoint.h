@@ -1,6 +1,8 @@
 // Sharded, plan-independent checkpoints: every rank writes the pieces of the tensors it
-// holds, rank 0 commits, and any process can later read any flat range of any tensor, so a
-// checkpoint saved by 4 ranks under ZeRO-3 loads on 2 ranks under ZeRO-1 or on one.
+// holds, rank 0 commits, and any process can later read any piece of any tensor, so a
+// checkpoint saved by 4 ranks under ZeRO-3 loads on 2 ranks under ZeRO-1 or on one, and one
+// saved under tensor parallelism (each piece an N-D box of the global tensor, perhaps cut
+// further into a flat ZeRO range of that box) loads under any other plan.
 //
 //   // Every rank: its flat range of each tensor (row-major; ranges of different ranks may
 //   // overlap, e.g. a replicated tensor written by several ranks).
@@ -20,6 +22,9 @@
 //   TS_ASSIGN_OR_RETURN(Shape shape, ck.global_shape("h.0.attn.qkv.weight"));
 //   std::vector<float> mine(my_count);
 //   TS_RETURN_IF_ERROR(ck.read("h.0.attn.qkv.weight", my_offset, my_count, mine.data()));
+//   // A tensor-parallel piece: columns [1152, 2304), all of it.
+//   TS_RETURN_IF_ERROR(ck.read_box("h.0.attn.qkv.weight", {0, 1152}, {768, 2304}, 0,
+//                                  768 * 1152, mine.data()));
 //
 // Layout. Phase 1 writes `<root>/.tmp-<name>-shared/rank-00003.safetensors` (one 1-D entry
 // per shard; the shard list {name, entry, dtype, shape, offset, count} is JSON in the
@@ -34,6 +39,9 @@
 //   "files": {"rank-00000.safetensors": {"bytes": N, "checksum": "<crc32c hex>"}, ...},
 //   "tensors": {"<name>": {"dtype": "f32", "shape": [768, 2304],
 //                          "shards": [{"file", "entry", "offset", "count"}, ...]}, ...}
+// A shard of a box also has "box": {"lo": [0, 1152], "hi": [768, 2304]}; its offset and
+// count then index the box's row-major order. format_version is 2 when any shard has a box
+// (1 otherwise, which older builds read).
 //
 // Crash safety: as for CheckpointWriter. Until commit publishes the directory nothing exists
 // under `<root>/<name>` and `latest` still names the previous checkpoint; a crashed attempt
@@ -62,17 +70,19 @@
 
 namespace tessera {
 
-inline constexpr int kShardedCheckpointFormatVersion = 1;
+inline constexpr int kShardedCheckpointFormatVersion = 2;  // the newest this build reads
 
 // One rank's piece of one tensor: elements [offset, offset + count) of the flattened
-// (row-major) tensor of shape `global_shape`. `data` holds count x dtype_size bytes and must
-// stay valid during the call.
+// (row-major) tensor of shape `global_shape`, or, with a box, of the flattened box
+// [box_lo, box_hi) of it. `data` holds count x dtype_size bytes and must stay valid during
+// the call.
 struct TensorShard {
   std::string name;  // e.g. "h.0.attn.qkv.weight" or "adam.m/h.0.attn.qkv.weight"
   DType dtype = DType::f32;
   Shape global_shape;
   int64_t offset = 0, count = 0;
   const void* data = nullptr;
+  std::vector<int64_t> box_lo = {}, box_hi = {};  // one bound per dim, or empty: whole tensor
 };
 
 // "rank-00003.safetensors"
@@ -129,6 +139,14 @@ class ShardedCheckpoint {
   Status read(const std::string& name, int64_t offset, int64_t count, float* out) const;
   // The same in the stored dtype: `out` receives count x dtype_size bytes.
   Status read_raw(const std::string& name, int64_t offset, int64_t count, void* out) const;
+  // Elements [offset, offset + count) of the flattened box [lo, hi) of the tensor (lo and
+  // hi empty: the whole tensor), whatever boxes and ranges it was saved in.
+  Status read_box(const std::string& name, const std::vector<int64_t>& lo,
+                  const std::vector<int64_t>& hi, int64_t offset, int64_t count,
+                  float* out) const;
+  Status read_box_raw(const std::string& name, const std::vector<int64_t>& lo,
+                      const std::vector<int64_t>& hi, int64_t offset, int64_t count,
+                      void* out) const;
 
  private:
   struct Impl;

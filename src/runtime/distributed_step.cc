@@ -126,8 +126,18 @@ float* DistributedStep::param_data(size_t i) {
   return exec_->data<float>(prog_.part.params[i].local);
 }
 
-bool DistributedStep::writes_shards() const {
-  return prog_.plan.mesh.group_index(rank_, prog_.plan.replica_axes()) == 0;
+Box DistributedStep::param_box(size_t i) const {
+  return prog_.part.params[i].layout.local_box(prog_.plan.mesh, rank_);
+}
+
+bool DistributedStep::first_holder(size_t i, bool zero_sharded) const {
+  const Plan& plan = prog_.plan;
+  std::vector<std::string> same = zero_sharded ? plan.replica_axes() : plan.data_axes;
+  for (const std::string& t : plan.tensor_axes)
+    if (prog_.part.params[i].layout.axes[static_cast<size_t>(plan.mesh.axis_index(t))]
+            .is_replicate())
+      same.push_back(t);
+  return plan.mesh.group_index(rank_, same) == 0;
 }
 
 void DistributedStep::init_params(uint64_t seed) {

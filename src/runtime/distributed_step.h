@@ -75,11 +75,13 @@ class DistributedStep {
   LocalPiece param_piece(size_t i) const;
   // AdamW moments of parameter i cover optim_piece(i).
   LocalPiece optim_piece(size_t i) const;
-  // Whether this rank writes its pieces into a checkpoint (one copy of each element is
-  // written: replicas across non-ZeRO data axes stay silent; unsharded tensors come from
-  // rank 0 only).
-  bool writes_shards() const;
-  bool writes_whole() const { return rank_ == 0; }
+  // Where parameter i's local piece lies in the global tensor: the whole tensor unless a
+  // tensor axis shards it. param_piece / optim_piece index this box's row-major order.
+  Box param_box(size_t i) const;
+  // Whether this rank writes parameter i (its AdamW moments) into a checkpoint: the first of
+  // the ranks that hold the same piece does, so each element is written once.
+  bool writes_param(size_t i) const { return first_holder(i, prog_.part.params[i].params_sharded); }
+  bool writes_optim(size_t i) const { return first_holder(i, prog_.part.params[i].optim_sharded); }
   // When set, forward_backward() records the seconds each compute instruction of the
   // micro-step took, in place (indexed like program().micro_step; others stay 0).
   void time_instructions(std::vector<double>* seconds) { instruction_seconds_ = seconds; }
@@ -97,6 +99,8 @@ class DistributedStep {
   Status start(const Node& n);
   Status sync_param(size_t i);
   LocalPiece block_of(size_t i) const;  // this rank's block in the ZeRO group
+  // Whether no rank before this one holds the same piece of parameter i (ZeRO-sharded or not).
+  bool first_holder(size_t i, bool zero_sharded) const;
 
   const Graph& global_;  // the caller keeps it alive
   Program prog_;
