@@ -9,7 +9,7 @@
 #include "base/format.h"
 #include "cli/commands.h"
 #include "cli/common.h"
-#include "cli/tensor_plan.h"
+#include "cli/plan_flags.h"
 #include "io/model_config.h"
 #include "parallel/program.h"
 
@@ -20,7 +20,7 @@ namespace {
 struct PlanOptions {
   std::string model;
   int64_t batch = 8, seq = 0;
-  int dp = 1, tp = 1, zero = 0, hsdp = 0, micro = 1;
+  int dp = 1, tp = 1, zero = 0, hsdp = 0, micro = 0;
   std::string plan;
   std::string recompute;  // "" keeps the plan's (none by default)
   bool program = false;
@@ -30,35 +30,14 @@ Status run_plan(const PlanOptions& o) {
   TS_ASSIGN_OR_RETURN(ModelConfig cfg, load_model_config(o.model));
   const int64_t seq = o.seq > 0 ? o.seq : cfg.max_seq_len;
   if (seq > cfg.max_seq_len) return error("--seq exceeds the model's max_seq_len");
-  if (o.tp < 1) return error("--tp must be >= 1");
-  Plan plan;
-  if (!o.plan.empty()) {
-    TS_ASSIGN_OR_RETURN(plan, load_plan(o.plan));
-  } else if (o.hsdp > 0) {
-    if (o.tp > 1) return error("--hsdp with --tp is not supported yet", "use --zero 3 with --tp");
-    if (o.dp % o.hsdp != 0) return error("--hsdp must divide --dp");
-    plan = Plan::hybrid_sharded(o.hsdp, o.dp / o.hsdp);
-  } else if (o.tp > 1) {
-    plan = Plan::tensor_parallel(o.dp, o.tp, o.zero);
-  } else {
-    plan = Plan::data_parallel(o.dp, o.zero);
-  }
-  plan.micro_batches = o.micro;
-  if (!o.recompute.empty()) {
-    Result<RecomputePolicy> r = parse_recompute(o.recompute);
-    if (!r.ok()) return error("--recompute: " + r.status().message(), r.status().hint());
-    plan.recompute = r.value();
-  }
-  TS_RETURN_IF_ERROR(validate(plan));
+  if (o.dp < 1) return error("--dp must be at least 1, got " + std::to_string(o.dp));
+  PlanFlags f{o.plan, 0, o.tp, o.zero, o.hsdp, o.micro, o.recompute};
+  TS_ASSIGN_OR_RETURN(Plan plan, plan_from_flags(f, o.plan.empty() ? o.dp * o.tp : 0));
   ModelGraph m = build_model(cfg, o.batch, seq, ModelMode::train);
-  std::string placements;
-  if (o.plan.empty() && o.tp > 1) {
-    // The placements the search picks for a device whose FLOP/s are ~2,000 times its link's
-    // bytes/s (H100 bf16 over NVLink 4); `simulate --tp` uses the cluster's own ratio.
-    TS_ASSIGN_OR_RETURN(BlockLayout b,
-                        place_tensor_parallel(cfg, o.batch, seq, m.graph, SearchCost{}, &plan));
-    placements = describe_block_layout(b, plan);
-  }
+  // The placements the search picks for a device whose FLOP/s are ~2,000 times its link's
+  // bytes/s (H100 bf16 over NVLink 4); `simulate --tp` uses the cluster's own ratio.
+  TS_ASSIGN_OR_RETURN(std::string placements,
+                      place_parameters(f, cfg, o.batch, seq, m.graph, SearchCost{}, &plan));
   TS_ASSIGN_OR_RETURN(Program p, lower(m.graph, plan));
   std::printf("%s\n", plan_to_json(plan).dump(2).c_str());
   std::fputs(placements.c_str(), stdout);
@@ -107,7 +86,7 @@ void add_plan_command(CLI::App& app) {
       ->capture_default_str();
   cmd->add_option("--zero", o->zero, "ZeRO stage 0-3")->capture_default_str();
   cmd->add_option("--hsdp", o->hsdp, "HSDP replica groups (ZeRO-3 within each)");
-  cmd->add_option("--grad-accum", o->micro, "Micro-batches per step")->capture_default_str();
+  cmd->add_option("--grad-accum", o->micro, "Micro-batches per step (default: the plan's, or 1)");
   cmd->add_option("--plan", o->plan, "Plan JSON file");
   cmd->add_option("--recompute", o->recompute,
                   "Activation recomputation: none or full (default: the plan's, or none)");

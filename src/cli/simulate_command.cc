@@ -7,7 +7,7 @@
 #include "base/format.h"
 #include "cli/commands.h"
 #include "cli/common.h"
-#include "cli/tensor_plan.h"
+#include "cli/plan_flags.h"
 #include "cost/flops.h"
 #include "io/fs.h"
 #include "io/model_config.h"
@@ -19,9 +19,9 @@ namespace {
 
 struct SimulateOptions {
   std::string model, cluster = "dgx-a100", plan, trace, precision = "bf16", algo = "auto";
-  std::string recompute = "none";
+  std::string recompute;  // "": the plan's (none without --plan)
   int64_t batch = 0, seq = 0;
-  int gpus = 8, tp = 1, zero = 3, hsdp = 0, micro = 1;
+  int gpus = 8, tp = 1, zero = 3, hsdp = 0, micro = 0;
 };
 
 Status run_simulate(const SimulateOptions& o) {
@@ -32,29 +32,9 @@ Status run_simulate(const SimulateOptions& o) {
   if (seq > cfg.max_seq_len)
     return error("--seq " + std::to_string(seq) + " exceeds the model's max_seq_len " +
                  std::to_string(cfg.max_seq_len));
-  Plan plan;
-  if (!o.plan.empty()) {
-    TS_ASSIGN_OR_RETURN(plan, load_plan(o.plan));
-  } else {
-    if (o.hsdp > 0 && o.gpus % o.hsdp != 0)
-      return error("--hsdp " + std::to_string(o.hsdp) + " must divide --gpus " +
-                   std::to_string(o.gpus));
-    if (o.tp < 1 || o.gpus % o.tp != 0)
-      return error("--tp " + std::to_string(o.tp) + " must divide --gpus " +
-                   std::to_string(o.gpus));
-    if (o.hsdp > 0 && o.tp > 1)
-      return error("--hsdp with --tp is not supported yet", "use --zero 3 with --tp");
-    plan = o.hsdp > 0 ? Plan::hybrid_sharded(o.hsdp, o.gpus / o.hsdp)
-           : o.tp > 1 ? Plan::tensor_parallel(o.gpus / o.tp, o.tp, o.zero)
-                      : Plan::data_parallel(o.gpus, o.zero);
-    plan.micro_batches = o.micro;
-    TS_ASSIGN_OR_RETURN(plan.recompute, parse_recompute(o.recompute));
-  }
-  TS_RETURN_IF_ERROR(validate(plan));
+  PlanFlags f{o.plan, 0, o.tp, o.zero, o.hsdp, o.micro, o.recompute};
+  TS_ASSIGN_OR_RETURN(Plan plan, plan_from_flags(f, o.plan.empty() ? o.gpus : 0));
   const int64_t batch = o.batch > 0 ? o.batch : plan.data_group();
-  if (batch % plan.data_group() != 0)
-    return error("--batch " + std::to_string(batch) + " (global micro-batch) must be a multiple " +
-                 "of the " + std::to_string(plan.data_group()) + " data-parallel ranks");
   SimOptions so;
   std::optional<DType> prec = parse_dtype(o.precision);
   if (!prec || *prec == DType::i32)
@@ -65,13 +45,9 @@ Status run_simulate(const SimulateOptions& o) {
   so.trace = !o.trace.empty();
 
   ModelGraph m = build_model(cfg, batch, seq, ModelMode::train);
-  if (o.plan.empty() && o.tp > 1) {
-    // The search weighs FLOPs saved against bytes sent at this device's ratio of FLOP/s to
-    // intra-node bytes/s (tp is the innermost axis: one node).
-    SearchCost cost{cluster.device.peak_flops(so.precision) /
-                    (cluster.node.intra_bandwidth * cluster.node.intra_efficiency)};
-    TS_RETURN_IF_ERROR(place_tensor_parallel(cfg, batch, seq, m.graph, cost, &plan).status());
-  }
+  TS_RETURN_IF_ERROR(
+      place_parameters(f, cfg, batch, seq, m.graph, search_cost(cluster, so.precision), &plan)
+          .status());
   TS_ASSIGN_OR_RETURN(Program prog, lower(m.graph, plan));
   TS_ASSIGN_OR_RETURN(SimResult r, simulate(prog, cluster, so));
   double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
@@ -125,13 +101,13 @@ void add_simulate_command(CLI::App& app) {
   cmd->add_option("--tp", o->tp,
                   "Tensor-parallel ranks, innermost (placements found by the sharding search)")
       ->capture_default_str();
-  cmd->add_option("--batch", o->batch, "Global micro-batch in sequences (default: --gpus)");
+  cmd->add_option("--batch", o->batch, "Global micro-batch in sequences (default: one per data-parallel rank)");
   cmd->add_option("--seq", o->seq, "Sequence length (default: max_seq_len)");
   cmd->add_option("--zero", o->zero, "ZeRO stage 0-3")->capture_default_str();
   cmd->add_option("--hsdp", o->hsdp, "HSDP replica groups (ZeRO-3 within each)");
-  cmd->add_option("--grad-accum", o->micro, "Micro-batches per step")->capture_default_str();
-  cmd->add_option("--recompute", o->recompute, "Activation recomputation: none|full")
-      ->capture_default_str();
+  cmd->add_option("--grad-accum", o->micro, "Micro-batches per step (default: the plan's, or 1)");
+  cmd->add_option("--recompute", o->recompute,
+                  "Activation recomputation: none|full (default: the plan's, or none)");
   cmd->add_option("--plan", o->plan, "Plan JSON file (overrides the plan flags)");
   cmd->add_option("--precision", o->precision, "f32 | bf16 (mixed) | f16 (mixed)")
       ->capture_default_str();

@@ -16,6 +16,7 @@
 #include "base/format.h"
 #include "cli/commands.h"
 #include "cli/common.h"
+#include "cli/plan_flags.h"
 #include "cli/progress.h"
 #include "cli/train_state.h"
 #include "data/bpe_tokenizer.h"
@@ -95,36 +96,9 @@ Result<double> evaluate(TrainState& st, DataLoader& val, int64_t batches) {
   return total / static_cast<double>(batches);
 }
 
-// The plan of a distributed run from the flags, checked against the MPI world size.
-Result<Plan> plan_from_flags(const TrainOptions& o, int world) {
-  Plan plan;
-  if (!o.plan.empty()) {
-    TS_ASSIGN_OR_RETURN(plan, load_plan(o.plan));
-  } else if (o.hsdp > 0) {
-    if (world % o.hsdp != 0)
-      return error("--hsdp " + std::to_string(o.hsdp) + " does not divide the " +
-                   std::to_string(world) + " ranks");
-    plan = Plan::hybrid_sharded(o.hsdp, world / o.hsdp);
-  } else {
-    plan = Plan::data_parallel(o.dp > 0 ? o.dp : world, o.zero);
-  }
-  plan.micro_batches = static_cast<int>(o.grad_accum);
-  if (!o.recompute.empty()) {
-    TS_ASSIGN_OR_RETURN(plan.recompute, parse_recompute(o.recompute));
-  }
-  TS_RETURN_IF_ERROR(validate(plan, world));
-  if (plan.tensor_group() > 1)
-    return error("plan '" + o.plan + "' has tensor axes (" + axes_key(plan.tensor_axes) +
-                     "); `tessera train` cannot checkpoint tensor-parallel pieces yet",
-                 "`tessera plan MODEL --plan FILE` and `tessera simulate --plan FILE` take this "
-                 "plan; train with data axes only for now");
-  if (o.batch % plan.data_group() != 0)
-    return error("--batch " + std::to_string(o.batch) +
-                     " (the global micro-batch) does not split "
-                     "over " +
-                     std::to_string(plan.data_group()) + " data-parallel ranks",
-                 "use a multiple of " + std::to_string(plan.data_group()));
-  return plan;
+// The plan flags of a distributed run.
+PlanFlags plan_flags(const TrainOptions& o) {
+  return PlanFlags{o.plan, o.dp, o.tp, o.zero, o.hsdp, static_cast<int>(o.grad_accum), o.recompute};
 }
 
 // Test hook: TESSERA_FAULT_KILL_RANK=r TESSERA_FAULT_KILL_STEP=s kills rank r in step s.
@@ -144,12 +118,13 @@ Status run_train(const TrainOptions& o) {
   TS_ASSIGN_OR_RETURN(ModelConfig cfg, load_model_config(o.model));
   TS_RETURN_IF_ERROR(check_options(o, cfg));
   // A distributed run: started by mpirun (or `tessera launch`), or asked for by flags.
-  const bool wants_ranks = o.dp > 1 || o.hsdp > 0 || !o.plan.empty();
+  const bool wants_ranks = o.dp > 1 || o.tp > 1 || o.hsdp > 0 || !o.plan.empty();
   TS_ASSIGN_OR_RETURN(std::unique_ptr<Communicator> world, join_mpi_job());
   if (world) {
     world->set_timeout(o.comm_timeout);
   } else if (wants_ranks) {
-    int n = o.dp > 1 ? o.dp : 2;
+    int n = std::max(o.dp, 1) * std::max(o.tp, 1);
+    if (n == 1) n = 2;
     return error("a distributed plan needs one process per rank",
                  "run `tessera launch -n " + std::to_string(n) + " -- train ...` or `mpirun -np " +
                      std::to_string(n) + " tessera train ...`");
@@ -157,7 +132,16 @@ Status run_train(const TrainOptions& o) {
   const bool distributed = world && (world->size() > 1 || wants_ranks);
   Plan plan;
   if (distributed) {
-    TS_ASSIGN_OR_RETURN(plan, plan_from_flags(o, world->size()));
+    TS_ASSIGN_OR_RETURN(plan, plan_from_flags(plan_flags(o), world->size()));
+    // Placements for this machine's ratio of FLOP/s to bytes/s between ranks (cpu-local's
+    // figures; `tessera calibrate` measures them). The search is deterministic, so every
+    // rank finds the same placements.
+    TS_ASSIGN_OR_RETURN(ClusterSpec cpu, load_cluster("cpu-local"));
+    ModelGraph m = build_model(cfg, o.batch, o.seq, ModelMode::train);
+    TS_ASSIGN_OR_RETURN(std::string placed,
+                        place_parameters(plan_flags(o), cfg, o.batch, o.seq, m.graph,
+                                         search_cost(cpu, DType::f32), &plan));
+    if (world->rank() == 0 && !placed.empty()) std::fputs(placed.c_str(), stderr);
   }
   const int data_ranks = distributed ? plan.data_group() : 1;
   const int data_index = distributed ? plan.mesh.group_index(world->rank(), plan.data_axes) : 0;
@@ -335,13 +319,17 @@ void add_train_command(CLI::App& app, TrainOptions& o) {
   cmd->add_flag("--resume", o.resume, "Continue from the latest checkpoint in --out");
   cmd->add_option("--stop-after", o.stop_after,
                   "Stop after N steps of this run, saving a checkpoint");
-  cmd->add_option("--dp", o.dp, "Data-parallel ranks (default: the mpirun world size)");
+  cmd->add_option("--dp", o.dp, "Data-parallel ranks (default: the mpirun world size / --tp)");
+  cmd->add_option("--tp", o.tp,
+                  "Tensor-parallel ranks: consecutive ranks, placements found by the sharding "
+                  "search")
+      ->capture_default_str();
   cmd->add_option("--zero", o.zero, "ZeRO stage: 0 DP, 1 optimizer state, 2 + gradients, 3 FSDP")
       ->check(CLI::Range(0, 3))
       ->capture_default_str();
   cmd->add_option("--hsdp", o.hsdp,
                   "HSDP: this many replica groups, ZeRO-3 within each (ranks / N per group)");
-  cmd->add_option("--plan", o.plan, "Plan JSON (see `tessera plan`); overrides --dp/--zero/--hsdp");
+  cmd->add_option("--plan", o.plan, "Plan JSON (see `tessera plan`); overrides --dp/--tp/--zero/--hsdp");
   cmd->add_option("--recompute", o.recompute,
                   "Activation recomputation: none, or full (each block's forward again in the "
                   "backward pass: less activation memory, ~20% more FLOPs). Default: the plan's, "

@@ -1,5 +1,5 @@
 // `tessera launch -n N -- train` end to end (label mpi): checkpoints saved under one plan
-// resume under another with the same next-step loss, and a rank killed mid-step ends the job
+// (data-parallel, ZeRO or tensor-parallel) resume under another with the same next-step loss, and a rank killed mid-step ends the job
 // within 60 s with a message naming the rank and the operation.
 #include <gtest/gtest.h>
 
@@ -64,6 +64,34 @@ TEST_F(DistributedTrainTest, CheckpointFromFourRanksZero3ResumesOnTwoRanksZero1A
   }
   // The 4-rank steps themselves matched the 1-rank run.
   EXPECT_NEAR(loss_at(dir_ / "z3/metrics.jsonl", 1), loss_at(dir_ / "straight/metrics.jsonl", 1),
+              1e-5 * straight);
+}
+
+// Tensor-parallel pieces are saved as boxes of the global tensors: a tp 2 x dp 2 (ZeRO-1)
+// checkpoint resumes as tp 2 alone, as dp 3 and on one rank, and a one-rank checkpoint
+// resumes under tp 2, each continuing exactly as the uninterrupted one-rank run.
+TEST_F(DistributedTrainTest, TensorParallelCheckpointsResumeUnderOtherPlans) {
+  std::string log;
+  const std::string flags = "--batch 6 --steps 4 ";
+  ASSERT_EQ(train(1, "straight", flags, &log), 0) << log;
+  ASSERT_EQ(train(4, "tp", flags + "--tp 2 --zero 1 --stop-after 2", &log), 0) << log;
+  EXPECT_NE(log.find("placement       h.0.mlp.fc.weight S(0) on tp"), std::string::npos) << log;
+  ASSERT_EQ(train(1, "one_then_tp", flags + "--stop-after 2", &log), 0) << log;
+  for (const char* out : {"tp2", "dp3", "one"})
+    fs::copy(dir_ / "tp", dir_ / out, fs::copy_options::recursive);
+  ASSERT_EQ(train(2, "tp2", flags + "--tp 2 --resume", &log), 0) << log;
+  EXPECT_NE(log.find("resumed from step 2"), std::string::npos) << log;
+  ASSERT_EQ(train(3, "dp3", flags + "--resume", &log), 0) << log;
+  ASSERT_EQ(train(1, "one", flags + "--resume", &log), 0) << log;
+  ASSERT_EQ(train(2, "one_then_tp", flags + "--tp 2 --resume", &log), 0) << log;
+  const double straight = loss_at(dir_ / "straight/metrics.jsonl", 2);
+  for (const char* out : {"tp2", "dp3", "one", "one_then_tp"}) {
+    for (size_t i : {2, 3})
+      EXPECT_NEAR(loss_at(dir_ / out / "metrics.jsonl", i),
+                  loss_at(dir_ / "straight/metrics.jsonl", i), 1e-5 * straight)
+          << out << " step " << i;
+  }
+  EXPECT_NEAR(loss_at(dir_ / "tp/metrics.jsonl", 1), loss_at(dir_ / "straight/metrics.jsonl", 1),
               1e-5 * straight);
 }
 

@@ -1,0 +1,106 @@
+#include "cli/plan_flags.h"
+
+#include "base/format.h"
+
+namespace tessera {
+
+namespace {
+
+// "1, 2, 4" : the divisors of n.
+std::string divisors(int n) {
+  std::string s;
+  for (int d = 1; d <= n; ++d)
+    if (n % d == 0) s += (s.empty() ? "" : ", ") + std::to_string(d);
+  return s;
+}
+
+// One line per block-0 parameter with its placement on the tensor axis, then the search's
+// cost figures.
+std::string describe_block_layout(const BlockLayout& b, const Plan& plan) {
+  const size_t tp = static_cast<size_t>(plan.mesh.axis_index(plan.tensor_axes.at(0)));
+  std::string s;
+  for (size_t i = 0; i < b.names.size(); ++i)
+    s += "placement       " + b.names[i] + " " + b.placements[i][tp].to_string() + " on " +
+         plan.tensor_axes[0] + "\n";
+  s += "tp search       " + std::to_string(b.candidates) +
+       " candidates; block 0 per rank: " + format_bytes(b.tensor_bytes) + " sent over " +
+       plan.tensor_axes[0] + " per micro-batch (every block alike)\n";
+  bool sharded = false;
+  for (const std::vector<Placement>& p : b.placements) sharded = sharded || !p[tp].is_replicate();
+  if (!sharded)
+    s += "tp search       warning: no sharding pays for its bytes at this FLOP/byte ratio; "
+         "every block parameter is replicated and the " +
+         std::to_string(plan.tensor_group()) +
+         " tp ranks repeat the same work (a larger model, or a plan file with placements)\n";
+  return s;
+}
+
+}  // namespace
+
+Result<Plan> plan_from_flags(const PlanFlags& f, int ranks) {
+  Plan plan;
+  if (!f.file.empty()) {
+    TS_ASSIGN_OR_RETURN(plan, load_plan(f.file));
+  } else {
+    if (f.tp < 1) return error("--tp must be at least 1, got " + std::to_string(f.tp));
+    if (f.dp < 0) return error("--dp must be at least 1, got " + std::to_string(f.dp));
+    if (f.dp == 0 && ranks % f.tp != 0)
+      return error("--tp " + std::to_string(f.tp) + " does not divide the " +
+                       std::to_string(ranks) + " ranks",
+                   "use a --tp that divides " + std::to_string(ranks) + ": " + divisors(ranks));
+    const int dp = f.dp > 0 ? f.dp : ranks / f.tp;
+    if (ranks > 0 && dp * f.tp != ranks)
+      return error("--dp " + std::to_string(dp) + " x --tp " + std::to_string(f.tp) + " is " +
+                       std::to_string(dp * f.tp) + " ranks, but the job has " +
+                       std::to_string(ranks),
+                   "drop --dp (it defaults to ranks / tp) or launch " +
+                       std::to_string(dp * f.tp) + " ranks");
+    if (f.hsdp > 0) {
+      if (f.tp > 1)
+        return error("--hsdp with --tp is not supported yet",
+                     "use --zero 3 with --tp (parameters sharded over dp inside each tensor "
+                     "shard)");
+      if (dp % f.hsdp != 0)
+        return error("--hsdp " + std::to_string(f.hsdp) + " does not divide the " +
+                         std::to_string(dp) + " data-parallel ranks",
+                     "use one of " + divisors(dp));
+      plan = Plan::hybrid_sharded(f.hsdp, dp / f.hsdp);
+    } else if (f.tp > 1) {
+      plan = Plan::tensor_parallel(dp, f.tp, f.zero);
+    } else {
+      plan = Plan::data_parallel(dp, f.zero);
+    }
+  }
+  if (f.micro > 0) plan.micro_batches = f.micro;
+  if (!f.recompute.empty()) {
+    Result<RecomputePolicy> r = parse_recompute(f.recompute);
+    if (!r.ok()) return error("--recompute: " + r.status().message(), r.status().hint());
+    plan.recompute = r.value();
+  }
+  TS_RETURN_IF_ERROR(validate(plan, ranks));
+  return plan;
+}
+
+SearchCost search_cost(const ClusterSpec& cluster, DType precision) {
+  return SearchCost{cluster.device.peak_flops(precision) /
+                    (cluster.node.intra_bandwidth * cluster.node.intra_efficiency)};
+}
+
+Result<std::string> place_parameters(const PlanFlags& f, const ModelConfig& cfg, int64_t batch,
+                                     int64_t seq, const Graph& full, const SearchCost& cost,
+                                     Plan* plan) {
+  if (batch % plan->data_group() != 0)
+    return error("--batch " + std::to_string(batch) +
+                     " (the global micro-batch) does not split over " +
+                     std::to_string(plan->data_group()) + " data-parallel ranks",
+                 "use a multiple of " + std::to_string(plan->data_group()));
+  if (!f.file.empty() || plan->tensor_group() == 1) return std::string();
+  ModelConfig one = cfg;
+  one.n_layer = 1;
+  ModelGraph m = build_model(one, batch, seq, ModelMode::train);
+  TS_ASSIGN_OR_RETURN(BlockLayout b, search_block_layout(m.graph, *plan, cost));
+  TS_ASSIGN_OR_RETURN(plan->params, expand_block_layout(b, full, *plan));
+  return describe_block_layout(b, *plan);
+}
+
+}  // namespace tessera

@@ -1,0 +1,49 @@
+// The parallelism flags `train`, `plan` and `simulate` share, and the one place that turns
+// them into a Plan, so the three commands cannot disagree about what a flag means.
+//
+//   PlanFlags f;  f.tp = 2;  f.zero = 1;                    // --tp 2 --zero 1
+//   TS_ASSIGN_OR_RETURN(Plan plan, plan_from_flags(f, world_size));
+//   ModelGraph m = build_model(cfg, batch, seq, ModelMode::train);
+//   TS_ASSIGN_OR_RETURN(std::string placed,
+//                       place_parameters(f, cfg, batch, seq, m.graph, SearchCost{}, &plan));
+//
+// With --tp N and no plan file, the parameters' placements on the tensor axis come from the
+// sharding search (parallel/sharding_search.h), run on a one-block copy of the model and
+// spread over every block of the full graph.
+#pragma once
+
+#include <string>
+
+#include "cost/cluster_spec.h"
+#include "models/model.h"
+#include "parallel/sharding_search.h"
+
+namespace tessera {
+
+struct PlanFlags {
+  std::string file;       // --plan: a plan JSON; the mesh flags below are then ignored
+  int dp = 0;             // data-parallel ranks; 0: ranks / tp
+  int tp = 1;             // tensor-parallel ranks (the innermost mesh axis)
+  int zero = 0;           // ZeRO stage 0-3
+  int hsdp = 0;           // > 0: HSDP with this many replica groups (ZeRO-3 inside each)
+  int micro = 0;          // micro-batches per step; 0: the plan file's (1 without one)
+  std::string recompute;  // "none" | "full"; "": the plan file's (none without one)
+};
+
+// The mesh and the plan's settings, checked against `ranks` devices (0: whatever the plan
+// needs). Errors name the flag and the values that would work.
+Result<Plan> plan_from_flags(const PlanFlags& f, int ranks);
+
+// What the search weighs bytes at on `cluster`: the device's FLOP/s at `precision` over the
+// intra-node bytes/s (tp is the innermost axis: one node).
+SearchCost search_cost(const ClusterSpec& cluster, DType precision);
+
+// Once the global micro-batch and the training graph are known: checks that `batch` splits
+// over the data axes and, for --tp without a plan file, places the parameters with the
+// sharding search weighing FLOPs against tensor-axis bytes at `cost`. Returns one line per
+// block-0 parameter with its placement and the search's figures ("" when it did not run).
+Result<std::string> place_parameters(const PlanFlags& f, const ModelConfig& cfg, int64_t batch,
+                                     int64_t seq, const Graph& full, const SearchCost& cost,
+                                     Plan* plan);
+
+}  // namespace tessera
