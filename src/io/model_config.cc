@@ -60,8 +60,12 @@ Result<ModelConfig> load_model_config(const std::string& spec) {
   return from_table(root);
 }
 
+// How GPT's fused QKV rows are stored (models/model.h). Checkpoints written before they were
+// stored per head lack the key.
+constexpr const char* kGptQkvRows = "per_head";
+
 nlohmann::json model_config_to_json(const ModelConfig& c) {
-  return {{"name", c.name},
+  nlohmann::json j = {{"name", c.name},
           {"family", c.family},
           {"vocab_size", c.vocab_size},
           {"n_layer", c.n_layer},
@@ -74,6 +78,8 @@ nlohmann::json model_config_to_json(const ModelConfig& c) {
           {"rope_theta", c.rope_theta},
           {"tied_embeddings", c.tied_embeddings},
           {"init_std", c.init_std}};
+  if (c.family == "gpt") j["qkv_rows"] = kGptQkvRows;
+  return j;
 }
 
 Result<ModelConfig> model_config_from_json(const nlohmann::json& j) {
@@ -93,6 +99,11 @@ Result<ModelConfig> model_config_from_json(const nlohmann::json& j) {
     c.tied_embeddings = j.at("tied_embeddings").get<bool>();
     c.init_std = j.at("init_std").get<double>();
     TS_RETURN_IF_ERROR(validate(c));
+    if (c.family == "gpt" && j.value("qkv_rows", std::string("q|k|v")) != kGptQkvRows)
+      return error("model config in manifest: GPT attention weights stored with rows in (q|k|v, "
+                   "head) order (Tessera before 2026-11); this build stores them per head",
+                   "retrain, or load the tensors and reorder h.N.attn.qkv.weight and .bias "
+                   "with gpt_qkv_from_standard (models/model.h)");
     return c;
   } catch (const nlohmann::json::exception& e) {
     return error(std::string("model config in manifest is malformed: ") + e.what(),

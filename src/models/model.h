@@ -66,6 +66,17 @@ enum class ModelMode { logits, loss, train };
 ModelGraph build_model(const ModelConfig& cfg, int64_t batch, int64_t seq, ModelMode mode,
                        bool keep_logits = false);
 
+// GPT's fused QKV projection ("h.N.attn.qkv.weight" [3C, C] and ".bias" [3C]) stores its 3C
+// output rows per head, in (head, q|k|v, head_dim) order, so that a tensor axis splitting
+// the rows hands each rank whole heads of q, k and v (Megatron's layout). PyTorch references
+// and Hugging Face GPT-2 order them (q|k|v, head, head_dim); this is the row of Tessera's
+// order that holds their row `row`.
+int64_t gpt_qkv_row_from_standard(int64_t row, int64_t n_head, int64_t head_dim);
+// Tessera's order of a tensor whose leading dim is 3 x n_head x head_dim rows of `cols`
+// elements in the standard (q|k|v, head, head_dim) order.
+std::vector<float> gpt_qkv_from_standard(const float* standard, int64_t cols, int64_t n_head,
+                                         int64_t head_dim);
+
 // Parameter count from the config alone (checked against the built graph in tests).
 int64_t count_params(const ModelConfig& cfg);
 

@@ -10,17 +10,31 @@ namespace tessera {
 
 namespace {
 
-// [B,T,H*D] -> [B,H,T,D]
-Var split_heads(Builder& b, Var x, int64_t heads, int64_t head_dim) {
-  const Shape& s = x.shape();
-  return b.transpose(b.reshape(x, Shape{s[0], s[1], heads, head_dim}), {0, 2, 1, 3});
-}
-
 // [B,H,T,D] -> [B,T,H*D]
 Var merge_heads(Builder& b, Var x) {
   const Shape& s = x.shape();
   return b.reshape(b.transpose(x, {0, 2, 1, 3}), Shape{s[0], s[2], s[1] * s[3]});
 }
+
+}  // namespace
+
+int64_t gpt_qkv_row_from_standard(int64_t row, int64_t n_head, int64_t head_dim) {
+  const int64_t c = n_head * head_dim;
+  const int64_t which = row / c, head = (row % c) / head_dim, d = row % head_dim;
+  return (head * 3 + which) * head_dim + d;
+}
+
+std::vector<float> gpt_qkv_from_standard(const float* standard, int64_t cols, int64_t n_head,
+                                         int64_t head_dim) {
+  const int64_t rows = 3 * n_head * head_dim;
+  std::vector<float> out(static_cast<size_t>(rows * cols));
+  for (int64_t r = 0; r < rows; ++r)
+    std::copy(standard + r * cols, standard + (r + 1) * cols,
+              out.begin() + gpt_qkv_row_from_standard(r, n_head, head_dim) * cols);
+  return out;
+}
+
+namespace {
 
 // GPT-2 block: x + attn(ln_1(x)), then x + mlp(ln_2(x)).
 Var gpt_block(Builder& b, const ModelConfig& c, Var x) {
@@ -41,10 +55,15 @@ Var gpt_block(Builder& b, const ModelConfig& c, Var x) {
   {
     Var h = norm("ln_1", x);
     auto s = b.scope("attn");
-    Var qkv = linear("qkv", h, 3 * C, C, c.init_std);  // [B,T,3C]
-    Var q = split_heads(b, b.slice(qkv, 2, 0, C), H, D);
-    Var k = split_heads(b, b.slice(qkv, 2, C, 2 * C), H, D);
-    Var v = split_heads(b, b.slice(qkv, 2, 2 * C, 3 * C), H, D);
+    // [B,T,3C] with columns per head (head, q|k|v, D): a split of the 3C columns over a
+    // tensor axis gives each rank whole heads (see gpt_qkv_row_from_standard).
+    const Shape& xs = x.shape();
+    Var heads = b.reshape(linear("qkv", h, 3 * C, C, c.init_std), Shape{xs[0], xs[1], H, 3, D});
+    auto pick = [&](int64_t i) {  // [B,T,H,1,D] -> [B,H,T,D]
+      Var one = b.reshape(b.slice(heads, 3, i, i + 1), Shape{xs[0], xs[1], H, D});
+      return b.transpose(one, {0, 2, 1, 3});
+    };
+    Var q = pick(0), k = pick(1), v = pick(2);
     Var att = b.attention(q, k, v, 1.0 / std::sqrt(static_cast<double>(D)))[0];
     x = x + linear("proj", merge_heads(b, att), C, C, proj_std);
   }

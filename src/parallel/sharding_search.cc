@@ -118,14 +118,29 @@ Result<BlockLayout> search_block_layout(const Graph& g, const Plan& plan, const 
     return s;
   };
 
-  // A candidate's matrices fixed, its vectors (biases follow their matrix) greedily, one at a
-  // time: Shard(0) kept where it lowers the cost.
+  // A vector's module: "h.0.attn.qkv" for "h.0.attn.qkv.bias".
+  auto module_of = [&](size_t i) {
+    const std::string& n = b.names[i];
+    return n.substr(0, n.rfind('.'));
+  };
+  // A candidate's matrices fixed, its vectors greedily: each starts as its module's matrix
+  // when that is column-split (a bias follows its matrix: several column-split modules need
+  // all their biases split at once) and is flipped, one at a time, where that lowers the cost.
   auto score = [&](BlockLayout* cand, bool sharded) {
+    for (size_t v : vectors) {
+      Placement follow = Placement::replicate();
+      for (size_t m : matrices)
+        if (module_of(m) == module_of(v) && cand->placements[m][tp] == Placement::shard(0) &&
+            g.type(ps[m]).shape[0] == g.type(ps[v]).shape[0])
+          follow = Placement::shard(0);
+      cand->placements[v][tp] = follow;
+    }
     Score s = evaluate(g, with_block(plan, g, *cand), c);
     if (sharded) tried(s);
     for (size_t v : vectors) {
       BlockLayout alt = *cand;
-      alt.placements[v][tp] = Placement::shard(0);
+      alt.placements[v][tp] =
+          alt.placements[v][tp].is_replicate() ? Placement::shard(0) : Placement::replicate();
       Score t = tried(evaluate(g, with_block(plan, g, alt), c));
       if (t.better_than(s)) {
         s = t;

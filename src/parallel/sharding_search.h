@@ -9,8 +9,9 @@
 //
 // Every matrix of block 0 (Node::layer == 0) is tried as Replicate, Shard(0) and Shard(1) on
 // the tensor axis (all combinations: 3^k, k = 4 for GPT, 7 for LLaMA); for each, every vector
-// (biases, norm weights) as Replicate or Shard(0), one at a time (a column-split bias follows
-// its matrix). A candidate's cost is
+// (biases, norm weights) starts as Shard(0) where its module's matrix is column-split (a bias
+// follows its matrix, "h.0.attn.qkv.bias" with "h.0.attn.qkv.weight") and Replicate otherwise,
+// and is then flipped, one at a time, where that lowers the cost. A candidate's cost is
 // the local FLOPs of one step plus flops_per_byte times the bytes the tensor axis sends (the
 // step time on a roofline in FLOP units), ties broken by parameter bytes per rank. A
 // candidate the shapes cannot take (a degree that does not divide heads or widths) is

@@ -73,7 +73,9 @@ void check_plan_is_valid(const Graph& g, const MemoryPlan& plan, bool has_views 
       EXPECT_EQ(plan.buffers[static_cast<size_t>(v)].offset,
                 plan.buffers[static_cast<size_t>(root(v))].offset);
     }
-  if (has_views) EXPECT_GT(views, 0) << "the model's reshapes should be views";
+  if (has_views) {
+    EXPECT_GT(views, 0) << "the model's reshapes should be views";
+  }
   int conflicts = 0;
   for (size_t i = 0; i < in_arena.size(); ++i) {
     const BufferPlan& a = plan.buffers[static_cast<size_t>(in_arena[i])];

@@ -46,6 +46,28 @@ TEST(ShardingSearch, FindsTheMegatronLayoutOfALlamaBlock) {
   EXPECT_DOUBLE_EQ(b->tensor_bytes, analytic);
 }
 
+// GPT's fused QKV projection stores its rows per head (models/model.h), so a row split of
+// it hands each rank whole heads: the search finds column-parallel QKV and fc (with their
+// biases), row-parallel attention and MLP projections.
+TEST(ShardingSearch, FindsTheMegatronLayoutOfAGptBlock) {
+  ModelConfig c = *find_preset("gpt3-175b");
+  c.n_layer = 1;
+  const int64_t B = 1, T = 2048, C = c.n_embd;
+  ModelGraph m = build_model(c, B, T, ModelMode::train);
+  Result<BlockLayout> b = search_block_layout(m.graph, Plan::tensor_parallel(1, 8), SearchCost{});
+  ASSERT_TRUE(b.ok()) << b.status().to_string();
+  const size_t tp = 1;
+  for (const char* col : {"attn.qkv.weight", "attn.qkv.bias", "mlp.fc.weight", "mlp.fc.bias"})
+    EXPECT_EQ(placement_on(*b, col, tp), "S(0)") << col;
+  for (const char* row : {"attn.proj.weight", "mlp.proj.weight"})
+    EXPECT_EQ(placement_on(*b, row, tp), "S(1)") << row;
+  for (const char* rep : {"ln_1.weight", "ln_1.bias", "attn.proj.bias", "ln_2.weight",
+                          "ln_2.bias", "mlp.proj.bias"})
+    EXPECT_EQ(placement_on(*b, rep, tp), "R") << rep;
+  const double analytic = 4 * 2.0 * 7 / 8 * static_cast<double>(B * T * C) * 4;
+  EXPECT_DOUBLE_EQ(b->tensor_bytes, analytic);
+}
+
 TEST(ShardingSearch, SpreadsOverEveryBlockAndLowers) {
   ModelConfig c = *find_preset("llama-tiny");
   ModelGraph one = build_model(

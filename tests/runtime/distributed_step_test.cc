@@ -89,7 +89,20 @@ TEST(DistributedStep, RecomputeIsBitwiseTheSameUnderZeroThree) {
 class TensorParallelTest : public testing::TestWithParam<Case> {};
 
 TEST_P(TensorParallelTest, LlamaMatchesOneRank) {
-  expect_ranks_match(with_megatron_llama(GetParam().plan, tiny_llama()), 8, tiny_llama());
+  Plan plan = with_searched_layout(GetParam().plan, tiny_llama());
+  EXPECT_EQ(plan.params, with_megatron_llama(GetParam().plan, tiny_llama()).params);
+  expect_ranks_match(plan, 8, tiny_llama());
+}
+
+// GPT's fused QKV projection split per head (whole heads of q, k and v on each rank), with
+// its bias; the fc bias follows fc.
+TEST_P(TensorParallelTest, GptMatchesOneRank) {
+  Plan plan = with_searched_layout(GetParam().plan, tiny_gpt());
+  const size_t tp = static_cast<size_t>(plan.mesh.axis_index("tp"));
+  for (const char* col : {"h.1.attn.qkv.weight", "h.1.attn.qkv.bias", "h.1.mlp.fc.bias"})
+    ASSERT_EQ(plan.params.at(col)[tp], Placement::shard(0)) << col;
+  ASSERT_EQ(plan.params.at("h.1.attn.proj.weight")[tp], Placement::shard(1));
+  expect_ranks_match(plan, 8, tiny_gpt());
 }
 
 INSTANTIATE_TEST_SUITE_P(

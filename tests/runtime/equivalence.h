@@ -14,6 +14,7 @@
 
 #include "backend/cpu/cpu_backend.h"
 #include "models/model.h"
+#include "parallel/sharding_search.h"
 #include "runtime/distributed_step.h"
 #include "runtime/train_step.h"
 
@@ -41,9 +42,9 @@ inline ModelConfig tiny_llama() {
   return c;
 }
 
-// The Megatron layout of a LLaMA model on the tensor axis of `plan`, written by hand (the
-// partition search that finds it is still to come): q, k, v, gate and up column-parallel
-// (Shard(0) of [out, in]), o and down row-parallel (Shard(1)); embeddings and norms Replicate.
+// The Megatron layout of a LLaMA model on the tensor axis of `plan`, written by hand: q, k, v,
+// gate and up column-parallel (Shard(0) of [out, in]), o and down row-parallel (Shard(1));
+// embeddings and norms Replicate. with_searched_layout finds it (and GPT's) instead.
 inline Plan with_megatron_llama(Plan plan, const ModelConfig& c) {
   const size_t tp = static_cast<size_t>(plan.mesh.axis_index(plan.tensor_axes.at(0)));
   for (int64_t l = 0; l < c.n_layer; ++l) {
@@ -61,6 +62,21 @@ inline Plan with_megatron_llama(Plan plan, const ModelConfig& c) {
 }
 
 constexpr int64_t kBatch = 8, kSeq = 8;  // global micro-batch
+
+// The placements the sharding search picks for model `c` on the tensor axis of `plan` when
+// bytes cost nothing (so it shards every matrix it can: the Megatron layout, which is what
+// these tests exercise; sharding_search_test checks the choice at real FLOP/byte ratios).
+inline Plan with_searched_layout(Plan plan, const ModelConfig& c) {
+  ModelConfig one = c;
+  one.n_layer = 1;
+  ModelGraph block = build_model(one, kBatch, kSeq, ModelMode::train);
+  ModelGraph all = build_model(c, kBatch, kSeq, ModelMode::train);
+  Result<BlockLayout> b = search_block_layout(block.graph, plan, SearchCost{0});
+  EXPECT_TRUE(b.ok()) << b.status().to_string();
+  if (!b.ok()) return plan;
+  plan.params = expand_block_layout(*b, all.graph, plan).value();
+  return plan;
+}
 constexpr uint64_t kSeed = 7;
 constexpr double kLr = 2e-3;
 

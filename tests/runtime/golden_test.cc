@@ -5,6 +5,7 @@
 
 #include <cmath>
 #include <cstring>
+#include <deque>
 
 #include "backend/cpu/cpu_backend.h"
 #include "io/safetensors.h"
@@ -65,10 +66,26 @@ double rel_error(const float* a, const float* b, int64_t n) {
   return num / (den + 1e-30);
 }
 
-const float* floats(const TensorData& t) { return reinterpret_cast<const float*>(t.bytes.data()); }
+const float* raw_floats(const TensorData& t) {
+  return reinterpret_cast<const float*>(t.bytes.data());
+}
+
 const int32_t* ints(const TensorData& t) {
   return reinterpret_cast<const int32_t*>(t.bytes.data());
 }
+
+// The reference's tensors in Tessera's order: PyTorch orders GPT's fused QKV rows (q|k|v,
+// head, head_dim), Tessera per head (models/model.h). Reordered copies live as long as this.
+struct InTesseraOrder {
+  const ModelConfig& cfg;
+  std::deque<std::vector<float>> kept;
+  const float* operator()(const std::string& name, const TensorData& t) {
+    if (cfg.family != "gpt" || name.find(".attn.qkv.") == std::string::npos) return raw_floats(t);
+    kept.push_back(gpt_qkv_from_standard(raw_floats(t), t.numel() / t.shape[0], cfg.n_head,
+                                         cfg.n_embd / cfg.n_head));
+    return kept.back().data();
+  }
+};
 
 void check_model(const std::string& file) {
   Golden gold = load_golden(file);
@@ -85,6 +102,7 @@ void check_model(const std::string& file) {
   opt.weight_decay = meta_float(f, "weight_decay");
   TrainStep ts(m, cpu, opt);
   const Graph& g = m.graph;
+  InTesseraOrder as_tessera{gold.cfg, {}};
 
   // Every golden parameter exists in the graph with the same shape, and vice versa.
   int golden_params = 0;
@@ -96,21 +114,23 @@ void check_model(const std::string& file) {
     auto t = f.find("param." + name);
     ASSERT_TRUE(t.ok()) << t.status().to_string();
     ASSERT_EQ((*t)->shape, g.type(p).shape.dims()) << name;
-    std::memcpy(ts.executor().raw(p), (*t)->bytes.data(), (*t)->bytes.size());
+    std::memcpy(ts.executor().raw(p), as_tessera(name, **t), (*t)->bytes.size());
   }
   const int32_t* tokens = ints(f.get("input.tokens"));
   const int32_t* targets = ints(f.get("input.targets"));
 
   float loss = ts.forward_backward(tokens, targets);
-  float want = floats(f.get("out.loss"))[0];
+  float want = raw_floats(f.get("out.loss"))[0];
   EXPECT_NEAR(loss, want, 1e-5 * std::fabs(want)) << "loss";
   const TensorData& logits = f.get("out.logits");
-  EXPECT_LT(rel_error(ts.executor().data<float>(m.logits), floats(logits), logits.numel()), 1e-5)
+  EXPECT_LT(rel_error(ts.executor().data<float>(m.logits), raw_floats(logits), logits.numel()), 1e-5)
       << "logits";
   size_t i = 0;
   for (ValueId p : g.params()) {
     const TensorData& want_grad = f.get("grad." + g.name_of(p));
-    EXPECT_LT(rel_error(ts.grad(i++), floats(want_grad), want_grad.numel()), 1e-4)
+    EXPECT_LT(rel_error(ts.grad(i++), as_tessera(g.name_of(p), want_grad),
+                        want_grad.numel()),
+              1e-4)
         << "gradient of " << g.name_of(p);
   }
 
@@ -119,12 +139,14 @@ void check_model(const std::string& file) {
   double clip = meta_float(f, "grad_clip");
   for (int64_t step = 0; step < traj.numel(); ++step) {
     if (step > 0) loss = ts.forward_backward(tokens, targets);
-    EXPECT_NEAR(loss, floats(traj)[step], 1e-5 * std::fabs(floats(traj)[step])) << "step " << step;
+    EXPECT_NEAR(loss, raw_floats(traj)[step], 1e-5 * std::fabs(raw_floats(traj)[step])) << "step " << step;
     ts.apply(opt.lr, clip, 1);
   }
   for (ValueId p : g.params()) {
     const TensorData& want_p = f.get("traj.param." + g.name_of(p));
-    EXPECT_LT(rel_error(ts.executor().data<float>(p), floats(want_p), want_p.numel()), 1e-4)
+    EXPECT_LT(rel_error(ts.executor().data<float>(p), as_tessera(g.name_of(p), want_p),
+                        want_p.numel()),
+              1e-4)
         << "parameter after 10 steps: " << g.name_of(p);
   }
 }

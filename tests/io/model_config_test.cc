@@ -1,0 +1,35 @@
+// Model configs in checkpoint manifests: round trip, and GPT checkpoints from before the fused
+// QKV rows were stored per head are refused rather than loaded with their heads scrambled.
+#include "io/model_config.h"
+
+#include <gtest/gtest.h>
+
+namespace tessera {
+namespace {
+
+TEST(ModelConfigJson, RoundTripsEveryFamily) {
+  for (const char* name : {"gpt-tiny", "llama-tiny", "gpt2-small", "llama2-7b"}) {
+    ModelConfig c = *find_preset(name);
+    Result<ModelConfig> back = model_config_from_json(model_config_to_json(c));
+    ASSERT_TRUE(back.ok()) << name << ": " << back.status().to_string();
+    EXPECT_EQ(model_config_to_json(*back), model_config_to_json(c)) << name;
+  }
+}
+
+TEST(ModelConfigJson, GptWithTheOldQkvRowOrderIsRefused) {
+  nlohmann::json j = model_config_to_json(*find_preset("gpt-tiny"));
+  EXPECT_EQ(j["qkv_rows"], "per_head");
+  j.erase("qkv_rows");
+  Result<ModelConfig> c = model_config_from_json(j);
+  ASSERT_FALSE(c.ok());
+  EXPECT_NE(c.status().message().find("(q|k|v, head) order"), std::string::npos)
+      << c.status().to_string();
+  EXPECT_NE(c.status().hint().find("gpt_qkv_from_standard"), std::string::npos);
+  // LLaMA has separate q, k and v: nothing to refuse.
+  nlohmann::json l = model_config_to_json(*find_preset("llama-tiny"));
+  EXPECT_FALSE(l.contains("qkv_rows"));
+  EXPECT_TRUE(model_config_from_json(l).ok());
+}
+
+}  // namespace
+}  // namespace tessera
