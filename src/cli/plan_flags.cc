@@ -81,11 +81,6 @@ Result<Plan> plan_from_flags(const PlanFlags& f, int ranks) {
   return plan;
 }
 
-SearchCost search_cost(const ClusterSpec& cluster, DType precision) {
-  return SearchCost{cluster.device.peak_flops(precision) /
-                    (cluster.node.intra_bandwidth * cluster.node.intra_efficiency)};
-}
-
 Result<std::string> place_parameters(const PlanFlags& f, const ModelConfig& cfg, int64_t batch,
                                      int64_t seq, const Graph& full, const SearchCost& cost,
                                      Plan* plan) {
@@ -95,11 +90,7 @@ Result<std::string> place_parameters(const PlanFlags& f, const ModelConfig& cfg,
                      std::to_string(plan->data_group()) + " data-parallel ranks",
                  "use a multiple of " + std::to_string(plan->data_group()));
   if (!f.file.empty() || plan->tensor_group() == 1) return std::string();
-  ModelConfig one = cfg;
-  one.n_layer = 1;
-  ModelGraph m = build_model(one, batch, seq, ModelMode::train);
-  TS_ASSIGN_OR_RETURN(BlockLayout b, search_block_layout(m.graph, *plan, cost));
-  TS_ASSIGN_OR_RETURN(plan->params, expand_block_layout(b, full, *plan));
+  TS_ASSIGN_OR_RETURN(BlockLayout b, place_tensor_parallel(cfg, batch, seq, full, cost, plan));
   return describe_block_layout(b, *plan);
 }
 

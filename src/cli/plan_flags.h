@@ -14,7 +14,6 @@
 
 #include <string>
 
-#include "cost/cluster_spec.h"
 #include "models/model.h"
 #include "parallel/sharding_search.h"
 
@@ -33,10 +32,6 @@ struct PlanFlags {
 // The mesh and the plan's settings, checked against `ranks` devices (0: whatever the plan
 // needs). Errors name the flag and the values that would work.
 Result<Plan> plan_from_flags(const PlanFlags& f, int ranks);
-
-// What the search weighs bytes at on `cluster`: the device's FLOP/s at `precision` over the
-// intra-node bytes/s (tp is the innermost axis: one node).
-SearchCost search_cost(const ClusterSpec& cluster, DType precision);
 
 // Once the global micro-batch and the training graph are known: checks that `batch` splits
 // over the data axes and, for --tp without a plan file, places the parameters with the

@@ -46,7 +46,7 @@ Status run_simulate(const SimulateOptions& o) {
 
   ModelGraph m = build_model(cfg, batch, seq, ModelMode::train);
   TS_RETURN_IF_ERROR(
-      place_parameters(f, cfg, batch, seq, m.graph, search_cost(cluster, so.precision), &plan)
+      place_parameters(f, cfg, batch, seq, m.graph, SearchCost{flops_per_intra_byte(cluster, so.precision)}, &plan)
           .status());
   TS_ASSIGN_OR_RETURN(Program prog, lower(m.graph, plan));
   TS_ASSIGN_OR_RETURN(SimResult r, simulate(prog, cluster, so));

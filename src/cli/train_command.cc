@@ -17,6 +17,7 @@
 #include "cli/commands.h"
 #include "cli/common.h"
 #include "cli/plan_flags.h"
+#include "cost/cluster_spec.h"
 #include "cli/progress.h"
 #include "cli/train_state.h"
 #include "data/bpe_tokenizer.h"
@@ -140,7 +141,7 @@ Status run_train(const TrainOptions& o) {
     ModelGraph m = build_model(cfg, o.batch, o.seq, ModelMode::train);
     TS_ASSIGN_OR_RETURN(std::string placed,
                         place_parameters(plan_flags(o), cfg, o.batch, o.seq, m.graph,
-                                         search_cost(cpu, DType::f32), &plan));
+                                         SearchCost{flops_per_intra_byte(cpu, DType::f32)}, &plan));
     if (world->rank() == 0 && !placed.empty()) std::fputs(placed.c_str(), stderr);
   }
   const int data_ranks = distributed ? plan.data_group() : 1;

@@ -419,4 +419,8 @@ Result<ClusterSpec> load_cluster(const std::string& name_or_path) {
                    ") or a path to a .toml file in the layout of clusters/dgx-a100.toml");
 }
 
+double flops_per_intra_byte(const ClusterSpec& c, DType precision) {
+  return c.device.peak_flops(precision) / (c.node.intra_bandwidth * c.node.intra_efficiency);
+}
+
 }  // namespace tessera

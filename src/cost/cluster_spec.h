@@ -104,6 +104,10 @@ inline constexpr const char* kNetworkTopologies[] = {"fat-tree", "dragonfly", "t
 Result<ClusterSpec> parse_cluster_spec(const std::string& toml_text, const std::string& source);
 // A preset name (see cluster_presets()) or a path to a .toml file.
 Result<ClusterSpec> load_cluster(const std::string& name_or_path);
+
+// A device's FLOP/s at `precision` over the bytes/s of its intra-node link: what a byte sent
+// over a tensor axis (the innermost, one node) costs in FLOPs (SearchCost::flops_per_byte).
+double flops_per_intra_byte(const ClusterSpec& c, DType precision);
 // Names of the shipped presets, sorted.
 std::vector<std::string> cluster_presets();
 // The TOML text of a preset ("" when unknown) — `tessera simulate --cluster-toml NAME` prints it.

@@ -181,4 +181,14 @@ Result<BlockLayout> search_block_layout(const Graph& g, const Plan& plan, const 
   return best_b;
 }
 
+Result<BlockLayout> place_tensor_parallel(const ModelConfig& cfg, int64_t batch, int64_t seq,
+                                          const Graph& full, const SearchCost& cost, Plan* plan) {
+  ModelConfig one = cfg;
+  one.n_layer = 1;
+  ModelGraph m = build_model(one, batch, seq, ModelMode::train);
+  TS_ASSIGN_OR_RETURN(BlockLayout b, search_block_layout(m.graph, *plan, cost));
+  TS_ASSIGN_OR_RETURN(plan->params, expand_block_layout(b, full, *plan));
+  return b;
+}
+
 }  // namespace tessera

@@ -25,6 +25,7 @@
 #include <vector>
 
 #include "ir/graph.h"
+#include "models/model.h"
 #include "parallel/plan.h"
 
 namespace tessera {
@@ -52,5 +53,10 @@ Result<BlockLayout> search_block_layout(const Graph& g, const Plan& plan, const 
 Result<std::map<std::string, std::vector<Placement>>> expand_block_layout(const BlockLayout& b,
                                                                           const Graph& g,
                                                                           const Plan& plan);
+
+// The search on a one-block copy of model `cfg` (global micro-batch `batch` x `seq`), its
+// choice written into plan->params for every block of `full` (the model's training graph).
+Result<BlockLayout> place_tensor_parallel(const ModelConfig& cfg, int64_t batch, int64_t seq,
+                                          const Graph& full, const SearchCost& cost, Plan* plan);
 
 }  // namespace tessera

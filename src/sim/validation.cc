@@ -9,6 +9,7 @@
 
 #include "cost/flops.h"
 #include "io/fs.h"
+#include "parallel/sharding_search.h"
 
 namespace tessera {
 
@@ -169,24 +170,30 @@ Result<std::vector<PublishedRun>> read_published_runs(const std::string& path) {
 
 Result<RunSetup> setup_run(const PublishedRun& r, const std::string& cluster_dir) {
   RunSetup s;
-  // Parallelism: only data-axis plans are in the Program today.
+  // Parallelism: data axes and a tensor axis are in the Program today.
   double tp = 1, pp = 1, gpus, micro;
   const std::string &tps = r.at("tp"), &pps = r.at("pp");
-  if (!tps.empty() && (!number(tps, &tp) || tp != 1))
-    return error("tensor parallelism (tp=" + tps + ") is not in the Program yet");
+  if (!tps.empty() && (!number(tps, &tp) || tp < 1 || tp != std::floor(tp)))
+    return error("tp='" + tps + "' is not a positive integer");
   if (!pps.empty() && (!number(pps, &pp) || pp != 1))
     return error("pipeline parallelism (pp=" + pps + ") is not in the Program yet");
+  const std::string& sp = r.at("sequence_parallel");
+  if (tp > 1 && !sp.empty() && !contains(sp, "no"))
+    return error("sequence parallelism ('" + sp + "') is not in the Program yet");
   for (const char* col : {"cp", "ep"}) {
     double v;
     if (!r.at(col).empty() && (!number(r.at(col), &v) || v != 1))
       return error(std::string(col) + "=" + r.at(col) + " is not in the Program yet");
   }
   TS_RETURN_IF_ERROR(need(r, "num_gpus", &gpus));
-  double dp = gpus;
-  if (!r.at("dp").empty() && (!number(r.at("dp"), &dp) || dp != gpus))
-    return error("dp=" + r.at("dp") + " on " + r.at("num_gpus") +
-                 " GPUs implies model parallelism of unknown kind");
-  if (tps.empty() || pps.empty()) s.assumptions.push_back("tp=pp=1 (not published; dp = num_gpus)");
+  double dp = gpus / tp;
+  if (dp < 1 || dp != std::floor(dp))
+    return error("tp=" + tps + " does not divide num_gpus=" + r.at("num_gpus"));
+  if (!r.at("dp").empty() && (!number(r.at("dp"), &dp) || dp * tp != gpus))
+    return error("dp=" + r.at("dp") + " x tp=" + (tps.empty() ? "1" : tps) + " on " +
+                 r.at("num_gpus") + " GPUs implies model parallelism of unknown kind");
+  if (tps.empty() || pps.empty())
+    s.assumptions.push_back("tp=pp=1 (not published; dp = num_gpus)");
   TS_RETURN_IF_ERROR(need(r, "micro_batch", &micro));
 
   const std::string& prec = r.at("precision");
@@ -203,7 +210,8 @@ Result<RunSetup> setup_run(const PublishedRun& r, const std::string& cluster_dir
   const std::string& rc = r.at("activation_recompute");
   if (contains(rc, "selective"))
     return error("selective recomputation ('" + rc + "') is not modeled");
-  s.plan = Plan::data_parallel(static_cast<int>(gpus), 0);
+  s.plan = tp > 1 ? Plan::tensor_parallel(static_cast<int>(dp), static_cast<int>(tp), 0)
+                  : Plan::data_parallel(static_cast<int>(dp), 0);
   if (contains(rc, "full")) {
     s.plan.recompute = RecomputePolicy::full;
   } else if (rc.empty()) {
@@ -231,7 +239,7 @@ Result<RunSetup> setup_run(const PublishedRun& r, const std::string& cluster_dir
   TS_RETURN_IF_ERROR(need(r, "seq_len", &seq));
   s.seq = static_cast<int64_t>(seq);
   s.model.max_seq_len = std::max(s.model.max_seq_len, s.seq);
-  s.batch = static_cast<int64_t>(micro * gpus);
+  s.batch = static_cast<int64_t>(micro * dp);
   double global, global_tokens;
   bool have_global = number(r.at("global_batch_seqs"), &global);
   if (!have_global && number(r.at("global_batch_tokens"), &global_tokens)) {
@@ -239,10 +247,10 @@ Result<RunSetup> setup_run(const PublishedRun& r, const std::string& cluster_dir
     have_global = true;
   }
   if (have_global) {
-    double accum = global / (micro * gpus);
+    double accum = global / (micro * dp);
     if (accum < 1 || accum != std::floor(accum))
       return error("global batch " + r.at("global_batch_seqs") + " is not a multiple of " +
-                   "micro_batch x dp = " + std::to_string(static_cast<int64_t>(micro * gpus)));
+                   "micro_batch x dp = " + std::to_string(static_cast<int64_t>(micro * dp)));
     s.plan.micro_batches = static_cast<int>(accum);
   } else {
     s.assumptions.push_back("1 micro-batch per step (global batch not published)");
@@ -294,6 +302,12 @@ ValidationReport validate_runs(const std::vector<PublishedRun>& runs, int thread
       out[i] = [&]() -> Result<RunResult> {
         TS_ASSIGN_OR_RETURN(RunSetup s, setup_run(r, cluster_dir));
         ModelGraph m = build_model(s.model, s.batch, s.seq, ModelMode::train);
+        if (s.plan.tensor_group() > 1) {
+          // Placements by the sharding search at this cluster's FLOP/byte ratio.
+          SearchCost cost{flops_per_intra_byte(s.cluster, s.sim.precision)};
+          TS_RETURN_IF_ERROR(
+              place_tensor_parallel(s.model, s.batch, s.seq, m.graph, cost, &s.plan).status());
+        }
         TS_ASSIGN_OR_RETURN(Program prog, lower(m.graph, s.plan));
         TS_ASSIGN_OR_RETURN(SimResult sim, simulate(prog, s.cluster, s.sim));
         RunResult rr;
@@ -354,10 +368,12 @@ std::string format_report(const ValidationReport& rep, bool per_row) {
                   "source", "model", "gpus", "plan", "metric", "published", "predicted", "error");
     s += buf;
     for (const RunResult& r : rep.results) {
-      std::string plan = "zero=" + std::to_string(r.setup.plan.zero) +
-                         " mb=" + std::to_string(r.setup.batch / r.setup.plan.mesh.size()) + "x" +
-                         std::to_string(r.setup.plan.micro_batches) +
-                         (r.setup.plan.recompute == RecomputePolicy::full ? " rc" : "");
+      const Plan& p = r.setup.plan;
+      std::string plan = (p.tensor_group() > 1 ? "tp=" + std::to_string(p.tensor_group()) + " " : "") +
+                         "zero=" + std::to_string(p.zero) +
+                         " mb=" + std::to_string(r.setup.batch / p.data_group()) + "x" +
+                         std::to_string(p.micro_batches) +
+                         (p.recompute == RecomputePolicy::full ? " rc" : "");
       std::snprintf(
           buf, sizeof buf, "%-5s %-24.24s %-22.22s %5d %-22s %-18s %10.4g %10.4g %+6.1f%%%s\n",
           r.row_id.c_str(), r.source.c_str(), r.model.c_str(), r.sim.devices, plan.c_str(),
