@@ -40,7 +40,7 @@ struct TrainOptions {
   int zero = 0;              // ZeRO stage 0-3
   int hsdp = 0;              // > 0: HSDP with this many replica groups (ZeRO-3 inside each)
   std::string plan;          // plan JSON file (overrides --dp/--zero/--hsdp)
-  std::string recompute;     // "none" | "full" ("": the plan's, none without one)
+  std::string recompute;     // "none" | "full" | "selective" ("": the plan's, none without one)
   double comm_timeout = 30;  // seconds a collective waits for a peer before failing
 };
 

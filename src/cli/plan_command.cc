@@ -89,7 +89,7 @@ void add_plan_command(CLI::App& app) {
   cmd->add_option("--grad-accum", o->micro, "Micro-batches per step (default: the plan's, or 1)");
   cmd->add_option("--plan", o->plan, "Plan JSON file");
   cmd->add_option("--recompute", o->recompute,
-                  "Activation recomputation: none or full (default: the plan's, or none)");
+                  "Activation recomputation: none, full or selective (default: the plan's, or none)");
   cmd->add_flag("--program", o->program, "Print every instruction");
   cmd->callback([o] { exit_on_error(run_plan(*o)); });
 }

@@ -26,7 +26,7 @@ struct PlanFlags {
   int zero = 0;           // ZeRO stage 0-3
   int hsdp = 0;           // > 0: HSDP with this many replica groups (ZeRO-3 inside each)
   int micro = 0;          // micro-batches per step; 0: the plan file's (1 without one)
-  std::string recompute;  // "none" | "full"; "": the plan file's (none without one)
+  std::string recompute;  // "none" | "full" | "selective"; "": the plan file's (none without one)
 };
 
 // The mesh and the plan's settings, checked against `ranks` devices (0: whatever the plan

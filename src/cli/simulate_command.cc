@@ -107,7 +107,7 @@ void add_simulate_command(CLI::App& app) {
   cmd->add_option("--hsdp", o->hsdp, "HSDP replica groups (ZeRO-3 within each)");
   cmd->add_option("--grad-accum", o->micro, "Micro-batches per step (default: the plan's, or 1)");
   cmd->add_option("--recompute", o->recompute,
-                  "Activation recomputation: none|full (default: the plan's, or none)");
+                  "Activation recomputation: none|full|selective (default: the plan's, or none)");
   cmd->add_option("--plan", o->plan, "Plan JSON file (overrides the plan flags)");
   cmd->add_option("--precision", o->precision, "f32 | bf16 (mixed) | f16 (mixed)")
       ->capture_default_str();

@@ -332,9 +332,10 @@ void add_train_command(CLI::App& app, TrainOptions& o) {
                   "HSDP: this many replica groups, ZeRO-3 within each (ranks / N per group)");
   cmd->add_option("--plan", o.plan, "Plan JSON (see `tessera plan`); overrides --dp/--tp/--zero/--hsdp");
   cmd->add_option("--recompute", o.recompute,
-                  "Activation recomputation: none, or full (each block's forward again in the "
-                  "backward pass: less activation memory, ~20% more FLOPs). Default: the plan's, "
-                  "or none");
+                  "Activation recomputation: none; full (each block's forward again in the "
+                  "backward pass: least activation memory, ~20% more FLOPs); or selective (only "
+                  "the cheap ops between matmuls and attention again: a few % more FLOPs). "
+                  "Default: the plan's, or none");
   cmd->add_option("--comm-timeout", o.comm_timeout,
                   "Seconds a collective waits for a peer before the run fails")
       ->capture_default_str();

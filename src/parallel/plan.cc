@@ -93,15 +93,19 @@ const char* recompute_name(RecomputePolicy p) {
       return "none";
     case RecomputePolicy::full:
       return "full";
+    case RecomputePolicy::selective:
+      return "selective";
   }
   return "?";
 }
 
 Result<RecomputePolicy> parse_recompute(std::string_view name) {
-  for (RecomputePolicy p : {RecomputePolicy::none, RecomputePolicy::full})
+  for (RecomputePolicy p :
+       {RecomputePolicy::none, RecomputePolicy::full, RecomputePolicy::selective})
     if (name == recompute_name(p)) return p;
-  return error("recompute '" + std::string(name) + "' is not one of: none, full",
-               "full recomputes each transformer block's forward in the backward pass");
+  return error("recompute '" + std::string(name) + "' is not one of: none, full, selective",
+               "full recomputes each transformer block's forward in the backward pass; "
+               "selective recomputes only the cheap ops between its matmuls and attention");
 }
 
 std::vector<std::string> Plan::replica_axes() const {
@@ -230,9 +234,9 @@ Status validate(const Plan& p, int world) {
   if (p.micro_batches < 1) return error("plan: micro_batches must be >= 1");
   if (p.bucket_bytes < 1 || p.prefetch_bytes < 0)
     return error("plan: bucket_bytes must be >= 1 and prefetch_bytes >= 0");
-  if (p.recompute != RecomputePolicy::none && p.recompute != RecomputePolicy::full)
+  if (static_cast<int>(p.recompute) > static_cast<int>(RecomputePolicy::selective))
     return error("plan: recompute policy " + std::to_string(static_cast<int>(p.recompute)) +
-                 " is not none or full");
+                 " is not none, full or selective");
   if (world > 0 && p.mesh.size() != world)
     return error("plan: mesh " + p.mesh.to_string() + " has " + std::to_string(p.mesh.size()) +
                      " ranks but the job has " + std::to_string(world),

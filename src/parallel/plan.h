@@ -33,10 +33,12 @@ namespace tessera {
 
 // Activation recomputation (gradient checkpointing): `none` keeps every forward activation
 // for the backward pass; `full` keeps only each transformer block's input and recomputes the
-// block's forward just before its backward (parallel/recompute.h).
-enum class RecomputePolicy : uint8_t { none, full };
+// block's forward just before its backward; `selective` keeps the outputs of the FLOP-heavy
+// ops (matmuls and attention) and recomputes the cheap ones between them (norms,
+// activations, residual adds, reshapes) in the backward (parallel/recompute.h).
+enum class RecomputePolicy : uint8_t { none, full, selective };
 
-const char* recompute_name(RecomputePolicy p);  // "none", "full"
+const char* recompute_name(RecomputePolicy p);  // "none", "full", "selective"
 // Errors name the value and the accepted ones.
 Result<RecomputePolicy> parse_recompute(std::string_view name);
 

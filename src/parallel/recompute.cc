@@ -17,6 +17,10 @@ bool clonable(const Node& n) {
   return !n.backward && !n.recompute && n.layer >= 0 && !is_source(n.op);
 }
 
+// Under the selective policy these outputs are kept, not recomputed: the ops whose FLOPs are
+// high for the bytes they produce.
+bool kept_under_selective(OpKind k) { return k == OpKind::matmul || k == OpKind::attention; }
+
 // Whether node `reader` (backward, in a block) reads `v` as an activation of its own block.
 bool reads_own_activation(const Graph& g, const Node& reader, ValueId v) {
   const Node& p = g.producer(v);
@@ -35,11 +39,17 @@ Result<Graph> apply_recompute(const Graph& g, RecomputePolicy policy,
   // activation of layer L; the clones of layer L go right before it.
   std::vector<char> need(num_nodes, 0);
   std::map<int, NodeId> insert_at;
-  if (policy == RecomputePolicy::full) {
+  // Under `selective` the kept ops' outputs are read where the forward left them; the
+  // closure below stops at them.
+  auto recomputed = [&](const Node& p) {
+    return policy == RecomputePolicy::full ||
+           (policy == RecomputePolicy::selective && !kept_under_selective(p.op));
+  };
+  if (policy != RecomputePolicy::none) {
     for (NodeId i = 0; i < static_cast<NodeId>(num_nodes); ++i) {
       const Node& n = g.node(i);
       for (ValueId v : n.inputs) {
-        if (!reads_own_activation(g, n, v)) continue;
+        if (!reads_own_activation(g, n, v) || !recomputed(g.producer(v))) continue;
         need[static_cast<size_t>(g.value(v).producer)] = 1;
         insert_at.emplace(n.layer, i);
       }
@@ -50,7 +60,8 @@ Result<Graph> apply_recompute(const Graph& g, RecomputePolicy policy,
       const Node& n = g.nodes()[i];
       for (ValueId v : n.inputs) {
         const Node& p = g.producer(v);
-        if (clonable(p) && p.layer == n.layer) need[static_cast<size_t>(g.value(v).producer)] = 1;
+        if (clonable(p) && p.layer == n.layer && recomputed(p))
+          need[static_cast<size_t>(g.value(v).producer)] = 1;
       }
     }
   }

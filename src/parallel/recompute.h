@@ -8,7 +8,11 @@
 //   plan_memory(g).arena_bytes < plan_memory(m.graph).arena_bytes;   // several layers
 //   g.total_flops() ~= m.graph.total_flops() + forward FLOPs of the blocks
 //
-// lower(g, plan) applies it when plan.recompute is full. How it works: for each layer L, the
+// Under RecomputePolicy::selective only the cheap ops are cloned: the closure stops at matmul
+// and attention nodes, whose outputs the clones and the backward read where the forward left
+// them (a few percent more FLOPs; the norms', activations' and reshapes' outputs are freed).
+//
+// lower(g, plan) applies it when plan.recompute is not none. How it works: for each layer L, the
 // forward values of L (produced by non-source forward nodes tagged layer L) that the backward
 // nodes of L read are collected, together with the forward nodes of L they depend on, up to
 // the block's inputs (values of other layers), parameters, inputs and fills. Clones of those

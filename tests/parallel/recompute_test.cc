@@ -140,6 +140,45 @@ TEST_P(RecomputeTest, LowersUnderEveryPlanWithoutFallbacks) {
 
 INSTANTIATE_TEST_SUITE_P(Models, RecomputeTest, testing::Values("gpt-tiny", "llama-tiny"));
 
+// Selective: the outputs of matmuls and attention stay where the forward left them; only the
+// cheap ops between them (norms, activations, residual adds, reshapes, transposes) are cloned,
+// for a few percent more FLOPs.
+TEST_P(RecomputeTest, SelectiveClonesOnlyTheCheapOps) {
+  ModelGraph m = build_model(*find_preset(GetParam()), 4, 16, ModelMode::train);
+  const Graph& g = m.graph;
+  Result<Graph> sel = apply_recompute(g, RecomputePolicy::selective);
+  ASSERT_TRUE(sel.ok()) << sel.status().to_string();
+  const Graph& r = sel.value();
+  std::set<int> layers;
+  for (const Node& n : r.nodes()) {
+    if (!n.recompute) continue;
+    layers.insert(n.layer);
+    EXPECT_NE(n.op, OpKind::matmul) << n.scope;
+    EXPECT_NE(n.op, OpKind::attention) << n.scope;
+  }
+  EXPECT_EQ(static_cast<int>(layers.size()), static_cast<int>(find_preset(GetParam())->n_layer));
+  // The backward reads original activations of its block only where matmul or attention made
+  // them (or at block boundaries, as under full).
+  for (const Node& n : r.nodes()) {
+    if (!n.backward || n.layer < 0) continue;
+    for (ValueId v : n.inputs) {
+      const Node& p = r.producer(v);
+      if (!original_activation(r, v) || p.layer != n.layer) continue;
+      EXPECT_TRUE(p.op == OpKind::matmul || p.op == OpKind::attention)
+          << n.scope << " reads the original " << op_name(p.op) << " of " << p.scope;
+    }
+  }
+  double block_forward = 0;
+  for (const Node& n : g.nodes())
+    if (!n.backward && n.layer >= 0) block_forward += node_flops(g, n);
+  const double extra = r.total_flops() - g.total_flops();
+  EXPECT_GT(extra, 0);
+  EXPECT_LT(extra, 0.05 * block_forward);
+  EXPECT_LT(extra, recomputed(g).total_flops() - g.total_flops());
+}
+
+
+
 TEST(Recompute, ZeroThreeClonesReadBackwardGathers) {
   ModelGraph m = build_model(*find_preset("gpt-tiny"), 4, 16, ModelMode::train);
   Plan plan = Plan::data_parallel(2, 3);
@@ -210,6 +249,21 @@ TEST(Recompute, ShrinksThePlannedArena) {
   }
 }
 
+TEST(Recompute, SelectiveArenaLiesBetweenNoneAndFull) {
+  for (const char* family : {"gpt", "llama"}) {
+    SCOPED_TRACE(family);
+    ModelGraph m = build_model(deep_narrow(family), 16, 64, ModelMode::train);
+    const int64_t none = plan_memory(m.graph).arena_bytes;
+    const int64_t sel =
+        plan_memory(apply_recompute(m.graph, RecomputePolicy::selective).value()).arena_bytes;
+    const int64_t full = plan_memory(recomputed(m.graph)).arena_bytes;
+    std::printf("%s arena: none %lld, selective %lld, full %lld bytes\n", family,
+                (long long)none, (long long)sel, (long long)full);
+    EXPECT_LT(sel, none);
+    EXPECT_GT(sel, full);
+  }
+}
+
 TEST(Recompute, NeedsATrainingGraph) {
   ModelGraph m = build_model(*find_preset("gpt-tiny"), 2, 8, ModelMode::loss);
   Result<Graph> r = apply_recompute(m.graph, RecomputePolicy::full);
@@ -233,9 +287,11 @@ TEST(PlanRecompute, JsonRoundTripAndOldFiles) {
   ASSERT_TRUE(q.ok()) << q.status().to_string();
   EXPECT_EQ(q.value().recompute, RecomputePolicy::none);
   j["recompute"] = "selective";
+  EXPECT_EQ(plan_from_json(j).value().recompute, RecomputePolicy::selective);
+  j["recompute"] = "some";
   Status s = plan_from_json(j).status();
   EXPECT_NE(s.message().find("'recompute'"), std::string::npos) << s.message();
-  EXPECT_NE(s.message().find("none, full"), std::string::npos) << s.message();
+  EXPECT_NE(s.message().find("none, full, selective"), std::string::npos) << s.message();
   EXPECT_FALSE(parse_recompute("FULL").ok());
   EXPECT_EQ(parse_recompute("none").value(), RecomputePolicy::none);
 }

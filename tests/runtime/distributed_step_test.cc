@@ -52,8 +52,8 @@ Plan with_micro(Plan p, int k) {
   return p;
 }
 
-Plan with_recompute(Plan p) {
-  p.recompute = RecomputePolicy::full;
+Plan with_recompute(Plan p, RecomputePolicy policy = RecomputePolicy::full) {
+  p.recompute = policy;
   return p;
 }
 
@@ -112,7 +112,10 @@ INSTANTIATE_TEST_SUITE_P(
                     Case{"dp2_tp2_zero1", Plan::tensor_parallel(2, 2, 1)},
                     Case{"dp2_tp2_zero3", Plan::tensor_parallel(2, 2, 3)},
                     Case{"tp2_accum", with_micro(Plan::tensor_parallel(1, 2), 2)},
-                    Case{"tp2_recompute", with_recompute(Plan::tensor_parallel(1, 2))}),
+                    Case{"tp2_recompute", with_recompute(Plan::tensor_parallel(1, 2))},
+                    Case{"dp2_tp2_zero3_selective",
+                         with_recompute(Plan::tensor_parallel(2, 2, 3),
+                                        RecomputePolicy::selective)}),
     [](const testing::TestParamInfo<Case>& i) { return std::string(i.param.name); });
 
 TEST(TensorParallel, KvHeadsThatDoNotSplitAreAnErrorNamingTheDegrees) {

@@ -1,5 +1,6 @@
-// Activation recomputation changes where the backward pass gets its activations, not what it
-// computes: the same loss and gradients bit for bit on the CPU backend, with less arena.
+// Activation recomputation (full or selective) changes where the backward pass gets its
+// activations, not what it computes: the same loss and gradients bit for bit on the CPU
+// backend, with less arena.
 // (ZeRO-3 on in-process ranks: distributed_step_test.cc.)
 #include <cstring>
 
@@ -10,11 +11,14 @@ namespace {
 
 using namespace testing_equivalence;
 
-TEST(RecomputeStep, SameLossAndGradientsBitForBit) {
+class RecomputeStep : public testing::TestWithParam<std::tuple<const char*, RecomputePolicy>> {};
+
+TEST_P(RecomputeStep, SameLossAndGradientsBitForBit) {
   CpuBackend cpu;
-  ModelGraph m = build_model(tiny_gpt(), kBatch, kSeq, ModelMode::train);
+  const ModelConfig cfg = std::string(std::get<0>(GetParam())) == "gpt" ? tiny_gpt() : tiny_llama();
+  ModelGraph m = build_model(cfg, kBatch, kSeq, ModelMode::train);
   TrainStep plain(m, cpu, adamw());
-  TrainStep rec(m, cpu, adamw(), RecomputePolicy::full);
+  TrainStep rec(m, cpu, adamw(), std::get<1>(GetParam()));
   int clones = 0;
   for (const Node& n : rec.graph().nodes()) clones += n.recompute;
   ASSERT_GT(clones, 0);
@@ -40,6 +44,14 @@ TEST(RecomputeStep, SameLossAndGradientsBitForBit) {
   }
   EXPECT_LT(rec.executor().plan().arena_bytes, plain.executor().plan().arena_bytes);
 }
+
+INSTANTIATE_TEST_SUITE_P(
+    Policies, RecomputeStep,
+    testing::Combine(testing::Values("gpt", "llama"),
+                     testing::Values(RecomputePolicy::full, RecomputePolicy::selective)),
+    [](const auto& i) {
+      return std::string(std::get<0>(i.param)) + "_" + recompute_name(std::get<1>(i.param));
+    });
 
 }  // namespace
 }  // namespace tessera

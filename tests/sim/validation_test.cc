@@ -114,7 +114,9 @@ TEST(SetupRun, SaysWhyARowCannotBeModelled) {
             std::string::npos);
   EXPECT_NE(reason({{"micro_batch", ""}}).find("micro_batch not published"), std::string::npos);
   EXPECT_NE(reason({{"global_batch_seqs", "500"}}).find("not a multiple"), std::string::npos);
-  EXPECT_NE(reason({{"activation_recompute", "selective"}}).find("selective"), std::string::npos);
+  EXPECT_NE(reason({{"activation_recompute", "selective (every 2 blocks)"}}).find("some blocks"),
+            std::string::npos);
+  EXPECT_EQ(reason({{"activation_recompute", "selective"}}), "ok");
   EXPECT_NE(reason({{"gpu_type", "TPU v4"}}).find("no cluster preset"), std::string::npos);
   EXPECT_NE(reason({{"tokens_per_s_per_gpu", ""}}).find("no comparable metric"), std::string::npos);
 }
