@@ -88,8 +88,9 @@ void add_plan_command(CLI::App& app) {
   cmd->add_option("--hsdp", o->hsdp, "HSDP replica groups (ZeRO-3 within each)");
   cmd->add_option("--grad-accum", o->micro, "Micro-batches per step (default: the plan's, or 1)");
   cmd->add_option("--plan", o->plan, "Plan JSON file");
-  cmd->add_option("--recompute", o->recompute,
-                  "Activation recomputation: none, full or selective (default: the plan's, or none)");
+  cmd->add_option(
+      "--recompute", o->recompute,
+      "Activation recomputation: none, full or selective (default: the plan's, or none)");
   cmd->add_flag("--program", o->program, "Print every instruction");
   cmd->callback([o] { exit_on_error(run_plan(*o)); });
 }

@@ -53,8 +53,8 @@ Result<Plan> plan_from_flags(const PlanFlags& f, int ranks) {
       return error("--dp " + std::to_string(dp) + " x --tp " + std::to_string(f.tp) + " is " +
                        std::to_string(dp * f.tp) + " ranks, but the job has " +
                        std::to_string(ranks),
-                   "drop --dp (it defaults to ranks / tp) or launch " +
-                       std::to_string(dp * f.tp) + " ranks");
+                   "drop --dp (it defaults to ranks / tp) or launch " + std::to_string(dp * f.tp) +
+                       " ranks");
     if (f.hsdp > 0) {
       if (f.tp > 1)
         return error("--hsdp with --tp is not supported yet",

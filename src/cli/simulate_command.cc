@@ -45,9 +45,10 @@ Status run_simulate(const SimulateOptions& o) {
   so.trace = !o.trace.empty();
 
   ModelGraph m = build_model(cfg, batch, seq, ModelMode::train);
-  TS_RETURN_IF_ERROR(
-      place_parameters(f, cfg, batch, seq, m.graph, SearchCost{flops_per_intra_byte(cluster, so.precision)}, &plan)
-          .status());
+  TS_RETURN_IF_ERROR(place_parameters(f, cfg, batch, seq, m.graph,
+                                      SearchCost{flops_per_intra_byte(cluster, so.precision)},
+                                      &plan)
+                         .status());
   TS_ASSIGN_OR_RETURN(Program prog, lower(m.graph, plan));
   TS_ASSIGN_OR_RETURN(SimResult r, simulate(prog, cluster, so));
   double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
@@ -101,7 +102,8 @@ void add_simulate_command(CLI::App& app) {
   cmd->add_option("--tp", o->tp,
                   "Tensor-parallel ranks, innermost (placements found by the sharding search)")
       ->capture_default_str();
-  cmd->add_option("--batch", o->batch, "Global micro-batch in sequences (default: one per data-parallel rank)");
+  cmd->add_option("--batch", o->batch,
+                  "Global micro-batch in sequences (default: one per data-parallel rank)");
   cmd->add_option("--seq", o->seq, "Sequence length (default: max_seq_len)");
   cmd->add_option("--zero", o->zero, "ZeRO stage 0-3")->capture_default_str();
   cmd->add_option("--hsdp", o->hsdp, "HSDP replica groups (ZeRO-3 within each)");

@@ -17,9 +17,9 @@
 #include "cli/commands.h"
 #include "cli/common.h"
 #include "cli/plan_flags.h"
-#include "cost/cluster_spec.h"
 #include "cli/progress.h"
 #include "cli/train_state.h"
+#include "cost/cluster_spec.h"
 #include "data/bpe_tokenizer.h"
 #include "data/loader.h"
 #include "data/tokenize_corpus.h"
@@ -330,7 +330,8 @@ void add_train_command(CLI::App& app, TrainOptions& o) {
       ->capture_default_str();
   cmd->add_option("--hsdp", o.hsdp,
                   "HSDP: this many replica groups, ZeRO-3 within each (ranks / N per group)");
-  cmd->add_option("--plan", o.plan, "Plan JSON (see `tessera plan`); overrides --dp/--tp/--zero/--hsdp");
+  cmd->add_option("--plan", o.plan,
+                  "Plan JSON (see `tessera plan`); overrides --dp/--tp/--zero/--hsdp");
   cmd->add_option("--recompute", o.recompute,
                   "Activation recomputation: none; full (each block's forward again in the "
                   "backward pass: least activation memory, ~20% more FLOPs); or selective (only "

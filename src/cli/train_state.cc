@@ -153,8 +153,8 @@ Status TrainState::save_sharded(const std::string& root, int64_t completed,
     const LocalPiece pp = d.param_piece(i), op = d.optim_piece(i);
     const Box box = d.param_box(i);  // this rank's tensor-parallel piece of the global tensor
     if (d.writes_param(i))
-      shards.push_back({pl.name, DType::f32, pl.global_shape, pp.offset, pp.count,
-                        d.param_data(i), box.lo, box.hi});
+      shards.push_back({pl.name, DType::f32, pl.global_shape, pp.offset, pp.count, d.param_data(i),
+                        box.lo, box.hi});
     if (d.writes_optim(i)) {
       shards.push_back({"adam.m." + pl.name, DType::f32, pl.global_shape, op.offset, op.count,
                         d.optimizer().m(i).data(), box.lo, box.hi});

@@ -66,18 +66,18 @@ constexpr const char* kGptQkvRows = "per_head";
 
 nlohmann::json model_config_to_json(const ModelConfig& c) {
   nlohmann::json j = {{"name", c.name},
-          {"family", c.family},
-          {"vocab_size", c.vocab_size},
-          {"n_layer", c.n_layer},
-          {"n_embd", c.n_embd},
-          {"n_head", c.n_head},
-          {"n_kv_head", c.n_kv_head},
-          {"ffn_hidden", c.ffn_hidden},
-          {"max_seq_len", c.max_seq_len},
-          {"norm_eps", c.norm_eps},
-          {"rope_theta", c.rope_theta},
-          {"tied_embeddings", c.tied_embeddings},
-          {"init_std", c.init_std}};
+                      {"family", c.family},
+                      {"vocab_size", c.vocab_size},
+                      {"n_layer", c.n_layer},
+                      {"n_embd", c.n_embd},
+                      {"n_head", c.n_head},
+                      {"n_kv_head", c.n_kv_head},
+                      {"ffn_hidden", c.ffn_hidden},
+                      {"max_seq_len", c.max_seq_len},
+                      {"norm_eps", c.norm_eps},
+                      {"rope_theta", c.rope_theta},
+                      {"tied_embeddings", c.tied_embeddings},
+                      {"init_std", c.init_std}};
   if (c.family == "gpt") j["qkv_rows"] = kGptQkvRows;
   return j;
 }
@@ -100,10 +100,11 @@ Result<ModelConfig> model_config_from_json(const nlohmann::json& j) {
     c.init_std = j.at("init_std").get<double>();
     TS_RETURN_IF_ERROR(validate(c));
     if (c.family == "gpt" && j.value("qkv_rows", std::string("q|k|v")) != kGptQkvRows)
-      return error("model config in manifest: GPT attention weights stored with rows in (q|k|v, "
-                   "head) order (Tessera before 2026-11); this build stores them per head",
-                   "retrain, or load the tensors and reorder h.N.attn.qkv.weight and .bias "
-                   "with gpt_qkv_from_standard (models/model.h)");
+      return error(
+          "model config in manifest: GPT attention weights stored with rows in (q|k|v, "
+          "head) order (Tessera before 2026-11); this build stores them per head",
+          "retrain, or load the tensors and reorder h.N.attn.qkv.weight and .bias "
+          "with gpt_qkv_from_standard (models/model.h)");
     return c;
   } catch (const nlohmann::json::exception& e) {
     return error(std::string("model config in manifest is malformed: ") + e.what(),

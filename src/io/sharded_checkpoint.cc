@@ -191,8 +191,9 @@ int64_t build_cover(TensorInfo& t) {
   std::vector<Segment> segs;
   for (size_t i = 0; i < t.shards.size(); ++i) {
     const ShardDesc& s = t.shards[i];
-    for_each_run(t.shape, s.lo, s.hi, s.offset, s.count,
-                 [&](int64_t g, int64_t n, int64_t at) { segs.push_back({i, g, n, at}); });
+    for_each_run(t.shape, s.lo, s.hi, s.offset, s.count, [&](int64_t g, int64_t n, int64_t at) {
+      segs.push_back({i, g, n, at});
+    });
   }
   std::stable_sort(segs.begin(), segs.end(), [](const Segment& a, const Segment& b) {
     return a.offset != b.offset ? a.offset < b.offset : a.count > b.count;
@@ -232,8 +233,8 @@ Status coverage_error(const std::string& dir, const std::string& name, const Ten
 }
 
 nlohmann::json shard_json(const ShardDesc& s) {
-  nlohmann::json j = {{"file", s.file}, {"entry", s.entry}, {"offset", s.offset},
-                      {"count", s.count}};
+  nlohmann::json j = {
+      {"file", s.file}, {"entry", s.entry}, {"offset", s.offset}, {"count", s.count}};
   if (!s.lo.empty()) j["box"] = {{"lo", s.lo}, {"hi", s.hi}};
   return j;
 }
@@ -356,10 +357,9 @@ Status write_checkpoint_shards(const std::string& root, const std::string& name,
                         {"offset", s.offset},
                         {"count", s.count}};
     // A box that is the whole tensor is written as none (a format-1 shard).
-    const bool whole = s.box_lo.empty() ||
-                       (std::all_of(s.box_lo.begin(), s.box_lo.end(),
-                                    [](int64_t x) { return x == 0; }) &&
-                        s.box_hi == s.global_shape.dims());
+    const bool whole = s.box_lo.empty() || (std::all_of(s.box_lo.begin(), s.box_lo.end(),
+                                                        [](int64_t x) { return x == 0; }) &&
+                                            s.box_hi == s.global_shape.dims());
     if (!whole) d["box"] = {{"lo", s.box_lo}, {"hi", s.box_hi}};
     ShardDesc parsed;
     std::string bad = parse_shard_range(d, s.global_shape.dims(), &parsed);

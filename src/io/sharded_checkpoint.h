@@ -142,8 +142,7 @@ class ShardedCheckpoint {
   // Elements [offset, offset + count) of the flattened box [lo, hi) of the tensor (lo and
   // hi empty: the whole tensor), whatever boxes and ranges it was saved in.
   Status read_box(const std::string& name, const std::vector<int64_t>& lo,
-                  const std::vector<int64_t>& hi, int64_t offset, int64_t count,
-                  float* out) const;
+                  const std::vector<int64_t>& hi, int64_t offset, int64_t count, float* out) const;
   Status read_box_raw(const std::string& name, const std::vector<int64_t>& lo,
                       const std::vector<int64_t>& hi, int64_t offset, int64_t count,
                       void* out) const;

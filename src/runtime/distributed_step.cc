@@ -134,7 +134,8 @@ bool DistributedStep::first_holder(size_t i, bool zero_sharded) const {
   const Plan& plan = prog_.plan;
   std::vector<std::string> same = zero_sharded ? plan.replica_axes() : plan.data_axes;
   for (const std::string& t : plan.tensor_axes)
-    if (prog_.part.params[i].layout.axes[static_cast<size_t>(plan.mesh.axis_index(t))]
+    if (prog_.part.params[i]
+            .layout.axes[static_cast<size_t>(plan.mesh.axis_index(t))]
             .is_replicate())
       same.push_back(t);
   return plan.mesh.group_index(rank_, same) == 0;

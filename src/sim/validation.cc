@@ -192,8 +192,7 @@ Result<RunSetup> setup_run(const PublishedRun& r, const std::string& cluster_dir
   if (!r.at("dp").empty() && (!number(r.at("dp"), &dp) || dp * tp != gpus))
     return error("dp=" + r.at("dp") + " x tp=" + (tps.empty() ? "1" : tps) + " on " +
                  r.at("num_gpus") + " GPUs implies model parallelism of unknown kind");
-  if (tps.empty() || pps.empty())
-    s.assumptions.push_back("tp=pp=1 (not published; dp = num_gpus)");
+  if (tps.empty() || pps.empty()) s.assumptions.push_back("tp=pp=1 (not published; dp = num_gpus)");
   TS_RETURN_IF_ERROR(need(r, "micro_batch", &micro));
 
   const std::string& prec = r.at("precision");
@@ -374,13 +373,14 @@ std::string format_report(const ValidationReport& rep, bool per_row) {
     s += buf;
     for (const RunResult& r : rep.results) {
       const Plan& p = r.setup.plan;
-      std::string plan = (p.tensor_group() > 1 ? "tp=" + std::to_string(p.tensor_group()) + " " : "") +
-                         "zero=" + std::to_string(p.zero) +
-                         " mb=" + std::to_string(r.setup.batch / p.data_group()) + "x" +
-                         std::to_string(p.micro_batches) +
-                         (p.recompute == RecomputePolicy::full        ? " rc"
-                          : p.recompute == RecomputePolicy::selective ? " rc-sel"
-                                                                      : "");
+      std::string plan =
+          (p.tensor_group() > 1 ? "tp=" + std::to_string(p.tensor_group()) + " " : "") +
+          "zero=" + std::to_string(p.zero) +
+          " mb=" + std::to_string(r.setup.batch / p.data_group()) + "x" +
+          std::to_string(p.micro_batches) +
+          (p.recompute == RecomputePolicy::full        ? " rc"
+           : p.recompute == RecomputePolicy::selective ? " rc-sel"
+                                                       : "");
       std::snprintf(
           buf, sizeof buf, "%-5s %-24.24s %-22.22s %5d %-22s %-18s %10.4g %10.4g %+6.1f%%%s\n",
           r.row_id.c_str(), r.source.c_str(), r.model.c_str(), r.sim.devices, plan.c_str(),

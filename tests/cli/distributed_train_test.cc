@@ -1,6 +1,6 @@
 // `tessera launch -n N -- train` end to end (label mpi): checkpoints saved under one plan
-// (data-parallel, ZeRO or tensor-parallel) resume under another with the same next-step loss, and a rank killed mid-step ends the job
-// within 60 s with a message naming the rank and the operation.
+// (data-parallel, ZeRO or tensor-parallel) resume under another with the same next-step loss, and a
+// rank killed mid-step ends the job within 60 s with a message naming the rank and the operation.
 #include <gtest/gtest.h>
 
 #include <chrono>

@@ -111,8 +111,8 @@ void expect_piece(const ShardedCheckpoint& ck, const Named& t, const Piece& p) {
   std::vector<float> got(static_cast<size_t>(p.count), -1.0f);
   Status s = ck.read_box(t.name, p.lo, p.hi, p.offset, p.count, got.data());
   ASSERT_TRUE(s.ok()) << s.to_string();
-  EXPECT_EQ(got, dense_piece(t.dense, t.shape, p)) << t.name << " box [" << p.lo[0] << ":"
-                                                   << p.hi[0] << ", ...) offset " << p.offset;
+  EXPECT_EQ(got, dense_piece(t.dense, t.shape, p))
+      << t.name << " box [" << p.lo[0] << ":" << p.hi[0] << ", ...) offset " << p.offset;
 }
 
 // Every way of cutting a 2-D and a 3-D tensor into at most 2-3 parts per dim and 1-3 flat
@@ -166,15 +166,18 @@ TEST(ShardedCheckpointBoxes, MissingBoxIsNamedAtCommit) {
   // Two column halves written, the lower-right quarter of the right half left out.
   std::vector<float> left = dense_piece(dense, {6, 8}, Piece{{0, 0}, {6, 4}, 0, 24});
   std::vector<float> right = dense_piece(dense, {6, 8}, Piece{{0, 4}, {3, 8}, 0, 12});
-  ASSERT_TRUE(write_checkpoint_shards(dir.path(), "c", 0, 2,
-                                      {{"w", DType::f32, {6, 8}, 0, 24, left.data(), {0, 0}, {6, 4}}})
-                  .ok());
-  ASSERT_TRUE(write_checkpoint_shards(dir.path(), "c", 1, 2,
-                                      {{"w", DType::f32, {6, 8}, 0, 12, right.data(), {0, 4}, {3, 8}}})
-                  .ok());
+  ASSERT_TRUE(
+      write_checkpoint_shards(dir.path(), "c", 0, 2,
+                              {{"w", DType::f32, {6, 8}, 0, 24, left.data(), {0, 0}, {6, 4}}})
+          .ok());
+  ASSERT_TRUE(
+      write_checkpoint_shards(dir.path(), "c", 1, 2,
+                              {{"w", DType::f32, {6, 8}, 0, 12, right.data(), {0, 4}, {3, 8}}})
+          .ok());
   Status s = commit_checkpoint_shards(dir.path(), "c", 2, nlohmann::json::object());
   ASSERT_FALSE(s.ok());
-  EXPECT_TRUE(contains(s, "element 28 (index [3, 4]) is not covered by any shard")) << s.to_string();
+  EXPECT_TRUE(contains(s, "element 28 (index [3, 4]) is not covered by any shard"))
+      << s.to_string();
   EXPECT_NE(s.to_string().find("[0, 12) of box [0:3, 4:8] in rank-00001.safetensors"),
             std::string::npos)
       << s.to_string();
@@ -199,8 +202,9 @@ TEST(ShardedCheckpointBoxes, BadBoxesAreRefusedWithTheirBounds) {
   ShardedCheckpoint ck = ShardedCheckpoint::open(dir.path()).value();
   std::vector<float> out(12);
   s = ck.read_box("w", {0, 4}, {3, 9}, 0, 12, out.data());
-  EXPECT_TRUE(contains(s, "tensor 'w' (shape (6, 8), 48 elements) is out of bounds: box [0:3, "
-                          "4:9] is outside shape (6, 8)"))
+  EXPECT_TRUE(contains(s,
+                       "tensor 'w' (shape (6, 8), 48 elements) is out of bounds: box [0:3, "
+                       "4:9] is outside shape (6, 8)"))
       << s.to_string();
   s = ck.read_box("w", {0, 4}, {3, 8}, 6, 12, out.data());
   EXPECT_TRUE(contains(s, "range [6, 18) is outside its 12 elements")) << s.to_string();

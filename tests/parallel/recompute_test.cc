@@ -177,8 +177,6 @@ TEST_P(RecomputeTest, SelectiveClonesOnlyTheCheapOps) {
   EXPECT_LT(extra, recomputed(g).total_flops() - g.total_flops());
 }
 
-
-
 TEST(Recompute, ZeroThreeClonesReadBackwardGathers) {
   ModelGraph m = build_model(*find_preset("gpt-tiny"), 4, 16, ModelMode::train);
   Plan plan = Plan::data_parallel(2, 3);
@@ -257,8 +255,8 @@ TEST(Recompute, SelectiveArenaLiesBetweenNoneAndFull) {
     const int64_t sel =
         plan_memory(apply_recompute(m.graph, RecomputePolicy::selective).value()).arena_bytes;
     const int64_t full = plan_memory(recomputed(m.graph)).arena_bytes;
-    std::printf("%s arena: none %lld, selective %lld, full %lld bytes\n", family,
-                (long long)none, (long long)sel, (long long)full);
+    std::printf("%s arena: none %lld, selective %lld, full %lld bytes\n", family, (long long)none,
+                (long long)sel, (long long)full);
     EXPECT_LT(sel, none);
     EXPECT_GT(sel, full);
   }

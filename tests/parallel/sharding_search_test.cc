@@ -61,8 +61,8 @@ TEST(ShardingSearch, FindsTheMegatronLayoutOfAGptBlock) {
     EXPECT_EQ(placement_on(*b, col, tp), "S(0)") << col;
   for (const char* row : {"attn.proj.weight", "mlp.proj.weight"})
     EXPECT_EQ(placement_on(*b, row, tp), "S(1)") << row;
-  for (const char* rep : {"ln_1.weight", "ln_1.bias", "attn.proj.bias", "ln_2.weight",
-                          "ln_2.bias", "mlp.proj.bias"})
+  for (const char* rep :
+       {"ln_1.weight", "ln_1.bias", "attn.proj.bias", "ln_2.weight", "ln_2.bias", "mlp.proj.bias"})
     EXPECT_EQ(placement_on(*b, rep, tp), "R") << rep;
   const double analytic = 4 * 2.0 * 7 / 8 * static_cast<double>(B * T * C) * 4;
   EXPECT_DOUBLE_EQ(b->tensor_bytes, analytic);

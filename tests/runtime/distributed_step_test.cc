@@ -113,9 +113,8 @@ INSTANTIATE_TEST_SUITE_P(
                     Case{"dp2_tp2_zero3", Plan::tensor_parallel(2, 2, 3)},
                     Case{"tp2_accum", with_micro(Plan::tensor_parallel(1, 2), 2)},
                     Case{"tp2_recompute", with_recompute(Plan::tensor_parallel(1, 2))},
-                    Case{"dp2_tp2_zero3_selective",
-                         with_recompute(Plan::tensor_parallel(2, 2, 3),
-                                        RecomputePolicy::selective)}),
+                    Case{"dp2_tp2_zero3_selective", with_recompute(Plan::tensor_parallel(2, 2, 3),
+                                                                   RecomputePolicy::selective)}),
     [](const testing::TestParamInfo<Case>& i) { return std::string(i.param.name); });
 
 TEST(TensorParallel, KvHeadsThatDoNotSplitAreAnErrorNamingTheDegrees) {

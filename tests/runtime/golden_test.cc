@@ -123,14 +123,13 @@ void check_model(const std::string& file) {
   float want = raw_floats(f.get("out.loss"))[0];
   EXPECT_NEAR(loss, want, 1e-5 * std::fabs(want)) << "loss";
   const TensorData& logits = f.get("out.logits");
-  EXPECT_LT(rel_error(ts.executor().data<float>(m.logits), raw_floats(logits), logits.numel()), 1e-5)
+  EXPECT_LT(rel_error(ts.executor().data<float>(m.logits), raw_floats(logits), logits.numel()),
+            1e-5)
       << "logits";
   size_t i = 0;
   for (ValueId p : g.params()) {
     const TensorData& want_grad = f.get("grad." + g.name_of(p));
-    EXPECT_LT(rel_error(ts.grad(i++), as_tessera(g.name_of(p), want_grad),
-                        want_grad.numel()),
-              1e-4)
+    EXPECT_LT(rel_error(ts.grad(i++), as_tessera(g.name_of(p), want_grad), want_grad.numel()), 1e-4)
         << "gradient of " << g.name_of(p);
   }
 
@@ -139,14 +138,15 @@ void check_model(const std::string& file) {
   double clip = meta_float(f, "grad_clip");
   for (int64_t step = 0; step < traj.numel(); ++step) {
     if (step > 0) loss = ts.forward_backward(tokens, targets);
-    EXPECT_NEAR(loss, raw_floats(traj)[step], 1e-5 * std::fabs(raw_floats(traj)[step])) << "step " << step;
+    EXPECT_NEAR(loss, raw_floats(traj)[step], 1e-5 * std::fabs(raw_floats(traj)[step]))
+        << "step " << step;
     ts.apply(opt.lr, clip, 1);
   }
   for (ValueId p : g.params()) {
     const TensorData& want_p = f.get("traj.param." + g.name_of(p));
-    EXPECT_LT(rel_error(ts.executor().data<float>(p), as_tessera(g.name_of(p), want_p),
-                        want_p.numel()),
-              1e-4)
+    EXPECT_LT(
+        rel_error(ts.executor().data<float>(p), as_tessera(g.name_of(p), want_p), want_p.numel()),
+        1e-4)
         << "parameter after 10 steps: " << g.name_of(p);
   }
 }

@@ -45,13 +45,14 @@ TEST_P(RecomputeStep, SameLossAndGradientsBitForBit) {
   EXPECT_LT(rec.executor().plan().arena_bytes, plain.executor().plan().arena_bytes);
 }
 
-INSTANTIATE_TEST_SUITE_P(
-    Policies, RecomputeStep,
-    testing::Combine(testing::Values("gpt", "llama"),
-                     testing::Values(RecomputePolicy::full, RecomputePolicy::selective)),
-    [](const auto& i) {
-      return std::string(std::get<0>(i.param)) + "_" + recompute_name(std::get<1>(i.param));
-    });
+INSTANTIATE_TEST_SUITE_P(Policies, RecomputeStep,
+                         testing::Combine(testing::Values("gpt", "llama"),
+                                          testing::Values(RecomputePolicy::full,
+                                                          RecomputePolicy::selective)),
+                         [](const auto& i) {
+                           return std::string(std::get<0>(i.param)) + "_" +
+                                  recompute_name(std::get<1>(i.param));
+                         });
 
 }  // namespace
 }  // namespace tessera

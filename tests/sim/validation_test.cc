@@ -106,8 +106,7 @@ TEST(SetupRun, SaysWhyARowCannotBeModelled) {
   EXPECT_NE(reason({{"tp", "3"}}).find("tp=3 does not divide num_gpus=32"), std::string::npos);
   EXPECT_NE(reason({{"tp", "8"}, {"sequence_parallel", "yes"}}).find("sequence parallelism"),
             std::string::npos);
-  EXPECT_NE(reason({{"tp", "2"}, {"dp", "32"}}).find("dp=32 x tp=2 on 32 GPUs"),
-            std::string::npos);
+  EXPECT_NE(reason({{"tp", "2"}, {"dp", "32"}}).find("dp=32 x tp=2 on 32 GPUs"), std::string::npos);
   EXPECT_NE(reason({{"pp", "4"}}).find("pipeline parallelism (pp=4)"), std::string::npos);
   EXPECT_NE(reason({{"precision", "amp_fp8"}}).find("FP8"), std::string::npos);
   EXPECT_NE(reason({{"num_gpus", "128-512"}}).find("num_gpus '128-512' is not a single number"),
