@@ -1,7 +1,7 @@
 // The equivalence tests over MPI, one process per rank (CTest label `mpi`):
 //   mpirun -np 4 mpi_equivalence_test zero3
 // trains the tiny GPT (the tiny LLaMA for the tensor-parallel plans tp and tp_zero3: tp 2,
-// the other ranks data-parallel) for 10 steps under the named plan and compares every rank's losses
+// the other ranks data-parallel; GPT on the searched layout for gpt_tp3 and gpt_tp_zero1) for 10 steps under the named plan and compares every rank's losses
 // and final parameters with a 1-rank run on the same global batches (computed on each rank),
 // and checks planned = measured arena and analytic = measured bytes sent.
 #include <cstring>
@@ -59,8 +59,19 @@ int main(int argc, char** argv) {
           tessera::g_model = tiny_llama();
           tessera::g_plan = with_megatron_llama(
               Plan::tensor_parallel(n / 2, 2, which == "tp" ? 0 : 3), tiny_llama());
+        } else if (which == "gpt_tp3" || which == "gpt_tp_zero1") {
+          // GPT on the layout the search finds: tp 3 on 3 ranks (6 heads), or tp 2 x dp 2.
+          using namespace tessera::testing_equivalence;
+          tessera::ModelConfig c = tiny_gpt();
+          if (which == "gpt_tp3") c.n_embd = 48, c.n_head = 6;
+          tessera::g_model = c;
+          const int tp = which == "gpt_tp3" ? 3 : 2;
+          tessera::g_plan = with_searched_layout(
+              Plan::tensor_parallel(n / tp, tp, which == "gpt_tp3" ? 0 : 1), c);
         } else {
-          std::fprintf(stderr, "unknown plan '%s' (dp, zero1, zero2, zero3, hsdp, tp, tp_zero3)\n",
+          std::fprintf(stderr,
+                       "unknown plan '%s' (dp, zero1, zero2, zero3, hsdp, tp, tp_zero3, gpt_tp3, "
+                       "gpt_tp_zero1)\n",
                        which.c_str());
           return 2;
         }
