@@ -138,7 +138,9 @@ Status run_train(const TrainOptions& o) {
     // figures; `tessera calibrate` measures them). The search is deterministic, so every
     // rank finds the same placements.
     TS_ASSIGN_OR_RETURN(ClusterSpec cpu, load_cluster("cpu-local"));
-    ModelGraph m = build_model(cfg, o.batch, o.seq, ModelMode::train);
+    // The full graph only serves to spread a searched layout over the blocks.
+    const bool searched = o.plan.empty() && plan.tensor_group() > 1;
+    ModelGraph m = searched ? build_model(cfg, o.batch, o.seq, ModelMode::train) : ModelGraph{};
     TS_ASSIGN_OR_RETURN(std::string placed,
                         place_parameters(plan_flags(o), cfg, o.batch, o.seq, m.graph,
                                          SearchCost{flops_per_intra_byte(cpu, DType::f32)}, &plan));

@@ -150,6 +150,29 @@ void for_each_run(const std::vector<int64_t>& shape, const std::vector<int64_t>&
   fn(run_begin, run_count, run_at);
 }
 
+// What is wrong with elements [offset, offset + count) of the box [lo, hi) of `shape` (lo and
+// hi empty: the whole tensor), or "".
+std::string check_shard_range(const std::vector<int64_t>& shape, const std::vector<int64_t>& lo,
+                              const std::vector<int64_t>& hi, int64_t offset, int64_t count) {
+  std::optional<int64_t> extent = checked_numel(shape);
+  if (!extent) return "invalid shape " + shape_to_string(shape);
+  if (!lo.empty() || !hi.empty()) {
+    if (lo.size() != shape.size() || hi.size() != shape.size())
+      return "a box needs one lower and one upper bound per dimension of " + shape_to_string(shape);
+    std::vector<int64_t> dims(shape.size());
+    for (size_t i = 0; i < shape.size(); ++i) {
+      if (lo[i] < 0 || lo[i] > hi[i] || hi[i] > shape[i])
+        return "box " + box_string(lo, hi) + " is outside shape " + shape_to_string(shape);
+      dims[i] = hi[i] - lo[i];
+    }
+    extent = checked_numel(dims);
+  }
+  if (offset < 0 || count < 0 || offset > *extent - count)
+    return "range " + range_string(offset, offset + count) + " is outside its " +
+           std::to_string(*extent) + " elements";
+  return "";
+}
+
 // Reads {"offset", "count"} and the optional {"box": {"lo": [...], "hi": [...]}} of a shard
 // description into s; returns what is wrong with them, or "".
 std::string parse_shard_range(const nlohmann::json& d, const std::vector<int64_t>& shape,
@@ -159,30 +182,18 @@ std::string parse_shard_range(const nlohmann::json& d, const std::vector<int64_t
     return "no integer \"offset\" and \"count\"";
   s->offset = d["offset"];
   s->count = d["count"];
-  std::optional<int64_t> numel = checked_numel(shape);
-  if (!numel) return "invalid shape " + shape_to_string(shape);
-  int64_t extent = *numel;
   if (d.contains("box")) {
     const nlohmann::json& b = d["box"];
     if (!b.is_object() || !b.contains("lo") || !b["lo"].is_array() || !b.contains("hi") ||
-        !b["hi"].is_array() || b["lo"].size() != shape.size() || b["hi"].size() != shape.size())
-      return "\"box\" must be {\"lo\": [...], \"hi\": [...]} with one bound per dimension";
-    for (size_t i = 0; i < shape.size(); ++i) {
-      if (!b["lo"][i].is_number_integer() || !b["hi"][i].is_number_integer())
-        return "box bounds must be integers";
-      s->lo.push_back(b["lo"][i]);
-      s->hi.push_back(b["hi"][i]);
-      if (s->lo[i] < 0 || s->lo[i] > s->hi[i] || s->hi[i] > shape[i])
-        return "box " + box_string(s->lo, s->hi) + " is outside shape " + shape_to_string(shape);
-    }
-    std::vector<int64_t> dims(shape.size());
-    for (size_t i = 0; i < shape.size(); ++i) dims[i] = s->hi[i] - s->lo[i];
-    extent = *checked_numel(dims);
+        !b["hi"].is_array())
+      return "\"box\" must be {\"lo\": [...], \"hi\": [...]}";
+    for (const char* key : {"lo", "hi"})
+      for (const nlohmann::json& x : b[key]) {
+        if (!x.is_number_integer()) return "box bounds must be integers";
+        (key[0] == 'l' ? s->lo : s->hi).push_back(x.get<int64_t>());
+      }
   }
-  if (s->offset < 0 || s->count < 0 || s->offset > extent - s->count)
-    return "range " + range_string(s->offset, s->offset + s->count) + " is outside its " +
-           std::to_string(extent) + " elements";
-  return "";
+  return check_shard_range(shape, s->lo, s->hi, s->offset, s->count);
 }
 
 // Builds t.cover from t.shards: of the shards holding each element, the one whose run
@@ -351,33 +362,33 @@ Status write_checkpoint_shards(const std::string& root, const std::string& name,
                                 std::to_string(s.box_hi.size()) + " upper bounds for shape " +
                                 shape_to_string(s.global_shape.dims()));
     }
-    nlohmann::json d = {{"name", s.name},
-                        {"dtype", dtype_name(s.dtype)},
-                        {"shape", s.global_shape.dims()},
-                        {"offset", s.offset},
-                        {"count", s.count}};
     // A box that is the whole tensor is written as none (a format-1 shard).
     const bool whole = s.box_lo.empty() || (std::all_of(s.box_lo.begin(), s.box_lo.end(),
                                                         [](int64_t x) { return x == 0; }) &&
                                             s.box_hi == s.global_shape.dims());
-    if (!whole) d["box"] = {{"lo", s.box_lo}, {"hi", s.box_hi}};
-    ShardDesc parsed;
-    std::string bad = parse_shard_range(d, s.global_shape.dims(), &parsed);
+    const std::vector<int64_t> lo = whole ? std::vector<int64_t>{} : s.box_lo;
+    const std::vector<int64_t> hi = whole ? std::vector<int64_t>{} : s.box_hi;
+    std::string bad = check_shard_range(s.global_shape.dims(), lo, hi, s.offset, s.count);
     if (!bad.empty()) return shard_error(s, bad);
     if (s.count > 0 && s.data == nullptr) return shard_error(s, "has null data");
     std::string entry = s.name;
     if (per_tensor[s.name] > 1) {
       entry += "@";
-      for (size_t i = 0; i < parsed.lo.size(); ++i)
-        entry += (i ? "," : "") + std::to_string(parsed.lo[i]);
-      entry += (parsed.lo.empty() ? "" : "+") + std::to_string(s.offset);
+      for (size_t i = 0; i < lo.size(); ++i) entry += (i ? "," : "") + std::to_string(lo[i]);
+      entry += (lo.empty() ? "" : "+") + std::to_string(s.offset);
     }
     if (!entry_names.insert(entry).second) {
-      std::string box = box_string(s.box_lo, s.box_hi);
+      std::string box = box_string(lo, hi);
       return shard_error(s, "at offset " + std::to_string(s.offset) +
                                 (box.empty() ? "" : " of box " + box) + " is given twice");
     }
-    d["entry"] = entry;
+    nlohmann::json d = {{"name", s.name},
+                        {"entry", entry},
+                        {"dtype", dtype_name(s.dtype)},
+                        {"shape", s.global_shape.dims()},
+                        {"offset", s.offset},
+                        {"count", s.count}};
+    if (!lo.empty()) d["box"] = {{"lo", lo}, {"hi", hi}};
     refs.push_back({entry, {s.dtype, {s.count}, s.data}});
     list.push_back(std::move(d));
   }
@@ -762,10 +773,7 @@ Status ShardedCheckpoint::read_box_raw(const std::string& name, const std::vecto
                                        const std::vector<int64_t>& hi, int64_t offset,
                                        int64_t count, void* out) const {
   TS_ASSIGN_OR_RETURN(const TensorInfo* t, impl_->find(name));
-  nlohmann::json request = {{"offset", offset}, {"count", count}};
-  if (!lo.empty() || !hi.empty()) request["box"] = {{"lo", lo}, {"hi", hi}};
-  ShardDesc want;
-  std::string bad = parse_shard_range(request, t->shape, &want);
+  std::string bad = check_shard_range(t->shape, lo, hi, offset, count);
   if (!bad.empty()) {
     return ckpt_error(impl_->dir,
                       "read of elements " + range_string(offset, offset + count) +
@@ -777,7 +785,7 @@ Status ShardedCheckpoint::read_box_raw(const std::string& name, const std::vecto
   auto* dst = static_cast<uint8_t*>(out);
   const int64_t esize = dtype_size(t->dtype);
   Status status;
-  for_each_run(t->shape, want.lo, want.hi, offset, count, [&](int64_t g, int64_t n, int64_t at) {
+  for_each_run(t->shape, lo, hi, offset, count, [&](int64_t g, int64_t n, int64_t at) {
     for (int64_t pos = g; status.ok() && pos < g + n;) {
       // The cover piece holding pos: the last one starting at or before it.
       auto it = std::upper_bound(t->cover.begin(), t->cover.end(), pos,

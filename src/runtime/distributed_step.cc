@@ -93,9 +93,7 @@ DistributedStep::DistributedStep(const Graph& global, Program prog, Backend& bac
                               pl.global_shape.rank() >= 2});
     // Elements replicated over a tensor axis are counted once over the norm's group.
     int64_t copies = 1;
-    for (const std::string& t : prog_.plan.tensor_axes)
-      if (pl.layout.axes[static_cast<size_t>(prog_.plan.mesh.axis_index(t))].is_replicate())
-        copies *= prog_.plan.mesh.axis_size(t);
+    for (const std::string& t : replicated_tensor_axes(i)) copies *= prog_.plan.mesh.axis_size(t);
     slots.back().norm_weight = 1.0 / static_cast<double>(copies);
     if (pl.optim_sharded && !pl.params_sharded)
       scratch = std::max(scratch,
@@ -130,14 +128,21 @@ Box DistributedStep::param_box(size_t i) const {
   return prog_.part.params[i].layout.local_box(prog_.plan.mesh, rank_);
 }
 
-bool DistributedStep::first_holder(size_t i, bool zero_sharded) const {
+std::vector<std::string> DistributedStep::replicated_tensor_axes(size_t i) const {
   const Plan& plan = prog_.plan;
-  std::vector<std::string> same = zero_sharded ? plan.replica_axes() : plan.data_axes;
+  std::vector<std::string> out;
   for (const std::string& t : plan.tensor_axes)
     if (prog_.part.params[i]
             .layout.axes[static_cast<size_t>(plan.mesh.axis_index(t))]
             .is_replicate())
-      same.push_back(t);
+      out.push_back(t);
+  return out;
+}
+
+bool DistributedStep::first_holder(size_t i, bool zero_sharded) const {
+  const Plan& plan = prog_.plan;
+  std::vector<std::string> same = zero_sharded ? plan.replica_axes() : plan.data_axes;
+  for (const std::string& t : replicated_tensor_axes(i)) same.push_back(t);
   return plan.mesh.group_index(rank_, same) == 0;
 }
 

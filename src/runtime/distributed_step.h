@@ -99,6 +99,8 @@ class DistributedStep {
   Status start(const Node& n);
   Status sync_param(size_t i);
   LocalPiece block_of(size_t i) const;  // this rank's block in the ZeRO group
+  // The tensor axes on which parameter i is Replicate.
+  std::vector<std::string> replicated_tensor_axes(size_t i) const;
   // Whether no rank before this one holds the same piece of parameter i (ZeRO-sharded or not).
   bool first_holder(size_t i, bool zero_sharded) const;
 

@@ -1,9 +1,10 @@
 // The equivalence tests over MPI, one process per rank (CTest label `mpi`):
 //   mpirun -np 4 mpi_equivalence_test zero3
 // trains the tiny GPT (the tiny LLaMA for the tensor-parallel plans tp and tp_zero3: tp 2,
-// the other ranks data-parallel; GPT on the searched layout for gpt_tp3 and gpt_tp_zero1) for 10 steps under the named plan and compares every rank's losses
-// and final parameters with a 1-rank run on the same global batches (computed on each rank),
-// and checks planned = measured arena and analytic = measured bytes sent.
+// the other ranks data-parallel; GPT on the searched layout for gpt_tp3 and gpt_tp_zero1) for 10
+// steps under the named plan and compares every rank's losses and final parameters with a 1-rank
+// run on the same global batches (computed on each rank), and checks planned = measured arena and
+// analytic = measured bytes sent.
 #include <cstring>
 
 #include "../mpi_test_main.h"
