@@ -66,6 +66,7 @@ Status check_options(const TrainOptions& o, const ModelConfig& cfg) {
   TS_RETURN_IF_ERROR(positive("--seq", o.seq));
   TS_RETURN_IF_ERROR(positive("--steps", o.steps));
   TS_RETURN_IF_ERROR(positive("--grad-accum", o.grad_accum));
+  TS_RETURN_IF_ERROR(positive("--tp", o.tp));
   if (o.seq > cfg.max_seq_len)
     return error("--seq " + std::to_string(o.seq) + " exceeds max_seq_len " +
                      std::to_string(cfg.max_seq_len) + " of model " + cfg.name,

@@ -158,5 +158,17 @@ TEST(TesseraBinary, UnknownPresetListsPresets) {
   EXPECT_NE(out.find("gpt2-small"), std::string::npos) << out;
 }
 
+// Bad parallelism flags: one `error:` paragraph naming the flag, exit 1, before any work.
+TEST(TesseraBinary, BadParallelFlagsAreNamed) {
+  std::string out;
+  EXPECT_EQ(run_tessera("train --tp 0 --steps 1", &out), 1) << out;
+  EXPECT_NE(out.find("error: --tp must be positive, got 0"), std::string::npos) << out;
+  EXPECT_EQ(run_tessera("simulate gpt-tiny --tp 3 --gpus 8", &out), 1) << out;
+  EXPECT_NE(out.find("error: --tp 3 does not divide the 8 ranks"), std::string::npos) << out;
+  EXPECT_NE(out.find("1, 2, 4, 8"), std::string::npos) << out;
+  EXPECT_EQ(run_tessera("plan gpt-tiny --recompute some", &out), 1) << out;
+  EXPECT_NE(out.find("not one of: none, full, selective"), std::string::npos) << out;
+}
+
 }  // namespace
 }  // namespace tessera

@@ -212,5 +212,20 @@ TEST(ShardedCheckpointBoxes, BadBoxesAreRefusedWithTheirBounds) {
   EXPECT_EQ(out[5], 1.0f);
 }
 
+// A manifest edited to hold a box outside its tensor is refused at open, naming the box.
+TEST(ShardedCheckpointBoxes, EditedManifestBoxIsRefused) {
+  TempDir dir;
+  const std::vector<Named> tensors = {{"w", {6, 8}, iota(48, 0.0f)}};
+  ASSERT_TRUE(save_split(dir.path(), tensors, {pieces({6, 8}, {1, 2}, 1)}).ok());
+  const std::string manifest = dir / "c/manifest.json";
+  nlohmann::json m = nlohmann::json::parse(read_file(manifest).value());
+  m["tensors"]["w"]["shards"][1]["box"]["hi"] = {6, 9};
+  ASSERT_TRUE(write_file_atomic(manifest, m.dump()).ok());
+  Result<ShardedCheckpoint> ck = ShardedCheckpoint::open(dir.path());
+  ASSERT_FALSE(ck.ok());
+  EXPECT_TRUE(contains(ck.status(), "box [0:6, 4:9] is outside shape (6, 8)"))
+      << ck.status().to_string();
+}
+
 }  // namespace
 }  // namespace tessera
