@@ -22,6 +22,11 @@ std::string describe_block_layout(const BlockLayout& b, const Plan& plan) {
   for (size_t i = 0; i < b.names.size(); ++i)
     s += "placement       " + b.names[i] + " " + b.placements[i][tp].to_string() + " on " +
          plan.tensor_axes[0] + "\n";
+  for (size_t i = 0; i < b.outer_names.size(); ++i)
+    if (!b.outer_placements[i][tp].is_replicate())
+      s += "placement       " + b.outer_names[i] + " " + b.outer_placements[i][tp].to_string() +
+           " on " + plan.tensor_axes[0] + "\n";
+  for (const std::string& n : b.notes) s += "tp search       note: " + n + "\n";
   s += "tp search       " + std::to_string(b.candidates) +
        " candidates; block 0 per rank: " + format_bytes(b.tensor_bytes) + " sent over " +
        plan.tensor_axes[0] + " per micro-batch (every block alike)\n";

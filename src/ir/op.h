@@ -21,52 +21,58 @@
 namespace tessera {
 
 // X(name, inputs (-1: variadic), outputs)
-#define TESSERA_OPS(X)        \
-  X(parameter, 0, 1)          \
-  X(input, 0, 1)              \
-  X(fill, 0, 1)               \
-  X(add, 2, 1)                \
-  X(sub, 2, 1)                \
-  X(mul, 2, 1)                \
-  X(div, 2, 1)                \
-  X(scale, 1, 1)              \
-  X(add_scalar, 1, 1)         \
-  X(exp, 1, 1)                \
-  X(log, 1, 1)                \
-  X(sqrt, 1, 1)               \
-  X(rsqrt, 1, 1)              \
-  X(tanh, 1, 1)               \
-  X(gelu, 1, 1)               \
-  X(gelu_grad, 2, 1)          \
-  X(silu, 1, 1)               \
-  X(silu_grad, 2, 1)          \
-  X(swiglu, 2, 1)             \
-  X(swiglu_grad, 3, 2)        \
-  X(reduce_sum, 1, 1)         \
-  X(sum_to, 1, 1)             \
-  X(broadcast_to, 1, 1)       \
-  X(reshape, 1, 1)            \
-  X(transpose, 1, 1)          \
-  X(slice, 1, 1)              \
-  X(concat, -1, 1)            \
-  X(matmul, 2, 1)             \
-  X(embedding, 2, 1)          \
-  X(embedding_grad, 2, 1)     \
-  X(layernorm, 3, 3)          \
-  X(layernorm_grad, 5, 3)     \
-  X(rmsnorm, 2, 2)            \
-  X(rmsnorm_grad, 4, 2)       \
-  X(rope, 1, 1)               \
-  X(softmax, 1, 1)            \
-  X(softmax_grad, 2, 1)       \
-  X(causal_mask, 1, 1)        \
-  X(attention, 3, 2)          \
-  X(attention_grad, 6, 3)     \
-  X(cross_entropy, 2, 2)      \
-  X(cross_entropy_grad, 4, 1) \
-  X(cast, 1, 1)               \
-  X(all_reduce, 1, 1)         \
-  X(reduce_scatter, 1, 1)     \
+#define TESSERA_OPS(X)              \
+  X(parameter, 0, 1)                \
+  X(input, 0, 1)                    \
+  X(fill, 0, 1)                     \
+  X(add, 2, 1)                      \
+  X(sub, 2, 1)                      \
+  X(mul, 2, 1)                      \
+  X(div, 2, 1)                      \
+  X(scale, 1, 1)                    \
+  X(add_scalar, 1, 1)               \
+  X(exp, 1, 1)                      \
+  X(log, 1, 1)                      \
+  X(sqrt, 1, 1)                     \
+  X(rsqrt, 1, 1)                    \
+  X(tanh, 1, 1)                     \
+  X(gelu, 1, 1)                     \
+  X(gelu_grad, 2, 1)                \
+  X(silu, 1, 1)                     \
+  X(silu_grad, 2, 1)                \
+  X(swiglu, 2, 1)                   \
+  X(swiglu_grad, 3, 2)              \
+  X(reduce_sum, 1, 1)               \
+  X(sum_to, 1, 1)                   \
+  X(broadcast_to, 1, 1)             \
+  X(reshape, 1, 1)                  \
+  X(transpose, 1, 1)                \
+  X(slice, 1, 1)                    \
+  X(concat, -1, 1)                  \
+  X(matmul, 2, 1)                   \
+  X(embedding, 2, 1)                \
+  X(embedding_grad, 2, 1)           \
+  X(layernorm, 3, 3)                \
+  X(layernorm_grad, 5, 3)           \
+  X(rmsnorm, 2, 2)                  \
+  X(rmsnorm_grad, 4, 2)             \
+  X(rope, 1, 1)                     \
+  X(softmax, 1, 1)                  \
+  X(softmax_grad, 2, 1)             \
+  X(causal_mask, 1, 1)              \
+  X(attention, 3, 2)                \
+  X(attention_grad, 6, 3)           \
+  X(cross_entropy, 2, 2)            \
+  X(cross_entropy_grad, 4, 1)       \
+  X(logsumexp, 1, 1)                \
+  X(vocab_embedding, 3, 1)          \
+  X(vocab_embedding_grad, 3, 1)     \
+  X(vocab_pick, 3, 1)               \
+  X(vocab_cross_entropy_grad, 5, 1) \
+  X(axis_index, 0, 1)               \
+  X(cast, 1, 1)                     \
+  X(all_reduce, 1, 1)               \
+  X(reduce_scatter, 1, 1)           \
   X(all_gather, 1, 1)
 
 enum class OpKind : uint16_t {
@@ -97,12 +103,12 @@ struct Attrs {
                         // attention: softmax scale
   double eps = 1e-5;    // layernorm, rmsnorm
   double theta = 1e4;   // rope base
-  int64_t vocab = 0;    // embedding_grad: table rows
+  int64_t vocab = 0;    // embedding_grad, vocab_embedding_grad: table rows
   int64_t count = 0;    // cross_entropy(_grad): rows the mean divides by (0: the input's rows);
                         // collectives: size of the rank group
   DType dtype = DType::f32;  // cast target; parameter/input/fill dtype
-  std::string name;          // parameter/input name; collectives: mesh axes ("dp" or
-                             // "dp_rep,dp_shard")
+  std::string name;          // parameter/input name; collectives and axis_index: mesh axes
+                             // ("dp" or "dp_rep,dp_shard")
   Init init = Init::zeros;   // parameter
   double init_std = 0.0;     // parameter, Init::normal
 };
@@ -157,6 +163,7 @@ void define_elementwise_ops(OpDef* table);
 void define_shape_ops(OpDef* table);
 void define_nn_ops(OpDef* table);
 void define_comm_ops(OpDef* table);
+void define_vocab_ops(OpDef* table);
 void define_sharding_rules(OpDef* table);
 }  // namespace ops_detail
 

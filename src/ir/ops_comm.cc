@@ -7,6 +7,10 @@
 //                       zero-padded sum: [ceil(numel / count)].
 //   all_gather(x)       x is one rank's block [c] of a flattened tensor; returns the whole
 //                       tensor, of shape attrs.ints (the first numel of count * c elements).
+//   axis_index()        this rank's index in the group, an i32 scalar (what rank-dependent
+//                       ops such as vocab_embedding take as their shard). Not a collective
+//                       (nothing is sent); like them it runs on the runtime, which knows the
+//                       rank, not on a Backend.
 #include "ir/ops_common.h"
 
 namespace tessera {
@@ -64,6 +68,12 @@ double bytes_reduce_scatter(const Attrs& a, std::span<const TensorType>,
                             std::span<const TensorType> out) {
   return static_cast<double>(a.count - 1) * static_cast<double>(out[0].bytes());
 }
+Status infer_axis_index(const Attrs& a, std::span<const TensorType>, std::vector<TensorType>* out) {
+  TS_RETURN_IF_ERROR(need_group(a));
+  out->push_back({Shape{}, DType::i32});
+  return Status();
+}
+
 double bytes_all_gather(const Attrs& a, std::span<const TensorType> in,
                         std::span<const TensorType>) {
   return static_cast<double>(a.count - 1) * static_cast<double>(in[0].bytes());
@@ -78,6 +88,7 @@ void define_comm_ops(OpDef* t) {
   def(t, OpKind::reduce_scatter).bytes = bytes_reduce_scatter;
   def(t, OpKind::all_gather).infer = infer_all_gather;
   def(t, OpKind::all_gather).bytes = bytes_all_gather;
+  def(t, OpKind::axis_index).infer = infer_axis_index;
 }
 
 }  // namespace ops_detail

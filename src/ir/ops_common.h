@@ -27,6 +27,12 @@ inline double out_numel(std::span<const TensorType> out, int i = 0) {
   return static_cast<double>(out[static_cast<size_t>(i)].shape.numel());
 }
 
+// FLOPs: kPerElement per element of input 0.
+template <int kPerElement>
+double flops_in0(const Attrs&, std::span<const TensorType> in, std::span<const TensorType>) {
+  return kPerElement * static_cast<double>(in[0].shape.numel());
+}
+
 inline Var in_var(Builder& b, const Node& n, int i) {
   return b.var(n.inputs[static_cast<size_t>(i)]);
 }

@@ -144,11 +144,6 @@ Status infer_rmsnorm_grad(const Attrs&, std::span<const TensorType> in,
   return Status();
 }
 
-template <int kPerElement>
-double flops_in0(const Attrs&, std::span<const TensorType> in, std::span<const TensorType>) {
-  return kPerElement * static_cast<double>(in[0].shape.numel());
-}
-
 // The mean/rstd outputs are saved statistics for the backward op, not differentiable.
 void vjp_layernorm(Builder& b, const Node& n, std::span<const Var> g, std::vector<Var>* dx) {
   std::vector<Var> d =

@@ -178,12 +178,14 @@ bool matmul(const ShardingRuleArgs& a, Out* out) {
   return false;
 }
 
-// embedding(table [V,C], ids [...]) -> [..., C]
+// embedding(table [V,C], ids [...]) -> [..., C]. A table split on the vocabulary gives each
+// rank the rows of its block (the partition pass lowers it to vocab_embedding): Partial.
 bool embedding(const ShardingRuleArgs& a, Out* out) {
   const P &t = a.p(0), &ids = a.p(1);
   if (t.is_replicate() && ids.is_shard()) return all_outputs(a, out, ids);
   if (t.is_shard(1) && ids.is_replicate())
     return all_outputs(a, out, P::shard(a.out[0].shape.rank() - 1));
+  if (t.is_shard(0) && ids.is_replicate()) return all_outputs(a, out, P::partial());
   return false;
 }
 
@@ -232,14 +234,24 @@ bool attention(const ShardingRuleArgs& a, Out* out) {
 
 // cross_entropy(logits [N,V], targets [N]) -> loss [], lse [N]: rows sharded -> the local mean
 // divides by the global row count (attrs.count) and the losses add up (Partial).
+// Logits split on the vocabulary (columns) with whole rows of targets: the partition pass
+// lowers it to the vocab-parallel pieces (logsumexp of each block, gathered; the target logit
+// picked where it lies, summed), which leave the loss and lse Replicate.
 bool cross_entropy(const ShardingRuleArgs& a, Out* out) {
+  if (a.p(0).is_shard(1) && a.p(1).is_replicate()) {
+    *out = {P::replicate(), P::replicate()};
+    return true;
+  }
   if (!a.p(0).is_shard(0) || !a.p(1).is_shard(0)) return false;
   *out = {P::partial(), P::shard(0)};
   return true;
 }
 
-// cross_entropy_grad(logits, targets, lse, dloss) -> dlogits
+// cross_entropy_grad(logits, targets, lse, dloss) -> dlogits (vocab-split: lowered to
+// vocab_cross_entropy_grad)
 bool cross_entropy_grad(const ShardingRuleArgs& a, Out* out) {
+  if (a.p(0).is_shard(1) && a.p(1).is_replicate() && a.p(2).is_replicate() && a.p(3).is_replicate())
+    return all_outputs(a, out, P::shard(1));
   if (!a.p(0).is_shard(0) || !a.p(1).is_shard(0) || !a.p(2).is_shard(0) || !a.p(3).is_replicate())
     return false;
   return all_outputs(a, out, P::shard(0));

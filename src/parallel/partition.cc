@@ -41,6 +41,14 @@ class Pass {
                           const Node& like, std::vector<NodeId>* bucket = nullptr);
   Result<ValueId> lower_step(const CommStep& s, ValueId v, const Node& like,
                              std::vector<NodeId>* bucket);
+  // Vocab parallelism: the mesh axes (of more than one rank) that split the vocabulary of an
+  // embedding or cross-entropy node, and its lowering to the vocab-parallel ops (ops_vocab.cc).
+  std::vector<size_t> vocab_axes(const Node& n, const std::vector<ValueId>& ins,
+                                 std::vector<Placements>* out_pl);
+  Result<std::vector<ValueId>> lower_vocab(const Node& n, Attrs a, const std::vector<ValueId>& ins,
+                                           const std::vector<Placements>& out_pl,
+                                           const std::vector<Shape>& expect,
+                                           const std::vector<size_t>& axes);
   Status issue_gathers(NodeId upto);
   Result<ValueId> issue_gather(size_t param, bool backward, const Node& like);
   Status flush_bucket();
@@ -68,7 +76,10 @@ class Pass {
   // before being relabeled — for a [B, T, C] zero under data parallelism, B times too large.
   std::set<ValueId> lazy_fills_;
   std::map<ValueId, size_t> grad_of_;  // global grad value -> param index
-  std::vector<size_t> pending_;        // params whose gradient waits in the open bucket
+  // Ids (global value) of an embedding whose table is split on the vocabulary -> the axes that
+  // split it: the embedding's gradient (same ids) takes the same split.
+  std::map<ValueId, std::vector<size_t>> vocab_ids_;
+  std::vector<size_t> pending_;  // params whose gradient waits in the open bucket
   int64_t pending_bytes_ = 0;
 };
 
@@ -186,6 +197,102 @@ Result<ValueId> Pass::lower_step(const CommStep& s, ValueId v, const Node& like,
                        s.before.to_string(plan_.mesh) + " as " + s.after.to_string(plan_.mesh) +
                        ", a " + comm_step_name(s.kind) + " the partition pass does not emit yet",
                    "place the parameters so that the ops' sharding rules accept them");
+  }
+}
+
+std::vector<size_t> Pass::vocab_axes(const Node& n, const std::vector<ValueId>& ins,
+                                     std::vector<Placements>* out_pl) {
+  std::vector<size_t> axes;
+  auto split = [&](int dim) {
+    for (size_t k = 0; k < sizes_.size(); ++k)
+      if (sizes_[k] > 1 && out_.placements[static_cast<size_t>(ins[0])][k].is_shard(dim))
+        axes.push_back(k);
+  };
+  switch (n.op) {
+    case OpKind::embedding:
+      split(0);
+      if (!axes.empty()) vocab_ids_[n.inputs[1]] = axes;
+      break;
+    case OpKind::cross_entropy:
+    case OpKind::cross_entropy_grad:
+      split(1);
+      break;
+    case OpKind::embedding_grad: {
+      // Replicate dy and ids: each rank scatter-adds into its block of the table's rows.
+      auto it = vocab_ids_.find(n.inputs[1]);
+      if (it == vocab_ids_.end()) break;
+      for (size_t k : it->second) {
+        Placement& p = (*out_pl)[0][k];
+        if (!p.is_replicate()) continue;
+        p = Placement::shard(0);
+        axes.push_back(k);
+      }
+      break;
+    }
+    default:
+      break;
+  }
+  return axes;
+}
+
+Result<std::vector<ValueId>> Pass::lower_vocab(const Node& n, Attrs a,
+                                               const std::vector<ValueId>& ins,
+                                               const std::vector<Placements>& out_pl,
+                                               const std::vector<Shape>& expect,
+                                               const std::vector<size_t>& axes) {
+  std::vector<std::string> names;
+  for (size_t k : axes) names.push_back(plan_.mesh.axes()[k].name);
+  Attrs group;
+  group.name = axes_key(names);
+  group.count = plan_.mesh.group_size(names);
+  const Placements rep(sizes_.size(), Placement::replicate());
+  TS_ASSIGN_OR_RETURN(ValueId shard, emit(OpKind::axis_index, group, {}, n, {rep}, {Shape{}}));
+  auto one = [&](OpKind op, std::vector<ValueId> in) -> Result<std::vector<ValueId>> {
+    in.push_back(shard);
+    TS_ASSIGN_OR_RETURN(ValueId y, emit(op, a, std::move(in), n, out_pl, expect));
+    return std::vector<ValueId>{y};
+  };
+  switch (n.op) {
+    case OpKind::embedding:
+      return one(OpKind::vocab_embedding, {ins[0], ins[1]});
+    case OpKind::embedding_grad:
+      a.vocab = expect[0][0];
+      return one(OpKind::vocab_embedding_grad, {ins[0], ins[1]});
+    case OpKind::cross_entropy_grad:
+      return one(OpKind::vocab_cross_entropy_grad, {ins[0], ins[1], ins[2], ins[3]});
+    case OpKind::cross_entropy: {
+      // lse over the whole vocabulary: each block's, gathered over the group and combined.
+      const int64_t rows = expect[1][0];
+      const Placements& lse_pl = out_pl[1];
+      TS_ASSIGN_OR_RETURN(ValueId block, emit(OpKind::logsumexp, {}, {ins[0]}, n, {lse_pl}, {}));
+      Attrs ga = group;
+      ga.ints = {group.count, rows};
+      TS_ASSIGN_OR_RETURN(ValueId all, emit(OpKind::all_gather, ga, {block}, n, {lse_pl},
+                                            {Shape{group.count, rows}}));
+      Attrs ta;
+      ta.ints = {1, 0};
+      TS_ASSIGN_OR_RETURN(ValueId t, emit(OpKind::transpose, ta, {all}, n, {lse_pl}, {}));
+      TS_ASSIGN_OR_RETURN(ValueId lse,
+                          emit(OpKind::logsumexp, {}, {t}, n, {lse_pl}, {Shape{rows}}));
+      // Each target's logit lies in one block: picked there, summed over the group.
+      Placements part = lse_pl;
+      for (size_t k : axes) part[k] = Placement::partial();
+      TS_ASSIGN_OR_RETURN(ValueId picked,
+                          emit(OpKind::vocab_pick, {}, {ins[0], ins[1], shard}, n, {part}, {}));
+      TS_ASSIGN_OR_RETURN(picked, emit(OpKind::all_reduce, group, {picked}, n, {lse_pl}, {}));
+      TS_ASSIGN_OR_RETURN(ValueId diff, emit(OpKind::sub, {}, {lse, picked}, n, {lse_pl}, {}));
+      Attrs ra;
+      ra.ints = {0};
+      TS_ASSIGN_OR_RETURN(ValueId sum,
+                          emit(OpKind::reduce_sum, ra, {diff}, n, {out_pl[0]}, {Shape{}}));
+      Attrs sa;
+      sa.scalar = 1.0 / static_cast<double>(a.count);  // the mean over the global rows
+      TS_ASSIGN_OR_RETURN(ValueId loss,
+                          emit(OpKind::scale, sa, {sum}, n, {out_pl[0]}, {expect[0]}));
+      return std::vector<ValueId>{loss, lse};
+    }
+    default:
+      return error("partition: " + std::string(op_name(n.op)) + " has no vocab-parallel form");
   }
 }
 
@@ -420,6 +527,8 @@ Status Pass::visit(NodeId id) {
     TS_ASSIGN_OR_RETURN(ins[i], emit(OpKind::fill, fa, {}, n, {lazy[i]}, {ls}));
   }
 
+  const std::vector<size_t> vocab = vocab_axes(n, ins, &out_pl);
+
   // Localize attributes that hold global shapes or counts.
   Attrs a = n.attrs;
   std::vector<Shape> expect;
@@ -441,10 +550,15 @@ Status Pass::visit(NodeId id) {
     default:
       break;
   }
-  TS_ASSIGN_OR_RETURN(ValueId first, emit(n.op, a, ins, n, out_pl, expect));
-  const Node& ln = out_.local.producer(first);
+  std::vector<ValueId> outs;
+  if (vocab.empty()) {
+    TS_ASSIGN_OR_RETURN(ValueId first, emit(n.op, a, ins, n, out_pl, expect));
+    outs = out_.local.producer(first).outputs;
+  } else {
+    TS_ASSIGN_OR_RETURN(outs, lower_vocab(n, a, ins, out_pl, expect, vocab));
+  }
   for (size_t i = 0; i < n.outputs.size(); ++i) {
-    out_.global_to_local[static_cast<size_t>(n.outputs[i])] = ln.outputs[i];
+    out_.global_to_local[static_cast<size_t>(n.outputs[i])] = outs[i];
     auto gi = grad_of_.find(n.outputs[i]);
     if (gi != grad_of_.end()) {
       pending_.push_back(gi->second);

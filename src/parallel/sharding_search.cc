@@ -70,6 +70,15 @@ Result<std::map<std::string, std::vector<Placement>>> expand_block_layout(const 
                                                                           const Graph& g,
                                                                           const Plan& plan) {
   std::map<std::string, std::vector<Placement>> out = plan.params;
+  auto place = [&](const std::string& name, const std::vector<Placement>& p) {
+    const bool replicated =
+        std::all_of(p.begin(), p.end(), [](const Placement& x) { return x.is_replicate(); });
+    if (replicated)
+      out.erase(name);
+    else
+      out[name] = p;
+  };
+  for (size_t i = 0; i < b.outer_names.size(); ++i) place(b.outer_names[i], b.outer_placements[i]);
   for (int layer = 0;; ++layer) {
     std::vector<ValueId> ps = block_params(g, layer);
     if (ps.empty()) break;
@@ -78,14 +87,7 @@ Result<std::map<std::string, std::vector<Placement>>> expand_block_layout(const 
                        std::to_string(ps.size()) + " parameters, block 0 had " +
                        std::to_string(b.names.size()),
                    "every transformer block must have the same parameters");
-    for (size_t i = 0; i < ps.size(); ++i) {
-      const bool replicated = std::all_of(b.placements[i].begin(), b.placements[i].end(),
-                                          [](const Placement& x) { return x.is_replicate(); });
-      if (replicated)
-        out.erase(g.name_of(ps[i]));
-      else
-        out[g.name_of(ps[i])] = b.placements[i];
-    }
+    for (size_t i = 0; i < ps.size(); ++i) place(g.name_of(ps[i]), b.placements[i]);
   }
   return out;
 }
@@ -174,6 +176,35 @@ Result<BlockLayout> search_block_layout(const Graph& g, const Plan& plan, const 
                      std::to_string(plan.tensor_group()) + " ways over " + plan.tensor_axes[0] +
                      "; for example, " + refusal.message(),
                  refusal.hint().empty() ? "use a smaller tensor-parallel degree" : refusal.hint());
+
+  // Outside the blocks: each matrix tries Shard(0) and Shard(1) with the block chosen.
+  Plan outer = with_block(plan, g, best_b);
+  const int degree = plan.tensor_group();
+  for (ValueId p : g.params()) {
+    if (g.producer(p).layer >= 0) continue;
+    const std::string& name = g.name_of(p);
+    const Shape& shape = g.type(p).shape;
+    if (shape.rank() >= 2) {
+      for (Placement choice : {Placement::shard(0), Placement::shard(1)}) {
+        Plan alt = outer;
+        alt.params[name] = rep;
+        alt.params[name][tp] = choice;
+        Score s = tried(evaluate(g, alt, c));
+        if (s.better_than(best)) {
+          best = s;
+          outer = alt;
+        }
+      }
+      if (outer.placements_of(name)[tp].is_replicate() && shape[0] % degree != 0)
+        best_b.notes.push_back(name + " " + shape.to_string() + " stays Replicate: its " +
+                               std::to_string(shape[0]) + " rows do not split over " +
+                               plan.tensor_axes[0] + " " + std::to_string(degree) +
+                               " (padded to a multiple of " + std::to_string(degree) +
+                               ", a vocabulary could be vocab-parallel)");
+    }
+    best_b.outer_names.push_back(name);
+    best_b.outer_placements.push_back(outer.placements_of(name));
+  }
   best_b.cost = best.cost;
   best_b.local_flops = best.flops;
   best_b.tensor_bytes = best.tensor_bytes;

@@ -18,6 +18,11 @@
 // skipped; when every sharded one is, the search is an error naming a dim that refused and
 // the degrees that divide it. Blocks are matched by
 // position: the i-th parameter of block l gets the i-th parameter of block 0's placement.
+//
+// With the block chosen, each matrix outside the blocks (the embedding tables and LM head)
+// tries Shard(0) and Shard(1), one at a time, kept where it lowers the cost: a table split on
+// its rows is the vocab-parallel embedding, and a tied or separate head split on the
+// vocabulary gives vocab-parallel logits and cross-entropy (partition.h).
 #pragma once
 
 #include <map>
@@ -38,6 +43,12 @@ struct BlockLayout {
   // Block 0's parameters, in graph order, and their placements (one per mesh axis).
   std::vector<std::string> names;
   std::vector<std::vector<Placement>> placements;
+  // The parameters outside the blocks (embeddings, LM head, final norm), in graph order.
+  std::vector<std::string> outer_names;
+  std::vector<std::vector<Placement>> outer_placements;
+  // Why a parameter outside the blocks could not split (a vocabulary the degree does not
+  // divide), one line each.
+  std::vector<std::string> notes;
   double cost = 0;          // FLOPs + flops_per_byte * tensor-axis bytes, per step
   double local_flops = 0;   // per rank, per micro-batch
   double tensor_bytes = 0;  // sent per rank per micro-batch over the tensor axes
@@ -49,7 +60,7 @@ struct BlockLayout {
 Result<BlockLayout> search_block_layout(const Graph& g, const Plan& plan, const SearchCost& cost);
 
 // Block 0's placements applied to every block of `g` (by parameter position in the block),
-// as Plan::params.
+// and the placements outside the blocks, as Plan::params.
 Result<std::map<std::string, std::vector<Placement>>> expand_block_layout(const BlockLayout& b,
                                                                           const Graph& g,
                                                                           const Plan& plan);

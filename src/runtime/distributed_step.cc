@@ -198,7 +198,11 @@ Status DistributedStep::run_instructions(const std::vector<Instruction>& list) {
     const Instruction& in = list[i];
     switch (in.kind) {
       case Instruction::compute:
-        if (timed) {
+        if (g.node(in.node).op == OpKind::axis_index) {  // this rank's coordinate
+          const Node& n = g.node(in.node);
+          *exec_->data<int32_t>(n.outputs[0]) =
+              prog_.plan.mesh.group_index(rank_, axes_of_key(n.attrs.name));
+        } else if (timed) {
           auto t0 = std::chrono::steady_clock::now();
           exec_->run_node(g.node(in.node));
           (*instruction_seconds_)[i] =

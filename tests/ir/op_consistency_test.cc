@@ -563,6 +563,80 @@ std::vector<Entry> build_entries() {
     expect_close(n.read(ce[1]), n.read(lse), kFwdTol, "cross_entropy lse");
   });
 
+  // Vocab-parallel ops: over the blocks of a 3-way split vocabulary, their sum (or
+  // concatenation) is the whole-vocabulary op.
+  fwd("logsumexp", "logsumexp", [](Net& n) {
+    Builder& b = n.b;
+    Var x = n.param(Shape{2, 3, 5}, uniform(-3, 3));
+    Var y = n.keep(b.apply1(OpKind::logsumexp, {}, {x}));
+    Var want = n.keep(b.log(b.reduce_sum(b.exp(x), {-1})));
+    n.run();
+    EXPECT_EQ(y.shape(), (Shape{2, 3}));
+    expect_close(n.read(y), n.read(want), kFwdTol, "logsumexp");
+  });
+  const int64_t kBlocks = 3, kRows = 3;  // a vocabulary of 9 in 3 blocks
+  auto blocks = [=](Net& n, Var whole, int axis, const std::function<Var(Var, Var)>& op) {
+    std::vector<Var> out;
+    for (int32_t s = 0; s < kBlocks; ++s)
+      out.push_back(op(n.b.slice(whole, axis, s * kRows, (s + 1) * kRows), n.ids(Shape{}, {s})));
+    return out;
+  };
+  fwd("vocab_embedding", "vocab_embedding", [=](Net& n) {
+    Var table = n.param(Shape{kBlocks * kRows, 4});
+    Var ids = n.ids(Shape{2, 3}, {6, 0, 3, 5, 8, 6});
+    std::vector<Var> parts = blocks(n, table, 0, [&](Var t, Var s) {
+      return n.b.apply1(OpKind::vocab_embedding, {}, {t, ids, s});
+    });
+    Var sum = n.keep(parts[0] + parts[1] + parts[2]);
+    Var want = n.keep(n.b.embedding(table, ids));
+    n.run();
+    expect_close(n.read(sum), n.read(want), 0.0, "sum of vocab_embedding blocks");
+  });
+  fwd("vocab_embedding_grad", "vocab_embedding_grad", [=](Net& n) {
+    Var dy = n.param(Shape{2, 3, 4});
+    Var ids = n.ids(Shape{2, 3}, {5, 0, 3, 3, 8, 3});
+    Attrs a;
+    a.vocab = kRows;
+    std::vector<Var> parts;
+    for (int32_t s = 0; s < kBlocks; ++s)
+      parts.push_back(n.b.apply1(OpKind::vocab_embedding_grad, a, {dy, ids, n.ids(Shape{}, {s})}));
+    Var cat = n.keep(n.b.concat(parts, 0));
+    Var want = n.keep(n.b.embedding_grad(dy, ids, kBlocks * kRows));
+    n.run();
+    expect_close(n.read(cat), n.read(want), 0.0, "vocab_embedding_grad blocks");
+  });
+  fwd("vocab_pick", "vocab_pick", [=](Net& n) {
+    const int64_t N = 4;
+    Var logits = n.param(Shape{N, kBlocks * kRows}, uniform(-3, 3));
+    std::vector<int32_t> t = {8, 0, 4, 2};
+    Var targets = n.ids(Shape{N}, t);
+    std::vector<Var> parts = blocks(n, logits, 1, [&](Var l, Var s) {
+      return n.b.apply1(OpKind::vocab_pick, {}, {l, targets, s});
+    });
+    Var sum = n.keep(parts[0] + parts[1] + parts[2]);
+    n.run();
+    std::vector<double> want;
+    for (int64_t i = 0; i < N; ++i)
+      want.push_back(n.host(logits)[static_cast<size_t>(i * kBlocks * kRows + t[i])]);
+    expect_close(n.read(sum), want, 0.0, "sum of vocab_pick blocks");
+  });
+  fwd("vocab_cross_entropy_grad", "vocab_cross_entropy_grad", [=](Net& n) {
+    const int64_t N = 4;
+    Var logits = n.param(Shape{N, kBlocks * kRows}, uniform(-3, 3));
+    Var targets = n.ids(Shape{N}, {8, 0, 4, 2});
+    Var dloss = n.param(Shape{});
+    Var lse = n.b.cross_entropy(logits, targets)[1];
+    Attrs a;
+    a.count = 2 * N;  // the mean over a batch split in two
+    std::vector<Var> parts = blocks(n, logits, 1, [&](Var l, Var s) {
+      return n.b.apply1(OpKind::vocab_cross_entropy_grad, a, {l, targets, lse, dloss, s});
+    });
+    Var cat = n.keep(n.b.concat(parts, 1));
+    Var want = n.keep(n.b.apply1(OpKind::cross_entropy_grad, a, {logits, targets, lse, dloss}));
+    n.run();
+    expect_close(n.read(cat), n.read(want), 0.0, "vocab_cross_entropy_grad blocks");
+  });
+
   // ---- gradient entries (every op with a VJP) ----
   grad("add", "add_bcast", [](Net& n) { return n.param({2, 3, 4}) + n.param({4}); });
   grad("add", "add_bcast_both", [](Net& n) { return n.param({2, 1, 4}) + n.param({3, 1}); });
@@ -723,7 +797,7 @@ TEST(OpConsistencyCoverage, EveryOpHasAnEntry) {
         << "duplicate label " << en.label;
     (en.check == Check::forward ? fwd : en.check == Check::grad ? grad : source)[en.op]++;
   }
-  std::string table = "op                  forward  grad  covered-by\n";
+  std::string table = "op                        forward  grad  covered-by\n";
   std::vector<std::string> missing;
   for (OpKind k : all_ops()) {
     const OpDef& d = op_def(k);
@@ -731,8 +805,9 @@ TEST(OpConsistencyCoverage, EveryOpHasAnEntry) {
     std::string covered;
     if (source.count(name)) covered = "source";
     // Collectives run on a Communicator, not a Backend: their numerics are checked by
-    // tests/comm and, inside training steps, by tests/runtime/distributed_step_test.cc.
-    const bool collective = is_collective(k);
+    // tests/comm and, inside training steps, by tests/runtime/distributed_step_test.cc
+    // (axis_index, the rank's coordinate, too).
+    const bool collective = is_collective(k) || k == OpKind::axis_index;
     if (collective) covered = "comm + distributed tests";
     if (d.gradient_of != nullptr) {
       covered = std::string("grad of ") + d.gradient_of;
@@ -744,7 +819,7 @@ TEST(OpConsistencyCoverage, EveryOpHasAnEntry) {
               (d.gradient_of != nullptr && grad.count(d.gradient_of));
     if (!ok) missing.push_back(name);
     char line[160];
-    std::snprintf(line, sizeof line, "%-19s %-8s %-5s %s\n", d.name,
+    std::snprintf(line, sizeof line, "%-25s %-8s %-5s %s\n", d.name,
                   fwd.count(name) ? std::to_string(fwd[name]).c_str() : "-",
                   grad.count(name) ? std::to_string(grad[name]).c_str() : (d.vjp ? "MISS" : "n/a"),
                   covered.c_str());

@@ -17,6 +17,8 @@ std::string placement_on(const BlockLayout& b, const std::string& suffix, size_t
     if (b.names[i].size() >= suffix.size() &&
         b.names[i].compare(b.names[i].size() - suffix.size(), suffix.size(), suffix) == 0)
       return b.placements[i][axis].to_string();
+  for (size_t i = 0; i < b.outer_names.size(); ++i)
+    if (b.outer_names[i] == suffix) return b.outer_placements[i][axis].to_string();
   return "absent";
 }
 
@@ -38,11 +40,21 @@ TEST(ShardingSearch, FindsTheMegatronLayoutOfALlamaBlock) {
     EXPECT_EQ(placement_on(*b, col, tp), "S(0)") << col;  // column-parallel [out, in]
   for (const char* row : {"attn.o.weight", "mlp.down.weight"})
     EXPECT_EQ(placement_on(*b, row, tp), "S(1)") << row;  // row-parallel
-  for (const char* norm : {"attn_norm.weight", "mlp_norm.weight"})
+  for (const char* norm : {"attn_norm.weight", "mlp_norm.weight", "norm.weight"})
     EXPECT_EQ(placement_on(*b, norm, tp), "R") << norm;
-  // One all-reduce of the [B*T, C] activations per block half, forward and backward: a ring
-  // over 8 ranks sends 2 * 7/8 of it.
-  const double analytic = 4 * 2.0 * 7 / 8 * static_cast<double>(B * T * C) * 4;
+  // The 32000-word vocabulary splits 8 ways: a vocab-parallel head (an eighth of its FLOPs).
+  // The untied embedding stays whole: a split saves no FLOPs and costs an all-reduce (the
+  // cost counts time, not memory).
+  EXPECT_EQ(placement_on(*b, "lm_head.weight", tp), "S(0)");
+  EXPECT_EQ(placement_on(*b, "tok_emb", tp), "R");
+  EXPECT_TRUE(b->notes.empty());
+  // One all-reduce of the [B*T, C] activations per block half, forward and backward, and one
+  // of the head's input gradient: a ring over 8 ranks sends 2 * 7/8 of each. The
+  // cross-entropy sends each row's block logsumexp to the 7 others (all-gather) and
+  // all-reduces the target logits.
+  const double act = 2.0 * 7 / 8 * static_cast<double>(B * T * C) * 4;
+  const double rows = static_cast<double>(B * T) * 4;
+  const double analytic = 5 * act + 7 * rows + 2.0 * 7 / 8 * rows;
   EXPECT_DOUBLE_EQ(b->tensor_bytes, analytic);
 }
 
@@ -64,6 +76,11 @@ TEST(ShardingSearch, FindsTheMegatronLayoutOfAGptBlock) {
   for (const char* rep :
        {"ln_1.weight", "ln_1.bias", "attn.proj.bias", "ln_2.weight", "ln_2.bias", "mlp.proj.bias"})
     EXPECT_EQ(placement_on(*b, rep, tp), "R") << rep;
+  // 50257 words do not split 8 ways: the tied embedding stays whole, and the search says why.
+  EXPECT_EQ(placement_on(*b, "wte", tp), "R");
+  ASSERT_EQ(b->notes.size(), 1u);
+  EXPECT_NE(b->notes[0].find("wte [50257,12288] stays Replicate"), std::string::npos)
+      << b->notes[0];
   const double analytic = 4 * 2.0 * 7 / 8 * static_cast<double>(B * T * C) * 4;
   EXPECT_DOUBLE_EQ(b->tensor_bytes, analytic);
 }

@@ -95,10 +95,11 @@ TEST_P(TensorParallelTest, LlamaMatchesOneRank) {
 }
 
 // GPT's fused QKV projection split per head (whole heads of q, k and v on each rank), with
-// its bias; the fc bias follows fc.
+// its bias; the fc bias follows fc; the tied embedding and head vocab-parallel.
 TEST_P(TensorParallelTest, GptMatchesOneRank) {
   Plan plan = with_searched_layout(GetParam().plan, tiny_gpt());
   const size_t tp = static_cast<size_t>(plan.mesh.axis_index("tp"));
+  ASSERT_EQ(plan.params.at("wte")[tp], Placement::shard(0));
   for (const char* col : {"h.1.attn.qkv.weight", "h.1.attn.qkv.bias", "h.1.mlp.fc.bias"})
     ASSERT_EQ(plan.params.at(col)[tp], Placement::shard(0)) << col;
   ASSERT_EQ(plan.params.at("h.1.attn.proj.weight")[tp], Placement::shard(1));

@@ -44,9 +44,14 @@ inline ModelConfig tiny_llama() {
 
 // The Megatron layout of a LLaMA model on the tensor axis of `plan`, written by hand: q, k, v,
 // gate and up column-parallel (Shard(0) of [out, in]), o and down row-parallel (Shard(1));
-// embeddings and norms Replicate. with_searched_layout finds it (and GPT's) instead.
+// the embedding and the head vocab-parallel (Shard(0) of [vocab, C]); norms Replicate.
+// with_searched_layout finds it (and GPT's) instead.
 inline Plan with_megatron_llama(Plan plan, const ModelConfig& c) {
   const size_t tp = static_cast<size_t>(plan.mesh.axis_index(plan.tensor_axes.at(0)));
+  for (const char* vocab : {"tok_emb", "lm_head.weight"}) {
+    plan.params[vocab] = plan.placements_of("");
+    plan.params[vocab][tp] = Placement::shard(0);
+  }
   for (int64_t l = 0; l < c.n_layer; ++l) {
     const std::string h = "h." + std::to_string(l) + ".";
     for (const char* col : {"attn.q", "attn.k", "attn.v", "mlp.gate", "mlp.up"}) {
@@ -175,7 +180,11 @@ inline RunResult run_rank(Communicator& world, const Plan& plan, int steps,
   return r;
 }
 
-// Losses within 1e-5 relative, parameters within 1e-5 absolute.
+// Losses within 1e-5 relative, parameters within 5e-5 absolute. AdamW divides each update by
+// the gradient's running RMS, so a component whose gradient is near zero moves by up to lr
+// (2e-3) a step whatever its size: float reassociation (a sum split over ranks) shows in the
+// parameters at up to a few percent of lr after 8 steps, while a wrong gradient moves them by
+// whole lr steps.
 inline void expect_equivalent(const RunResult& ref, const RunResult& got) {
   ASSERT_EQ(got.losses.size(), ref.losses.size());
   for (size_t i = 0; i < ref.losses.size(); ++i)
@@ -187,7 +196,7 @@ inline void expect_equivalent(const RunResult& ref, const RunResult& got) {
     for (size_t k = 0; k < ref.params[i].size(); ++k)
       worst = std::max(worst, static_cast<double>(std::abs(got.params[i][k] - ref.params[i][k])));
   }
-  EXPECT_LE(worst, 1e-5) << "largest parameter difference";
+  EXPECT_LE(worst, 5e-5) << "largest parameter difference";
   if (std::getenv("TESSERA_VERBOSE")) std::printf("largest parameter difference %.3g\n", worst);
 }
 

@@ -118,6 +118,16 @@ void dispatch(OpKind op, const cpu::Args& a) {
       return cpu::cross_entropy(a);
     case OpKind::cross_entropy_grad:
       return cpu::cross_entropy_grad(a);
+    case OpKind::logsumexp:
+      return cpu::logsumexp(a);
+    case OpKind::vocab_embedding:
+      return cpu::vocab_embedding(a);
+    case OpKind::vocab_embedding_grad:
+      return cpu::vocab_embedding_grad(a);
+    case OpKind::vocab_pick:
+      return cpu::vocab_pick(a);
+    case OpKind::vocab_cross_entropy_grad:
+      return cpu::vocab_cross_entropy_grad(a);
     case OpKind::cast:
       TS_CHECK(false) << "cast is handled by the dispatcher";
       return;
@@ -125,6 +135,9 @@ void dispatch(OpKind op, const cpu::Args& a) {
     case OpKind::reduce_scatter:
     case OpKind::all_gather:
       TS_CHECK(false) << op_name(op) << " runs on a Communicator (runtime/program_executor.h)";
+      return;
+    case OpKind::axis_index:
+      TS_CHECK(false) << "axis_index is the rank's coordinate: the distributed runtime writes it";
       return;
   }
 }

@@ -53,6 +53,8 @@ void sgemm(bool ta, bool tb, int64_t m, int64_t n, int64_t k, const float* A, in
 // kernels_nn.cc
 void embedding(const Args& a);
 void embedding_grad(const Args& a);
+void vocab_embedding(const Args& a);  // ops_vocab.cc: the shard index is an i32 input
+void vocab_embedding_grad(const Args& a);
 void layernorm(const Args& a);
 void layernorm_grad(const Args& a);
 void rmsnorm(const Args& a);
@@ -63,6 +65,9 @@ void softmax_grad(const Args& a);
 void causal_mask(const Args& a);
 void cross_entropy(const Args& a);
 void cross_entropy_grad(const Args& a);
+void vocab_cross_entropy_grad(const Args& a);
+void vocab_pick(const Args& a);
+void logsumexp(const Args& a);
 
 // kernels_attention.cc
 void attention(const Args& a);

@@ -23,38 +23,64 @@ void reduce_partials(const std::vector<float>& partial, int threads, int64_t c, 
 }
 }  // namespace
 
-void embedding(const Args& a) {
+namespace {
+// Row `first + r` of the vocabulary is row r of `table` ([rows, c]); ids outside the block
+// give zero rows (vocab-parallel) or, with `all_in_block`, are an error.
+void embedding_rows(const Args& a, int64_t first, bool all_in_block) {
   const float* table = a.fin(0);
   const int32_t* ids = a.iin(1);
   float* y = a.fout(0);
-  int64_t v = a.in_shape(0)[0], c = a.in_shape(0)[1], n = a.in_shape(1).numel();
-  for (int64_t i = 0; i < n; ++i)
-    TS_CHECK(ids[i] >= 0 && ids[i] < v)
-        << "token id " << ids[i] << " out of range [0, " << v << ")";
+  int64_t rows = a.in_shape(0)[0], c = a.in_shape(0)[1], n = a.in_shape(1).numel();
+  if (all_in_block) {
+    for (int64_t i = 0; i < n; ++i)
+      TS_CHECK(ids[i] >= 0 && ids[i] < rows)
+          << "token id " << ids[i] << " out of range [0, " << rows << ")";
+  }
   parallel_for(n, std::max<int64_t>(1, 16384 / c), [&](int64_t lo, int64_t hi) {
-    for (int64_t i = lo; i < hi; ++i)
-      std::memcpy(y + i * c, table + ids[i] * c, static_cast<size_t>(c) * sizeof(float));
+    for (int64_t i = lo; i < hi; ++i) {
+      const int64_t r = ids[i] - first;
+      if (r >= 0 && r < rows)
+        std::memcpy(y + i * c, table + r * c, static_cast<size_t>(c) * sizeof(float));
+      else
+        std::memset(y + i * c, 0, static_cast<size_t>(c) * sizeof(float));
+    }
   });
 }
 
-void embedding_grad(const Args& a) {
+void embedding_grad_rows(const Args& a, int64_t first) {
   const float* dy = a.fin(0);
   const int32_t* ids = a.iin(1);
   float* dt = a.fout(0);
-  int64_t v = a.out_shape(0)[0], c = a.out_shape(0)[1], n = a.in_shape(1).numel();
-  parallel_for(v, 1024, [&](int64_t lo, int64_t hi) {
+  int64_t rows = a.out_shape(0)[0], c = a.out_shape(0)[1], n = a.in_shape(1).numel();
+  parallel_for(rows, 1024, [&](int64_t lo, int64_t hi) {
     std::memset(dt + lo * c, 0, static_cast<size_t>((hi - lo) * c) * sizeof(float));
   });
   // Each thread owns a column range, so the scatter-add has no races.
   parallel_run([&](int t, int nt) {
     int64_t lo = c * t / nt, hi = c * (t + 1) / nt;
     for (int64_t i = 0; i < n; ++i) {
+      const int64_t r = ids[i] - first;
+      if (r < 0 || r >= rows) continue;
       const float* src = dy + i * c;
-      float* dst = dt + static_cast<int64_t>(ids[i]) * c;
+      float* dst = dt + r * c;
 #pragma omp simd
       for (int64_t j = lo; j < hi; ++j) dst[j] += src[j];
     }
   });
+}
+
+// The first vocabulary row of a vocab-parallel block: the shard index (input `i`) times the
+// block's rows.
+int64_t block_start(const Args& a, int i, int64_t rows) { return a.iin(i)[0] * rows; }
+}  // namespace
+
+void embedding(const Args& a) { embedding_rows(a, 0, true); }
+void embedding_grad(const Args& a) { embedding_grad_rows(a, 0); }
+void vocab_embedding(const Args& a) {
+  embedding_rows(a, block_start(a, 2, a.in_shape(0)[0]), false);
+}
+void vocab_embedding_grad(const Args& a) {
+  embedding_grad_rows(a, block_start(a, 2, a.out_shape(0)[0]));
 }
 
 // Rows in parallel; per row one pass for the mean, one for the variance, one for the output.
@@ -290,7 +316,10 @@ void cross_entropy(const Args& a) {
   loss[0] = static_cast<float>(total / static_cast<double>(rows));
 }
 
-void cross_entropy_grad(const Args& a) {
+namespace {
+// d logits = (softmax - onehot(target)) * dloss / rows on the columns [first, first + v) of the
+// vocabulary; a target outside them adds no one-hot term here.
+void cross_entropy_grad_cols(const Args& a, int64_t first) {
   const float *logits = a.fin(0), *lse = a.fin(2), *dloss = a.fin(3);
   const int32_t* tgt = a.iin(1);
   float* dl = a.fout(0);
@@ -304,9 +333,37 @@ void cross_entropy_grad(const Args& a) {
       const float l = lse[i];
 #pragma omp simd
       for (int64_t j = 0; j < v; ++j) d[j] = exp_fast(row[j] - l) * scale;
-      d[tgt[i]] -= scale;
+      const int64_t t = tgt[i] - first;
+      if (t >= 0 && t < v) d[t] -= scale;
     }
   });
+}
+}  // namespace
+
+void cross_entropy_grad(const Args& a) { cross_entropy_grad_cols(a, 0); }
+void vocab_cross_entropy_grad(const Args& a) {
+  cross_entropy_grad_cols(a, block_start(a, 4, a.in_shape(0)[1]));
+}
+
+void logsumexp(const Args& a) {
+  const float* x = a.fin(0);
+  float* y = a.fout(0);
+  const int64_t v = a.in_shape(0)[-1], n = a.out_shape(0).numel();
+  parallel_for(n, std::max<int64_t>(1, 16384 / v), [&](int64_t lo, int64_t hi) {
+    for (int64_t i = lo; i < hi; ++i) y[i] = log_sum_exp(x + i * v, v);
+  });
+}
+
+void vocab_pick(const Args& a) {
+  const float* logits = a.fin(0);
+  const int32_t* tgt = a.iin(1);
+  float* y = a.fout(0);
+  const int64_t n = a.in_shape(0)[0], v = a.in_shape(0)[1];
+  const int64_t first = block_start(a, 2, v);
+  for (int64_t i = 0; i < n; ++i) {
+    const int64_t t = tgt[i] - first;
+    y[i] = t >= 0 && t < v ? logits[i * v + t] : 0.0f;
+  }
 }
 
 }  // namespace tessera::cpu

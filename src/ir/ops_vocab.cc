@@ -1,0 +1,102 @@
+// Vocab-parallel ops: embedding and cross-entropy on one rank's block of the vocabulary, the
+// rows [shard * Vl, (shard + 1) * Vl) of the embedding table and the same columns of the
+// logits. The partition pass emits them when a tensor axis splits the vocabulary (shard comes
+// from axis_index); model code never does.
+//
+//   logsumexp(x [..., V])                         -> [...]: log sum exp over the last dim
+//   vocab_embedding(table [Vl,C], ids [...], shard) -> [..., C]: the rows of the ids in the
+//                                                    block, zeros for the others (the sum
+//                                                    over the blocks is embedding())
+//   vocab_embedding_grad(dy [..., C], ids, shard) -> [Vl, C] (attrs.vocab = Vl): scatter-add
+//                                                    of the rows whose id is in the block
+//   vocab_pick(logits [N,Vl], targets [N], shard) -> [N]: each row's target logit where the
+//                                                    target is in the block, 0 elsewhere
+//   vocab_cross_entropy_grad(logits [N,Vl], targets [N], lse [N], dloss [], shard)
+//                                                 -> [N,Vl]: cross_entropy_grad on the block,
+//                                                    lse over the whole vocabulary;
+//                                                    attrs.count as cross_entropy's
+#include "ir/ops_common.h"
+
+namespace tessera::ops_detail {
+
+namespace {
+
+Status need_shard(const TensorType& t, const char* op) {
+  if (t.dtype != DType::i32 || t.shape.numel() != 1)
+    return error(std::string(op) + " needs an i32 scalar shard index, got " + t.to_string());
+  return Status();
+}
+
+Status infer_logsumexp(const Attrs&, std::span<const TensorType> in, std::vector<TensorType>* out) {
+  TS_RETURN_IF_ERROR(need_float(in[0], "logsumexp operand"));
+  if (in[0].shape.rank() < 1) return error("logsumexp needs a tensor of rank >= 1");
+  std::vector<int64_t> d = in[0].shape.dims();
+  d.pop_back();
+  out->push_back({Shape(d), DType::f32});
+  return Status();
+}
+
+Status infer_vocab_embedding(const Attrs&, std::span<const TensorType> in,
+                             std::vector<TensorType>* out) {
+  if (in[0].shape.rank() != 2) return error("vocab_embedding table block must be [Vl, C]");
+  if (in[1].dtype != DType::i32) return error("vocab_embedding ids must be i32");
+  TS_RETURN_IF_ERROR(need_shard(in[2], "vocab_embedding"));
+  std::vector<int64_t> d = in[1].shape.dims();
+  d.push_back(in[0].shape[1]);
+  out->push_back({Shape(d), in[0].dtype});
+  return Status();
+}
+
+Status infer_vocab_embedding_grad(const Attrs& a, std::span<const TensorType> in,
+                                  std::vector<TensorType>* out) {
+  if (in[1].dtype != DType::i32) return error("vocab_embedding_grad ids must be i32");
+  TS_RETURN_IF_ERROR(need_shard(in[2], "vocab_embedding_grad"));
+  if (in[0].shape.rank() != in[1].shape.rank() + 1 || a.vocab <= 0)
+    return error("vocab_embedding_grad needs dy [..., C] for ids [...] and vocab (rows) > 0");
+  out->push_back({Shape{a.vocab, in[0].shape[-1]}, in[0].dtype});
+  return Status();
+}
+
+Status need_logits(std::span<const TensorType> in, const char* op) {
+  TS_RETURN_IF_ERROR(need_float(in[0], "logits"));
+  if (in[0].shape.rank() != 2 || in[1].shape != Shape{in[0].shape[0]} || in[1].dtype != DType::i32)
+    return error(std::string(op) + " needs logits [N,Vl] and i32 targets [N]");
+  return Status();
+}
+
+Status infer_vocab_pick(const Attrs&, std::span<const TensorType> in,
+                        std::vector<TensorType>* out) {
+  TS_RETURN_IF_ERROR(need_logits(in, "vocab_pick"));
+  TS_RETURN_IF_ERROR(need_shard(in[2], "vocab_pick"));
+  out->push_back({Shape{in[0].shape[0]}, DType::f32});
+  return Status();
+}
+
+Status infer_vocab_cross_entropy_grad(const Attrs&, std::span<const TensorType> in,
+                                      std::vector<TensorType>* out) {
+  TS_RETURN_IF_ERROR(need_logits(in, "vocab_cross_entropy_grad"));
+  if (in[2].shape != Shape{in[0].shape[0]} || in[3].shape.numel() != 1)
+    return error("vocab_cross_entropy_grad needs lse [N] and a scalar dloss");
+  TS_RETURN_IF_ERROR(need_shard(in[4], "vocab_cross_entropy_grad"));
+  out->push_back(in[0]);
+  return Status();
+}
+
+double flops_rows(const Attrs&, std::span<const TensorType> in, std::span<const TensorType>) {
+  return static_cast<double>(in[0].shape.numel());
+}
+
+}  // namespace
+
+void define_vocab_ops(OpDef* t) {
+  def(t, OpKind::logsumexp).infer = infer_logsumexp;
+  def(t, OpKind::logsumexp).flops = flops_in0<3>;
+  def(t, OpKind::vocab_embedding).infer = infer_vocab_embedding;
+  def(t, OpKind::vocab_embedding_grad).infer = infer_vocab_embedding_grad;
+  def(t, OpKind::vocab_embedding_grad).flops = flops_rows;
+  def(t, OpKind::vocab_pick).infer = infer_vocab_pick;
+  def(t, OpKind::vocab_cross_entropy_grad).infer = infer_vocab_cross_entropy_grad;
+  def(t, OpKind::vocab_cross_entropy_grad).flops = flops_in0<4>;
+}
+
+}  // namespace tessera::ops_detail
