@@ -6,10 +6,10 @@ namespace tessera {
 
 namespace {
 
-const std::vector<std::string> kKeys = {"preset",          "name",        "family",   "vocab_size",
-                                        "n_layer",         "n_embd",      "n_head",   "n_kv_head",
-                                        "ffn_hidden",      "max_seq_len", "norm_eps", "rope_theta",
-                                        "tied_embeddings", "init_std"};
+const std::vector<std::string> kKeys = {
+    "preset",      "name",     "family",     "vocab_size",      "padded_vocab_size",
+    "n_layer",     "n_embd",   "n_head",     "n_kv_head",       "ffn_hidden",
+    "max_seq_len", "norm_eps", "rope_theta", "tied_embeddings", "init_std"};
 
 Result<ModelConfig> preset_or_error(const std::string& name, const std::string& where) {
   if (auto p = find_preset(name)) return *p;
@@ -30,6 +30,7 @@ Result<ModelConfig> from_table(const TomlTable& root) {
   TS_ASSIGN_OR_RETURN(c.name, t.get_string("name", preset.empty() ? "custom" : c.name));
   TS_ASSIGN_OR_RETURN(c.family, t.get_choice("family", {"gpt", "llama"}, c.family));
   TS_ASSIGN_OR_RETURN(c.vocab_size, t.get_int("vocab_size", c.vocab_size));
+  TS_ASSIGN_OR_RETURN(c.padded_vocab_size, t.get_int("padded_vocab_size", c.padded_vocab_size));
   TS_ASSIGN_OR_RETURN(c.n_layer, t.get_int("n_layer", c.n_layer));
   TS_ASSIGN_OR_RETURN(c.n_embd, t.get_int("n_embd", c.n_embd));
   TS_ASSIGN_OR_RETURN(c.n_head, t.get_int("n_head", c.n_head));
@@ -79,6 +80,7 @@ nlohmann::json model_config_to_json(const ModelConfig& c) {
                       {"tied_embeddings", c.tied_embeddings},
                       {"init_std", c.init_std}};
   if (c.family == "gpt") j["qkv_rows"] = kGptQkvRows;
+  if (c.padded_vocab_size > 0) j["padded_vocab_size"] = c.padded_vocab_size;
   return j;
 }
 
@@ -88,6 +90,7 @@ Result<ModelConfig> model_config_from_json(const nlohmann::json& j) {
     c.name = j.at("name").get<std::string>();
     c.family = j.at("family").get<std::string>();
     c.vocab_size = j.at("vocab_size").get<int64_t>();
+    c.padded_vocab_size = j.value("padded_vocab_size", int64_t{0});
     c.n_layer = j.at("n_layer").get<int64_t>();
     c.n_embd = j.at("n_embd").get<int64_t>();
     c.n_head = j.at("n_head").get<int64_t>();

@@ -215,12 +215,16 @@ std::vector<Var> Builder::attention_grad(Var q, Var k, Var v, Var out, Var lse, 
   return apply(OpKind::attention_grad, a, {q, k, v, out, lse, dout});
 }
 
-std::vector<Var> Builder::cross_entropy(Var logits, Var targets) {
-  return apply(OpKind::cross_entropy, {}, {logits, targets});
+std::vector<Var> Builder::cross_entropy(Var logits, Var targets, int64_t classes) {
+  Attrs a;
+  a.vocab = classes == logits.shape()[-1] ? 0 : classes;
+  return apply(OpKind::cross_entropy, a, {logits, targets});
 }
 
-Var Builder::cross_entropy_grad(Var logits, Var targets, Var lse, Var dloss) {
-  return apply1(OpKind::cross_entropy_grad, {}, {logits, targets, lse, dloss});
+Var Builder::cross_entropy_grad(Var logits, Var targets, Var lse, Var dloss, int64_t classes) {
+  Attrs a;
+  a.vocab = classes == logits.shape()[-1] ? 0 : classes;
+  return apply1(OpKind::cross_entropy_grad, a, {logits, targets, lse, dloss});
 }
 
 }  // namespace tessera

@@ -124,8 +124,10 @@ class Builder {
   std::vector<Var> attention(Var q, Var k, Var v, double scale);
   std::vector<Var> attention_grad(Var q, Var k, Var v, Var out, Var lse, Var dout, double scale);
   // logits [N,V], targets int32 [N] -> mean loss [] and lse [N].
-  std::vector<Var> cross_entropy(Var logits, Var targets);
-  Var cross_entropy_grad(Var logits, Var targets, Var lse, Var dloss);
+  // classes: the logits' first columns that are classes (0: all; padding columns beyond them
+  // take no probability).
+  std::vector<Var> cross_entropy(Var logits, Var targets, int64_t classes = 0);
+  Var cross_entropy_grad(Var logits, Var targets, Var lse, Var dloss, int64_t classes = 0);
 
   // Generic: records `op` and returns all its outputs. Aborts on a shape error (a bug in the
   // calling code).

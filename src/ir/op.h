@@ -65,6 +65,7 @@ namespace tessera {
   X(cross_entropy, 2, 2)            \
   X(cross_entropy_grad, 4, 1)       \
   X(logsumexp, 1, 1)                \
+  X(vocab_logsumexp, 2, 1)          \
   X(vocab_embedding, 3, 1)          \
   X(vocab_embedding_grad, 3, 1)     \
   X(vocab_pick, 3, 1)               \
@@ -103,7 +104,9 @@ struct Attrs {
                         // attention: softmax scale
   double eps = 1e-5;    // layernorm, rmsnorm
   double theta = 1e4;   // rope base
-  int64_t vocab = 0;    // embedding_grad, vocab_embedding_grad: table rows
+  int64_t vocab = 0;    // embedding_grad, vocab_embedding_grad: table rows; cross_entropy(_grad),
+                        // vocab_cross_entropy_grad, vocab_logsumexp: the logits' columns that
+                        // are classes (0: all), the rest padding
   int64_t count = 0;    // cross_entropy(_grad): rows the mean divides by (0: the input's rows);
                         // collectives: size of the rank group
   DType dtype = DType::f32;  // cast target; parameter/input/fill dtype

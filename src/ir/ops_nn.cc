@@ -247,11 +247,14 @@ void vjp_attention(Builder& b, const Node& n, std::span<const Var> g, std::vecto
 
 // ---- cross-entropy -----------------------------------------------------------------------
 
-Status infer_cross_entropy(const Attrs&, std::span<const TensorType> in,
+Status infer_cross_entropy(const Attrs& a, std::span<const TensorType> in,
                            std::vector<TensorType>* out) {
   TS_RETURN_IF_ERROR(need_float(in[0], "logits"));
   if (in[0].shape.rank() != 2 || in[1].shape != Shape{in[0].shape[0]} || in[1].dtype != DType::i32)
     return error("cross_entropy needs logits [N,V] and i32 targets [N]");
+  if (a.vocab < 0 || a.vocab > in[0].shape[1])
+    return error("cross_entropy: classes (attrs.vocab) " + std::to_string(a.vocab) +
+                 " outside [0, " + std::to_string(in[0].shape[1]) + "]");
   out->push_back({Shape{}, DType::f32});
   out->push_back({Shape{in[0].shape[0]}, DType::f32});
   return Status();
@@ -268,7 +271,8 @@ Status infer_cross_entropy_grad(const Attrs& a, std::span<const TensorType> in,
 }
 
 void vjp_cross_entropy(Builder& b, const Node& n, std::span<const Var> g, std::vector<Var>* dx) {
-  (*dx)[0] = b.cross_entropy_grad(in_var(b, n, 0), in_var(b, n, 1), out_var(b, n, 1), g[0]);
+  (*dx)[0] =
+      b.cross_entropy_grad(in_var(b, n, 0), in_var(b, n, 1), out_var(b, n, 1), g[0], n.attrs.vocab);
 }
 
 }  // namespace

@@ -4,6 +4,8 @@
 // from axis_index); model code never does.
 //
 //   logsumexp(x [..., V])                         -> [...]: log sum exp over the last dim
+//   vocab_logsumexp(logits [N,Vl], shard)         -> [N]: logsumexp of the block's class
+//                                                    columns (-inf when it has none)
 //   vocab_embedding(table [Vl,C], ids [...], shard) -> [..., C]: the rows of the ids in the
 //                                                    block, zeros for the others (the sum
 //                                                    over the blocks is embedding())
@@ -15,6 +17,10 @@
 //                                                 -> [N,Vl]: cross_entropy_grad on the block,
 //                                                    lse over the whole vocabulary;
 //                                                    attrs.count as cross_entropy's
+//
+// attrs.vocab on vocab_logsumexp and vocab_cross_entropy_grad (as on cross_entropy): the
+// classes, the first columns of the whole vocabulary (0: all); columns past them are padding
+// (ModelConfig::padded_vocab_size) and take no probability.
 #include "ir/ops_common.h"
 
 namespace tessera::ops_detail {
@@ -33,6 +39,15 @@ Status infer_logsumexp(const Attrs&, std::span<const TensorType> in, std::vector
   std::vector<int64_t> d = in[0].shape.dims();
   d.pop_back();
   out->push_back({Shape(d), DType::f32});
+  return Status();
+}
+
+Status infer_vocab_logsumexp(const Attrs&, std::span<const TensorType> in,
+                             std::vector<TensorType>* out) {
+  TS_RETURN_IF_ERROR(need_float(in[0], "logits"));
+  if (in[0].shape.rank() != 2) return error("vocab_logsumexp needs logits [N,Vl]");
+  TS_RETURN_IF_ERROR(need_shard(in[1], "vocab_logsumexp"));
+  out->push_back({Shape{in[0].shape[0]}, DType::f32});
   return Status();
 }
 
@@ -91,6 +106,8 @@ double flops_rows(const Attrs&, std::span<const TensorType> in, std::span<const 
 void define_vocab_ops(OpDef* t) {
   def(t, OpKind::logsumexp).infer = infer_logsumexp;
   def(t, OpKind::logsumexp).flops = flops_in0<3>;
+  def(t, OpKind::vocab_logsumexp).infer = infer_vocab_logsumexp;
+  def(t, OpKind::vocab_logsumexp).flops = flops_in0<3>;
   def(t, OpKind::vocab_embedding).infer = infer_vocab_embedding;
   def(t, OpKind::vocab_embedding_grad).infer = infer_vocab_embedding_grad;
   def(t, OpKind::vocab_embedding_grad).flops = flops_rows;

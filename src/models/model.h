@@ -22,6 +22,10 @@ struct ModelConfig {
   std::string name = "custom";
   std::string family = "gpt";  // "gpt" | "llama"
   int64_t vocab_size = 50257;
+  // Rows of the embedding table and LM head when larger than vocab_size (0: none), e.g.
+  // llm.c's 50304 for GPT-2: a size a tensor axis can split (vocab parallelism). The padding
+  // rows are never a target or a sample: the loss and the sampler see vocab_size logits.
+  int64_t padded_vocab_size = 0;
   int64_t n_layer = 12;
   int64_t n_embd = 768;
   int64_t n_head = 12;
@@ -36,6 +40,7 @@ struct ModelConfig {
   int64_t head_dim() const { return n_embd / n_head; }
   int64_t kv_heads() const { return n_kv_head > 0 ? n_kv_head : n_head; }
   int64_t ffn() const { return ffn_hidden > 0 ? ffn_hidden : 4 * n_embd; }
+  int64_t vocab_rows() const { return padded_vocab_size > 0 ? padded_vocab_size : vocab_size; }
 };
 
 // Checks the config is buildable (positive sizes, heads dividing the width, ...). Errors name
@@ -51,8 +56,9 @@ struct ModelGraph {
   Graph graph;
   ValueId tokens = -1;   // i32 [B, T]
   ValueId targets = -1;  // i32 [B, T] (loss and train modes)
-  ValueId logits = -1;   // f32 [B*T, V]
+  ValueId logits = -1;   // f32 [B*T, vocab_rows]; the first vocab_size columns are the classes
   ValueId loss = -1;     // f32 [] (loss and train modes)
+  int64_t classes = 0;   // ModelConfig::vocab_size: the logits' columns that are tokens
   int64_t batch = 0, seq = 0;
 };
 

@@ -91,6 +91,10 @@ Status validate(const ModelConfig& c) {
   if (c.family != "gpt" && c.family != "llama")
     return error("key 'family' is \"" + c.family + "\"; accepted values: \"gpt\", \"llama\"");
   TS_RETURN_IF_ERROR(positive("vocab_size", c.vocab_size));
+  if (c.padded_vocab_size != 0 && c.padded_vocab_size < c.vocab_size)
+    return error("key 'padded_vocab_size' = " + std::to_string(c.padded_vocab_size) +
+                     " is smaller than vocab_size = " + std::to_string(c.vocab_size),
+                 "use 0 (no padding) or a size >= vocab_size, e.g. a multiple of 128");
   TS_RETURN_IF_ERROR(positive("n_layer", c.n_layer));
   TS_RETURN_IF_ERROR(positive("n_embd", c.n_embd));
   TS_RETURN_IF_ERROR(positive("n_head", c.n_head));
@@ -116,7 +120,7 @@ Status validate(const ModelConfig& c) {
 }
 
 int64_t count_params(const ModelConfig& c) {
-  int64_t C = c.n_embd, V = c.vocab_size, F = c.ffn(), L = c.n_layer;
+  int64_t C = c.n_embd, V = c.vocab_rows(), F = c.ffn(), L = c.n_layer;
   if (c.family == "gpt") {
     int64_t block = 4 * C + (3 * C * C + 3 * C) + (C * C + C) + (F * C + F) + (C * F + C);
     return V * C + c.max_seq_len * C + L * block + 2 * C + (c.tied_embeddings ? 0 : V * C);

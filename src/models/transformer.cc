@@ -115,8 +115,9 @@ ModelGraph build_model(const ModelConfig& c, int64_t batch, int64_t seq, ModelMo
   ModelGraph m;
   m.batch = batch;
   m.seq = seq;
+  m.classes = c.vocab_size;
   Builder b(&m.graph);
-  const int64_t C = c.n_embd, V = c.vocab_size;
+  const int64_t C = c.n_embd, V = c.vocab_rows();
   Var tokens = b.input("tokens", Shape{batch, seq}, DType::i32);
   m.tokens = tokens.id;
   Var emb, x;
@@ -159,7 +160,7 @@ ModelGraph build_model(const ModelConfig& c, int64_t batch, int64_t seq, ModelMo
   Var loss;
   {
     auto s = b.scope("loss");
-    loss = b.cross_entropy(logits, b.reshape(targets, Shape{batch * seq}))[0];
+    loss = b.cross_entropy(logits, b.reshape(targets, Shape{batch * seq}), c.vocab_size)[0];
   }
   m.loss = loss.id;
   if (mode == ModelMode::loss) {

@@ -264,7 +264,10 @@ Result<std::vector<ValueId>> Pass::lower_vocab(const Node& n, Attrs a,
       // lse over the whole vocabulary: each block's, gathered over the group and combined.
       const int64_t rows = expect[1][0];
       const Placements& lse_pl = out_pl[1];
-      TS_ASSIGN_OR_RETURN(ValueId block, emit(OpKind::logsumexp, {}, {ins[0]}, n, {lse_pl}, {}));
+      Attrs ca;
+      ca.vocab = a.vocab;  // the classes; columns past them are padding
+      TS_ASSIGN_OR_RETURN(ValueId block,
+                          emit(OpKind::vocab_logsumexp, ca, {ins[0], shard}, n, {lse_pl}, {}));
       Attrs ga = group;
       ga.ints = {group.count, rows};
       TS_ASSIGN_OR_RETURN(ValueId all, emit(OpKind::all_gather, ga, {block}, n, {lse_pl},

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <limits>
+#include <numeric>
 
 #include "parallel/partition.h"
 
@@ -28,6 +29,19 @@ struct Score {
     return param_bytes < o.param_bytes;
   }
 };
+
+// Why a parameter outside the blocks stays whole: rows the degree does not divide. For a
+// vocabulary, the padded size that would let it split (a multiple of 128 and of the degree).
+std::string vocab_note(const std::string& name, const Shape& shape, int64_t vocab, int degree,
+                       const std::string& axis) {
+  std::string s = name + " " + shape.to_string() + " stays Replicate: its " +
+                  std::to_string(shape[0]) + " rows do not split over " + axis + " " +
+                  std::to_string(degree);
+  if (shape[0] != vocab) return s;
+  const int64_t m = std::lcm<int64_t>(128, degree);
+  return s + "; padded_vocab_size = " + std::to_string((vocab + m - 1) / m * m) +
+         " in the model's TOML would make it vocab-parallel";
+}
 
 Score evaluate(const Graph& g, const Plan& plan, const SearchCost& c) {
   Score s;
@@ -180,6 +194,9 @@ Result<BlockLayout> search_block_layout(const Graph& g, const Plan& plan, const 
   // Outside the blocks: each matrix tries Shard(0) and Shard(1) with the block chosen.
   Plan outer = with_block(plan, g, best_b);
   const int degree = plan.tensor_group();
+  int64_t vocab = 0;  // the logits' columns
+  for (const Node& n : g.nodes())
+    if (n.op == OpKind::cross_entropy) vocab = g.type(n.inputs[0]).shape[-1];
   for (ValueId p : g.params()) {
     if (g.producer(p).layer >= 0) continue;
     const std::string& name = g.name_of(p);
@@ -196,11 +213,7 @@ Result<BlockLayout> search_block_layout(const Graph& g, const Plan& plan, const 
         }
       }
       if (outer.placements_of(name)[tp].is_replicate() && shape[0] % degree != 0)
-        best_b.notes.push_back(name + " " + shape.to_string() + " stays Replicate: its " +
-                               std::to_string(shape[0]) + " rows do not split over " +
-                               plan.tensor_axes[0] + " " + std::to_string(degree) +
-                               " (padded to a multiple of " + std::to_string(degree) +
-                               ", a vocabulary could be vocab-parallel)");
+        best_b.notes.push_back(vocab_note(name, shape, vocab, degree, plan.tensor_axes[0]));
     }
     best_b.outer_names.push_back(name);
     best_b.outer_placements.push_back(outer.placements_of(name));

@@ -12,7 +12,8 @@ std::vector<int32_t> sample_tokens(Executor& ex, const ModelGraph& m, std::vecto
   TS_CHECK(!prompt.empty());
   TS_CHECK_EQ(m.batch, 1);
   const int64_t T = m.seq;
-  const int64_t V = ex.graph().type(m.logits).shape[-1];
+  const int64_t stride = ex.graph().type(m.logits).shape[-1];  // padding columns included
+  const int64_t V = m.classes > 0 ? m.classes : stride;
   std::vector<int32_t> context = std::move(prompt), out, window(static_cast<size_t>(T), 0);
   std::vector<std::pair<float, int32_t>> ranked(static_cast<size_t>(V));
   for (int i = 0; i < count; ++i) {
@@ -21,7 +22,7 @@ std::vector<int32_t> sample_tokens(Executor& ex, const ModelGraph& m, std::vecto
     std::copy(context.end() - len, context.end(), window.begin());
     ex.set_input("tokens", window.data());
     ex.run();
-    const float* logits = ex.data<float>(m.logits) + (len - 1) * V;
+    const float* logits = ex.data<float>(m.logits) + (len - 1) * stride;
     int32_t next = 0;
     if (opt.temperature <= 0) {
       next = static_cast<int32_t>(std::max_element(logits, logits + V) - logits);

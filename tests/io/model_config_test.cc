@@ -1,5 +1,6 @@
 // Model configs in checkpoint manifests: round trip, and GPT checkpoints from before the fused
-// QKV rows were stored per head are refused rather than loaded with their heads scrambled.
+// QKV rows were stored per head are refused rather than loaded with their heads scrambled;
+// a padded vocabulary from TOML.
 #include "io/model_config.h"
 
 #include <gtest/gtest.h>
@@ -29,6 +30,26 @@ TEST(ModelConfigJson, GptWithTheOldQkvRowOrderIsRefused) {
   nlohmann::json l = model_config_to_json(*find_preset("llama-tiny"));
   EXPECT_FALSE(l.contains("qkv_rows"));
   EXPECT_TRUE(model_config_from_json(l).ok());
+}
+
+// padded_vocab_size: from a TOML config onto the table rows, through the manifest, and a size
+// below the vocabulary refused naming the key.
+TEST(ModelConfig, PaddedVocabularySizesTheTableAndRoundTrips) {
+  Result<ModelConfig> c = parse_model_config(
+      "[model]\npreset = \"gpt-tiny\"\npadded_vocab_size = 50304\n", "padded.toml");
+  ASSERT_TRUE(c.ok()) << c.status().to_string();
+  EXPECT_EQ(c->vocab_size, 50257);
+  EXPECT_EQ(c->vocab_rows(), 50304);
+  EXPECT_EQ(count_params(*c) - count_params(*find_preset("gpt-tiny")), 47 * c->n_embd);
+  Result<ModelConfig> back = model_config_from_json(model_config_to_json(*c));
+  ASSERT_TRUE(back.ok()) << back.status().to_string();
+  EXPECT_EQ(back->padded_vocab_size, 50304);
+  Result<ModelConfig> bad =
+      parse_model_config("[model]\npreset = \"gpt-tiny\"\npadded_vocab_size = 50000\n", "bad.toml");
+  ASSERT_FALSE(bad.ok());
+  EXPECT_NE(bad.status().message().find("'padded_vocab_size' = 50000 is smaller than vocab_size"),
+            std::string::npos)
+      << bad.status().to_string();
 }
 
 }  // namespace

@@ -16,6 +16,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <functional>
+#include <limits>
 #include <map>
 #include <memory>
 #include <random>
@@ -581,6 +582,22 @@ std::vector<Entry> build_entries() {
       out.push_back(op(n.b.slice(whole, axis, s * kRows, (s + 1) * kRows), n.ids(Shape{}, {s})));
     return out;
   };
+  // 5 classes padded to 9 columns: block 1 holds 2 classes, block 2 none (-inf).
+  fwd("vocab_logsumexp", "vocab_logsumexp_padded", [=](Net& n) {
+    const int64_t N = 4, classes = 5;
+    Var logits = n.param(Shape{N, kBlocks * kRows}, uniform(-3, 3));
+    Attrs a;
+    a.vocab = classes;
+    std::vector<Var> parts = blocks(n, logits, 1, [&](Var l, Var s) {
+      return n.b.reshape(n.b.apply1(OpKind::vocab_logsumexp, a, {l, s}), Shape{N, 1});
+    });
+    Var lse = n.keep(n.b.apply1(OpKind::logsumexp, {}, {n.b.concat(parts, 1)}));
+    Var want = n.keep(n.b.apply1(OpKind::logsumexp, {}, {n.b.slice(logits, 1, 0, classes)}));
+    Var third = n.keep(parts[2]);
+    n.run();
+    expect_close(n.read(lse), n.read(want), kFwdTol, "vocab_logsumexp blocks combined");
+    for (float x : n.read(third)) EXPECT_EQ(x, -std::numeric_limits<float>::infinity());
+  });
   fwd("vocab_embedding", "vocab_embedding", [=](Net& n) {
     Var table = n.param(Shape{kBlocks * kRows, 4});
     Var ids = n.ids(Shape{2, 3}, {6, 0, 3, 5, 8, 6});
@@ -635,6 +652,25 @@ std::vector<Entry> build_entries() {
     Var want = n.keep(n.b.apply1(OpKind::cross_entropy_grad, a, {logits, targets, lse, dloss}));
     n.run();
     expect_close(n.read(cat), n.read(want), 0.0, "vocab_cross_entropy_grad blocks");
+  });
+  fwd("vocab_cross_entropy_grad", "vocab_cross_entropy_grad_padded", [=](Net& n) {
+    const int64_t N = 4;
+    Var logits = n.param(Shape{N, kBlocks * kRows}, uniform(-3, 3));
+    Var targets = n.ids(Shape{N}, {4, 0, 3, 2});
+    Var dloss = n.param(Shape{});
+    Var lse = n.b.cross_entropy(logits, targets, 5)[1];
+    Attrs a;
+    a.vocab = 5;
+    std::vector<Var> parts = blocks(n, logits, 1, [&](Var l, Var s) {
+      return n.b.apply1(OpKind::vocab_cross_entropy_grad, a, {l, targets, lse, dloss, s});
+    });
+    Var cat = n.keep(n.b.concat(parts, 1));
+    Var want = n.keep(n.b.apply1(OpKind::cross_entropy_grad, a, {logits, targets, lse, dloss}));
+    n.run();
+    expect_close(n.read(cat), n.read(want), 0.0, "padded vocab_cross_entropy_grad blocks");
+    for (int64_t i = 0; i < N; ++i)
+      for (int64_t j = 5; j < kBlocks * kRows; ++j)
+        EXPECT_EQ(n.read(cat)[static_cast<size_t>(i * kBlocks * kRows + j)], 0.0) << "padding";
   });
 
   // ---- gradient entries (every op with a VJP) ----
@@ -728,6 +764,11 @@ std::vector<Entry> build_entries() {
   });
   grad("cross_entropy", "cross_entropy", [](Net& n) {
     return n.b.cross_entropy(n.param({4, 5}, uniform(-2, 2)), n.ids(Shape{4}, {4, 0, 2, 4}))[0];
+  });
+  // Two padding columns: no probability, no gradient (the finite differences of the padding
+  // logits are 0).
+  grad("cross_entropy", "cross_entropy_padded", [](Net& n) {
+    return n.b.cross_entropy(n.param({4, 7}, uniform(-2, 2)), n.ids(Shape{4}, {4, 0, 2, 4}), 5)[0];
   });
   // Cast: inputs on a 1/64 grid in [-2, 2] and a step of 1/64 keep every perturbed value exact
   // in bf16 and f16, so the finite difference is exact.

@@ -118,6 +118,20 @@ INSTANTIATE_TEST_SUITE_P(
                                                                    RecomputePolicy::selective)}),
     [](const testing::TestParamInfo<Case>& i) { return std::string(i.param.name); });
 
+// A 94-word vocabulary padded to 96 rows: vocab-parallel over 2 and 4 ranks, the padding
+// columns never a target nor a probability, the same losses and parameters as one rank.
+TEST(TensorParallel, PaddedVocabularyIsVocabParallel) {
+  ModelConfig c = tiny_gpt();
+  c.vocab_size = 94;
+  c.padded_vocab_size = 96;
+  for (int tp : {2, 4}) {
+    SCOPED_TRACE("tp " + std::to_string(tp));
+    Plan plan = with_searched_layout(Plan::tensor_parallel(1, tp), c);
+    ASSERT_EQ(plan.params.at("wte")[1], Placement::shard(0));
+    expect_ranks_match(plan, 6, c);
+  }
+}
+
 TEST(TensorParallel, KvHeadsThatDoNotSplitAreAnErrorNamingTheDegrees) {
   Plan plan = with_megatron_llama(Plan::tensor_parallel(1, 4), tiny_llama());
   ModelGraph m = build_model(tiny_llama(), kBatch, kSeq, ModelMode::train);

@@ -94,10 +94,12 @@ struct RunResult {
   int64_t persistent_bytes = 0;
 };
 
-// Global batch of step s, micro-batch m: deterministic tokens and targets (B*T each).
-inline void global_batch(int step, int micro, std::vector<int32_t>* x, std::vector<int32_t>* y) {
+// Global batch of step s, micro-batch m: deterministic tokens and targets (B*T each) in
+// [0, vocab).
+inline void global_batch(int step, int micro, std::vector<int32_t>* x, std::vector<int32_t>* y,
+                         int64_t vocab = tiny_gpt().vocab_size) {
   std::mt19937 rng(static_cast<uint32_t>(1000 * step + micro + 1));
-  std::uniform_int_distribution<int32_t> tok(0, static_cast<int32_t>(tiny_gpt().vocab_size) - 1);
+  std::uniform_int_distribution<int32_t> tok(0, static_cast<int32_t>(vocab) - 1);
   x->resize(kBatch * kSeq);
   y->resize(kBatch * kSeq);
   for (auto& t : *x) t = tok(rng);
@@ -121,7 +123,7 @@ inline RunResult run_single(int steps, int micro_batches, const ModelConfig& cfg
   for (int s = 0; s < steps; ++s) {
     float loss = 0;
     for (int k = 0; k < micro_batches; ++k) {
-      global_batch(s, k, &x, &y);
+      global_batch(s, k, &x, &y, cfg.vocab_size);
       loss += ts.forward_backward(x.data(), y.data());
     }
     ts.apply(kLr, /*clip=*/0.5, micro_batches);
@@ -159,7 +161,7 @@ inline RunResult run_rank(Communicator& world, const Plan& plan, int steps,
     }
     float loss = 0;
     for (int k = 0; k < plan.micro_batches; ++k) {
-      global_batch(s, k, &x, &y);
+      global_batch(s, k, &x, &y, cfg.vocab_size);
       Result<float> l =
           step.forward_backward(x.data() + idx * rows * kSeq, y.data() + idx * rows * kSeq);
       EXPECT_TRUE(l.ok()) << l.status().to_string();

@@ -120,6 +120,8 @@ void dispatch(OpKind op, const cpu::Args& a) {
       return cpu::cross_entropy_grad(a);
     case OpKind::logsumexp:
       return cpu::logsumexp(a);
+    case OpKind::vocab_logsumexp:
+      return cpu::vocab_logsumexp(a);
     case OpKind::vocab_embedding:
       return cpu::vocab_embedding(a);
     case OpKind::vocab_embedding_grad:

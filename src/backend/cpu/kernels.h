@@ -68,6 +68,7 @@ void cross_entropy_grad(const Args& a);
 void vocab_cross_entropy_grad(const Args& a);
 void vocab_pick(const Args& a);
 void logsumexp(const Args& a);
+void vocab_logsumexp(const Args& a);
 
 // kernels_attention.cc
 void attention(const Args& a);

@@ -297,17 +297,20 @@ float log_sum_exp(const float* row, int64_t v) {
   }
   return m + static_cast<float>(std::log(s));
 }
+
+// The class columns of a row of the logits (attrs.vocab; the rest is padding).
+int64_t classes(const Args& a, int64_t cols) { return a.attrs.vocab > 0 ? a.attrs.vocab : cols; }
 }  // namespace
 
 void cross_entropy(const Args& a) {
   const float* logits = a.fin(0);
   const int32_t* tgt = a.iin(1);
   float *loss = a.fout(0), *lse = a.fout(1);
-  int64_t n = a.in_shape(0)[0], v = a.in_shape(0)[1];
+  int64_t n = a.in_shape(0)[0], v = a.in_shape(0)[1], k = classes(a, v);
   for (int64_t i = 0; i < n; ++i)
-    TS_CHECK(tgt[i] >= 0 && tgt[i] < v) << "target " << tgt[i] << " out of range [0, " << v << ")";
+    TS_CHECK(tgt[i] >= 0 && tgt[i] < k) << "target " << tgt[i] << " out of range [0, " << k << ")";
   parallel_for(n, std::max<int64_t>(1, 16384 / v), [&](int64_t lo, int64_t hi) {
-    for (int64_t i = lo; i < hi; ++i) lse[i] = log_sum_exp(logits + i * v, v);
+    for (int64_t i = lo; i < hi; ++i) lse[i] = log_sum_exp(logits + i * v, k);
   });
   double total = 0;  // summed in row order: reproducible whatever the thread count
   for (int64_t i = 0; i < n; ++i) total += static_cast<double>(lse[i]) - logits[i * v + tgt[i]];
@@ -318,12 +321,13 @@ void cross_entropy(const Args& a) {
 
 namespace {
 // d logits = (softmax - onehot(target)) * dloss / rows on the columns [first, first + v) of the
-// vocabulary; a target outside them adds no one-hot term here.
+// vocabulary; a target outside them adds no one-hot term here, padding columns get 0.
 void cross_entropy_grad_cols(const Args& a, int64_t first) {
   const float *logits = a.fin(0), *lse = a.fin(2), *dloss = a.fin(3);
   const int32_t* tgt = a.iin(1);
   float* dl = a.fout(0);
   int64_t n = a.in_shape(0)[0], v = a.in_shape(0)[1];
+  const int64_t k = std::clamp<int64_t>(classes(a, first + v) - first, 0, v);
   const int64_t rows = a.attrs.count > 0 ? a.attrs.count : n;
   float scale = dloss[0] / static_cast<float>(rows);
   parallel_for(n, std::max<int64_t>(1, 16384 / v), [&](int64_t lo, int64_t hi) {
@@ -332,7 +336,8 @@ void cross_entropy_grad_cols(const Args& a, int64_t first) {
       float* d = dl + i * v;
       const float l = lse[i];
 #pragma omp simd
-      for (int64_t j = 0; j < v; ++j) d[j] = exp_fast(row[j] - l) * scale;
+      for (int64_t j = 0; j < k; ++j) d[j] = exp_fast(row[j] - l) * scale;
+      std::fill(d + k, d + v, 0.0f);
       const int64_t t = tgt[i] - first;
       if (t >= 0 && t < v) d[t] -= scale;
     }
@@ -351,6 +356,17 @@ void logsumexp(const Args& a) {
   const int64_t v = a.in_shape(0)[-1], n = a.out_shape(0).numel();
   parallel_for(n, std::max<int64_t>(1, 16384 / v), [&](int64_t lo, int64_t hi) {
     for (int64_t i = lo; i < hi; ++i) y[i] = log_sum_exp(x + i * v, v);
+  });
+}
+
+void vocab_logsumexp(const Args& a) {
+  const float* x = a.fin(0);
+  float* y = a.fout(0);
+  const int64_t n = a.in_shape(0)[0], v = a.in_shape(0)[1], first = block_start(a, 1, v);
+  const int64_t k = std::clamp<int64_t>(classes(a, first + v) - first, 0, v);
+  parallel_for(n, std::max<int64_t>(1, 16384 / v), [&](int64_t lo, int64_t hi) {
+    for (int64_t i = lo; i < hi; ++i)
+      y[i] = k > 0 ? log_sum_exp(x + i * v, k) : -std::numeric_limits<float>::infinity();
   });
 }
 
