@@ -1,6 +1,7 @@
 // `tessera simulate MODEL --cluster C --gpus N ...`: lowers the training step for a plan (the
 // same Program `tessera train` executes) and times it on a ClusterSpec: step time and its
-// breakdown, tokens/s, MFU/HFU and per-device memory; --trace writes a Chrome/Perfetto trace.
+// breakdown, tokens/s, MFU/HFU and per-device memory; --trace writes a Chrome/Perfetto trace;
+// --json prints the figures as one JSON object instead (for scripts and plan searches).
 #include <chrono>
 #include <cstdio>
 
@@ -22,7 +23,35 @@ struct SimulateOptions {
   std::string recompute;  // "": the plan's (none without --plan)
   int64_t batch = 0, seq = 0;
   int gpus = 8, tp = 1, zero = 3, hsdp = 0, micro = 0;
+  bool json = false;
 };
+
+// The prediction as one JSON object: what a script (or a search over plans) compares.
+nlohmann::json sim_json(const ModelConfig& cfg, const ClusterSpec& cluster, const Plan& plan,
+                        int64_t batch, int64_t seq, const SimResult& r) {
+  return {{"model", cfg.name},
+          {"parameters", count_params(cfg)},
+          {"cluster", cluster.name},
+          {"device", cluster.device.name},
+          {"devices", r.devices},
+          {"batch", batch},
+          {"seq", seq},
+          {"plan", plan_to_json(plan)},
+          {"step_s", r.step_seconds},
+          {"compute_s", r.compute_seconds},
+          {"exposed_comm_s", r.exposed_comm_seconds},
+          {"bubble_s", r.bubble_seconds},
+          {"tokens_per_step", r.tokens_per_step},
+          {"tokens_per_s", r.tokens_per_second},
+          {"model_tflops_per_device", r.model_tflops_per_device},
+          {"mfu", r.mfu},
+          {"hfu", r.hfu},
+          {"peak_bytes_per_device", r.peak_memory_bytes},
+          {"persistent_bytes_per_device", r.persistent_bytes},
+          {"arena_bytes_per_device", r.arena_bytes},
+          {"device_memory_bytes", cluster.device.memory_bytes},
+          {"fits", r.peak_memory_bytes <= cluster.device.memory_bytes}};
+}
 
 Status run_simulate(const SimulateOptions& o) {
   auto t0 = std::chrono::steady_clock::now();
@@ -52,6 +81,13 @@ Status run_simulate(const SimulateOptions& o) {
   TS_ASSIGN_OR_RETURN(Program prog, lower(m.graph, plan));
   TS_ASSIGN_OR_RETURN(SimResult r, simulate(prog, cluster, so));
   double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  const std::string title = cfg.name + " on " + std::to_string(plan.mesh.size()) + " x " +
+                            cluster.device.name + " (" + plan.describe() + ")";
+  if (so.trace) TS_RETURN_IF_ERROR(write_file_atomic(o.trace, chrome_trace(r, title)));
+  if (o.json) {
+    std::printf("%s\n", sim_json(cfg, cluster, plan, batch, seq, r).dump(2).c_str());
+    return Status();
+  }
 
   std::printf("model            %s (%s parameters), global micro-batch %lld x %lld tokens\n",
               cfg.name.c_str(), format_count(m.graph.param_count()).c_str(), (long long)batch,
@@ -76,9 +112,6 @@ Status run_simulate(const SimulateOptions& o) {
     std::printf("DOES NOT FIT     predicted peak exceeds the device's %s\n",
                 format_bytes(cluster.device.memory_bytes).c_str());
   if (so.trace) {
-    std::string title = cfg.name + " on " + std::to_string(plan.mesh.size()) + " x " +
-                        cluster.device.name + " (" + plan.describe() + ")";
-    TS_RETURN_IF_ERROR(write_file_atomic(o.trace, chrome_trace(r, title)));
     std::printf("trace            %s (%zu events; open in ui.perfetto.dev)\n", o.trace.c_str(),
                 r.events.size());
   }
@@ -116,6 +149,9 @@ void add_simulate_command(CLI::App& app) {
   cmd->add_option("--algo", o->algo, "Collective algorithm: auto|ring|tree|hierarchical")
       ->capture_default_str();
   cmd->add_option("--trace", o->trace, "Write a Chrome/Perfetto trace of one step here");
+  cmd->add_flag("--json", o->json,
+                "Print the prediction as one JSON object (step_s, tokens_per_s, mfu, hfu, "
+                "peak_bytes_per_device, fits, plan, ...)");
   cmd->callback([o] { exit_on_error(run_simulate(*o)); });
 }
 

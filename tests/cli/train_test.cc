@@ -5,6 +5,7 @@
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
+#include <nlohmann/json.hpp>
 #include <random>
 #include <sstream>
 
@@ -168,6 +169,34 @@ TEST(TesseraBinary, BadParallelFlagsAreNamed) {
   EXPECT_NE(out.find("1, 2, 4, 8"), std::string::npos) << out;
   EXPECT_EQ(run_tessera("plan gpt-tiny --recompute some", &out), 1) << out;
   EXPECT_NE(out.find("not one of: none, full, selective"), std::string::npos) << out;
+}
+
+// simulate --json: one JSON object on stdout, its figures consistent with each other and with
+// the text report of the same run.
+TEST(TesseraBinary, SimulateJsonIsOneObjectOfTheFigures) {
+  const std::string args = "simulate gpt2-small --cluster dgx-a100 --gpus 8 --tp 2 --seq 1024";
+  std::string out, text;
+  ASSERT_EQ(run_tessera(args + " --json", &out), 0) << out;
+  ASSERT_EQ(out.front(), '{') << out;
+  nlohmann::json j = nlohmann::json::parse(out);
+  for (const char* key : {"step_s", "tokens_per_s", "mfu", "hfu", "peak_bytes_per_device", "fits",
+                          "plan", "devices", "exposed_comm_s"})
+    EXPECT_TRUE(j.contains(key)) << key;
+  EXPECT_EQ(j["devices"], 8);
+  EXPECT_EQ(j["plan"]["mesh"][1]["name"], "tp");
+  EXPECT_EQ(j["plan"]["mesh"][1]["size"], 2);
+  const double step = j["step_s"];
+  EXPECT_GT(step, 0);
+  EXPECT_NEAR(j["tokens_per_s"].get<double>(), j["tokens_per_step"].get<double>() / step,
+              1e-6 * j["tokens_per_s"].get<double>());
+  EXPECT_GT(j["mfu"].get<double>(), 0);
+  EXPECT_LE(j["mfu"].get<double>(), j["hfu"].get<double>());
+  EXPECT_EQ(j["fits"].get<bool>(),
+            j["peak_bytes_per_device"].get<double>() <= j["device_memory_bytes"].get<double>());
+  ASSERT_EQ(run_tessera(args, &text), 0) << text;
+  char line[64];
+  std::snprintf(line, sizeof line, "%.1f%%", 100 * j["mfu"].get<double>());
+  EXPECT_NE(text.find(line), std::string::npos) << line << " not in\n" << text;
 }
 
 }  // namespace
