@@ -33,6 +33,16 @@ double flops_in0(const Attrs&, std::span<const TensorType> in, std::span<const T
   return kPerElement * static_cast<double>(in[0].shape.numel());
 }
 
+// Defined in ops_nn.cc; the vocab-parallel ops (ops_vocab.cc) check their block with them.
+Status infer_embedding(const Attrs& a, std::span<const TensorType> in,
+                       std::vector<TensorType>* out);
+Status infer_embedding_grad(const Attrs& a, std::span<const TensorType> in,
+                            std::vector<TensorType>* out);
+Status infer_cross_entropy(const Attrs& a, std::span<const TensorType> in,
+                           std::vector<TensorType>* out);
+Status infer_cross_entropy_grad(const Attrs& a, std::span<const TensorType> in,
+                                std::vector<TensorType>* out);
+
 inline Var in_var(Builder& b, const Node& n, int i) {
   return b.var(n.inputs[static_cast<size_t>(i)]);
 }

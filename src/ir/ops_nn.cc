@@ -65,6 +65,8 @@ void vjp_matmul(Builder& b, const Node& n, std::span<const Var> g, std::vector<V
   }
 }
 
+}  // namespace
+
 // ---- embedding ---------------------------------------------------------------------------
 
 Status infer_embedding(const Attrs&, std::span<const TensorType> in, std::vector<TensorType>* out) {
@@ -85,14 +87,11 @@ Status infer_embedding_grad(const Attrs& a, std::span<const TensorType> in,
   return Status();
 }
 
+namespace {
+
 void vjp_embedding(Builder& b, const Node& n, std::span<const Var> g, std::vector<Var>* dx) {
   Var table = in_var(b, n, 0);
   (*dx)[0] = b.embedding_grad(g[0], in_var(b, n, 1), table.shape()[0]);
-}
-
-double flops_embedding_grad(const Attrs&, std::span<const TensorType> in,
-                            std::span<const TensorType>) {
-  return static_cast<double>(in[0].shape.numel());
 }
 
 // ---- norms -------------------------------------------------------------------------------
@@ -245,6 +244,8 @@ void vjp_attention(Builder& b, const Node& n, std::span<const Var> g, std::vecto
   for (int i = 0; i < 3; ++i) (*dx)[static_cast<size_t>(i)] = d[static_cast<size_t>(i)];
 }
 
+}  // namespace
+
 // ---- cross-entropy -----------------------------------------------------------------------
 
 Status infer_cross_entropy(const Attrs& a, std::span<const TensorType> in,
@@ -270,6 +271,8 @@ Status infer_cross_entropy_grad(const Attrs& a, std::span<const TensorType> in,
   return Status();
 }
 
+namespace {
+
 void vjp_cross_entropy(Builder& b, const Node& n, std::span<const Var> g, std::vector<Var>* dx) {
   (*dx)[0] =
       b.cross_entropy_grad(in_var(b, n, 0), in_var(b, n, 1), out_var(b, n, 1), g[0], n.attrs.vocab);
@@ -285,7 +288,7 @@ void define_nn_ops(OpDef* t) {
   def(t, OpKind::embedding).infer = infer_embedding;
   def(t, OpKind::embedding).vjp = vjp_embedding;
   def(t, OpKind::embedding_grad).infer = infer_embedding_grad;
-  def(t, OpKind::embedding_grad).flops = flops_embedding_grad;
+  def(t, OpKind::embedding_grad).flops = flops_in0<1>;
   def(t, OpKind::embedding_grad).gradient_of = "embedding";
 
   def(t, OpKind::layernorm).infer = infer_layernorm;

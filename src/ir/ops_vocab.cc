@@ -42,63 +42,50 @@ Status infer_logsumexp(const Attrs&, std::span<const TensorType> in, std::vector
   return Status();
 }
 
-Status infer_vocab_logsumexp(const Attrs&, std::span<const TensorType> in,
-                             std::vector<TensorType>* out) {
-  TS_RETURN_IF_ERROR(need_float(in[0], "logits"));
-  if (in[0].shape.rank() != 2) return error("vocab_logsumexp needs logits [N,Vl]");
-  TS_RETURN_IF_ERROR(need_shard(in[1], "vocab_logsumexp"));
-  out->push_back({Shape{in[0].shape[0]}, DType::f32});
-  return Status();
+// A vocab op is its whole-vocabulary op on the block, plus the shard index as its last input.
+// The block's inputs are checked by the whole-vocabulary op's inference; attrs.vocab counts
+// the classes of the whole vocabulary, wider than the block, so the cross-entropy checks run
+// without it.
+Status on_block(InferFn whole, const Attrs& a, std::span<const TensorType> in,
+                std::vector<TensorType>* out, const char* op) {
+  TS_RETURN_IF_ERROR(need_shard(in.back(), op));
+  return whole(a, in.first(in.size() - 1), out);
 }
 
-Status infer_vocab_embedding(const Attrs&, std::span<const TensorType> in,
+Attrs without_classes(Attrs a) {
+  a.vocab = 0;
+  return a;
+}
+
+Status infer_vocab_logsumexp(const Attrs&, std::span<const TensorType> in,
                              std::vector<TensorType>* out) {
-  if (in[0].shape.rank() != 2) return error("vocab_embedding table block must be [Vl, C]");
-  if (in[1].dtype != DType::i32) return error("vocab_embedding ids must be i32");
-  TS_RETURN_IF_ERROR(need_shard(in[2], "vocab_embedding"));
-  std::vector<int64_t> d = in[1].shape.dims();
-  d.push_back(in[0].shape[1]);
-  out->push_back({Shape(d), in[0].dtype});
-  return Status();
+  if (in[0].shape.rank() != 2) return error("vocab_logsumexp needs logits [N,Vl]");
+  return on_block(infer_logsumexp, {}, in, out, "vocab_logsumexp");
+}
+
+Status infer_vocab_embedding(const Attrs& a, std::span<const TensorType> in,
+                             std::vector<TensorType>* out) {
+  return on_block(infer_embedding, a, in, out, "vocab_embedding");
 }
 
 Status infer_vocab_embedding_grad(const Attrs& a, std::span<const TensorType> in,
                                   std::vector<TensorType>* out) {
-  if (in[1].dtype != DType::i32) return error("vocab_embedding_grad ids must be i32");
-  TS_RETURN_IF_ERROR(need_shard(in[2], "vocab_embedding_grad"));
-  if (in[0].shape.rank() != in[1].shape.rank() + 1 || a.vocab <= 0)
-    return error("vocab_embedding_grad needs dy [..., C] for ids [...] and vocab (rows) > 0");
-  out->push_back({Shape{a.vocab, in[0].shape[-1]}, in[0].dtype});
-  return Status();
+  return on_block(infer_embedding_grad, a, in, out, "vocab_embedding_grad");
 }
 
-Status need_logits(std::span<const TensorType> in, const char* op) {
-  TS_RETURN_IF_ERROR(need_float(in[0], "logits"));
-  if (in[0].shape.rank() != 2 || in[1].shape != Shape{in[0].shape[0]} || in[1].dtype != DType::i32)
-    return error(std::string(op) + " needs logits [N,Vl] and i32 targets [N]");
-  return Status();
-}
-
-Status infer_vocab_pick(const Attrs&, std::span<const TensorType> in,
+// One target logit per row: cross_entropy's lse-shaped output.
+Status infer_vocab_pick(const Attrs& a, std::span<const TensorType> in,
                         std::vector<TensorType>* out) {
-  TS_RETURN_IF_ERROR(need_logits(in, "vocab_pick"));
-  TS_RETURN_IF_ERROR(need_shard(in[2], "vocab_pick"));
-  out->push_back({Shape{in[0].shape[0]}, DType::f32});
+  std::vector<TensorType> ce;
+  TS_RETURN_IF_ERROR(on_block(infer_cross_entropy, without_classes(a), in, &ce, "vocab_pick"));
+  out->push_back(ce[1]);
   return Status();
 }
 
-Status infer_vocab_cross_entropy_grad(const Attrs&, std::span<const TensorType> in,
+Status infer_vocab_cross_entropy_grad(const Attrs& a, std::span<const TensorType> in,
                                       std::vector<TensorType>* out) {
-  TS_RETURN_IF_ERROR(need_logits(in, "vocab_cross_entropy_grad"));
-  if (in[2].shape != Shape{in[0].shape[0]} || in[3].shape.numel() != 1)
-    return error("vocab_cross_entropy_grad needs lse [N] and a scalar dloss");
-  TS_RETURN_IF_ERROR(need_shard(in[4], "vocab_cross_entropy_grad"));
-  out->push_back(in[0]);
-  return Status();
-}
-
-double flops_rows(const Attrs&, std::span<const TensorType> in, std::span<const TensorType>) {
-  return static_cast<double>(in[0].shape.numel());
+  return on_block(infer_cross_entropy_grad, without_classes(a), in, out,
+                  "vocab_cross_entropy_grad");
 }
 
 }  // namespace
@@ -110,7 +97,7 @@ void define_vocab_ops(OpDef* t) {
   def(t, OpKind::vocab_logsumexp).flops = flops_in0<3>;
   def(t, OpKind::vocab_embedding).infer = infer_vocab_embedding;
   def(t, OpKind::vocab_embedding_grad).infer = infer_vocab_embedding_grad;
-  def(t, OpKind::vocab_embedding_grad).flops = flops_rows;
+  def(t, OpKind::vocab_embedding_grad).flops = flops_in0<1>;
   def(t, OpKind::vocab_pick).infer = infer_vocab_pick;
   def(t, OpKind::vocab_cross_entropy_grad).infer = infer_vocab_cross_entropy_grad;
   def(t, OpKind::vocab_cross_entropy_grad).flops = flops_in0<4>;
