@@ -23,10 +23,11 @@ constexpr double kSplitFlops = 4e6;
 void warn_if_generic_kernels() {
   static std::once_flag once;
   std::call_once(once, [] {
-    if (const char* hint = tessera::openblas_better_coretype())
+    if (const char* hint = tessera::openblas_better_coretype()) {
       TS_LOG(warn) << "OpenBLAS does not recognize this CPU and uses its slow Prescott kernels. "
                       "HINT: run with OPENBLAS_CORETYPE="
                    << hint;
+    }
   });
 }
 

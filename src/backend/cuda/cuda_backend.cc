@@ -1,0 +1,163 @@
+#include "backend/cuda/cuda_backend.h"
+
+#include <cublasLt.h>
+#include <cuda_runtime.h>
+
+#include <cstdio>
+#include <cstdlib>
+#include <vector>
+
+#include "backend/cuda/kernels.h"
+#include "base/check.h"
+
+namespace tessera {
+
+namespace cuda {
+void check_cuda(cudaError_t e, const char* what, const char* file, int line) {
+  if (e == cudaSuccess) return;
+  std::fprintf(stderr, "%s:%d: CUDA error %s (%s) in %s\n", file, line, cudaGetErrorName(e),
+               cudaGetErrorString(e), what);
+  std::abort();
+}
+}  // namespace cuda
+
+namespace {
+bool is_low_precision(DType t) { return t == DType::bf16 || t == DType::f16; }
+
+// cuBLASLt picks among its algorithms with this much scratch (Hopper's recommended size).
+constexpr size_t kWorkspaceBytes = 32u << 20;
+}  // namespace
+
+bool cuda_device_present(std::string* why) {
+  int n = 0;
+  cudaError_t e = cudaGetDeviceCount(&n);
+  if (e != cudaSuccess || n == 0) {
+    if (why != nullptr)
+      *why = e != cudaSuccess ? std::string("CUDA: ") + cudaGetErrorString(e)
+                              : std::string("CUDA: no device");
+    cudaGetLastError();  // clear the sticky error
+    return false;
+  }
+  return true;
+}
+
+struct CudaBackend::Impl {
+  int device = 0;
+  cudaStream_t stream = nullptr;
+  cublasLtHandle_t lt = nullptr;
+  cuda::Context ctx;
+  cuda::KernelTable table;
+};
+
+CudaBackend::CudaBackend(int device) : impl_(std::make_unique<Impl>()) {
+  impl_->device = device;
+  TS_CUDA(cudaSetDevice(device));
+  TS_CUDA(cudaStreamCreateWithFlags(&impl_->stream, cudaStreamNonBlocking));
+  TS_CHECK(cublasLtCreate(&impl_->lt) == CUBLAS_STATUS_SUCCESS) << "cublasLtCreate failed";
+  TS_CUDA(cudaMalloc(&impl_->ctx.workspace, kWorkspaceBytes));
+  impl_->ctx.lt = impl_->lt;
+  impl_->ctx.workspace_bytes = kWorkspaceBytes;
+  cuda::register_elementwise_kernels(impl_->table);
+  cuda::register_shape_kernels(impl_->table);
+  cuda::register_matmul_kernels(impl_->table);
+  cuda::register_nn_kernels(impl_->table);
+  cuda::register_attention_kernels(impl_->table);
+}
+
+CudaBackend::~CudaBackend() {
+  cudaStreamSynchronize(impl_->stream);
+  cudaFree(impl_->ctx.workspace);
+  cublasLtDestroy(impl_->lt);
+  cudaStreamDestroy(impl_->stream);
+}
+
+bool CudaBackend::supports(OpKind op) const {
+  return op == OpKind::cast || impl_->table.at(op).fn != nullptr;
+}
+
+void CudaBackend::run(const Graph& g, const Node& node, std::span<const void* const> inputs,
+                      std::span<void* const> outputs) {
+  cudaStream_t s = impl_->stream;
+  if (node.op == OpKind::cast) {
+    const TensorType& in = g.type(node.inputs[0]);
+    cuda::convert(inputs[0], in.dtype, outputs[0], g.type(node.outputs[0]).dtype, in.shape.numel(),
+                  s);
+    return;
+  }
+  const cuda::KernelTable::Entry& k = impl_->table.at(node.op);
+  TS_CHECK(k.fn != nullptr) << "the CUDA backend has no kernel for " << op_name(node.op)
+                            << " (ask supports() first)";
+  std::vector<TensorType> in_types, out_types;
+  for (ValueId v : node.inputs) in_types.push_back(g.type(v));
+  for (ValueId v : node.outputs) out_types.push_back(g.type(v));
+  cuda::Args args{node.attrs, in_types, out_types, {}, {}, s, &impl_->ctx};
+  // Low-precision storage for an f32 kernel: widen into stream-ordered scratch, narrow after.
+  std::vector<void*> scratch;
+  auto widened = [&](int64_t n) {
+    void* p = nullptr;
+    TS_CUDA(cudaMallocAsync(&p, static_cast<size_t>(n) * sizeof(float), s));
+    scratch.push_back(p);
+    return p;
+  };
+  for (size_t i = 0; i < inputs.size(); ++i) {
+    TensorType& t = in_types[i];
+    if (!k.low_precision && is_low_precision(t.dtype)) {
+      void* w = widened(t.shape.numel());
+      cuda::convert(inputs[i], t.dtype, w, DType::f32, t.shape.numel(), s);
+      args.in.push_back(w);
+      t.dtype = DType::f32;
+    } else {
+      args.in.push_back(inputs[i]);
+    }
+  }
+  std::vector<std::pair<size_t, void*>> narrowed;
+  for (size_t i = 0; i < outputs.size(); ++i) {
+    TensorType& t = out_types[i];
+    if (!k.low_precision && is_low_precision(t.dtype)) {
+      void* w = widened(t.shape.numel());
+      narrowed.emplace_back(i, w);
+      args.out.push_back(w);
+      t.dtype = DType::f32;
+    } else {
+      args.out.push_back(outputs[i]);
+    }
+  }
+  k.fn(node.op, args);
+  for (auto& [i, w] : narrowed) {
+    const TensorType& t = g.type(node.outputs[i]);
+    cuda::convert(w, DType::f32, outputs[i], t.dtype, t.shape.numel(), s);
+  }
+  for (void* p : scratch) TS_CUDA(cudaFreeAsync(p, s));
+}
+
+void* CudaBackend::alloc(int64_t bytes) {
+  void* p = nullptr;
+  TS_CUDA(cudaMalloc(&p, static_cast<size_t>(bytes > 0 ? bytes : 1)));
+  return p;
+}
+
+void CudaBackend::free(void* p) {
+  synchronize();
+  TS_CUDA(cudaFree(p));
+}
+
+void CudaBackend::to_device(void* dst, const void* src, int64_t bytes) {
+  TS_CUDA(
+      cudaMemcpyAsync(dst, src, static_cast<size_t>(bytes), cudaMemcpyHostToDevice, impl_->stream));
+}
+
+void CudaBackend::to_host(void* dst, const void* src, int64_t bytes) {
+  TS_CUDA(
+      cudaMemcpyAsync(dst, src, static_cast<size_t>(bytes), cudaMemcpyDeviceToHost, impl_->stream));
+  synchronize();
+}
+
+void CudaBackend::synchronize() { TS_CUDA(cudaStreamSynchronize(impl_->stream)); }
+
+std::string CudaBackend::device_name() const {
+  cudaDeviceProp p{};
+  TS_CUDA(cudaGetDeviceProperties(&p, impl_->device));
+  return std::string(p.name) + " (sm_" + std::to_string(p.major * 10 + p.minor) + ")";
+}
+
+}  // namespace tessera

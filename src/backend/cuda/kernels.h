@@ -1,0 +1,86 @@
+// CUDA kernels (f32 compute; i32 for ids/targets), the device twins of backend/cpu/kernels.h:
+// each computes what its CPU kernel computes, on device pointers, enqueued on `stream`. Each
+// kernels_*.cu file registers its kernels in a KernelTable (the backend calls every register_*
+// once); an op without a registered kernel is one CudaBackend::supports() says no to.
+//
+//   void my_op(const Args& a) { my_kernel<<<blocks, 256, 0, a.stream>>>(a.fin(0), a.fout(0)); }
+//   void register_my_kernels(KernelTable& t) { t.add(OpKind::my_op, my_op); }
+#pragma once
+
+#include <cuda_runtime.h>
+
+#include <array>
+#include <span>
+#include <vector>
+
+#include "ir/graph.h"
+
+namespace tessera::cuda {
+
+struct Context;
+
+struct Args {
+  const Attrs& attrs;
+  std::span<const TensorType> in_types;
+  std::span<const TensorType> out_types;
+  std::vector<const void*> in;  // device pointers
+  std::vector<void*> out;
+  cudaStream_t stream = nullptr;
+  Context* ctx = nullptr;
+
+  const float* fin(int i) const { return static_cast<const float*>(in[static_cast<size_t>(i)]); }
+  const int32_t* iin(int i) const {
+    return static_cast<const int32_t*>(in[static_cast<size_t>(i)]);
+  }
+  float* fout(int i) const { return static_cast<float*>(out[static_cast<size_t>(i)]); }
+  const Shape& in_shape(int i) const { return in_types[static_cast<size_t>(i)].shape; }
+  const Shape& out_shape(int i) const { return out_types[static_cast<size_t>(i)].shape; }
+};
+
+using KernelFn = void (*)(OpKind op, const Args& a);
+
+// Which kernel runs each op, and whether it takes bf16/f16 storage as is (else the backend
+// widens the inputs to f32 around it and narrows the outputs, as the CPU backend does).
+struct KernelTable {
+  struct Entry {
+    KernelFn fn = nullptr;
+    bool low_precision = false;
+  };
+  std::array<Entry, kNumOps> entries{};
+  void add(OpKind op, KernelFn fn, bool low_precision = false) {
+    entries[static_cast<size_t>(op)] = {fn, low_precision};
+  }
+  const Entry& at(OpKind op) const { return entries[static_cast<size_t>(op)]; }
+};
+
+void register_elementwise_kernels(KernelTable& t);  // kernels_elementwise.cu
+void register_shape_kernels(KernelTable& t);        // kernels_shape.cu
+void register_matmul_kernels(KernelTable& t);       // kernels_matmul.cc (cuBLASLt)
+void register_nn_kernels(KernelTable& t);           // kernels_nn.cu
+void register_attention_kernels(KernelTable& t);    // kernels_attention.cu
+
+// Converts n elements between f32, bf16 and f16 on the stream (kernels_elementwise.cu); i32
+// only to i32.
+void convert(const void* src, DType from, void* dst, DType to, int64_t n, cudaStream_t stream);
+
+// The cuBLASLt handle and its workspace (cuda_backend.cc).
+struct Context {
+  void* lt = nullptr;  // cublasLtHandle_t
+  void* workspace = nullptr;
+  size_t workspace_bytes = 0;
+};
+
+// Aborts with the CUDA error's name and the call site (a failed launch or copy is a bug or a
+// lost device, not an input error).
+void check_cuda(cudaError_t e, const char* what, const char* file, int line);
+#define TS_CUDA(call) ::tessera::cuda::check_cuda((call), #call, __FILE__, __LINE__)
+#define TS_CUDA_LAUNCH() TS_CUDA(cudaGetLastError())
+
+// Blocks of `threads` covering n elements (at most 65535 * 1024 blocks' worth are queued; the
+// elementwise kernels loop with a grid stride).
+inline unsigned blocks_for(int64_t n, int threads = 256) {
+  int64_t b = (n + threads - 1) / threads;
+  return static_cast<unsigned>(b < 1 ? 1 : (b > 65535 * 16 ? 65535 * 16 : b));
+}
+
+}  // namespace tessera::cuda

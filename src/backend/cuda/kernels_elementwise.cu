@@ -1,0 +1,305 @@
+// Elementwise kernels: fill, the binary ops with numpy broadcasting, the unary ops, the
+// activation gradients, broadcast_to and dtype conversion. One thread per element with a grid
+// stride; broadcast operands are read through per-dimension strides (0 where broadcast).
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+
+#include "backend/cuda/kernels.h"
+#include "base/check.h"
+
+namespace tessera::cuda {
+
+namespace {
+
+constexpr int kMaxRank = 8;
+
+// Strides of an operand broadcast against the output, aligned to the output's rank.
+struct Strides {
+  int64_t out_dim[kMaxRank];
+  int64_t x[kMaxRank], y[kMaxRank];
+  int rank = 0;
+};
+
+void broadcast_strides(const Shape& in, const Shape& out, int64_t* s) {
+  int64_t stride = 1;
+  for (int d = 0; d < out.rank(); ++d) s[d] = 0;
+  for (int i = in.rank() - 1; i >= 0; --i) {
+    s[out.rank() - in.rank() + i] = in[i] == 1 ? 0 : stride;
+    stride *= in[i];
+  }
+}
+
+Strides strides_of(const Shape& x, const Shape& y, const Shape& out) {
+  TS_CHECK(out.rank() <= kMaxRank)
+      << "rank " << out.rank() << " is over the CUDA kernels' " << kMaxRank;
+  Strides s;
+  s.rank = out.rank();
+  for (int d = 0; d < out.rank(); ++d) s.out_dim[d] = out[d];
+  broadcast_strides(x, out, s.x);
+  broadcast_strides(y, out, s.y);
+  return s;
+}
+
+#define GRID_STRIDE(i, n)                                                   \
+  for (int64_t i = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; i < (n); \
+       i += int64_t{gridDim.x} * blockDim.x)
+
+template <typename Op>
+__global__ void binary_same(const float* x, const float* y, float* z, int64_t n, Op op) {
+  GRID_STRIDE(i, n) z[i] = op(x[i], y[i]);
+}
+
+template <typename Op>
+__global__ void binary_bcast(const float* x, const float* y, float* z, int64_t n, Strides s,
+                             Op op) {
+  GRID_STRIDE(i, n) {
+    int64_t rem = i, ox = 0, oy = 0;
+    for (int d = s.rank - 1; d >= 0; --d) {
+      int64_t c = rem % s.out_dim[d];
+      rem /= s.out_dim[d];
+      ox += c * s.x[d];
+      oy += c * s.y[d];
+    }
+    z[i] = op(x[ox], y[oy]);
+  }
+}
+
+template <typename Op>
+void binary_impl(const Args& a, Op op) {
+  const Shape &sx = a.in_shape(0), &sy = a.in_shape(1), &sz = a.out_shape(0);
+  const int64_t n = sz.numel();
+  if (n == 0) return;
+  if (sx == sz && sy == sz) {
+    binary_same<<<blocks_for(n), 256, 0, a.stream>>>(a.fin(0), a.fin(1), a.fout(0), n, op);
+  } else {
+    binary_bcast<<<blocks_for(n), 256, 0, a.stream>>>(a.fin(0), a.fin(1), a.fout(0), n,
+                                                      strides_of(sx, sy, sz), op);
+  }
+  TS_CUDA_LAUNCH();
+}
+
+struct Add {
+  __device__ float operator()(float x, float y) const { return x + y; }
+};
+struct Sub {
+  __device__ float operator()(float x, float y) const { return x - y; }
+};
+struct Mul {
+  __device__ float operator()(float x, float y) const { return x * y; }
+};
+struct Div {
+  __device__ float operator()(float x, float y) const { return x / y; }
+};
+
+void binary(OpKind op, const Args& a) {
+  switch (op) {
+    case OpKind::add:
+      return binary_impl(a, Add{});
+    case OpKind::sub:
+      return binary_impl(a, Sub{});
+    case OpKind::mul:
+      return binary_impl(a, Mul{});
+    case OpKind::div:
+      return binary_impl(a, Div{});
+    default:
+      TS_CHECK(false) << "not a binary op: " << op_name(op);
+  }
+}
+
+constexpr float kGeluC = 0.7978845608028654f;  // sqrt(2/pi)
+
+__device__ float sigmoid(float x) { return 1.0f / (1.0f + expf(-x)); }
+__device__ float gelu(float x) {
+  return 0.5f * x * (1.0f + tanhf(kGeluC * (x + 0.044715f * x * x * x)));
+}
+__device__ float gelu_grad(float x) {
+  float t = tanhf(kGeluC * (x + 0.044715f * x * x * x));
+  float du = kGeluC * (1.0f + 3.0f * 0.044715f * x * x);
+  return 0.5f * (1.0f + t) + 0.5f * x * (1.0f - t * t) * du;
+}
+
+__global__ void unary_kernel(OpKind op, const float* x, float* y, int64_t n, float s) {
+  GRID_STRIDE(i, n) {
+    const float v = x[i];
+    float r = 0;
+    switch (op) {
+      case OpKind::scale:
+        r = v * s;
+        break;
+      case OpKind::add_scalar:
+        r = v + s;
+        break;
+      case OpKind::exp:
+        r = expf(v);
+        break;
+      case OpKind::log:
+        r = logf(v);
+        break;
+      case OpKind::sqrt:
+        r = sqrtf(v);
+        break;
+      case OpKind::rsqrt:
+        r = 1.0f / sqrtf(v);
+        break;
+      case OpKind::tanh:
+        r = tanhf(v);
+        break;
+      case OpKind::gelu:
+        r = gelu(v);
+        break;
+      case OpKind::silu:
+        r = v * sigmoid(v);
+        break;
+      default:
+        r = __int_as_float(0x7fc00000);  // not a unary op: NaN
+    }
+    y[i] = r;
+  }
+}
+
+void unary(OpKind op, const Args& a) {
+  const int64_t n = a.out_shape(0).numel();
+  if (n == 0) return;
+  unary_kernel<<<blocks_for(n), 256, 0, a.stream>>>(op, a.fin(0), a.fout(0), n,
+                                                    static_cast<float>(a.attrs.scalar));
+  TS_CUDA_LAUNCH();
+}
+
+__global__ void fill_f32(float* y, int64_t n, float v) { GRID_STRIDE(i, n) y[i] = v; }
+__global__ void fill_i32(int32_t* y, int64_t n, int32_t v) { GRID_STRIDE(i, n) y[i] = v; }
+
+void fill(OpKind, const Args& a) {
+  const int64_t n = a.out_shape(0).numel();
+  if (n == 0) return;
+  if (a.out_types[0].dtype == DType::i32) {
+    fill_i32<<<blocks_for(n), 256, 0, a.stream>>>(static_cast<int32_t*>(a.out[0]), n,
+                                                  static_cast<int32_t>(a.attrs.scalar));
+  } else {
+    fill_f32<<<blocks_for(n), 256, 0, a.stream>>>(a.fout(0), n, static_cast<float>(a.attrs.scalar));
+  }
+  TS_CUDA_LAUNCH();
+}
+
+// gelu_grad / silu_grad: dx = dy * f'(x). swiglu: y = silu(g) * u. swiglu_grad: dg, du.
+__global__ void act_grad(OpKind op, const float* x, const float* dy, float* dx, int64_t n) {
+  GRID_STRIDE(i, n) {
+    const float v = x[i];
+    if (op == OpKind::gelu_grad) {
+      dx[i] = dy[i] * gelu_grad(v);
+    } else {
+      const float s = sigmoid(v);
+      dx[i] = dy[i] * s * (1.0f + v * (1.0f - s));
+    }
+  }
+}
+
+__global__ void swiglu_kernel(const float* g, const float* u, float* y, int64_t n) {
+  GRID_STRIDE(i, n) y[i] = g[i] * sigmoid(g[i]) * u[i];
+}
+
+__global__ void swiglu_grad_kernel(const float* g, const float* u, const float* dy, float* dg,
+                                   float* du, int64_t n) {
+  GRID_STRIDE(i, n) {
+    const float s = sigmoid(g[i]);
+    du[i] = dy[i] * g[i] * s;
+    dg[i] = dy[i] * u[i] * s * (1.0f + g[i] * (1.0f - s));
+  }
+}
+
+void activation_grad(OpKind op, const Args& a) {
+  const int64_t n = a.out_shape(0).numel();
+  if (n == 0) return;
+  act_grad<<<blocks_for(n), 256, 0, a.stream>>>(op, a.fin(0), a.fin(1), a.fout(0), n);
+  TS_CUDA_LAUNCH();
+}
+
+void swiglu(OpKind, const Args& a) {
+  const int64_t n = a.out_shape(0).numel();
+  if (n == 0) return;
+  swiglu_kernel<<<blocks_for(n), 256, 0, a.stream>>>(a.fin(0), a.fin(1), a.fout(0), n);
+  TS_CUDA_LAUNCH();
+}
+
+void swiglu_grad(OpKind, const Args& a) {
+  const int64_t n = a.out_shape(0).numel();
+  if (n == 0) return;
+  swiglu_grad_kernel<<<blocks_for(n), 256, 0, a.stream>>>(a.fin(0), a.fin(1), a.fin(2), a.fout(0),
+                                                          a.fout(1), n);
+  TS_CUDA_LAUNCH();
+}
+
+__global__ void broadcast_kernel(const float* x, float* y, int64_t n, Strides s) {
+  GRID_STRIDE(i, n) {
+    int64_t rem = i, off = 0;
+    for (int d = s.rank - 1; d >= 0; --d) {
+      off += (rem % s.out_dim[d]) * s.x[d];
+      rem /= s.out_dim[d];
+    }
+    y[i] = x[off];
+  }
+}
+
+void broadcast_to(OpKind, const Args& a) {
+  const int64_t n = a.out_shape(0).numel();
+  if (n == 0) return;
+  broadcast_kernel<<<blocks_for(n), 256, 0, a.stream>>>(
+      a.fin(0), a.fout(0), n, strides_of(a.in_shape(0), a.in_shape(0), a.out_shape(0)));
+  TS_CUDA_LAUNCH();
+}
+
+__device__ float load(const void* p, DType t, int64_t i) {
+  switch (t) {
+    case DType::bf16:
+      return __bfloat162float(static_cast<const __nv_bfloat16*>(p)[i]);
+    case DType::f16:
+      return __half2float(static_cast<const __half*>(p)[i]);
+    default:
+      return static_cast<const float*>(p)[i];
+  }
+}
+
+__device__ void store(void* p, DType t, int64_t i, float v) {
+  switch (t) {
+    case DType::bf16:
+      static_cast<__nv_bfloat16*>(p)[i] = __float2bfloat16_rn(v);
+      return;
+    case DType::f16:
+      static_cast<__half*>(p)[i] = __float2half_rn(v);
+      return;
+    default:
+      static_cast<float*>(p)[i] = v;
+  }
+}
+
+__global__ void convert_kernel(const void* src, DType from, void* dst, DType to, int64_t n) {
+  GRID_STRIDE(i, n) store(dst, to, i, load(src, from, i));
+}
+
+}  // namespace
+
+void convert(const void* src, DType from, void* dst, DType to, int64_t n, cudaStream_t stream) {
+  if (n == 0) return;
+  if (from == to) {
+    TS_CUDA(cudaMemcpyAsync(dst, src, static_cast<size_t>(n * dtype_size(from)),
+                            cudaMemcpyDeviceToDevice, stream));
+    return;
+  }
+  TS_CHECK(from != DType::i32 && to != DType::i32) << "cannot convert i32 to/from float";
+  convert_kernel<<<blocks_for(n), 256, 0, stream>>>(src, from, dst, to, n);
+  TS_CUDA_LAUNCH();
+}
+
+void register_elementwise_kernels(KernelTable& t) {
+  t.add(OpKind::fill, fill);
+  for (OpKind op : {OpKind::add, OpKind::sub, OpKind::mul, OpKind::div}) t.add(op, binary);
+  for (OpKind op : {OpKind::scale, OpKind::add_scalar, OpKind::exp, OpKind::log, OpKind::sqrt,
+                    OpKind::rsqrt, OpKind::tanh, OpKind::gelu, OpKind::silu})
+    t.add(op, unary);
+  t.add(OpKind::gelu_grad, activation_grad);
+  t.add(OpKind::silu_grad, activation_grad);
+  t.add(OpKind::swiglu, swiglu);
+  t.add(OpKind::swiglu_grad, swiglu_grad);
+  t.add(OpKind::broadcast_to, broadcast_to);
+}
+
+}  // namespace tessera::cuda

@@ -1,0 +1,553 @@
+// CUDA kernels of the neural-network ops (embedding, norms, RoPE, softmax, causal mask,
+// cross-entropy and the vocab-parallel ops), the device twins of backend/cpu/kernels_nn.cc.
+// Row-wise ops run one block per row with a fixed-order reduction, embedding_grad sums each
+// table row's tokens in token order after a stable sort; nothing uses float atomics, so every
+// result is the same from run to run.
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <cub/device/device_radix_sort.cuh>
+
+#include "backend/cuda/kernels.h"
+
+namespace tessera::cuda {
+
+namespace {
+
+struct Sum {
+  template <class T>
+  __device__ T operator()(T a, T b) const {
+    return a + b;
+  }
+};
+struct Max {
+  __device__ float operator()(float a, float b) const { return fmaxf(a, b); }
+};
+
+// The reduction of `v` over the block (blockDim.x a multiple of 32), returned to every thread.
+// Warp butterflies, then every thread folds the warps' partials in warp order: a fixed order.
+template <class T, class Op>
+__device__ T block_reduce(T v, Op op) {
+  __shared__ T part[32];
+  for (int o = 16; o > 0; o >>= 1) v = op(v, __shfl_xor_sync(0xffffffffu, v, o));
+  __syncthreads();  // the previous call's readers are done with `part`
+  if ((threadIdx.x & 31) == 0) part[threadIdx.x >> 5] = v;
+  __syncthreads();
+  v = part[0];
+  for (int w = 1; w < static_cast<int>(blockDim.x >> 5); ++w) v = op(v, part[w]);
+  return v;
+}
+
+// Threads of a row-wise kernel for rows of c elements: a power of two in [32, 512].
+int row_threads(int64_t c) {
+  int t = 32;
+  while (t < 512 && t < c) t *= 2;
+  return t;
+}
+// Blocks of a row-wise kernel (which loops over rows with a grid stride).
+unsigned row_grid(int64_t rows) { return static_cast<unsigned>(std::min<int64_t>(rows, 1 << 20)); }
+
+// The columns [first, first + v) of the vocabulary that a block of logits holds (first from the
+// device's shard index, 0 without one) and how many of them are classes (attrs.vocab; 0: all).
+struct Cols {
+  int64_t first, k;
+};
+__device__ Cols block_cols(const int32_t* shard, int64_t v, int64_t vocab) {
+  const int64_t first = shard ? static_cast<int64_t>(shard[0]) * v : 0;
+  const int64_t k = vocab > 0 ? vocab - first : v;
+  return {first, k < 0 ? 0 : (k > v ? v : k)};
+}
+
+// ---- embedding ---------------------------------------------------------------------------
+
+// One block per token. Row `first + r` of the vocabulary is row r of the table, first =
+// shard[0] * rows (0 without a shard). Ids outside the table give zero rows: the CPU kernel
+// checks plain embedding's ids are in range, but the device cannot report it, so a bad id
+// reads as a zero row instead of out of bounds.
+__global__ void embedding_kernel(const float* __restrict__ table, const int32_t* __restrict__ ids,
+                                 const int32_t* __restrict__ shard, float* __restrict__ y,
+                                 int64_t rows, int64_t c, int64_t n) {
+  const int64_t first = shard ? static_cast<int64_t>(shard[0]) * rows : 0;
+  for (int64_t i = blockIdx.x; i < n; i += gridDim.x) {
+    const int64_t r = ids[i] - first;
+    float* yr = y + i * c;
+    if (r >= 0 && r < rows) {
+      const float* tr = table + r * c;
+      for (int64_t j = threadIdx.x; j < c; j += blockDim.x) yr[j] = tr[j];
+    } else {
+      for (int64_t j = threadIdx.x; j < c; j += blockDim.x) yr[j] = 0.0f;
+    }
+  }
+}
+
+// Sort keys of embedding_grad: each token's table row (`rows` when outside the table) and its
+// position.
+__global__ void grad_keys_kernel(const int32_t* __restrict__ ids, const int32_t* __restrict__ shard,
+                                 int64_t rows, int n, uint32_t* __restrict__ keys,
+                                 int32_t* __restrict__ pos) {
+  const int64_t first = shard ? static_cast<int64_t>(shard[0]) * rows : 0;
+  for (int i = blockIdx.x * blockDim.x + threadIdx.x; i < n; i += gridDim.x * blockDim.x) {
+    const int64_t r = ids[i] - first;
+    keys[i] = static_cast<uint32_t>(r >= 0 && r < rows ? r : rows);
+    pos[i] = i;
+  }
+}
+
+// After a stable sort by table row, the tokens of each row are a run in token order. A block per
+// run start sums the run's dy rows in that order (the CPU kernel's order) into its table row.
+__global__ void embedding_grad_kernel(const float* __restrict__ dy,
+                                      const uint32_t* __restrict__ keys,
+                                      const int32_t* __restrict__ pos, float* __restrict__ dt,
+                                      int64_t rows, int64_t c, int n) {
+  for (int p = blockIdx.x; p < n; p += gridDim.x) {
+    const uint32_t key = keys[p];
+    if (key >= rows || (p > 0 && keys[p - 1] == key)) continue;
+    for (int64_t j = threadIdx.x; j < c; j += blockDim.x) {
+      float acc = 0.0f;
+      for (int q = p; q < n && keys[q] == key; ++q) acc += dy[pos[q] * c + j];
+      dt[key * c + j] = acc;
+    }
+  }
+}
+
+void embedding_impl(const Args& a, const int32_t* shard) {
+  const int64_t rows = a.in_shape(0)[0], c = a.in_shape(0)[1], n = a.in_shape(1).numel();
+  if (n == 0 || c == 0) return;
+  embedding_kernel<<<row_grid(n), row_threads(c), 0, a.stream>>>(a.fin(0), a.iin(1), shard,
+                                                                 a.fout(0), rows, c, n);
+  TS_CUDA_LAUNCH();
+}
+
+// Zeroes the table gradient, sorts the tokens by table row (CUB's radix sort is stable) in
+// stream-ordered scratch memory, then sums each row's run.
+void embedding_grad_impl(const Args& a, const int32_t* shard) {
+  const int64_t rows = a.out_shape(0)[0], c = a.out_shape(0)[1];
+  const int n = static_cast<int>(a.in_shape(1).numel());
+  float* dt = a.fout(0);
+  if (rows == 0 || c == 0) return;
+  TS_CUDA(cudaMemsetAsync(dt, 0, static_cast<size_t>(rows * c) * sizeof(float), a.stream));
+  if (n == 0) return;
+  int bits = 1;  // keys are in [0, rows]
+  while ((int64_t{1} << bits) <= rows) ++bits;
+  size_t temp = 0;
+  TS_CUDA(cub::DeviceRadixSort::SortPairs(
+      nullptr, temp, static_cast<const uint32_t*>(nullptr), static_cast<uint32_t*>(nullptr),
+      static_cast<const int32_t*>(nullptr), static_cast<int32_t*>(nullptr), n, 0, bits, a.stream));
+  const size_t arr = (static_cast<size_t>(n) * 4 + 255) / 256 * 256;
+  char* buf = nullptr;
+  TS_CUDA(cudaMallocAsync(reinterpret_cast<void**>(&buf), 4 * arr + temp, a.stream));
+  auto* keys = reinterpret_cast<uint32_t*>(buf);
+  auto* sorted_keys = reinterpret_cast<uint32_t*>(buf + arr);
+  auto* pos = reinterpret_cast<int32_t*>(buf + 2 * arr);
+  auto* sorted_pos = reinterpret_cast<int32_t*>(buf + 3 * arr);
+  grad_keys_kernel<<<blocks_for(n), 256, 0, a.stream>>>(a.iin(1), shard, rows, n, keys, pos);
+  TS_CUDA_LAUNCH();
+  TS_CUDA(cub::DeviceRadixSort::SortPairs(buf + 4 * arr, temp, keys, sorted_keys, pos, sorted_pos,
+                                          n, 0, bits, a.stream));
+  embedding_grad_kernel<<<row_grid(n), row_threads(c), 0, a.stream>>>(a.fin(0), sorted_keys,
+                                                                      sorted_pos, dt, rows, c, n);
+  TS_CUDA_LAUNCH();
+  TS_CUDA(cudaFreeAsync(buf, a.stream));
+}
+
+void embedding(OpKind, const Args& a) { embedding_impl(a, nullptr); }
+void vocab_embedding(OpKind, const Args& a) { embedding_impl(a, a.iin(2)); }
+void embedding_grad(OpKind, const Args& a) { embedding_grad_impl(a, nullptr); }
+void vocab_embedding_grad(OpKind, const Args& a) { embedding_grad_impl(a, a.iin(2)); }
+
+// ---- norms -------------------------------------------------------------------------------
+
+__global__ void layernorm_kernel(const float* __restrict__ x, const float* __restrict__ w,
+                                 const float* __restrict__ b, float* __restrict__ y,
+                                 float* __restrict__ mean, float* __restrict__ rstd, int64_t rows,
+                                 int64_t c, float eps) {
+  for (int64_t r = blockIdx.x; r < rows; r += gridDim.x) {
+    const float* xr = x + r * c;
+    float* yr = y + r * c;
+    float s = 0.0f;
+    for (int64_t j = threadIdx.x; j < c; j += blockDim.x) s += xr[j];
+    const float m = block_reduce(s, Sum()) / static_cast<float>(c);
+    float v = 0.0f;
+    for (int64_t j = threadIdx.x; j < c; j += blockDim.x) v += (xr[j] - m) * (xr[j] - m);
+    const float var = block_reduce(v, Sum()) / static_cast<float>(c);
+    const float rs = 1.0f / sqrtf(var + eps);
+    for (int64_t j = threadIdx.x; j < c; j += blockDim.x) yr[j] = (xr[j] - m) * rs * w[j] + b[j];
+    if (threadIdx.x == 0) {
+      mean[r] = m;
+      rstd[r] = rs;
+    }
+  }
+}
+
+__global__ void layernorm_grad_kernel(const float* __restrict__ dy, const float* __restrict__ x,
+                                      const float* __restrict__ w, const float* __restrict__ mean,
+                                      const float* __restrict__ rstd, float* __restrict__ dx,
+                                      int64_t rows, int64_t c) {
+  for (int64_t r = blockIdx.x; r < rows; r += gridDim.x) {
+    const float *xr = x + r * c, *dyr = dy + r * c;
+    const float m = mean[r], s = rstd[r];
+    float sd = 0.0f, sdx = 0.0f;
+    for (int64_t j = threadIdx.x; j < c; j += blockDim.x) {
+      const float xh = (xr[j] - m) * s, d = dyr[j] * w[j];
+      sd += d;
+      sdx += d * xh;
+    }
+    const float mean_d = block_reduce(sd, Sum()) / static_cast<float>(c);
+    const float mean_dx = block_reduce(sdx, Sum()) / static_cast<float>(c);
+    float* dxr = dx + r * c;
+    for (int64_t j = threadIdx.x; j < c; j += blockDim.x) {
+      const float xh = (xr[j] - m) * s;
+      dxr[j] = s * (dyr[j] * w[j] - mean_d - xh * mean_dx);
+    }
+  }
+}
+
+__global__ void rmsnorm_kernel(const float* __restrict__ x, const float* __restrict__ w,
+                               float* __restrict__ y, float* __restrict__ rstd, int64_t rows,
+                               int64_t c, float eps) {
+  for (int64_t r = blockIdx.x; r < rows; r += gridDim.x) {
+    const float* xr = x + r * c;
+    float* yr = y + r * c;
+    float ss = 0.0f;
+    for (int64_t j = threadIdx.x; j < c; j += blockDim.x) ss += xr[j] * xr[j];
+    const float s = 1.0f / sqrtf(block_reduce(ss, Sum()) / static_cast<float>(c) + eps);
+    for (int64_t j = threadIdx.x; j < c; j += blockDim.x) yr[j] = xr[j] * s * w[j];
+    if (threadIdx.x == 0) rstd[r] = s;
+  }
+}
+
+__global__ void rmsnorm_grad_kernel(const float* __restrict__ dy, const float* __restrict__ x,
+                                    const float* __restrict__ w, const float* __restrict__ rstd,
+                                    float* __restrict__ dx, int64_t rows, int64_t c) {
+  for (int64_t r = blockIdx.x; r < rows; r += gridDim.x) {
+    const float *xr = x + r * c, *dyr = dy + r * c;
+    const float s = rstd[r];
+    float acc = 0.0f;
+    for (int64_t j = threadIdx.x; j < c; j += blockDim.x) acc += dyr[j] * w[j] * (xr[j] * s);
+    const float mean_dx = block_reduce(acc, Sum()) / static_cast<float>(c);
+    float* dxr = dx + r * c;
+    for (int64_t j = threadIdx.x; j < c; j += blockDim.x)
+      dxr[j] = s * (dyr[j] * w[j] - xr[j] * s * mean_dx);
+  }
+}
+
+// The weight (and bias) gradients of the norms: dw[j] = sum_r dy[r,j] * (x[r,j] - mean[r]) *
+// rstd[r], db[j] = sum_r dy[r,j] (mean null for rmsnorm, db null to skip). A 32x32 block owns
+// 32 columns: row lane y sums rows y, y + 32, ... in order, then lane 0 adds the 32 lanes in
+// order, so the sums are deterministic.
+__global__ void norm_weight_grad_kernel(const float* __restrict__ dy, const float* __restrict__ x,
+                                        const float* __restrict__ mean,
+                                        const float* __restrict__ rstd, float* __restrict__ dw,
+                                        float* __restrict__ db, int64_t rows, int64_t c) {
+  __shared__ float pw[32][33], pb[32][33];
+  const int64_t j = static_cast<int64_t>(blockIdx.x) * 32 + threadIdx.x;
+  float aw = 0.0f, ab = 0.0f;
+  if (j < c)
+    for (int64_t r = threadIdx.y; r < rows; r += 32) {
+      const float g = dy[r * c + j];
+      aw += g * ((x[r * c + j] - (mean ? mean[r] : 0.0f)) * rstd[r]);
+      ab += g;
+    }
+  pw[threadIdx.y][threadIdx.x] = aw;
+  pb[threadIdx.y][threadIdx.x] = ab;
+  __syncthreads();
+  if (threadIdx.y != 0 || j >= c) return;
+  for (int l = 1; l < 32; ++l) {
+    aw += pw[l][threadIdx.x];
+    ab += pb[l][threadIdx.x];
+  }
+  dw[j] = aw;
+  if (db) db[j] = ab;
+}
+
+void norm_weight_grad(const Args& a, const float* mean, const float* rstd, float* db, int64_t rows,
+                      int64_t c) {
+  norm_weight_grad_kernel<<<static_cast<unsigned>((c + 31) / 32), dim3(32, 32), 0, a.stream>>>(
+      a.fin(0), a.fin(1), mean, rstd, a.fout(1), db, rows, c);
+  TS_CUDA_LAUNCH();
+}
+
+void layernorm(OpKind, const Args& a) {
+  const int64_t c = a.in_shape(0)[-1], numel = a.in_shape(0).numel();
+  if (numel == 0) return;
+  const int64_t rows = numel / c;
+  layernorm_kernel<<<row_grid(rows), row_threads(c), 0, a.stream>>>(
+      a.fin(0), a.fin(1), a.fin(2), a.fout(0), a.fout(1), a.fout(2), rows, c,
+      static_cast<float>(a.attrs.eps));
+  TS_CUDA_LAUNCH();
+}
+
+void layernorm_grad(OpKind, const Args& a) {
+  const int64_t c = a.in_shape(1)[-1], numel = a.in_shape(1).numel();
+  if (c == 0) return;
+  const int64_t rows = numel / c;
+  if (rows > 0) {
+    layernorm_grad_kernel<<<row_grid(rows), row_threads(c), 0, a.stream>>>(
+        a.fin(0), a.fin(1), a.fin(2), a.fin(3), a.fin(4), a.fout(0), rows, c);
+    TS_CUDA_LAUNCH();
+  }
+  norm_weight_grad(a, a.fin(3), a.fin(4), a.fout(2), rows, c);  // zeros when rows == 0
+}
+
+void rmsnorm(OpKind, const Args& a) {
+  const int64_t c = a.in_shape(0)[-1], numel = a.in_shape(0).numel();
+  if (numel == 0) return;
+  const int64_t rows = numel / c;
+  rmsnorm_kernel<<<row_grid(rows), row_threads(c), 0, a.stream>>>(
+      a.fin(0), a.fin(1), a.fout(0), a.fout(1), rows, c, static_cast<float>(a.attrs.eps));
+  TS_CUDA_LAUNCH();
+}
+
+void rmsnorm_grad(OpKind, const Args& a) {
+  const int64_t c = a.in_shape(1)[-1], numel = a.in_shape(1).numel();
+  if (c == 0) return;
+  const int64_t rows = numel / c;
+  if (rows > 0) {
+    rmsnorm_grad_kernel<<<row_grid(rows), row_threads(c), 0, a.stream>>>(
+        a.fin(0), a.fin(1), a.fin(2), a.fin(3), a.fout(0), rows, c);
+    TS_CUDA_LAUNCH();
+  }
+  norm_weight_grad(a, nullptr, a.fin(3), nullptr, rows, c);
+}
+
+// ---- rope, softmax, mask -----------------------------------------------------------------
+
+// x [B,T,H,D]: one thread per (b, t, i < D/2) computes the angle t * theta^(-2i/D) in double
+// (as the CPU kernel's table) and rotates the pair (i, i + D/2) of every head.
+__global__ void rope_kernel(const float* __restrict__ x, float* __restrict__ y, int64_t t,
+                            int64_t h, int64_t d, double theta, bool inverse, int64_t n) {
+  const int64_t half = d / 2;
+  for (int64_t e = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; e < n;
+       e += static_cast<int64_t>(gridDim.x) * blockDim.x) {
+    const int64_t bp = e / half, i = e - bp * half, p = bp % t;
+    const double ang =
+        static_cast<double>(p) * pow(theta, -2.0 * static_cast<double>(i) / static_cast<double>(d));
+    const float cs = static_cast<float>(cos(ang));
+    const float sn = static_cast<float>(inverse ? -sin(ang) : sin(ang));
+    for (int64_t hh = 0; hh < h; ++hh) {
+      const int64_t off = (bp * h + hh) * d;
+      const float x0 = x[off + i], x1 = x[off + i + half];
+      y[off + i] = x0 * cs - x1 * sn;
+      y[off + i + half] = x1 * cs + x0 * sn;
+    }
+  }
+}
+
+void rope(OpKind, const Args& a) {
+  const Shape& s = a.in_shape(0);
+  const int64_t n = s[0] * s[1] * (s[3] / 2);
+  if (n == 0 || s[2] == 0) return;
+  rope_kernel<<<blocks_for(n), 256, 0, a.stream>>>(a.fin(0), a.fout(0), s[1], s[2], s[3],
+                                                   a.attrs.theta, a.attrs.inverse, n);
+  TS_CUDA_LAUNCH();
+}
+
+__global__ void softmax_kernel(const float* __restrict__ x, float* __restrict__ y, int64_t rows,
+                               int64_t c) {
+  for (int64_t r = blockIdx.x; r < rows; r += gridDim.x) {
+    const float* xr = x + r * c;
+    float* yr = y + r * c;
+    float m = -INFINITY;
+    for (int64_t j = threadIdx.x; j < c; j += blockDim.x) m = fmaxf(m, xr[j]);
+    m = block_reduce(m, Max());
+    float sum = 0.0f;
+    for (int64_t j = threadIdx.x; j < c; j += blockDim.x) {
+      const float e = expf(xr[j] - m);
+      yr[j] = e;
+      sum += e;
+    }
+    const float inv = 1.0f / block_reduce(sum, Sum());
+    for (int64_t j = threadIdx.x; j < c; j += blockDim.x) yr[j] *= inv;  // this thread's writes
+  }
+}
+
+__global__ void softmax_grad_kernel(const float* __restrict__ y, const float* __restrict__ dy,
+                                    float* __restrict__ dx, int64_t rows, int64_t c) {
+  for (int64_t r = blockIdx.x; r < rows; r += gridDim.x) {
+    const float *yr = y + r * c, *dyr = dy + r * c;
+    float dot = 0.0f;
+    for (int64_t j = threadIdx.x; j < c; j += blockDim.x) dot += yr[j] * dyr[j];
+    dot = block_reduce(dot, Sum());
+    for (int64_t j = threadIdx.x; j < c; j += blockDim.x) dx[r * c + j] = yr[j] * (dyr[j] - dot);
+  }
+}
+
+void softmax(OpKind, const Args& a) {
+  const int64_t c = a.in_shape(0)[-1], numel = a.in_shape(0).numel();
+  if (numel == 0) return;
+  const int64_t rows = numel / c;
+  softmax_kernel<<<row_grid(rows), row_threads(c), 0, a.stream>>>(a.fin(0), a.fout(0), rows, c);
+  TS_CUDA_LAUNCH();
+}
+
+void softmax_grad(OpKind, const Args& a) {
+  const int64_t c = a.in_shape(0)[-1], numel = a.in_shape(0).numel();
+  if (numel == 0) return;
+  const int64_t rows = numel / c;
+  softmax_grad_kernel<<<row_grid(rows), row_threads(c), 0, a.stream>>>(a.fin(0), a.fin(1),
+                                                                       a.fout(0), rows, c);
+  TS_CUDA_LAUNCH();
+}
+
+// One block per row of the [..., T, T] matrices; row i keeps columns j <= i.
+__global__ void causal_mask_kernel(const float* __restrict__ x, float* __restrict__ y, int64_t rows,
+                                   int64_t t, float fill) {
+  for (int64_t mi = blockIdx.x; mi < rows; mi += gridDim.x) {
+    const int64_t i = mi % t;
+    for (int64_t j = threadIdx.x; j < t; j += blockDim.x)
+      y[mi * t + j] = j > i ? fill : x[mi * t + j];
+  }
+}
+
+void causal_mask(OpKind, const Args& a) {
+  const int64_t t = a.in_shape(0)[-1], numel = a.in_shape(0).numel();
+  if (numel == 0) return;
+  const int64_t rows = numel / t;
+  causal_mask_kernel<<<row_grid(rows), row_threads(t), 0, a.stream>>>(
+      a.fin(0), a.fout(0), rows, t, static_cast<float>(a.attrs.scalar));
+  TS_CUDA_LAUNCH();
+}
+
+// ---- cross-entropy and logsumexp ---------------------------------------------------------
+
+// log(sum_j exp(row[j])) over a row of v elements, by the whole block: max, then the sum of
+// exp(row - max). -inf for v == 0, as the CPU's log_sum_exp.
+__device__ float block_log_sum_exp(const float* row, int64_t v) {
+  float m = -INFINITY;
+  for (int64_t j = threadIdx.x; j < v; j += blockDim.x) m = fmaxf(m, row[j]);
+  m = block_reduce(m, Max());
+  float s = 0.0f;
+  for (int64_t j = threadIdx.x; j < v; j += blockDim.x) s += expf(row[j] - m);
+  return m + logf(block_reduce(s, Sum()));
+}
+
+// y[i] = logsumexp of the class columns of row i (block_cols; -inf when there are none). With
+// vocab == 0 and no shard: all v columns (logsumexp).
+__global__ void lse_kernel(const float* __restrict__ x, const int32_t* __restrict__ shard,
+                           float* __restrict__ y, int64_t n, int64_t v, int64_t vocab) {
+  const int64_t k = block_cols(shard, v, vocab).k;
+  for (int64_t i = blockIdx.x; i < n; i += gridDim.x) {
+    const float l = k > 0 ? block_log_sum_exp(x + i * v, k) : -INFINITY;
+    if (threadIdx.x == 0) y[i] = l;
+  }
+}
+
+void launch_lse(const Args& a, const int32_t* shard, float* y, int64_t n, int64_t v,
+                int64_t vocab) {
+  if (n == 0) return;
+  lse_kernel<<<row_grid(n), row_threads(v), 0, a.stream>>>(a.fin(0), shard, y, n, v, vocab);
+  TS_CUDA_LAUNCH();
+}
+
+// loss = sum_i (lse[i] - logits[i, target[i]]) / rows, in double by one block in a fixed order.
+// The CPU kernel rejects targets outside [0, k); here such a row makes the loss NaN.
+__global__ void ce_loss_kernel(const float* __restrict__ logits, const int32_t* __restrict__ tgt,
+                               const float* __restrict__ lse, float* __restrict__ loss, int64_t n,
+                               int64_t v, int64_t k, int64_t rows) {
+  double s = 0.0;
+  for (int64_t i = threadIdx.x; i < n; i += blockDim.x) {
+    const int64_t t = tgt[i];
+    s += t >= 0 && t < k ? static_cast<double>(lse[i]) - logits[i * v + t] : NAN;
+  }
+  s = block_reduce(s, Sum());
+  if (threadIdx.x == 0) loss[0] = static_cast<float>(s / static_cast<double>(rows));
+}
+
+void cross_entropy(OpKind, const Args& a) {
+  const int64_t n = a.in_shape(0)[0], v = a.in_shape(0)[1];
+  const int64_t k = a.attrs.vocab > 0 ? a.attrs.vocab : v;
+  launch_lse(a, nullptr, a.fout(1), n, v, a.attrs.vocab);
+  // attrs.count: the global row count when the rows are split across ranks. Launched for n == 0
+  // too, so that the scalar loss is written (0 / rows, as the CPU kernel).
+  const int64_t rows = a.attrs.count > 0 ? a.attrs.count : n;
+  ce_loss_kernel<<<1, 512, 0, a.stream>>>(a.fin(0), a.iin(1), a.fout(1), a.fout(0), n, v, k, rows);
+  TS_CUDA_LAUNCH();
+}
+
+// d logits = (softmax - onehot(target)) * dloss / rows on the block's columns [first, first + v)
+// (first = shard[0] * v, 0 without a shard); padding columns get 0, a target outside the block
+// adds no one-hot term. One block per row.
+__global__ void ce_grad_kernel(const float* __restrict__ logits, const int32_t* __restrict__ tgt,
+                               const float* __restrict__ lse, const float* __restrict__ dloss,
+                               const int32_t* __restrict__ shard, float* __restrict__ dl, int64_t n,
+                               int64_t v, int64_t vocab, int64_t rows) {
+  const Cols b = block_cols(shard, v, vocab);
+  const float scale = dloss[0] / static_cast<float>(rows);
+  for (int64_t i = blockIdx.x; i < n; i += gridDim.x) {
+    const float* row = logits + i * v;
+    float* d = dl + i * v;
+    const float l = lse[i];
+    const int64_t t = tgt[i] - b.first;
+    for (int64_t j = threadIdx.x; j < v; j += blockDim.x) {
+      // Rounded before the one-hot subtraction, as the CPU's two steps (no fused multiply-add).
+      float g = j < b.k ? __fmul_rn(expf(row[j] - l), scale) : 0.0f;
+      if (j == t) g -= scale;
+      d[j] = g;
+    }
+  }
+}
+
+void ce_grad_impl(const Args& a, const int32_t* shard) {
+  const int64_t n = a.in_shape(0)[0], v = a.in_shape(0)[1];
+  if (n == 0 || v == 0) return;
+  const int64_t rows = a.attrs.count > 0 ? a.attrs.count : n;
+  ce_grad_kernel<<<row_grid(n), row_threads(v), 0, a.stream>>>(
+      a.fin(0), a.iin(1), a.fin(2), a.fin(3), shard, a.fout(0), n, v, a.attrs.vocab, rows);
+  TS_CUDA_LAUNCH();
+}
+
+void cross_entropy_grad(OpKind, const Args& a) { ce_grad_impl(a, nullptr); }
+void vocab_cross_entropy_grad(OpKind, const Args& a) { ce_grad_impl(a, a.iin(4)); }
+
+void logsumexp(OpKind, const Args& a) {
+  launch_lse(a, nullptr, a.fout(0), a.out_shape(0).numel(), a.in_shape(0)[-1], 0);
+}
+
+void vocab_logsumexp(OpKind, const Args& a) {
+  launch_lse(a, a.iin(1), a.fout(0), a.in_shape(0)[0], a.in_shape(0)[1], a.attrs.vocab);
+}
+
+// y[i] = logits[i, target[i] - first] where the target is in the block, else 0.
+__global__ void vocab_pick_kernel(const float* __restrict__ logits, const int32_t* __restrict__ tgt,
+                                  const int32_t* __restrict__ shard, float* __restrict__ y,
+                                  int64_t n, int64_t v) {
+  const int64_t first = static_cast<int64_t>(shard[0]) * v;
+  for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < n;
+       i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
+    const int64_t t = tgt[i] - first;
+    y[i] = t >= 0 && t < v ? logits[i * v + t] : 0.0f;
+  }
+}
+
+void vocab_pick(OpKind, const Args& a) {
+  const int64_t n = a.in_shape(0)[0], v = a.in_shape(0)[1];
+  if (n == 0) return;
+  vocab_pick_kernel<<<blocks_for(n), 256, 0, a.stream>>>(a.fin(0), a.iin(1), a.iin(2), a.fout(0), n,
+                                                         v);
+  TS_CUDA_LAUNCH();
+}
+
+}  // namespace
+
+void register_nn_kernels(KernelTable& t) {
+  t.add(OpKind::embedding, embedding);
+  t.add(OpKind::embedding_grad, embedding_grad);
+  t.add(OpKind::vocab_embedding, vocab_embedding);
+  t.add(OpKind::vocab_embedding_grad, vocab_embedding_grad);
+  t.add(OpKind::layernorm, layernorm);
+  t.add(OpKind::layernorm_grad, layernorm_grad);
+  t.add(OpKind::rmsnorm, rmsnorm);
+  t.add(OpKind::rmsnorm_grad, rmsnorm_grad);
+  t.add(OpKind::rope, rope);
+  t.add(OpKind::softmax, softmax);
+  t.add(OpKind::softmax_grad, softmax_grad);
+  t.add(OpKind::causal_mask, causal_mask);
+  t.add(OpKind::cross_entropy, cross_entropy);
+  t.add(OpKind::cross_entropy_grad, cross_entropy_grad);
+  t.add(OpKind::logsumexp, logsumexp);
+  t.add(OpKind::vocab_logsumexp, vocab_logsumexp);
+  t.add(OpKind::vocab_pick, vocab_pick);
+  t.add(OpKind::vocab_cross_entropy_grad, vocab_cross_entropy_grad);
+}
+
+}  // namespace tessera::cuda

@@ -1,0 +1,239 @@
+// The CUDA kernels against the CPU kernels: whole training graphs (GPT and LLaMA, forward and
+// backward, a tensor-parallel rank's graph with the vocab-parallel ops, bf16 storage) run node
+// by node. Each node runs on the CPU backend; where the CUDA backend supports it, it runs
+// there too on device copies of the same inputs, and the outputs must agree. Without a CUDA
+// device every test is skipped (reported as skipped, not passed).
+#include "backend/cuda/cuda_backend.h"
+
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <cstdio>
+#include <cstring>
+#include <map>
+#include <random>
+#include <set>
+#include <string>
+#include <vector>
+
+#include "backend/cpu/cpu_backend.h"
+#include "ir/builder.h"
+#include "models/model.h"
+#include "parallel/partition.h"
+#include "parallel/sharding_search.h"
+
+namespace tessera {
+namespace {
+
+#define REQUIRE_DEVICE()                                 \
+  do {                                                   \
+    std::string why;                                     \
+    if (!cuda_device_present(&why)) GTEST_SKIP() << why; \
+  } while (0)
+
+// Worst error of one op kind over all its nodes, relative to max(1, max |cpu|) per output.
+struct OpReport {
+  int nodes = 0;
+  double worst = 0;
+  std::string where;
+};
+
+double tolerance(OpKind op, DType dt) {
+  if (dt == DType::bf16) return 0x1p-7;  // a rounding of either side's result
+  if (dt == DType::f16) return 0x1p-10;
+  // f32: sums in a different order (GEMMs, reductions over rows of thousands).
+  return op == OpKind::matmul || op == OpKind::attention_grad || op == OpKind::layernorm_grad ||
+                 op == OpKind::rmsnorm_grad || op == OpKind::embedding_grad ||
+                 op == OpKind::vocab_embedding_grad || op == OpKind::reduce_sum ||
+                 op == OpKind::sum_to
+             ? 1e-4
+             : 2e-5;
+}
+
+std::vector<float> as_floats(const std::vector<char>& bytes, DType dt, int64_t n) {
+  std::vector<float> f(static_cast<size_t>(n));
+  if (dt == DType::i32) {
+    const int32_t* p = reinterpret_cast<const int32_t*>(bytes.data());
+    for (int64_t i = 0; i < n; ++i) f[static_cast<size_t>(i)] = static_cast<float>(p[i]);
+  } else {
+    convert_elements(bytes.data(), dt, f.data(), DType::f32, n);
+  }
+  return f;
+}
+
+// Runs `g` node by node on the CPU (every value in its own host buffer) and checks each node
+// the CUDA backend supports against it. Returns the ops the graph uses that CUDA lacks.
+std::set<std::string> check_graph(const Graph& g, int32_t vocab,
+                                  std::map<std::string, OpReport>* report, uint32_t seed = 1) {
+  CpuBackend cpu;
+  CudaBackend gpu;
+  std::mt19937 rng(seed);
+  std::uniform_real_distribution<float> u(-1.0f, 1.0f);
+  std::vector<std::vector<char>> host(g.values().size());
+  std::set<std::string> missing;
+  auto random_fill = [&](ValueId v) {
+    const TensorType& t = g.type(v);
+    const int64_t n = t.shape.numel();
+    std::vector<char>& h = host[static_cast<size_t>(v)];
+    h.assign(static_cast<size_t>(t.bytes()), 0);
+    if (t.dtype == DType::i32) {
+      std::uniform_int_distribution<int32_t> ids(0, vocab - 1);
+      for (int64_t i = 0; i < n; ++i) reinterpret_cast<int32_t*>(h.data())[i] = ids(rng);
+      return;
+    }
+    std::vector<float> f(static_cast<size_t>(n));
+    for (float& x : f) x = 0.5f * u(rng);
+    convert_elements(f.data(), DType::f32, h.data(), t.dtype, n);
+  };
+  int index = -1;
+  for (const Node& node : g.nodes()) {
+    ++index;
+    // Sources and what a communicator or the runtime writes get random (or fixed) values.
+    if (node.op == OpKind::parameter || node.op == OpKind::input || is_collective(node.op)) {
+      for (ValueId v : node.outputs) random_fill(v);
+      continue;
+    }
+    if (node.op == OpKind::axis_index) {  // the rank's coordinate: block 1 of the axis
+      host[static_cast<size_t>(node.outputs[0])].assign(4, 0);
+      int32_t one = 1;
+      std::memcpy(host[static_cast<size_t>(node.outputs[0])].data(), &one, 4);
+      continue;
+    }
+    std::vector<const void*> in;
+    for (ValueId v : node.inputs) in.push_back(host[static_cast<size_t>(v)].data());
+    std::vector<void*> out;
+    for (ValueId v : node.outputs) {
+      host[static_cast<size_t>(v)].assign(static_cast<size_t>(g.type(v).bytes()), 0);
+      out.push_back(host[static_cast<size_t>(v)].data());
+    }
+    cpu.run(g, node, in, out);
+    if (!gpu.supports(node.op)) {
+      missing.insert(op_name(node.op));
+      continue;
+    }
+    std::vector<void*> dev_in, dev_out;
+    for (ValueId v : node.inputs) {
+      dev_in.push_back(gpu.alloc(g.type(v).bytes()));
+      gpu.to_device(dev_in.back(), host[static_cast<size_t>(v)].data(), g.type(v).bytes());
+    }
+    for (ValueId v : node.outputs) dev_out.push_back(gpu.alloc(g.type(v).bytes()));
+    std::vector<const void*> cin(dev_in.begin(), dev_in.end());
+    gpu.run(g, node, cin, dev_out);
+    OpReport& r = (*report)[op_name(node.op)];
+    r.nodes++;
+    for (size_t o = 0; o < node.outputs.size(); ++o) {
+      const TensorType& t = g.type(node.outputs[o]);
+      std::vector<char> got(static_cast<size_t>(t.bytes()));
+      gpu.to_host(got.data(), dev_out[o], t.bytes());
+      const int64_t n = t.shape.numel();
+      std::vector<float> want = as_floats(host[static_cast<size_t>(node.outputs[o])], t.dtype, n),
+                         have = as_floats(got, t.dtype, n);
+      double scale = 1, err = 0;
+      int64_t worst = 0;
+      for (int64_t i = 0; i < n; ++i) scale = std::max(scale, double{std::fabs(want[i])});
+      for (int64_t i = 0; i < n; ++i) {
+        const double e = std::fabs(double{have[i]} - want[i]);
+        if (!(e <= err)) {  // also catches NaN
+          err = e;
+          worst = i;
+        }
+      }
+      const double rel = err / scale;
+      if (!(rel <= r.worst)) {
+        r.worst = rel;
+        r.where =
+            "node " + std::to_string(index) + " output " + std::to_string(o) + " " + t.to_string();
+      }
+      EXPECT_LE(rel, tolerance(node.op, t.dtype))
+          << op_name(node.op) << " node " << index << " output " << o << " " << t.to_string()
+          << ": element " << worst << " cuda " << (n ? have[worst] : 0) << " cpu "
+          << (n ? want[worst] : 0);
+    }
+    for (void* p : dev_in) gpu.free(p);
+    for (void* p : dev_out) gpu.free(p);
+  }
+  return missing;
+}
+
+void print(const std::map<std::string, OpReport>& report) {
+  std::printf("%-26s %6s %12s  %s\n", "op", "nodes", "worst rel", "at");
+  for (const auto& [op, r] : report)
+    std::printf("%-26s %6d %12.3g  %s\n", op.c_str(), r.nodes, r.worst, r.where.c_str());
+}
+
+ModelConfig preset(const std::string& name) {
+  std::optional<ModelConfig> c = find_preset(name);
+  EXPECT_TRUE(c.has_value()) << name;
+  return *c;
+}
+
+std::string joined(const std::set<std::string>& s) {
+  std::string r;
+  for (const std::string& x : s) r += " " + x;
+  return r;
+}
+
+TEST(CudaBackend, RunsEveryOpOfGptAndLlamaTrainingGraphsLikeTheCpu) {
+  REQUIRE_DEVICE();
+  std::printf("device: %s\n", CudaBackend().device_name().c_str());
+  std::map<std::string, OpReport> report;
+  for (const char* name : {"gpt-tiny", "llama-tiny"}) {
+    ModelConfig c = preset(name);
+    c.vocab_size = 512;  // a small table keeps the graph quick; the kernels are the same
+    ModelGraph m = build_model(c, /*batch=*/2, /*seq=*/64, ModelMode::train);
+    std::set<std::string> missing = check_graph(m.graph, 512, &report);
+    EXPECT_TRUE(missing.empty()) << name << " uses ops without a CUDA kernel:" << joined(missing);
+  }
+  print(report);
+}
+
+TEST(CudaBackend, RunsTheVocabParallelOpsOfATensorParallelRank) {
+  REQUIRE_DEVICE();
+  ModelConfig c = preset("gpt-tiny");
+  c.vocab_size = 500;
+  c.padded_vocab_size = 512;
+  ModelConfig one = c;
+  one.n_layer = 1;
+  ModelGraph block = build_model(one, 2, 32, ModelMode::train);
+  ModelGraph all = build_model(c, 2, 32, ModelMode::train);
+  Plan plan = Plan::tensor_parallel(1, 2);
+  Result<BlockLayout> b = search_block_layout(block.graph, plan, SearchCost{0});
+  ASSERT_TRUE(b.ok()) << b.status().to_string();
+  plan.params = expand_block_layout(*b, all.graph, plan).value();
+  Result<Partitioned> p = partition(all.graph, plan);
+  ASSERT_TRUE(p.ok()) << p.status().to_string();
+  std::map<std::string, OpReport> report;
+  std::set<std::string> missing = check_graph(p->local, 500, &report);
+  EXPECT_TRUE(missing.empty()) << "ops without a CUDA kernel:" << joined(missing);
+  for (const char* op : {"vocab_embedding", "vocab_embedding_grad", "vocab_logsumexp", "vocab_pick",
+                         "vocab_cross_entropy_grad", "logsumexp"})
+    EXPECT_TRUE(report.count(op)) << op << " is not in the tensor-parallel graph";
+  print(report);
+}
+
+// bf16 and f16 storage: matmul reads them as stored (cuBLASLt, f32 accumulation); the other
+// kernels see them widened. Both sides round their results to the storage type once.
+TEST(CudaBackend, MatmulAndActivationsInBf16AndF16) {
+  REQUIRE_DEVICE();
+  for (DType dt : {DType::bf16, DType::f16}) {
+    Graph g;
+    Builder b(&g);
+    Var a = b.parameter("a", Shape{4, 96, 64}, Init::zeros, 0.0, dt);
+    Var w = b.parameter("w", Shape{80, 64}, Init::zeros, 0.0, dt);
+    Var v = b.parameter("v", Shape{4, 64, 48}, Init::zeros, 0.0, dt);
+    Var y = b.gelu(b.matmul(a, w, false, true));                     // [4,96,80], shared weight
+    Var z = b.matmul(b.matmul(a, v, false, false), v, false, true);  // batched, B transposed
+    Var s = b.matmul(a, a, true, false);                             // batched, A transposed
+    g.mark_output(y.id);
+    g.mark_output(z.id);
+    g.mark_output(s.id);
+    std::map<std::string, OpReport> report;
+    std::set<std::string> missing = check_graph(g, 1, &report);
+    EXPECT_TRUE(missing.empty()) << joined(missing);
+    EXPECT_EQ(report["matmul"].nodes, 4);
+    print(report);
+  }
+}
+
+}  // namespace
+}  // namespace tessera
