@@ -61,15 +61,11 @@ Result<Plan> plan_from_flags(const PlanFlags& f, int ranks) {
                    "drop --dp (it defaults to ranks / tp) or launch " + std::to_string(dp * f.tp) +
                        " ranks");
     if (f.hsdp > 0) {
-      if (f.tp > 1)
-        return error("--hsdp with --tp is not supported yet",
-                     "use --zero 3 with --tp (parameters sharded over dp inside each tensor "
-                     "shard)");
       if (dp % f.hsdp != 0)
         return error("--hsdp " + std::to_string(f.hsdp) + " does not divide the " +
                          std::to_string(dp) + " data-parallel ranks",
                      "use one of " + divisors(dp));
-      plan = Plan::hybrid_sharded(f.hsdp, dp / f.hsdp);
+      plan = Plan::hybrid_sharded(f.hsdp, dp / f.hsdp, f.tp);
     } else if (f.tp > 1) {
       plan = Plan::tensor_parallel(dp, f.tp, f.zero);
     } else {

@@ -122,9 +122,13 @@ Plan Plan::data_parallel(int n, int zero) {
   return p;
 }
 
-Plan Plan::hybrid_sharded(int replicas, int shards) {
+Plan Plan::hybrid_sharded(int replicas, int shards, int tp) {
   Plan p;
   p.mesh = Mesh({{"dp_rep", replicas}, {"dp_shard", shards}});
+  if (tp > 1) {
+    p.mesh = Mesh({{"dp_rep", replicas}, {"dp_shard", shards}, {"tp", tp}});
+    p.tensor_axes = {"tp"};
+  }
   p.data_axes = {"dp_rep", "dp_shard"};
   p.zero_axes = {"dp_shard"};
   p.zero = 3;

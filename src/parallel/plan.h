@@ -87,7 +87,9 @@ struct Plan {
   RecomputePolicy recompute = RecomputePolicy::none;  // activation recomputation
 
   static Plan data_parallel(int n, int zero = 0);
-  static Plan hybrid_sharded(int replicas, int shards);  // HSDP, ZeRO-3 within a group
+  // HSDP: ZeRO-3 within a group of `shards`, replicated over `replicas`; with tp > 1 inside
+  // each tensor shard, mesh {dp_rep, dp_shard, tp}.
+  static Plan hybrid_sharded(int replicas, int shards, int tp = 1);
   // mesh {dp: dp, tp: tp} (tp innermost: consecutive ranks), every parameter Replicate until
   // `params` says otherwise.
   static Plan tensor_parallel(int dp, int tp, int zero = 0);

@@ -171,6 +171,20 @@ TEST(TesseraBinary, BadParallelFlagsAreNamed) {
   EXPECT_NE(out.find("not one of: none, full, selective"), std::string::npos) << out;
 }
 
+// Tensor parallelism inside HSDP groups: one mesh of three axes, ZeRO-3 over dp_shard only.
+TEST(TesseraBinary, TensorParallelInsideHsdpIsOnePlan) {
+  std::string out;
+  ASSERT_EQ(run_tessera("plan gpt2-small --dp 4 --tp 2 --hsdp 2 --seq 256", &out), 0) << out;
+  EXPECT_NE(out.find("plan            dp_rep=2 x dp_shard=2 x tp=2 zero=3 (HSDP)"),
+            std::string::npos)
+      << out;
+  EXPECT_NE(out.find("S(0) on tp"), std::string::npos) << out;
+  EXPECT_EQ(run_tessera("plan gpt2-small --dp 4 --tp 2 --hsdp 3 --seq 256", &out), 1) << out;
+  EXPECT_NE(out.find("error: --hsdp 3 does not divide the 4 data-parallel ranks"),
+            std::string::npos)
+      << out;
+}
+
 // simulate --json: one JSON object on stdout, its figures consistent with each other and with
 // the text report of the same run.
 TEST(TesseraBinary, SimulateJsonIsOneObjectOfTheFigures) {
