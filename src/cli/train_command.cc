@@ -18,6 +18,7 @@
 #include "cli/common.h"
 #include "cli/plan_flags.h"
 #include "cli/progress.h"
+#include "cli/run_control.h"
 #include "cli/train_state.h"
 #include "cost/cluster_spec.h"
 #include "data/bpe_tokenizer.h"
@@ -114,6 +115,18 @@ void maybe_kill(int rank, int64_t step) {
   }
 }
 
+// A run that diverged: what went non-finite in which step, and how to go on.
+Status diverged(int64_t step, const std::string& what, int64_t last_saved, const TrainOptions& o) {
+  char lr[32];
+  std::snprintf(lr, sizeof lr, "%g", o.lr);
+  return error("step " + std::to_string(step + 1) + ": the " + what +
+                   " went non-finite (NaN or infinity); the run stops without saving them",
+               (last_saved >= 0 ? "the last good checkpoint is step " + std::to_string(last_saved) +
+                                      " in " + o.out + "/checkpoints (--resume continues from it); "
+                                : std::string("no checkpoint was saved before; ")) +
+                   "try a lower --lr (now " + lr + ") or --clip 1.0");
+}
+
 }  // namespace
 
 Status run_train(const TrainOptions& o) {
@@ -164,6 +177,18 @@ Status run_train(const TrainOptions& o) {
     return error("run directory '" + o.out + "' already holds checkpoints",
                  "pass --resume to continue that run, or choose another --out");
   TS_RETURN_IF_ERROR(make_dirs(o.out));
+  // One run per directory; what a killed run left half-written goes (rank 0 does both, before
+  // any rank can write a checkpoint).
+  std::optional<RunDirLock> lock;
+  if (leader) {
+    TS_ASSIGN_OR_RETURN(RunDirLock l, RunDirLock::acquire(o.out));
+    lock.emplace(std::move(l));
+    TS_ASSIGN_OR_RETURN(int stale, remove_stale_staging(o.out));
+    if (stale > 0)
+      std::fprintf(stderr,
+                   "removed %d unfinished checkpoint staging director%s of an earlier run\n", stale,
+                   stale == 1 ? "y" : "ies");
+  }
 
   CpuBackend cpu;
   std::optional<MeshComms> comms;
@@ -219,6 +244,8 @@ Status run_train(const TrainOptions& o) {
   std::vector<int32_t> x, y;
   auto t_start = Clock::now();
   int64_t steps_this_run = 0;
+  int64_t last_saved = o.resume ? start_step : -1;  // the newest complete checkpoint
+  install_stop_signals();
   for (int64_t step = start_step; step < o.steps; ++step) {
     auto t0 = Clock::now();
     double lr = lr_at(step, o.warmup, o.steps, o.lr, o.lr * o.min_lr_frac);
@@ -256,8 +283,17 @@ Status run_train(const TrainOptions& o) {
       progress.update(step + 1, loss, tokens_per_step / dt);
     }
 
+    // The loss and norm are the same on every rank (all-reduced), so all stop together.
+    if (!std::isfinite(loss) || !std::isfinite(norm))
+      return diverged(step, std::isfinite(loss) ? "gradient norm" : "loss", last_saved, o);
+    // A stop signal on any rank stops every rank after this step, with a checkpoint.
+    int signal = pending_stop_signal();
+    if (world) {
+      TS_ASSIGN_OR_RETURN(double s, world->all_reduce_scalar(signal, /*max=*/true, "stop signal"));
+      signal = static_cast<int>(s);
+    }
     bool last = step + 1 == o.steps;
-    bool stopping = o.stop_after > 0 && steps_this_run >= o.stop_after;
+    bool stopping = (o.stop_after > 0 && steps_this_run >= o.stop_after) || signal != 0;
     if ((o.eval_every > 0 && (step + 1) % o.eval_every == 0) || last) {
       TS_ASSIGN_OR_RETURN(double vl, evaluate(st, val, o.eval_batches));
       if (leader) {
@@ -267,8 +303,23 @@ Status run_train(const TrainOptions& o) {
       }
     }
     if ((o.ckpt_every > 0 && (step + 1) % o.ckpt_every == 0) || last || stopping) {
+      // An update can overflow the parameters with a finite loss: never save those.
+      TS_ASSIGN_OR_RETURN(bool finite, st.params_finite());
+      if (!finite) return diverged(step, "parameters after the update", last_saved, o);
       TS_RETURN_IF_ERROR(st.save(o.out + "/checkpoints", step + 1, train));
+      last_saved = step + 1;
       if (leader) progress.note("step " + std::to_string(step + 1) + ": checkpoint saved");
+    }
+    if (signal != 0) {
+      if (leader) {
+        progress.finish();
+        std::fprintf(stderr,
+                     "stopped by %s after step %lld, checkpoint saved; continue with the same "
+                     "command and --resume\n",
+                     signal == SIGINT ? "SIGINT" : "SIGTERM", (long long)(step + 1));
+      }
+      std::fflush(nullptr);
+      std::exit(128 + signal);
     }
     if (stopping) break;
   }

@@ -1,5 +1,6 @@
 #include "cli/train_state.h"
 
+#include <cmath>
 #include <cstring>
 #include <random>
 
@@ -114,6 +115,28 @@ nlohmann::json TrainState::manifest(int64_t completed, const DataLoader& train) 
                         {"clip", opts.clip}}}};
   if (distributed()) m["plan"] = plan_to_json(dstep->program().plan);
   return m;
+}
+
+Result<bool> TrainState::params_finite() const {
+  auto finite = [](const float* p, int64_t n) {
+    bool ok = true;
+    for (int64_t i = 0; i < n; ++i) ok &= std::isfinite(p[i]);
+    return ok;
+  };
+  const Graph& g = model.graph;
+  bool ok = true;
+  for (size_t i = 0; i < g.params().size() && ok; ++i) {
+    if (distributed()) {
+      ok = finite(dstep->param_data(i), dstep->param_piece(i).count);
+    } else {
+      const ValueId p = g.params()[i];
+      ok = finite(step->executor().data<float>(p), g.type(p).shape.numel());
+    }
+  }
+  if (!distributed()) return ok;
+  TS_ASSIGN_OR_RETURN(double bad, dstep->comms().world().all_reduce_scalar(
+                                      ok ? 0.0 : 1.0, /*max=*/true, "parameters finite"));
+  return bad == 0;
 }
 
 Status TrainState::save(const std::string& root, int64_t completed, const DataLoader& train) const {

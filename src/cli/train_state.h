@@ -44,6 +44,8 @@ class TrainState {
   LoaderState val_start;
 
   Status copy_params_to_eval();  // collective when distributed
+  // Whether every parameter element is finite (on every rank: collective when distributed).
+  Result<bool> params_finite() const;
   // Writes <root>/step-N (parameters, AdamW moments, loader position, config) and prunes old
   // checkpoints beyond opts.keep_ckpts. Distributed: every rank writes its shards, rank 0
   // commits after all succeeded (the checkpoint loads under any plan).

@@ -30,11 +30,12 @@ constexpr int kLineLen = 512;
 char g_lines[kLines][kLineLen];
 std::atomic<int> g_line_len[kLines];
 std::atomic<int> g_current{-1};
-int g_next = 0;  // written by one thread at a time (init, then the comm thread)
+std::atomic<bool> g_waiting{false};  // the current line is a wait in a collective
+int g_next = 0;                      // written by one thread at a time (init, then the comm thread)
 int g_world_rank = -1;
 volatile sig_atomic_t g_terminated = 0;
 
-void publish_line(const char* fmt, ...) {
+void publish_line(bool waiting, const char* fmt, ...) {
   char* buf = g_lines[g_next];
   va_list args;
   va_start(args, fmt);
@@ -43,12 +44,14 @@ void publish_line(const char* fmt, ...) {
   len = std::clamp(len, 0, kLineLen - 2);
   buf[len++] = '\n';
   g_line_len[g_next].store(len);
+  g_waiting.store(waiting);
   g_current.store(g_next);
   g_next = (g_next + 1) % kLines;
 }
 
 void publish_idle() {
-  publish_line("tessera: rank %d terminated by the launcher while not waiting in a collective",
+  publish_line(false,
+               "tessera: rank %d terminated by the launcher while not waiting in a collective",
                g_world_rank);
 }
 
@@ -183,14 +186,17 @@ class MpiTransport final : public detail::Transport {
     }
     if (w->receiving) {
       publish_line(
-          "tessera: rank %d terminated by the launcher while waiting in %s '%s' (axis %s) for "
-          "data from rank %d — rank %d (or a rank it waits for) probably died; see the "
-          "launcher's message",
+          true,
+          "tessera: rank %d got a termination signal while waiting in %s '%s' (axis %s) for "
+          "data from rank %d — if the job ends now, rank %d (or a rank it waits for) probably "
+          "died; see the launcher's message",
           rank_, w->kind, w->what->c_str(), w->axis->c_str(), w->peer, w->peer);
     } else {
       publish_line(
-          "tessera: rank %d terminated by the launcher while waiting in %s '%s' (axis %s) for "
-          "rank %d to take data — rank %d probably died; see the launcher's message",
+          true,
+          "tessera: rank %d got a termination signal while waiting in %s '%s' (axis %s) for "
+          "rank %d to take data — if the job ends now, rank %d probably died; see the "
+          "launcher's message",
           rank_, w->kind, w->what->c_str(), w->axis->c_str(), w->peer, w->peer);
     }
   }
@@ -300,6 +306,13 @@ Result<std::unique_ptr<Communicator>> mpi_world(int* argc, char*** argv) {
   g_world_rank = rank;
   publish_idle();
   return detail::make_world_communicator(std::make_unique<MpiTransport>(rank, size));
+}
+
+void write_collective_wait() {
+  const int i = g_current.load();
+  if (i < 0 || !g_waiting.load()) return;
+  ssize_t ignored = write(STDERR_FILENO, g_lines[i], g_line_len[i].load());
+  (void)ignored;
 }
 
 void install_termination_reporter() {

@@ -52,7 +52,7 @@ TEST(CommMpiKill, JobEndsAndSurvivorNamesTheOperation) {
   EXPECT_NE(run.exit_code, 0);
   EXPECT_NE(run.exit_code, 124) << "the job hung until `timeout 90` ended it";
   const bool reported =
-      contains(run.output, "terminated by the launcher while waiting in all_reduce 'doomed'") ||
+      contains(run.output, "got a termination signal while waiting in all_reduce 'doomed'") ||
       (contains(run.output, "timed out after") && contains(run.output, "'doomed'"));
   EXPECT_TRUE(reported) << "no surviving rank named the operation it was waiting in";
   // Someone names the dead rank: a survivor (rank 2 waits for rank 1) or the launcher.
