@@ -14,6 +14,6 @@ for dt in bf16 f32; do
   echo "$t"
   echo "$p"
   paste <(grep '^gemm=' <<<"$t") <(grep '^gemm=' <<<"$p") | awk '{
-    split($1, a, "="); split($5, t, "="); split($10, p, "=");
+    split($1, a, "="); split($2, t, "="); split($4, p, "=");
     printf "%s %s: tessera %.1f TFLOP/s, pytorch %.1f TFLOP/s, ratio %.2f\n", "'"$dt"'", a[2], t[2], p[2], t[2] / p[2] }'
 done

@@ -63,8 +63,10 @@ inline void expect_close(const std::vector<float>& got, const std::vector<double
   double err = 0, scale = 0;
   size_t worst = 0;
   for (size_t i = 0; i < got.size(); ++i) {
+    // A NaN on either side is an infinite error (and stays the worst).
     double e = std::fabs(static_cast<double>(got[i]) - want[i]);
-    if (!(e <= err)) {  // also catches NaN
+    if (std::isnan(e)) e = INFINITY;
+    if (e > err) {
       err = e;
       worst = i;
     }

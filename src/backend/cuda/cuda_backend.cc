@@ -3,6 +3,8 @@
 #include <cublasLt.h>
 #include <cuda_runtime.h>
 
+#include <algorithm>
+#include <cstdint>
 #include <cstdio>
 #include <cstdlib>
 #include <vector>
@@ -38,6 +40,13 @@ bool cuda_device_present(std::string* why) {
     cudaGetLastError();  // clear the sticky error
     return false;
   }
+  cudaDeviceProp p{};
+  if (cudaGetDeviceProperties(&p, 0) == cudaSuccess && p.major < 8) {
+    if (why != nullptr)
+      *why = std::string("CUDA: ") + p.name + " is sm_" + std::to_string(p.major * 10 + p.minor) +
+             "; the CUDA backend is built for sm_80 and newer";
+    return false;
+  }
   return true;
 }
 
@@ -53,6 +62,12 @@ CudaBackend::CudaBackend(int device) : impl_(std::make_unique<Impl>()) {
   impl_->device = device;
   TS_CUDA(cudaSetDevice(device));
   TS_CUDA(cudaStreamCreateWithFlags(&impl_->stream, cudaStreamNonBlocking));
+  // Stream-ordered scratch (widening, attention's row sums) stays in the pool between steps
+  // instead of going back to the driver at every synchronization.
+  cudaMemPool_t pool = nullptr;
+  TS_CUDA(cudaDeviceGetDefaultMemPool(&pool, device));
+  uint64_t keep = UINT64_MAX;
+  TS_CUDA(cudaMemPoolSetAttribute(pool, cudaMemPoolAttrReleaseThreshold, &keep));
   TS_CHECK(cublasLtCreate(&impl_->lt) == CUBLAS_STATUS_SUCCESS) << "cublasLtCreate failed";
   TS_CUDA(cudaMalloc(&impl_->ctx.workspace, kWorkspaceBytes));
   impl_->ctx.lt = impl_->lt;
@@ -65,6 +80,7 @@ CudaBackend::CudaBackend(int device) : impl_(std::make_unique<Impl>()) {
 }
 
 CudaBackend::~CudaBackend() {
+  cudaSetDevice(impl_->device);
   cudaStreamSynchronize(impl_->stream);
   cudaFree(impl_->ctx.workspace);
   cublasLtDestroy(impl_->lt);
@@ -77,6 +93,8 @@ bool CudaBackend::supports(OpKind op) const {
 
 void CudaBackend::run(const Graph& g, const Node& node, std::span<const void* const> inputs,
                       std::span<void* const> outputs) {
+  // Every method makes the backend's device current: the calling thread may use another.
+  TS_CUDA(cudaSetDevice(impl_->device));
   cudaStream_t s = impl_->stream;
   if (node.op == OpKind::cast) {
     const TensorType& in = g.type(node.inputs[0]);
@@ -95,7 +113,7 @@ void CudaBackend::run(const Graph& g, const Node& node, std::span<const void* co
   std::vector<void*> scratch;
   auto widened = [&](int64_t n) {
     void* p = nullptr;
-    TS_CUDA(cudaMallocAsync(&p, static_cast<size_t>(n) * sizeof(float), s));
+    TS_CUDA(cudaMallocAsync(&p, static_cast<size_t>(std::max<int64_t>(n, 1)) * sizeof(float), s));
     scratch.push_back(p);
     return p;
   };
@@ -131,28 +149,35 @@ void CudaBackend::run(const Graph& g, const Node& node, std::span<const void* co
 }
 
 void* CudaBackend::alloc(int64_t bytes) {
+  TS_CUDA(cudaSetDevice(impl_->device));
   void* p = nullptr;
   TS_CUDA(cudaMalloc(&p, static_cast<size_t>(bytes > 0 ? bytes : 1)));
   return p;
 }
 
 void CudaBackend::free(void* p) {
+  TS_CUDA(cudaSetDevice(impl_->device));
   synchronize();
   TS_CUDA(cudaFree(p));
 }
 
 void CudaBackend::to_device(void* dst, const void* src, int64_t bytes) {
+  TS_CUDA(cudaSetDevice(impl_->device));
   TS_CUDA(
       cudaMemcpyAsync(dst, src, static_cast<size_t>(bytes), cudaMemcpyHostToDevice, impl_->stream));
 }
 
 void CudaBackend::to_host(void* dst, const void* src, int64_t bytes) {
+  TS_CUDA(cudaSetDevice(impl_->device));
   TS_CUDA(
       cudaMemcpyAsync(dst, src, static_cast<size_t>(bytes), cudaMemcpyDeviceToHost, impl_->stream));
   synchronize();
 }
 
-void CudaBackend::synchronize() { TS_CUDA(cudaStreamSynchronize(impl_->stream)); }
+void CudaBackend::synchronize() {
+  TS_CUDA(cudaSetDevice(impl_->device));
+  TS_CUDA(cudaStreamSynchronize(impl_->stream));
+}
 
 std::string CudaBackend::device_name() const {
   cudaDeviceProp p{};

@@ -76,8 +76,8 @@ void check_cuda(cudaError_t e, const char* what, const char* file, int line);
 #define TS_CUDA(call) ::tessera::cuda::check_cuda((call), #call, __FILE__, __LINE__)
 #define TS_CUDA_LAUNCH() TS_CUDA(cudaGetLastError())
 
-// Blocks of `threads` covering n elements (at most 65535 * 1024 blocks' worth are queued; the
-// elementwise kernels loop with a grid stride).
+// Blocks of `threads` covering n elements, at most 65535 * 16 of them (the elementwise kernels
+// loop with a grid stride over the rest).
 inline unsigned blocks_for(int64_t n, int threads = 256) {
   int64_t b = (n + threads - 1) / threads;
   return static_cast<unsigned>(b < 1 ? 1 : (b > 65535 * 16 ? 65535 * 16 : b));

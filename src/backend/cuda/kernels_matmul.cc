@@ -5,6 +5,9 @@
 // operand's batch into its rows, as on the CPU.
 #include <cublasLt.h>
 
+#include <cstdint>
+#include <utility>
+
 #include "backend/cuda/kernels.h"
 #include "base/check.h"
 
@@ -24,7 +27,8 @@ cudaDataType_t cuda_type(DType t) {
 }
 
 void check_lt(cublasStatus_t s, const char* what) {
-  TS_CHECK(s == CUBLAS_STATUS_SUCCESS) << "cuBLASLt " << what << " failed: status " << s;
+  TS_CHECK(s == CUBLAS_STATUS_SUCCESS)
+      << "cuBLASLt " << what << " failed: " << cublasLtGetStatusName(s);
 }
 
 // Owns the cuBLASLt descriptors of one call.
@@ -66,12 +70,16 @@ void matmul(OpKind, const Args& a) {
   int64_t m = sc[-2];
   const int64_t n = sc[-1], k = ta ? sa[-2] : sa[-1];
   const int64_t lda = sa[-1], ldb = sb[-1];
+  if (sc.numel() == 0) return;
+  if (k == 0) {  // an empty sum: zeros, as on the CPU
+    TS_CUDA(cudaMemsetAsync(a.out[0], 0, static_cast<size_t>(a.out_types[0].bytes()), a.stream));
+    return;
+  }
   int64_t batch = sc.numel() / (m * n);
   if (sb.rank() == 2) {  // fold the batch into the rows (transpose_a excluded by inference)
     if (sa.rank() > 2) m *= batch;
     batch = 1;
   }
-  if (m * n == 0) return;
   const cudaDataType_t tab = cuda_type(a.in_types[0].dtype), tc = cuda_type(a.out_types[0].dtype);
   TS_CHECK(a.in_types[0].dtype == a.in_types[1].dtype)
       << "matmul operands of different dtypes reach the CUDA backend";
@@ -94,14 +102,27 @@ void matmul(OpKind, const Args& a) {
   check_lt(cublasLtMatmulPreferenceSetAttribute(d.pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES,
                                                 &ws, sizeof ws),
            "workspace");
+  // cuBLASLt assumes 256-byte aligned operands unless told otherwise; the memory plan aligns
+  // buffers to 64 bytes, so each call states what its pointers have.
+  auto alignment = [](const void* p) {
+    uint32_t al = 256;
+    while (al > 1 && reinterpret_cast<uintptr_t>(p) % al != 0) al /= 2;
+    return al;
+  };
+  const uint32_t al_a = alignment(a.in[1]), al_b = alignment(a.in[0]), al_c = alignment(a.out[0]);
+  for (auto [attr, al] : {std::pair{CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES, al_a},
+                          std::pair{CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES, al_b},
+                          std::pair{CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, al_c},
+                          std::pair{CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES, al_c}})
+    check_lt(cublasLtMatmulPreferenceSetAttribute(d.pref, attr, &al, sizeof al), "alignment");
   cublasLtMatmulHeuristicResult_t heuristic{};
   int found = 0;
   auto lt = static_cast<cublasLtHandle_t>(a.ctx->lt);
   check_lt(
       cublasLtMatmulAlgoGetHeuristic(lt, d.op, d.a, d.b, d.c, d.c, d.pref, 1, &heuristic, &found),
       "heuristic");
-  TS_CHECK(found > 0) << "cuBLASLt has no algorithm for matmul " << sa.to_string() << " x "
-                      << sb.to_string();
+  TS_CHECK(found > 0 && heuristic.state == CUBLAS_STATUS_SUCCESS)
+      << "cuBLASLt has no algorithm for matmul " << sa.to_string() << " x " << sb.to_string();
   const float alpha = 1.0f, beta = 0.0f;
   check_lt(cublasLtMatmul(lt, d.op, &alpha, a.in[1], d.a, a.in[0], d.b, &beta, a.out[0], d.c,
                           a.out[0], d.c, &heuristic.algo, a.ctx->workspace, ws, a.stream),

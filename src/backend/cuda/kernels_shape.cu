@@ -1,7 +1,10 @@
-// Shape kernels: reduce_sum and sum_to (one thread per output element, summing its reduced
-// sub-space in row-major order), reshape (a copy unless planned as a view), transpose (a
-// strided gather), slice and concat. Elements are 4 bytes (f32 or i32; bf16/f16 storage is
-// widened by the backend around these kernels).
+// Shape kernels: reduce_sum and sum_to (f32: bf16/f16 are widened by the backend), and the
+// data movers reshape (a copy unless planned as a view), transpose (a strided gather), slice
+// and concat, which take 2- and 4-byte elements as stored. Reductions are deterministic: a
+// fixed order of additions whatever the launch.
+#include <algorithm>
+#include <cstdint>
+
 #include "backend/cuda/kernels.h"
 #include "base/check.h"
 
@@ -63,10 +66,49 @@ __global__ void reduce_kernel(const float* x, Dims in, Dims in_stride, Dims out,
   }
 }
 
+// [R, C] -> [C] (leading rows reduced, trailing block kept), the bias gradients' shape: stage
+// one sums `chunk` rows per block row of the grid into partial[y][c], stage two adds the
+// partials in order. Coalesced reads, many blocks.
+__global__ void rows_partial(const float* x, int64_t rows, int64_t cols, int64_t chunk,
+                             float* partial) {
+  const int64_t c = blockIdx.x * int64_t{blockDim.x} + threadIdx.x;
+  if (c >= cols) return;
+  const int64_t r0 = blockIdx.y * chunk, r1 = min(rows, r0 + chunk);
+  float s = 0;
+  for (int64_t r = r0; r < r1; ++r) s += x[r * cols + c];
+  partial[blockIdx.y * cols + c] = s;
+}
+
+__global__ void rows_total(const float* partial, int64_t parts, int64_t cols, float* y) {
+  GRID_STRIDE(c, cols) {
+    float s = 0;
+    for (int64_t p = 0; p < parts; ++p) s += partial[p * cols + c];
+    y[c] = s;
+  }
+}
+
+void reduce_leading_rows(const Args& a, int64_t rows, int64_t cols) {
+  const int64_t parts = std::min<int64_t>(rows, 64), chunk = (rows + parts - 1) / parts;
+  float* partial = nullptr;
+  TS_CUDA(cudaMallocAsync(reinterpret_cast<void**>(&partial),
+                          static_cast<size_t>(parts * cols) * sizeof(float), a.stream));
+  const dim3 grid(static_cast<unsigned>((cols + 255) / 256), static_cast<unsigned>(parts));
+  rows_partial<<<grid, 256, 0, a.stream>>>(a.fin(0), rows, cols, chunk, partial);
+  TS_CUDA_LAUNCH();
+  rows_total<<<blocks_for(cols), 256, 0, a.stream>>>(partial, parts, cols, a.fout(0));
+  TS_CUDA_LAUNCH();
+  TS_CUDA(cudaFreeAsync(partial, a.stream));
+}
+
 void reduce_into(const Args& a, const Shape& kept) {
   const Shape& in = a.in_shape(0);
   const int64_t nout = kept.numel();
   if (nout == 0) return;
+  int lead = 0;
+  while (lead < in.rank() && kept[lead] == 1 && in[lead] != 1) ++lead;
+  bool trailing_kept = lead > 0;
+  for (int d = lead; d < in.rank(); ++d) trailing_kept = trailing_kept && kept[d] == in[d];
+  if (trailing_kept) return reduce_leading_rows(a, in.numel() / nout, nout);
   reduce_kernel<<<blocks_for(nout), 256, 0, a.stream>>>(a.fin(0), dims_of(in),
                                                         row_major_strides(in), dims_of(kept),
                                                         a.fout(0), nout, in.numel() / nout);
@@ -94,7 +136,8 @@ void reshape(OpKind, const Args& a) {
 }
 
 // Output element i reads the input at sum over dims of coordinate * src stride.
-__global__ void transpose_kernel(const float* x, float* y, Dims out, Dims src, int64_t n) {
+template <typename T>
+__global__ void transpose_kernel(const T* x, T* y, Dims out, Dims src, int64_t n) {
   GRID_STRIDE(i, n) {
     int64_t rem = i, off = 0;
     for (int d = out.rank - 1; d >= 0; --d) {
@@ -111,13 +154,22 @@ void transpose(OpKind, const Args& a) {
   if (n == 0) return;
   Dims in_stride = row_major_strides(in), src = dims_of(out);
   for (int d = 0; d < out.rank(); ++d) src.d[d] = in_stride.d[a.attrs.ints[static_cast<size_t>(d)]];
-  transpose_kernel<<<blocks_for(n), 256, 0, a.stream>>>(a.fin(0), a.fout(0), dims_of(out), src, n);
+  if (dtype_size(a.in_types[0].dtype) == 2) {
+    transpose_kernel<<<blocks_for(n), 256, 0, a.stream>>>(static_cast<const uint16_t*>(a.in[0]),
+                                                          static_cast<uint16_t*>(a.out[0]),
+                                                          dims_of(out), src, n);
+  } else {
+    transpose_kernel<<<blocks_for(n), 256, 0, a.stream>>>(static_cast<const uint32_t*>(a.in[0]),
+                                                          static_cast<uint32_t*>(a.out[0]),
+                                                          dims_of(out), src, n);
+  }
   TS_CUDA_LAUNCH();
 }
 
 // Copies `outer` rows of `piece` elements from x (row stride x_row, offset x_off) to y (row
 // stride y_row, offset y_off).
-__global__ void rows_kernel(const float* x, int64_t x_row, int64_t x_off, float* y, int64_t y_row,
+template <typename T>
+__global__ void rows_kernel(const T* x, int64_t x_row, int64_t x_off, T* y, int64_t y_row,
                             int64_t y_off, int64_t outer, int64_t piece) {
   GRID_STRIDE(i, outer * piece) {
     const int64_t o = i / piece, j = i % piece;
@@ -128,10 +180,15 @@ __global__ void rows_kernel(const float* x, int64_t x_row, int64_t x_off, float*
 void copy_rows(const Args& a, const void* x, int64_t x_row, int64_t x_off, void* y, int64_t y_row,
                int64_t y_off, int64_t outer, int64_t piece) {
   if (outer * piece == 0) return;
-  TS_CHECK(dtype_size(a.in_types[0].dtype) == 4) << "slice/concat of 4-byte elements only";
-  rows_kernel<<<blocks_for(outer * piece), 256, 0, a.stream>>>(static_cast<const float*>(x), x_row,
-                                                               x_off, static_cast<float*>(y), y_row,
-                                                               y_off, outer, piece);
+  if (dtype_size(a.out_types[0].dtype) == 2) {
+    rows_kernel<<<blocks_for(outer * piece), 256, 0, a.stream>>>(
+        static_cast<const uint16_t*>(x), x_row, x_off, static_cast<uint16_t*>(y), y_row, y_off,
+        outer, piece);
+  } else {
+    rows_kernel<<<blocks_for(outer * piece), 256, 0, a.stream>>>(
+        static_cast<const uint32_t*>(x), x_row, x_off, static_cast<uint32_t*>(y), y_row, y_off,
+        outer, piece);
+  }
   TS_CUDA_LAUNCH();
 }
 
@@ -165,10 +222,11 @@ void concat(OpKind, const Args& a) {
 void register_shape_kernels(KernelTable& t) {
   t.add(OpKind::reduce_sum, reduce_sum);
   t.add(OpKind::sum_to, sum_to);
-  t.add(OpKind::reshape, reshape);
-  t.add(OpKind::transpose, transpose);
-  t.add(OpKind::slice, slice);
-  t.add(OpKind::concat, concat);
+  // Data movers take bf16/f16 as stored (no widening copies).
+  t.add(OpKind::reshape, reshape, /*low_precision=*/true);
+  t.add(OpKind::transpose, transpose, true);
+  t.add(OpKind::slice, slice, true);
+  t.add(OpKind::concat, concat, true);
 }
 
 }  // namespace tessera::cuda
