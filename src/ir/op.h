@@ -71,6 +71,7 @@ namespace tessera {
   X(vocab_pick, 3, 1)               \
   X(vocab_cross_entropy_grad, 5, 1) \
   X(axis_index, 0, 1)               \
+  X(shard_slice, 2, 1)              \
   X(cast, 1, 1)                     \
   X(all_reduce, 1, 1)               \
   X(reduce_scatter, 1, 1)           \
@@ -95,7 +96,7 @@ enum class Init : uint8_t { zeros, ones, normal };
 struct Attrs {
   std::vector<int64_t> ints;   // reshape/broadcast_to/sum_to/fill: target shape; transpose:
                                // perm; reduce_sum: axes
-  int64_t axis = 0;            // slice, concat
+  int64_t axis = 0;            // slice, concat, shard_slice
   int64_t start = 0, end = 0;  // slice [start, end)
   bool transpose_a = false, transpose_b = false;  // matmul
   bool keepdim = false;                           // reduce_sum
@@ -108,7 +109,7 @@ struct Attrs {
                         // vocab_cross_entropy_grad, vocab_logsumexp: the logits' columns that
                         // are classes (0: all), the rest padding
   int64_t count = 0;    // cross_entropy(_grad): rows the mean divides by (0: the input's rows);
-                        // collectives: size of the rank group
+                        // collectives: size of the rank group; shard_slice: blocks
   DType dtype = DType::f32;  // cast target; parameter/input/fill dtype
   std::string name;          // parameter/input name; collectives and axis_index: mesh axes
                              // ("dp" or "dp_rep,dp_shard")

@@ -93,6 +93,23 @@ Status infer_slice(const Attrs& a, std::span<const TensorType> in, std::vector<T
   return Status();
 }
 
+// shard_slice(x, index): block `index` (an i32 scalar, from axis_index) of attrs.count equal
+// blocks of x along attrs.axis: the free Replicate -> Shard(d) conversion of a tensor axis.
+// The partition pass emits it in local graphs; it has no VJP.
+Status infer_shard_slice(const Attrs& a, std::span<const TensorType> in,
+                         std::vector<TensorType>* out) {
+  const Shape& s = in[0].shape;
+  const int ax = s.axis(static_cast<int>(a.axis));
+  if (ax < 0) return error("shard_slice axis out of range for " + s.to_string());
+  if (a.count < 1 || s[ax] % a.count != 0)
+    return error("shard_slice: " + std::to_string(a.count) + " blocks do not split dim " +
+                 std::to_string(ax) + " of " + s.to_string());
+  if (in[1].dtype != DType::i32 || in[1].shape.numel() != 1)
+    return error("shard_slice needs an i32 scalar block index, got " + in[1].to_string());
+  out->push_back({s.with_dim(ax, s[ax] / a.count), in[0].dtype});
+  return Status();
+}
+
 Status infer_concat(const Attrs& a, std::span<const TensorType> in, std::vector<TensorType>* out) {
   if (in.empty()) return error("concat needs at least one input");
   const Shape& s0 = in[0].shape;
@@ -175,6 +192,7 @@ void define_shape_ops(OpDef* t) {
   def(t, OpKind::transpose).vjp = vjp_transpose;
   def(t, OpKind::slice).infer = infer_slice;
   def(t, OpKind::slice).vjp = vjp_slice;
+  def(t, OpKind::shard_slice).infer = infer_shard_slice;
   def(t, OpKind::concat).infer = infer_concat;
   def(t, OpKind::concat).vjp = vjp_concat;
 }

@@ -192,6 +192,18 @@ Result<ValueId> Pass::lower_step(const CommStep& s, ValueId v, const Node& like,
                           collective(OpKind::reduce_scatter, flat, Shape{s.out_shape.numel()}));
       return reshape(r, s.out_shape, after);
     }
+    case CommStep::local_slice: {  // this rank's block: its coordinate picks it
+      Attrs group;
+      group.name = a.name;
+      group.count = s.group;
+      TS_ASSIGN_OR_RETURN(ValueId index,
+                          emit(OpKind::axis_index, group, {}, like,
+                               {Placements(sizes_.size(), Placement::replicate())}, {Shape{}}));
+      Attrs sl;
+      sl.axis = s.dim;
+      sl.count = s.group;
+      return emit(OpKind::shard_slice, sl, {v, index}, like, {after}, {s.out_shape});
+    }
     default:
       return error("partition: '" + like.scope + "' " + op_name(like.op) + " needs its input " +
                        s.before.to_string(plan_.mesh) + " as " + s.after.to_string(plan_.mesh) +

@@ -158,7 +158,9 @@ Result<BlockLayout> search_block_layout(const Graph& g, const Plan& plan, const 
       alt.placements[v][tp] =
           alt.placements[v][tp].is_replicate() ? Placement::shard(0) : Placement::replicate();
       Score t = tried(evaluate(g, with_block(plan, g, alt), c));
-      if (t.better_than(s)) {
+      // Only for a lower cost: a norm weight split to save its few bytes would be gathered
+      // before every use.
+      if (t.ok && (!s.ok || t.cost < s.cost)) {
         s = t;
         *cand = alt;
       }

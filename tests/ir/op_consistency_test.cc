@@ -622,6 +622,21 @@ std::vector<Entry> build_entries() {
     n.run();
     expect_close(n.read(cat), n.read(want), 0.0, "vocab_embedding_grad blocks");
   });
+  // shard_slice: the blocks of either axis, concatenated, are the tensor.
+  for (int64_t axis : {0, 1}) {
+    fwd("shard_slice", axis == 0 ? "shard_slice_0" : "shard_slice_1", [=](Net& n) {
+      Var x = n.param(Shape{6, 9, 2});
+      Attrs a;
+      a.axis = axis;
+      a.count = 3;
+      std::vector<Var> parts;
+      for (int32_t s = 0; s < 3; ++s)
+        parts.push_back(n.b.apply1(OpKind::shard_slice, a, {x, n.ids(Shape{}, {s})}));
+      Var cat = n.keep(n.b.concat(parts, static_cast<int>(axis)));
+      n.run();
+      expect_close(n.read(cat), n.host(x), 0.0, "shard_slice blocks");
+    });
+  }
   fwd("vocab_pick", "vocab_pick", [=](Net& n) {
     const int64_t N = 4;
     Var logits = n.param(Shape{N, kBlocks * kRows}, uniform(-3, 3));

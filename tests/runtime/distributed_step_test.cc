@@ -120,6 +120,16 @@ INSTANTIATE_TEST_SUITE_P(
                                                                    RecomputePolicy::selective)}),
     [](const testing::TestParamInfo<Case>& i) { return std::string(i.param.name); });
 
+// The head split on its columns (row-parallel): its input is sliced locally on each rank
+// (shard_slice at the rank's coordinate), the logits all-reduced; the embedding table split on
+// its columns too (each rank looks up its slice of every row, then an all-gather).
+TEST(TensorParallel, HeadAndEmbeddingSplitOnTheirColumnsMatchOneRank) {
+  Plan plan = with_megatron_llama(Plan::tensor_parallel(1, 2), tiny_llama());
+  plan.params["lm_head.weight"][1] = Placement::shard(1);
+  plan.params["tok_emb"][1] = Placement::shard(1);
+  expect_ranks_match(plan, 6, tiny_llama());
+}
+
 // A 94-word vocabulary padded to 96 rows: vocab-parallel over 2 and 4 ranks, the padding
 // columns never a target nor a probability, the same losses and parameters as one rank.
 TEST(TensorParallel, PaddedVocabularyIsVocabParallel) {

@@ -86,6 +86,8 @@ void dispatch(OpKind op, const cpu::Args& a) {
       return cpu::transpose(a);
     case OpKind::slice:
       return cpu::slice(a);
+    case OpKind::shard_slice:
+      return cpu::shard_slice(a);
     case OpKind::concat:
       return cpu::concat(a);
     case OpKind::matmul:

@@ -136,24 +136,36 @@ void transpose(const Args& a) {
   });
 }
 
-void slice(const Args& a) {
+namespace {
+// Elements [start, start + len) of dim attrs.axis.
+void slice_range(const Args& a, int64_t start, int64_t len) {
   const Shape& in = a.in_shape(0);
   int ax = in.axis(static_cast<int>(a.attrs.axis));
   int64_t outer = 1, inner = 1;
   for (int d = 0; d < ax; ++d) outer *= in[d];
   for (int d = ax + 1; d < in.rank(); ++d) inner *= in[d];
-  int64_t len = a.attrs.end - a.attrs.start;
   const char* x = static_cast<const char*>(a.in[0]);
   char* y = static_cast<char*>(a.out[0]);
   int64_t es = dtype_size(a.in_types[0].dtype);
   const int64_t piece = len * inner * es;
-  if (outer == 1) return parallel_memcpy(y, x + a.attrs.start * inner * es, piece);
+  if (outer == 1) return parallel_memcpy(y, x + start * inner * es, piece);
   parallel_for(outer, std::max<int64_t>(1, (1 << 16) / std::max<int64_t>(1, piece)),
                [&](int64_t lo, int64_t hi) {
                  for (int64_t o = lo; o < hi; ++o)
-                   std::memcpy(y + o * piece, x + (o * in[ax] + a.attrs.start) * inner * es,
+                   std::memcpy(y + o * piece, x + (o * in[ax] + start) * inner * es,
                                static_cast<size_t>(piece));
                });
+}
+}  // namespace
+
+void slice(const Args& a) { slice_range(a, a.attrs.start, a.attrs.end - a.attrs.start); }
+
+void shard_slice(const Args& a) {
+  const int64_t len = a.out_shape(0)[static_cast<int>(a.attrs.axis)];
+  const int32_t block = a.iin(1)[0];
+  TS_CHECK(block >= 0 && block < a.attrs.count)
+      << "shard_slice block " << block << " of " << a.attrs.count;
+  slice_range(a, static_cast<int64_t>(block) * len, len);
 }
 
 void concat(const Args& a) {

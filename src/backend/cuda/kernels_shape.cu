@@ -192,6 +192,38 @@ void copy_rows(const Args& a, const void* x, int64_t x_row, int64_t x_off, void*
   TS_CUDA_LAUNCH();
 }
 
+// shard_slice: rows_kernel whose input offset is block (read on the device) * the piece.
+template <typename T>
+__global__ void shard_rows_kernel(const T* x, int64_t x_row, const int32_t* block, int64_t inner,
+                                  T* y, int64_t outer, int64_t piece) {
+  const int64_t x_off = static_cast<int64_t>(*block) * piece;
+  GRID_STRIDE(i, outer * piece) {
+    const int64_t o = i / piece, j = i % piece;
+    y[o * piece + j] = x[o * x_row + x_off + j];
+  }
+}
+
+void shard_slice(OpKind, const Args& a) {
+  const Shape& in = a.in_shape(0);
+  const int ax = in.axis(static_cast<int>(a.attrs.axis));
+  int64_t outer = 1, inner = 1;
+  for (int d = 0; d < ax; ++d) outer *= in[d];
+  for (int d = ax + 1; d < in.rank(); ++d) inner *= in[d];
+  const int64_t piece = in[ax] / a.attrs.count * inner;
+  if (outer * piece == 0) return;
+  const int32_t* block = a.iin(1);
+  if (dtype_size(a.in_types[0].dtype) == 2) {
+    shard_rows_kernel<<<blocks_for(outer * piece), 256, 0, a.stream>>>(
+        static_cast<const uint16_t*>(a.in[0]), in[ax] * inner, block, inner,
+        static_cast<uint16_t*>(a.out[0]), outer, piece);
+  } else {
+    shard_rows_kernel<<<blocks_for(outer * piece), 256, 0, a.stream>>>(
+        static_cast<const uint32_t*>(a.in[0]), in[ax] * inner, block, inner,
+        static_cast<uint32_t*>(a.out[0]), outer, piece);
+  }
+  TS_CUDA_LAUNCH();
+}
+
 void slice(OpKind, const Args& a) {
   const Shape& in = a.in_shape(0);
   const int ax = in.axis(static_cast<int>(a.attrs.axis));
@@ -226,6 +258,7 @@ void register_shape_kernels(KernelTable& t) {
   t.add(OpKind::reshape, reshape, /*low_precision=*/true);
   t.add(OpKind::transpose, transpose, true);
   t.add(OpKind::slice, slice, true);
+  t.add(OpKind::shard_slice, shard_slice, true);
   t.add(OpKind::concat, concat, true);
 }
 
