@@ -23,6 +23,7 @@ struct PlanOptions {
   int dp = 1, tp = 1, zero = 0, hsdp = 0, micro = 0;
   std::string plan;
   std::string recompute;  // "" keeps the plan's (none by default)
+  bool sequence_parallel = false;
   bool program = false;
 };
 
@@ -31,7 +32,7 @@ Status run_plan(const PlanOptions& o) {
   const int64_t seq = o.seq > 0 ? o.seq : cfg.max_seq_len;
   if (seq > cfg.max_seq_len) return error("--seq exceeds the model's max_seq_len");
   if (o.dp < 1) return error("--dp must be at least 1, got " + std::to_string(o.dp));
-  PlanFlags f{o.plan, 0, o.tp, o.zero, o.hsdp, o.micro, o.recompute};
+  PlanFlags f{o.plan, 0, o.tp, o.zero, o.hsdp, o.micro, o.recompute, o.sequence_parallel};
   TS_ASSIGN_OR_RETURN(Plan plan, plan_from_flags(f, o.plan.empty() ? o.dp * o.tp : 0));
   ModelGraph m = build_model(cfg, o.batch, seq, ModelMode::train);
   // The placements the search picks for a device whose FLOP/s are ~2,000 times its link's
@@ -91,6 +92,10 @@ void add_plan_command(CLI::App& app) {
   cmd->add_option(
       "--recompute", o->recompute,
       "Activation recomputation: none, full or selective (default: the plan's, or none)");
+  cmd->add_flag("--sequence-parallel", o->sequence_parallel,
+                "Sequence parallelism with --tp: norms and residual adds split on the sequence "
+                "over the tensor-parallel ranks (reduce-scatter + all-gather instead of "
+                "all-reduce; less activation memory)");
   cmd->add_flag("--program", o->program, "Print every instruction");
   cmd->callback([o] { exit_on_error(run_plan(*o)); });
 }

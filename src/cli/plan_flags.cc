@@ -73,6 +73,7 @@ Result<Plan> plan_from_flags(const PlanFlags& f, int ranks) {
     }
   }
   if (f.micro > 0) plan.micro_batches = f.micro;
+  if (f.sequence_parallel) plan.sequence_parallel = true;
   if (!f.recompute.empty()) {
     Result<RecomputePolicy> r = parse_recompute(f.recompute);
     if (!r.ok()) return error("--recompute: " + r.status().message(), r.status().hint());

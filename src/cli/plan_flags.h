@@ -27,6 +27,7 @@ struct PlanFlags {
   int hsdp = 0;           // > 0: HSDP with this many replica groups (ZeRO-3 inside each)
   int micro = 0;          // micro-batches per step; 0: the plan file's (1 without one)
   std::string recompute;  // "none" | "full" | "selective"; "": the plan file's (none without one)
+  bool sequence_parallel = false;  // --sequence-parallel (or the plan file's)
 };
 
 // The mesh and the plan's settings, checked against `ranks` devices (0: whatever the plan

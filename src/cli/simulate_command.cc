@@ -21,6 +21,7 @@ namespace {
 struct SimulateOptions {
   std::string model, cluster = "dgx-a100", plan, trace, precision = "bf16", algo = "auto";
   std::string recompute;  // "": the plan's (none without --plan)
+  bool sequence_parallel = false;
   int64_t batch = 0, seq = 0;
   int gpus = 8, tp = 1, zero = 3, hsdp = 0, micro = 0;
   bool json = false;
@@ -61,7 +62,7 @@ Status run_simulate(const SimulateOptions& o) {
   if (seq > cfg.max_seq_len)
     return error("--seq " + std::to_string(seq) + " exceeds the model's max_seq_len " +
                  std::to_string(cfg.max_seq_len));
-  PlanFlags f{o.plan, 0, o.tp, o.zero, o.hsdp, o.micro, o.recompute};
+  PlanFlags f{o.plan, 0, o.tp, o.zero, o.hsdp, o.micro, o.recompute, o.sequence_parallel};
   TS_ASSIGN_OR_RETURN(Plan plan, plan_from_flags(f, o.plan.empty() ? o.gpus : 0));
   const int64_t batch = o.batch > 0 ? o.batch : plan.data_group();
   SimOptions so;
@@ -143,6 +144,10 @@ void add_simulate_command(CLI::App& app) {
   cmd->add_option("--grad-accum", o->micro, "Micro-batches per step (default: the plan's, or 1)");
   cmd->add_option("--recompute", o->recompute,
                   "Activation recomputation: none|full|selective (default: the plan's, or none)");
+  cmd->add_flag("--sequence-parallel", o->sequence_parallel,
+                "Sequence parallelism with --tp: norms and residual adds split on the sequence "
+                "over the tensor-parallel ranks (reduce-scatter + all-gather instead of "
+                "all-reduce; less activation memory)");
   cmd->add_option("--plan", o->plan, "Plan JSON file (overrides the plan flags)");
   cmd->add_option("--precision", o->precision, "f32 | bf16 (mixed) | f16 (mixed)")
       ->capture_default_str();

@@ -101,7 +101,10 @@ Result<double> evaluate(TrainState& st, DataLoader& val, int64_t batches) {
 
 // The plan flags of a distributed run.
 PlanFlags plan_flags(const TrainOptions& o) {
-  return PlanFlags{o.plan, o.dp, o.tp, o.zero, o.hsdp, static_cast<int>(o.grad_accum), o.recompute};
+  return PlanFlags{o.plan,      o.dp,
+                   o.tp,        o.zero,
+                   o.hsdp,      static_cast<int>(o.grad_accum),
+                   o.recompute, o.sequence_parallel};
 }
 
 // Test hook: TESSERA_FAULT_KILL_RANK=r TESSERA_FAULT_KILL_STEP=s kills rank r in step s.
@@ -386,6 +389,10 @@ void add_train_command(CLI::App& app, TrainOptions& o) {
                   "HSDP: this many replica groups, ZeRO-3 within each (ranks / N per group)");
   cmd->add_option("--plan", o.plan,
                   "Plan JSON (see `tessera plan`); overrides --dp/--tp/--zero/--hsdp");
+  cmd->add_flag("--sequence-parallel", o.sequence_parallel,
+                "Sequence parallelism with --tp: norms and residual adds split on the sequence "
+                "over the tensor-parallel ranks (reduce-scatter + all-gather instead of "
+                "all-reduce; less activation memory)");
   cmd->add_option("--recompute", o.recompute,
                   "Activation recomputation: none; full (each block's forward again in the "
                   "backward pass: least activation memory, ~20% more FLOPs); or selective (only "

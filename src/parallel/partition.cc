@@ -49,6 +49,24 @@ class Pass {
                                            const std::vector<Placements>& out_pl,
                                            const std::vector<Shape>& expect,
                                            const std::vector<size_t>& axes);
+  // Sequence parallelism on tensor axis k, for a node whose sharding rule refused the inputs'
+  // placements `pk` (DESIGN.md "Tensor layouts and redistribution"): first the sequence dim of
+  // [B, T, ...] activations (Partial reduce-scattered onto it, Replicate sliced for free),
+  // then gathering sequence-split inputs while the others (parameters) stay as they are.
+  // Returns true with `ins` converted and `res` the rule's output placements.
+  // With `start`, inputs all Replicate may be split too (nothing needs it, but it is free).
+  Result<bool> split_sequence(const Node& n, size_t k, const Placements& pk,
+                              const std::vector<TensorType>& in_types,
+                              const std::vector<TensorType>& out_types, std::vector<ValueId>* ins,
+                              std::vector<Placement>* res, bool start);
+  // convert() of one axis for split_sequence, shared by the consumers of a value: a sequence
+  // gathered for two matmuls of one pass is gathered once, a split is made once.
+  // [B, T, ...]: an activation with the sequence in dim 1.
+  bool is_sequence(const Shape& s) const {
+    return seq_t_ > 0 && s.rank() >= 2 && s[0] == seq_b_ && s[1] == seq_t_;
+  }
+  Result<ValueId> sequence_convert(ValueId v, const Shape& global, size_t k, Placement p,
+                                   const Node& like);
   Status issue_gathers(NodeId upto);
   Result<ValueId> issue_gather(size_t param, bool backward, const Node& like);
   Status flush_bucket();
@@ -79,6 +97,10 @@ class Pass {
   // Ids (global value) of an embedding whose table is split on the vocabulary -> the axes that
   // split it: the embedding's gradient (same ids) takes the same split.
   std::map<ValueId, std::vector<size_t>> vocab_ids_;
+  // Sequence parallelism: the global batch and sequence length ([B, T] token inputs), and the
+  // conversions already emitted (value, target placements, pass -> converted value).
+  int64_t seq_b_ = -1, seq_t_ = -1;
+  std::map<std::string, ValueId> seq_converted_;
   std::vector<size_t> pending_;  // params whose gradient waits in the open bucket
   int64_t pending_bytes_ = 0;
 };
@@ -487,11 +509,43 @@ Status Pass::visit(NodeId id) {
     for (size_t i = 0; i < ins.size(); ++i) pk.push_back(placement(i, k));
     bool all_r =
         std::all_of(pk.begin(), pk.end(), [](const Placement& p) { return p.is_replicate(); });
-    if (all_r) continue;
+    const bool tensor_axis = std::count(plan_.tensor_axes.begin(), plan_.tensor_axes.end(),
+                                        plan_.mesh.axes()[k].name) > 0;
+    const bool any_lazy =
+        std::any_of(lazy.begin(), lazy.end(), [](const Placements& p) { return !p.empty(); });
+    const bool sequence = plan_.sequence_parallel && tensor_axis && !any_lazy;
+    if (all_r) {
+      // Sequence parallelism starts at the first norm of a replicated stream (a free slice).
+      if (sequence && (n.op == OpKind::layernorm || n.op == OpKind::rmsnorm)) {
+        std::vector<Placement> res;
+        TS_ASSIGN_OR_RETURN(bool split,
+                            split_sequence(n, k, pk, in_types, out_types, &ins, &res, true));
+        if (split)
+          for (size_t i = 0; i < res.size(); ++i) out_pl[i][k] = res[i];
+      }
+      continue;
+    }
     std::vector<Placement> res;
     auto try_rule = [&](const Placements& p) {
       return def.sharding && def.sharding(ShardingRuleArgs{n.attrs, in_types, out_types, p}, &res);
     };
+    // Under sequence parallelism a Partial activation of the forward pass is reduce-scattered
+    // onto the sequence at its first use, not carried on: a Partial residual stream would stay
+    // whole, and its norms' gradients would reduce it again. (In the backward pass, gradients
+    // of one value add up Partial first: one reduction of the sum.)
+    if (sequence && !n.backward) {
+      bool partial_stream = false;
+      for (size_t i = 0; i < ins.size(); ++i)
+        partial_stream = partial_stream || (pk[i].is_partial() && is_sequence(in_types[i].shape));
+      if (partial_stream) {
+        TS_ASSIGN_OR_RETURN(bool split,
+                            split_sequence(n, k, pk, in_types, out_types, &ins, &res, false));
+        if (split) {
+          for (size_t i = 0; i < res.size(); ++i) out_pl[i][k] = res[i];
+          continue;
+        }
+      }
+    }
     if (try_rule(pk)) {
       for (size_t i = 0; i < res.size(); ++i) out_pl[i][k] = res[i];
       continue;
@@ -526,6 +580,14 @@ Status Pass::visit(NodeId id) {
         TS_ASSIGN_OR_RETURN(ins[i], emit(OpKind::fill, fa, {}, n, {p}, {ls}));
       }
       continue;
+    }
+    if (sequence) {
+      TS_ASSIGN_OR_RETURN(bool split,
+                          split_sequence(n, k, pk, in_types, out_types, &ins, &res, false));
+      if (split) {
+        for (size_t i = 0; i < res.size(); ++i) out_pl[i][k] = res[i];
+        continue;
+      }
     }
     // Fallback: replicate every non-replicated input on this axis.
     for (size_t i = 0; i < ins.size(); ++i) {
@@ -584,8 +646,129 @@ Status Pass::visit(NodeId id) {
   return Status();
 }
 
+Result<bool> Pass::split_sequence(const Node& n, size_t k, const Placements& pk,
+                                  const std::vector<TensorType>& in_types,
+                                  const std::vector<TensorType>& out_types,
+                                  std::vector<ValueId>* ins, std::vector<Placement>* res,
+                                  bool start) {
+  const OpDef& def = op_def(n.op);
+  if (def.sharding == nullptr || out_types.empty()) return false;
+  auto rule = [&](const Placements& p) {
+    return def.sharding(ShardingRuleArgs{n.attrs, in_types, out_types, p}, res);
+  };
+  const bool binary =
+      n.op == OpKind::add || n.op == OpKind::sub || n.op == OpKind::mul || n.op == OpKind::div;
+  auto is_bt = [&](const Shape& s) { return is_sequence(s); };
+  // The dim of input i that runs along the sequence: 1 of a [B, T, ...] activation, or for a
+  // broadcast operand of a binary op ([T, C] + [B, T, C]) the dim aligned with the output's T.
+  auto seq_dim = [&](size_t i) {
+    const Shape& s = in_types[i].shape;
+    if (is_bt(s)) return 1;
+    const Shape& o = out_types[0].shape;
+    if (binary && is_bt(o)) {
+      const int d = 1 - (o.rank() - s.rank());
+      if (d >= 0 && s[d] == seq_t_) return d;
+    }
+    return -1;
+  };
+  auto apply = [&](const Placements& want) -> Result<bool> {
+    for (size_t i = 0; i < want.size(); ++i) {
+      if (want[i] == pk[i]) continue;
+      TS_ASSIGN_OR_RETURN((*ins)[i], sequence_convert((*ins)[i], in_types[i].shape, k, want[i], n));
+    }
+    return true;
+  };
+  // (a) Split the sequence: Partial -> S(T) (reduce-scatter), Replicate -> S(T) (a slice).
+  Placements want = pk;
+  bool any = false, ok = true;
+  for (size_t i = 0; i < pk.size() && ok; ++i) {
+    const int d = seq_dim(i);
+    if (pk[i].is_partial()) {
+      ok = d >= 0;
+      want[i] = Placement::shard(d);
+      any = true;
+    } else if (pk[i].is_shard()) {
+      ok = pk[i].dim == d;
+      any = true;
+    } else if (d >= 0) {
+      want[i] = Placement::shard(d);
+      any = any || start;
+    }
+  }
+  const bool split_ok = ok && any && rule(want);
+  const Placements split = want;
+  const std::vector<Placement> split_res = *res;
+  // (b) Gather the sequence of the inputs split on it; the others keep their placements.
+  Placements gather = pk;
+  double gathered_bytes = 0;
+  for (size_t i = 0; i < pk.size(); ++i) {
+    if (pk[i].is_shard() && pk[i].dim == seq_dim(i)) {
+      gather[i] = Placement::replicate();
+      gathered_bytes += static_cast<double>(in_types[i].bytes());
+    }
+  }
+  // Splitting makes new partial sums of a reduction over the sequence (a norm's weight
+  // gradient: small; an embedding table's: large), reduced later. Gather instead when they
+  // outweigh the inputs gathered.
+  double new_partial_bytes = 0;
+  const bool had_partial =
+      std::any_of(pk.begin(), pk.end(), [](const Placement& p) { return p.is_partial(); });
+  if (split_ok && !had_partial)
+    for (size_t i = 0; i < split_res.size(); ++i)
+      if (split_res[i].is_partial()) new_partial_bytes += static_cast<double>(out_types[i].bytes());
+  if (split_ok && (gathered_bytes == 0 || new_partial_bytes <= gathered_bytes)) return apply(split);
+  if (gathered_bytes > 0) {
+    // (Rules are for inputs with something split: all Replicate gives all Replicate.)
+    if (std::all_of(gather.begin(), gather.end(),
+                    [](const Placement& p) { return p.is_replicate(); })) {
+      res->assign(out_types.size(), Placement::replicate());
+      return apply(gather);
+    }
+    if (rule(gather)) return apply(gather);
+  }
+  if (!split_ok) return false;
+  *res = split_res;
+  return apply(split);
+}
+
+Result<ValueId> Pass::sequence_convert(ValueId v, const Shape& global, size_t k, Placement p,
+                                       const Node& like) {
+  Placements target = out_.placements[static_cast<size_t>(v)];
+  const Placement from = target[k];
+  target[k] = p;
+  // A gather is redone in the backward pass (its output is the tensor's full size, not kept
+  // alive in between); a split (reduce-scatter or slice) is shared by both passes.
+  std::string key = std::to_string(v);
+  if (p.is_replicate()) key += in_backward_pass(like) ? " bwd" : " fwd";
+  for (const Placement& t : target) key += " " + t.to_string();
+  auto it = seq_converted_.find(key);
+  if (it != seq_converted_.end()) return it->second;
+  out_.fallbacks.push_back(like.scope + " " + op_name(like.op) + ": " + from.to_string() + " -> " +
+                           p.to_string() + " on " + plan_.mesh.axes()[k].name +
+                           " (sequence parallel)");
+  TS_ASSIGN_OR_RETURN(ValueId r, convert(v, global, target, like));
+  seq_converted_[key] = r;
+  return r;
+}
+
 Result<Partitioned> Pass::run() {
   TS_RETURN_IF_ERROR(validate(plan_));
+  if (plan_.sequence_parallel) {  // [B, T] from the token inputs
+    for (const Node& n : g_.nodes()) {
+      if (n.op != OpKind::input || g_.type(n.outputs[0]).shape.rank() != 2) continue;
+      seq_b_ = g_.type(n.outputs[0]).shape[0];
+      seq_t_ = g_.type(n.outputs[0]).shape[1];
+      break;
+    }
+    if (seq_t_ < 0)
+      return error("partition: sequence parallelism needs [batch, sequence] token inputs",
+                   "drop sequence_parallel for this model");
+    if (seq_t_ % plan_.tensor_group() != 0)
+      return error("partition: sequence length " + std::to_string(seq_t_) +
+                       " does not split over " + std::to_string(plan_.tensor_group()) +
+                       " tensor-parallel ranks",
+                   "use a --seq that is a multiple of " + std::to_string(plan_.tensor_group()));
+  }
   for (const auto& [name, pl] : plan_.params) {
     bool found = false;
     for (ValueId p : g_.params()) found = found || g_.name_of(p) == name;

@@ -186,6 +186,7 @@ std::string Plan::describe() const {
   if (micro_batches > 1) s += " micro_batches=" + std::to_string(micro_batches);
   if (recompute != RecomputePolicy::none)
     s += std::string(" recompute=") + recompute_name(recompute);
+  if (sequence_parallel) s += " sequence-parallel";
   return s;
 }
 
@@ -241,6 +242,9 @@ Status validate(const Plan& p, int world) {
   if (static_cast<int>(p.recompute) > static_cast<int>(RecomputePolicy::selective))
     return error("plan: recompute policy " + std::to_string(static_cast<int>(p.recompute)) +
                  " is not none, full or selective");
+  if (p.sequence_parallel && p.tensor_group() < 2)
+    return error("plan: sequence parallelism needs a tensor axis of 2 or more ranks",
+                 "add --tp N (the sequence is split over the tensor-parallel ranks)");
   if (world > 0 && p.mesh.size() != world)
     return error("plan: mesh " + p.mesh.to_string() + " has " + std::to_string(p.mesh.size()) +
                      " ranks but the job has " + std::to_string(world),
@@ -267,19 +271,20 @@ nlohmann::json plan_to_json(const Plan& p) {
           {"micro_batches", p.micro_batches},
           {"bucket_bytes", p.bucket_bytes},
           {"prefetch_bytes", p.prefetch_bytes},
-          {"recompute", recompute_name(p.recompute)}};
+          {"recompute", recompute_name(p.recompute)},
+          {"sequence_parallel", p.sequence_parallel}};
 }
 
 Result<Plan> plan_from_json(const nlohmann::json& j) {
   static const std::set<std::string> known = {
-      "mesh", "data_axes",     "zero_axes",    "tensor_axes",    "params",
-      "zero", "micro_batches", "bucket_bytes", "prefetch_bytes", "recompute"};
+      "mesh",          "data_axes",    "zero_axes",      "tensor_axes", "params",           "zero",
+      "micro_batches", "bucket_bytes", "prefetch_bytes", "recompute",   "sequence_parallel"};
   if (!j.is_object()) return error("plan: expected a JSON object");
   for (auto it = j.begin(); it != j.end(); ++it)
     if (!known.count(it.key()))
       return error("plan: unknown key '" + it.key() + "'",
                    "keys: mesh, data_axes, zero_axes, tensor_axes, params, zero, micro_batches, "
-                   "bucket_bytes, prefetch_bytes, recompute");
+                   "bucket_bytes, prefetch_bytes, recompute, sequence_parallel");
   Plan p;
   try {
     if (j.contains("mesh")) {
@@ -328,6 +333,8 @@ Result<Plan> plan_from_json(const nlohmann::json& j) {
     if (j.contains("micro_batches")) p.micro_batches = j.at("micro_batches").get<int>();
     if (j.contains("bucket_bytes")) p.bucket_bytes = j.at("bucket_bytes").get<int64_t>();
     if (j.contains("prefetch_bytes")) p.prefetch_bytes = j.at("prefetch_bytes").get<int64_t>();
+    if (j.contains("sequence_parallel"))
+      p.sequence_parallel = j.at("sequence_parallel").get<bool>();
     if (j.contains("recompute")) {
       Result<RecomputePolicy> r = parse_recompute(j.at("recompute").get<std::string>());
       if (!r.ok())

@@ -85,6 +85,11 @@ struct Plan {
   int64_t bucket_bytes = 4 << 20;     // gradient reduction bucket size
   int64_t prefetch_bytes = 16 << 20;  // FSDP: gathered parameter bytes in flight ahead of use
   RecomputePolicy recompute = RecomputePolicy::none;  // activation recomputation
+  // Sequence parallelism (Korthikanti et al. 2022): on the tensor axes, activations of shape
+  // [B, T, ...] between the tensor-parallel regions (norms, residual adds) are split on T; a
+  // row-parallel output is reduce-scattered onto T instead of all-reduced, and gathered again
+  // before the next column-parallel matmul.
+  bool sequence_parallel = false;
 
   static Plan data_parallel(int n, int zero = 0);
   // HSDP: ZeRO-3 within a group of `shards`, replicated over `replicas`; with tp > 1 inside

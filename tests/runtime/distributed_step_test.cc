@@ -57,6 +57,11 @@ Plan with_recompute(Plan p, RecomputePolicy policy = RecomputePolicy::full) {
   return p;
 }
 
+Plan with_sequence_parallel(Plan p) {
+  p.sequence_parallel = true;
+  return p;
+}
+
 INSTANTIATE_TEST_SUITE_P(
     Plans, DistributedStepTest,
     testing::Values(Case{"dp2", Plan::data_parallel(2)}, Case{"zero1_2", Plan::data_parallel(2, 1)},
@@ -117,7 +122,11 @@ INSTANTIATE_TEST_SUITE_P(
                     Case{"tp2_accum", with_micro(Plan::tensor_parallel(1, 2), 2)},
                     Case{"tp2_recompute", with_recompute(Plan::tensor_parallel(1, 2))},
                     Case{"dp2_tp2_zero3_selective", with_recompute(Plan::tensor_parallel(2, 2, 3),
-                                                                   RecomputePolicy::selective)}),
+                                                                   RecomputePolicy::selective)},
+                    Case{"tp2_sp", with_sequence_parallel(Plan::tensor_parallel(1, 2))},
+                    Case{"dp2_tp2_zero3_sp_selective",
+                         with_sequence_parallel(with_recompute(Plan::tensor_parallel(2, 2, 3),
+                                                               RecomputePolicy::selective))}),
     [](const testing::TestParamInfo<Case>& i) { return std::string(i.param.name); });
 
 // The head split on its columns (row-parallel): its input is sliced locally on each rank
