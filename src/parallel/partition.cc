@@ -54,11 +54,10 @@ class Pass {
   // [B, T, ...] activations (Partial reduce-scattered onto it, Replicate sliced for free),
   // then gathering sequence-split inputs while the others (parameters) stay as they are.
   // Returns true with `ins` converted and `res` the rule's output placements.
-  // With `start`, inputs all Replicate may be split too (nothing needs it, but it is free).
   Result<bool> split_sequence(const Node& n, size_t k, const Placements& pk,
                               const std::vector<TensorType>& in_types,
                               const std::vector<TensorType>& out_types, std::vector<ValueId>* ins,
-                              std::vector<Placement>* res, bool start);
+                              std::vector<Placement>* res);
   // convert() of one axis for split_sequence, shared by the consumers of a value: a sequence
   // gathered for two matmuls of one pass is gathered once, a split is made once.
   // [B, T, ...]: an activation with the sequence in dim 1.
@@ -514,17 +513,9 @@ Status Pass::visit(NodeId id) {
     const bool any_lazy =
         std::any_of(lazy.begin(), lazy.end(), [](const Placements& p) { return !p.empty(); });
     const bool sequence = plan_.sequence_parallel && tensor_axis && !any_lazy;
-    if (all_r) {
-      // Sequence parallelism starts at the first norm of a replicated stream (a free slice).
-      if (sequence && (n.op == OpKind::layernorm || n.op == OpKind::rmsnorm)) {
-        std::vector<Placement> res;
-        TS_ASSIGN_OR_RETURN(bool split,
-                            split_sequence(n, k, pk, in_types, out_types, &ins, &res, true));
-        if (split)
-          for (size_t i = 0; i < res.size(); ++i) out_pl[i][k] = res[i];
-      }
-      continue;
-    }
+    // (A replicated stream, from a replicated embedding, stays whole until the first residual
+    // add meets a Partial: slicing it at the first norm would only add a gather before q.)
+    if (all_r) continue;
     std::vector<Placement> res;
     auto try_rule = [&](const Placements& p) {
       return def.sharding && def.sharding(ShardingRuleArgs{n.attrs, in_types, out_types, p}, &res);
@@ -536,15 +527,24 @@ Status Pass::visit(NodeId id) {
     if (sequence && !n.backward) {
       bool partial_stream = false;
       for (size_t i = 0; i < ins.size(); ++i)
-        partial_stream = partial_stream || (pk[i].is_partial() && is_sequence(in_types[i].shape));
+        partial_stream = partial_stream || (pk[i].is_partial() && is_sequence(in_types[i].shape) &&
+                                            !param_index_.count(n.inputs[i]));
       if (partial_stream) {
-        TS_ASSIGN_OR_RETURN(bool split,
-                            split_sequence(n, k, pk, in_types, out_types, &ins, &res, false));
+        TS_ASSIGN_OR_RETURN(bool split, split_sequence(n, k, pk, in_types, out_types, &ins, &res));
         if (split) {
           for (size_t i = 0; i < res.size(); ++i) out_pl[i][k] = res[i];
           continue;
         }
       }
+    }
+    // A sequence split is gathered before a reshape that flattens it ([B, T, C] -> [B*T, C];
+    // with one sequence per rank the split would survive as a row split): the value gathered
+    // is then the one the q, k and v (or gate and up) weight gradients share, gathered once.
+    if (sequence && n.op == OpKind::reshape && pk[0].is_shard(1) &&
+        is_sequence(in_types[0].shape) && !is_sequence(out_types[0].shape)) {
+      TS_ASSIGN_OR_RETURN(
+          ins[0], sequence_convert(ins[0], in_types[0].shape, k, Placement::replicate(), n));
+      continue;  // all Replicate: out_pl stays Replicate on this axis
     }
     if (try_rule(pk)) {
       for (size_t i = 0; i < res.size(); ++i) out_pl[i][k] = res[i];
@@ -582,8 +582,7 @@ Status Pass::visit(NodeId id) {
       continue;
     }
     if (sequence) {
-      TS_ASSIGN_OR_RETURN(bool split,
-                          split_sequence(n, k, pk, in_types, out_types, &ins, &res, false));
+      TS_ASSIGN_OR_RETURN(bool split, split_sequence(n, k, pk, in_types, out_types, &ins, &res));
       if (split) {
         for (size_t i = 0; i < res.size(); ++i) out_pl[i][k] = res[i];
         continue;
@@ -649,8 +648,7 @@ Status Pass::visit(NodeId id) {
 Result<bool> Pass::split_sequence(const Node& n, size_t k, const Placements& pk,
                                   const std::vector<TensorType>& in_types,
                                   const std::vector<TensorType>& out_types,
-                                  std::vector<ValueId>* ins, std::vector<Placement>* res,
-                                  bool start) {
+                                  std::vector<ValueId>* ins, std::vector<Placement>* res) {
   const OpDef& def = op_def(n.op);
   if (def.sharding == nullptr || out_types.empty()) return false;
   auto rule = [&](const Placements& p) {
@@ -659,11 +657,15 @@ Result<bool> Pass::split_sequence(const Node& n, size_t k, const Placements& pk,
   const bool binary =
       n.op == OpKind::add || n.op == OpKind::sub || n.op == OpKind::mul || n.op == OpKind::div;
   auto is_bt = [&](const Shape& s) { return is_sequence(s); };
-  // The dim of input i that runs along the sequence: 1 of a [B, T, ...] activation, or for a
-  // broadcast operand of a binary op ([T, C] + [B, T, C]) the dim aligned with the output's T.
+  // The dim of input i that runs along the sequence: 1 of a [B, T, ...] activation, 0 of its
+  // rows [B*T, ...] (split on them, a reshape of a sequence split with one sequence per rank
+  // keeps it), or for a broadcast operand of a binary op ([T, C] + [B, T, C]) the dim aligned
+  // with the output's T.
   auto seq_dim = [&](size_t i) {
+    if (param_index_.count(n.inputs[i])) return -1;  // activations only
     const Shape& s = in_types[i].shape;
     if (is_bt(s)) return 1;
+    if (s.rank() >= 1 && s[0] == seq_b_ * seq_t_) return 0;  // [B*T, ...]: rows
     const Shape& o = out_types[0].shape;
     if (binary && is_bt(o)) {
       const int d = 1 - (o.rank() - s.rank());
@@ -692,7 +694,6 @@ Result<bool> Pass::split_sequence(const Node& n, size_t k, const Placements& pk,
       any = true;
     } else if (d >= 0) {
       want[i] = Placement::shard(d);
-      any = any || start;
     }
   }
   const bool split_ok = ok && any && rule(want);

@@ -87,6 +87,58 @@ TEST(Plan, BadPlansNameTheProblem) {
   EXPECT_NE(s.message().find("has 4 ranks but the job has 2"), std::string::npos);
 }
 
+TEST(Plan, SequenceParallelRoundTripsAndNeedsATensorAxis) {
+  Plan p = Plan::tensor_parallel(2, 4);
+  p.sequence_parallel = true;
+  Result<Plan> q = plan_from_json(plan_to_json(p));
+  ASSERT_TRUE(q.ok()) << q.status().to_string();
+  EXPECT_TRUE(q->sequence_parallel);
+  EXPECT_EQ(q->describe(), "dp=2 x tp=4 zero=0 sequence-parallel");
+  Plan d = Plan::data_parallel(4);
+  d.sequence_parallel = true;
+  EXPECT_NE(validate(d).message().find("sequence parallelism needs a tensor axis"),
+            std::string::npos);
+}
+
+// The Megatron layout of a GPT-2 124M step on tp 2 with and without sequence parallelism:
+// the norms' and residual adds' activations are split on the sequence, so the planned arena
+// shrinks; the norm and residual values between blocks are Shard(1) on tp.
+TEST(Partition, SequenceParallelSplitsNormsAndResidualsAndShrinksTheArena) {
+  ModelGraph m = build_model(*find_preset("gpt2-small"), 4, 256, ModelMode::train);
+  Plan tp = Plan::tensor_parallel(1, 2);
+  for (int l = 0; l < 12; ++l) {
+    const std::string h = "h." + std::to_string(l) + ".";
+    for (const char* col : {"attn.qkv.weight", "attn.qkv.bias", "mlp.fc.weight", "mlp.fc.bias"})
+      tp.params[h + col] = {Placement::replicate(), Placement::shard(0)};
+    for (const char* row : {"attn.proj.weight", "mlp.proj.weight"})
+      tp.params[h + row] = {Placement::replicate(), Placement::shard(1)};
+  }
+  Plan sp = tp;
+  sp.sequence_parallel = true;
+  Result<Program> a = lower(m.graph, tp), b = lower(m.graph, sp);
+  ASSERT_TRUE(a.ok()) << a.status().to_string();
+  ASSERT_TRUE(b.ok()) << b.status().to_string();
+  std::printf("arena: tp %lld B, tp + sp %lld B\n", (long long)a->memory.arena_bytes,
+              (long long)b->memory.arena_bytes);
+  EXPECT_LT(b->memory.arena_bytes, a->memory.arena_bytes * 0.95);
+  int split = 0, reduce_scatters = 0, all_reduces_of_activations = 0;
+  const Partitioned& part = b->part;
+  for (const Node& n : part.local.nodes()) {
+    const bool acts =
+        n.outputs.size() == 1 && part.local.type(n.outputs[0]).shape.numel() >= 4 * 256 * 768 / 2;
+    if (n.op == OpKind::layernorm &&
+        part.placements[static_cast<size_t>(n.outputs[0])][1] == Placement::shard(1))
+      ++split;
+    if (n.op == OpKind::reduce_scatter && n.attrs.name == "tp") ++reduce_scatters;
+    if (n.op == OpKind::all_reduce && n.attrs.name == "tp" && acts) ++all_reduces_of_activations;
+  }
+  EXPECT_EQ(split, 2 * 12 - 1 + 1);  // every norm but block 0's first (replicated stream), ln_f
+  // 2 forward, 2 backward per block (the tied head is replicated here: the final norm's input
+  // gradient is whole on every rank and sliced, not reduced).
+  EXPECT_EQ(reduce_scatters, 12 * 4);
+  EXPECT_EQ(all_reduces_of_activations, 0);
+}
+
 TEST(Mesh, CoordinatesAndGroups) {
   Mesh m({{"a", 2}, {"b", 3}});
   EXPECT_EQ(m.size(), 6);

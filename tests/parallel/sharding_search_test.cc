@@ -58,6 +58,43 @@ TEST(ShardingSearch, FindsTheMegatronLayoutOfALlamaBlock) {
   EXPECT_DOUBLE_EQ(b->tensor_bytes, analytic);
 }
 
+// With sequence parallelism the same layout moves each block half's activations as a
+// reduce-scatter and an all-gather instead of an all-reduce (a ring over 8 ranks sends 7/8 of
+// the tensor for each). A block sends 10 such pieces: forward, 2 all-gathers before the
+// column-parallel matmuls and 2 reduce-scatters after the row-parallel ones; backward, 2
+// all-gathers of the output gradient, 2 all-gathers again of the normalized inputs for the
+// weight gradients (not kept from the forward pass) and 2 reduce-scatters. The first block
+// sends 2 fewer: the replicated embedding reaches q, k and v whole (the stream is split at
+// the first residual add, for free). Outside the block, 3: the final norm's output gathered
+// for the head, its input gradient reduce-scattered, the embedding's output gradient
+// gathered. The norm weights' gradients, now partial sums over the sequence, are all-reduced;
+// the cross-entropy sends what it sent before.
+TEST(ShardingSearch, SequenceParallelMovesReduceScattersAndAllGathers) {
+  ModelConfig c = *find_preset("llama2-7b");
+  c.n_layer = 1;
+  const int64_t B = 1, T = 4096, C = c.n_embd;
+  ModelGraph m = build_model(c, B, T, ModelMode::train);
+  Plan plan = Plan::tensor_parallel(1, 8);
+  plan.sequence_parallel = true;
+  Result<BlockLayout> b = search_block_layout(m.graph, plan, SearchCost{2000});
+  ASSERT_TRUE(b.ok()) << b.status().to_string();
+  const size_t tp = 1;
+  for (const char* col :
+       {"attn.q.weight", "attn.k.weight", "attn.v.weight", "mlp.gate.weight", "mlp.up.weight"})
+    EXPECT_EQ(placement_on(*b, col, tp), "S(0)") << col;
+  for (const char* row : {"attn.o.weight", "mlp.down.weight"})
+    EXPECT_EQ(placement_on(*b, row, tp), "S(1)") << row;
+  EXPECT_EQ(placement_on(*b, "lm_head.weight", tp), "S(0)");
+  EXPECT_EQ(placement_on(*b, "tok_emb", tp), "R");
+  for (const char* norm : {"attn_norm.weight", "mlp_norm.weight", "norm.weight"})
+    EXPECT_EQ(placement_on(*b, norm, tp), "R") << norm;
+  const double piece = 7.0 / 8 * static_cast<double>(B * T * C) * 4;  // one gather or scatter
+  const double rows = static_cast<double>(B * T) * 4;
+  const double norm_grads = 3 * 2.0 * 7 / 8 * static_cast<double>(C) * 4;
+  const double analytic = (10 - 2 + 3) * piece + 7 * rows + 2.0 * 7 / 8 * rows + norm_grads;
+  EXPECT_DOUBLE_EQ(b->tensor_bytes, analytic);
+}
+
 // GPT's fused QKV projection stores its rows per head (models/model.h), so a row split of
 // it hands each rank whole heads: the search finds column-parallel QKV and fc (with their
 // biases), row-parallel attention and MLP projections.
