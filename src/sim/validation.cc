@@ -178,8 +178,7 @@ Result<RunSetup> setup_run(const PublishedRun& r, const std::string& cluster_dir
   if (!pps.empty() && (!number(pps, &pp) || pp != 1))
     return error("pipeline parallelism (pp=" + pps + ") is not in the Program yet");
   const std::string& sp = r.at("sequence_parallel");
-  if (tp > 1 && !sp.empty() && !contains(sp, "no"))
-    return error("sequence parallelism ('" + sp + "') is not in the Program yet");
+  const bool sequence_parallel = tp > 1 && !sp.empty() && !contains(sp, "no");
   for (const char* col : {"cp", "ep"}) {
     double v;
     if (!r.at(col).empty() && (!number(r.at(col), &v) || v != 1))
@@ -211,6 +210,7 @@ Result<RunSetup> setup_run(const PublishedRun& r, const std::string& cluster_dir
     return error("recomputation of some blocks only ('" + rc + "') is not modeled");
   s.plan = tp > 1 ? Plan::tensor_parallel(static_cast<int>(dp), static_cast<int>(tp), 0)
                   : Plan::data_parallel(static_cast<int>(dp), 0);
+  s.plan.sequence_parallel = sequence_parallel;
   if (contains(rc, "full")) {
     s.plan.recompute = RecomputePolicy::full;
   } else if (contains(rc, "selective")) {
