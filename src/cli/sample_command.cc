@@ -1,4 +1,5 @@
 // `tessera sample --checkpoint DIR --prompt TEXT`: generate text from a trained checkpoint.
+#include <cmath>
 #include <cstdio>
 #include <cstring>
 #include <random>
@@ -25,6 +26,12 @@ struct SampleArgs {
 };
 
 Status run_sample(const SampleArgs& a) {
+  if (a.tokens < 0) return error("--tokens must be >= 0");
+  if (!(a.temperature >= 0) || !std::isfinite(a.temperature))
+    return error("--temperature must be 0 (greedy) or positive, got " +
+                 std::to_string(a.temperature));
+  if (a.top_k < 0)
+    return error("--top-k must be 0 (all tokens) or positive, got " + std::to_string(a.top_k));
   TS_ASSIGN_OR_RETURN(ShardedCheckpoint ck, ShardedCheckpoint::open(a.checkpoint));
   nlohmann::json model_json;
   try {
@@ -34,7 +41,6 @@ Status run_sample(const SampleArgs& a) {
   }
   TS_ASSIGN_OR_RETURN(ModelConfig cfg, model_config_from_json(model_json));
   TS_ASSIGN_OR_RETURN(Gpt2Tokenizer tok, Gpt2Tokenizer::load(default_data_dir() + "/gpt2"));
-  if (a.tokens < 0) return error("--tokens must be >= 0");
   std::vector<int32_t> prompt = tok.encode(a.prompt);
   if (prompt.empty()) prompt.push_back(Gpt2Tokenizer::kEndOfText);
   ModelGraph m = build_model(cfg, 1, cfg.max_seq_len, ModelMode::logits);

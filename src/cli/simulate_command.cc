@@ -62,6 +62,8 @@ Status run_simulate(const SimulateOptions& o) {
   if (seq > cfg.max_seq_len)
     return error("--seq " + std::to_string(seq) + " exceeds the model's max_seq_len " +
                  std::to_string(cfg.max_seq_len));
+  if (o.plan.empty() && (o.gpus < 1 || o.gpus > (1 << 20)))
+    return error("--gpus must be between 1 and 1048576, got " + std::to_string(o.gpus));
   PlanFlags f{o.plan, 0, o.tp, o.zero, o.hsdp, o.micro, o.recompute, o.sequence_parallel};
   TS_ASSIGN_OR_RETURN(Plan plan, plan_from_flags(f, o.plan.empty() ? o.gpus : 0));
   const int64_t batch = o.batch > 0 ? o.batch : plan.data_group();

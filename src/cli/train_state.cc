@@ -213,10 +213,21 @@ Result<int64_t> TrainState::load(const std::string& root, DataLoader* train) {
   std::string where = "checkpoint " + ck.dir();
   try {
     TS_ASSIGN_OR_RETURN(ModelConfig saved, model_config_from_json(m.at("model")));
-    if (model_config_to_json(saved) != model_config_to_json(cfg))
-      return error(where + " holds model " + model_config_to_json(saved).dump() +
-                       ", not the requested " + model_config_to_json(cfg).dump(),
-                   "pass the same --model as the run that wrote it, or another --out");
+    const nlohmann::json have = model_config_to_json(saved), want = model_config_to_json(cfg);
+    if (have != want) {
+      std::string diff;
+      for (auto it = want.begin(); it != want.end(); ++it) {
+        if (it.key() == "name" || (have.contains(it.key()) && have.at(it.key()) == it.value()))
+          continue;
+        diff += (diff.empty() ? "" : ", ") + it.key() + " " +
+                (have.contains(it.key()) ? have.at(it.key()).dump() : std::string("(none)")) +
+                " there, " + it.value().dump() + " here";
+      }
+      if (diff.empty()) diff = "the model name";
+      return error(
+          where + " was written by another model (" + have.value("name", "?") + "): " + diff,
+          "pass the same --model as the run that wrote it, or another --out");
+    }
     const nlohmann::json& t = m.at("train");
     if (t.at("batch").get<int64_t>() != opts.batch || t.at("seq").get<int64_t>() != opts.seq ||
         t.at("grad_accum").get<int64_t>() != opts.grad_accum)

@@ -273,7 +273,7 @@ Result<std::string> resolve_checkpoint(const std::string& path) {
     }
     return dir;
   }
-  std::string hint = "pass a directory written by CheckpointWriter";
+  std::string hint = "pass a run's checkpoints/ directory or one of its step-N directories";
   Result<std::vector<std::string>> found = list_checkpoints(path);
   if (found.ok() && !found->empty()) {
     hint = "checkpoints found under it: " + join_strings(found.value()) + "; pass one of them";

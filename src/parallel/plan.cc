@@ -286,8 +286,16 @@ Result<Plan> plan_from_json(const nlohmann::json& j) {
                    "keys: mesh, data_axes, zero_axes, tensor_axes, params, zero, micro_batches, "
                    "bucket_bytes, prefetch_bytes, recompute, sequence_parallel");
   Plan p;
+  // The key being read and the type it takes, for a JSON type error.
+  const char* key = "mesh";
+  const char* expect = "a list of {\"name\": ..., \"size\": ...}";
+  auto reading = [&](const char* k, const char* e) {
+    key = k;
+    expect = e;
+    return j.contains(k);
+  };
   try {
-    if (j.contains("mesh")) {
+    if (reading("mesh", "a list of {\"name\": ..., \"size\": ...}")) {
       std::vector<MeshAxis> axes;
       for (const auto& a : j.at("mesh"))
         axes.push_back({a.at("name").get<std::string>(), a.at("size").get<int>()});
@@ -297,11 +305,13 @@ Result<Plan> plan_from_json(const nlohmann::json& j) {
         (a.name == "tp" ? p.tensor_axes : p.data_axes).push_back(a.name);
       p.zero_axes = p.data_axes;
     }
-    if (j.contains("data_axes")) p.data_axes = j.at("data_axes").get<std::vector<std::string>>();
-    if (j.contains("zero_axes")) p.zero_axes = j.at("zero_axes").get<std::vector<std::string>>();
-    if (j.contains("tensor_axes"))
+    if (reading("data_axes", "a list of axis names"))
+      p.data_axes = j.at("data_axes").get<std::vector<std::string>>();
+    if (reading("zero_axes", "a list of axis names"))
+      p.zero_axes = j.at("zero_axes").get<std::vector<std::string>>();
+    if (reading("tensor_axes", "a list of axis names"))
       p.tensor_axes = j.at("tensor_axes").get<std::vector<std::string>>();
-    if (j.contains("params")) {
+    if (reading("params", "an object of parameter name -> {axis: placement}")) {
       if (!j.at("params").is_object())
         return error(
             "plan: key 'params' must be an object of parameter name -> "
@@ -329,21 +339,23 @@ Result<Plan> plan_from_json(const nlohmann::json& j) {
         p.params[it.key()] = std::move(pl);
       }
     }
-    if (j.contains("zero")) p.zero = j.at("zero").get<int>();
-    if (j.contains("micro_batches")) p.micro_batches = j.at("micro_batches").get<int>();
-    if (j.contains("bucket_bytes")) p.bucket_bytes = j.at("bucket_bytes").get<int64_t>();
-    if (j.contains("prefetch_bytes")) p.prefetch_bytes = j.at("prefetch_bytes").get<int64_t>();
-    if (j.contains("sequence_parallel"))
+    if (reading("zero", "an integer 0-3")) p.zero = j.at("zero").get<int>();
+    if (reading("micro_batches", "an integer")) p.micro_batches = j.at("micro_batches").get<int>();
+    if (reading("bucket_bytes", "an integer")) p.bucket_bytes = j.at("bucket_bytes").get<int64_t>();
+    if (reading("prefetch_bytes", "an integer"))
+      p.prefetch_bytes = j.at("prefetch_bytes").get<int64_t>();
+    if (reading("sequence_parallel", "true or false"))
       p.sequence_parallel = j.at("sequence_parallel").get<bool>();
-    if (j.contains("recompute")) {
+    if (reading("recompute", "\"none\", \"full\" or \"selective\"")) {
       Result<RecomputePolicy> r = parse_recompute(j.at("recompute").get<std::string>());
       if (!r.ok())
         return error("plan: key 'recompute': " + r.status().message(), r.status().hint());
       p.recompute = r.value();
     }
-  } catch (const nlohmann::json::exception& e) {
-    return error(std::string("plan: ") + e.what(),
-                 "mesh is a list of {\"name\": ..., \"size\": ...}; see `tessera plan`");
+  } catch (const nlohmann::json::exception&) {
+    return error(
+        std::string("plan: key '") + key + "' must be " + expect + ", got " + j.at(key).dump(),
+        "`tessera plan MODEL` prints a plan to start from");
   }
   TS_RETURN_IF_ERROR(validate(p));
   return p;

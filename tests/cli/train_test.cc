@@ -70,6 +70,22 @@ TEST_F(TrainTest, ResumeContinuesExactly) {
   EXPECT_LT(std::stod(a.back().substr(7)), std::stod(a.front().substr(7)));
 }
 
+// Resuming with another model names the keys that differ, not two whole configs.
+TEST_F(TrainTest, ResumeWithAnotherModelNamesTheKeysThatDiffer) {
+  TrainOptions first = options("run");
+  first.steps = 2;
+  ASSERT_TRUE(run_train(first).ok());
+  TrainOptions other = options("run");
+  other.model = "gpt-mini";
+  other.resume = true;
+  Status s = run_train(other);
+  ASSERT_FALSE(s.ok());
+  EXPECT_NE(s.message().find("was written by another model (gpt-tiny): "), std::string::npos)
+      << s.message();
+  EXPECT_NE(s.message().find("n_embd 64 there, 192 here"), std::string::npos) << s.message();
+  EXPECT_EQ(s.message().find("{"), std::string::npos) << s.message();
+}
+
 TEST_F(TrainTest, MissingDataPathIsNamed) {
   TrainOptions o = options("run");
   o.data = (dir_ / "nope").string();
@@ -169,6 +185,15 @@ TEST(TesseraBinary, BadParallelFlagsAreNamed) {
   EXPECT_NE(out.find("1, 2, 4, 8"), std::string::npos) << out;
   EXPECT_EQ(run_tessera("plan gpt-tiny --recompute some", &out), 1) << out;
   EXPECT_NE(out.find("not one of: none, full, selective"), std::string::npos) << out;
+  EXPECT_EQ(run_tessera("simulate gpt-tiny --gpus 0", &out), 1) << out;
+  EXPECT_NE(out.find("error: --gpus must be between 1 and 1048576, got 0"), std::string::npos)
+      << out;
+  EXPECT_EQ(run_tessera("simulate gpt-tiny --gpus 2147483647", &out), 1) << out;
+  EXPECT_EQ(run_tessera("plan gpt-tiny --sequence-parallel", &out), 1) << out;
+  EXPECT_NE(out.find("sequence parallelism needs a tensor axis"), std::string::npos) << out;
+  EXPECT_EQ(run_tessera("sample --checkpoint /nonexistent --temperature -1", &out), 1) << out;
+  EXPECT_NE(out.find("error: --temperature must be 0 (greedy) or positive"), std::string::npos)
+      << out;
 }
 
 // Tensor parallelism inside HSDP groups: one mesh of three axes, ZeRO-3 over dp_shard only.

@@ -83,6 +83,15 @@ TEST(Plan, BadPlansNameTheProblem) {
   j["zero_axes"] = {"tp"};
   EXPECT_NE(plan_from_json(j).status().message().find("'tp' is not a mesh axis"),
             std::string::npos);
+  // A value of the wrong JSON type names the key and what it takes.
+  j = plan_to_json(Plan::data_parallel(4));
+  j["mesh"] = 5;
+  EXPECT_EQ(plan_from_json(j).status().message(),
+            "plan: key 'mesh' must be a list of {\"name\": ..., \"size\": ...}, got 5");
+  j = plan_to_json(Plan::data_parallel(4));
+  j["zero"] = "three";
+  EXPECT_EQ(plan_from_json(j).status().message(),
+            "plan: key 'zero' must be an integer 0-3, got \"three\"");
   Status s = validate(Plan::data_parallel(4), 2);
   EXPECT_NE(s.message().find("has 4 ranks but the job has 2"), std::string::npos);
 }
