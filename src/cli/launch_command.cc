@@ -1,9 +1,11 @@
 // `tessera launch -n N -- train ...`: runs N ranks of this tessera binary on this machine
 // through mpirun (--oversubscribe, so N may exceed the cores), forwarding the arguments.
+#include <sys/wait.h>
 #include <unistd.h>
 
 #include <cerrno>
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <filesystem>
 #include <vector>
@@ -28,6 +30,27 @@ Status run_launch(const LaunchOptions& o) {
   std::error_code ec;
   std::string self = std::filesystem::read_symlink("/proc/self/exe", ec).string();
   if (ec) return error("cannot find the tessera binary (/proc/self/exe): " + ec.message());
+  // `train`'s flags are checked for N ranks in one process first: an impossible plan is one
+  // error, not one per rank and mpirun's paragraph.
+  if (o.args[0] == "train") {
+    std::fflush(nullptr);
+    const pid_t pid = fork();
+    if (pid < 0) return error(std::string("fork: ") + std::strerror(errno));
+    if (pid == 0) {
+      setenv("TESSERA_LAUNCH_CHECK", std::to_string(o.ranks).c_str(), 1);
+      std::vector<std::string> args = {self};
+      args.insert(args.end(), o.args.begin(), o.args.end());
+      std::vector<char*> c;
+      for (std::string& a : args) c.push_back(a.data());
+      c.push_back(nullptr);
+      execv(c[0], c.data());
+      _exit(127);
+    }
+    int status = 0;
+    if (waitpid(pid, &status, 0) < 0) return error(std::string("waitpid: ") + std::strerror(errno));
+    if (!WIFEXITED(status) || WEXITSTATUS(status) != 0)
+      std::exit(WIFEXITED(status) ? WEXITSTATUS(status) : 1);
+  }
   std::vector<std::string> argv = {o.mpirun, "--oversubscribe", "-np", std::to_string(o.ranks)};
   if (geteuid() == 0) argv.insert(argv.begin() + 1, "--allow-run-as-root");
   argv.push_back(self);

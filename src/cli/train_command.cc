@@ -135,6 +135,20 @@ Status diverged(int64_t step, const std::string& what, int64_t last_saved, const
 Status run_train(const TrainOptions& o) {
   TS_ASSIGN_OR_RETURN(ModelConfig cfg, load_model_config(o.model));
   TS_RETURN_IF_ERROR(check_options(o, cfg));
+  // `tessera launch` asks, in one process before it starts the ranks, whether the flags make a
+  // plan for that many ranks: a mistake is then printed once, not once per rank.
+  if (const char* n = std::getenv("TESSERA_LAUNCH_CHECK")) {
+    const int ranks = std::atoi(n);
+    if (o.plan.empty() || ranks > 0) {
+      TS_ASSIGN_OR_RETURN(Plan plan, plan_from_flags(plan_flags(o), ranks));
+      if (o.batch % plan.data_group() != 0)
+        return error("--batch " + std::to_string(o.batch) +
+                         " (the global micro-batch) does not split over " +
+                         std::to_string(plan.data_group()) + " data-parallel ranks",
+                     "use a multiple of " + std::to_string(plan.data_group()));
+    }
+    std::exit(0);
+  }
   // A distributed run: started by mpirun (or `tessera launch`), or asked for by flags.
   const bool wants_ranks = o.dp > 1 || o.tp > 1 || o.hsdp > 0 || !o.plan.empty();
   TS_ASSIGN_OR_RETURN(std::unique_ptr<Communicator> world, join_mpi_job());

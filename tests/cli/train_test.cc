@@ -196,6 +196,20 @@ TEST(TesseraBinary, BadParallelFlagsAreNamed) {
       << out;
 }
 
+// launch checks train's plan for N ranks in one process before it starts any: one error.
+TEST(TesseraBinary, LaunchRefusesAnImpossiblePlanOnceBeforeStartingRanks) {
+  std::string out;
+  EXPECT_EQ(run_tessera("launch -n 3 -- train --model gpt-tiny --seq 32 --hsdp 2", &out), 1) << out;
+  const std::string e = "error: --hsdp 2 does not divide the 3 data-parallel ranks";
+  ASSERT_NE(out.find(e), std::string::npos) << out;
+  EXPECT_EQ(out.find(e, out.find(e) + 1), std::string::npos) << "printed more than once:\n" << out;
+  EXPECT_EQ(out.find("mpirun"), std::string::npos) << out;
+  EXPECT_EQ(run_tessera("launch -n 4 -- train --model gpt-tiny --seq 32 --tp 2 --batch 3", &out), 1)
+      << out;
+  EXPECT_NE(out.find("--batch 3 (the global micro-batch) does not split over 2"), std::string::npos)
+      << out;
+}
+
 // Tensor parallelism inside HSDP groups: one mesh of three axes, ZeRO-3 over dp_shard only.
 TEST(TesseraBinary, TensorParallelInsideHsdpIsOnePlan) {
   std::string out;
