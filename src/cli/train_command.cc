@@ -58,6 +58,13 @@ Result<std::string> prepare_data(const TrainOptions& o, const Gpt2Tokenizer& tok
   return dir;
 }
 
+// A flag's value as written (1e-3, 0.5, 2), for error messages.
+std::string number_text(double v) {
+  char buf[32];
+  std::snprintf(buf, sizeof buf, "%g", v);
+  return buf;
+}
+
 Status check_options(const TrainOptions& o, const ModelConfig& cfg) {
   auto positive = [](const char* flag, int64_t v) -> Status {
     if (v <= 0) return error(std::string(flag) + " must be positive, got " + std::to_string(v));
@@ -75,7 +82,27 @@ Status check_options(const TrainOptions& o, const ModelConfig& cfg) {
   if (cfg.vocab_size < Gpt2Tokenizer::kVocabSize)
     return error("model vocab_size " + std::to_string(cfg.vocab_size) +
                  " is smaller than the GPT-2 tokenizer's 50257");
-  if (!(o.lr > 0)) return error("--lr must be positive");
+  if (!(o.lr > 0) || !std::isfinite(o.lr)) return error("--lr must be positive");
+  TS_RETURN_IF_ERROR(positive("--eval-batches", o.eval_batches));
+  auto at_least_zero = [](const char* flag, double v) -> Status {
+    if (!(v >= 0) || !std::isfinite(v))
+      return error(std::string(flag) + " must be 0 or more, got " + number_text(v));
+    return Status();
+  };
+  for (auto [flag, v] : {std::pair{"--warmup", static_cast<double>(o.warmup)},
+                         std::pair{"--eval-every", static_cast<double>(o.eval_every)},
+                         std::pair{"--ckpt-every", static_cast<double>(o.ckpt_every)},
+                         std::pair{"--keep-ckpts", static_cast<double>(o.keep_ckpts)},
+                         std::pair{"--log-every", static_cast<double>(o.log_every)},
+                         std::pair{"--sample-tokens", static_cast<double>(o.sample_tokens)},
+                         std::pair{"--stop-after", static_cast<double>(o.stop_after)},
+                         std::pair{"--weight-decay", o.weight_decay}, std::pair{"--clip", o.clip}})
+    TS_RETURN_IF_ERROR(at_least_zero(flag, v));
+  if (!(o.min_lr_frac >= 0 && o.min_lr_frac <= 1))
+    return error("--min-lr-frac must be between 0 and 1, got " + number_text(o.min_lr_frac));
+  if (!(o.comm_timeout > 0) || !std::isfinite(o.comm_timeout))
+    return error("--comm-timeout must be a positive number of seconds, got " +
+                 number_text(o.comm_timeout));
   if (!o.recompute.empty()) {
     Result<RecomputePolicy> r = parse_recompute(o.recompute);
     if (!r.ok()) return error("--recompute: " + r.status().message(), r.status().hint());

@@ -185,6 +185,13 @@ TEST(TesseraBinary, BadParallelFlagsAreNamed) {
   EXPECT_NE(out.find("1, 2, 4, 8"), std::string::npos) << out;
   EXPECT_EQ(run_tessera("plan gpt-tiny --recompute some", &out), 1) << out;
   EXPECT_NE(out.find("not one of: none, full, selective"), std::string::npos) << out;
+  for (const char* bad : {"--comm-timeout 0", "--eval-batches 0", "--clip -1", "--min-lr-frac 2",
+                          "--keep-ckpts -1", "--lr nan"}) {
+    EXPECT_EQ(run_tessera(std::string("train --model gpt-tiny --seq 32 --steps 1 ") + bad, &out), 1)
+        << bad << "\n"
+        << out;
+    EXPECT_EQ(out.rfind("error: --", 0), 0u) << bad << "\n" << out;
+  }
   EXPECT_EQ(run_tessera("simulate gpt-tiny --gpus 0", &out), 1) << out;
   EXPECT_NE(out.find("error: --gpus must be between 1 and 1048576, got 0"), std::string::npos)
       << out;
