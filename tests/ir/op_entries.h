@@ -1,0 +1,27 @@
+// The op-consistency table's entries (op_consistency_test.cc holds the harness and the
+// forward entries; op_entries_grad.cc the gradient entries).
+#pragma once
+
+#include <functional>
+#include <string>
+#include <vector>
+
+#include "op_test_util.h"
+
+namespace tessera::op_test {
+
+enum class Check { forward, grad, source };
+
+struct Entry {
+  std::string op;
+  Check check;
+  std::string label;  // unique, a valid test-name suffix
+  std::function<void(Net&)> forward;
+  std::function<Var(Net&)> grad;
+  double eps = 1e-2, rtol = 1e-2;
+};
+
+// Appends a gradient entry for every op with a VJP (op_entries_grad.cc).
+void add_gradient_entries(std::vector<Entry>* e);
+
+}  // namespace tessera::op_test
