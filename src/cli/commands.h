@@ -43,6 +43,7 @@ struct TrainOptions {
   std::string recompute;  // "none" | "full" | "selective" ("": the plan's, none without one)
   bool sequence_parallel = false;
   double comm_timeout = 30;  // seconds a collective waits for a peer before failing
+  double peak_flops = 0;     // per rank, for MFU (0: measured with a GEMM at the start)
 };
 
 void add_train_command(CLI::App& app, TrainOptions& opts);

@@ -12,6 +12,7 @@
 #include <optional>
 
 #include "backend/cpu/cpu_backend.h"
+#include "backend/cpu/kernels.h"
 #include "base/check.h"
 #include "base/format.h"
 #include "cli/commands.h"
@@ -96,7 +97,8 @@ Status check_options(const TrainOptions& o, const ModelConfig& cfg) {
                          std::pair{"--log-every", static_cast<double>(o.log_every)},
                          std::pair{"--sample-tokens", static_cast<double>(o.sample_tokens)},
                          std::pair{"--stop-after", static_cast<double>(o.stop_after)},
-                         std::pair{"--weight-decay", o.weight_decay}, std::pair{"--clip", o.clip}})
+                         std::pair{"--weight-decay", o.weight_decay}, std::pair{"--clip", o.clip},
+                         std::pair{"--peak-flops", o.peak_flops}})
     TS_RETURN_IF_ERROR(at_least_zero(flag, v));
   if (!(o.min_lr_frac >= 0 && o.min_lr_frac <= 1))
     return error("--min-lr-frac must be between 0 and 1, got " + number_text(o.min_lr_frac));
@@ -143,6 +145,21 @@ void maybe_kill(int rank, int64_t step) {
                  (long long)step);
     std::raise(SIGKILL);
   }
+}
+
+// This process's GEMM rate through the CPU backend (its threads), in FLOP/s: the best of 3
+// products of 1024 x 1024 matrices. The peak MFU is taken against when --peak-flops is not
+// given (under `launch`, ranks sharing cores each measure their share).
+double measured_gemm_peak() {
+  const int64_t n = 1024;
+  std::vector<float> a(static_cast<size_t>(n * n), 0.5f), b(a.size(), 0.25f), c(a.size());
+  double best = 1e30;
+  for (int r = 0; r < 3; ++r) {
+    auto t0 = Clock::now();
+    cpu::sgemm(false, false, n, n, n, a.data(), n, b.data(), n, c.data(), n, 0.0f);
+    best = std::min(best, std::chrono::duration<double>(Clock::now() - t0).count());
+  }
+  return 2.0 * static_cast<double>(n * n * n) / best;
 }
 
 // A run that diverged: what went non-finite in which step, and how to go on.
@@ -256,6 +273,12 @@ Status run_train(const TrainOptions& o) {
   }
 
   const double tokens_per_step = static_cast<double>(o.batch * o.seq * o.grad_accum);
+  // MFU: the model's FLOPs (the global training graph, once; recomputation not counted) per
+  // second and rank, against the rank's peak.
+  const double model_flops_per_step =
+      st.model.graph.total_flops() * static_cast<double>(o.grad_accum);
+  const int ranks = world ? world->size() : 1;
+  const double peak = o.peak_flops > 0 ? o.peak_flops : measured_gemm_peak();
   const MemoryPlan& mplan = st.executor().plan();
   if (leader && distributed) {
     const Program& prog = st.dstep->program();
@@ -289,6 +312,7 @@ Status run_train(const TrainOptions& o) {
   auto t_start = Clock::now();
   int64_t steps_this_run = 0;
   int64_t last_saved = o.resume ? start_step : -1;  // the newest complete checkpoint
+  double step_secs = 0;                             // in training steps (no eval, checkpoints)
   install_stop_signals();
   for (int64_t step = start_step; step < o.steps; ++step) {
     auto t0 = Clock::now();
@@ -315,11 +339,15 @@ Status run_train(const TrainOptions& o) {
     TS_ASSIGN_OR_RETURN(double norm, st.apply(lr, o.clip, static_cast<int>(o.grad_accum)));
     double dt = std::chrono::duration<double>(Clock::now() - t0).count();
     ++steps_this_run;
+    step_secs += dt;
     nlohmann::json rec = {{"step", step},
                           {"loss", loss},
                           {"lr", lr},
                           {"grad_norm", norm},
                           {"tokens_per_s", tokens_per_step / dt},
+                          {"flops_per_s_per_rank", model_flops_per_step / dt / ranks},
+                          {"mfu", model_flops_per_step / dt / ranks / peak},
+                          {"peak_flops_per_rank", peak},
                           {"step_s", dt}};
     if (leader) {
       metrics << rec.dump() << "\n";
@@ -369,9 +397,18 @@ Status run_train(const TrainOptions& o) {
   }
   if (leader) progress.finish();
   double secs = std::chrono::duration<double>(Clock::now() - t_start).count();
-  if (leader)
-    std::fprintf(stderr, "trained %lld steps in %s\n", (long long)steps_this_run,
-                 format_duration(secs).c_str());
+  if (leader && steps_this_run > 0) {
+    const double steps = static_cast<double>(steps_this_run);
+    const double per_rank = model_flops_per_step * steps / step_secs / static_cast<double>(ranks);
+    std::fprintf(stderr,
+                 "trained %lld steps in %s (%s in steps): %s tokens/s, %s FLOP/s per rank, MFU "
+                 "%.1f%% of %s FLOP/s (%s)\n",
+                 (long long)steps_this_run, format_duration(secs).c_str(),
+                 format_duration(step_secs).c_str(),
+                 format_si(tokens_per_step * steps / step_secs).c_str(),
+                 format_si(per_rank).c_str(), 100 * per_rank / peak, format_si(peak).c_str(),
+                 o.peak_flops > 0 ? "--peak-flops" : "this rank's measured GEMM rate");
+  }
 
   if (o.sample_tokens > 0 && start_step + steps_this_run == o.steps) {
     TS_RETURN_IF_ERROR(st.copy_params_to_eval());  // collective when distributed
@@ -416,6 +453,9 @@ void add_train_command(CLI::App& app, TrainOptions& o) {
   cmd->add_option("--seed", o.seed, "Seed for initialization and data order")
       ->capture_default_str();
   cmd->add_flag("--resume", o.resume, "Continue from the latest checkpoint in --out");
+  cmd->add_option("--peak-flops", o.peak_flops,
+                  "Per-rank peak FLOP/s that MFU is reported against (e.g. peak_flops_f32 of "
+                  "`tessera calibrate`'s spec); default: measured with a GEMM at the start");
   cmd->add_option("--stop-after", o.stop_after,
                   "Stop after N steps of this run, saving a checkpoint");
   cmd->add_option("--dp", o.dp, "Data-parallel ranks (default: the mpirun world size / --tp)");

@@ -86,6 +86,29 @@ TEST_F(TrainTest, ResumeWithAnotherModelNamesTheKeysThatDiffer) {
   EXPECT_EQ(s.message().find("{"), std::string::npos) << s.message();
 }
 
+// Each step's record carries the model FLOP/s per rank and the MFU against the given peak.
+TEST_F(TrainTest, MetricsCarryModelFlopsAndMfu) {
+  TrainOptions o = options("run");
+  o.steps = 3;
+  o.peak_flops = 1e12;
+  ASSERT_TRUE(run_train(o).ok());
+  std::ifstream in(dir_ / "run/metrics.jsonl");
+  std::string line;
+  int steps = 0;
+  while (std::getline(in, line)) {
+    nlohmann::json j = nlohmann::json::parse(line);
+    if (!j.contains("loss")) continue;
+    ++steps;
+    const double flops = j.at("flops_per_s_per_rank"), step_s = j.at("step_s");
+    EXPECT_GT(flops, 0);
+    EXPECT_EQ(j.at("peak_flops_per_rank").get<double>(), 1e12);
+    EXPECT_DOUBLE_EQ(j.at("mfu").get<double>(), flops / 1e12);
+    // The model's FLOPs in a step: 2 B T x (6 N-ish) for gpt-tiny is over a few MFLOP.
+    EXPECT_GT(flops * step_s, 1e6);
+  }
+  EXPECT_EQ(steps, 3);
+}
+
 TEST_F(TrainTest, MissingDataPathIsNamed) {
   TrainOptions o = options("run");
   o.data = (dir_ / "nope").string();
