@@ -146,17 +146,37 @@ bool DistributedStep::first_holder(size_t i, bool zero_sharded) const {
   return plan.mesh.group_index(rank_, same) == 0;
 }
 
+// Each rank computes only its piece: the elements [offset, offset + count) of its box's
+// row-major order, each from its index in the global tensor (initial_value).
 void DistributedStep::init_params(uint64_t seed) {
-  for_each_initial_param(global_, seed, [&](size_t i, ValueId, std::vector<float>& v) {
+  for (size_t i = 0; i < prog_.part.params.size(); ++i) {
     const ParamLayout& pl = prog_.part.params[i];
-    if (pl.local_shape != pl.global_shape)  // this rank's tensor-parallel piece
-      v = box_of(v, pl.global_shape, pl.layout.local_box(prog_.plan.mesh, rank_));
     const LocalPiece pc = param_piece(i);
-    const int64_t stored = prog_.local().type(prog_.part.params[i].local).shape.numel();
+    const int64_t stored = prog_.local().type(pl.local).shape.numel();
     float* dst = param_data(i);
     std::fill(dst, dst + stored, 0.0f);
-    std::memcpy(dst, v.data() + pc.offset, static_cast<size_t>(pc.count) * sizeof(float));
-  });
+    const Box box = param_box(i);
+    const Shape& gs = pl.global_shape;
+    const int r = gs.rank();
+    std::vector<int64_t> extent(static_cast<size_t>(r)), stride(static_cast<size_t>(r), 1);
+    for (int d = 0; d < r; ++d)
+      extent[static_cast<size_t>(d)] =
+          box.hi[static_cast<size_t>(d)] - box.lo[static_cast<size_t>(d)];
+    for (int d = r - 2; d >= 0; --d) stride[static_cast<size_t>(d)] = stride[d + 1] * gs[d + 1];
+    // Runs along the box's last dim are contiguous in the global tensor too.
+    const int64_t row = r > 0 ? extent[static_cast<size_t>(r - 1)] : 1;
+    for (int64_t k = 0; k < pc.count;) {
+      int64_t rem = pc.offset + k, global = 0;  // box-local flat index -> global flat index
+      for (int d = r - 1; d >= 0; --d) {
+        const size_t du = static_cast<size_t>(d);
+        global += (box.lo[du] + rem % extent[du]) * stride[du];
+        rem /= extent[du];
+      }
+      const int64_t run = std::min(pc.count - k, row - (pc.offset + k) % row);
+      fill_initial_values(global_, i, seed, global, run, dst + k);
+      k += run;
+    }
+  }
 }
 
 Status DistributedStep::start(const Node& n) {

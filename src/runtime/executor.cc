@@ -1,11 +1,13 @@
 #include "runtime/executor.h"
 
 #include <chrono>
+#include <cmath>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
 
 #include "backend/cpu/cpu_backend.h"
+#include "backend/cpu/thread_pool.h"
 #include "base/check.h"
 
 namespace tessera {
@@ -29,27 +31,64 @@ Executor::Executor(const Graph& g, Backend& backend) : g_(g), backend_(backend) 
   arena_.reset(new uint8_t[static_cast<size_t>(std::max<int64_t>(plan_.arena_bytes, 64))]);
 }
 
-void for_each_initial_param(const Graph& g, uint64_t seed,
-                            const std::function<void(size_t, ValueId, std::vector<float>&)>& fn) {
-  std::mt19937_64 rng(seed);
-  std::vector<float> v;
-  for (size_t i = 0; i < g.params().size(); ++i) {
-    const ValueId p = g.params()[i];
-    const Node& n = g.producer(p);
-    v.assign(static_cast<size_t>(g.type(p).shape.numel()), 0.0f);
-    if (n.attrs.init == Init::ones) std::fill(v.begin(), v.end(), 1.0f);
-    if (n.attrs.init == Init::normal) {
-      std::normal_distribution<float> dist(0.0f, static_cast<float>(n.attrs.init_std));
-      for (float& x : v) x = dist(rng);
-    }
-    fn(i, p, v);
+namespace {
+// SplitMix64's finalizer: a bijective mix of 64 bits.
+uint64_t mix(uint64_t z) {
+  z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ULL;
+  z = (z ^ (z >> 27)) * 0x94d049bb133111ebULL;
+  return z ^ (z >> 31);
+}
+// A uniform double in (0, 1) from 53 bits.
+double unit(uint64_t bits) { return (static_cast<double>(bits >> 11) + 0.5) * 0x1p-53; }
+
+// Draw m of parameter `param`: the standard normals of elements 2m and 2m + 1 (the two
+// outputs of one Box-Muller transform of two hashed uniforms).
+void normal_pair(uint64_t seed, size_t param, int64_t m, double* even, double* odd) {
+  const uint64_t key = mix(mix(seed ^ 0x9e3779b97f4a7c15ULL) + param) ^ static_cast<uint64_t>(m);
+  const double r = std::sqrt(-2.0 * std::log(unit(mix(key * 2 + 1))));
+  const double angle = 2.0 * M_PI * unit(mix(key * 2 + 2));
+  *even = r * std::cos(angle);
+  *odd = r * std::sin(angle);
+}
+
+}  // namespace
+
+float initial_value(const Graph& g, size_t param, uint64_t seed, int64_t element) {
+  float v = 0;
+  fill_initial_values(g, param, seed, element, 1, &v);
+  return v;
+}
+
+void fill_initial_values(const Graph& g, size_t param, uint64_t seed, int64_t first, int64_t count,
+                         float* dst) {
+  const Node& n = g.producer(g.params()[param]);
+  if (n.attrs.init != Init::normal) {
+    std::fill(dst, dst + count, n.attrs.init == Init::ones ? 1.0f : 0.0f);
+    return;
   }
+  const double sd = n.attrs.init_std;
+  // Draws [first / 2, (first + count + 1) / 2) in parallel, each writing what of its pair lies
+  // in [first, first + count).
+  const int64_t m0 = first / 2, m1 = (first + count + 1) / 2;
+  cpu::parallel_for(m1 - m0, 1 << 15, [&](int64_t lo, int64_t hi) {
+    for (int64_t m = m0 + lo; m < m0 + hi; ++m) {
+      double even, odd;
+      normal_pair(seed, param, m, &even, &odd);
+      const int64_t e = 2 * m - first;
+      if (e >= 0 && e < count) dst[e] = static_cast<float>(even * sd);
+      if (e + 1 >= 0 && e + 1 < count) dst[e + 1] = static_cast<float>(odd * sd);
+    }
+  });
 }
 
 void Executor::init_params(uint64_t seed) {
-  for_each_initial_param(g_, seed, [&](size_t, ValueId p, std::vector<float>& v) {
+  std::vector<float> v;
+  for (size_t i = 0; i < g_.params().size(); ++i) {
+    const ValueId p = g_.params()[i];
+    v.resize(static_cast<size_t>(g_.type(p).shape.numel()));
+    fill_initial_values(g_, i, seed, 0, static_cast<int64_t>(v.size()), v.data());
     convert_elements(v.data(), DType::f32, raw(p), g_.type(p).dtype, g_.type(p).shape.numel());
-  });
+  }
 }
 
 void Executor::run_node(const Node& n) {

@@ -23,11 +23,14 @@
 
 namespace tessera {
 
-// Calls fn(i, p, values) for each parameter p = g.params()[i] with its initial values (f32),
-// drawn from one generator seeded with `seed` in parameter order. Every plan initializes
-// from these global values, so any number of ranks starts from the same model.
-void for_each_initial_param(const Graph& g, uint64_t seed,
-                            const std::function<void(size_t, ValueId, std::vector<float>&)>& fn);
+// The initial value of element `element` (row-major in the global tensor) of parameter
+// `param` = g.params()[param]: a function of (seed, param, element) alone (a counter-based
+// normal draw, Box-Muller on two hashed uniforms), so a rank computes just its own piece and
+// any number of ranks starts from the same model.
+float initial_value(const Graph& g, size_t param, uint64_t seed, int64_t element);
+// Fills dst[k] = initial_value(g, param, seed, first + k) for k < count.
+void fill_initial_values(const Graph& g, size_t param, uint64_t seed, int64_t first, int64_t count,
+                         float* dst);
 
 class Executor {
  public:
