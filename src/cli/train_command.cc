@@ -112,7 +112,10 @@ Status check_options(const TrainOptions& o, const ModelConfig& cfg) {
   return Status();
 }
 
-Result<double> evaluate(TrainState& st, DataLoader& val, int64_t batches) {
+// The validation loss over `batches` global batches: each data-parallel rank evaluates its
+// share, and the ranks' means are averaged (tensor-parallel ranks of one data group hold the
+// same share, so every share counts equally).
+Result<double> evaluate(TrainState& st, DataLoader& val, int64_t batches, Communicator* world) {
   TS_RETURN_IF_ERROR(st.copy_params_to_eval());
   Status s = val.restore(st.val_start);
   TS_CHECK(s.ok()) << s.to_string();
@@ -125,7 +128,12 @@ Result<double> evaluate(TrainState& st, DataLoader& val, int64_t batches) {
     st.eval_exec->run();
     total += *st.eval_exec->data<float>(st.eval_model.loss);
   }
-  return total / static_cast<double>(batches);
+  double mean = total / static_cast<double>(batches);
+  if (world != nullptr && world->size() > 1) {
+    TS_ASSIGN_OR_RETURN(double sum, world->all_reduce_scalar(mean, /*max=*/false, "val loss"));
+    mean = sum / world->size();
+  }
+  return mean;
 }
 
 // The plan flags of a distributed run.
@@ -230,10 +238,10 @@ Status run_train(const TrainOptions& o) {
                       DataLoader::open(data_dir + "/train.bin", static_cast<int>(cfg.vocab_size),
                                        static_cast<int>(o.batch / data_ranks),
                                        static_cast<int>(o.seq), data_index, data_ranks, o.seed));
-  TS_ASSIGN_OR_RETURN(
-      DataLoader val,
-      DataLoader::open(data_dir + "/val.bin", static_cast<int>(cfg.vocab_size),
-                       static_cast<int>(o.batch), static_cast<int>(o.seq), 0, 1, 0));
+  TS_ASSIGN_OR_RETURN(DataLoader val,
+                      DataLoader::open(data_dir + "/val.bin", static_cast<int>(cfg.vocab_size),
+                                       static_cast<int>(o.batch / data_ranks),
+                                       static_cast<int>(o.seq), data_index, data_ranks, 0));
   if (!o.resume && fs::exists(fs::path(o.out) / "checkpoints" / "latest"))
     return error("run directory '" + o.out + "' already holds checkpoints",
                  "pass --resume to continue that run, or choose another --out");
@@ -367,7 +375,7 @@ Status run_train(const TrainOptions& o) {
     bool last = step + 1 == o.steps;
     bool stopping = (o.stop_after > 0 && steps_this_run >= o.stop_after) || signal != 0;
     if ((o.eval_every > 0 && (step + 1) % o.eval_every == 0) || last) {
-      TS_ASSIGN_OR_RETURN(double vl, evaluate(st, val, o.eval_batches));
+      TS_ASSIGN_OR_RETURN(double vl, evaluate(st, val, o.eval_batches, world.get()));
       if (leader) {
         metrics << nlohmann::json{{"step", step}, {"val_loss", vl}}.dump() << "\n";
         metrics.flush();

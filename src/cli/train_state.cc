@@ -22,9 +22,10 @@ AdamWConfig adamw_config(const TrainOptions& o) {
 }  // namespace
 
 TrainState::TrainState(const ModelConfig& c, const TrainOptions& o, Backend& b)
-    : TrainState(c, o, b, /*one_process=*/true) {}
+    : TrainState(c, o, b, /*one_process=*/true, o.batch) {}
 
-TrainState::TrainState(const ModelConfig& c, const TrainOptions& o, Backend& b, bool one_process)
+TrainState::TrainState(const ModelConfig& c, const TrainOptions& o, Backend& b, bool one_process,
+                       int64_t eval_batch)
     : cfg(c), opts(o), backend(b) {
   model = build_model(cfg, opts.batch, opts.seq, ModelMode::train);
   if (one_process) {
@@ -32,7 +33,7 @@ TrainState::TrainState(const ModelConfig& c, const TrainOptions& o, Backend& b, 
     TS_CHECK(r.ok()) << r.status().to_string();  // checked with the other options
     step = std::make_unique<TrainStep>(model, backend, adamw_config(opts), r.value());
   }
-  eval_model = build_model(cfg, opts.batch, opts.seq, ModelMode::loss);
+  eval_model = build_model(cfg, eval_batch, opts.seq, ModelMode::loss);
   eval_exec = std::make_unique<Executor>(eval_model.graph, backend);
 }
 
@@ -40,7 +41,10 @@ Result<std::unique_ptr<TrainState>> TrainState::distributed(const ModelConfig& c
                                                             const TrainOptions& opts,
                                                             Backend& backend, MeshComms& comms,
                                                             const Plan& plan) {
-  std::unique_ptr<TrainState> st(new TrainState(cfg, opts, backend, /*one_process=*/false));
+  // Evaluation: each data-parallel rank its share of the validation batch (the caller averages
+  // over ranks), not the whole batch on every rank.
+  std::unique_ptr<TrainState> st(
+      new TrainState(cfg, opts, backend, /*one_process=*/false, opts.batch / plan.data_group()));
   TS_ASSIGN_OR_RETURN(st->dstep, DistributedStep::create(st->model.graph, plan, backend, comms,
                                                          adamw_config(opts)));
   st->rank = comms.world().rank();

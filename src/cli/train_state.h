@@ -39,7 +39,7 @@ class TrainState {
   Result<double> apply(double lr, double clip, int micro_steps);
   Executor& executor() { return distributed() ? dstep->executor() : step->executor(); }
   void init_params(uint64_t seed);
-  ModelGraph eval_model;  // loss only, same batch shape
+  ModelGraph eval_model;  // loss only, on this rank's share of the batch
   std::unique_ptr<Executor> eval_exec;
   LoaderState val_start;
 
@@ -58,7 +58,10 @@ class TrainState {
                      const Gpt2Tokenizer& tok);
 
  private:
-  TrainState(const ModelConfig& cfg, const TrainOptions& opts, Backend& backend, bool one_process);
+  // `eval_batch`: the rows of the evaluation graph (the global batch in one process, the
+  // data-parallel rank's share when distributed).
+  TrainState(const ModelConfig& cfg, const TrainOptions& opts, Backend& backend, bool one_process,
+             int64_t eval_batch);
   Status save_sharded(const std::string& root, int64_t completed,
                       const nlohmann::json& manifest) const;
   nlohmann::json manifest(int64_t completed, const DataLoader& train) const;

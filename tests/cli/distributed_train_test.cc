@@ -6,6 +6,7 @@
 #include <chrono>
 #include <cstdlib>
 #include <filesystem>
+#include <fstream>
 
 #include "train_fixture.h"
 
@@ -41,6 +42,19 @@ class DistributedTrainTest : public ::testing::Test {
     std::vector<std::string> l = metric_losses(metrics);
     EXPECT_GT(l.size(), i) << metrics;
     return l.size() > i ? std::stod(l[i].substr(7)) : 0.0;
+  }
+
+  // The last "val_loss" of a run's metrics.jsonl.
+  static double last_val_loss(const fs::path& metrics) {
+    std::ifstream in(metrics);
+    std::string line;
+    double v = -1;
+    while (std::getline(in, line)) {
+      auto p = line.find("\"val_loss\":");
+      if (p != std::string::npos) v = std::stod(line.substr(p + 11));
+    }
+    EXPECT_GE(v, 0) << metrics;
+    return v;
   }
 
   fs::path dir_;
@@ -93,6 +107,11 @@ TEST_F(DistributedTrainTest, TensorParallelCheckpointsResumeUnderOtherPlans) {
   }
   EXPECT_NEAR(loss_at(dir_ / "tp/metrics.jsonl", 1), loss_at(dir_ / "straight/metrics.jsonl", 1),
               1e-5 * straight);
+  // Validation: each data-parallel rank evaluates its share and the means are averaged, so
+  // every plan reports the one-rank validation loss.
+  const double val = last_val_loss(dir_ / "straight/metrics.jsonl");
+  for (const char* out : {"tp2", "dp3", "one_then_tp"})
+    EXPECT_NEAR(last_val_loss(dir_ / out / "metrics.jsonl"), val, 1e-5 * val) << out;
 }
 
 TEST_F(DistributedTrainTest, KilledRankEndsTheJobWithAMessage) {
