@@ -107,12 +107,14 @@ MemoryPlan plan_memory(const Graph& g, int64_t alignment) {
   std::vector<std::pair<int64_t, int64_t>> busy;  // (offset, end) of time-overlapping buffers
   for (ValueId v : order) {
     BufferPlan& b = plan.buffers[static_cast<size_t>(v)];
+    // `placed` is in offset order, so the time-overlapping ones come out sorted by offset (the
+    // order among equal offsets does not change the choice: only the first of them can start
+    // a gap).
     busy.clear();
     for (ValueId p : placed) {
       const BufferPlan& o = plan.buffers[static_cast<size_t>(p)];
       if (o.first <= b.last && b.first <= o.last) busy.emplace_back(o.offset, o.offset + o.bytes);
     }
-    std::sort(busy.begin(), busy.end());
     int64_t candidate = 0, best = -1, best_gap = INT64_MAX;
     for (auto [lo, hi] : busy) {
       if (lo >= candidate + b.bytes && lo - candidate < best_gap) {
