@@ -22,6 +22,8 @@ struct GraphOptions {
 Status run_graph(const GraphOptions& o) {
   auto t0 = std::chrono::steady_clock::now();
   TS_ASSIGN_OR_RETURN(ModelConfig cfg, load_model_config(o.model));
+  if (o.seq < 0)
+    return error("--seq must be positive (or 0: max_seq_len), got " + std::to_string(o.seq));
   int64_t seq = o.seq > 0 ? o.seq : cfg.max_seq_len;
   if (seq > cfg.max_seq_len)
     return error("--seq " + std::to_string(seq) + " exceeds the model's max_seq_len " +

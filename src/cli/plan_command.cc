@@ -29,8 +29,13 @@ struct PlanOptions {
 
 Status run_plan(const PlanOptions& o) {
   TS_ASSIGN_OR_RETURN(ModelConfig cfg, load_model_config(o.model));
+  if (o.batch < 1) return error("--batch must be positive, got " + std::to_string(o.batch));
+  if (o.seq < 0)
+    return error("--seq must be positive (or 0: max_seq_len), got " + std::to_string(o.seq));
   const int64_t seq = o.seq > 0 ? o.seq : cfg.max_seq_len;
-  if (seq > cfg.max_seq_len) return error("--seq exceeds the model's max_seq_len");
+  if (seq > cfg.max_seq_len)
+    return error("--seq " + std::to_string(seq) + " exceeds the model's max_seq_len " +
+                 std::to_string(cfg.max_seq_len));
   if (o.dp < 1) return error("--dp must be at least 1, got " + std::to_string(o.dp));
   PlanFlags f{o.plan, 0, o.tp, o.zero, o.hsdp, o.micro, o.recompute, o.sequence_parallel};
   TS_ASSIGN_OR_RETURN(Plan plan, plan_from_flags(f, o.plan.empty() ? o.dp * o.tp : 0));

@@ -58,6 +58,11 @@ Status run_simulate(const SimulateOptions& o) {
   auto t0 = std::chrono::steady_clock::now();
   TS_ASSIGN_OR_RETURN(ModelConfig cfg, load_model_config(o.model));
   TS_ASSIGN_OR_RETURN(ClusterSpec cluster, load_cluster(o.cluster));
+  if (o.seq < 0)
+    return error("--seq must be positive (or 0: max_seq_len), got " + std::to_string(o.seq));
+  if (o.batch < 0)
+    return error("--batch must be positive (or 0: one sequence per data-parallel rank), got " +
+                 std::to_string(o.batch));
   const int64_t seq = o.seq > 0 ? o.seq : cfg.max_seq_len;
   if (seq > cfg.max_seq_len)
     return error("--seq " + std::to_string(seq) + " exceeds the model's max_seq_len " +

@@ -301,8 +301,13 @@ Result<Plan> plan_from_json(const nlohmann::json& j) {
         axes.push_back({a.at("name").get<std::string>(), a.at("size").get<int>()});
       p.mesh = Mesh(std::move(axes));
       p.data_axes.clear();
-      for (const MeshAxis& a : p.mesh.axes())
-        (a.name == "tp" ? p.tensor_axes : p.data_axes).push_back(a.name);
+      // Default roles by name only for the names Tessera gives axes; any other axis must be
+      // listed in data_axes or tensor_axes (validate() says so), never a data axis by default.
+      for (const MeshAxis& a : p.mesh.axes()) {
+        if (a.name == "tp") p.tensor_axes.push_back(a.name);
+        if (a.name == "dp" || a.name == "dp_rep" || a.name == "dp_shard")
+          p.data_axes.push_back(a.name);
+      }
       p.zero_axes = p.data_axes;
     }
     if (reading("data_axes", "a list of axis names"))

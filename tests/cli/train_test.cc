@@ -215,6 +215,12 @@ TEST(TesseraBinary, BadParallelFlagsAreNamed) {
         << out;
     EXPECT_EQ(out.rfind("error: --", 0), 0u) << bad << "\n" << out;
   }
+  for (const char* bad :
+       {"plan gpt-tiny --batch 0", "plan gpt-tiny --seq -5", "graph gpt-tiny --seq -5",
+        "simulate gpt-tiny --seq -1", "simulate gpt-tiny --batch -2", "plan gpt-tiny --seq 1000"}) {
+    EXPECT_EQ(run_tessera(bad, &out), 1) << bad << "\n" << out;
+    EXPECT_EQ(out.rfind("error: --", 0), 0u) << bad << "\n" << out;
+  }
   EXPECT_EQ(run_tessera("simulate gpt-tiny --gpus 0", &out), 1) << out;
   EXPECT_NE(out.find("error: --gpus must be between 1 and 1048576, got 0"), std::string::npos)
       << out;
