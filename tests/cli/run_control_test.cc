@@ -18,38 +18,21 @@ namespace {
 
 namespace fs = std::filesystem;
 
-class RunControlTest : public ::testing::Test {
+class RunControlTest : public TrainDirTest {
  protected:
-  void SetUp() override {
-    dir_ = fs::temp_directory_path() /
-           ("tessera_run_control_test_" + std::to_string(::getpid()) + "_" +
-            ::testing::UnitTest::GetInstance()->current_test_info()->name());
-    fs::remove_all(dir_);
-    write_learnable_tokens(dir_ / "data");
-  }
-  void TearDown() override { fs::remove_all(dir_); }
-
   TrainOptions options() const {
-    TrainOptions o;
-    o.model = "gpt-tiny";
-    o.data = (dir_ / "data").string();
-    o.out = (dir_ / "run").string();
-    o.batch = 2;
-    o.seq = 16;
+    TrainOptions o = tiny_options("run");
     o.steps = 6;
     o.warmup = 1;
     o.eval_every = 0;
     o.eval_batches = 1;
     o.ckpt_every = 1;
-    o.sample_tokens = 0;
     return o;
   }
   std::string flags() const {
     return "--model gpt-tiny --data " + (dir_ / "data").string() + " --out " +
            (dir_ / "run").string() + " --batch 2 --seq 16 --eval-every 0 --sample-tokens 0";
   }
-
-  fs::path dir_;
 };
 
 // An update that overflows the parameters stops the run before anything non-finite is saved.

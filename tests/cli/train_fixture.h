@@ -3,6 +3,7 @@
 #pragma once
 
 #include <gtest/gtest.h>
+#include <unistd.h>
 
 #include <cstdio>
 #include <filesystem>
@@ -11,6 +12,7 @@
 #include <string>
 #include <vector>
 
+#include "cli/commands.h"
 #include "data/token_shards.h"
 
 namespace tessera {
@@ -39,6 +41,33 @@ inline std::vector<std::string> metric_losses(const std::filesystem::path& metri
   }
   return out;
 }
+
+// A test with its own directory (removed after) holding the learnable tokens in data/, and
+// TrainOptions for gpt-tiny on them writing to <dir>/<out>.
+class TrainDirTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    dir_ = std::filesystem::temp_directory_path() /
+           ("tessera_cli_test_" + std::to_string(::getpid()) + "_" +
+            ::testing::UnitTest::GetInstance()->current_test_info()->name());
+    std::filesystem::remove_all(dir_);
+    write_learnable_tokens(dir_ / "data");
+  }
+  void TearDown() override { std::filesystem::remove_all(dir_); }
+
+  TrainOptions tiny_options(const std::string& out) const {
+    TrainOptions o;
+    o.model = "gpt-tiny";
+    o.data = (dir_ / "data").string();
+    o.out = (dir_ / out).string();
+    o.batch = 2;
+    o.seq = 16;
+    o.sample_tokens = 0;
+    return o;
+  }
+
+  std::filesystem::path dir_;
+};
 
 // Runs a shell command; returns its exit code and puts stdout+stderr in *out.
 inline int run_command(const std::string& cmd, std::string* out) {

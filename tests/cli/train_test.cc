@@ -18,36 +18,19 @@ namespace {
 
 namespace fs = std::filesystem;
 
-class TrainTest : public ::testing::Test {
+class TrainTest : public TrainDirTest {
  protected:
-  void SetUp() override {
-    dir_ = fs::temp_directory_path() /
-           ("tessera_train_test_" + std::to_string(::getpid()) + "_" +
-            ::testing::UnitTest::GetInstance()->current_test_info()->name());
-    fs::remove_all(dir_);
-    write_learnable_tokens(dir_ / "data");
-  }
-  void TearDown() override { fs::remove_all(dir_); }
-
   TrainOptions options(const std::string& out) const {
-    TrainOptions o;
-    o.model = "gpt-tiny";
-    o.data = (dir_ / "data").string();
-    o.out = (dir_ / out).string();
-    o.batch = 2;
-    o.seq = 16;
+    TrainOptions o = tiny_options(out);
     o.steps = 20;
     o.warmup = 3;
     o.eval_every = 10;
     o.eval_batches = 2;
     o.ckpt_every = 5;
-    o.sample_tokens = 0;
     return o;
   }
 
   static std::vector<std::string> losses(const fs::path& m) { return metric_losses(m); }
-
-  fs::path dir_;
 };
 
 TEST_F(TrainTest, ResumeContinuesExactly) {
