@@ -7,10 +7,29 @@
 #pragma once
 
 #include <span>
+#include <vector>
 
 #include "ir/graph.h"
 
 namespace tessera {
+
+// What a kernel gets for one node: its attributes, its values' types, and pointers to its
+// buffers (host or device memory, as the backend keeps them), f32 unless the backend says.
+struct KernelArgs {
+  const Attrs& attrs;
+  std::span<const TensorType> in_types;
+  std::span<const TensorType> out_types;
+  std::vector<const void*> in;
+  std::vector<void*> out;
+
+  const float* fin(int i) const { return static_cast<const float*>(in[static_cast<size_t>(i)]); }
+  const int32_t* iin(int i) const {
+    return static_cast<const int32_t*>(in[static_cast<size_t>(i)]);
+  }
+  float* fout(int i) const { return static_cast<float*>(out[static_cast<size_t>(i)]); }
+  const Shape& in_shape(int i) const { return in_types[static_cast<size_t>(i)].shape; }
+  const Shape& out_shape(int i) const { return out_types[static_cast<size_t>(i)].shape; }
+};
 
 class Backend {
  public:

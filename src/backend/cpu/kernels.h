@@ -5,25 +5,12 @@
 #include <span>
 #include <vector>
 
+#include "backend/backend.h"
 #include "ir/graph.h"
 
 namespace tessera::cpu {
 
-struct Args {
-  const Attrs& attrs;
-  std::span<const TensorType> in_types;
-  std::span<const TensorType> out_types;
-  std::vector<const void*> in;
-  std::vector<void*> out;
-
-  const float* fin(int i) const { return static_cast<const float*>(in[static_cast<size_t>(i)]); }
-  const int32_t* iin(int i) const {
-    return static_cast<const int32_t*>(in[static_cast<size_t>(i)]);
-  }
-  float* fout(int i) const { return static_cast<float*>(out[static_cast<size_t>(i)]); }
-  const Shape& in_shape(int i) const { return in_types[static_cast<size_t>(i)].shape; }
-  const Shape& out_shape(int i) const { return out_types[static_cast<size_t>(i)].shape; }
-};
+using Args = KernelArgs;  // backend/backend.h
 
 // kernels_elementwise.cc
 void fill(const Args& a);

@@ -108,7 +108,7 @@ void CudaBackend::run(const Graph& g, const Node& node, std::span<const void* co
   std::vector<TensorType> in_types, out_types;
   for (ValueId v : node.inputs) in_types.push_back(g.type(v));
   for (ValueId v : node.outputs) out_types.push_back(g.type(v));
-  cuda::Args args{node.attrs, in_types, out_types, {}, {}, s, &impl_->ctx};
+  cuda::Args args{{node.attrs, in_types, out_types, {}, {}}, s, &impl_->ctx};
   // Low-precision storage for an f32 kernel: widen into stream-ordered scratch, narrow after.
   std::vector<void*> scratch;
   auto widened = [&](int64_t n) {

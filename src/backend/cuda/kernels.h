@@ -13,28 +13,17 @@
 #include <span>
 #include <vector>
 
+#include "backend/backend.h"
 #include "ir/graph.h"
 
 namespace tessera::cuda {
 
 struct Context;
 
-struct Args {
-  const Attrs& attrs;
-  std::span<const TensorType> in_types;
-  std::span<const TensorType> out_types;
-  std::vector<const void*> in;  // device pointers
-  std::vector<void*> out;
+// A kernel's arguments (device pointers) and where to enqueue it.
+struct Args : KernelArgs {
   cudaStream_t stream = nullptr;
   Context* ctx = nullptr;
-
-  const float* fin(int i) const { return static_cast<const float*>(in[static_cast<size_t>(i)]); }
-  const int32_t* iin(int i) const {
-    return static_cast<const int32_t*>(in[static_cast<size_t>(i)]);
-  }
-  float* fout(int i) const { return static_cast<float*>(out[static_cast<size_t>(i)]); }
-  const Shape& in_shape(int i) const { return in_types[static_cast<size_t>(i)].shape; }
-  const Shape& out_shape(int i) const { return out_types[static_cast<size_t>(i)].shape; }
 };
 
 using KernelFn = void (*)(OpKind op, const Args& a);
