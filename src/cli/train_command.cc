@@ -1,5 +1,6 @@
-// `tessera train`: the single-process training loop around TrainStep — data, learning-rate
-// schedule, evaluation, metrics, progress, checkpoints and exact resume, and a sample at the end.
+// `tessera train`: the training loop around TrainStep (one process) or DistributedStep (a rank
+// of a plan) — data, learning-rate schedule, evaluation, metrics, MFU, progress, checkpoints
+// and exact resume, safe stops (signals, divergence, run lock), and a sample at the end.
 #include <unistd.h>
 
 #include <chrono>
@@ -303,12 +304,13 @@ Status run_train(const TrainOptions& o) {
   if (leader && !distributed)
     std::fprintf(stderr,
                  "model %s: %s parameters, %s FLOPs/token (train)\n"
-                 "planned memory: arena %s (activations+gradients), parameters %s, optimizer %s\n",
+                 "planned memory: arena %s (activations+gradients), parameters %s, optimizer %s "
+                 "(AdamW's two moments)\n",
                  cfg.name.c_str(), format_count(g.param_count()).c_str(),
                  format_si(g.total_flops() / static_cast<double>(o.batch * o.seq)).c_str(),
                  format_bytes(static_cast<double>(mplan.arena_bytes)).c_str(),
                  format_bytes(static_cast<double>(mplan.param_bytes)).c_str(),
-                 format_bytes(3.0 * static_cast<double>(mplan.param_bytes)).c_str());
+                 format_bytes(2.0 * static_cast<double>(mplan.param_bytes)).c_str());
 
   std::ofstream metrics;
   if (leader) {

@@ -7,10 +7,11 @@
 //   // Every rank: its flat range of each tensor (row-major; ranges of different ranks may
 //   // overlap, e.g. a replicated tensor written by several ranks).
 //   std::vector<TensorShard> shards = {
-//       {"h.0.attn.qkv.weight", DType::f32, Shape{768, 2304}, off, cnt, w + off},
-//       {"adam.m/h.0.attn.qkv.weight", DType::f32, Shape{768, 2304}, off, cnt, m + off}};
+//       {"h.0.attn.qkv.weight", DType::f32, Shape{2304, 768}, off, cnt, w + off},
+//       {"adam.m.h.0.attn.qkv.weight", DType::f32, Shape{2304, 768}, off, cnt, m + off}};
 //   Status s = write_checkpoint_shards(root, checkpoint_name(step), rank, world, shards);
-//   bool all_ok = comm.all_reduce_and(s.ok());                // the caller's barrier
+//   // the caller's barrier: every rank's outcome, e.g. the max of 0 (ok) / 1 (failed)
+//   bool all_ok = comm.all_reduce_scalar(s.ok() ? 0 : 1, /*max=*/true, "ckpt").value() == 0;
 //   if (rank == 0 && all_ok) {
 //     TS_RETURN_IF_ERROR(commit_checkpoint_shards(root, checkpoint_name(step), world,
 //                                                 {{"step", step}, {"model", cfg_json}}));

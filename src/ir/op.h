@@ -6,8 +6,11 @@
 //   d.name == "matmul";  d.num_inputs == 2;
 //   for (OpKind k : all_ops()) std::puts(op_def(k).name);
 //
-// Adding an op: one line in TESSERA_OPS below, its OpDef in an ops_*.cc file, its CPU kernel
-// in backend/cpu/, its entry in tests/ir/op_consistency_test.cc.
+// Adding an op touches today: one line in TESSERA_OPS below; its OpDef in an ops_*.cc file and,
+// if it can run sharded, its rule in ops_sharding.cc; a Builder method (builder.h/.cc) if model
+// code calls it by name; its CPU kernel (backend/cpu/kernels.h, a kernels_*.cc, a case in
+// cpu_backend.cc's dispatch); its CUDA kernel (registered in a backend/cuda/kernels_*.cu); its
+// entry in tests/ir/op_consistency_test.cc. (DESIGN.md's target is four files.)
 #pragma once
 
 #include <cstdint>

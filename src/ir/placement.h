@@ -8,7 +8,7 @@
 // A rule sees the global input types and the inputs' placements along one axis of size n
 // and either returns the outputs' placements (true) or refuses (false); the partition pass
 // (parallel/partition.h) then converts the inputs to a pattern the op accepts. Divisibility
-// of sharded dims is checked by the pass, not the rules.
+// of sharded dims is the pass's (an error naming the value and the degree), not the rules'.
 #pragma once
 
 #include <span>

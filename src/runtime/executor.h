@@ -47,7 +47,7 @@ class Executor {
   void set_input(const std::string& name, const void* data);
   // Runs every node in order.
   void run();
-  // Runs one node on the backend (the ProgramExecutor drives nodes one by one).
+  // Runs one node on the backend (DistributedStep drives a Program's nodes one by one).
   void run_node(const Node& n);
 
   // Storage of any value: persistent for parameters, the arena slot otherwise (valid until the

@@ -1,4 +1,5 @@
-// The CPU backend: f32 compute through OpenBLAS GEMM and OpenMP loops. bf16/f16 tensors are
+// The CPU backend: f32 compute through OpenBLAS GEMM and loops split over the backend's own
+// thread pool (backend/cpu/thread_pool.h; `omp simd` only vectorizes). bf16/f16 tensors are
 // stored in their own dtype and converted to f32 around each kernel.
 //
 //   CpuBackend cpu;
