@@ -23,6 +23,14 @@ struct LaunchOptions {
   std::vector<std::string> args;
 };
 
+// execvp(args[0], args); returns only on failure.
+void exec_args(std::vector<std::string> args) {
+  std::vector<char*> c;
+  for (std::string& a : args) c.push_back(a.data());
+  c.push_back(nullptr);
+  execvp(c[0], c.data());
+}
+
 Status run_launch(const LaunchOptions& o) {
   if (o.ranks < 1) return error("-n must be at least 1");
   if (o.args.empty())
@@ -40,10 +48,7 @@ Status run_launch(const LaunchOptions& o) {
       setenv("TESSERA_LAUNCH_CHECK", std::to_string(o.ranks).c_str(), 1);
       std::vector<std::string> args = {self};
       args.insert(args.end(), o.args.begin(), o.args.end());
-      std::vector<char*> c;
-      for (std::string& a : args) c.push_back(a.data());
-      c.push_back(nullptr);
-      execv(c[0], c.data());
+      exec_args(std::move(args));
       _exit(127);
     }
     int status = 0;
@@ -55,11 +60,8 @@ Status run_launch(const LaunchOptions& o) {
   if (geteuid() == 0) argv.insert(argv.begin() + 1, "--allow-run-as-root");
   argv.push_back(self);
   argv.insert(argv.end(), o.args.begin(), o.args.end());
-  std::vector<char*> c;
-  for (std::string& a : argv) c.push_back(a.data());
-  c.push_back(nullptr);
   std::fflush(nullptr);
-  execvp(c[0], c.data());
+  exec_args(std::move(argv));
   return error("cannot run " + o.mpirun + ": " + std::strerror(errno),
                "install Open MPI (scripts/install_deps.sh installs openmpi-bin)");
 }

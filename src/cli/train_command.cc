@@ -173,14 +173,12 @@ double measured_gemm_peak() {
 
 // A run that diverged: what went non-finite in which step, and how to go on.
 Status diverged(int64_t step, const std::string& what, int64_t last_saved, const TrainOptions& o) {
-  char lr[32];
-  std::snprintf(lr, sizeof lr, "%g", o.lr);
   return error("step " + std::to_string(step + 1) + ": the " + what +
                    " went non-finite (NaN or infinity); the run stops without saving them",
                (last_saved >= 0 ? "the last good checkpoint is step " + std::to_string(last_saved) +
                                       " in " + o.out + "/checkpoints (--resume continues from it); "
                                 : std::string("no checkpoint was saved before; ")) +
-                   "try a lower --lr (now " + lr + ") or --clip 1.0");
+                   "try a lower --lr (now " + number_text(o.lr) + ") or --clip 1.0");
 }
 
 }  // namespace

@@ -312,19 +312,20 @@ Status Pass::visit(NodeId id) {
 
   const OpDef& def = op_def(n.op);
   std::vector<Placements> out_pl(n.outputs.size(), Placements(naxes, Placement::replicate()));
+  const bool any_lazy =
+      std::any_of(lazy.begin(), lazy.end(), [](const Placements& p) { return !p.empty(); });
   for (size_t k = 0; k < naxes; ++k) {
     Placements pk;
     for (size_t i = 0; i < ins.size(); ++i) pk.push_back(placement(i, k));
     bool all_r =
         std::all_of(pk.begin(), pk.end(), [](const Placement& p) { return p.is_replicate(); });
-    const bool tensor_axis = std::count(plan_.tensor_axes.begin(), plan_.tensor_axes.end(),
-                                        plan_.mesh.axes()[k].name) > 0;
-    const bool any_lazy =
-        std::any_of(lazy.begin(), lazy.end(), [](const Placements& p) { return !p.empty(); });
-    const bool sequence = plan_.sequence_parallel && tensor_axis && !any_lazy;
-    // (A replicated stream, from a replicated embedding, stays whole until the first residual
-    // add meets a Partial: slicing it at the first norm would only add a gather before q.)
+    // (Under sequence parallelism too: a replicated stream, from a replicated embedding, stays
+    // whole until the first residual add meets a Partial; slicing it at the first norm would
+    // only add a gather before q.)
     if (all_r) continue;
+    const bool sequence = plan_.sequence_parallel && !any_lazy &&
+                          std::count(plan_.tensor_axes.begin(), plan_.tensor_axes.end(),
+                                     plan_.mesh.axes()[k].name) > 0;
     std::vector<Placement> res;
     auto try_rule = [&](const Placements& p) {
       return def.sharding && def.sharding(ShardingRuleArgs{n.attrs, in_types, out_types, p}, &res);
@@ -336,8 +337,7 @@ Status Pass::visit(NodeId id) {
     if (sequence && !n.backward) {
       bool partial_stream = false;
       for (size_t i = 0; i < ins.size(); ++i)
-        partial_stream = partial_stream || (pk[i].is_partial() && is_sequence(in_types[i].shape) &&
-                                            !param_index_.count(n.inputs[i]));
+        partial_stream = partial_stream || (pk[i].is_partial() && is_sequence(in_types[i].shape));
       if (partial_stream) {
         TS_ASSIGN_OR_RETURN(bool split, split_sequence(n, k, pk, in_types, out_types, &ins, &res));
         if (split) {

@@ -115,7 +115,6 @@ Result<bool> Pass::split_sequence(const Node& n, size_t k, const Placements& pk,
   };
   const bool binary =
       n.op == OpKind::add || n.op == OpKind::sub || n.op == OpKind::mul || n.op == OpKind::div;
-  auto is_bt = [&](const Shape& s) { return is_sequence(s); };
   // The dim of input i that runs along the sequence: 1 of a [B, T, ...] activation, 0 of its
   // rows [B*T, ...] (split on them, a reshape of a sequence split with one sequence per rank
   // keeps it), or for a broadcast operand of a binary op ([T, C] + [B, T, C]) the dim aligned
@@ -123,10 +122,10 @@ Result<bool> Pass::split_sequence(const Node& n, size_t k, const Placements& pk,
   auto seq_dim = [&](size_t i) {
     if (param_index_.count(n.inputs[i])) return -1;  // activations only
     const Shape& s = in_types[i].shape;
-    if (is_bt(s)) return 1;
+    if (is_sequence(s)) return 1;
     if (s.rank() >= 1 && s[0] == seq_b_ * seq_t_) return 0;  // [B*T, ...]: rows
     const Shape& o = out_types[0].shape;
-    if (binary && is_bt(o)) {
+    if (binary && is_sequence(o)) {
       const int d = 1 - (o.rank() - s.rank());
       if (d >= 0 && s[d] == seq_t_) return d;
     }
@@ -140,23 +139,22 @@ Result<bool> Pass::split_sequence(const Node& n, size_t k, const Placements& pk,
     return true;
   };
   // (a) Split the sequence: Partial -> S(T) (reduce-scatter), Replicate -> S(T) (a slice).
-  Placements want = pk;
+  Placements split = pk;
   bool any = false, ok = true;
   for (size_t i = 0; i < pk.size() && ok; ++i) {
     const int d = seq_dim(i);
     if (pk[i].is_partial()) {
       ok = d >= 0;
-      want[i] = Placement::shard(d);
+      split[i] = Placement::shard(d);
       any = true;
     } else if (pk[i].is_shard()) {
       ok = pk[i].dim == d;
       any = true;
     } else if (d >= 0) {
-      want[i] = Placement::shard(d);
+      split[i] = Placement::shard(d);
     }
   }
-  const bool split_ok = ok && any && rule(want);
-  const Placements split = want;
+  const bool split_ok = ok && any && rule(split);
   const std::vector<Placement> split_res = *res;
   // (b) Gather the sequence of the inputs split on it; the others keep their placements.
   Placements gather = pk;
