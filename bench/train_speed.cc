@@ -1,7 +1,7 @@
 // Training speed of one process on the CPU, against the machine's GEMM peak measured in the same
-// run. Builds the preset's training graph and steps it through TrainStep, the path `tessera
-// train` takes on one process (forward + backward, gradient accumulation, clipping, AdamW), on
-// random tokens.
+// run. Builds the preset's training graph and steps it through the StepRunner on a plan of one
+// rank, the path `tessera train` takes on one process (forward + backward, gradient accumulation,
+// clipping, AdamW), on random tokens.
 //
 //   tessera_train_speed --model gpt2-small --batch 4 --seq 64 --steps 3 --threads 2
 //
@@ -27,7 +27,7 @@
 #include "backend/cpu/kernels.h"
 #include "backend/cpu/thread_pool.h"
 #include "models/model.h"
-#include "runtime/train_step.h"
+#include "runtime/step_runner.h"
 
 extern "C" char* openblas_get_corename(void);
 
@@ -128,8 +128,18 @@ int main(int argc, char** argv) {
 
   ModelGraph model = build_model(*cfg, o.batch, o.seq, ModelMode::train);
   CpuBackend cpu;
-  TrainStep step(model, cpu, AdamWConfig{});
-  step.executor().init_params(1234);
+  // One process: the step runner on a plan of one rank.
+  const Plan plan = Plan::data_parallel(1);
+  Result<MeshComms> comms = MeshComms::single(plan);
+  Result<std::unique_ptr<StepRunner>> made =
+      comms.ok() ? StepRunner::create(model.graph, plan, cpu, comms.value(), AdamWConfig{})
+                 : Result<std::unique_ptr<StepRunner>>(comms.status());
+  if (!made.ok()) {
+    std::fprintf(stderr, "%s\n", made.status().to_string().c_str());
+    return 1;
+  }
+  StepRunner& step = *made.value();
+  step.init_params(1234);
   const int64_t n = o.batch * o.seq;
   std::vector<int32_t> tokens(static_cast<size_t>(n)), targets(tokens.size());
   std::mt19937 rng(7);
@@ -137,8 +147,8 @@ int main(int argc, char** argv) {
   float loss = 0;
   auto one_step = [&] {
     for (size_t i = 0; i < tokens.size(); ++i) tokens[i] = id(rng), targets[i] = id(rng);
-    loss = step.forward_backward(tokens.data(), targets.data());
-    step.apply(6e-4, 1.0, 1);
+    loss = step.forward_backward(tokens.data(), targets.data()).value();
+    (void)step.apply(6e-4, 1.0).value();
   };
   for (int s = 0; s < o.warmup; ++s) one_step();
   auto t0 = Clock::now();

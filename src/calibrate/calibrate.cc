@@ -17,7 +17,7 @@
 #include "cost/op_cost.h"
 #include "io/model_config.h"
 #include "ir/builder.h"
-#include "runtime/distributed_step.h"
+#include "runtime/step_runner.h"
 #include "sim/simulator.h"
 
 namespace tessera {
@@ -139,12 +139,12 @@ struct RealStep {
   ModelGraph model;
   MeshComms comms;
   CpuBackend cpu;
-  std::unique_ptr<DistributedStep> step;
+  std::unique_ptr<StepRunner> step;
   std::vector<int32_t> tokens, targets;
 
   Status run() {
     TS_RETURN_IF_ERROR(step->forward_backward(tokens.data(), targets.data()).status());
-    return step->apply(1e-4, 1.0, 1).status();
+    return step->apply(1e-4, 1.0).status();
   }
 };
 
@@ -159,7 +159,7 @@ Result<std::unique_ptr<RealStep>> real_step(Communicator& world, const ModelConf
   r->model = build_model(cfg, batch, seq, ModelMode::train);
   Plan plan = Plan::data_parallel(ranks, zero);
   TS_ASSIGN_OR_RETURN(r->comms, MeshComms::create(world, plan));
-  TS_ASSIGN_OR_RETURN(r->step, DistributedStep::create(r->model.graph, plan, r->cpu, r->comms, {}));
+  TS_ASSIGN_OR_RETURN(r->step, StepRunner::create(r->model.graph, plan, r->cpu, r->comms, {}));
   r->step->init_params(1);
   r->tokens.resize(static_cast<size_t>(batch / ranks * seq));
   r->targets.resize(r->tokens.size());
@@ -210,7 +210,7 @@ Result<Calibration> calibrate(Communicator& world, const CalibrationOptions& o) 
   TS_ASSIGN_OR_RETURN(ModelConfig cfg, load_model_config(o.model));
   const int64_t batch = o.batch > 0 ? o.batch : 4 * ranks;
   TS_ASSIGN_OR_RETURN(std::unique_ptr<RealStep> real, real_step(world, cfg, batch, o.seq, o.zero));
-  DistributedStep* step = real->step.get();
+  StepRunner* step = real->step.get();
 
   const Program& prog = step->program();
   const Graph& g = prog.local();
@@ -227,7 +227,7 @@ Result<Calibration> calibrate(Communicator& world, const CalibrationOptions& o) 
     TS_RETURN_IF_ERROR(step->forward_backward(real->tokens.data(), real->targets.data()).status());
     for (size_t j = 0; j < compute.size(); ++j) t[j].push_back(seconds[compute[j]]);
     double t0 = now();
-    TS_RETURN_IF_ERROR(step->apply(1e-4, 1.0, 1).status());
+    TS_RETURN_IF_ERROR(step->apply(1e-4, 1.0).status());
     apply_seconds.push_back(now() - t0);
   }
   step->time_instructions(nullptr);
@@ -344,7 +344,7 @@ Result<Calibration> calibrate(Communicator& world, const CalibrationOptions& o) 
           TS_RETURN_IF_ERROR(
               real->step->forward_backward(real->tokens.data(), real->targets.data()).status());
           double t0 = now();
-          TS_RETURN_IF_ERROR(real->step->apply(1e-4, 1.0, 1).status());
+          TS_RETURN_IF_ERROR(real->step->apply(1e-4, 1.0).status());
           optimizer.push_back(now() - t0);
           steps.push_back(now() - s0);
           return Status();

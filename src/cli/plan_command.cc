@@ -50,10 +50,12 @@ Status run_plan(const PlanOptions& o) {
   std::printf("plan            %s\n", plan.describe().c_str());
   std::printf("local batch     %lld of %lld sequences per micro-batch\n",
               (long long)(o.batch / plan.data_group()), (long long)o.batch);
+  // One micro-batch per step: the optimizer reads the gradients in the arena.
+  const std::string grads = plan.micro_batches > 1 ? format_bytes(static_cast<double>(p.grad_bytes))
+                                                   : std::string("in the arena");
   std::printf("per rank        arena %s + parameters %s + gradients %s + optimizer %s\n",
               format_bytes(static_cast<double>(p.memory.arena_bytes)).c_str(),
-              format_bytes(static_cast<double>(p.param_bytes)).c_str(),
-              format_bytes(static_cast<double>(p.grad_bytes)).c_str(),
+              format_bytes(static_cast<double>(p.param_bytes)).c_str(), grads.c_str(),
               format_bytes(static_cast<double>(p.optim_bytes)).c_str());
   std::printf("communication   %s sent per rank per step\n",
               format_bytes(p.comm_bytes_per_step).c_str());

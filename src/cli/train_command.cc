@@ -1,6 +1,7 @@
-// `tessera train`: the training loop around TrainStep (one process) or DistributedStep (a rank
-// of a plan) — data, learning-rate schedule, evaluation, metrics, MFU, progress, checkpoints
-// and exact resume, safe stops (signals, divergence, run lock), and a sample at the end.
+// `tessera train`: the training loop around the step runner (a rank of a plan; one process is
+// a plan of one rank)
+// — data, learning-rate schedule, evaluation, metrics, MFU, progress, checkpoints and exact
+// resume, safe stops (signals, divergence, run lock), and a sample at the end.
 #include <unistd.h>
 
 #include <chrono>
@@ -30,7 +31,6 @@
 #include "io/model_config.h"
 #include "parallel/plan.h"
 #include "runtime/sampler.h"
-#include "runtime/train_step.h"
 
 namespace tessera {
 
@@ -213,9 +213,10 @@ Status run_train(const TrainOptions& o) {
                      std::to_string(n) + " tessera train ...`");
   }
   const bool distributed = world && (world->size() > 1 || wants_ranks);
-  Plan plan;
+  const int ranks = world ? world->size() : 1;
+  // One process is a plan of one rank (its --grad-accum and --recompute).
+  TS_ASSIGN_OR_RETURN(Plan plan, plan_from_flags(plan_flags(o), ranks));
   if (distributed) {
-    TS_ASSIGN_OR_RETURN(plan, plan_from_flags(plan_flags(o), world->size()));
     // Placements for this machine's ratio of FLOP/s to bytes/s between ranks (cpu-local's
     // figures; `tessera calibrate` measures them). The search is deterministic, so every
     // rank finds the same placements.
@@ -260,17 +261,18 @@ Status run_train(const TrainOptions& o) {
 
   CpuBackend cpu;
   std::optional<MeshComms> comms;
-  std::unique_ptr<TrainState> state;
-  if (distributed) {
+  if (world) {
     TS_ASSIGN_OR_RETURN(comms, MeshComms::create(*world, plan));
     comms->set_timeout(o.comm_timeout);
-    TS_ASSIGN_OR_RETURN(state, TrainState::distributed(cfg, o, cpu, *comms, plan));
   } else {
-    state = std::make_unique<TrainState>(cfg, o, cpu);
+    TS_ASSIGN_OR_RETURN(comms, MeshComms::single(plan));
   }
+  TS_ASSIGN_OR_RETURN(std::unique_ptr<TrainState> state,
+                      TrainState::create(cfg, o, cpu, *comms, plan));
   TrainState& st = *state;
   st.val_start = val.state();
-  const Graph& g = st.distributed() ? st.model.graph : st.step->graph();  // as executed
+  const Program& prog = st.runner->program();
+  const Graph& g = prog.local();  // as executed (with recomputation)
   int64_t start_step = 0;
   if (o.resume) {
     TS_ASSIGN_OR_RETURN(start_step, st.load(o.out + "/checkpoints", &train));
@@ -284,31 +286,32 @@ Status run_train(const TrainOptions& o) {
   // second and rank, against the rank's peak.
   const double model_flops_per_step =
       st.model.graph.total_flops() * static_cast<double>(o.grad_accum);
-  const int ranks = world ? world->size() : 1;
   const double peak = o.peak_flops > 0 ? o.peak_flops : measured_gemm_peak();
   const MemoryPlan& mplan = st.executor().plan();
+  // One micro-batch per step: the optimizer reads the gradients in the arena.
+  const std::string grads = plan.micro_batches > 1
+                                ? format_bytes(static_cast<double>(prog.grad_bytes))
+                                : std::string("in the arena");
   if (leader && distributed) {
-    const Program& prog = st.dstep->program();
     std::fprintf(stderr,
                  "plan %s on %d ranks: per rank arena %s, parameters %s, gradients %s, "
                  "optimizer %s; %s sent per step\n",
                  plan.describe().c_str(), world->size(),
                  format_bytes(static_cast<double>(prog.memory.arena_bytes)).c_str(),
-                 format_bytes(static_cast<double>(prog.param_bytes)).c_str(),
-                 format_bytes(static_cast<double>(prog.grad_bytes)).c_str(),
+                 format_bytes(static_cast<double>(prog.param_bytes)).c_str(), grads.c_str(),
                  format_bytes(static_cast<double>(prog.optim_bytes)).c_str(),
                  format_bytes(prog.comm_bytes_per_step).c_str());
   }
   if (leader && !distributed)
     std::fprintf(stderr,
                  "model %s: %s parameters, %s FLOPs/token (train)\n"
-                 "planned memory: arena %s (activations+gradients), parameters %s, optimizer %s "
-                 "(AdamW's two moments)\n",
+                 "planned memory: arena %s (activations, gradients), parameters %s, gradients %s, "
+                 "optimizer %s (AdamW's two moments)\n",
                  cfg.name.c_str(), format_count(g.param_count()).c_str(),
                  format_si(g.total_flops() / static_cast<double>(o.batch * o.seq)).c_str(),
                  format_bytes(static_cast<double>(mplan.arena_bytes)).c_str(),
-                 format_bytes(static_cast<double>(mplan.param_bytes)).c_str(),
-                 format_bytes(2.0 * static_cast<double>(mplan.param_bytes)).c_str());
+                 format_bytes(static_cast<double>(prog.param_bytes)).c_str(), grads.c_str(),
+                 format_bytes(static_cast<double>(prog.optim_bytes)).c_str());
 
   std::ofstream metrics;
   if (leader) {
@@ -344,7 +347,7 @@ Status run_train(const TrainOptions& o) {
       }
     }
     loss /= static_cast<double>(o.grad_accum);
-    TS_ASSIGN_OR_RETURN(double norm, st.apply(lr, o.clip, static_cast<int>(o.grad_accum)));
+    TS_ASSIGN_OR_RETURN(double norm, st.apply(lr, o.clip));
     double dt = std::chrono::duration<double>(Clock::now() - t0).count();
     ++steps_this_run;
     step_secs += dt;

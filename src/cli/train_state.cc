@@ -21,52 +21,24 @@ AdamWConfig adamw_config(const TrainOptions& o) {
 }
 }  // namespace
 
-TrainState::TrainState(const ModelConfig& c, const TrainOptions& o, Backend& b)
-    : TrainState(c, o, b, /*one_process=*/true, o.batch) {}
-
-TrainState::TrainState(const ModelConfig& c, const TrainOptions& o, Backend& b, bool one_process,
-                       int64_t eval_batch)
+TrainState::TrainState(const ModelConfig& c, const TrainOptions& o, Backend& b, int64_t eval_batch)
     : cfg(c), opts(o), backend(b) {
   model = build_model(cfg, opts.batch, opts.seq, ModelMode::train);
-  if (one_process) {
-    Result<RecomputePolicy> r = parse_recompute(opts.recompute.empty() ? "none" : opts.recompute);
-    TS_CHECK(r.ok()) << r.status().to_string();  // checked with the other options
-    step = std::make_unique<TrainStep>(model, backend, adamw_config(opts), r.value());
-  }
   eval_model = build_model(cfg, eval_batch, opts.seq, ModelMode::loss);
   eval_exec = std::make_unique<Executor>(eval_model.graph, backend);
 }
 
-Result<std::unique_ptr<TrainState>> TrainState::distributed(const ModelConfig& cfg,
-                                                            const TrainOptions& opts,
-                                                            Backend& backend, MeshComms& comms,
-                                                            const Plan& plan) {
+Result<std::unique_ptr<TrainState>> TrainState::create(const ModelConfig& cfg,
+                                                       const TrainOptions& opts, Backend& backend,
+                                                       MeshComms& comms, const Plan& plan) {
   // Evaluation: each data-parallel rank its share of the validation batch (the caller averages
   // over ranks), not the whole batch on every rank.
   std::unique_ptr<TrainState> st(
-      new TrainState(cfg, opts, backend, /*one_process=*/false, opts.batch / plan.data_group()));
-  TS_ASSIGN_OR_RETURN(st->dstep, DistributedStep::create(st->model.graph, plan, backend, comms,
-                                                         adamw_config(opts)));
+      new TrainState(cfg, opts, backend, opts.batch / plan.data_group()));
+  TS_ASSIGN_OR_RETURN(
+      st->runner, StepRunner::create(st->model.graph, plan, backend, comms, adamw_config(opts)));
   st->rank = comms.world().rank();
   return st;
-}
-
-Result<float> TrainState::forward_backward(const int32_t* tokens, const int32_t* targets) {
-  if (distributed()) return dstep->forward_backward(tokens, targets);
-  return step->forward_backward(tokens, targets);
-}
-
-Result<double> TrainState::apply(double lr, double clip, int micro_steps) {
-  if (distributed()) return dstep->apply(lr, clip, micro_steps);
-  return step->apply(lr, clip, micro_steps);
-}
-
-void TrainState::init_params(uint64_t seed) {
-  if (distributed()) {
-    dstep->init_params(seed);
-  } else {
-    step->executor().init_params(seed);
-  }
 }
 
 void copy_params(const Graph& gs, Executor& src, const Graph& gd, Executor& dst) {
@@ -78,23 +50,21 @@ void copy_params(const Graph& gs, Executor& src, const Graph& gd, Executor& dst)
 }
 
 Status TrainState::copy_params_to_eval() {
-  if (!distributed()) {
-    copy_params(model.graph, step->executor(), eval_model.graph, *eval_exec);
-    return Status();
-  }
-  std::vector<std::vector<float>> whole;
-  TS_RETURN_IF_ERROR(dstep->gather_params(&whole));
   const Graph& g = model.graph;
+  std::vector<std::vector<float>> whole;
+  if (distributed()) TS_RETURN_IF_ERROR(runner->gather_params(&whole));
   for (size_t i = 0; i < g.params().size(); ++i) {
     ValueId q = eval_model.graph.find_param(g.name_of(g.params()[i]));
     TS_CHECK_GE(q, 0) << g.name_of(g.params()[i]);
-    std::memcpy(eval_exec->raw(q), whole[i].data(), whole[i].size() * sizeof(float));
+    // One rank holds every parameter whole.
+    const float* src = distributed() ? whole[i].data() : runner->param_data(i);
+    std::memcpy(eval_exec->raw(q), src, static_cast<size_t>(eval_model.graph.type(q).bytes()));
   }
   return Status();
 }
 
 nlohmann::json TrainState::manifest(int64_t completed, const DataLoader& train) const {
-  const AdamW& opt = distributed() ? dstep->optimizer() : step->optimizer();
+  const AdamW& opt = runner->optimizer();
   const AdamWConfig& ac = opt.config();
   nlohmann::json m = {{"step", completed},
                       {"model", model_config_to_json(cfg)},
@@ -117,7 +87,7 @@ nlohmann::json TrainState::manifest(int64_t completed, const DataLoader& train) 
                         {"warmup", opts.warmup},
                         {"min_lr_frac", opts.min_lr_frac},
                         {"clip", opts.clip}}}};
-  if (distributed()) m["plan"] = plan_to_json(dstep->program().plan);
+  m["plan"] = plan_to_json(runner->program().plan);
   return m;
 }
 
@@ -127,33 +97,25 @@ Result<bool> TrainState::params_finite() const {
     for (int64_t i = 0; i < n; ++i) ok &= std::isfinite(p[i]);
     return ok;
   };
-  const Graph& g = model.graph;
   bool ok = true;
-  for (size_t i = 0; i < g.params().size() && ok; ++i) {
-    if (distributed()) {
-      ok = finite(dstep->param_data(i), dstep->param_piece(i).count);
-    } else {
-      const ValueId p = g.params()[i];
-      ok = finite(step->executor().data<float>(p), g.type(p).shape.numel());
-    }
-  }
-  if (!distributed()) return ok;
-  TS_ASSIGN_OR_RETURN(double bad, dstep->comms().world().all_reduce_scalar(
+  for (size_t i = 0; i < model.graph.params().size() && ok; ++i)
+    ok = finite(runner->param_data(i), runner->param_piece(i).count);
+  TS_ASSIGN_OR_RETURN(double bad, runner->comms().world().all_reduce_scalar(
                                       ok ? 0.0 : 1.0, /*max=*/true, "parameters finite"));
   return bad == 0;
 }
 
 Status TrainState::save(const std::string& root, int64_t completed, const DataLoader& train) const {
+  // A distributed run writes each rank's pieces; one process writes plain safetensors files.
   if (distributed()) return save_sharded(root, completed, manifest(completed, train));
   const Graph& g = model.graph;
-  Executor& ex = step->executor();
-  AdamW& opt = step->optimizer();
+  AdamW& opt = runner->optimizer();
   NamedTensorRefs params, moments;
   for (size_t i = 0; i < g.params().size(); ++i) {
     ValueId p = g.params()[i];
     const std::string& name = g.name_of(p);
     std::vector<int64_t> shape = g.type(p).shape.dims();
-    params.push_back({name, TensorRef{DType::f32, shape, ex.raw(p)}});
+    params.push_back({name, TensorRef{DType::f32, shape, runner->param_data(i)}});
     moments.push_back({"adam.m." + name, TensorRef{DType::f32, shape, opt.m(i).data()}});
     moments.push_back({"adam.v." + name, TensorRef{DType::f32, shape, opt.v(i).data()}});
   }
@@ -171,7 +133,7 @@ Status TrainState::save(const std::string& root, int64_t completed, const DataLo
 // write succeeded, then rank 0 publishes.
 Status TrainState::save_sharded(const std::string& root, int64_t completed,
                                 const nlohmann::json& man) const {
-  DistributedStep& d = *dstep;
+  StepRunner& d = *runner;
   const Program& prog = d.program();
   const Graph& g = model.graph;
   std::vector<TensorShard> shards;
@@ -239,7 +201,7 @@ Result<int64_t> TrainState::load(const std::string& root, DataLoader* train) {
                        t.at("seq").dump() + " --grad-accum " + t.at("grad_accum").dump(),
                    "resume with the same (global) batch shape; the plan may differ");
     const Graph& g = model.graph;
-    AdamW& opt = distributed() ? dstep->optimizer() : step->optimizer();
+    AdamW& opt = runner->optimizer();
     for (size_t i = 0; i < g.params().size(); ++i) {
       ValueId p = g.params()[i];
       const std::string& name = g.name_of(p);
@@ -247,14 +209,9 @@ Result<int64_t> TrainState::load(const std::string& root, DataLoader* train) {
       if (shape != g.type(p).shape)
         return error(where + ": tensor " + name + " has shape " + shape.to_string() +
                      ", expected " + g.type(p).shape.to_string());
-      LocalPiece pp{0, shape.numel()}, op{0, shape.numel()};
-      Box box;  // empty: the whole tensor
-      float* dst = distributed() ? dstep->param_data(i) : step->executor().data<float>(p);
-      if (distributed()) {
-        pp = dstep->param_piece(i);
-        op = dstep->optim_piece(i);
-        box = dstep->param_box(i);
-      }
+      const LocalPiece pp = runner->param_piece(i), op = runner->optim_piece(i);
+      const Box box = runner->param_box(i);
+      float* dst = runner->param_data(i);
       TS_RETURN_IF_ERROR(ck.read_box(name, box.lo, box.hi, pp.offset, pp.count, dst));
       TS_RETURN_IF_ERROR(
           ck.read_box("adam.m." + name, box.lo, box.hi, op.offset, op.count, opt.m(i).data()));

@@ -10,35 +10,35 @@
 #include "data/bpe_tokenizer.h"
 #include "data/loader.h"
 #include "models/model.h"
-#include "runtime/distributed_step.h"
-#include "runtime/train_step.h"
+#include "runtime/step_runner.h"
 
 namespace tessera {
 
 class TrainState {
  public:
-  // One process: TrainStep. With `comms` (a distributed run under `plan`): DistributedStep.
-  TrainState(const ModelConfig& cfg, const TrainOptions& opts, Backend& backend);
-  static Result<std::unique_ptr<TrainState>> distributed(const ModelConfig& cfg,
-                                                         const TrainOptions& opts, Backend& backend,
-                                                         MeshComms& comms, const Plan& plan);
+  // The state of this rank of a run under `plan` (one process: a plan of one rank and
+  // MeshComms::single). `comms` must outlive the state.
+  static Result<std::unique_ptr<TrainState>> create(const ModelConfig& cfg,
+                                                    const TrainOptions& opts, Backend& backend,
+                                                    MeshComms& comms, const Plan& plan);
   TrainState(const TrainState&) = delete;
 
   ModelConfig cfg;
   TrainOptions opts;
   Backend& backend;
-  ModelGraph model;                        // training graph (global batch)
-  std::unique_ptr<TrainStep> step;         // one process: parameters, gradients, optimizer
-  std::unique_ptr<DistributedStep> dstep;  // distributed: this rank's shards
+  ModelGraph model;                    // training graph (global batch)
+  std::unique_ptr<StepRunner> runner;  // this rank's parameters, gradients and optimizer
   int rank = 0;
-  bool distributed() const { return dstep != nullptr; }
+  bool distributed() const { return runner->comms().world().size() > 1; }
   bool is_leader() const { return rank == 0; }  // prints, writes metrics
 
-  // The step, whichever kind: tokens/targets are this rank's rows.
-  Result<float> forward_backward(const int32_t* tokens, const int32_t* targets);
-  Result<double> apply(double lr, double clip, int micro_steps);
-  Executor& executor() { return distributed() ? dstep->executor() : step->executor(); }
-  void init_params(uint64_t seed);
+  // tokens/targets: this rank's rows.
+  Result<float> forward_backward(const int32_t* tokens, const int32_t* targets) {
+    return runner->forward_backward(tokens, targets);
+  }
+  Result<double> apply(double lr, double clip) { return runner->apply(lr, clip); }
+  Executor& executor() { return runner->executor(); }
+  void init_params(uint64_t seed) { runner->init_params(seed); }
   ModelGraph eval_model;  // loss only, on this rank's share of the batch
   std::unique_ptr<Executor> eval_exec;
   LoaderState val_start;
@@ -58,9 +58,8 @@ class TrainState {
                      const Gpt2Tokenizer& tok);
 
  private:
-  // `eval_batch`: the rows of the evaluation graph (the global batch in one process, the
-  // data-parallel rank's share when distributed).
-  TrainState(const ModelConfig& cfg, const TrainOptions& opts, Backend& backend, bool one_process,
+  // `eval_batch`: the rows of the evaluation graph (the data-parallel rank's share).
+  TrainState(const ModelConfig& cfg, const TrainOptions& opts, Backend& backend,
              int64_t eval_batch);
   Status save_sharded(const std::string& root, int64_t completed,
                       const nlohmann::json& manifest) const;

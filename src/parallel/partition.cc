@@ -198,17 +198,25 @@ Status Pass::flush_bucket() {
       if (cur[k].is_shard() && !(cur[k] == pl.layout.axes[k]))
         return error("partition: gradient of " + pl.name + " is sharded on " +
                      plan_.mesh.axes()[k].name + "; expected Partial or Replicate");
-      if (cur[k].is_partial()) partial_axes.push_back(plan_.mesh.axes()[k].name);
+      if (!cur[k].is_partial()) continue;
+      if (sizes_[k] > 1) {
+        partial_axes.push_back(plan_.mesh.axes()[k].name);
+      } else {  // a Partial over one rank is already the whole sum: relabel, no collective
+        out_.placements[static_cast<size_t>(v)][k] = pl.layout.axes[k];
+      }
     }
+    cur = out_.placements[static_cast<size_t>(v)];
     std::vector<std::string> rest = partial_axes;
     Placements done = pl.layout.axes;
     if (pl.grads_sharded) {
       for (const std::string& z : plan_.zero_axes) {
         auto it = std::find(rest.begin(), rest.end(), z);
-        if (it == rest.end())
+        if (it != rest.end()) {
+          rest.erase(it);
+        } else if (plan_.mesh.axis_size(z) > 1) {
           return error("partition: gradient of " + pl.name + " is not Partial on ZeRO axis " + z,
                        "ZeRO-2/3 needs every parameter to be used on every rank");
-        rest.erase(it);
+        }
         done[static_cast<size_t>(plan_.mesh.axis_index(z))] = Placement::shard(0);
       }
       Attrs a;
@@ -517,7 +525,7 @@ Result<Partitioned> Pass::run() {
   ValueId loss = out_.global_to_local[static_cast<size_t>(g_.loss())];
   std::vector<std::string> partial_axes;
   for (size_t k = 0; k < sizes_.size(); ++k)
-    if (out_.placements[static_cast<size_t>(loss)][k].is_partial())
+    if (out_.placements[static_cast<size_t>(loss)][k].is_partial() && sizes_[k] > 1)
       partial_axes.push_back(plan_.mesh.axes()[k].name);
   if (!partial_axes.empty()) {
     Attrs a;

@@ -82,7 +82,9 @@ void count_bytes(Program& p) {
     const int64_t numel = pl.local_shape.numel();
     const int64_t block = FlatShard{group, 0, numel}.block();
     p.param_bytes += 4 * (pl.params_sharded ? block : numel);
-    p.grad_bytes += 4 * (pl.grads_sharded ? block : numel);       // accumulated, reduced gradient
+    // The accumulated, reduced gradient; with one micro-batch the optimizer reads it in the
+    // arena (the memory plan keeps it live to the end of the micro-step).
+    if (p.plan.micro_batches > 1) p.grad_bytes += 4 * (pl.grads_sharded ? block : numel);
     p.optim_bytes += 2 * 4 * (pl.optim_sharded ? block : numel);  // AdamW m and v
   }
   double micro = 0;

@@ -92,11 +92,11 @@ void Executor::init_params(uint64_t seed) {
 }
 
 void Executor::run_node(const Node& n) {
-  std::vector<const void*> in;
-  std::vector<void*> out;
-  for (ValueId v : n.inputs) in.push_back(raw(v));
-  for (ValueId v : n.outputs) out.push_back(raw(v));
-  backend_.run(g_, n, in, out);
+  in_.clear();
+  out_.clear();
+  for (ValueId v : n.inputs) in_.push_back(raw(v));
+  for (ValueId v : n.outputs) out_.push_back(raw(v));
+  backend_.run(g_, n, in_, out_);
 }
 
 void Executor::set_input(const std::string& name, const void* data) {
@@ -115,16 +115,10 @@ void* Executor::raw(ValueId v) {
 void Executor::run() {
   static const bool profile = std::getenv("TESSERA_PROFILE") != nullptr;
   std::vector<double> seconds(profile ? kNumOps : 0, 0.0);
-  std::vector<const void*> in;
-  std::vector<void*> out;
   for (const Node& n : g_.nodes()) {
     if (n.op == OpKind::parameter || n.op == OpKind::input) continue;
-    in.clear();
-    out.clear();
-    for (ValueId v : n.inputs) in.push_back(raw(v));
-    for (ValueId v : n.outputs) out.push_back(raw(v));
     auto t0 = std::chrono::steady_clock::now();
-    backend_.run(g_, n, in, out);
+    run_node(n);
     if (profile)
       seconds[static_cast<size_t>(n.op)] +=
           std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();

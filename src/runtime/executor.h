@@ -47,7 +47,7 @@ class Executor {
   void set_input(const std::string& name, const void* data);
   // Runs every node in order.
   void run();
-  // Runs one node on the backend (DistributedStep drives a Program's nodes one by one).
+  // Runs one node on the backend (StepRunner drives a Program's nodes one by one).
   void run_node(const Node& n);
 
   // Storage of any value: persistent for parameters, the arena slot otherwise (valid until the
@@ -69,6 +69,8 @@ class Executor {
   std::vector<uint8_t*> param_ptr_;  // indexed by ValueId, null for non-parameters
   std::unique_ptr<uint8_t[]> params_;
   std::unique_ptr<uint8_t[]> arena_;
+  std::vector<const void*> in_;  // run_node's operand pointers, reused
+  std::vector<void*> out_;
 };
 
 }  // namespace tessera

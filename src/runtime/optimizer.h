@@ -53,7 +53,7 @@ class AdamW {
   int64_t steps() const { return t_; }
   void set_steps(int64_t t) { t_ = t; }
   const std::vector<ParamSlot>& params() const { return params_; }
-  // The slots, to point a gradient at another buffer (TrainStep's accumulators).
+  // The slots, to point a gradient at another buffer.
   std::vector<ParamSlot>& slots() { return params_; }
   // First and second moments per parameter (for checkpoints).
   std::vector<float>& m(size_t i) { return m_[i]; }

@@ -48,7 +48,8 @@ class Schedule {
   void run() {
     for (int mb = 0; mb < prog_.plan.micro_batches; ++mb) {
       run_list(prog_.micro_step, "compute");
-      accumulate_grads(mb == 0);
+      // One micro-batch: the optimizer reads the gradients in the arena, nothing is copied.
+      if (prog_.plan.micro_batches > 1) accumulate_grads(mb == 0);
     }
     double t = std::max(compute_free_, comm_free_);
     compute_free_ = comm_free_ = t;
@@ -83,9 +84,9 @@ class Schedule {
     return collective_time(kind, bytes, it->second, c_, opt_.algo).seconds;
   }
 
-  // After each micro-batch the runtime adds the reduced gradients into persistent buffers
-  // (the first one copies: read + write; later ones read both and write one); it waits for the
-  // last reductions first.
+  // After each micro-batch (of several) the runtime adds the reduced gradients into persistent
+  // buffers (the first one copies: read + write; later ones read both and write one); it waits
+  // for the last reductions first.
   void accumulate_grads(bool first) {
     double bytes = 0;
     for (const ParamLayout& pl : prog_.part.params)
@@ -119,7 +120,7 @@ class Schedule {
       }
       case Instruction::param_sync: {
         // The runtime copies its block out, all-gathers, copies the whole tensor back, and
-        // waits for each parameter in turn (DistributedStep::sync_param).
+        // waits for each parameter in turn (StepRunner::sync_param).
         *on_comm = true;
         const ParamLayout& pl = prog_.part.params[static_cast<size_t>(in.param)];
         double whole = 4.0 * scale_ * elems(pl, true) * zg;

@@ -730,7 +730,7 @@ TEST(OpConsistencyCoverage, EveryOpHasAnEntry) {
     std::string covered;
     if (source.count(name)) covered = "source";
     // Collectives run on a Communicator, not a Backend: their numerics are checked by
-    // tests/comm and, inside training steps, by tests/runtime/distributed_step_test.cc
+    // tests/comm and, inside training steps, by tests/runtime/step_runner_test.cc
     // (axis_index, the rank's coordinate, too).
     const bool collective = is_collective(k) || k == OpKind::axis_index;
     if (collective) covered = "comm + distributed tests";

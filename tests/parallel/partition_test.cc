@@ -206,9 +206,15 @@ INSTANTIATE_TEST_SUITE_P(Models, PartitionTest, testing::Values("gpt-tiny", "lla
 
 TEST(Program, ZeroThreePersistentBytesAreOneNth) {
   ModelGraph m = tiny("gpt-tiny");
-  Program dp = lower(m.graph, Plan::data_parallel(4)).value();
-  Program z3 = lower(m.graph, Plan::data_parallel(4, 3)).value();
+  Plan plain = Plan::data_parallel(4), zero3 = Plan::data_parallel(4, 3);
   const int64_t full = grad_bytes(m.graph);
+  // One micro-batch per step: the optimizer reads the gradients in the arena, so parameters
+  // and AdamW's m and v persist.
+  EXPECT_EQ(lower(m.graph, plain).value().persistent_bytes(), 3 * full);
+  // Several: the gradients are accumulated in persistent buffers too.
+  plain.micro_batches = zero3.micro_batches = 2;
+  Program dp = lower(m.graph, plain).value();
+  Program z3 = lower(m.graph, zero3).value();
   EXPECT_EQ(dp.persistent_bytes(), 4 * full);  // params, grads, m, v
   // Blocks are padded to a multiple of 4 elements: at most 3 elements per tensor.
   const int64_t pad = 4 * 3 * 4 * static_cast<int64_t>(m.graph.params().size());

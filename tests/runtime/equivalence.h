@@ -1,6 +1,6 @@
 // Shared by the distributed equivalence tests (in-process ranks and MPI ranks): trains one
-// tiny GPT (or LLaMA) for a few steps on one rank (TrainStep) and on N ranks under a Plan
-// (DistributedStep), on the same global batches, and returns what is compared.
+// tiny GPT (or LLaMA) for a few steps on one process (a plan of one rank) and on N ranks under
+// a Plan, both through the StepRunner, on the same global batches, and returns what is compared.
 #pragma once
 
 #include <gtest/gtest.h>
@@ -15,8 +15,7 @@
 #include "backend/cpu/cpu_backend.h"
 #include "models/model.h"
 #include "parallel/sharding_search.h"
-#include "runtime/distributed_step.h"
-#include "runtime/train_step.h"
+#include "runtime/step_runner.h"
 
 namespace tessera::testing_equivalence {
 
@@ -113,25 +112,35 @@ inline AdamWConfig adamw() {
   return c;
 }
 
+// One process: the step runner on a plan of one rank.
 inline RunResult run_single(int steps, int micro_batches, const ModelConfig& cfg = tiny_gpt()) {
   CpuBackend cpu;
   ModelGraph m = build_model(cfg, kBatch, kSeq, ModelMode::train);
-  TrainStep ts(m, cpu, adamw());
-  ts.executor().init_params(kSeed);
+  Plan plan = Plan::data_parallel(1);
+  plan.micro_batches = micro_batches;
+  Result<MeshComms> comms = MeshComms::single(plan);
+  EXPECT_TRUE(comms.ok()) << comms.status().to_string();
+  auto made = StepRunner::create(m.graph, plan, cpu, comms.value(), adamw());
+  EXPECT_TRUE(made.ok()) << made.status().to_string();
   RunResult r;
+  if (!made.ok()) return r;
+  StepRunner& step = *made.value();
+  step.init_params(kSeed);
   std::vector<int32_t> x, y;
   for (int s = 0; s < steps; ++s) {
     float loss = 0;
     for (int k = 0; k < micro_batches; ++k) {
       global_batch(s, k, &x, &y, cfg.vocab_size);
-      loss += ts.forward_backward(x.data(), y.data());
+      loss += step.forward_backward(x.data(), y.data()).value();
     }
-    ts.apply(kLr, /*clip=*/0.5, micro_batches);
+    EXPECT_TRUE(step.apply(kLr, /*clip=*/0.5).ok());
     r.losses.push_back(loss / static_cast<float>(micro_batches));
   }
-  for (ValueId p : m.graph.params()) {
-    const float* d = ts.executor().data<float>(p);
-    r.params.emplace_back(d, d + m.graph.type(p).shape.numel());
+  for (const Instruction& in : step.program().micro_step)
+    EXPECT_EQ(in.kind, Instruction::compute) << "one rank: no collectives";
+  for (size_t i = 0; i < m.graph.params().size(); ++i) {
+    const float* d = step.param_data(i);
+    r.params.emplace_back(d, d + step.param_piece(i).count);
   }
   return r;
 }
@@ -145,10 +154,10 @@ inline RunResult run_rank(Communicator& world, const Plan& plan, int steps,
   Result<MeshComms> comms = MeshComms::create(world, plan);
   EXPECT_TRUE(comms.ok()) << comms.status().to_string();
   if (!comms.ok()) return r;
-  auto made = DistributedStep::create(m.graph, plan, cpu, comms.value(), adamw());
+  auto made = StepRunner::create(m.graph, plan, cpu, comms.value(), adamw());
   EXPECT_TRUE(made.ok()) << made.status().to_string();
   if (!made.ok()) return r;
-  DistributedStep& step = *made.value();
+  StepRunner& step = *made.value();
   step.init_params(kSeed);
   const int dp = plan.data_group();
   const int idx = plan.mesh.group_index(world.rank(), plan.data_axes);
@@ -169,7 +178,7 @@ inline RunResult run_rank(Communicator& world, const Plan& plan, int steps,
       loss += l.value();
     }
     if (s == steps - 1) r.arena_measured = step.executor().measured_high_water();
-    Result<double> norm = step.apply(kLr, 0.5, plan.micro_batches);
+    Result<double> norm = step.apply(kLr, 0.5);
     EXPECT_TRUE(norm.ok()) << norm.status().to_string();
     r.losses.push_back(loss / static_cast<float>(plan.micro_batches));
   }

@@ -10,7 +10,7 @@
 #include "backend/cpu/cpu_backend.h"
 #include "io/safetensors.h"
 #include "models/model.h"
-#include "runtime/train_step.h"
+#include "runtime/step_runner.h"
 
 namespace tessera {
 namespace {
@@ -100,7 +100,12 @@ void check_model(const std::string& file) {
   opt.beta2 = meta_float(f, "beta2");
   opt.eps = meta_float(f, "adam_eps");
   opt.weight_decay = meta_float(f, "weight_decay");
-  TrainStep ts(m, cpu, opt);
+  Plan plan = Plan::data_parallel(1);
+  Result<MeshComms> comms = MeshComms::single(plan);
+  ASSERT_TRUE(comms.ok()) << comms.status().to_string();
+  auto made = StepRunner::create(m.graph, plan, cpu, comms.value(), opt);
+  ASSERT_TRUE(made.ok()) << made.status().to_string();
+  StepRunner& ts = *made.value();
   const Graph& g = m.graph;
   InTesseraOrder as_tessera{gold.cfg, {}};
 
@@ -109,27 +114,31 @@ void check_model(const std::string& file) {
   for (const std::string& name : f.names())
     if (name.rfind("param.", 0) == 0) ++golden_params;
   ASSERT_EQ(golden_params, static_cast<int>(g.params().size()));
-  for (ValueId p : g.params()) {
+  for (size_t i = 0; i < g.params().size(); ++i) {
+    const ValueId p = g.params()[i];
     const std::string& name = g.name_of(p);
     auto t = f.find("param." + name);
     ASSERT_TRUE(t.ok()) << t.status().to_string();
     ASSERT_EQ((*t)->shape, g.type(p).shape.dims()) << name;
-    std::memcpy(ts.executor().raw(p), as_tessera(name, **t), (*t)->bytes.size());
+    std::memcpy(ts.param_data(i), as_tessera(name, **t), (*t)->bytes.size());
   }
   const int32_t* tokens = ints(f.get("input.tokens"));
   const int32_t* targets = ints(f.get("input.targets"));
 
-  float loss = ts.forward_backward(tokens, targets);
+  float loss = ts.forward_backward(tokens, targets).value();
   float want = raw_floats(f.get("out.loss"))[0];
   EXPECT_NEAR(loss, want, 1e-5 * std::fabs(want)) << "loss";
   const TensorData& logits = f.get("out.logits");
-  EXPECT_LT(rel_error(ts.executor().data<float>(m.logits), raw_floats(logits), logits.numel()),
+  const ValueId local_logits = ts.program().part.global_to_local[static_cast<size_t>(m.logits)];
+  EXPECT_LT(rel_error(ts.executor().data<float>(local_logits), raw_floats(logits), logits.numel()),
             1e-5)
       << "logits";
   size_t i = 0;
   for (ValueId p : g.params()) {
     const TensorData& want_grad = f.get("grad." + g.name_of(p));
-    EXPECT_LT(rel_error(ts.grad(i++), as_tessera(g.name_of(p), want_grad), want_grad.numel()), 1e-4)
+    EXPECT_LT(rel_error(ts.optimizer().params()[i++].grad, as_tessera(g.name_of(p), want_grad),
+                        want_grad.numel()),
+              1e-4)
         << "gradient of " << g.name_of(p);
   }
 
@@ -137,16 +146,15 @@ void check_model(const std::string& file) {
   const TensorData& traj = f.get("traj.loss");
   double clip = meta_float(f, "grad_clip");
   for (int64_t step = 0; step < traj.numel(); ++step) {
-    if (step > 0) loss = ts.forward_backward(tokens, targets);
+    if (step > 0) loss = ts.forward_backward(tokens, targets).value();
     EXPECT_NEAR(loss, raw_floats(traj)[step], 1e-5 * std::fabs(raw_floats(traj)[step]))
         << "step " << step;
-    ts.apply(opt.lr, clip, 1);
+    ASSERT_TRUE(ts.apply(opt.lr, clip).ok());
   }
-  for (ValueId p : g.params()) {
+  for (size_t k = 0; k < g.params().size(); ++k) {
+    const ValueId p = g.params()[k];
     const TensorData& want_p = f.get("traj.param." + g.name_of(p));
-    EXPECT_LT(
-        rel_error(ts.executor().data<float>(p), as_tessera(g.name_of(p), want_p), want_p.numel()),
-        1e-4)
+    EXPECT_LT(rel_error(ts.param_data(k), as_tessera(g.name_of(p), want_p), want_p.numel()), 1e-4)
         << "parameter after 10 steps: " << g.name_of(p);
   }
 }

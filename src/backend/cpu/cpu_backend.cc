@@ -138,7 +138,7 @@ void dispatch(OpKind op, const cpu::Args& a) {
     case OpKind::all_reduce:
     case OpKind::reduce_scatter:
     case OpKind::all_gather:
-      TS_CHECK(false) << op_name(op) << " runs on a Communicator (runtime/distributed_step.h)";
+      TS_CHECK(false) << op_name(op) << " runs on a Communicator (runtime/step_runner.h)";
       return;
     case OpKind::axis_index:
       TS_CHECK(false) << "axis_index is the rank's coordinate: the distributed runtime writes it";

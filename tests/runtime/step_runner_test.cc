@@ -29,7 +29,7 @@ struct Case {
   Plan plan;
 };
 
-class DistributedStepTest : public testing::TestWithParam<Case> {};
+class StepRunnerTest : public testing::TestWithParam<Case> {};
 
 // Every rank: the 1-rank losses and parameters, planned = measured arena, and analytic =
 // measured bytes sent (ring chunking rounds each collective's bytes by a few elements).
@@ -45,7 +45,7 @@ void expect_ranks_match(const Plan& plan, int steps, const ModelConfig& cfg) {
   }
 }
 
-TEST_P(DistributedStepTest, MatchesOneRank) { expect_ranks_match(GetParam().plan, 10, tiny_gpt()); }
+TEST_P(StepRunnerTest, MatchesOneRank) { expect_ranks_match(GetParam().plan, 10, tiny_gpt()); }
 
 Plan with_micro(Plan p, int k) {
   p.micro_batches = k;
@@ -63,7 +63,7 @@ Plan with_sequence_parallel(Plan p) {
 }
 
 INSTANTIATE_TEST_SUITE_P(
-    Plans, DistributedStepTest,
+    Plans, StepRunnerTest,
     testing::Values(Case{"dp2", Plan::data_parallel(2)}, Case{"zero1_2", Plan::data_parallel(2, 1)},
                     Case{"zero2_4", Plan::data_parallel(4, 2)},
                     Case{"zero3_4", Plan::data_parallel(4, 3)},
@@ -74,7 +74,7 @@ INSTANTIATE_TEST_SUITE_P(
 
 // Recomputation under ZeRO-3 (clones read parameters gathered again for the backward pass):
 // the same losses and parameters as without, bit for bit, on each rank.
-TEST(DistributedStep, RecomputeIsBitwiseTheSameUnderZeroThree) {
+TEST(StepRunner, RecomputeIsBitwiseTheSameUnderZeroThree) {
   const Plan plain = Plan::data_parallel(2, 3);
   std::vector<RunResult> a = run_threads(plain, 3), b = run_threads(with_recompute(plain), 3);
   for (size_t r = 0; r < a.size(); ++r) {
@@ -162,7 +162,7 @@ TEST(TensorParallel, KvHeadsThatDoNotSplitAreAnErrorNamingTheDegrees) {
   EXPECT_NE(p.status().message().find("cannot be split 4 ways over tp"), std::string::npos);
 }
 
-TEST(DistributedStep, ZeroThreeHoldsOneNthOfDataParallelState) {
+TEST(StepRunner, ZeroThreeHoldsOneNthOfDataParallelState) {
   Plan dp = Plan::data_parallel(4), z3 = Plan::data_parallel(4, 3);
   ModelGraph m = build_model(tiny_gpt(), kBatch, kSeq, ModelMode::train);
   const int64_t a = lower(m.graph, dp).value().persistent_bytes();

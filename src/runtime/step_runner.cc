@@ -1,10 +1,11 @@
-#include "runtime/distributed_step.h"
+#include "runtime/step_runner.h"
 
 #include <chrono>
 #include <cmath>
 #include <cstring>
 
 #include "base/check.h"
+#include "comm/local_comm.h"
 
 namespace tessera {
 
@@ -35,6 +36,14 @@ Result<MeshComms> MeshComms::create(Communicator& world, const Plan& plan) {
   return mc;
 }
 
+Result<MeshComms> MeshComms::single(const Plan& plan) {
+  std::vector<std::unique_ptr<Communicator>> one = make_local_comms(1);
+  std::shared_ptr<Communicator> world(std::move(one[0]));
+  TS_ASSIGN_OR_RETURN(MeshComms mc, create(*world, plan));
+  mc.own_world_ = std::move(world);
+  return mc;
+}
+
 Communicator& MeshComms::group(const std::string& axes) const {
   auto it = groups_.find(axes);
   TS_CHECK(it != groups_.end()) << "no communicator for mesh axes '" << axes << "'";
@@ -57,24 +66,22 @@ void MeshComms::set_timeout(double seconds) {
   for (auto& [k, c] : groups_) c->set_timeout(seconds);
 }
 
-// ---- DistributedStep ---------------------------------------------------------------------
+// ---- StepRunner ---------------------------------------------------------------------
 
-Result<std::unique_ptr<DistributedStep>> DistributedStep::create(const Graph& global,
-                                                                 const Plan& plan, Backend& backend,
-                                                                 MeshComms& comms,
-                                                                 AdamWConfig opt) {
+Result<std::unique_ptr<StepRunner>> StepRunner::create(const Graph& global, const Plan& plan,
+                                                       Backend& backend, MeshComms& comms,
+                                                       AdamWConfig opt) {
   TS_RETURN_IF_ERROR(validate(plan, comms.world().size()));
   for (ValueId p : global.params())
     if (global.type(p).dtype != DType::f32)
       return error("parameter " + global.name_of(p) + " is " +
                    std::string(dtype_name(global.type(p).dtype)) + "; parameters are kept in f32");
   TS_ASSIGN_OR_RETURN(Program prog, lower(global, plan));
-  return std::unique_ptr<DistributedStep>(
-      new DistributedStep(global, std::move(prog), backend, comms, opt));
+  return std::unique_ptr<StepRunner>(new StepRunner(global, std::move(prog), backend, comms, opt));
 }
 
-DistributedStep::DistributedStep(const Graph& global, Program prog, Backend& backend,
-                                 MeshComms& comms, AdamWConfig opt)
+StepRunner::StepRunner(const Graph& global, Program prog, Backend& backend, MeshComms& comms,
+                       AdamWConfig opt)
     : global_(global), prog_(std::move(prog)), comms_(comms) {
   rank_ = comms.world().rank();
   zero_index_ = prog_.plan.mesh.group_index(rank_, prog_.plan.zero_axes);
@@ -83,14 +90,19 @@ DistributedStep::DistributedStep(const Graph& global, Program prog, Backend& bac
   size_t scratch = 0;
   for (size_t i = 0; i < prog_.part.params.size(); ++i) {
     const ParamLayout& pl = prog_.part.params[i];
-    const Shape& gs = prog_.local().type(pl.local_grad).shape;
-    grads_.emplace_back(static_cast<size_t>(gs.numel()), 0.0f);
+    // The optimizer reads the reduced gradient where the micro-step leaves it, or (several
+    // micro-batches) from its accumulator.
+    float* grad = exec_->data<float>(pl.local_grad);
+    if (prog_.plan.micro_batches > 1) {
+      const Shape& gs = prog_.local().type(pl.local_grad).shape;
+      grads_.emplace_back(static_cast<size_t>(gs.numel()), 0.0f);
+      grad = grads_.back().data();
+    }
     LocalPiece o = optim_piece(i);
     LocalPiece pp = param_piece(i);
     const int64_t grad_base = pl.grads_sharded ? block_of(i).offset : 0;
     slots.push_back(ParamSlot{pl.name, param_data(i) + (o.offset - pp.offset),
-                              grads_.back().data() + (o.offset - grad_base), o.count,
-                              pl.global_shape.rank() >= 2});
+                              grad + (o.offset - grad_base), o.count, pl.global_shape.rank() >= 2});
     // Elements replicated over a tensor axis are counted once over the norm's group.
     int64_t copies = 1;
     for (const std::string& t : replicated_tensor_axes(i)) copies *= prog_.plan.mesh.axis_size(t);
@@ -105,30 +117,28 @@ DistributedStep::DistributedStep(const Graph& global, Program prog, Backend& bac
   opt_ = std::make_unique<AdamW>(std::move(slots), opt);
 }
 
-LocalPiece DistributedStep::block_of(size_t i) const {
+LocalPiece StepRunner::block_of(size_t i) const {
   FlatShard fs{prog_.plan.zero_group(), zero_index_, prog_.part.params[i].local_shape.numel()};
   return {fs.offset(), fs.count()};
 }
 
-LocalPiece DistributedStep::param_piece(size_t i) const {
+LocalPiece StepRunner::param_piece(size_t i) const {
   const ParamLayout& pl = prog_.part.params[i];
   return pl.params_sharded ? block_of(i) : LocalPiece{0, pl.local_shape.numel()};
 }
 
-LocalPiece DistributedStep::optim_piece(size_t i) const {
+LocalPiece StepRunner::optim_piece(size_t i) const {
   const ParamLayout& pl = prog_.part.params[i];
   return pl.optim_sharded ? block_of(i) : LocalPiece{0, pl.local_shape.numel()};
 }
 
-float* DistributedStep::param_data(size_t i) {
-  return exec_->data<float>(prog_.part.params[i].local);
-}
+float* StepRunner::param_data(size_t i) { return exec_->data<float>(prog_.part.params[i].local); }
 
-Box DistributedStep::param_box(size_t i) const {
+Box StepRunner::param_box(size_t i) const {
   return prog_.part.params[i].layout.local_box(prog_.plan.mesh, rank_);
 }
 
-std::vector<std::string> DistributedStep::replicated_tensor_axes(size_t i) const {
+std::vector<std::string> StepRunner::replicated_tensor_axes(size_t i) const {
   const Plan& plan = prog_.plan;
   std::vector<std::string> out;
   for (const std::string& t : plan.tensor_axes)
@@ -139,7 +149,7 @@ std::vector<std::string> DistributedStep::replicated_tensor_axes(size_t i) const
   return out;
 }
 
-bool DistributedStep::first_holder(size_t i, bool zero_sharded) const {
+bool StepRunner::first_holder(size_t i, bool zero_sharded) const {
   const Plan& plan = prog_.plan;
   std::vector<std::string> same = zero_sharded ? plan.replica_axes() : plan.data_axes;
   for (const std::string& t : replicated_tensor_axes(i)) same.push_back(t);
@@ -148,7 +158,7 @@ bool DistributedStep::first_holder(size_t i, bool zero_sharded) const {
 
 // Each rank computes only its piece: the elements [offset, offset + count) of its box's
 // row-major order, each from its index in the global tensor (initial_value).
-void DistributedStep::init_params(uint64_t seed) {
+void StepRunner::init_params(uint64_t seed) {
   for (size_t i = 0; i < prog_.part.params.size(); ++i) {
     const ParamLayout& pl = prog_.part.params[i];
     const LocalPiece pc = param_piece(i);
@@ -179,7 +189,7 @@ void DistributedStep::init_params(uint64_t seed) {
   }
 }
 
-Status DistributedStep::start(const Node& n) {
+Status StepRunner::start(const Node& n) {
   Communicator& c = comms_.group(n.attrs.name);
   const Graph& g = prog_.local();
   const std::string what = std::string(op_name(n.op)) + " " + n.scope;
@@ -210,7 +220,7 @@ Status DistributedStep::start(const Node& n) {
   return Status();
 }
 
-Status DistributedStep::run_instructions(const std::vector<Instruction>& list) {
+Status StepRunner::run_instructions(const std::vector<Instruction>& list) {
   const Graph& g = prog_.local();
   const bool timed = instruction_seconds_ != nullptr && &list == &prog_.micro_step;
   if (timed) instruction_seconds_->assign(list.size(), 0.0);
@@ -249,7 +259,9 @@ Status DistributedStep::run_instructions(const std::vector<Instruction>& list) {
   return Status();
 }
 
-Result<float> DistributedStep::forward_backward(const int32_t* tokens, const int32_t* targets) {
+Result<float> StepRunner::forward_backward(const int32_t* tokens, const int32_t* targets) {
+  TS_CHECK_LT(accumulated_, prog_.plan.micro_batches)
+      << "forward_backward called more often than the plan's micro_batches before apply()";
   exec_->set_input("tokens", tokens);
   exec_->set_input("targets", targets);
   TS_RETURN_IF_ERROR(run_instructions(prog_.micro_step));
@@ -260,7 +272,7 @@ Result<float> DistributedStep::forward_backward(const int32_t* tokens, const int
   return *exec_->data<float>(prog_.part.loss);
 }
 
-Status DistributedStep::sync_param(size_t i) {
+Status StepRunner::sync_param(size_t i) {
   const ParamLayout& pl = prog_.part.params[i];
   const int group = prog_.plan.zero_group();
   const int64_t numel = pl.local_shape.numel();
@@ -276,8 +288,9 @@ Status DistributedStep::sync_param(size_t i) {
   return Status();
 }
 
-Result<double> DistributedStep::apply(double lr, double clip, int micro_steps) {
-  TS_CHECK_EQ(accumulated_, micro_steps);
+Result<double> StepRunner::apply(double lr, double clip) {
+  const int micro_steps = prog_.plan.micro_batches;
+  TS_CHECK_EQ(accumulated_, micro_steps) << "apply() before the plan's micro-batches ran";
   accumulated_ = 0;
   // The optimizer list: grad_norm first (all-reduced over the ZeRO group when it runs on the
   // comm stream), one AdamW per parameter, then the ZeRO-1/2 parameter syncs.
@@ -288,16 +301,16 @@ Result<double> DistributedStep::apply(double lr, double clip, int micro_steps) {
                                 .all_reduce_scalar(sq, /*max=*/false, "gradient norm"));
   }
   const double norm = std::sqrt(sq);
-  const double coef = clip / (norm + 1e-6);
-  if (clip > 0 && coef < 1.0) opt_->scale_grads(static_cast<float>(coef));
-  opt_->step(lr);  // every slot: this rank's block (or the whole tensor)
+  // Clipping folded into the update (one pass over the gradients fewer); every slot is this
+  // rank's block or piece.
+  opt_->step(lr, static_cast<float>(clip > 0 ? AdamW::clip_coefficient(norm, clip) : 1.0));
   for (const Instruction& s : prog_.optimizer)
     if (s.kind == Instruction::param_sync)
       TS_RETURN_IF_ERROR(sync_param(static_cast<size_t>(s.param)));
   return norm;
 }
 
-Status DistributedStep::gather_params(std::vector<std::vector<float>>* whole) {
+Status StepRunner::gather_params(std::vector<std::vector<float>>* whole) {
   whole->resize(prog_.part.params.size());
   const Plan& plan = prog_.plan;
   for (size_t i = 0; i < prog_.part.params.size(); ++i) {
@@ -336,7 +349,7 @@ Status DistributedStep::gather_params(std::vector<std::vector<float>>* whole) {
   return Status();
 }
 
-int64_t DistributedStep::state_bytes_allocated() {
+int64_t StepRunner::state_bytes_allocated() {
   int64_t bytes = exec_->plan().param_bytes;
   for (const std::vector<float>& g : grads_) bytes += 4 * static_cast<int64_t>(g.size());
   for (size_t i = 0; i < opt_->params().size(); ++i)

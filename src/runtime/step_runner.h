@@ -1,17 +1,22 @@
-// One optimizer step of a Program on one rank of a distributed run: the counterpart of
-// TrainStep (train_step.h) for any data-axis Plan — DP, ZeRO-1/2/3, FSDP, HSDP.
+// The step runner: one optimizer step of a Program on one rank of any plan — one process
+// (a mesh of size 1), data parallelism, ZeRO-1/2/3, FSDP, HSDP, tensor and sequence
+// parallelism, recomputation — the only class that executes a training step.
 //
-//   TS_ASSIGN_OR_RETURN(MeshComms comms, MeshComms::create(*world, plan));
-//   TS_ASSIGN_OR_RETURN(auto step, DistributedStep::create(model.graph, plan, cpu, comms, adamw));
-//   step->init_params(seed);                          // same model as a 1-rank run
-//   for (micro...) TS_ASSIGN_OR_RETURN(float loss, step->forward_backward(x, y));  // local rows
-//   TS_ASSIGN_OR_RETURN(double norm, step->apply(lr, clip, micro_steps));
+//   TS_ASSIGN_OR_RETURN(MeshComms comms, MeshComms::create(world, plan));  // or ::single(plan)
+//   TS_ASSIGN_OR_RETURN(auto step, StepRunner::create(model.graph, plan, cpu, comms, adamw));
+//   step->init_params(seed);                          // the same model on any plan
+//   for (int k = 0; k < plan.micro_batches; ++k)
+//     TS_ASSIGN_OR_RETURN(float loss, step->forward_backward(x, y));  // this rank's rows
+//   TS_ASSIGN_OR_RETURN(double norm, step->apply(lr, clip));
 //
 // forward_backward executes the Program's micro_step instructions: compute on the backend,
 // collectives started on the comm stream when their input is ready and waited for before
-// their first reader; the reduced gradients are accumulated in persistent buffers (whole or
-// this rank's block). apply() executes the `optimizer` instructions. The loss returned is
-// the global micro-batch loss (all-reduced), the same on every rank.
+// their first reader. With one micro-batch per step the optimizer reads the reduced gradients
+// where the micro-step left them (in the arena); with more they are accumulated in persistent
+// buffers (whole or this rank's block). apply() executes the `optimizer` instructions: the
+// gradient norm (each element counted once, summed over Plan::grad_norm_axes()), clipping
+// folded into AdamW, ZeRO-1/2 parameter syncs. The loss returned is the global micro-batch
+// loss (all-reduced), the same on every rank.
 #pragma once
 
 #include <map>
@@ -31,6 +36,8 @@ namespace tessera {
 class MeshComms {
  public:
   static Result<MeshComms> create(Communicator& world, const Plan& plan);
+  // One process: a world of one rank (owned), for a plan whose mesh has one rank.
+  static Result<MeshComms> single(const Plan& plan);
   Communicator& world() const { return *world_; }
   // The group spanned by `axes` (a comma-joined list) that this rank belongs to.
   Communicator& group(const std::string& axes) const;
@@ -41,6 +48,7 @@ class MeshComms {
 
  private:
   Communicator* world_ = nullptr;
+  std::shared_ptr<Communicator> own_world_;  // single(): the one-rank world
   std::map<std::string, std::shared_ptr<Communicator>> groups_;
 };
 
@@ -51,13 +59,13 @@ struct LocalPiece {
   int64_t offset = 0, count = 0;
 };
 
-class DistributedStep {
+class StepRunner {
  public:
   // `global` (the single-device training graph) must outlive the step.
-  static Result<std::unique_ptr<DistributedStep>> create(const Graph& global, const Plan& plan,
-                                                         Backend& backend, MeshComms& comms,
-                                                         AdamWConfig opt);
-  DistributedStep(const DistributedStep&) = delete;
+  static Result<std::unique_ptr<StepRunner>> create(const Graph& global, const Plan& plan,
+                                                    Backend& backend, MeshComms& comms,
+                                                    AdamWConfig opt);
+  StepRunner(const StepRunner&) = delete;
 
   const Program& program() const { return prog_; }
   Executor& executor() { return *exec_; }
@@ -68,7 +76,9 @@ class DistributedStep {
   void init_params(uint64_t seed);
   // tokens/targets: this rank's rows of the global micro-batch.
   Result<float> forward_backward(const int32_t* tokens, const int32_t* targets);
-  Result<double> apply(double lr, double clip, int micro_steps);
+  // After plan.micro_batches forward_backward calls: averages the gradients over them, clips
+  // to `clip` (<= 0: no clipping) and steps AdamW with lr. Returns the pre-clip norm.
+  Result<double> apply(double lr, double clip);
 
   // Parameter i as stored here: pointer to its local piece and where that piece lies.
   float* param_data(size_t i);
@@ -93,8 +103,8 @@ class DistributedStep {
   Status gather_params(std::vector<std::vector<float>>* whole);
 
  private:
-  DistributedStep(const Graph& global, Program prog, Backend& backend, MeshComms& comms,
-                  AdamWConfig opt);
+  StepRunner(const Graph& global, Program prog, Backend& backend, MeshComms& comms,
+             AdamWConfig opt);
   Status run_instructions(const std::vector<Instruction>& list);
   Status start(const Node& n);
   Status sync_param(size_t i);
@@ -111,7 +121,8 @@ class DistributedStep {
   int zero_index_ = 0;
   std::unique_ptr<Executor> exec_;
   std::unique_ptr<AdamW> opt_;
-  std::vector<std::vector<float>> grads_;  // accumulated reduced gradients (whole or block)
+  // Accumulated reduced gradients (whole or block); none with one micro-batch per step.
+  std::vector<std::vector<float>> grads_;
   std::map<NodeId, Request> inflight_;
   std::vector<float> scratch_;  // padded all-gather staging for ZeRO-1/2 parameter sync
   int accumulated_ = 0;
