@@ -6,45 +6,12 @@
 #include <string>
 
 #include "base/status.h"
+#include "train/train_options.h"
 
 namespace tessera {
 
 // Where the shipped data lives (tokenizer files, corpus); overridable with TESSERA_DATA_DIR.
 std::string default_data_dir();
-
-struct TrainOptions {
-  std::string model = "gpt-mini";  // preset name or config.toml
-  std::string data;                // directory with train.bin / val.bin ("" = shipped corpus)
-  std::string out = "runs/default";
-  int64_t batch = 8;
-  int64_t seq = 128;
-  int64_t steps = 500;
-  int64_t grad_accum = 1;
-  int64_t warmup = 25;
-  double lr = 2e-3;
-  double min_lr_frac = 0.1;
-  double weight_decay = 0.1;
-  double clip = 1.0;
-  int64_t eval_every = 100;
-  int64_t eval_batches = 8;
-  int64_t ckpt_every = 100;
-  int64_t keep_ckpts = 3;
-  int64_t log_every = 10;
-  int64_t sample_tokens = 64;
-  uint64_t seed = 1337;
-  bool resume = false;
-  int64_t stop_after = 0;  // stop (with a checkpoint) after this many steps of this run; 0: off
-  // Distributed (under mpirun): --batch is the global micro-batch, split over the data ranks.
-  int dp = 0;             // data-parallel ranks (0: the MPI world size / tp)
-  int tp = 1;             // tensor-parallel ranks (consecutive ranks; innermost mesh axis)
-  int zero = 0;           // ZeRO stage 0-3
-  int hsdp = 0;           // > 0: HSDP with this many replica groups (ZeRO-3 inside each)
-  std::string plan;       // plan JSON file (overrides --dp/--zero/--hsdp)
-  std::string recompute;  // "none" | "full" | "selective" ("": the plan's, none without one)
-  bool sequence_parallel = false;
-  double comm_timeout = 30;  // seconds a collective waits for a peer before failing
-  double peak_flops = 0;     // per rank, for MFU (0: measured with a GEMM at the start)
-};
 
 void add_train_command(CLI::App& app, TrainOptions& opts);
 Status run_train(const TrainOptions& opts);

@@ -1,143 +1,23 @@
-// `tessera train`: the training loop around the step runner (a rank of a plan; one process is
-// a plan of one rank)
-// — data, learning-rate schedule, evaluation, metrics, MFU, progress, checkpoints and exact
-// resume, safe stops (signals, divergence, run lock), and a sample at the end.
-#include <unistd.h>
-
-#include <chrono>
-#include <cmath>
-#include <csignal>
+// `tessera train`: its flags, and the one place that turns them into a TrainJob (the model,
+// the plan with its placements, this process's MPI world) for the training loop
+// (train/trainer.h).
 #include <cstdio>
 #include <cstdlib>
-#include <filesystem>
-#include <fstream>
-#include <optional>
 
-#include "backend/cpu/cpu_backend.h"
-#include "backend/cpu/kernels.h"
 #include "base/check.h"
-#include "base/format.h"
 #include "cli/commands.h"
 #include "cli/common.h"
 #include "cli/plan_flags.h"
-#include "cli/progress.h"
-#include "cli/run_control.h"
-#include "cli/train_state.h"
 #include "cost/cluster_spec.h"
-#include "data/bpe_tokenizer.h"
-#include "data/loader.h"
-#include "data/tokenize_corpus.h"
-#include "io/fs.h"
 #include "io/model_config.h"
 #include "parallel/plan.h"
-#include "runtime/sampler.h"
+#include "train/trainer.h"
 
 namespace tessera {
 
-namespace fs = std::filesystem;
-
 namespace {
 
-using Clock = std::chrono::steady_clock;
-
-// The data directory, tokenizing the shipped corpus on first use when no --data was given.
-Result<std::string> prepare_data(const TrainOptions& o, const Gpt2Tokenizer& tok) {
-  if (!o.data.empty()) {
-    if (!fs::exists(o.data))
-      return error("data path '" + o.data + "' does not exist",
-                   "create it with `tessera tokenize --input TEXT --out " + o.data + "`");
-    for (const char* f : {"train.bin", "val.bin"})
-      if (!fs::exists(fs::path(o.data) / f))
-        return error("data path '" + o.data + "' has no " + f,
-                     "create it with `tessera tokenize --input TEXT --out " + o.data + "`");
-    return o.data;
-  }
-  std::string dir = default_data_dir() + "/corpus";
-  if (fs::exists(dir + "/train.bin") && fs::exists(dir + "/val.bin")) return dir;
-  std::string text = dir + "/moby_dick.txt";
-  std::fprintf(stderr, "tokenizing the shipped corpus %s (once)...\n", text.c_str());
-  TS_RETURN_IF_ERROR(tokenize_corpus(text, dir, 0.05, tok));
-  return dir;
-}
-
-// A flag's value as written (1e-3, 0.5, 2), for error messages.
-std::string number_text(double v) {
-  char buf[32];
-  std::snprintf(buf, sizeof buf, "%g", v);
-  return buf;
-}
-
-Status check_options(const TrainOptions& o, const ModelConfig& cfg) {
-  auto positive = [](const char* flag, int64_t v) -> Status {
-    if (v <= 0) return error(std::string(flag) + " must be positive, got " + std::to_string(v));
-    return Status();
-  };
-  TS_RETURN_IF_ERROR(positive("--batch", o.batch));
-  TS_RETURN_IF_ERROR(positive("--seq", o.seq));
-  TS_RETURN_IF_ERROR(positive("--steps", o.steps));
-  TS_RETURN_IF_ERROR(positive("--grad-accum", o.grad_accum));
-  TS_RETURN_IF_ERROR(positive("--tp", o.tp));
-  if (o.seq > cfg.max_seq_len)
-    return error("--seq " + std::to_string(o.seq) + " exceeds max_seq_len " +
-                     std::to_string(cfg.max_seq_len) + " of model " + cfg.name,
-                 "use --seq <= " + std::to_string(cfg.max_seq_len));
-  if (cfg.vocab_size < Gpt2Tokenizer::kVocabSize)
-    return error("model vocab_size " + std::to_string(cfg.vocab_size) +
-                 " is smaller than the GPT-2 tokenizer's 50257");
-  if (!(o.lr > 0) || !std::isfinite(o.lr)) return error("--lr must be positive");
-  TS_RETURN_IF_ERROR(positive("--eval-batches", o.eval_batches));
-  auto at_least_zero = [](const char* flag, double v) -> Status {
-    if (!(v >= 0) || !std::isfinite(v))
-      return error(std::string(flag) + " must be 0 or more, got " + number_text(v));
-    return Status();
-  };
-  for (auto [flag, v] : {std::pair{"--warmup", static_cast<double>(o.warmup)},
-                         std::pair{"--eval-every", static_cast<double>(o.eval_every)},
-                         std::pair{"--ckpt-every", static_cast<double>(o.ckpt_every)},
-                         std::pair{"--keep-ckpts", static_cast<double>(o.keep_ckpts)},
-                         std::pair{"--log-every", static_cast<double>(o.log_every)},
-                         std::pair{"--sample-tokens", static_cast<double>(o.sample_tokens)},
-                         std::pair{"--stop-after", static_cast<double>(o.stop_after)},
-                         std::pair{"--weight-decay", o.weight_decay}, std::pair{"--clip", o.clip},
-                         std::pair{"--peak-flops", o.peak_flops}})
-    TS_RETURN_IF_ERROR(at_least_zero(flag, v));
-  if (!(o.min_lr_frac >= 0 && o.min_lr_frac <= 1))
-    return error("--min-lr-frac must be between 0 and 1, got " + number_text(o.min_lr_frac));
-  if (!(o.comm_timeout > 0) || !std::isfinite(o.comm_timeout))
-    return error("--comm-timeout must be a positive number of seconds, got " +
-                 number_text(o.comm_timeout));
-  if (!o.recompute.empty()) {
-    Result<RecomputePolicy> r = parse_recompute(o.recompute);
-    if (!r.ok()) return error("--recompute: " + r.status().message(), r.status().hint());
-  }
-  return Status();
-}
-
-// The validation loss over `batches` global batches: each data-parallel rank evaluates its
-// share, and the ranks' means are averaged (tensor-parallel ranks of one data group hold the
-// same share, so every share counts equally).
-Result<double> evaluate(TrainState& st, DataLoader& val, int64_t batches, Communicator* world) {
-  TS_RETURN_IF_ERROR(st.copy_params_to_eval());
-  Status s = val.restore(st.val_start);
-  TS_CHECK(s.ok()) << s.to_string();
-  std::vector<int32_t> x, y;
-  double total = 0;
-  for (int64_t i = 0; i < batches; ++i) {
-    val.next(&x, &y);
-    st.eval_exec->set_input("tokens", x.data());
-    st.eval_exec->set_input("targets", y.data());
-    st.eval_exec->run();
-    total += *st.eval_exec->data<float>(st.eval_model.loss);
-  }
-  double mean = total / static_cast<double>(batches);
-  if (world != nullptr && world->size() > 1) {
-    TS_ASSIGN_OR_RETURN(double sum, world->all_reduce_scalar(mean, /*max=*/false, "val loss"));
-    mean = sum / world->size();
-  }
-  return mean;
-}
-
-// The plan flags of a distributed run.
+// The plan flags of the run (one process: a plan of one rank).
 PlanFlags plan_flags(const TrainOptions& o) {
   return PlanFlags{o.plan,      o.dp,
                    o.tp,        o.zero,
@@ -145,47 +25,11 @@ PlanFlags plan_flags(const TrainOptions& o) {
                    o.recompute, o.sequence_parallel};
 }
 
-// Test hook: TESSERA_FAULT_KILL_RANK=r TESSERA_FAULT_KILL_STEP=s kills rank r in step s.
-void maybe_kill(int rank, int64_t step) {
-  const char* r = std::getenv("TESSERA_FAULT_KILL_RANK");
-  const char* s = std::getenv("TESSERA_FAULT_KILL_STEP");
-  if (r && s && std::atoi(r) == rank && std::atoll(s) == step) {
-    std::fprintf(stderr, "tessera: rank %d: killed by TESSERA_FAULT_KILL_* in step %lld\n", rank,
-                 (long long)step);
-    std::raise(SIGKILL);
-  }
-}
-
-// This process's GEMM rate through the CPU backend (its threads), in FLOP/s: the best of 3
-// products of 1024 x 1024 matrices. The peak MFU is taken against when --peak-flops is not
-// given (under `launch`, ranks sharing cores each measure their share).
-double measured_gemm_peak() {
-  const int64_t n = 1024;
-  std::vector<float> a(static_cast<size_t>(n * n), 0.5f), b(a.size(), 0.25f), c(a.size());
-  double best = 1e30;
-  for (int r = 0; r < 3; ++r) {
-    auto t0 = Clock::now();
-    cpu::sgemm(false, false, n, n, n, a.data(), n, b.data(), n, c.data(), n, 0.0f);
-    best = std::min(best, std::chrono::duration<double>(Clock::now() - t0).count());
-  }
-  return 2.0 * static_cast<double>(n * n * n) / best;
-}
-
-// A run that diverged: what went non-finite in which step, and how to go on.
-Status diverged(int64_t step, const std::string& what, int64_t last_saved, const TrainOptions& o) {
-  return error("step " + std::to_string(step + 1) + ": the " + what +
-                   " went non-finite (NaN or infinity); the run stops without saving them",
-               (last_saved >= 0 ? "the last good checkpoint is step " + std::to_string(last_saved) +
-                                      " in " + o.out + "/checkpoints (--resume continues from it); "
-                                : std::string("no checkpoint was saved before; ")) +
-                   "try a lower --lr (now " + number_text(o.lr) + ") or --clip 1.0");
-}
-
 }  // namespace
 
 Status run_train(const TrainOptions& o) {
   TS_ASSIGN_OR_RETURN(ModelConfig cfg, load_model_config(o.model));
-  TS_RETURN_IF_ERROR(check_options(o, cfg));
+  TS_RETURN_IF_ERROR(check_train_options(o, cfg));
   // `tessera launch` asks, in one process before it starts the ranks, whether the flags make a
   // plan for that many ranks: a mistake is then printed once, not once per rank.
   if (const char* n = std::getenv("TESSERA_LAUNCH_CHECK")) {
@@ -229,207 +73,7 @@ Status run_train(const TrainOptions& o) {
                                          SearchCost{flops_per_intra_byte(cpu, DType::f32)}, &plan));
     if (world->rank() == 0 && !placed.empty()) std::fputs(placed.c_str(), stderr);
   }
-  const int data_ranks = distributed ? plan.data_group() : 1;
-  const int data_index = distributed ? plan.mesh.group_index(world->rank(), plan.data_axes) : 0;
-  const bool leader = !world || world->rank() == 0;
-  TS_ASSIGN_OR_RETURN(Gpt2Tokenizer tok, Gpt2Tokenizer::load(default_data_dir() + "/gpt2"));
-  TS_ASSIGN_OR_RETURN(std::string data_dir, prepare_data(o, tok));
-  TS_ASSIGN_OR_RETURN(DataLoader train,
-                      DataLoader::open(data_dir + "/train.bin", static_cast<int>(cfg.vocab_size),
-                                       static_cast<int>(o.batch / data_ranks),
-                                       static_cast<int>(o.seq), data_index, data_ranks, o.seed));
-  TS_ASSIGN_OR_RETURN(DataLoader val,
-                      DataLoader::open(data_dir + "/val.bin", static_cast<int>(cfg.vocab_size),
-                                       static_cast<int>(o.batch / data_ranks),
-                                       static_cast<int>(o.seq), data_index, data_ranks, 0));
-  if (!o.resume && fs::exists(fs::path(o.out) / "checkpoints" / "latest"))
-    return error("run directory '" + o.out + "' already holds checkpoints",
-                 "pass --resume to continue that run, or choose another --out");
-  TS_RETURN_IF_ERROR(make_dirs(o.out));
-  // One run per directory; what a killed run left half-written goes (rank 0 does both, before
-  // any rank can write a checkpoint).
-  std::optional<RunDirLock> lock;
-  if (leader) {
-    TS_ASSIGN_OR_RETURN(RunDirLock l, RunDirLock::acquire(o.out));
-    lock.emplace(std::move(l));
-    TS_ASSIGN_OR_RETURN(int stale, remove_stale_staging(o.out));
-    if (stale > 0)
-      std::fprintf(stderr,
-                   "removed %d unfinished checkpoint staging director%s of an earlier run\n", stale,
-                   stale == 1 ? "y" : "ies");
-  }
-
-  CpuBackend cpu;
-  std::optional<MeshComms> comms;
-  if (world) {
-    TS_ASSIGN_OR_RETURN(comms, MeshComms::create(*world, plan));
-    comms->set_timeout(o.comm_timeout);
-  } else {
-    TS_ASSIGN_OR_RETURN(comms, MeshComms::single(plan));
-  }
-  TS_ASSIGN_OR_RETURN(std::unique_ptr<TrainState> state,
-                      TrainState::create(cfg, o, cpu, *comms, plan));
-  TrainState& st = *state;
-  st.val_start = val.state();
-  const Program& prog = st.runner->program();
-  const Graph& g = prog.local();  // as executed (with recomputation)
-  int64_t start_step = 0;
-  if (o.resume) {
-    TS_ASSIGN_OR_RETURN(start_step, st.load(o.out + "/checkpoints", &train));
-    if (leader) std::fprintf(stderr, "resumed from step %lld\n", (long long)start_step);
-  } else {
-    st.init_params(o.seed);
-  }
-
-  const double tokens_per_step = static_cast<double>(o.batch * o.seq * o.grad_accum);
-  // MFU: the model's FLOPs (the global training graph, once; recomputation not counted) per
-  // second and rank, against the rank's peak.
-  const double model_flops_per_step =
-      st.model.graph.total_flops() * static_cast<double>(o.grad_accum);
-  const double peak = o.peak_flops > 0 ? o.peak_flops : measured_gemm_peak();
-  const MemoryPlan& mplan = st.executor().plan();
-  // One micro-batch per step: the optimizer reads the gradients in the arena.
-  const std::string grads = plan.micro_batches > 1
-                                ? format_bytes(static_cast<double>(prog.grad_bytes))
-                                : std::string("in the arena");
-  if (leader && distributed) {
-    std::fprintf(stderr,
-                 "plan %s on %d ranks: per rank arena %s, parameters %s, gradients %s, "
-                 "optimizer %s; %s sent per step\n",
-                 plan.describe().c_str(), world->size(),
-                 format_bytes(static_cast<double>(prog.memory.arena_bytes)).c_str(),
-                 format_bytes(static_cast<double>(prog.param_bytes)).c_str(), grads.c_str(),
-                 format_bytes(static_cast<double>(prog.optim_bytes)).c_str(),
-                 format_bytes(prog.comm_bytes_per_step).c_str());
-  }
-  if (leader && !distributed)
-    std::fprintf(stderr,
-                 "model %s: %s parameters, %s FLOPs/token (train)\n"
-                 "planned memory: arena %s (activations, gradients), parameters %s, gradients %s, "
-                 "optimizer %s (AdamW's two moments)\n",
-                 cfg.name.c_str(), format_count(g.param_count()).c_str(),
-                 format_si(g.total_flops() / static_cast<double>(o.batch * o.seq)).c_str(),
-                 format_bytes(static_cast<double>(mplan.arena_bytes)).c_str(),
-                 format_bytes(static_cast<double>(prog.param_bytes)).c_str(), grads.c_str(),
-                 format_bytes(static_cast<double>(prog.optim_bytes)).c_str());
-
-  std::ofstream metrics;
-  if (leader) {
-    metrics.open(o.out + "/metrics.jsonl", std::ios::app);
-    if (!metrics) return error("cannot open " + o.out + "/metrics.jsonl for appending");
-  }
-  Progress progress(o.steps, start_step, leader ? o.log_every : 0);
-  std::vector<int32_t> x, y;
-  auto t_start = Clock::now();
-  int64_t steps_this_run = 0;
-  int64_t last_saved = o.resume ? start_step : -1;  // the newest complete checkpoint
-  double step_secs = 0;                             // in training steps (no eval, checkpoints)
-  install_stop_signals();
-  for (int64_t step = start_step; step < o.steps; ++step) {
-    auto t0 = Clock::now();
-    double lr = lr_at(step, o.warmup, o.steps, o.lr, o.lr * o.min_lr_frac);
-    double loss = 0;
-    bool measure = steps_this_run == 0;
-    for (int64_t micro = 0; micro < o.grad_accum; ++micro) {
-      train.next(&x, &y);
-      if (measure && micro == 0) st.executor().paint_arena();
-      if (world) maybe_kill(world->rank(), step);
-      TS_ASSIGN_OR_RETURN(float l, st.forward_backward(x.data(), y.data()));
-      loss += l;
-      if (measure && micro == 0) {
-        int64_t hw = st.executor().measured_high_water();
-        if (leader || hw != mplan.arena_bytes)
-          std::fprintf(stderr, "%smeasured arena high-water %s (planned %s)%s\n",
-                       world ? ("rank " + std::to_string(world->rank()) + ": ").c_str() : "",
-                       format_bytes(static_cast<double>(hw)).c_str(),
-                       format_bytes(static_cast<double>(mplan.arena_bytes)).c_str(),
-                       hw == mplan.arena_bytes ? "" : "  MISMATCH");
-      }
-    }
-    loss /= static_cast<double>(o.grad_accum);
-    TS_ASSIGN_OR_RETURN(double norm, st.apply(lr, o.clip));
-    double dt = std::chrono::duration<double>(Clock::now() - t0).count();
-    ++steps_this_run;
-    step_secs += dt;
-    nlohmann::json rec = {{"step", step},
-                          {"loss", loss},
-                          {"lr", lr},
-                          {"grad_norm", norm},
-                          {"tokens_per_s", tokens_per_step / dt},
-                          {"flops_per_s_per_rank", model_flops_per_step / dt / ranks},
-                          {"mfu", model_flops_per_step / dt / ranks / peak},
-                          {"peak_flops_per_rank", peak},
-                          {"step_s", dt}};
-    if (leader) {
-      metrics << rec.dump() << "\n";
-      metrics.flush();
-      progress.update(step + 1, loss, tokens_per_step / dt);
-    }
-
-    // The loss and norm are the same on every rank (all-reduced), so all stop together.
-    if (!std::isfinite(loss) || !std::isfinite(norm))
-      return diverged(step, std::isfinite(loss) ? "gradient norm" : "loss", last_saved, o);
-    // A stop signal on any rank stops every rank after this step, with a checkpoint.
-    int signal = pending_stop_signal();
-    if (world) {
-      TS_ASSIGN_OR_RETURN(double s, world->all_reduce_scalar(signal, /*max=*/true, "stop signal"));
-      signal = static_cast<int>(s);
-    }
-    bool last = step + 1 == o.steps;
-    bool stopping = (o.stop_after > 0 && steps_this_run >= o.stop_after) || signal != 0;
-    if ((o.eval_every > 0 && (step + 1) % o.eval_every == 0) || last) {
-      TS_ASSIGN_OR_RETURN(double vl, evaluate(st, val, o.eval_batches, world.get()));
-      if (leader) {
-        metrics << nlohmann::json{{"step", step}, {"val_loss", vl}}.dump() << "\n";
-        metrics.flush();
-        progress.note("step " + std::to_string(step + 1) + ": val loss " + std::to_string(vl));
-      }
-    }
-    if ((o.ckpt_every > 0 && (step + 1) % o.ckpt_every == 0) || last || stopping) {
-      // An update can overflow the parameters with a finite loss: never save those.
-      TS_ASSIGN_OR_RETURN(bool finite, st.params_finite());
-      if (!finite) return diverged(step, "parameters after the update", last_saved, o);
-      TS_RETURN_IF_ERROR(st.save(o.out + "/checkpoints", step + 1, train));
-      last_saved = step + 1;
-      if (leader) progress.note("step " + std::to_string(step + 1) + ": checkpoint saved");
-    }
-    if (signal != 0) {
-      if (leader) {
-        progress.finish();
-        std::fprintf(stderr,
-                     "stopped by %s after step %lld, checkpoint saved; continue with the same "
-                     "command and --resume\n",
-                     signal == SIGINT ? "SIGINT" : "SIGTERM", (long long)(step + 1));
-      }
-      std::fflush(nullptr);
-      std::exit(128 + signal);
-    }
-    if (stopping) break;
-  }
-  if (leader) progress.finish();
-  double secs = std::chrono::duration<double>(Clock::now() - t_start).count();
-  if (leader && steps_this_run > 0) {
-    const double steps = static_cast<double>(steps_this_run);
-    const double per_rank = model_flops_per_step * steps / step_secs / static_cast<double>(ranks);
-    std::fprintf(stderr,
-                 "trained %lld steps in %s (%s in steps): %s tokens/s, %s FLOP/s per rank, MFU "
-                 "%.1f%% of %s FLOP/s (%s)\n",
-                 (long long)steps_this_run, format_duration(secs).c_str(),
-                 format_duration(step_secs).c_str(),
-                 format_si(tokens_per_step * steps / step_secs).c_str(),
-                 format_si(per_rank).c_str(), 100 * per_rank / peak, format_si(peak).c_str(),
-                 o.peak_flops > 0 ? "--peak-flops" : "this rank's measured GEMM rate");
-  }
-
-  if (o.sample_tokens > 0 && start_step + steps_this_run == o.steps) {
-    TS_RETURN_IF_ERROR(st.copy_params_to_eval());  // collective when distributed
-  }
-  if (leader && o.sample_tokens > 0 && start_step + steps_this_run == o.steps) {
-    std::vector<int32_t> prompt = tok.encode("The whale");
-    std::string text = st.sample(prompt, static_cast<int>(o.sample_tokens), o.seed, tok);
-    std::printf("--- sample ---\n%s\n--------------\n", text.c_str());
-  }
-  return Status();
+  return train(o, TrainJob{cfg, std::move(plan), world.get(), default_data_dir()});
 }
 
 void add_train_command(CLI::App& app, TrainOptions& o) {

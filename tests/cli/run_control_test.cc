@@ -1,7 +1,7 @@
 // A training run stopped by a signal, diverging, or started twice on one directory
-// (cli/run_control.h and the training loop): one clear message, a checkpoint that resumes,
+// (train/run_control.h and the training loop): one clear message, a checkpoint that resumes,
 // and never a non-finite one.
-#include "cli/run_control.h"
+#include "train/run_control.h"
 
 #include <gtest/gtest.h>
 #include <unistd.h>

@@ -1,4 +1,4 @@
-#include "cli/run_control.h"
+#include "train/run_control.h"
 
 #include <fcntl.h>
 #include <sys/file.h>

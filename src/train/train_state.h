@@ -6,11 +6,11 @@
 #include <string>
 
 #include "backend/backend.h"
-#include "cli/commands.h"
 #include "data/bpe_tokenizer.h"
 #include "data/loader.h"
 #include "models/model.h"
 #include "runtime/step_runner.h"
+#include "train/train_options.h"
 
 namespace tessera {
 

@@ -1,4 +1,4 @@
-#include "cli/train_state.h"
+#include "train/train_state.h"
 
 #include <cmath>
 #include <cstring>

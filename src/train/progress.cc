@@ -1,4 +1,4 @@
-#include "cli/progress.h"
+#include "train/progress.h"
 
 #include <unistd.h>
 

@@ -1,0 +1,64 @@
+#include "train/train_options.h"
+
+#include <cmath>
+#include <cstdio>
+#include <utility>
+
+#include "data/bpe_tokenizer.h"
+#include "parallel/plan.h"
+
+namespace tessera {
+
+std::string number_text(double v) {
+  char buf[32];
+  std::snprintf(buf, sizeof buf, "%g", v);
+  return buf;
+}
+
+Status check_train_options(const TrainOptions& o, const ModelConfig& cfg) {
+  auto positive = [](const char* flag, int64_t v) -> Status {
+    if (v <= 0) return error(std::string(flag) + " must be positive, got " + std::to_string(v));
+    return Status();
+  };
+  TS_RETURN_IF_ERROR(positive("--batch", o.batch));
+  TS_RETURN_IF_ERROR(positive("--seq", o.seq));
+  TS_RETURN_IF_ERROR(positive("--steps", o.steps));
+  TS_RETURN_IF_ERROR(positive("--grad-accum", o.grad_accum));
+  TS_RETURN_IF_ERROR(positive("--tp", o.tp));
+  if (o.seq > cfg.max_seq_len)
+    return error("--seq " + std::to_string(o.seq) + " exceeds max_seq_len " +
+                     std::to_string(cfg.max_seq_len) + " of model " + cfg.name,
+                 "use --seq <= " + std::to_string(cfg.max_seq_len));
+  if (cfg.vocab_size < Gpt2Tokenizer::kVocabSize)
+    return error("model vocab_size " + std::to_string(cfg.vocab_size) +
+                 " is smaller than the GPT-2 tokenizer's 50257");
+  if (!(o.lr > 0) || !std::isfinite(o.lr)) return error("--lr must be positive");
+  TS_RETURN_IF_ERROR(positive("--eval-batches", o.eval_batches));
+  auto at_least_zero = [](const char* flag, double v) -> Status {
+    if (!(v >= 0) || !std::isfinite(v))
+      return error(std::string(flag) + " must be 0 or more, got " + number_text(v));
+    return Status();
+  };
+  for (auto [flag, v] : {std::pair{"--warmup", static_cast<double>(o.warmup)},
+                         std::pair{"--eval-every", static_cast<double>(o.eval_every)},
+                         std::pair{"--ckpt-every", static_cast<double>(o.ckpt_every)},
+                         std::pair{"--keep-ckpts", static_cast<double>(o.keep_ckpts)},
+                         std::pair{"--log-every", static_cast<double>(o.log_every)},
+                         std::pair{"--sample-tokens", static_cast<double>(o.sample_tokens)},
+                         std::pair{"--stop-after", static_cast<double>(o.stop_after)},
+                         std::pair{"--weight-decay", o.weight_decay}, std::pair{"--clip", o.clip},
+                         std::pair{"--peak-flops", o.peak_flops}})
+    TS_RETURN_IF_ERROR(at_least_zero(flag, v));
+  if (!(o.min_lr_frac >= 0 && o.min_lr_frac <= 1))
+    return error("--min-lr-frac must be between 0 and 1, got " + number_text(o.min_lr_frac));
+  if (!(o.comm_timeout > 0) || !std::isfinite(o.comm_timeout))
+    return error("--comm-timeout must be a positive number of seconds, got " +
+                 number_text(o.comm_timeout));
+  if (!o.recompute.empty()) {
+    Result<RecomputePolicy> r = parse_recompute(o.recompute);
+    if (!r.ok()) return error("--recompute: " + r.status().message(), r.status().hint());
+  }
+  return Status();
+}
+
+}  // namespace tessera

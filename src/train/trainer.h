@@ -1,0 +1,30 @@
+// The training loop: data, learning-rate schedule, gradient accumulation, evaluation, metrics
+// (tokens/s, MFU), progress, checkpoints and exact resume, safe stops (signals, divergence,
+// the run-directory lock) and a sample at the end, around the StepRunner of this rank. The
+// command line only turns flags into a TrainJob (cli/train_command.cc).
+//
+//   TrainJob job{cfg, plan, world.get(), default_data_dir()};  // world null: one process
+//   TS_RETURN_IF_ERROR(train(options, job));
+#pragma once
+
+#include <string>
+
+#include "comm/communicator.h"
+#include "models/model.h"
+#include "parallel/plan.h"
+#include "train/train_options.h"
+
+namespace tessera {
+
+struct TrainJob {
+  ModelConfig cfg;
+  Plan plan;                      // placements settled; a plan of one rank for one process
+  Communicator* world = nullptr;  // this process's MPI world; null: one process
+  std::string shipped_data_dir;   // the tokenizer and the corpus used without --data
+};
+
+// Trains under job.plan on this rank. A stop signal ends the process (exit 128 + signal)
+// after saving a checkpoint.
+Status train(const TrainOptions& o, const TrainJob& job);
+
+}  // namespace tessera
