@@ -128,21 +128,28 @@ TEST(Percentile, NearestRank) {
 
 // The shipped table (validation/published_runs.csv): every row is either simulated or listed
 // with a reason, and on the data-parallel sources the error stays within the targets
-// (median <= 10%, p90 <= 20%).
-TEST(Validation, ShippedTableMeetsTheTargetsOnDataParallelSources) {
+// (median <= 10%, p90 <= 20%) on rows the cluster presets were not fitted on: the A100 and
+// H100 GEMM and attention efficiencies were fitted on llm-foundry's even row_ids
+// (clusters/dgx-a100.toml, dgx-h100.toml), so only its odd rows, and IBM's rows, count.
+TEST(Validation, ShippedTableMeetsTheTargetsOnHeldOutDataParallelRows) {
   Result<std::vector<PublishedRun>> runs =
       read_published_runs(std::string(TESSERA_SOURCE_DIR) + "/validation/published_runs.csv");
   ASSERT_TRUE(runs.ok()) << runs.status().to_string();
   EXPECT_EQ(runs->size(), 455u);
   for (const char* source : {"mosaic_llmfoundry_bench", "ibm_fsdp_max_2024"}) {
     ValidationReport rep = validate_runs(*runs, 2, source);
-    ASSERT_FALSE(rep.stats.empty()) << source;
-    const SourceStats& st = rep.stats.front();
-    std::printf("%s: %d rows simulated, %zu not modelled; median %.1f%%, p90 %.1f%%, max %.1f%%\n",
-                source, st.rows, rep.excluded.size(), 100 * st.median, 100 * st.p90, 100 * st.max);
-    EXPECT_GE(st.rows, 4);
-    EXPECT_LE(st.median, 0.10) << source;
-    EXPECT_LE(st.p90, 0.20) << source;
+    const bool fitted_on_even = std::string(source) == "mosaic_llmfoundry_bench";
+    std::vector<double> held_out;
+    for (const RunResult& r : rep.results)
+      if (!fitted_on_even || std::stoi(r.row_id) % 2 == 1) held_out.push_back(std::fabs(r.error));
+    const double median = percentile(held_out, 0.5), p90 = percentile(held_out, 0.9);
+    std::printf(
+        "%s: %zu held-out rows of %zu simulated, %zu not modelled; median %.1f%%, "
+        "p90 %.1f%%\n",
+        source, held_out.size(), rep.results.size(), rep.excluded.size(), 100 * median, 100 * p90);
+    EXPECT_GE(held_out.size(), 4u) << source;
+    EXPECT_LE(median, 0.10) << source;
+    EXPECT_LE(p90, 0.20) << source;
     for (const ExcludedRun& e : rep.excluded) EXPECT_FALSE(e.reason.empty()) << e.row_id;
   }
 }
