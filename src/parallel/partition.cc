@@ -487,9 +487,10 @@ Result<Partitioned> Pass::run() {
       return error("plan: parameter '" + name + "' is not in the model",
                    "`tessera graph MODEL --print` lists the parameter names");
   }
-  if (g_.param_grads().empty() || g_.loss() < 0)
-    return error("partition: the graph has no loss and gradients",
-                 "build the model in ModelMode::train");
+  // A training graph (loss and gradients), or a loss-only one (evaluation under a plan).
+  if (g_.loss() < 0)
+    return error("partition: the graph has no loss",
+                 "build the model in ModelMode::train (or ModelMode::loss to evaluate)");
   for (const auto& [param, grad] : g_.param_grads()) {
     size_t idx = 0;
     for (ValueId p : g_.params()) {

@@ -31,6 +31,22 @@ Executor::Executor(const Graph& g, Backend& backend) : g_(g), backend_(backend) 
   arena_.reset(new uint8_t[static_cast<size_t>(std::max<int64_t>(plan_.arena_bytes, 64))]);
 }
 
+Executor::Executor(const Graph& g, Backend& backend, Executor& params_of)
+    : g_(g), backend_(backend) {
+  plan_ = plan_memory(g);
+  plan_.param_bytes = 0;  // the other executor's
+  param_ptr_.assign(g.values().size(), nullptr);
+  const Graph& other = params_of.graph();
+  for (ValueId p : g.params()) {
+    const ValueId q = other.find_param(g.name_of(p));
+    TS_CHECK_GE(q, 0) << "parameter " << g.name_of(p) << " is not in the executor shared with";
+    TS_CHECK(other.type(q).shape == g.type(p).shape && other.type(q).dtype == g.type(p).dtype)
+        << "parameter " << g.name_of(p) << " differs from the executor shared with";
+    param_ptr_[static_cast<size_t>(p)] = static_cast<uint8_t*>(params_of.raw(q));
+  }
+  arena_.reset(new uint8_t[static_cast<size_t>(std::max<int64_t>(plan_.arena_bytes, 64))]);
+}
+
 namespace {
 // SplitMix64's finalizer: a bijective mix of 64 bits.
 uint64_t mix(uint64_t z) {

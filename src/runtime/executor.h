@@ -35,11 +35,16 @@ void fill_initial_values(const Graph& g, size_t param, uint64_t seed, int64_t fi
 class Executor {
  public:
   Executor(const Graph& g, Backend& backend);
+  // Reads (and writes) the parameters of `params_of` in place: each parameter of g is the
+  // same-named one there, of the same type (an evaluation graph beside a training graph). No
+  // parameter storage of its own; params_of must outlive this executor.
+  Executor(const Graph& g, Backend& backend, Executor& params_of);
   Executor(const Executor&) = delete;
   Executor& operator=(const Executor&) = delete;
 
   const Graph& graph() const { return g_; }
   const MemoryPlan& plan() const { return plan_; }
+  Backend& backend() const { return backend_; }
 
   // Initializes every parameter from its recorded Init (normal with a seeded generator).
   void init_params(uint64_t seed);

@@ -189,12 +189,12 @@ void StepRunner::init_params(uint64_t seed) {
   }
 }
 
-Status StepRunner::start(const Node& n) {
+Status StepRunner::start(const Node& n, Executor& ex) {
   Communicator& c = comms_.group(n.attrs.name);
-  const Graph& g = prog_.local();
+  const Graph& g = ex.graph();
   const std::string what = std::string(op_name(n.op)) + " " + n.scope;
-  float* in = exec_->data<float>(n.inputs[0]);
-  float* out = exec_->data<float>(n.outputs[0]);
+  float* in = ex.data<float>(n.inputs[0]);
+  float* out = ex.data<float>(n.outputs[0]);
   Request r;
   switch (n.op) {
     case OpKind::all_reduce: {
@@ -220,8 +220,8 @@ Status StepRunner::start(const Node& n) {
   return Status();
 }
 
-Status StepRunner::run_instructions(const std::vector<Instruction>& list) {
-  const Graph& g = prog_.local();
+Status StepRunner::run_instructions(const std::vector<Instruction>& list, Executor& ex) {
+  const Graph& g = ex.graph();
   const bool timed = instruction_seconds_ != nullptr && &list == &prog_.micro_step;
   if (timed) instruction_seconds_->assign(list.size(), 0.0);
   for (size_t i = 0; i < list.size(); ++i) {
@@ -230,19 +230,19 @@ Status StepRunner::run_instructions(const std::vector<Instruction>& list) {
       case Instruction::compute:
         if (g.node(in.node).op == OpKind::axis_index) {  // this rank's coordinate
           const Node& n = g.node(in.node);
-          *exec_->data<int32_t>(n.outputs[0]) =
+          *ex.data<int32_t>(n.outputs[0]) =
               prog_.plan.mesh.group_index(rank_, axes_of_key(n.attrs.name));
         } else if (timed) {
           auto t0 = std::chrono::steady_clock::now();
-          exec_->run_node(g.node(in.node));
+          ex.run_node(g.node(in.node));
           (*instruction_seconds_)[i] =
               std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
         } else {
-          exec_->run_node(g.node(in.node));
+          ex.run_node(g.node(in.node));
         }
         break;
       case Instruction::start:
-        TS_RETURN_IF_ERROR(start(g.node(in.node)));
+        TS_RETURN_IF_ERROR(start(g.node(in.node), ex));
         break;
       case Instruction::wait: {
         auto it = inflight_.find(in.node);
@@ -264,12 +264,36 @@ Result<float> StepRunner::forward_backward(const int32_t* tokens, const int32_t*
       << "forward_backward called more often than the plan's micro_batches before apply()";
   exec_->set_input("tokens", tokens);
   exec_->set_input("targets", targets);
-  TS_RETURN_IF_ERROR(run_instructions(prog_.micro_step));
+  TS_RETURN_IF_ERROR(run_instructions(prog_.micro_step, *exec_));
   for (size_t i = 0; i < grads_.size(); ++i)
     accumulate_grad(grads_[i].data(), exec_->data<float>(prog_.part.params[i].local_grad),
                     static_cast<int64_t>(grads_[i].size()), accumulated_ == 0);
   ++accumulated_;
   return *exec_->data<float>(prog_.part.loss);
+}
+
+Status StepRunner::add_evaluation(const Graph& eval_global) {
+  Plan plan = prog_.plan;
+  plan.recompute = RecomputePolicy::none;  // no backward pass to recompute for
+  plan.micro_batches = 1;
+  TS_ASSIGN_OR_RETURN(Program p, lower(eval_global, plan));
+  for (const ParamLayout& pl : p.part.params) {
+    const ValueId q = prog_.local().find_param(p.local().name_of(pl.local));
+    if (q < 0 || !(prog_.local().type(q).shape == p.local().type(pl.local).shape))
+      return error("evaluation graph: parameter " + pl.name +
+                   " is not laid out as in the training graph");
+  }
+  eval_prog_ = std::make_unique<Program>(std::move(p));
+  eval_exec_ = std::make_unique<Executor>(eval_prog_->part.local, exec_->backend(), *exec_);
+  return Status();
+}
+
+Result<float> StepRunner::evaluate(const int32_t* tokens, const int32_t* targets) {
+  TS_CHECK(eval_exec_ != nullptr) << "evaluate() before add_evaluation()";
+  eval_exec_->set_input("tokens", tokens);
+  eval_exec_->set_input("targets", targets);
+  TS_RETURN_IF_ERROR(run_instructions(eval_prog_->micro_step, *eval_exec_));
+  return *eval_exec_->data<float>(eval_prog_->part.loss);
 }
 
 Status StepRunner::sync_param(size_t i) {

@@ -80,6 +80,16 @@ class StepRunner {
   // to `clip` (<= 0: no clipping) and steps AdamW with lr. Returns the pre-clip norm.
   Result<double> apply(double lr, double clip);
 
+  // Evaluation under the same plan: `eval_global` (the loss-mode graph of the same model and
+  // global batch; it must outlive the runner) is lowered like the training graph, and its
+  // executor reads this rank's parameter pieces in place, with an arena of its own.
+  Status add_evaluation(const Graph& eval_global);
+  // The global loss of one evaluation batch (tokens/targets: this rank's rows), the same on
+  // every rank. Collective; after add_evaluation.
+  Result<float> evaluate(const int32_t* tokens, const int32_t* targets);
+  const Program* eval_program() const { return eval_prog_.get(); }
+  Executor* eval_executor() { return eval_exec_.get(); }
+
   // Parameter i as stored here: pointer to its local piece and where that piece lies.
   float* param_data(size_t i);
   LocalPiece param_piece(size_t i) const;
@@ -105,8 +115,9 @@ class StepRunner {
  private:
   StepRunner(const Graph& global, Program prog, Backend& backend, MeshComms& comms,
              AdamWConfig opt);
-  Status run_instructions(const std::vector<Instruction>& list);
-  Status start(const Node& n);
+  // Runs `list` (instructions of ex's graph) on ex.
+  Status run_instructions(const std::vector<Instruction>& list, Executor& ex);
+  Status start(const Node& n, Executor& ex);
   Status sync_param(size_t i);
   LocalPiece block_of(size_t i) const;  // this rank's block in the ZeRO group
   // The tensor axes on which parameter i is Replicate.
@@ -121,6 +132,8 @@ class StepRunner {
   int zero_index_ = 0;
   std::unique_ptr<Executor> exec_;
   std::unique_ptr<AdamW> opt_;
+  std::unique_ptr<Program> eval_prog_;  // add_evaluation's
+  std::unique_ptr<Executor> eval_exec_;
   // Accumulated reduced gradients (whole or block); none with one micro-batch per step.
   std::vector<std::vector<float>> grads_;
   std::map<NodeId, Request> inflight_;

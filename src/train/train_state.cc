@@ -21,46 +21,27 @@ AdamWConfig adamw_config(const TrainOptions& o) {
 }
 }  // namespace
 
-TrainState::TrainState(const ModelConfig& c, const TrainOptions& o, Backend& b, int64_t eval_batch)
+TrainState::TrainState(const ModelConfig& c, const TrainOptions& o, Backend& b)
     : cfg(c), opts(o), backend(b) {
   model = build_model(cfg, opts.batch, opts.seq, ModelMode::train);
-  eval_model = build_model(cfg, eval_batch, opts.seq, ModelMode::loss);
-  eval_exec = std::make_unique<Executor>(eval_model.graph, backend);
+  eval_model = build_model(cfg, opts.batch, opts.seq, ModelMode::loss);
 }
 
 Result<std::unique_ptr<TrainState>> TrainState::create(const ModelConfig& cfg,
                                                        const TrainOptions& opts, Backend& backend,
                                                        MeshComms& comms, const Plan& plan) {
-  // Evaluation: each data-parallel rank its share of the validation batch (the caller averages
-  // over ranks), not the whole batch on every rank.
-  std::unique_ptr<TrainState> st(
-      new TrainState(cfg, opts, backend, opts.batch / plan.data_group()));
+  std::unique_ptr<TrainState> st(new TrainState(cfg, opts, backend));
   TS_ASSIGN_OR_RETURN(
       st->runner, StepRunner::create(st->model.graph, plan, backend, comms, adamw_config(opts)));
+  TS_RETURN_IF_ERROR(st->runner->add_evaluation(st->eval_model.graph));
   st->rank = comms.world().rank();
   return st;
 }
 
-void copy_params(const Graph& gs, Executor& src, const Graph& gd, Executor& dst) {
-  for (ValueId p : gd.params()) {
-    ValueId q = gs.find_param(gd.name_of(p));
-    TS_CHECK_GE(q, 0) << gd.name_of(p);
-    std::memcpy(dst.raw(p), src.raw(q), static_cast<size_t>(gd.type(p).bytes()));
-  }
-}
-
-Status TrainState::copy_params_to_eval() {
-  const Graph& g = model.graph;
+Result<std::vector<std::vector<float>>> TrainState::whole_params() {
   std::vector<std::vector<float>> whole;
-  if (distributed()) TS_RETURN_IF_ERROR(runner->gather_params(&whole));
-  for (size_t i = 0; i < g.params().size(); ++i) {
-    ValueId q = eval_model.graph.find_param(g.name_of(g.params()[i]));
-    TS_CHECK_GE(q, 0) << g.name_of(g.params()[i]);
-    // One rank holds every parameter whole.
-    const float* src = distributed() ? whole[i].data() : runner->param_data(i);
-    std::memcpy(eval_exec->raw(q), src, static_cast<size_t>(eval_model.graph.type(q).bytes()));
-  }
-  return Status();
+  TS_RETURN_IF_ERROR(runner->gather_params(&whole));
+  return whole;
 }
 
 nlohmann::json TrainState::manifest(int64_t completed, const DataLoader& train) const {
@@ -229,11 +210,17 @@ Result<int64_t> TrainState::load(const std::string& root, DataLoader* train) {
   }
 }
 
-std::string TrainState::sample(const std::vector<int32_t>& prompt, int tokens, uint64_t seed,
+std::string TrainState::sample(const std::vector<std::vector<float>>& whole,
+                               const std::vector<int32_t>& prompt, int tokens, uint64_t seed,
                                const Gpt2Tokenizer& tok) {
   ModelGraph gen = build_model(cfg, 1, opts.seq, ModelMode::logits);
   Executor ex(gen.graph, backend);
-  copy_params(eval_model.graph, *eval_exec, gen.graph, ex);
+  const Graph& g = model.graph;
+  for (size_t i = 0; i < g.params().size(); ++i) {
+    const ValueId q = gen.graph.find_param(g.name_of(g.params()[i]));
+    TS_CHECK_GE(q, 0) << g.name_of(g.params()[i]);
+    std::memcpy(ex.raw(q), whole[i].data(), whole[i].size() * sizeof(float));
+  }
   std::mt19937_64 rng(seed);
   std::vector<int32_t> out = sample_tokens(ex, gen, prompt, tokens, SampleOptions{}, rng);
   std::vector<int32_t> all = prompt;

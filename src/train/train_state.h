@@ -39,11 +39,13 @@ class TrainState {
   Result<double> apply(double lr, double clip) { return runner->apply(lr, clip); }
   Executor& executor() { return runner->executor(); }
   void init_params(uint64_t seed) { runner->init_params(seed); }
-  ModelGraph eval_model;  // loss only, on this rank's share of the batch
-  std::unique_ptr<Executor> eval_exec;
+  // Loss only, global batch: evaluated under the training plan (StepRunner::evaluate), on this
+  // rank's parameter pieces in place.
+  ModelGraph eval_model;
   LoaderState val_start;
 
-  Status copy_params_to_eval();  // collective when distributed
+  // Every whole parameter, on every rank (collective when distributed).
+  Result<std::vector<std::vector<float>>> whole_params();
   // Whether every parameter element is finite (on every rank: collective when distributed).
   Result<bool> params_finite() const;
   // Writes <root>/step-N (parameters, AdamW moments, loader position, config) and prunes old
@@ -53,20 +55,16 @@ class TrainState {
   // Loads the newest checkpoint under root (or a step directory), written under any plan,
   // re-sharding to this one; returns its completed steps.
   Result<int64_t> load(const std::string& root, DataLoader* train);
-  // Uses the evaluation executor's parameters (call copy_params_to_eval first).
-  std::string sample(const std::vector<int32_t>& prompt, int tokens, uint64_t seed,
+  // Generates from `whole` (whole_params()) in one process.
+  std::string sample(const std::vector<std::vector<float>>& whole,
+                     const std::vector<int32_t>& prompt, int tokens, uint64_t seed,
                      const Gpt2Tokenizer& tok);
 
  private:
-  // `eval_batch`: the rows of the evaluation graph (the data-parallel rank's share).
-  TrainState(const ModelConfig& cfg, const TrainOptions& opts, Backend& backend,
-             int64_t eval_batch);
+  TrainState(const ModelConfig& cfg, const TrainOptions& opts, Backend& backend);
   Status save_sharded(const std::string& root, int64_t completed,
                       const nlohmann::json& manifest) const;
   nlohmann::json manifest(int64_t completed, const DataLoader& train) const;
 };
-
-// Copies the named parameters of `src` into the same-named parameters of `dst`.
-void copy_params(const Graph& g_src, Executor& src, const Graph& g_dst, Executor& dst);
 
 }  // namespace tessera

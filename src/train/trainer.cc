@@ -52,28 +52,19 @@ Result<std::string> prepare_data(const TrainOptions& o, const Gpt2Tokenizer& tok
   return dir;
 }
 
-// The validation loss over `batches` global batches: each data-parallel rank evaluates its
-// share, and the ranks' means are averaged (tensor-parallel ranks of one data group hold the
-// same share, so every share counts equally).
-Result<double> evaluate(TrainState& st, DataLoader& val, int64_t batches, Communicator* world) {
-  TS_RETURN_IF_ERROR(st.copy_params_to_eval());
+// The validation loss over `batches` global batches, evaluated under the training plan: each
+// data-parallel rank feeds its rows of each batch, and every rank gets the global mean.
+Result<double> evaluate(TrainState& st, DataLoader& val, int64_t batches) {
   Status s = val.restore(st.val_start);
   TS_CHECK(s.ok()) << s.to_string();
   std::vector<int32_t> x, y;
   double total = 0;
   for (int64_t i = 0; i < batches; ++i) {
     val.next(&x, &y);
-    st.eval_exec->set_input("tokens", x.data());
-    st.eval_exec->set_input("targets", y.data());
-    st.eval_exec->run();
-    total += *st.eval_exec->data<float>(st.eval_model.loss);
+    TS_ASSIGN_OR_RETURN(float loss, st.runner->evaluate(x.data(), y.data()));
+    total += loss;
   }
-  double mean = total / static_cast<double>(batches);
-  if (world != nullptr && world->size() > 1) {
-    TS_ASSIGN_OR_RETURN(double sum, world->all_reduce_scalar(mean, /*max=*/false, "val loss"));
-    mean = sum / world->size();
-  }
-  return mean;
+  return total / static_cast<double>(batches);
 }
 
 // Test hook: TESSERA_FAULT_KILL_RANK=r TESSERA_FAULT_KILL_STEP=s kills rank r in step s.
@@ -183,26 +174,29 @@ Status train(const TrainOptions& o, const TrainJob& job) {
   const std::string grads = plan.micro_batches > 1
                                 ? format_bytes(static_cast<double>(prog.grad_bytes))
                                 : std::string("in the arena");
+  // Evaluation runs under the same plan on the same parameters, in an arena of its own.
+  const std::string eval_arena =
+      format_bytes(static_cast<double>(st.runner->eval_executor()->plan().arena_bytes));
   if (leader && distributed) {
     std::fprintf(stderr,
                  "plan %s on %d ranks: per rank arena %s, parameters %s, gradients %s, "
-                 "optimizer %s; %s sent per step\n",
+                 "optimizer %s, evaluation arena %s; %s sent per step\n",
                  plan.describe().c_str(), world->size(),
                  format_bytes(static_cast<double>(prog.memory.arena_bytes)).c_str(),
                  format_bytes(static_cast<double>(prog.param_bytes)).c_str(), grads.c_str(),
-                 format_bytes(static_cast<double>(prog.optim_bytes)).c_str(),
+                 format_bytes(static_cast<double>(prog.optim_bytes)).c_str(), eval_arena.c_str(),
                  format_bytes(prog.comm_bytes_per_step).c_str());
   }
   if (leader && !distributed)
     std::fprintf(stderr,
                  "model %s: %s parameters, %s FLOPs/token (train)\n"
                  "planned memory: arena %s (activations, gradients), parameters %s, gradients %s, "
-                 "optimizer %s (AdamW's two moments)\n",
+                 "optimizer %s (AdamW's two moments), evaluation arena %s\n",
                  cfg.name.c_str(), format_count(g.param_count()).c_str(),
                  format_si(g.total_flops() / static_cast<double>(o.batch * o.seq)).c_str(),
                  format_bytes(static_cast<double>(mplan.arena_bytes)).c_str(),
                  format_bytes(static_cast<double>(prog.param_bytes)).c_str(), grads.c_str(),
-                 format_bytes(static_cast<double>(prog.optim_bytes)).c_str());
+                 format_bytes(static_cast<double>(prog.optim_bytes)).c_str(), eval_arena.c_str());
 
   std::ofstream metrics;
   if (leader) {
@@ -269,7 +263,7 @@ Status train(const TrainOptions& o, const TrainJob& job) {
     bool last = step + 1 == o.steps;
     bool stopping = (o.stop_after > 0 && steps_this_run >= o.stop_after) || signal != 0;
     if ((o.eval_every > 0 && (step + 1) % o.eval_every == 0) || last) {
-      TS_ASSIGN_OR_RETURN(double vl, evaluate(st, val, o.eval_batches, world));
+      TS_ASSIGN_OR_RETURN(double vl, evaluate(st, val, o.eval_batches));
       if (leader) {
         metrics << nlohmann::json{{"step", step}, {"val_loss", vl}}.dump() << "\n";
         metrics.flush();
@@ -313,12 +307,13 @@ Status train(const TrainOptions& o, const TrainJob& job) {
   }
 
   if (o.sample_tokens > 0 && start_step + steps_this_run == o.steps) {
-    TS_RETURN_IF_ERROR(st.copy_params_to_eval());  // collective when distributed
-  }
-  if (leader && o.sample_tokens > 0 && start_step + steps_this_run == o.steps) {
-    std::vector<int32_t> prompt = tok.encode("The whale");
-    std::string text = st.sample(prompt, static_cast<int>(o.sample_tokens), o.seed, tok);
-    std::printf("--- sample ---\n%s\n--------------\n", text.c_str());
+    // Every rank takes part in gathering the whole parameters; rank 0 samples.
+    TS_ASSIGN_OR_RETURN(std::vector<std::vector<float>> whole, st.whole_params());
+    if (leader) {
+      std::vector<int32_t> prompt = tok.encode("The whale");
+      std::string text = st.sample(whole, prompt, static_cast<int>(o.sample_tokens), o.seed, tok);
+      std::printf("--- sample ---\n%s\n--------------\n", text.c_str());
+    }
   }
   return Status();
 }

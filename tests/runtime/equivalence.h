@@ -91,6 +91,10 @@ struct RunResult {
   double comm_bytes_planned = 0;
   int64_t arena_planned = 0, arena_measured = 0;
   int64_t persistent_bytes = 0;
+  // The loss of a held-out global batch after training, evaluated under the plan
+  // (StepRunner::evaluate), and the evaluation arena planned and measured.
+  float eval_loss = 0;
+  int64_t eval_arena_planned = 0, eval_arena_measured = 0;
 };
 
 // Global batch of step s, micro-batch m: deterministic tokens and targets (B*T each) in
@@ -112,10 +116,26 @@ inline AdamWConfig adamw() {
   return c;
 }
 
+// Evaluates the held-out batch (step 1000's) under the runner's plan, from this rank's rows.
+inline void evaluate_held_out(StepRunner& step, int data_rank, int data_ranks, int64_t vocab,
+                              RunResult* r) {
+  std::vector<int32_t> x, y;
+  global_batch(1000, 0, &x, &y, vocab);
+  const int64_t rows = kBatch / data_ranks;
+  step.eval_executor()->paint_arena();
+  Result<float> loss =
+      step.evaluate(x.data() + data_rank * rows * kSeq, y.data() + data_rank * rows * kSeq);
+  EXPECT_TRUE(loss.ok()) << loss.status().to_string();
+  r->eval_loss = loss.ok() ? loss.value() : 0.0f;
+  r->eval_arena_measured = step.eval_executor()->measured_high_water();
+  r->eval_arena_planned = step.eval_executor()->plan().arena_bytes;
+}
+
 // One process: the step runner on a plan of one rank.
 inline RunResult run_single(int steps, int micro_batches, const ModelConfig& cfg = tiny_gpt()) {
   CpuBackend cpu;
   ModelGraph m = build_model(cfg, kBatch, kSeq, ModelMode::train);
+  ModelGraph em = build_model(cfg, kBatch, kSeq, ModelMode::loss);
   Plan plan = Plan::data_parallel(1);
   plan.micro_batches = micro_batches;
   Result<MeshComms> comms = MeshComms::single(plan);
@@ -125,6 +145,7 @@ inline RunResult run_single(int steps, int micro_batches, const ModelConfig& cfg
   RunResult r;
   if (!made.ok()) return r;
   StepRunner& step = *made.value();
+  EXPECT_TRUE(step.add_evaluation(em.graph).ok());
   step.init_params(kSeed);
   std::vector<int32_t> x, y;
   for (int s = 0; s < steps; ++s) {
@@ -138,6 +159,7 @@ inline RunResult run_single(int steps, int micro_batches, const ModelConfig& cfg
   }
   for (const Instruction& in : step.program().micro_step)
     EXPECT_EQ(in.kind, Instruction::compute) << "one rank: no collectives";
+  evaluate_held_out(step, 0, 1, cfg.vocab_size, &r);
   for (size_t i = 0; i < m.graph.params().size(); ++i) {
     const float* d = step.param_data(i);
     r.params.emplace_back(d, d + step.param_piece(i).count);
@@ -151,6 +173,7 @@ inline RunResult run_rank(Communicator& world, const Plan& plan, int steps,
   RunResult r;
   CpuBackend cpu;
   ModelGraph m = build_model(cfg, kBatch, kSeq, ModelMode::train);
+  ModelGraph em = build_model(cfg, kBatch, kSeq, ModelMode::loss);
   Result<MeshComms> comms = MeshComms::create(world, plan);
   EXPECT_TRUE(comms.ok()) << comms.status().to_string();
   if (!comms.ok()) return r;
@@ -158,6 +181,9 @@ inline RunResult run_rank(Communicator& world, const Plan& plan, int steps,
   EXPECT_TRUE(made.ok()) << made.status().to_string();
   if (!made.ok()) return r;
   StepRunner& step = *made.value();
+  Status eval = step.add_evaluation(em.graph);
+  EXPECT_TRUE(eval.ok()) << eval.to_string();
+  if (!eval.ok()) return r;
   step.init_params(kSeed);
   const int dp = plan.data_group();
   const int idx = plan.mesh.group_index(world.rank(), plan.data_axes);
@@ -186,6 +212,7 @@ inline RunResult run_rank(Communicator& world, const Plan& plan, int steps,
   r.comm_bytes_planned = step.program().comm_bytes_per_step;
   r.arena_planned = step.program().memory.arena_bytes;
   r.persistent_bytes = step.program().persistent_bytes();
+  evaluate_held_out(step, idx, dp, cfg.vocab_size, &r);
   Status s = step.gather_params(&r.params);
   EXPECT_TRUE(s.ok()) << s.to_string();
   return r;
@@ -208,6 +235,9 @@ inline void expect_equivalent(const RunResult& ref, const RunResult& got) {
       worst = std::max(worst, static_cast<double>(std::abs(got.params[i][k] - ref.params[i][k])));
   }
   EXPECT_LE(worst, 5e-5) << "largest parameter difference";
+  EXPECT_NEAR(got.eval_loss, ref.eval_loss, 1e-5 * std::abs(ref.eval_loss)) << "held-out loss";
+  EXPECT_GT(ref.eval_loss, 0.0f);
+  EXPECT_EQ(got.eval_arena_measured, got.eval_arena_planned) << "evaluation arena";
   if (std::getenv("TESSERA_VERBOSE")) std::printf("largest parameter difference %.3g\n", worst);
 }
 
