@@ -109,7 +109,7 @@ Status train(const TrainOptions& o, const TrainJob& job) {
   const ModelConfig& cfg = job.cfg;
   const Plan& plan = job.plan;
   Communicator* world = job.world;
-  const bool distributed = world != nullptr && (world->size() > 1 || plan.mesh.size() > 1);
+  const bool distributed = world != nullptr && world->size() > 1;
   const int ranks = world ? world->size() : 1;
   const int data_ranks = distributed ? plan.data_group() : 1;
   const int data_index = distributed ? plan.mesh.group_index(world->rank(), plan.data_axes) : 0;
