@@ -92,11 +92,13 @@ StepRunner::StepRunner(const Graph& global, Program prog, Backend& backend, Mesh
     const ParamLayout& pl = prog_.part.params[i];
     // The optimizer reads the reduced gradient where the micro-step leaves it, or (several
     // micro-batches) from its accumulator.
-    float* grad = exec_->data<float>(pl.local_grad);
+    float* grad = nullptr;
     if (prog_.plan.micro_batches > 1) {
       const Shape& gs = prog_.local().type(pl.local_grad).shape;
       grads_.emplace_back(static_cast<size_t>(gs.numel()), 0.0f);
       grad = grads_.back().data();
+    } else {
+      grad = exec_->data<float>(pl.local_grad);
     }
     LocalPiece o = optim_piece(i);
     LocalPiece pp = param_piece(i);

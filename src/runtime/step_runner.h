@@ -87,7 +87,6 @@ class StepRunner {
   // The global loss of one evaluation batch (tokens/targets: this rank's rows), the same on
   // every rank. Collective; after add_evaluation.
   Result<float> evaluate(const int32_t* tokens, const int32_t* targets);
-  const Program* eval_program() const { return eval_prog_.get(); }
   Executor* eval_executor() { return eval_exec_.get(); }
 
   // Parameter i as stored here: pointer to its local piece and where that piece lies.

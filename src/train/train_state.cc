@@ -38,12 +38,6 @@ Result<std::unique_ptr<TrainState>> TrainState::create(const ModelConfig& cfg,
   return st;
 }
 
-Result<std::vector<std::vector<float>>> TrainState::whole_params() {
-  std::vector<std::vector<float>> whole;
-  TS_RETURN_IF_ERROR(runner->gather_params(&whole));
-  return whole;
-}
-
 nlohmann::json TrainState::manifest(int64_t completed, const DataLoader& train) const {
   const AdamW& opt = runner->optimizer();
   const AdamWConfig& ac = opt.config();

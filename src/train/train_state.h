@@ -44,8 +44,6 @@ class TrainState {
   ModelGraph eval_model;
   LoaderState val_start;
 
-  // Every whole parameter, on every rank (collective when distributed).
-  Result<std::vector<std::vector<float>>> whole_params();
   // Whether every parameter element is finite (on every rank: collective when distributed).
   Result<bool> params_finite() const;
   // Writes <root>/step-N (parameters, AdamW moments, loader position, config) and prunes old
@@ -55,7 +53,7 @@ class TrainState {
   // Loads the newest checkpoint under root (or a step directory), written under any plan,
   // re-sharding to this one; returns its completed steps.
   Result<int64_t> load(const std::string& root, DataLoader* train);
-  // Generates from `whole` (whole_params()) in one process.
+  // Generates from `whole` (StepRunner::gather_params) in one process.
   std::string sample(const std::vector<std::vector<float>>& whole,
                      const std::vector<int32_t>& prompt, int tokens, uint64_t seed,
                      const Gpt2Tokenizer& tok);

@@ -308,7 +308,8 @@ Status train(const TrainOptions& o, const TrainJob& job) {
 
   if (o.sample_tokens > 0 && start_step + steps_this_run == o.steps) {
     // Every rank takes part in gathering the whole parameters; rank 0 samples.
-    TS_ASSIGN_OR_RETURN(std::vector<std::vector<float>> whole, st.whole_params());
+    std::vector<std::vector<float>> whole;
+    TS_RETURN_IF_ERROR(st.runner->gather_params(&whole));
     if (leader) {
       std::vector<int32_t> prompt = tok.encode("The whale");
       std::string text = st.sample(whole, prompt, static_cast<int>(o.sample_tokens), o.seed, tok);
