@@ -72,6 +72,10 @@ Result<std::unique_ptr<StepRunner>> StepRunner::create(const Graph& global, cons
                                                        Backend& backend, MeshComms& comms,
                                                        AdamWConfig opt) {
   TS_RETURN_IF_ERROR(validate(plan, comms.world().size()));
+  if (global.param_grads().empty())
+    return error("the step runner needs a training graph (loss and gradients)",
+                 "build the model in ModelMode::train; a loss-only graph is evaluated with "
+                 "add_evaluation");
   for (ValueId p : global.params())
     if (global.type(p).dtype != DType::f32)
       return error("parameter " + global.name_of(p) + " is " +

@@ -170,5 +170,18 @@ TEST(StepRunner, ZeroThreeHoldsOneNthOfDataParallelState) {
   EXPECT_NEAR(static_cast<double>(b) / static_cast<double>(a), 0.25, 0.01);
 }
 
+// A loss-only graph is evaluated (add_evaluation), not stepped: create names what it needs.
+TEST(StepRunner, LossOnlyGraphIsAnErrorNamingTrainingMode) {
+  CpuBackend cpu;
+  ModelGraph m = build_model(tiny_gpt(), kBatch, kSeq, ModelMode::loss);
+  const Plan plan = Plan::data_parallel(1);
+  Result<MeshComms> comms = MeshComms::single(plan);
+  ASSERT_TRUE(comms.ok());
+  auto made = StepRunner::create(m.graph, plan, cpu, comms.value(), adamw());
+  ASSERT_FALSE(made.ok());
+  EXPECT_NE(made.status().message().find("needs a training graph"), std::string::npos);
+  EXPECT_NE(made.status().hint().find("ModelMode::train"), std::string::npos);
+}
+
 }  // namespace
 }  // namespace tessera
