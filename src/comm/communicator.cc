@@ -1,4 +1,5 @@
-// The comm thread (one Engine per process), requests, stats and split. The algorithms are in
+// The comm threads (one Engine per communicator, sharing the process's transport), requests,
+// stats and split. The algorithms are in
 // ring.cc, the transports in local_comm.cc and mpi_comm.cc.
 #include "comm/communicator.h"
 
@@ -40,11 +41,70 @@ class CommRequest {
 
 namespace detail {
 
-// The comm thread of one process and the transport it alone uses. Tasks run in submission
-// order. The destructor runs the tasks still queued, then stops the transport.
+// What the comm threads of one process share: the transport, whose calls they serialize
+// (each call is non-blocking; idle() runs unlocked), and the first failure. Started when the
+// world communicator is made; stopped when the last comm thread has ended.
+class Process final : public Transport {
+ public:
+  explicit Process(std::unique_ptr<Transport> t) : raw_(std::move(t)) { raw_->start(); }
+  ~Process() override { raw_->stop(!failure().ok()); }
+
+  Transport& raw() { return *raw_; }
+  Status failure() {
+    std::lock_guard<std::mutex> lock(mu_);
+    return failure_;
+  }
+  void fail(const Status& s) {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (failure_.ok()) failure_ = s;
+  }
+
+  int world_rank() const override { return raw_->world_rank(); }
+  int world_size() const override { return raw_->world_size(); }
+  Handle isend(uint64_t channel, int peer, int tag, const void* data, int64_t bytes) override {
+    std::lock_guard<std::mutex> lock(mu_);
+    return raw_->isend(channel, peer, tag, data, bytes);
+  }
+  Handle irecv(uint64_t channel, int peer, int tag, void* data, int64_t bytes) override {
+    std::lock_guard<std::mutex> lock(mu_);
+    return raw_->irecv(channel, peer, tag, data, bytes);
+  }
+  int test(Handle h, Status* err) override {
+    std::lock_guard<std::mutex> lock(mu_);
+    return raw_->test(h, err);
+  }
+  void abandon(Handle h) override {
+    std::lock_guard<std::mutex> lock(mu_);
+    raw_->abandon(h);
+  }
+  void idle(int polls) override { raw_->idle(polls); }
+  Result<uint64_t> open_channel(uint64_t parent, int64_t split_seq, int color, int key,
+                                const std::vector<int>& members) override {
+    std::lock_guard<std::mutex> lock(mu_);
+    return raw_->open_channel(parent, split_seq, color, key, members);
+  }
+  // Several comm threads may wait at once: the reporter shows the latest wait still going.
+  void note_waiting(const WaitInfo* w) override {
+    std::lock_guard<std::mutex> lock(mu_);
+    const std::thread::id me = std::this_thread::get_id();
+    std::erase_if(waits_, [&](const auto& e) { return e.first == me; });
+    if (w) waits_.emplace_back(me, *w);
+    raw_->note_waiting(waits_.empty() ? nullptr : &waits_.back().second);
+  }
+
+ private:
+  std::unique_ptr<Transport> raw_;
+  std::mutex mu_;
+  Status failure_;
+  std::vector<std::pair<std::thread::id, WaitInfo>> waits_;
+};
+
+// The comm thread of one communicator: its operations run in issue order, independently of
+// other communicators' (a tensor-parallel all-reduce never queues behind a gradient bucket
+// of the data axes). The destructor runs the tasks still queued.
 class Engine {
  public:
-  explicit Engine(std::unique_ptr<Transport> t) : transport_(std::move(t)) {
+  explicit Engine(std::shared_ptr<Process> p) : process_(std::move(p)) {
     thread_ = std::thread([this] { run(); });
   }
   ~Engine() {
@@ -60,16 +120,10 @@ class Engine {
     queue_.push_back(std::move(task));
     cv_.notify_one();
   }
-  Transport& transport() { return *transport_; }
-  // Comm thread only: the first failure, after which nothing more is attempted.
-  const Status& failure() const { return failure_; }
-  void fail(const Status& s) {
-    if (failure_.ok()) failure_ = s;
-  }
+  const std::shared_ptr<Process>& process() const { return process_; }
 
  private:
   void run() {
-    transport_->start();
     for (;;) {
       std::function<void()> task;
       {
@@ -81,15 +135,13 @@ class Engine {
       }
       task();
     }
-    transport_->stop(!failure_.ok());
   }
 
-  std::unique_ptr<Transport> transport_;
+  std::shared_ptr<Process> process_;
   std::mutex mu_;
   std::condition_variable cv_;
   std::deque<std::function<void()>> queue_;
   bool stopping_ = false;
-  Status failure_;
   std::thread thread_;
 };
 
@@ -124,10 +176,10 @@ Request issue(CommState& st, const char* kind, std::string what, int64_t total_b
     std::lock_guard<std::mutex> lock(st.info->stats_mu);
     ++st.info->stats.collectives;
   }
-  Engine* engine = st.engine.get();  // outlives its queued tasks (see ~Engine)
-  st.engine->submit([engine, info = st.info, req, kind, what = std::move(what), total_bytes,
+  Process* process = st.engine->process().get();  // outlives the queued tasks (see ~Engine)
+  st.engine->submit([process, info = st.info, req, kind, what = std::move(what), total_bytes,
                      timeout = st.timeout.load(), body = std::move(body)] {
-    const Status& failed = engine->failure();
+    const Status failed = process->failure();
     if (!failed.ok()) {
       req->finish(error("rank " + std::to_string(info->members[info->rank]) + ": " + kind + " '" +
                             what + "' (axis " + info->name +
@@ -135,15 +187,15 @@ Request issue(CommState& st, const char* kind, std::string what, int64_t total_b
                         failed.hint()));
       return;
     }
-    RingOp op{&engine->transport(), info->channel, &info->members, info->rank, timeout, kind, &what,
-              &info->name,          total_bytes};
+    RingOp op{process, info->channel, &info->members, info->rank, timeout,
+              kind,    &what,         &info->name,    total_bytes};
     Status s = body(op);
     {
       std::lock_guard<std::mutex> lock(info->stats_mu);
       info->stats.bytes_sent += op.bytes_sent;
       info->stats.bytes_received += op.bytes_received;
     }
-    if (!s.ok()) engine->fail(s);
+    if (!s.ok()) process->fail(s);
     req->finish(std::move(s));
   });
   return req;
@@ -189,7 +241,7 @@ Result<std::unique_ptr<Communicator>> RingCommunicator::split(int color, int key
   TS_RETURN_IF_ERROR(wait(r));
   if (color < 0) return std::unique_ptr<Communicator>();
   auto st = std::make_shared<CommState>();
-  st->engine = state_->engine;
+  st->engine = std::make_shared<Engine>(state_->engine->process());
   st->info = std::make_shared<CommInfo>();
   st->info->channel = out->channel;
   st->info->members = std::move(out->members);
@@ -207,11 +259,11 @@ std::unique_ptr<Communicator> make_world_communicator(std::unique_ptr<Transport>
   st->info->rank = transport->world_rank();
   for (int i = 0; i < transport->world_size(); ++i) st->info->members.push_back(i);
   st->info->name = "world";
-  st->engine = std::make_shared<Engine>(std::move(transport));
+  st->engine = std::make_shared<Engine>(std::make_shared<Process>(std::move(transport)));
   return std::unique_ptr<Communicator>(new RingCommunicator(std::move(st)));
 }
 
-Transport* transport_of(const Communicator& comm) { return &comm.state_->engine->transport(); }
+Transport* transport_of(const Communicator& comm) { return &comm.state_->engine->process()->raw(); }
 
 }  // namespace detail
 

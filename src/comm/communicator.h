@@ -1,7 +1,9 @@
 // Communicator: f32 collectives among the ranks of a distributed run, implemented by us as
 // ring algorithms (comm/ring.cc) over a point-to-point Transport (MPI, or in-process threads
-// for tests). Operations are non-blocking: they run in issue order on one background "comm
-// stream" thread per process, shared by every communicator of that process.
+// for tests). Operations are non-blocking: each communicator runs its operations in issue order
+// on a background "comm stream" thread of its own, so the collectives of one mesh axis (the
+// tensor-parallel all-reduce on the forward's critical path) never queue behind another's
+// (a gradient bucket of the data axes). A process's comm threads share its transport.
 //
 //   TS_ASSIGN_OR_RETURN(auto world, mpi_world(&argc, &argv));          // comm/mpi_comm.h
 //   TS_ASSIGN_OR_RETURN(auto dp, world->split(/*color=*/tp_index, /*key=*/dp_index, "dp"));
@@ -71,10 +73,11 @@ class Communicator {
   // Like MPI_Comm_split: ranks with the same color form a sub-communicator, ordered by key
   // (ties by rank here). Collective over this communicator: every rank calls it, in the same
   // order relative to its other operations. A negative color joins no group and yields a null
-  // pointer. The new communicator shares this one's comm thread and transport.
+  // pointer. The new communicator has a comm thread of its own and shares this one's
+  // transport.
   virtual Result<std::unique_ptr<Communicator>> split(int color, int key, std::string name) = 0;
 
-  // Non-blocking f32 collectives, executed in issue order on the process's comm thread.
+  // Non-blocking f32 collectives, executed in issue order on this communicator's comm thread.
   // Buffers must stay valid and untouched until wait() returns. `what` names the operation
   // in error messages ("grad bucket 3", "all-gather h.2.mlp.fc.weight").
   Request all_reduce(float* data, int64_t count, std::string what);  // sum, in place

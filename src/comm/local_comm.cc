@@ -111,7 +111,7 @@ class LocalTransport final : public detail::Transport {
   std::shared_ptr<LocalWorld> world_;
   int rank_;
   Handle next_ = 1;
-  std::unordered_map<Handle, Recv> recvs_;  // comm thread only
+  std::unordered_map<Handle, Recv> recvs_;  // calls are serialized (transport.h)
 };
 
 }  // namespace

@@ -1,6 +1,7 @@
 // In-process communicators for unit tests: the n ranks of one world are threads of this
-// process, exchanging through shared mailboxes; each rank has its own comm thread, as a
-// process would. Drive rank r from its own thread (collectives block until all take part).
+// process, exchanging through shared mailboxes; each rank's communicators have their own comm
+// threads, as a process's would. Drive rank r from its own thread (collectives block until all take
+// part).
 //
 //   auto comms = make_local_comms(4);
 //   std::vector<std::thread> ranks;

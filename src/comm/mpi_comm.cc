@@ -23,15 +23,15 @@ namespace tessera {
 namespace {
 
 // ---- termination reporter ------------------------------------------------------------------
-// Lines are composed ahead of time (by the comm thread) into rotating preallocated buffers;
-// the handler only reads an atomic index and write()s.
+// Lines are composed ahead of time (by the comm threads, one at a time) into rotating preallocated
+// buffers; the handler only reads an atomic index and write()s.
 constexpr int kLines = 4;
 constexpr int kLineLen = 512;
 char g_lines[kLines][kLineLen];
 std::atomic<int> g_line_len[kLines];
 std::atomic<int> g_current{-1};
 std::atomic<bool> g_waiting{false};  // the current line is a wait in a collective
-int g_next = 0;                      // written by one thread at a time (init, then the comm thread)
+int g_next = 0;                      // written by one thread at a time (init, then comm threads)
 int g_world_rank = -1;
 volatile sig_atomic_t g_terminated = 0;
 
@@ -294,7 +294,7 @@ Result<std::unique_ptr<Communicator>> mpi_world(int* argc, char*** argv) {
   if (provided < MPI_THREAD_MULTIPLE) {
     MPI_Finalize();
     return error(std::string("the MPI library provides ") + thread_level_name(provided) +
-                     " but Tessera needs MPI_THREAD_MULTIPLE (its comm thread calls MPI while "
+                     " but Tessera needs MPI_THREAD_MULTIPLE (its comm threads call MPI while "
                      "other threads run)",
                  "use an MPI built with thread support (Open MPI: "
                  "--enable-mpi-thread-multiple; MPICH: --enable-threads=multiple)");

@@ -1,6 +1,7 @@
 // Internal to comm/: the point-to-point layer under the ring algorithms (ring.cc). One
-// Transport per process (per simulated rank for the in-process one); every call happens on
-// that process's comm thread. Peers are world ranks; a channel is one communicator (0 is the
+// Transport per process (per simulated rank for the in-process one), shared by the comm threads
+// of its communicators, which never call it concurrently (communicator.cc serializes the calls,
+// idle() excepted). Peers are world ranks; a channel is one communicator (0 is the
 // world), so messages of different communicators never match each other. Messages with the
 // same (channel, source, destination, tag) are received in the order they were sent.
 //
@@ -17,7 +18,7 @@
 
 namespace tessera::detail {
 
-// What the comm thread is blocked on, for the termination reporter (mpi_comm.cc).
+// What a comm thread is blocked on, for the termination reporter (mpi_comm.cc).
 struct WaitInfo {
   const char* kind;         // "all_reduce"
   const std::string* what;  // "grad bucket 3"
@@ -33,7 +34,8 @@ class Transport {
 
   virtual int world_rank() const = 0;
   virtual int world_size() const = 0;
-  // First and last calls, on the comm thread. `broken`: an operation failed (peers may be
+  // First and last calls: when the world communicator is made, and when the last comm thread
+  // has ended. `broken`: an operation failed (peers may be
   // dead), so nothing collective may be attempted.
   virtual void start() {}
   virtual void stop(bool broken) {}
@@ -55,7 +57,7 @@ class Transport {
   virtual Result<uint64_t> open_channel(uint64_t parent, int64_t split_seq, int color, int key,
                                         const std::vector<int>& members) = 0;
 
-  // The comm thread starts (w) or stops (null) waiting for a peer.
+  // A comm thread starts waiting for a peer (w), or no comm thread is waiting (null).
   virtual void note_waiting(const WaitInfo* w) {}
 };
 

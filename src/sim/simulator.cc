@@ -51,10 +51,11 @@ class Schedule {
       // One micro-batch: the optimizer reads the gradients in the arena, nothing is copied.
       if (prog_.plan.micro_batches > 1) accumulate_grads(mb == 0);
     }
-    double t = std::max(compute_free_, comm_free_);
-    compute_free_ = comm_free_ = t;
+    const double t = all_free();
+    compute_free_ = t;
+    for (auto& [key, free] : comm_free_) free = t;
     run_list(prog_.optimizer, "optimizer");
-    r_->step_seconds = std::max(compute_free_, comm_free_);
+    r_->step_seconds = all_free();
   }
 
  private:
@@ -84,6 +85,34 @@ class Schedule {
     return collective_time(kind, bytes, it->second, c_, opt_.algo).seconds;
   }
 
+  // One comm stream per rank group, as the runtime has one comm thread per communicator
+  // (comm/communicator.h): collectives of different axes overlap each other. Links shared by
+  // two groups (both inter-node) are not modelled as contended.
+  double& comm_free(const std::string& axes) {
+    auto it = comm_free_.find(axes);
+    if (it == comm_free_.end()) {
+      it = comm_free_.emplace(axes, 0.0).first;
+      r_->streams.push_back("comm " + axes);
+    }
+    return it->second;
+  }
+  int stream_id(const std::string& axes) const {
+    for (size_t i = 1; i < r_->streams.size(); ++i)
+      if (r_->streams[i] == "comm " + axes) return static_cast<int>(i);
+    return 0;
+  }
+  double all_free() const {
+    double t = compute_free_;
+    for (const auto& [key, free] : comm_free_) t = std::max(t, free);
+    return t;
+  }
+  // The group a comm-stream instruction runs on.
+  std::string comm_axes(const Instruction& in) const {
+    if (in.kind == Instruction::param_sync) return axes_key(prog_.plan.zero_axes);
+    if (in.kind == Instruction::grad_norm) return axes_key(prog_.plan.grad_norm_axes());
+    return g_.node(in.node).attrs.name;
+  }
+
   // After each micro-batch (of several) the runtime adds the reduced gradients into persistent
   // buffers (the first one copies: read + write; later ones read both and write one); it waits
   // for the last reductions first.
@@ -92,7 +121,7 @@ class Schedule {
     for (const ParamLayout& pl : prog_.part.params)
       bytes += (first ? 2.0 : 3.0) * static_cast<double>(g_.type(pl.local_grad).bytes());
     double t = bytes / (c_.device.memory_bandwidth * c_.device.optimizer_efficiency);
-    double start = std::max(compute_free_, comm_free_);
+    double start = all_free();
     compute_free_ = start + t;
     r_->compute_seconds += t;
     r_->seconds_by_op["accumulate_grads"] += t;
@@ -147,7 +176,8 @@ class Schedule {
       } else {
         dur = optimizer_seconds(in, &comm);
       }
-      double& free = comm ? comm_free_ : compute_free_;
+      const std::string axes = comm ? comm_axes(in) : std::string();
+      double& free = comm ? comm_free(axes) : compute_free_;
       double start = std::max(free, ready);
       if (in.kind == Instruction::wait) {  // the compute stream idles until the collective ends
         start = std::max(compute_free_, ready);
@@ -164,10 +194,11 @@ class Schedule {
       if (in.kind == Instruction::grad_norm && in.stream == Stream::comm) {
         // The sum of squares is all-reduced over the ZeRO group; AdamW waits for it.
         double ar = collective(OpKind::all_reduce, 8.0, prog_.plan.grad_norm_axes());
-        double ar_start = std::max(comm_free_, end[i]);
-        comm_free_ = ar_start + ar;
+        double& norm_free = comm_free(axes_key(prog_.plan.grad_norm_axes()));
+        double ar_start = std::max(norm_free, end[i]);
+        norm_free = ar_start + ar;
         r_->comm_seconds += ar;
-        end[i] = compute_free_ = comm_free_;
+        end[i] = compute_free_ = norm_free;
       }
       if (comm)
         r_->comm_seconds += dur;
@@ -183,16 +214,16 @@ class Schedule {
       } else if (!comm) {  // grad_norm and AdamW on the compute stream
         r_->optimizer_seconds += dur;
       }
-      if (opt_.trace && dur > 0) record(in, comm, start, dur, category);
+      if (opt_.trace && dur > 0) record(in, comm ? stream_id(axes) : 0, start, dur, category);
     }
   }
 
-  void record(const Instruction& in, bool comm, double start, double dur, const char* category) {
+  void record(const Instruction& in, int stream, double start, double dur, const char* category) {
     TraceEvent e;
-    e.stream = comm ? 1 : 0;
+    e.stream = stream;
     e.start = start;
     e.duration = dur;
-    e.category = comm ? "comm" : category;
+    e.category = stream > 0 ? "comm" : category;
     if (in.node >= 0) {
       const Node& n = g_.node(in.node);
       e.name = std::string(op_name(n.op)) + (n.scope.empty() ? "" : " " + n.scope);
@@ -218,7 +249,8 @@ class Schedule {
   double scale_ = 1;
   std::vector<OpTime> node_cost_;
   std::map<std::string, GroupLayout> layouts_;
-  double compute_free_ = 0, comm_free_ = 0;
+  double compute_free_ = 0;
+  std::map<std::string, double> comm_free_;  // by the group's axes key
 };
 
 double tokens_per_micro_batch(const Program& p) {
@@ -280,13 +312,12 @@ std::string chrome_trace(const SimResult& r, const std::string& title) {
   nlohmann::json events = nlohmann::json::array();
   events.push_back(
       {{"ph", "M"}, {"pid", 0}, {"name", "process_name"}, {"args", {{"name", title}}}});
-  const char* threads[] = {"compute", "comm"};
-  for (int tid = 0; tid < 2; ++tid)
+  for (size_t tid = 0; tid < r.streams.size(); ++tid)
     events.push_back({{"ph", "M"},
                       {"pid", 0},
                       {"tid", tid},
                       {"name", "thread_name"},
-                      {"args", {{"name", threads[tid]}}}});
+                      {"args", {{"name", r.streams[tid]}}}});
   for (const TraceEvent& e : r.events)  // microseconds, the format's unit
     events.push_back({{"ph", "X"},
                       {"pid", 0},
@@ -304,7 +335,7 @@ std::string format_sim_result(const SimResult& r, const ClusterSpec& c) {
   char buf[1024];
   std::snprintf(buf, sizeof buf,
                 "step time        %s  (compute %s %.0f%%, exposed comm %s %.0f%%, bubble %s)\n"
-                "  of which       optimizer %s; comm stream busy %s\n"
+                "  of which       optimizer %s; comm streams busy %s\n"
                 "throughput       %.4g tokens/s (%.4g per device), %g tokens per step\n"
                 "per device       %.1f TFLOP/s model (MFU %.1f%%), %.1f TFLOP/s hardware "
                 "(HFU %.1f%%)\n"

@@ -1,7 +1,8 @@
 // The simulator: times the Program the runtime executes (DESIGN.md "The one idea") on a
 // ClusterSpec. One representative rank's instruction streams are replayed as a discrete-event
-// schedule: the compute stream runs compute instructions in order; the comm stream runs each
-// collective from its start instruction, in issue order; a wait blocks the compute stream
+// schedule: the compute stream runs compute instructions in order; each rank group's comm
+// stream (one per communicator, as in the runtime) runs that group's collectives from their
+// start instructions, in issue order; a wait blocks the compute stream
 // until its collective ends; every instruction also waits for its dependencies. The
 // micro-step runs plan.micro_batches times, then the optimizer instructions.
 //
@@ -42,14 +43,14 @@ struct SimOptions {
 struct TraceEvent {
   std::string name;                // "matmul h.3.mlp.fc", "all_gather h.4 params"
   std::string category;            // "compute", "comm", "optimizer"
-  int stream = 0;                  // 0 compute, 1 comm
+  int stream = 0;                  // index into SimResult::streams (0: compute)
   double start = 0, duration = 0;  // seconds
 };
 
 struct SimResult {
   double step_seconds = 0;
   double compute_seconds = 0, exposed_comm_seconds = 0, bubble_seconds = 0;
-  double comm_seconds = 0;       // total busy time of the comm stream (overlapped or not)
+  double comm_seconds = 0;       // busy time summed over the comm streams (overlapped or not)
   double optimizer_seconds = 0;  // part of compute_seconds spent in the optimizer
   double tokens_per_step = 0;    // global
   double tokens_per_second = 0;  // global
@@ -62,11 +63,14 @@ struct SimResult {
   double persistent_bytes = 0, arena_bytes = 0;
   std::map<std::string, double> seconds_by_op;  // busy time per op kind ("matmul", "all_gather")
   std::vector<TraceEvent> events;               // when SimOptions::trace
+  // "compute", then "comm <axes>" for each rank group's comm stream, in order of first use.
+  std::vector<std::string> streams = {"compute"};
 };
 
 Result<SimResult> simulate(const Program& prog, const ClusterSpec& cluster, const SimOptions& opt);
 
-// Chrome trace event format (JSON), one step, one process with two threads (compute, comm).
+// Chrome trace event format (JSON), one step, one process with a thread per stream (compute,
+// then one per rank group's comm stream).
 std::string chrome_trace(const SimResult& r, const std::string& title);
 
 // Multi-line summary: step time and breakdown, tokens/s, TFLOP/s, MFU, HFU, memory.

@@ -212,6 +212,41 @@ TEST(Comm, SplitIntoTwoByTwoMesh) {
   });
 }
 
+// Review R10: a collective on one axis must not queue behind another axis's. Rank 0 issues a
+// "dp" all-reduce first and a "tp" one second; rank 1 joins the dp one only after its tp one
+// has finished. With one comm thread per process, rank 0's tp all-reduce would wait behind
+// its dp one, which waits for rank 1, which waits for the tp one: a deadlock (here a timeout).
+TEST(Comm, AxesDoNotQueueBehindEachOther) {
+  const int n = 2;
+  Comms comms = make_local_comms(n);
+  std::vector<Status> tp_done(n), dp_done(n);
+  run_ranks(n, [&](int r) {
+    auto dp = comms[r]->split(0, r, "dp");
+    auto tp = comms[r]->split(0, r, "tp");
+    ASSERT_TRUE(dp.ok() && tp.ok());
+    Communicator& d = **dp;
+    Communicator& t = **tp;
+    d.set_timeout(5);
+    t.set_timeout(5);
+    std::vector<float> a(1000, 1.f), b(1000, 1.f);
+    if (r == 0) {
+      Request rd = d.all_reduce(a.data(), 1000, "grad bucket 0");
+      Request rt = t.all_reduce(b.data(), 1000, "tp activation");
+      tp_done[r] = t.wait(rt);
+      dp_done[r] = d.wait(rd);
+    } else {
+      tp_done[r] = t.wait(t.all_reduce(b.data(), 1000, "tp activation"));
+      dp_done[r] = d.wait(d.all_reduce(a.data(), 1000, "grad bucket 0"));
+    }
+    EXPECT_EQ(a[999], 2.f);
+    EXPECT_EQ(b[999], 2.f);
+  });
+  for (int r = 0; r < n; ++r) {
+    EXPECT_TRUE(tp_done[r].ok()) << tp_done[r].to_string();
+    EXPECT_TRUE(dp_done[r].ok()) << dp_done[r].to_string();
+  }
+}
+
 TEST(Comm, BytesSentMatchRingFormula) {
   for (int n = 1; n <= 4; ++n) {
     Comms comms = make_local_comms(n);

@@ -2,12 +2,14 @@
 
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <chrono>
 #include <nlohmann/json.hpp>
 
 #include "../cost/test_cluster.h"
 #include "cost/op_cost.h"
 #include "models/model.h"
+#include "parallel/sharding_search.h"
 
 namespace tessera {
 namespace {
@@ -141,6 +143,45 @@ TEST(Simulator, TraceHasBothStreamsInOrder) {
   EXPECT_GT(compute, 10);
   EXPECT_GT(comm, 2);
   EXPECT_NEAR(last_end, r.step_seconds * 1e6, 1e-3);
+}
+
+// Each rank group has its own comm stream, as the runtime has one comm thread per
+// communicator: a tensor-parallel all-reduce of the backward runs while a data-parallel
+// gradient bucket is still in flight, rather than queueing behind it (review R10).
+TEST(Simulator, TensorAndDataAxesHaveTheirOwnCommStreams) {
+  ClusterSpec c = round_cluster(2, 1);  // tp inside a node; dp over a slow network
+  SimOptions o;
+  o.trace = true;
+  const ModelConfig cfg = *find_preset("gpt2-small");
+  ModelGraph m = build_model(cfg, 8, 512, ModelMode::train);
+  Plan plan = Plan::tensor_parallel(4, 2);
+  ASSERT_TRUE(place_tensor_parallel(cfg, 8, 512, m.graph, SearchCost{}, &plan).ok());
+  Result<Program> p = lower(m.graph, plan);
+  ASSERT_TRUE(p.ok()) << p.status().to_string();
+  SimResult r = *simulate(*p, c, o);
+  ASSERT_EQ(r.streams.size(), 3u) << nlohmann::json(r.streams).dump();
+  EXPECT_EQ(r.streams[0], "compute");
+  auto id = [&](const std::string& name) {
+    return static_cast<int>(std::find(r.streams.begin(), r.streams.end(), name) -
+                            r.streams.begin());
+  };
+  const int tp = id("comm tp"), dp = id("comm dp");
+  ASSERT_LT(tp, 3);
+  ASSERT_LT(dp, 3);
+  int overlapping = 0;
+  for (const TraceEvent& a : r.events) {
+    if (a.stream != tp) continue;
+    for (const TraceEvent& b : r.events)
+      if (b.stream == dp && a.start < b.start + b.duration && b.start < a.start + a.duration)
+        ++overlapping;
+  }
+  EXPECT_GT(overlapping, 0);
+  // The trace names every stream's thread.
+  nlohmann::json j = nlohmann::json::parse(chrome_trace(r, "tp x dp"));
+  int names = 0;
+  for (const auto& e : j["traceEvents"])
+    if (e["ph"] == "M" && e["name"] == "thread_name") ++names;
+  EXPECT_EQ(names, 3);
 }
 
 TEST(Simulator, Gpt3OnAThousandDevicesInUnderASecond) {
