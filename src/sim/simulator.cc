@@ -267,8 +267,15 @@ Result<SimResult> simulate(const Program& prog, const ClusterSpec& cluster, cons
   if (cluster.device.peak_flops(opt.precision) <= 0 || cluster.device.memory_bandwidth <= 0)
     return error("cluster '" + cluster.name + "' has no peak FLOP/s or memory bandwidth for " +
                  dtype_name(opt.precision));
+  const int devices = prog.plan.mesh.size();
+  if (devices > cluster.node.devices && cluster.network.node_bandwidth() <= 0)
+    return error("cluster '" + cluster.name + "' is one node of " +
+                     std::to_string(cluster.node.devices) + " devices with no network ([network] "
+                     "nics = 0), but the plan has " + std::to_string(devices) + " ranks",
+                 "use at most " + std::to_string(cluster.node.devices) +
+                     " devices, or a cluster spec with more devices per node or a [network]");
   SimResult r;
-  r.devices = prog.plan.mesh.size();
+  r.devices = devices;
   Schedule s(prog, cluster, opt, &r);
   s.run();
   r.exposed_comm_seconds = std::max(0.0, r.step_seconds - r.compute_seconds);

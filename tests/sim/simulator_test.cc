@@ -184,6 +184,16 @@ TEST(Simulator, TensorAndDataAxesHaveTheirOwnCommStreams) {
   EXPECT_EQ(names, 3);
 }
 
+TEST(Simulator, MoreRanksThanANodeWithoutANetworkIsAnError) {
+  ClusterSpec c = round_cluster(2);
+  c.network.nics = 0;
+  Result<SimResult> r = simulate(lowered("gpt-tiny", 4, 32, Plan::data_parallel(4)), c, {});
+  ASSERT_FALSE(r.ok());
+  EXPECT_NE(r.status().message().find("one node of 2 devices with no network"), std::string::npos)
+      << r.status().to_string();
+  EXPECT_TRUE(simulate(lowered("gpt-tiny", 2, 32, Plan::data_parallel(2)), c, {}).ok());
+}
+
 TEST(Simulator, Gpt3OnAThousandDevicesInUnderASecond) {
   ClusterSpec c = round_cluster();
   auto t0 = std::chrono::steady_clock::now();
