@@ -191,6 +191,9 @@ Result<Calibration> calibrate(Communicator& world, const CalibrationOptions& o) 
       format_string("calibrated by `tessera calibrate` on %s: %d rank(s) x %d thread(s), model %s",
                     host, ranks, threads, o.model.c_str());
   spec.device.name = format_string("CPU rank (%d threads)", threads);
+  // The ranks of this machine are one node (its links are fitted in step 3).
+  spec.node.devices = ranks;
+  spec.network.nics = 0;
 
   // 1. Peak and bandwidth of the backend, all ranks at once.
   TS_ASSIGN_OR_RETURN(double peak, gemm_peak(world, o.reps));
@@ -307,9 +310,7 @@ Result<Calibration> calibrate(Communicator& world, const CalibrationOptions& o) 
                                     1e3 * apply_s, spec.device.optimizer_efficiency));
   }
 
-  // 3. The ranks of this machine are one node.
-  spec.node.devices = ranks;
-  spec.network.nics = 0;
+  // 3. The links between the ranks of this machine.
   if (ranks > 1) {
     TS_RETURN_IF_ERROR(fit_collectives(world, o.reps, &spec, &c.notes));
     // How much of the collectives' time the compute stream loses to the comm thread: the real

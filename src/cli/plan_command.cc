@@ -23,6 +23,7 @@ struct PlanOptions {
   int dp = 1, tp = 1, zero = 0, hsdp = 0, micro = 0;
   std::string plan;
   std::string recompute;  // "" keeps the plan's (none by default)
+  int recompute_layers = -1;
   bool sequence_parallel = false;
   bool program = false;
 };
@@ -37,7 +38,15 @@ Status run_plan(const PlanOptions& o) {
     return error("--seq " + std::to_string(seq) + " exceeds the model's max_seq_len " +
                  std::to_string(cfg.max_seq_len));
   if (o.dp < 1) return error("--dp must be at least 1, got " + std::to_string(o.dp));
-  PlanFlags f{o.plan, 0, o.tp, o.zero, o.hsdp, o.micro, o.recompute, o.sequence_parallel};
+  PlanFlags f{o.plan,
+              0,
+              o.tp,
+              o.zero,
+              o.hsdp,
+              o.micro,
+              o.recompute,
+              o.sequence_parallel,
+              o.recompute_layers};
   TS_ASSIGN_OR_RETURN(Plan plan, plan_from_flags(f, o.plan.empty() ? o.dp * o.tp : 0));
   ModelGraph m = build_model(cfg, o.batch, seq, ModelMode::train);
   // The placements the search picks for a device whose FLOP/s are ~2,000 times its link's
@@ -99,6 +108,7 @@ void add_plan_command(CLI::App& app) {
   cmd->add_option(
       "--recompute", o->recompute,
       "Activation recomputation: none, full or selective (default: the plan's, or none)");
+  cmd->add_option("--recompute-layers", o->recompute_layers, kRecomputeLayersHelp);
   cmd->add_flag("--sequence-parallel", o->sequence_parallel,
                 "Sequence parallelism with --tp: norms and residual adds split on the sequence "
                 "over the tensor-parallel ranks (reduce-scatter + all-gather instead of "

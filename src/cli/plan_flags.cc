@@ -79,9 +79,23 @@ Result<Plan> plan_from_flags(const PlanFlags& f, int ranks) {
     if (!r.ok()) return error("--recompute: " + r.status().message(), r.status().hint());
     plan.recompute = r.value();
   }
+  if (f.recompute_layers != -1) {
+    if (f.recompute_layers < 0)
+      return error("--recompute-layers must be a number of blocks, got " +
+                   std::to_string(f.recompute_layers));
+    if (plan.recompute == RecomputePolicy::none)
+      return error("--recompute-layers " + std::to_string(f.recompute_layers) +
+                       " without a recompute policy",
+                   "add --recompute full or --recompute selective");
+    plan.recompute_layers = f.recompute_layers;
+  }
   TS_RETURN_IF_ERROR(validate(plan, ranks));
   return plan;
 }
+
+const char* const kRecomputeLayersHelp =
+    "Recompute only the first N transformer blocks (with --recompute; default: the plan's, or "
+    "every block): just enough recomputation to fit costs less than all of it";
 
 Result<std::string> place_parameters(const PlanFlags& f, const ModelConfig& cfg, int64_t batch,
                                      int64_t seq, const Graph& full, const SearchCost& cost,

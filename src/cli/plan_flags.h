@@ -28,7 +28,11 @@ struct PlanFlags {
   int micro = 0;          // micro-batches per step; 0: the plan file's (1 without one)
   std::string recompute;  // "none" | "full" | "selective"; "": the plan file's (none without one)
   bool sequence_parallel = false;  // --sequence-parallel (or the plan file's)
+  int recompute_layers = -1;       // --recompute-layers N: the first N blocks; -1: the plan's
 };
+
+// The help text of --recompute-layers (the same on train, plan and simulate).
+extern const char* const kRecomputeLayersHelp;
 
 // The mesh and the plan's settings, checked against `ranks` devices (0: whatever the plan
 // needs). Errors name the flag and the values that would work.

@@ -21,6 +21,7 @@ namespace {
 struct SimulateOptions {
   std::string model, cluster = "dgx-a100", plan, trace, precision = "bf16", algo = "auto";
   std::string recompute;  // "": the plan's (none without --plan)
+  int recompute_layers = -1;
   bool sequence_parallel = false;
   int64_t batch = 0, seq = 0;
   int gpus = 8, tp = 1, zero = 3, hsdp = 0, micro = 0;
@@ -69,7 +70,15 @@ Status run_simulate(const SimulateOptions& o) {
                  std::to_string(cfg.max_seq_len));
   if (o.plan.empty() && (o.gpus < 1 || o.gpus > (1 << 20)))
     return error("--gpus must be between 1 and 1048576, got " + std::to_string(o.gpus));
-  PlanFlags f{o.plan, 0, o.tp, o.zero, o.hsdp, o.micro, o.recompute, o.sequence_parallel};
+  PlanFlags f{o.plan,
+              0,
+              o.tp,
+              o.zero,
+              o.hsdp,
+              o.micro,
+              o.recompute,
+              o.sequence_parallel,
+              o.recompute_layers};
   TS_ASSIGN_OR_RETURN(Plan plan, plan_from_flags(f, o.plan.empty() ? o.gpus : 0));
   const int64_t batch = o.batch > 0 ? o.batch : plan.data_group();
   SimOptions so;
@@ -151,6 +160,7 @@ void add_simulate_command(CLI::App& app) {
   cmd->add_option("--grad-accum", o->micro, "Micro-batches per step (default: the plan's, or 1)");
   cmd->add_option("--recompute", o->recompute,
                   "Activation recomputation: none|full|selective (default: the plan's, or none)");
+  cmd->add_option("--recompute-layers", o->recompute_layers, kRecomputeLayersHelp);
   cmd->add_flag("--sequence-parallel", o->sequence_parallel,
                 "Sequence parallelism with --tp: norms and residual adds split on the sequence "
                 "over the tensor-parallel ranks (reduce-scatter + all-gather instead of "

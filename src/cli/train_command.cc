@@ -19,10 +19,15 @@ namespace {
 
 // The plan flags of the run (one process: a plan of one rank).
 PlanFlags plan_flags(const TrainOptions& o) {
-  return PlanFlags{o.plan,      o.dp,
-                   o.tp,        o.zero,
-                   o.hsdp,      static_cast<int>(o.grad_accum),
-                   o.recompute, o.sequence_parallel};
+  return PlanFlags{o.plan,
+                   o.dp,
+                   o.tp,
+                   o.zero,
+                   o.hsdp,
+                   static_cast<int>(o.grad_accum),
+                   o.recompute,
+                   o.sequence_parallel,
+                   o.recompute_layers};
 }
 
 }  // namespace
@@ -134,6 +139,7 @@ void add_train_command(CLI::App& app, TrainOptions& o) {
                   "backward pass: least activation memory, ~20% more FLOPs); or selective (only "
                   "the cheap ops between matmuls and attention again: a few % more FLOPs). "
                   "Default: the plan's, or none");
+  cmd->add_option("--recompute-layers", o.recompute_layers, kRecomputeLayersHelp);
   cmd->add_option("--comm-timeout", o.comm_timeout,
                   "Seconds a collective waits for a peer before the run fails")
       ->capture_default_str();

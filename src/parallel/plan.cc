@@ -184,8 +184,10 @@ std::string Plan::describe() const {
   s += " zero=" + std::to_string(zero);
   if (zero >= 1 && zero_group() < data_group() && zero_group() > 1) s += " (HSDP)";
   if (micro_batches > 1) s += " micro_batches=" + std::to_string(micro_batches);
-  if (recompute != RecomputePolicy::none)
+  if (recompute != RecomputePolicy::none) {
     s += std::string(" recompute=") + recompute_name(recompute);
+    if (recompute_layers >= 0) s += " (first " + std::to_string(recompute_layers) + " blocks)";
+  }
   if (sequence_parallel) s += " sequence-parallel";
   return s;
 }
@@ -242,6 +244,13 @@ Status validate(const Plan& p, int world) {
   if (static_cast<int>(p.recompute) > static_cast<int>(RecomputePolicy::selective))
     return error("plan: recompute policy " + std::to_string(static_cast<int>(p.recompute)) +
                  " is not none, full or selective");
+  if (p.recompute_layers < -1)
+    return error("plan: recompute_layers = " + std::to_string(p.recompute_layers) +
+                 " is not a number of blocks (-1: every block)");
+  if (p.recompute_layers >= 0 && p.recompute == RecomputePolicy::none)
+    return error(
+        "plan: recompute_layers = " + std::to_string(p.recompute_layers) + " but recompute is none",
+        "set recompute to full or selective for those blocks");
   if (p.sequence_parallel && p.tensor_group() < 2)
     return error("plan: sequence parallelism needs a tensor axis of 2 or more ranks",
                  "add --tp N (the sequence is split over the tensor-parallel ranks)");
@@ -272,19 +281,22 @@ nlohmann::json plan_to_json(const Plan& p) {
           {"bucket_bytes", p.bucket_bytes},
           {"prefetch_bytes", p.prefetch_bytes},
           {"recompute", recompute_name(p.recompute)},
+          {"recompute_layers", p.recompute_layers},
           {"sequence_parallel", p.sequence_parallel}};
 }
 
 Result<Plan> plan_from_json(const nlohmann::json& j) {
   static const std::set<std::string> known = {
-      "mesh",          "data_axes",    "zero_axes",      "tensor_axes", "params",           "zero",
-      "micro_batches", "bucket_bytes", "prefetch_bytes", "recompute",   "sequence_parallel"};
+      "mesh",           "data_axes", "zero_axes",        "tensor_axes",
+      "params",         "zero",      "micro_batches",    "bucket_bytes",
+      "prefetch_bytes", "recompute", "recompute_layers", "sequence_parallel"};
   if (!j.is_object()) return error("plan: expected a JSON object");
   for (auto it = j.begin(); it != j.end(); ++it)
     if (!known.count(it.key()))
       return error("plan: unknown key '" + it.key() + "'",
                    "keys: mesh, data_axes, zero_axes, tensor_axes, params, zero, micro_batches, "
-                   "bucket_bytes, prefetch_bytes, recompute, sequence_parallel");
+                   "bucket_bytes, prefetch_bytes, recompute, recompute_layers, "
+                   "sequence_parallel");
   Plan p;
   // The key being read and the type it takes, for a JSON type error.
   const char* key = "mesh";
@@ -357,6 +369,8 @@ Result<Plan> plan_from_json(const nlohmann::json& j) {
         return error("plan: key 'recompute': " + r.status().message(), r.status().hint());
       p.recompute = r.value();
     }
+    if (reading("recompute_layers", "an integer (-1: every block)"))
+      p.recompute_layers = j.at("recompute_layers").get<int>();
   } catch (const nlohmann::json::exception&) {
     return error(
         std::string("plan: key '") + key + "' must be " + expect + ", got " + j.at(key).dump(),

@@ -85,6 +85,10 @@ struct Plan {
   int64_t bucket_bytes = 4 << 20;     // gradient reduction bucket size
   int64_t prefetch_bytes = 16 << 20;  // FSDP: gathered parameter bytes in flight ahead of use
   RecomputePolicy recompute = RecomputePolicy::none;  // activation recomputation
+  // The blocks `recompute` applies to: the first recompute_layers (0 .. n-1) of the model;
+  // -1, every block. Recomputing only as many blocks as the memory needs costs less (Megatron's
+  // --recompute-num-layers with the block method).
+  int recompute_layers = -1;
   // Sequence parallelism (Korthikanti et al. 2022): on the tensor axes, activations of shape
   // [B, T, ...] between the tensor-parallel regions (norms, residual adds) are split on T; a
   // row-parallel output is reduce-scattered onto T instead of all-reduced, and gathered again

@@ -131,7 +131,7 @@ Result<Program> lower(const Graph& g, const Plan& plan) {
   } else {
     // Partition the recomputed graph, then index global_to_local by the caller's graph.
     std::vector<ValueId> map;
-    TS_ASSIGN_OR_RETURN(Graph rg, apply_recompute(g, plan.recompute, &map));
+    TS_ASSIGN_OR_RETURN(Graph rg, apply_recompute(g, plan.recompute, &map, plan.recompute_layers));
     TS_ASSIGN_OR_RETURN(p.part, partition(rg, plan));
     std::vector<ValueId> to_local(g.values().size(), -1);
     for (size_t v = 0; v < map.size(); ++v)

@@ -1,5 +1,6 @@
 #include "parallel/recompute.h"
 
+#include <algorithm>
 #include <map>
 
 #include "base/check.h"
@@ -30,10 +31,16 @@ bool reads_own_activation(const Graph& g, const Node& reader, ValueId v) {
 }  // namespace
 
 Result<Graph> apply_recompute(const Graph& g, RecomputePolicy policy,
-                              std::vector<ValueId>* value_map) {
+                              std::vector<ValueId>* value_map, int layers) {
   if (g.param_grads().empty() || g.loss() < 0)
     return error("recompute: the graph has no loss and gradients",
                  "build the model in ModelMode::train");
+  int blocks = 0;
+  for (const Node& n : g.nodes()) blocks = std::max(blocks, n.layer + 1);
+  if (layers > blocks)
+    return error("recompute: recompute_layers = " + std::to_string(layers) + " but the model has " +
+                     std::to_string(blocks) + " blocks",
+                 "use at most " + std::to_string(blocks) + " (or -1: every block)");
   const size_t num_nodes = g.nodes().size();
   // need[i]: node i is cloned. insert_at[L]: the first backward node of layer L that reads an
   // activation of layer L; the clones of layer L go right before it.
@@ -42,6 +49,7 @@ Result<Graph> apply_recompute(const Graph& g, RecomputePolicy policy,
   // Under `selective` the kept ops' outputs are read where the forward left them; the
   // closure below stops at them.
   auto recomputed = [&](const Node& p) {
+    if (layers >= 0 && p.layer >= layers) return false;
     return policy == RecomputePolicy::full ||
            (policy == RecomputePolicy::selective && !kept_under_selective(p.op));
   };

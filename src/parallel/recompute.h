@@ -32,9 +32,11 @@
 namespace tessera {
 
 // `g` must be a training graph (append_backward); with RecomputePolicy::none it is copied
-// unchanged. When `value_map` is given it receives, for each value of `g`, its id in the
-// result. The result verifies and keeps g's parameters, inputs, loss, outputs and gradients.
+// unchanged. `layers` >= 0 applies the policy to blocks 0 .. layers-1 only (the others keep
+// their activations); -1 to every block; more than the graph's blocks is an error. When `value_map`
+// is given it receives, for each value of `g`, its id in the result. The result verifies and keeps
+// g's parameters, inputs, loss, outputs and gradients.
 Result<Graph> apply_recompute(const Graph& g, RecomputePolicy policy,
-                              std::vector<ValueId>* value_map = nullptr);
+                              std::vector<ValueId>* value_map = nullptr, int layers = -1);
 
 }  // namespace tessera

@@ -281,6 +281,7 @@ Result<float> StepRunner::forward_backward(const int32_t* tokens, const int32_t*
 Status StepRunner::add_evaluation(const Graph& eval_global) {
   Plan plan = prog_.plan;
   plan.recompute = RecomputePolicy::none;  // no backward pass to recompute for
+  plan.recompute_layers = -1;
   plan.micro_batches = 1;
   TS_ASSIGN_OR_RETURN(Program p, lower(eval_global, plan));
   for (const ParamLayout& pl : p.part.params) {

@@ -270,8 +270,10 @@ Result<SimResult> simulate(const Program& prog, const ClusterSpec& cluster, cons
   const int devices = prog.plan.mesh.size();
   if (devices > cluster.node.devices && cluster.network.node_bandwidth() <= 0)
     return error("cluster '" + cluster.name + "' is one node of " +
-                     std::to_string(cluster.node.devices) + " devices with no network ([network] "
-                     "nics = 0), but the plan has " + std::to_string(devices) + " ranks",
+                     std::to_string(cluster.node.devices) +
+                     " devices with no network ([network] "
+                     "nics = 0), but the plan has " +
+                     std::to_string(devices) + " ranks",
                  "use at most " + std::to_string(cluster.node.devices) +
                      " devices, or a cluster spec with more devices per node or a [network]");
   SimResult r;

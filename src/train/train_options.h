@@ -40,8 +40,9 @@ struct TrainOptions {
   std::string plan;       // plan JSON file (overrides --dp/--zero/--hsdp)
   std::string recompute;  // "none" | "full" | "selective" ("": the plan's, none without one)
   bool sequence_parallel = false;
-  double comm_timeout = 30;  // seconds a collective waits for a peer before failing
-  double peak_flops = 0;     // per rank, for MFU (0: measured with a GEMM at the start)
+  int recompute_layers = -1;  // --recompute-layers: the first N blocks; -1: the plan's
+  double comm_timeout = 30;   // seconds a collective waits for a peer before failing
+  double peak_flops = 0;      // per rank, for MFU (0: measured with a GEMM at the start)
 };
 
 // Checks every number against its range and the model (--seq against max_seq_len, the

@@ -262,6 +262,37 @@ TEST(Recompute, SelectiveArenaLiesBetweenNoneAndFull) {
   }
 }
 
+// Plan::recompute_layers: only the first N blocks are recomputed; the arena shrinks with N.
+TEST(Recompute, FirstLayersOnly) {
+  for (const char* family : {"gpt", "llama"}) {
+    SCOPED_TRACE(family);
+    ModelGraph m = build_model(deep_narrow(family), 16, 64, ModelMode::train);
+    const int blocks = deep_narrow(family).n_layer;
+    int64_t previous = plan_memory(m.graph).arena_bytes;
+    for (int layers = 0; layers <= blocks; ++layers) {
+      Result<Graph> g = apply_recompute(m.graph, RecomputePolicy::full, nullptr, layers);
+      ASSERT_TRUE(g.ok()) << g.status().to_string();
+      std::set<int> cloned;
+      for (const Node& n : g->nodes())
+        if (n.recompute) cloned.insert(n.layer);
+      EXPECT_EQ(static_cast<int>(cloned.size()), layers);
+      if (!cloned.empty()) EXPECT_EQ(*cloned.rbegin(), layers - 1);
+      const int64_t arena = plan_memory(*g).arena_bytes;
+      if (layers == 0) EXPECT_EQ(arena, previous);
+      if (layers > 0) EXPECT_LE(arena, previous) << layers << " blocks";
+      previous = arena;
+    }
+    EXPECT_EQ(previous, plan_memory(recomputed(m.graph)).arena_bytes);  // every block: full
+    EXPECT_LT(previous, plan_memory(m.graph).arena_bytes);
+    Result<Graph> too_many = apply_recompute(m.graph, RecomputePolicy::full, nullptr, blocks + 1);
+    ASSERT_FALSE(too_many.ok());
+    EXPECT_NE(
+        too_many.status().message().find("but the model has " + std::to_string(blocks) + " blocks"),
+        std::string::npos)
+        << too_many.status().to_string();
+  }
+}
+
 TEST(Recompute, NeedsATrainingGraph) {
   ModelGraph m = build_model(*find_preset("gpt-tiny"), 2, 8, ModelMode::loss);
   Result<Graph> r = apply_recompute(m.graph, RecomputePolicy::full);
@@ -291,6 +322,25 @@ TEST(PlanRecompute, JsonRoundTripAndOldFiles) {
   EXPECT_NE(s.message().find("'recompute'"), std::string::npos) << s.message();
   EXPECT_NE(s.message().find("none, full, selective"), std::string::npos) << s.message();
   EXPECT_FALSE(parse_recompute("FULL").ok());
+  // The first N blocks only.
+  j["recompute"] = "full";
+  j["recompute_layers"] = 12;
+  q = plan_from_json(j);
+  ASSERT_TRUE(q.ok()) << q.status().to_string();
+  EXPECT_EQ(q->recompute_layers, 12);
+  EXPECT_EQ(plan_to_json(*q).at("recompute_layers"), 12);
+  EXPECT_EQ(q->describe(), "dp=4 zero=3 recompute=full (first 12 blocks)");
+  j["recompute"] = "none";
+  s = plan_from_json(j).status();
+  EXPECT_NE(s.message().find("recompute_layers = 12 but recompute is none"), std::string::npos)
+      << s.message();
+  j["recompute"] = "full";
+  j["recompute_layers"] = -3;
+  EXPECT_FALSE(plan_from_json(j).ok());
+  j["recompute_layers"] = "all";
+  s = plan_from_json(j).status();
+  EXPECT_NE(s.message().find("'recompute_layers' must be an integer"), std::string::npos)
+      << s.message();
   EXPECT_EQ(parse_recompute("none").value(), RecomputePolicy::none);
 }
 

@@ -57,6 +57,11 @@ Plan with_recompute(Plan p, RecomputePolicy policy = RecomputePolicy::full) {
   return p;
 }
 
+Plan with_recompute_layers(Plan p, int layers) {
+  p.recompute_layers = layers;
+  return p;
+}
+
 Plan with_sequence_parallel(Plan p) {
   p.sequence_parallel = true;
   return p;
@@ -69,7 +74,9 @@ INSTANTIATE_TEST_SUITE_P(
                     Case{"zero3_4", Plan::data_parallel(4, 3)},
                     Case{"hsdp_2x2", Plan::hybrid_sharded(2, 2)},
                     Case{"zero3_2_accum", with_micro(Plan::data_parallel(2, 3), 2)},
-                    Case{"zero3_2_recompute", with_recompute(Plan::data_parallel(2, 3))}),
+                    Case{"zero3_2_recompute", with_recompute(Plan::data_parallel(2, 3))},
+                    Case{"zero3_2_recompute_first_block",
+                         with_recompute_layers(with_recompute(Plan::data_parallel(2, 3)), 1)}),
     [](const testing::TestParamInfo<Case>& i) { return std::string(i.param.name); });
 
 // Recomputation under ZeRO-3 (clones read parameters gathered again for the backward pass):
@@ -121,6 +128,10 @@ INSTANTIATE_TEST_SUITE_P(
                     Case{"hsdp_2x2_tp2", Plan::hybrid_sharded(2, 2, 2)},
                     Case{"tp2_accum", with_micro(Plan::tensor_parallel(1, 2), 2)},
                     Case{"tp2_recompute", with_recompute(Plan::tensor_parallel(1, 2))},
+                    Case{"tp2_selective_first_block",
+                         with_recompute_layers(with_recompute(Plan::tensor_parallel(1, 2),
+                                                              RecomputePolicy::selective),
+                                               1)},
                     Case{"dp2_tp2_zero3_selective", with_recompute(Plan::tensor_parallel(2, 2, 3),
                                                                    RecomputePolicy::selective)},
                     Case{"tp2_sp", with_sequence_parallel(Plan::tensor_parallel(1, 2))},
