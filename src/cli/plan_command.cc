@@ -20,11 +20,8 @@ namespace {
 struct PlanOptions {
   std::string model;
   int64_t batch = 8, seq = 0;
-  int dp = 1, tp = 1, zero = 0, hsdp = 0, micro = 0;
-  std::string plan;
-  std::string recompute;  // "" keeps the plan's (none by default)
-  int recompute_layers = -1;
-  bool sequence_parallel = false;
+  int dp = 1;
+  PlanFlags flags;  // the mesh's data axis comes from --dp
   bool program = false;
 };
 
@@ -38,16 +35,8 @@ Status run_plan(const PlanOptions& o) {
     return error("--seq " + std::to_string(seq) + " exceeds the model's max_seq_len " +
                  std::to_string(cfg.max_seq_len));
   if (o.dp < 1) return error("--dp must be at least 1, got " + std::to_string(o.dp));
-  PlanFlags f{o.plan,
-              0,
-              o.tp,
-              o.zero,
-              o.hsdp,
-              o.micro,
-              o.recompute,
-              o.sequence_parallel,
-              o.recompute_layers};
-  TS_ASSIGN_OR_RETURN(Plan plan, plan_from_flags(f, o.plan.empty() ? o.dp * o.tp : 0));
+  const PlanFlags& f = o.flags;
+  TS_ASSIGN_OR_RETURN(Plan plan, plan_from_flags(f, f.file.empty() ? o.dp * f.tp : 0));
   ModelGraph m = build_model(cfg, o.batch, seq, ModelMode::train);
   // The placements the search picks for a device whose FLOP/s are ~2,000 times its link's
   // bytes/s (H100 bf16 over NVLink 4); `simulate --tp` uses the cluster's own ratio.
@@ -99,20 +88,7 @@ void add_plan_command(CLI::App& app) {
   cmd->add_option("--batch", o->batch, "Global micro-batch")->capture_default_str();
   cmd->add_option("--seq", o->seq, "Sequence length (default: max_seq_len)");
   cmd->add_option("--dp", o->dp, "Data-parallel ranks")->capture_default_str();
-  cmd->add_option("--tp", o->tp, "Tensor-parallel ranks (placements found by the sharding search)")
-      ->capture_default_str();
-  cmd->add_option("--zero", o->zero, "ZeRO stage 0-3")->capture_default_str();
-  cmd->add_option("--hsdp", o->hsdp, "HSDP replica groups (ZeRO-3 within each)");
-  cmd->add_option("--grad-accum", o->micro, "Micro-batches per step (default: the plan's, or 1)");
-  cmd->add_option("--plan", o->plan, "Plan JSON file");
-  cmd->add_option(
-      "--recompute", o->recompute,
-      "Activation recomputation: none, full or selective (default: the plan's, or none)");
-  cmd->add_option("--recompute-layers", o->recompute_layers, kRecomputeLayersHelp);
-  cmd->add_flag("--sequence-parallel", o->sequence_parallel,
-                "Sequence parallelism with --tp: norms and residual adds split on the sequence "
-                "over the tensor-parallel ranks (reduce-scatter + all-gather instead of "
-                "all-reduce; less activation memory)");
+  add_plan_flags(cmd, &o->flags);
   cmd->add_flag("--program", o->program, "Print every instruction");
   cmd->callback([o] { exit_on_error(run_plan(*o)); });
 }

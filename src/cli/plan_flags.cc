@@ -1,5 +1,7 @@
 #include "cli/plan_flags.h"
 
+#include <CLI/CLI.hpp>
+
 #include "base/format.h"
 
 namespace tessera {
@@ -96,6 +98,23 @@ Result<Plan> plan_from_flags(const PlanFlags& f, int ranks) {
 const char* const kRecomputeLayersHelp =
     "Recompute only the first N transformer blocks (with --recompute; default: the plan's, or "
     "every block): just enough recomputation to fit costs less than all of it";
+
+void add_plan_flags(CLI::App* cmd, PlanFlags* f) {
+  cmd->add_option("--tp", f->tp,
+                  "Tensor-parallel ranks, innermost (placements found by the sharding search)")
+      ->capture_default_str();
+  cmd->add_option("--zero", f->zero, "ZeRO stage 0-3")->capture_default_str();
+  cmd->add_option("--hsdp", f->hsdp, "HSDP replica groups (ZeRO-3 within each)");
+  cmd->add_option("--grad-accum", f->micro, "Micro-batches per step (default: the plan's, or 1)");
+  cmd->add_option("--plan", f->file, "Plan JSON file (overrides the plan flags)");
+  cmd->add_option("--recompute", f->recompute,
+                  "Activation recomputation: none|full|selective (default: the plan's, or none)");
+  cmd->add_option("--recompute-layers", f->recompute_layers, kRecomputeLayersHelp);
+  cmd->add_flag("--sequence-parallel", f->sequence_parallel,
+                "Sequence parallelism with --tp: norms and residual adds split on the sequence "
+                "over the tensor-parallel ranks (reduce-scatter + all-gather instead of "
+                "all-reduce; less activation memory)");
+}
 
 Result<std::string> place_parameters(const PlanFlags& f, const ModelConfig& cfg, int64_t batch,
                                      int64_t seq, const Graph& full, const SearchCost& cost,

@@ -17,6 +17,10 @@
 #include "models/model.h"
 #include "parallel/sharding_search.h"
 
+namespace CLI {
+class App;
+}
+
 namespace tessera {
 
 struct PlanFlags {
@@ -33,6 +37,11 @@ struct PlanFlags {
 
 // The help text of --recompute-layers (the same on train, plan and simulate).
 extern const char* const kRecomputeLayersHelp;
+
+// Registers the plan flags `plan` and `simulate` share — --tp, --zero, --hsdp, --grad-accum,
+// --plan, --recompute, --recompute-layers, --sequence-parallel — into *f (which must outlive
+// the parse); the defaults shown are f's values. (`train` keeps its own, with longer help.)
+void add_plan_flags(CLI::App* cmd, PlanFlags* f);
 
 // The mesh and the plan's settings, checked against `ranks` devices (0: whatever the plan
 // needs). Errors name the flag and the values that would work.

@@ -18,13 +18,18 @@ namespace tessera {
 
 namespace {
 
+// simulate's default is ZeRO-3 (FSDP), what large runs use.
+PlanFlags zero_three() {
+  PlanFlags f;
+  f.zero = 3;
+  return f;
+}
+
 struct SimulateOptions {
-  std::string model, cluster = "dgx-a100", plan, trace, precision = "bf16", algo = "auto";
-  std::string recompute;  // "": the plan's (none without --plan)
-  int recompute_layers = -1;
-  bool sequence_parallel = false;
+  std::string model, cluster = "dgx-a100", trace, precision = "bf16", algo = "auto";
   int64_t batch = 0, seq = 0;
-  int gpus = 8, tp = 1, zero = 3, hsdp = 0, micro = 0;
+  int gpus = 8;
+  PlanFlags flags = zero_three();  // the data axis comes from --gpus / --tp
   bool json = false;
 };
 
@@ -68,18 +73,10 @@ Status run_simulate(const SimulateOptions& o) {
   if (seq > cfg.max_seq_len)
     return error("--seq " + std::to_string(seq) + " exceeds the model's max_seq_len " +
                  std::to_string(cfg.max_seq_len));
-  if (o.plan.empty() && (o.gpus < 1 || o.gpus > (1 << 20)))
+  if (o.flags.file.empty() && (o.gpus < 1 || o.gpus > (1 << 20)))
     return error("--gpus must be between 1 and 1048576, got " + std::to_string(o.gpus));
-  PlanFlags f{o.plan,
-              0,
-              o.tp,
-              o.zero,
-              o.hsdp,
-              o.micro,
-              o.recompute,
-              o.sequence_parallel,
-              o.recompute_layers};
-  TS_ASSIGN_OR_RETURN(Plan plan, plan_from_flags(f, o.plan.empty() ? o.gpus : 0));
+  const PlanFlags& f = o.flags;
+  TS_ASSIGN_OR_RETURN(Plan plan, plan_from_flags(f, f.file.empty() ? o.gpus : 0));
   const int64_t batch = o.batch > 0 ? o.batch : plan.data_group();
   SimOptions so;
   std::optional<DType> prec = parse_dtype(o.precision);
@@ -149,23 +146,10 @@ void add_simulate_command(CLI::App& app) {
       ->capture_default_str();
   cmd->add_option("--gpus", o->gpus, "Devices (data-parallel x tensor-parallel ranks)")
       ->capture_default_str();
-  cmd->add_option("--tp", o->tp,
-                  "Tensor-parallel ranks, innermost (placements found by the sharding search)")
-      ->capture_default_str();
   cmd->add_option("--batch", o->batch,
                   "Global micro-batch in sequences (default: one per data-parallel rank)");
   cmd->add_option("--seq", o->seq, "Sequence length (default: max_seq_len)");
-  cmd->add_option("--zero", o->zero, "ZeRO stage 0-3")->capture_default_str();
-  cmd->add_option("--hsdp", o->hsdp, "HSDP replica groups (ZeRO-3 within each)");
-  cmd->add_option("--grad-accum", o->micro, "Micro-batches per step (default: the plan's, or 1)");
-  cmd->add_option("--recompute", o->recompute,
-                  "Activation recomputation: none|full|selective (default: the plan's, or none)");
-  cmd->add_option("--recompute-layers", o->recompute_layers, kRecomputeLayersHelp);
-  cmd->add_flag("--sequence-parallel", o->sequence_parallel,
-                "Sequence parallelism with --tp: norms and residual adds split on the sequence "
-                "over the tensor-parallel ranks (reduce-scatter + all-gather instead of "
-                "all-reduce; less activation memory)");
-  cmd->add_option("--plan", o->plan, "Plan JSON file (overrides the plan flags)");
+  add_plan_flags(cmd, &o->flags);
   cmd->add_option("--precision", o->precision, "f32 | bf16 (mixed) | f16 (mixed)")
       ->capture_default_str();
   cmd->add_option("--algo", o->algo, "Collective algorithm: auto|ring|tree|hierarchical")
