@@ -74,7 +74,8 @@ class Communicator {
   // (ties by rank here). Collective over this communicator: every rank calls it, in the same
   // order relative to its other operations. A negative color joins no group and yields a null
   // pointer. The new communicator has a comm thread of its own and shares this one's
-  // transport.
+  // transport. Under MPI the split holds the process's transport until every rank has joined,
+  // so split all communicators before issuing collectives on them (MeshComms::create does).
   virtual Result<std::unique_ptr<Communicator>> split(int color, int key, std::string name) = 0;
 
   // Non-blocking f32 collectives, executed in issue order on this communicator's comm thread.
