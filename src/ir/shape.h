@@ -30,6 +30,18 @@ class Shape {
   int64_t operator[](int i) const { return dim(i); }
   const std::vector<int64_t>& dims() const { return dims_; }
   Shape with_dim(int i, int64_t size) const;
+  // Elements of the dims before / after `axis` (a normalized axis): the outer and inner
+  // extents of a copy along that axis.
+  int64_t numel_before(int axis) const {
+    int64_t n = 1;
+    for (int d = 0; d < axis; ++d) n *= dims_[static_cast<size_t>(d)];
+    return n;
+  }
+  int64_t numel_after(int axis) const {
+    int64_t n = 1;
+    for (int d = axis + 1; d < rank(); ++d) n *= dims_[static_cast<size_t>(d)];
+    return n;
+  }
   // Normalizes a possibly negative axis; returns -1 when out of range.
   int axis(int i) const { return (i < -rank() || i >= rank()) ? -1 : (i < 0 ? i + rank() : i); }
   std::string to_string() const;

@@ -61,16 +61,25 @@ Actions gpipe(int m) {
   return a;
 }
 
-// PipeDream-Flush: warm-up forwards, then F/B alternately, then the remaining backwards.
-Actions one_f_one_b(int p, int m, int s) {
-  const int warmup = std::min(p - s - 1, m);
-  Actions a;
-  for (int i = 0; i < warmup; ++i) a.push_back(fwd(i));
-  for (int i = 0; i < m - warmup; ++i) {
-    a.push_back(fwd(warmup + i));
-    a.push_back(bwd(i));
+// The shape every schedule but GPipe shares: `warmup` forwards, then one forward and one
+// backward alternately, then the remaining backwards. forward(j) / backward(j) append the
+// stage's j-th forward / backward.
+template <class Forward, class Backward>
+void warmup_steady_cooldown(int total, int warmup, Forward forward, Backward backward) {
+  for (int j = 0; j < warmup; ++j) forward(j);
+  for (int i = 0; i < total - warmup; ++i) {
+    forward(warmup + i);
+    backward(i);
   }
-  for (int i = m - warmup; i < m; ++i) a.push_back(bwd(i));
+  for (int j = total - warmup; j < total; ++j) backward(j);
+}
+
+// PipeDream-Flush: p-s-1 warm-up forwards on stage s.
+Actions one_f_one_b(int p, int m, int s) {
+  Actions a;
+  warmup_steady_cooldown(
+      m, std::min(p - s - 1, m), [&](int j) { a.push_back(fwd(j)); },
+      [&](int j) { a.push_back(bwd(j)); });
   return a;
 }
 
@@ -79,16 +88,11 @@ Actions one_f_one_b(int p, int m, int s) {
 Actions interleaved(int p, int m, int v, int s) {
   const int total = m * v;
   auto mb = [&](int j) { return (j / (p * v)) * p + j % p; };
-  auto f = [&](int j) { return fwd(mb(j), (j / p) % v); };
-  auto b = [&](int j) { return bwd(mb(j), v - 1 - (j / p) % v); };
-  const int warmup = std::min((p - s - 1) * 2 + (v - 1) * p, total);
   Actions a;
-  for (int j = 0; j < warmup; ++j) a.push_back(f(j));
-  for (int i = 0; i < total - warmup; ++i) {
-    a.push_back(f(warmup + i));
-    a.push_back(b(i));
-  }
-  for (int j = total - warmup; j < total; ++j) a.push_back(b(j));
+  warmup_steady_cooldown(
+      total, std::min((p - s - 1) * 2 + (v - 1) * p, total),
+      [&](int j) { a.push_back(fwd(mb(j), (j / p) % v)); },
+      [&](int j) { a.push_back(bwd(mb(j), v - 1 - (j / p) % v)); });
   return a;
 }
 
@@ -97,7 +101,6 @@ Actions interleaved(int p, int m, int v, int s) {
 // input gradients the earlier ones wait for, run their B's first and their W's in the
 // cool-down, where the earlier stages would otherwise idle.
 Actions zb_h1(int p, int m, int s) {
-  const int warmup = std::min(p - s - 1, m);
   Actions a;
   std::deque<int> pending;
   auto input_grad = [&](int i) {
@@ -108,12 +111,8 @@ Actions zb_h1(int p, int m, int s) {
       pending.pop_front();
     }
   };
-  for (int i = 0; i < warmup; ++i) a.push_back(fwd(i));
-  for (int i = 0; i < m - warmup; ++i) {
-    a.push_back(fwd(warmup + i));
-    input_grad(i);
-  }
-  for (int i = m - warmup; i < m; ++i) input_grad(i);
+  warmup_steady_cooldown(
+      m, std::min(p - s - 1, m), [&](int j) { a.push_back(fwd(j)); }, input_grad);
   for (int i : pending) a.push_back({PipeOp::backward_weight, i, 0});
   return a;
 }

@@ -141,9 +141,7 @@ namespace {
 void slice_range(const Args& a, int64_t start, int64_t len) {
   const Shape& in = a.in_shape(0);
   int ax = in.axis(static_cast<int>(a.attrs.axis));
-  int64_t outer = 1, inner = 1;
-  for (int d = 0; d < ax; ++d) outer *= in[d];
-  for (int d = ax + 1; d < in.rank(); ++d) inner *= in[d];
+  const int64_t outer = in.numel_before(ax), inner = in.numel_after(ax);
   const char* x = static_cast<const char*>(a.in[0]);
   char* y = static_cast<char*>(a.out[0]);
   int64_t es = dtype_size(a.in_types[0].dtype);
@@ -171,9 +169,7 @@ void shard_slice(const Args& a) {
 void concat(const Args& a) {
   const Shape& out = a.out_shape(0);
   int ax = out.axis(static_cast<int>(a.attrs.axis));
-  int64_t outer = 1, inner = 1;
-  for (int d = 0; d < ax; ++d) outer *= out[d];
-  for (int d = ax + 1; d < out.rank(); ++d) inner *= out[d];
+  const int64_t outer = out.numel_before(ax), inner = out.numel_after(ax);
   int64_t es = dtype_size(a.out_types[0].dtype);
   char* y = static_cast<char*>(a.out[0]);
   // Output rows in parallel; each row gathers its piece of every input.

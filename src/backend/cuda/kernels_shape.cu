@@ -206,9 +206,7 @@ __global__ void shard_rows_kernel(const T* x, int64_t x_row, const int32_t* bloc
 void shard_slice(OpKind, const Args& a) {
   const Shape& in = a.in_shape(0);
   const int ax = in.axis(static_cast<int>(a.attrs.axis));
-  int64_t outer = 1, inner = 1;
-  for (int d = 0; d < ax; ++d) outer *= in[d];
-  for (int d = ax + 1; d < in.rank(); ++d) inner *= in[d];
+  const int64_t outer = in.numel_before(ax), inner = in.numel_after(ax);
   const int64_t piece = in[ax] / a.attrs.count * inner;
   if (outer * piece == 0) return;
   const int32_t* block = a.iin(1);
@@ -227,9 +225,7 @@ void shard_slice(OpKind, const Args& a) {
 void slice(OpKind, const Args& a) {
   const Shape& in = a.in_shape(0);
   const int ax = in.axis(static_cast<int>(a.attrs.axis));
-  int64_t outer = 1, inner = 1;
-  for (int d = 0; d < ax; ++d) outer *= in[d];
-  for (int d = ax + 1; d < in.rank(); ++d) inner *= in[d];
+  const int64_t outer = in.numel_before(ax), inner = in.numel_after(ax);
   const int64_t piece = (a.attrs.end - a.attrs.start) * inner;
   copy_rows(a, a.in[0], in[ax] * inner, a.attrs.start * inner, a.out[0], piece, 0, outer, piece);
 }
@@ -237,9 +233,7 @@ void slice(OpKind, const Args& a) {
 void concat(OpKind, const Args& a) {
   const Shape& out = a.out_shape(0);
   const int ax = out.axis(static_cast<int>(a.attrs.axis));
-  int64_t outer = 1, inner = 1;
-  for (int d = 0; d < ax; ++d) outer *= out[d];
-  for (int d = ax + 1; d < out.rank(); ++d) inner *= out[d];
+  const int64_t outer = out.numel_before(ax), inner = out.numel_after(ax);
   int64_t offset = 0;
   for (size_t i = 0; i < a.in.size(); ++i) {
     const int64_t len = a.in_types[i].shape[ax];
