@@ -7,15 +7,22 @@
 
 namespace tessera {
 
-void append_backward(Builder& b, Var loss) {
+void append_backward(Builder& b, Var loss) { append_backward(b, loss, {}, {}); }
+
+std::vector<ValueId> append_backward(Builder& b, Var loss, const std::vector<GradSeed>& seeds,
+                                     const std::vector<ValueId>& wrt) {
   Graph& g = b.graph();
-  TS_CHECK_EQ(loss.shape().numel(), 1) << "autodiff needs a scalar loss";
-  g.set_loss(loss.id);
+  TS_CHECK(loss.valid() || !seeds.empty()) << "autodiff needs a loss or gradient seeds";
+  if (loss.valid()) {
+    TS_CHECK_EQ(loss.shape().numel(), 1) << "autodiff needs a scalar loss";
+    g.set_loss(loss.id);
+  }
   const size_t num_forward_nodes = g.nodes().size();
 
-  // Which values depend on a parameter (forward sweep).
+  // Which values depend on a parameter or a `wrt` value (forward sweep).
   std::vector<bool> needs(g.values().size(), false);
   for (ValueId p : g.params()) needs[static_cast<size_t>(p)] = dtype_is_float(g.type(p).dtype);
+  for (ValueId v : wrt) needs[static_cast<size_t>(v)] = dtype_is_float(g.type(v).dtype);
   for (size_t i = 0; i < num_forward_nodes; ++i) {
     const Node& n = g.nodes()[i];
     if (!op_def(n.op).vjp) continue;
@@ -77,7 +84,8 @@ void append_backward(Builder& b, Var loss) {
   const std::string saved_scope = b.current_scope();
   b.set_backward(true);
   b.set_position("", -1);
-  grad[static_cast<size_t>(loss.id)] = b.fill(loss.shape(), 1.0, loss.dtype());
+  if (loss.valid()) grad[static_cast<size_t>(loss.id)] = b.fill(loss.shape(), 1.0, loss.dtype());
+  for (const GradSeed& s : seeds) accumulate(s.value, b.var(s.grad));
 
   for (size_t i = num_forward_nodes; i-- > 0;) {
     // Copy: appending nodes may reallocate the node vector.
@@ -122,8 +130,16 @@ void append_backward(Builder& b, Var loss) {
     if (!d.valid()) d = b.fill(g.type(p).shape, 0.0, g.type(p).dtype);
     g.set_param_grad(p, d.id);
   }
+  std::vector<ValueId> wrt_grads;
+  for (ValueId v : wrt) {
+    finish(v);
+    Var d = grad[static_cast<size_t>(v)];
+    if (!d.valid()) d = b.fill(g.type(v).shape, 0.0, g.type(v).dtype);
+    wrt_grads.push_back(d.id);
+  }
   b.set_backward(false);
   b.set_position(saved_scope, -1);
+  return wrt_grads;
 }
 
 }  // namespace tessera

@@ -1,0 +1,201 @@
+#include "parallel/pipeline_split.h"
+
+#include <algorithm>
+#include <numeric>
+
+#include "ir/autodiff.h"
+#include "ir/builder.h"
+
+namespace tessera {
+
+std::string pipe_act_name(int chunk, int i) {
+  return "pipe.act." + std::to_string(chunk) + "." + std::to_string(i);
+}
+std::string pipe_grad_name(int chunk, int i) {
+  return "pipe.grad." + std::to_string(chunk) + "." + std::to_string(i);
+}
+
+namespace {
+
+bool is_forward(const Node& n) { return !n.backward && !n.recompute; }
+// Nodes without inputs (parameters, inputs, fills) are copied into every chunk that reads them.
+bool is_leaf(const Node& n) { return n.inputs.empty(); }
+
+// The chunk of each forward node that is not a leaf (-1 for the others).
+Result<std::vector<int>> place_nodes(const Graph& g, const std::vector<int>& per_chunk) {
+  int blocks = 0;
+  for (const Node& n : g.nodes()) blocks = std::max(blocks, n.layer + 1);
+  const int total = std::accumulate(per_chunk.begin(), per_chunk.end(), 0);
+  if (per_chunk.empty() || total != blocks ||
+      std::any_of(per_chunk.begin(), per_chunk.end(), [](int n) { return n < 1; }))
+    return error("pipeline: the model has " + std::to_string(blocks) +
+                     " blocks, but the chunks hold " + std::to_string(total) + " in " +
+                     std::to_string(per_chunk.size()) + " chunks",
+                 "give every chunk at least one block, " + std::to_string(blocks) + " in all");
+  std::vector<int> chunk_of_block;
+  for (size_t c = 0; c < per_chunk.size(); ++c)
+    chunk_of_block.insert(chunk_of_block.end(), static_cast<size_t>(per_chunk[c]),
+                          static_cast<int>(c));
+  const int last = static_cast<int>(per_chunk.size()) - 1;
+  std::vector<int> chunk(g.nodes().size(), -1);
+  bool seen_block = false;
+  for (size_t i = 0; i < g.nodes().size(); ++i) {
+    const Node& n = g.nodes()[i];
+    if (!is_forward(n) || is_leaf(n)) continue;
+    if (n.layer >= 0) {
+      seen_block = true;
+      chunk[i] = chunk_of_block[static_cast<size_t>(n.layer)];
+    } else {
+      chunk[i] = seen_block ? last : 0;
+    }
+  }
+  return chunk;
+}
+
+}  // namespace
+
+Result<std::vector<ChunkGraph>> split_pipeline(const Graph& g, const std::vector<int>& per_chunk) {
+  if (g.loss() < 0 || g.param_grads().empty())
+    return error("pipeline: the graph has no loss and gradients",
+                 "build the model in ModelMode::train");
+  TS_ASSIGN_OR_RETURN(std::vector<int> chunk_of, place_nodes(g, per_chunk));
+  const int chunks = static_cast<int>(per_chunk.size());
+  std::vector<ChunkGraph> out(static_cast<size_t>(chunks));
+  int first = 0;
+  for (int c = 0; c < chunks; ++c) {
+    out[static_cast<size_t>(c)].first_block = first;
+    out[static_cast<size_t>(c)].blocks = per_chunk[static_cast<size_t>(c)];
+    first += per_chunk[static_cast<size_t>(c)];
+  }
+
+  // Forward: each chunk copies its nodes; a value of the previous chunk becomes an input.
+  std::vector<std::vector<ValueId>> map(static_cast<size_t>(chunks),
+                                        std::vector<ValueId>(g.values().size(), -1));
+  for (int c = 0; c < chunks; ++c) {
+    ChunkGraph& cg = out[static_cast<size_t>(c)];
+    std::vector<ValueId>& m = map[static_cast<size_t>(c)];
+    Builder b(&cg.graph);
+    auto copy = [&](const Node& n, std::vector<ValueId> ins) -> Status {
+      Result<NodeId> id = cg.graph.add_node(n.op, n.attrs, std::move(ins), n.scope, n.layer, false);
+      if (!id.ok()) return id.status().with_context("pipeline: " + n.scope);
+      const Node& made = cg.graph.node(id.value());
+      for (size_t k = 0; k < n.outputs.size(); ++k)
+        m[static_cast<size_t>(n.outputs[k])] = made.outputs[k];
+      return Status();
+    };
+    for (size_t i = 0; i < g.nodes().size(); ++i) {
+      if (chunk_of[i] != c) continue;
+      const Node& n = g.nodes()[i];
+      std::vector<ValueId> ins;
+      for (ValueId v : n.inputs) {
+        if (m[static_cast<size_t>(v)] < 0) {
+          const Node& p = g.producer(v);
+          const int from = chunk_of[static_cast<size_t>(g.value(v).producer)];
+          if (is_leaf(p)) {
+            TS_RETURN_IF_ERROR(copy(p, {}));
+          } else if (from == c - 1) {
+            ChunkGraph& prev = out[static_cast<size_t>(c - 1)];
+            b.set_position(n.scope, n.layer);
+            Var in = b.input(pipe_act_name(c, static_cast<int>(cg.recv.size())), g.type(v).shape,
+                             g.type(v).dtype);
+            cg.recv.push_back(in.id);
+            prev.send.push_back(map[static_cast<size_t>(c - 1)][static_cast<size_t>(v)]);
+            prev.sent_global.push_back(v);
+            m[static_cast<size_t>(v)] = in.id;
+          } else {
+            return error("pipeline: value %" + std::to_string(v) + " of '" + p.scope + "' (chunk " +
+                             std::to_string(from) + ") is read by '" + n.scope + "' in chunk " +
+                             std::to_string(c),
+                         "only the previous chunk's values can cross a pipeline cut; cut the "
+                         "model at other blocks");
+          }
+        }
+        ins.push_back(m[static_cast<size_t>(v)]);
+      }
+      TS_RETURN_IF_ERROR(copy(n, std::move(ins)));
+    }
+  }
+
+  // Backward: from the loss on the last chunk, from the send gradients elsewhere.
+  for (int c = 0; c < chunks; ++c) {
+    ChunkGraph& cg = out[static_cast<size_t>(c)];
+    Builder b(&cg.graph);
+    std::vector<GradSeed> seeds;
+    for (size_t i = 0; i < cg.send.size(); ++i) {
+      const TensorType t = cg.graph.type(cg.send[i]);
+      b.set_position("", -1);
+      b.set_backward(true);  // read by the backward only
+      Var d = b.input(pipe_grad_name(c + 1, static_cast<int>(i)), t.shape, t.dtype);
+      b.set_backward(false);
+      cg.send_grads.push_back(d.id);
+      seeds.push_back({cg.send[i], d.id});
+    }
+    Var loss;
+    if (c == chunks - 1) loss = b.var(map[static_cast<size_t>(c)][static_cast<size_t>(g.loss())]);
+    cg.recv_grads = append_backward(b, loss, seeds, cg.recv);
+    for (ValueId v : cg.recv_grads) cg.graph.mark_output(v);
+    for (ValueId v : cg.send) cg.graph.mark_output(v);
+    TS_RETURN_IF_ERROR(verify(cg.graph));
+  }
+  return out;
+}
+
+Result<PhaseGraphs> split_phases(const Graph& g) {
+  PhaseGraphs p;
+  p.forward_of.assign(g.values().size(), -1);
+  p.backward_of.assign(g.values().size(), -1);
+  auto copy = [](Graph& out, const Node& n, std::vector<ValueId> ins,
+                 std::vector<ValueId>& m) -> Status {
+    Result<NodeId> id =
+        out.add_node(n.op, n.attrs, std::move(ins), n.scope, n.layer, n.backward, n.recompute);
+    if (!id.ok()) return id.status().with_context("split_phases: " + n.scope);
+    const Node& made = out.node(id.value());
+    for (size_t k = 0; k < n.outputs.size(); ++k)
+      m[static_cast<size_t>(n.outputs[k])] = made.outputs[k];
+    return Status();
+  };
+  Builder bb(&p.backward);
+  for (const Node& n : g.nodes()) {
+    const bool fwd = is_forward(n);
+    if (fwd) {
+      std::vector<ValueId> ins;
+      for (ValueId v : n.inputs) ins.push_back(p.forward_of[static_cast<size_t>(v)]);
+      TS_RETURN_IF_ERROR(copy(p.forward, n, std::move(ins), p.forward_of));
+    }
+    // Parameters and fills exist in both graphs: a backward node reads its own copy.
+    const bool shared_leaf = n.op == OpKind::parameter || (n.op == OpKind::fill && fwd);
+    if (!fwd || shared_leaf) {
+      std::vector<ValueId> ins;
+      for (ValueId v : n.inputs) {
+        ValueId& b = p.backward_of[static_cast<size_t>(v)];
+        if (b < 0) {  // a forward value: stashed
+          const ValueId f = p.forward_of[static_cast<size_t>(v)];
+          bb.set_position(n.scope, n.layer);
+          b = bb.input("stash." + std::to_string(p.stash_in.size()), g.type(v).shape,
+                       g.type(v).dtype)
+                  .id;
+          p.stash_out.push_back(f);
+          p.stash_in.push_back(b);
+          p.forward.mark_output(f);
+        }
+        ins.push_back(b);
+      }
+      TS_RETURN_IF_ERROR(copy(p.backward, n, std::move(ins), p.backward_of));
+    }
+  }
+  for (ValueId v : g.outputs()) {
+    if (v == g.loss()) continue;
+    const bool fwd = is_forward(g.producer(v));
+    (fwd ? p.forward : p.backward)
+        .mark_output((fwd ? p.forward_of : p.backward_of)[static_cast<size_t>(v)]);
+  }
+  if (g.loss() >= 0) p.forward.set_loss(p.forward_of[static_cast<size_t>(g.loss())]);
+  for (auto [param, grad] : g.param_grads())
+    p.backward.set_param_grad(p.backward_of[static_cast<size_t>(param)],
+                              p.backward_of[static_cast<size_t>(grad)]);
+  TS_RETURN_IF_ERROR(verify(p.forward));
+  TS_RETURN_IF_ERROR(verify(p.backward));
+  return p;
+}
+
+}  // namespace tessera

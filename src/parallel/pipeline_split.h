@@ -1,0 +1,64 @@
+// Cuts a training graph into pipeline model chunks: each chunk is a training graph of its own
+// (its blocks' forward, then their backward), which the runtime runs once per micro-batch per
+// schedule action and the simulator times. Boundaries are explicit values:
+//
+//   TS_ASSIGN_OR_RETURN(std::vector<int> per_chunk, balance_stages(costs, 4));
+//   TS_ASSIGN_OR_RETURN(std::vector<ChunkGraph> chunks, split_pipeline(model.graph, per_chunk));
+//   chunks[c].recv       // inputs "pipe.act.c.i": activations sent by chunk c-1 (its send[i])
+//   chunks[c].recv_grads // outputs: their gradients, sent back to chunk c-1 (its send_grads[i])
+//   chunks[c].send       // forward values chunk c+1 reads
+//   chunks[c].send_grads // inputs "pipe.grad.c+1.i": the gradients of send[i], from chunk c+1
+//
+// Node placement follows pipeline_stages.h: a node of block l goes to the chunk holding block
+// l; a forward node outside the blocks goes to chunk 0 when it precedes the first block (the
+// embedding), to the last chunk otherwise (final norm, head, loss). Parameters and inputs are
+// copied into every chunk that reads them: a parameter read by two chunks (GPT-2's tied wte, on
+// the first and the last) has a gradient in each, and the model's gradient is their sum.
+// Each chunk's backward is built by autodiff from its loss (the last chunk) and its send
+// gradients, so recomputation and partitioning apply to a chunk as to a whole model.
+#pragma once
+
+#include <string>
+#include <vector>
+
+#include "base/status.h"
+#include "ir/graph.h"
+
+namespace tessera {
+
+struct ChunkGraph {
+  Graph graph;  // training graph; loss() set on the last chunk only
+  int first_block = 0, blocks = 0;
+  std::vector<ValueId> recv;        // inputs (empty on chunk 0)
+  std::vector<ValueId> recv_grads;  // outputs, one per recv
+  std::vector<ValueId> send;        // forward outputs (empty on the last chunk)
+  std::vector<ValueId> send_grads;  // inputs, one per send
+  // Graph values that back the boundaries, for naming and tests: send[i] is global value
+  // sent_global[i] of the graph that was split.
+  std::vector<ValueId> sent_global;
+};
+
+// `g` must be a training graph (append_backward) with blocks 0..n-1 (Node::layer); per_chunk
+// gives each chunk's number of blocks (pipeline_stages.h), in order. Errors name the value that
+// cannot cross (a value read two or more chunks after the one producing it).
+Result<std::vector<ChunkGraph>> split_pipeline(const Graph& g, const std::vector<int>& per_chunk);
+
+// A training graph cut into its forward and its backward, run at different times (a pipeline
+// schedule runs the forward of several micro-batches before their backwards). `stash` values
+// cross: forward values (and inputs) the backward reads, kept per micro-batch in flight.
+// Parameters and fills are copied into both; the backward's parameters are the forward's by
+// name (Executor's params_of). The forward keeps the graph's loss and its other outputs that
+// are forward values; the backward has the parameter gradients and the other outputs.
+struct PhaseGraphs {
+  Graph forward, backward;
+  std::vector<ValueId> stash_out;                // forward outputs
+  std::vector<ValueId> stash_in;                 // backward inputs "stash.k", one per stash_out
+  std::vector<ValueId> forward_of, backward_of;  // the split graph's value -> its copy, or -1
+};
+Result<PhaseGraphs> split_phases(const Graph& g);
+
+// Name of the i-th activation chunk c receives, and of its gradient.
+std::string pipe_act_name(int chunk, int i);
+std::string pipe_grad_name(int chunk, int i);
+
+}  // namespace tessera
