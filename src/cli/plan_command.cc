@@ -11,6 +11,7 @@
 #include "cli/common.h"
 #include "cli/plan_flags.h"
 #include "io/model_config.h"
+#include "parallel/pipeline_program.h"
 #include "parallel/program.h"
 
 namespace tessera {
@@ -25,6 +26,38 @@ struct PlanOptions {
   bool program = false;
 };
 
+// A pipeline: the chunks' blocks and each stage's planned memory under the schedule (stages
+// balanced by FLOPs; `simulate` balances by the cluster's op times).
+Status print_pipeline(const Graph& g, Plan plan, int64_t batch, const std::string& placements) {
+  TS_ASSIGN_OR_RETURN(PipelineProgram pp, lower_pipeline(g, plan));
+  plan.stage_layers = pp.per_chunk;
+  std::printf("%s\n", plan_to_json(plan).dump(2).c_str());
+  std::fputs(placements.c_str(), stdout);
+  std::printf("plan            %s\n", plan.describe().c_str());
+  std::printf("local batch     %lld of %lld sequences per micro-batch\n",
+              (long long)(batch / plan.data_group()), (long long)batch);
+  for (int s = 0; s < plan.stages(); ++s) {
+    std::string blocks;
+    for (size_t k = static_cast<size_t>(s); k < pp.chunks.size();
+         k += static_cast<size_t>(plan.stages())) {
+      const ChunkProgram& c = pp.chunks[k];
+      blocks += (blocks.empty() ? "" : ", ") + std::to_string(c.first_block) + "-" +
+                std::to_string(c.first_block + c.blocks - 1);
+    }
+    std::printf(
+        "stage %-9d blocks %s; arena %s (%d micro-batches in flight) + persistent %s\n", s,
+        blocks.c_str(),
+        format_bytes(static_cast<double>(pp.stage_arena_bytes[static_cast<size_t>(s)])).c_str(),
+        pp.in_flight[static_cast<size_t>(s)],
+        format_bytes(static_cast<double>(pp.stage_persistent_bytes[static_cast<size_t>(s)]))
+            .c_str());
+  }
+  if (pp.shared_param_bytes > 0)
+    std::printf("tied            %s of gradients summed between the first and last stage\n",
+                format_bytes(static_cast<double>(pp.shared_param_bytes)).c_str());
+  return Status();
+}
+
 Status run_plan(const PlanOptions& o) {
   TS_ASSIGN_OR_RETURN(ModelConfig cfg, load_model_config(o.model));
   if (o.batch < 1) return error("--batch must be positive, got " + std::to_string(o.batch));
@@ -36,12 +69,13 @@ Status run_plan(const PlanOptions& o) {
                  std::to_string(cfg.max_seq_len));
   if (o.dp < 1) return error("--dp must be at least 1, got " + std::to_string(o.dp));
   const PlanFlags& f = o.flags;
-  TS_ASSIGN_OR_RETURN(Plan plan, plan_from_flags(f, f.file.empty() ? o.dp * f.tp : 0));
+  TS_ASSIGN_OR_RETURN(Plan plan, plan_from_flags(f, f.file.empty() ? o.dp * f.tp * f.pp : 0));
   ModelGraph m = build_model(cfg, o.batch, seq, ModelMode::train);
   // The placements the search picks for a device whose FLOP/s are ~2,000 times its link's
   // bytes/s (H100 bf16 over NVLink 4); `simulate --tp` uses the cluster's own ratio.
   TS_ASSIGN_OR_RETURN(std::string placements,
                       place_parameters(f, cfg, o.batch, seq, m.graph, SearchCost{}, &plan));
+  if (plan.stages() > 1) return print_pipeline(m.graph, plan, o.batch, placements);
   TS_ASSIGN_OR_RETURN(Program p, lower(m.graph, plan));
   std::printf("%s\n", plan_to_json(plan).dump(2).c_str());
   std::fputs(placements.c_str(), stdout);

@@ -3,6 +3,7 @@
 #include <CLI/CLI.hpp>
 
 #include "base/format.h"
+#include "parallel/pipeline_stages.h"
 
 namespace tessera {
 
@@ -55,14 +56,29 @@ Result<Plan> plan_from_flags(const PlanFlags& f, int ranks) {
       return error("--tp " + std::to_string(f.tp) + " does not divide the " +
                        std::to_string(ranks) + " ranks",
                    "use a --tp that divides " + std::to_string(ranks) + ": " + divisors(ranks));
-    const int dp = f.dp > 0 ? f.dp : ranks / f.tp;
-    if (ranks > 0 && dp * f.tp != ranks)
-      return error("--dp " + std::to_string(dp) + " x --tp " + std::to_string(f.tp) + " is " +
-                       std::to_string(dp * f.tp) + " ranks, but the job has " +
+    if (f.pp < 1) return error("--pp must be at least 1, got " + std::to_string(f.pp));
+    const int inner = f.tp * f.pp;  // ranks of one data-parallel replica
+    if (f.dp == 0 && ranks % inner != 0)
+      return error("--pp " + std::to_string(f.pp) + " x --tp " + std::to_string(f.tp) + " = " +
+                       std::to_string(inner) + " does not divide the " + std::to_string(ranks) +
+                       " ranks",
+                   "use --pp and --tp whose product divides " + std::to_string(ranks) + ": " +
+                       divisors(ranks));
+    const int dp = f.dp > 0 ? f.dp : ranks / inner;
+    if (ranks > 0 && dp * inner != ranks)
+      return error("--dp " + std::to_string(dp) + " x --tp " + std::to_string(f.tp) +
+                       (f.pp > 1 ? " x --pp " + std::to_string(f.pp) : std::string()) + " is " +
+                       std::to_string(dp * inner) + " ranks, but the job has " +
                        std::to_string(ranks),
-                   "drop --dp (it defaults to ranks / tp) or launch " + std::to_string(dp * f.tp) +
-                       " ranks");
-    if (f.hsdp > 0) {
+                   "drop --dp (it defaults to ranks / (tp x pp)) or launch " +
+                       std::to_string(dp * inner) + " ranks");
+    if (f.pp > 1) {
+      if (f.hsdp > 0)
+        return error("--hsdp with --pp is not implemented",
+                     "use --zero 1 with --pp (ZeRO-2/3 reduce per micro-batch, a pipeline once "
+                     "per step)");
+      plan = Plan::pipeline_parallel(f.pp, dp, f.tp, f.zero);
+    } else if (f.hsdp > 0) {
       if (dp % f.hsdp != 0)
         return error("--hsdp " + std::to_string(f.hsdp) + " does not divide the " +
                          std::to_string(dp) + " data-parallel ranks",
@@ -91,6 +107,20 @@ Result<Plan> plan_from_flags(const PlanFlags& f, int ranks) {
                    "add --recompute full or --recompute selective");
     plan.recompute_layers = f.recompute_layers;
   }
+  if (!f.schedule.empty()) {
+    Result<ScheduleKind> r = parse_schedule(f.schedule);
+    if (!r.ok()) return error("--schedule: " + r.status().message(), r.status().hint());
+    plan.schedule = r.value();
+  }
+  if (f.virtual_stages != 0) {
+    if (f.virtual_stages < 1)
+      return error("--virtual-stages must be at least 1, got " + std::to_string(f.virtual_stages));
+    plan.virtual_stages = f.virtual_stages;
+  }
+  if (plan.stages() == 1 &&
+      (!f.schedule.empty() || f.virtual_stages > 1 || !f.stage_layers.empty()))
+    return error("--schedule, --virtual-stages and --stage-layers need pipeline stages",
+                 "add --pp N (N >= 2)");
   TS_RETURN_IF_ERROR(validate(plan, ranks));
   return plan;
 }
@@ -110,6 +140,15 @@ void add_plan_flags(CLI::App* cmd, PlanFlags* f) {
   cmd->add_option("--recompute", f->recompute,
                   "Activation recomputation: none|full|selective (default: the plan's, or none)");
   cmd->add_option("--recompute-layers", f->recompute_layers, kRecomputeLayersHelp);
+  cmd->add_option("--pp", f->pp,
+                  "Pipeline stages (outermost mesh axis; each holds a contiguous run of blocks)")
+      ->capture_default_str();
+  cmd->add_option("--schedule", f->schedule,
+                  "Pipeline schedule: gpipe|1f1b|interleaved|zb-h1 (default: the plan's, or 1f1b)");
+  cmd->add_option("--virtual-stages", f->virtual_stages,
+                  "Model chunks per stage for --schedule interleaved");
+  cmd->add_option("--stage-layers", f->stage_layers,
+                  "Blocks per model chunk, in order, e.g. 5,6,6,5 (default: balanced by cost)");
   cmd->add_flag("--sequence-parallel", f->sequence_parallel,
                 "Sequence parallelism with --tp: norms and residual adds split on the sequence "
                 "over the tensor-parallel ranks (reduce-scatter + all-gather instead of "
@@ -124,6 +163,22 @@ Result<std::string> place_parameters(const PlanFlags& f, const ModelConfig& cfg,
                      " (the global micro-batch) does not split over " +
                      std::to_string(plan->data_group()) + " data-parallel ranks",
                  "use a multiple of " + std::to_string(plan->data_group()));
+  if (!f.stage_layers.empty()) {
+    Result<std::vector<int>> per_chunk =
+        parse_stage_layers(f.stage_layers, static_cast<int>(cfg.n_layer), plan->chunks());
+    if (!per_chunk.ok()) return per_chunk.status();
+    plan->stage_layers = per_chunk.value();
+  } else if (plan->chunks() > cfg.n_layer) {
+    return error("--pp " + std::to_string(plan->stages()) +
+                     (plan->virtual_stages > 1
+                          ? " x --virtual-stages " + std::to_string(plan->virtual_stages)
+                          : std::string()) +
+                     " is " + std::to_string(plan->chunks()) + " model chunks, but " + cfg.name +
+                     " has " + std::to_string(cfg.n_layer) + " blocks",
+                 "use at most " + std::to_string(cfg.n_layer) +
+                     " chunks (a chunk holds whole "
+                     "blocks)");
+  }
   if (!f.file.empty() || plan->tensor_group() == 1) return std::string();
   TS_ASSIGN_OR_RETURN(BlockLayout b, place_tensor_parallel(cfg, batch, seq, full, cost, plan));
   return describe_block_layout(b, *plan);

@@ -33,13 +33,18 @@ struct PlanFlags {
   std::string recompute;  // "none" | "full" | "selective"; "": the plan file's (none without one)
   bool sequence_parallel = false;  // --sequence-parallel (or the plan file's)
   int recompute_layers = -1;       // --recompute-layers N: the first N blocks; -1: the plan's
+  int pp = 1;                      // pipeline stages (the outermost mesh axis)
+  std::string schedule;            // --schedule; "": the plan file's (1f1b without one)
+  int virtual_stages = 0;          // --virtual-stages; 0: the plan file's (1 without one)
+  std::string stage_layers;        // --stage-layers "a,b,...": blocks per chunk
 };
 
 // The help text of --recompute-layers (the same on train, plan and simulate).
 extern const char* const kRecomputeLayersHelp;
 
 // Registers the plan flags `plan` and `simulate` share — --tp, --zero, --hsdp, --grad-accum,
-// --plan, --recompute, --recompute-layers, --sequence-parallel — into *f (which must outlive
+// --plan, --recompute, --recompute-layers, --sequence-parallel, --pp, --schedule,
+// --virtual-stages, --stage-layers — into *f (which must outlive
 // the parse); the defaults shown are f's values. (`train` keeps its own, with longer help.)
 void add_plan_flags(CLI::App* cmd, PlanFlags* f);
 
@@ -48,9 +53,10 @@ void add_plan_flags(CLI::App* cmd, PlanFlags* f);
 Result<Plan> plan_from_flags(const PlanFlags& f, int ranks);
 
 // Once the global micro-batch and the training graph are known: checks that `batch` splits
-// over the data axes and, for --tp without a plan file, places the parameters with the
-// sharding search weighing FLOPs against tensor-axis bytes at `cost`. Returns one line per
-// block-0 parameter with its placement and the search's figures ("" when it did not run).
+// over the data axes, reads --stage-layers against the model's blocks and, for --tp without a plan
+// file, places the parameters with the sharding search weighing FLOPs against tensor-axis bytes at
+// `cost`. Returns one line per block-0 parameter with its placement and the search's figures (""
+// when it did not run).
 Result<std::string> place_parameters(const PlanFlags& f, const ModelConfig& cfg, int64_t batch,
                                      int64_t seq, const Graph& full, const SearchCost& cost,
                                      Plan* plan);

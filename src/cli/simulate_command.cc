@@ -29,7 +29,8 @@ struct SimulateOptions {
   std::string model, cluster = "dgx-a100", trace, precision = "bf16", algo = "auto";
   int64_t batch = 0, seq = 0;
   int gpus = 8;
-  PlanFlags flags = zero_three();  // the data axis comes from --gpus / --tp
+  PlanFlags flags = zero_three();  // the data axis comes from --gpus / --tp / --pp
+  bool zero_given = false;         // --zero on the command line
   bool json = false;
 };
 
@@ -48,6 +49,8 @@ nlohmann::json sim_json(const ModelConfig& cfg, const ClusterSpec& cluster, cons
           {"compute_s", r.compute_seconds},
           {"exposed_comm_s", r.exposed_comm_seconds},
           {"bubble_s", r.bubble_seconds},
+          {"bubble_fraction", r.bubble_fraction},
+          {"peak_bytes_per_stage", r.stage_peak_bytes},
           {"tokens_per_step", r.tokens_per_step},
           {"tokens_per_s", r.tokens_per_second},
           {"model_tflops_per_device", r.model_tflops_per_device},
@@ -75,7 +78,9 @@ Status run_simulate(const SimulateOptions& o) {
                  std::to_string(cfg.max_seq_len));
   if (o.flags.file.empty() && (o.gpus < 1 || o.gpus > (1 << 20)))
     return error("--gpus must be between 1 and 1048576, got " + std::to_string(o.gpus));
-  const PlanFlags& f = o.flags;
+  PlanFlags f = o.flags;
+  // ZeRO-3, simulate's default, does not combine with a pipeline: ZeRO-1 there.
+  if (f.pp > 1 && !o.zero_given) f.zero = 1;
   TS_ASSIGN_OR_RETURN(Plan plan, plan_from_flags(f, f.file.empty() ? o.gpus : 0));
   const int64_t batch = o.batch > 0 ? o.batch : plan.data_group();
   SimOptions so;
@@ -92,8 +97,8 @@ Status run_simulate(const SimulateOptions& o) {
                                       SearchCost{flops_per_intra_byte(cluster, so.precision)},
                                       &plan)
                          .status());
-  TS_ASSIGN_OR_RETURN(Program prog, lower(m.graph, plan));
-  TS_ASSIGN_OR_RETURN(SimResult r, simulate(prog, cluster, so));
+  TS_ASSIGN_OR_RETURN(SimResult r, simulate_plan(m.graph, plan, cluster, so));
+  plan.stage_layers = r.stage_layers;
   double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   const std::string title = cfg.name + " on " + std::to_string(plan.mesh.size()) + " x " +
                             cluster.device.name + " (" + plan.describe() + ")";
@@ -144,7 +149,7 @@ void add_simulate_command(CLI::App& app) {
                   "Cluster preset or .toml file (see --help of "
                   "`tessera validate` for presets)")
       ->capture_default_str();
-  cmd->add_option("--gpus", o->gpus, "Devices (data-parallel x tensor-parallel ranks)")
+  cmd->add_option("--gpus", o->gpus, "Devices (data-parallel x tensor-parallel x pipeline ranks)")
       ->capture_default_str();
   cmd->add_option("--batch", o->batch,
                   "Global micro-batch in sequences (default: one per data-parallel rank)");
@@ -158,7 +163,10 @@ void add_simulate_command(CLI::App& app) {
   cmd->add_flag("--json", o->json,
                 "Print the prediction as one JSON object (step_s, tokens_per_s, mfu, hfu, "
                 "peak_bytes_per_device, fits, plan, ...)");
-  cmd->callback([o] { exit_on_error(run_simulate(*o)); });
+  cmd->callback([o, cmd] {
+    o->zero_given = cmd->get_option("--zero")->count() > 0;
+    exit_on_error(run_simulate(*o));
+  });
 }
 
 }  // namespace tessera

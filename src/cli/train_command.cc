@@ -30,6 +30,17 @@ PlanFlags plan_flags(const TrainOptions& o) {
                    o.recompute_layers};
 }
 
+// The runtime does not execute pipeline schedules yet: a plan file with stages is refused.
+Result<Plan> train_plan(const TrainOptions& o, int ranks) {
+  TS_ASSIGN_OR_RETURN(Plan plan, plan_from_flags(plan_flags(o), ranks));
+  if (plan.stages() > 1)
+    return error("train: the plan has " + std::to_string(plan.stages()) +
+                     " pipeline stages, and the runtime does not run pipeline schedules yet",
+                 "`tessera simulate` and `tessera plan` model pipelines (--pp); train with a "
+                 "plan without a pipeline axis");
+  return plan;
+}
+
 }  // namespace
 
 Status run_train(const TrainOptions& o) {
@@ -40,7 +51,7 @@ Status run_train(const TrainOptions& o) {
   if (const char* n = std::getenv("TESSERA_LAUNCH_CHECK")) {
     const int ranks = std::atoi(n);
     if (o.plan.empty() || ranks > 0) {
-      TS_ASSIGN_OR_RETURN(Plan plan, plan_from_flags(plan_flags(o), ranks));
+      TS_ASSIGN_OR_RETURN(Plan plan, train_plan(o, ranks));
       if (o.batch % plan.data_group() != 0)
         return error("--batch " + std::to_string(o.batch) +
                          " (the global micro-batch) does not split over " +
@@ -64,7 +75,7 @@ Status run_train(const TrainOptions& o) {
   const bool distributed = world && (world->size() > 1 || wants_ranks);
   const int ranks = world ? world->size() : 1;
   // One process is a plan of one rank (its --grad-accum and --recompute).
-  TS_ASSIGN_OR_RETURN(Plan plan, plan_from_flags(plan_flags(o), ranks));
+  TS_ASSIGN_OR_RETURN(Plan plan, train_plan(o, ranks));
   if (distributed) {
     // Placements for this machine's ratio of FLOP/s to bytes/s between ranks (cpu-local's
     // figures; `tessera calibrate` measures them). The search is deterministic, so every

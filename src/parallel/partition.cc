@@ -487,8 +487,9 @@ Result<Partitioned> Pass::run() {
       return error("plan: parameter '" + name + "' is not in the model",
                    "`tessera graph MODEL --print` lists the parameter names");
   }
-  // A training graph (loss and gradients), or a loss-only one (evaluation under a plan).
-  if (g_.loss() < 0)
+  // A training graph (loss and gradients), a loss-only one (evaluation under a plan), or a
+  // pipeline chunk before the last (gradients seeded by the next chunk: pipeline_split.h).
+  if (g_.loss() < 0 && g_.param_grads().empty())
     return error("partition: the graph has no loss",
                  "build the model in ModelMode::train (or ModelMode::loss to evaluate)");
   for (const auto& [param, grad] : g_.param_grads()) {
@@ -522,6 +523,11 @@ Result<Partitioned> Pass::run() {
     if (g_.node(i).op != OpKind::parameter) TS_RETURN_IF_ERROR(visit(i));
   TS_RETURN_IF_ERROR(flush_bucket());
 
+  for (ValueId v : g_.outputs()) {
+    if (v == g_.loss() || grad_of_.count(v)) continue;
+    out_.local.mark_output(out_.global_to_local[static_cast<size_t>(v)]);
+  }
+  if (g_.loss() < 0) return std::move(out_);
   // The loss comes out Partial on the data axes: all-reduce it (one scalar).
   ValueId loss = out_.global_to_local[static_cast<size_t>(g_.loss())];
   std::vector<std::string> partial_axes;
@@ -538,10 +544,6 @@ Result<Partitioned> Pass::run() {
   out_.loss = loss;
   out_.local.set_loss(loss);
   out_.local.mark_output(loss);
-  for (ValueId v : g_.outputs()) {
-    if (v == g_.loss() || grad_of_.count(v)) continue;
-    out_.local.mark_output(out_.global_to_local[static_cast<size_t>(v)]);
-  }
   return std::move(out_);
 }
 

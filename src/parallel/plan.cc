@@ -143,6 +143,15 @@ Plan Plan::tensor_parallel(int dp, int tp, int zero) {
   return p;
 }
 
+Plan Plan::pipeline_parallel(int pp, int dp, int tp, int zero) {
+  Plan p;
+  p.mesh = Mesh({{"pp", pp}, {"dp", dp}, {"tp", tp}});
+  p.pipeline_axis = "pp";
+  p.tensor_axes = {"tp"};
+  p.zero = zero;
+  return p;
+}
+
 std::vector<Placement> Plan::placements_of(const std::string& name) const {
   auto it = params.find(name);
   if (it != params.end()) return it->second;
@@ -155,7 +164,8 @@ std::vector<std::string> Plan::grad_norm_axes() const {
   for (const MeshAxis& a : mesh.axes()) {
     const bool z = zero_sharded && std::count(zero_axes.begin(), zero_axes.end(), a.name);
     const bool t = tensor_group() > 1 && std::count(tensor_axes.begin(), tensor_axes.end(), a.name);
-    if (z || t) out.push_back(a.name);
+    const bool pp = stages() > 1 && a.name == pipeline_axis;
+    if (z || t || pp) out.push_back(a.name);
   }
   return out;
 }
@@ -189,6 +199,15 @@ std::string Plan::describe() const {
     if (recompute_layers >= 0) s += " (first " + std::to_string(recompute_layers) + " blocks)";
   }
   if (sequence_parallel) s += " sequence-parallel";
+  if (stages() > 1) {
+    s += std::string(" schedule=") + schedule_name(schedule);
+    if (virtual_stages > 1) s += " virtual_stages=" + std::to_string(virtual_stages);
+    if (!stage_layers.empty()) {
+      s += " stage_layers=";
+      for (size_t i = 0; i < stage_layers.size(); ++i)
+        s += (i ? "," : "") + std::to_string(stage_layers[i]);
+    }
+  }
   return s;
 }
 
@@ -218,10 +237,18 @@ Status validate(const Plan& p, int world) {
       return error("plan: axis '" + a + "' is both a data and a tensor axis",
                    "the batch splits over data axes, parameters over tensor axes");
   }
+  if (!p.pipeline_axis.empty()) {
+    if (!names.count(p.pipeline_axis))
+      return error("plan: pipeline axis '" + p.pipeline_axis + "' is not a mesh axis");
+    if (has(p.data_axes, p.pipeline_axis) || has(p.tensor_axes, p.pipeline_axis))
+      return error("plan: axis '" + p.pipeline_axis + "' is the pipeline axis and also a " +
+                   (has(p.data_axes, p.pipeline_axis) ? "data" : "tensor") + " axis");
+  }
   for (const MeshAxis& a : p.mesh.axes())
-    if (!has(p.data_axes, a.name) && !has(p.tensor_axes, a.name))
-      return error("plan: mesh axis '" + a.name + "' is neither a data nor a tensor axis",
-                   "list it in data_axes or tensor_axes (pipeline axes are not implemented yet)");
+    if (!has(p.data_axes, a.name) && !has(p.tensor_axes, a.name) && a.name != p.pipeline_axis)
+      return error(
+          "plan: mesh axis '" + a.name + "' is neither a data, a tensor nor the pipeline axis",
+          "list it in data_axes or tensor_axes, or name it pipeline_axis");
   for (const auto& [name, pl] : p.params) {
     if (pl.size() != p.mesh.axes().size())
       return error("plan: parameter '" + name + "' has " + std::to_string(pl.size()) +
@@ -254,6 +281,28 @@ Status validate(const Plan& p, int world) {
   if (p.sequence_parallel && p.tensor_group() < 2)
     return error("plan: sequence parallelism needs a tensor axis of 2 or more ranks",
                  "add --tp N (the sequence is split over the tensor-parallel ranks)");
+  if (p.virtual_stages < 1)
+    return error("plan: virtual_stages = " + std::to_string(p.virtual_stages) + " must be >= 1");
+  if (p.virtual_stages > 1 && p.schedule != ScheduleKind::interleaved)
+    return error("plan: virtual_stages = " + std::to_string(p.virtual_stages) + " needs the " +
+                     "interleaved schedule, not " + schedule_name(p.schedule),
+                 "use --schedule interleaved, or one virtual stage");
+  if (!p.stage_layers.empty() && static_cast<int>(p.stage_layers.size()) != p.chunks())
+    return error("plan: stage_layers lists " + std::to_string(p.stage_layers.size()) +
+                     " chunks but the pipeline has " + std::to_string(p.chunks()) +
+                     " (stages x virtual stages)",
+                 "give one block count per chunk");
+  if (p.stages() > 1 && p.zero >= 2 && p.zero_group() > 1)
+    return error("plan: ZeRO-" + std::to_string(p.zero) +
+                     " with pipeline parallelism is refused: every micro-batch's backward would "
+                     "reduce-scatter its gradients" +
+                     (p.zero == 3 ? " and gather the stage's parameters again" : "") +
+                     ", where a pipeline reduces once per step",
+                 "use --zero 1 (optimizer state sharded), as Megatron and DeepSpeed do with "
+                 "pipelines");
+  if (p.stages() > 1 && p.sequence_parallel)
+    return error("plan: sequence parallelism with pipeline parallelism is not implemented yet",
+                 "drop --sequence-parallel, or --pp");
   if (world > 0 && p.mesh.size() != world)
     return error("plan: mesh " + p.mesh.to_string() + " has " + std::to_string(p.mesh.size()) +
                      " ranks but the job has " + std::to_string(world),
@@ -282,21 +331,26 @@ nlohmann::json plan_to_json(const Plan& p) {
           {"prefetch_bytes", p.prefetch_bytes},
           {"recompute", recompute_name(p.recompute)},
           {"recompute_layers", p.recompute_layers},
-          {"sequence_parallel", p.sequence_parallel}};
+          {"sequence_parallel", p.sequence_parallel},
+          {"pipeline_axis", p.pipeline_axis},
+          {"schedule", schedule_name(p.schedule)},
+          {"virtual_stages", p.virtual_stages},
+          {"stage_layers", p.stage_layers}};
 }
 
 Result<Plan> plan_from_json(const nlohmann::json& j) {
   static const std::set<std::string> known = {
       "mesh",           "data_axes", "zero_axes",        "tensor_axes",
       "params",         "zero",      "micro_batches",    "bucket_bytes",
-      "prefetch_bytes", "recompute", "recompute_layers", "sequence_parallel"};
+      "prefetch_bytes", "recompute", "recompute_layers", "sequence_parallel",
+      "pipeline_axis",  "schedule",  "virtual_stages",   "stage_layers"};
   if (!j.is_object()) return error("plan: expected a JSON object");
   for (auto it = j.begin(); it != j.end(); ++it)
     if (!known.count(it.key()))
       return error("plan: unknown key '" + it.key() + "'",
                    "keys: mesh, data_axes, zero_axes, tensor_axes, params, zero, micro_batches, "
                    "bucket_bytes, prefetch_bytes, recompute, recompute_layers, "
-                   "sequence_parallel");
+                   "sequence_parallel, pipeline_axis, schedule, virtual_stages, stage_layers");
   Plan p;
   // The key being read and the type it takes, for a JSON type error.
   const char* key = "mesh";
@@ -317,6 +371,7 @@ Result<Plan> plan_from_json(const nlohmann::json& j) {
       // listed in data_axes or tensor_axes (validate() says so), never a data axis by default.
       for (const MeshAxis& a : p.mesh.axes()) {
         if (a.name == "tp") p.tensor_axes.push_back(a.name);
+        if (a.name == "pp") p.pipeline_axis = a.name;
         if (a.name == "dp" || a.name == "dp_rep" || a.name == "dp_shard")
           p.data_axes.push_back(a.name);
       }
@@ -371,6 +426,17 @@ Result<Plan> plan_from_json(const nlohmann::json& j) {
     }
     if (reading("recompute_layers", "an integer (-1: every block)"))
       p.recompute_layers = j.at("recompute_layers").get<int>();
+    if (reading("pipeline_axis", "an axis name (\"\" for none)"))
+      p.pipeline_axis = j.at("pipeline_axis").get<std::string>();
+    if (reading("schedule", "\"gpipe\", \"1f1b\", \"interleaved\" or \"zb-h1\"")) {
+      Result<ScheduleKind> r = parse_schedule(j.at("schedule").get<std::string>());
+      if (!r.ok()) return error("plan: key 'schedule': " + r.status().message(), r.status().hint());
+      p.schedule = r.value();
+    }
+    if (reading("virtual_stages", "an integer"))
+      p.virtual_stages = j.at("virtual_stages").get<int>();
+    if (reading("stage_layers", "a list of block counts, one per chunk"))
+      p.stage_layers = j.at("stage_layers").get<std::vector<int>>();
   } catch (const nlohmann::json::exception&) {
     return error(
         std::string("plan: key '") + key + "' must be " + expect + ", got " + j.at(key).dump(),

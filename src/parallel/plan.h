@@ -28,6 +28,7 @@
 
 #include "base/status.h"
 #include "ir/placement.h"
+#include "parallel/pipeline_schedule.h"
 
 namespace tessera {
 
@@ -94,6 +95,15 @@ struct Plan {
   // row-parallel output is reduce-scattered onto T instead of all-reduced, and gathered again
   // before the next column-parallel matmul.
   bool sequence_parallel = false;
+  // Pipeline parallelism: the ranks along `pipeline_axis` ("" for none) are the stages; the
+  // model is cut into stages x virtual_stages chunks of whole blocks (stage_layers blocks per
+  // chunk in model order; empty: balanced by the cost model, parallel/pipeline_stages.h), and
+  // the micro-batches flow through them in `schedule`'s order. Every other axis works within
+  // a stage. Gradients are reduced once per step, after the last micro-batch.
+  std::string pipeline_axis;
+  ScheduleKind schedule = ScheduleKind::one_f_one_b;
+  int virtual_stages = 1;
+  std::vector<int> stage_layers;
 
   static Plan data_parallel(int n, int zero = 0);
   // HSDP: ZeRO-3 within a group of `shards`, replicated over `replicas`; with tp > 1 inside
@@ -102,6 +112,8 @@ struct Plan {
   // mesh {dp: dp, tp: tp} (tp innermost: consecutive ranks), every parameter Replicate until
   // `params` says otherwise.
   static Plan tensor_parallel(int dp, int tp, int zero = 0);
+  // mesh {pp: pp, dp: dp, tp: tp} (pp outermost: a stage's ranks are consecutive), 1F1B.
+  static Plan pipeline_parallel(int pp, int dp, int tp, int zero = 0);
 
   // Data axes ZeRO does not shard over: HSDP's replica groups (empty otherwise).
   std::vector<std::string> replica_axes() const;
@@ -111,6 +123,8 @@ struct Plan {
   bool shards_grads() const { return zero >= 2 && zero_group() > 1; }
   bool shards_params() const { return zero >= 3 && zero_group() > 1; }
   int tensor_group() const { return mesh.group_size(tensor_axes); }
+  int stages() const { return pipeline_axis.empty() ? 1 : mesh.axis_size(pipeline_axis); }
+  int chunks() const { return stages() * virtual_stages; }  // model chunks over all stages
   // The axes the gradient norm's sum of squares is all-reduced over (mesh order): the ZeRO
   // axes when gradients or optimizer state are sharded, and the tensor axes. Empty: every
   // rank already holds every gradient element.

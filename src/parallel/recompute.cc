@@ -32,7 +32,7 @@ bool reads_own_activation(const Graph& g, const Node& reader, ValueId v) {
 
 Result<Graph> apply_recompute(const Graph& g, RecomputePolicy policy,
                               std::vector<ValueId>* value_map, int layers) {
-  if (g.param_grads().empty() || g.loss() < 0)
+  if (g.param_grads().empty())
     return error("recompute: the graph has no loss and gradients",
                  "build the model in ModelMode::train");
   int blocks = 0;
@@ -104,7 +104,7 @@ Result<Graph> apply_recompute(const Graph& g, RecomputePolicy policy,
   }
 
   for (ValueId v : g.outputs()) out.mark_output(map[static_cast<size_t>(v)]);
-  out.set_loss(map[static_cast<size_t>(g.loss())]);
+  if (g.loss() >= 0) out.set_loss(map[static_cast<size_t>(g.loss())]);
   for (auto [param, grad] : g.param_grads())
     out.set_param_grad(map[static_cast<size_t>(param)], map[static_cast<size_t>(grad)]);
   TS_RETURN_IF_ERROR(verify(out));

@@ -8,6 +8,7 @@
 #include "base/format.h"
 #include "cost/op_cost.h"
 #include "parallel/partition.h"
+#include "sim/sim_internal.h"
 
 namespace tessera {
 
@@ -22,19 +23,6 @@ std::string format_seconds(double s) {
   else
     std::snprintf(buf, sizeof buf, "%.1f us", s * 1e6);
   return buf;
-}
-
-// Where the members of rank 0's group over `axes` sit: how many share a node.
-GroupLayout group_layout(const Mesh& mesh, const std::vector<std::string>& axes,
-                         int devices_per_node) {
-  GroupLayout g;
-  g.size = mesh.group_size(axes);
-  int color = mesh.group_color(0, axes), same_node = 0;
-  for (int r = 0; r < mesh.size() && r < devices_per_node; ++r)
-    if (mesh.group_color(r, axes) == color) ++same_node;
-  g.per_node = std::max(1, std::min(same_node, g.size));
-  if (g.size % g.per_node != 0) g.per_node = 1;  // ragged placement: count every hop as inter-node
-  return g;
 }
 
 class Schedule {
@@ -56,6 +44,32 @@ class Schedule {
     for (auto& [key, free] : comm_free_) free = t;
     run_list(prog_.optimizer, "optimizer");
     r_->step_seconds = all_free();
+  }
+
+  // A pipeline chunk: one micro-batch without its gradient collectives (reduced once per step:
+  // timed into grad_reduce_seconds), then the optimizer alone.
+  ChunkSim run_chunk(const std::vector<char>& weight_grad) {
+    ChunkSim c;
+    weight_grad_ = &weight_grad;
+    chunk_ = &c;
+    run_list(prog_.micro_step, "compute");
+    c.micro_seconds = all_free();
+    c.forward_seconds = std::min(forward_end_, c.micro_seconds);
+    if (prog_.plan.micro_batches > 1) {  // adding this micro-batch's gradients into the sums
+      accumulate_grads(false);
+      const double t = all_free() - c.micro_seconds;
+      c.micro_seconds += t;
+      c.weight_compute += t;
+      c.backward_compute += t;
+    }
+    c.hardware_flops = hardware_flops_;
+    c.model_flops = model_flops_;
+    compute_free_ = 0;
+    for (auto& [key, free] : comm_free_) free = 0;
+    run_list(prog_.optimizer, "optimizer");
+    c.optimizer_seconds = all_free();
+    chunk_ = nullptr;
+    return c;
   }
 
  private:
@@ -169,6 +183,13 @@ class Schedule {
       for (int d : in.deps) ready = std::max(ready, end[static_cast<size_t>(d)]);
       double dur = 0;
       bool comm = in.stream == Stream::comm;
+      if (chunk_ && in.bucket >= 0 &&
+          (in.kind == Instruction::start || in.kind == Instruction::wait)) {
+        if (in.kind == Instruction::start)
+          chunk_->grad_reduce_seconds += node_cost(in.node).seconds;
+        end[i] = ready;
+        continue;
+      }
       if (in.kind == Instruction::compute || in.kind == Instruction::start) {
         dur = node_cost(in.node).seconds;
       } else if (in.kind == Instruction::wait) {
@@ -204,6 +225,15 @@ class Schedule {
         r_->comm_seconds += dur;
       else
         r_->compute_seconds += dur;
+      if (chunk_ && in.kind == Instruction::compute) {
+        const Node& n = g_.node(in.node);
+        if (!n.backward && !n.recompute) {
+          forward_end_ = std::max(forward_end_, end[i]);
+        } else {
+          chunk_->backward_compute += dur;
+          if ((*weight_grad_)[static_cast<size_t>(in.node)]) chunk_->weight_compute += dur;
+        }
+      }
       if (in.kind == Instruction::compute) {
         const Node& n = g_.node(in.node);
         r_->seconds_by_op[op_name(n.op)] += dur;
@@ -251,6 +281,9 @@ class Schedule {
   std::map<std::string, GroupLayout> layouts_;
   double compute_free_ = 0;
   std::map<std::string, double> comm_free_;  // by the group's axes key
+  ChunkSim* chunk_ = nullptr;                // run_chunk's figures
+  const std::vector<char>* weight_grad_ = nullptr;
+  double forward_end_ = 0;
 };
 
 double tokens_per_micro_batch(const Program& p) {
@@ -262,12 +295,25 @@ double tokens_per_micro_batch(const Program& p) {
 
 }  // namespace
 
-Result<SimResult> simulate(const Program& prog, const ClusterSpec& cluster, const SimOptions& opt) {
+// Where the members of rank 0's group over `axes` sit: how many share a node.
+GroupLayout group_layout(const Mesh& mesh, const std::vector<std::string>& axes,
+                         int devices_per_node) {
+  GroupLayout g;
+  g.size = mesh.group_size(axes);
+  int color = mesh.group_color(0, axes), same_node = 0;
+  for (int r = 0; r < mesh.size() && r < devices_per_node; ++r)
+    if (mesh.group_color(r, axes) == color) ++same_node;
+  g.per_node = std::max(1, std::min(same_node, g.size));
+  if (g.size % g.per_node != 0) g.per_node = 1;  // ragged placement: count every hop as inter-node
+  return g;
+}
+
+Status check_sim_inputs(const Plan& plan, const ClusterSpec& cluster, const SimOptions& opt) {
   if (opt.precision == DType::i32) return error("simulate: precision must be f32, bf16 or f16");
   if (cluster.device.peak_flops(opt.precision) <= 0 || cluster.device.memory_bandwidth <= 0)
     return error("cluster '" + cluster.name + "' has no peak FLOP/s or memory bandwidth for " +
                  dtype_name(opt.precision));
-  const int devices = prog.plan.mesh.size();
+  const int devices = plan.mesh.size();
   if (devices > cluster.node.devices && cluster.network.node_bandwidth() <= 0)
     return error("cluster '" + cluster.name + "' is one node of " +
                      std::to_string(cluster.node.devices) +
@@ -276,6 +322,21 @@ Result<SimResult> simulate(const Program& prog, const ClusterSpec& cluster, cons
                      std::to_string(devices) + " ranks",
                  "use at most " + std::to_string(cluster.node.devices) +
                      " devices, or a cluster spec with more devices per node or a [network]");
+  return Status();
+}
+
+ChunkSim simulate_chunk(const Program& prog, const std::vector<char>& weight_grad,
+                        const ClusterSpec& cluster, const SimOptions& opt) {
+  SimResult scratch;
+  Schedule s(prog, cluster, opt, &scratch);
+  ChunkSim c = s.run_chunk(weight_grad);
+  c.seconds_by_op = std::move(scratch.seconds_by_op);
+  return c;
+}
+
+Result<SimResult> simulate(const Program& prog, const ClusterSpec& cluster, const SimOptions& opt) {
+  TS_RETURN_IF_ERROR(check_sim_inputs(prog.plan, cluster, opt));
+  const int devices = prog.plan.mesh.size();
   SimResult r;
   r.devices = devices;
   Schedule s(prog, cluster, opt, &r);
@@ -359,6 +420,16 @@ std::string format_sim_result(const SimResult& r, const ClusterSpec& c) {
                 format_bytes(r.peak_memory_bytes).c_str(), format_bytes(r.persistent_bytes).c_str(),
                 format_bytes(r.arena_bytes).c_str(), format_bytes(c.device.memory_bytes).c_str());
   std::string out = buf;
+  if (!r.stage_peak_bytes.empty()) {
+    char line[96];
+    std::snprintf(line, sizeof line,
+                  "pipeline         bubble %.1f%% of the stages' time; memory by stage",
+                  100 * r.bubble_fraction);
+    out += line;
+    for (size_t s = 0; s < r.stage_peak_bytes.size(); ++s)
+      out += (s ? ", " : " ") + format_bytes(r.stage_peak_bytes[s]);
+    out += "\n";
+  }
   std::vector<std::pair<double, std::string>> ops;
   for (const auto& [name, secs] : r.seconds_by_op) ops.emplace_back(secs, name);
   std::sort(ops.rbegin(), ops.rend());

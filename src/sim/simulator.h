@@ -19,7 +19,15 @@
 // Breakdown of a step (they sum to step_seconds):
 //   compute_seconds        time the compute stream is busy
 //   exposed_comm_seconds   time the compute stream waits on a collective
-//   bubble_seconds         pipeline bubble (0 until pipeline parallelism lands)
+//   bubble_seconds         pipeline bubble: the critical stage idle inside the schedule
+//
+// A pipeline (PipelineProgram, parallel/pipeline_program.h) is timed per chunk: one micro-batch
+// of each chunk's Program gives its forward and backward seconds (the backward split into
+// input- and weight-gradient parts by the nodes' share for zb-h1), the schedule is replayed on
+// them with a point-to-point transfer between stages (time_schedule), and each stage then
+// reduces its gradients over the data axes once, sums tied parameters' gradients with the
+// stage holding their other copy, and runs its optimizer. The step is the slowest stage's;
+// the breakdown is that stage's; the trace has one thread per stage.
 // Rank placement: ranks are numbered row-major over the mesh (the last axis varies fastest)
 // and fill nodes of cluster.node.devices consecutively.
 #pragma once
@@ -65,9 +73,20 @@ struct SimResult {
   std::vector<TraceEvent> events;               // when SimOptions::trace
   // "compute", then "comm <axes>" for each rank group's comm stream, in order of first use.
   std::vector<std::string> streams = {"compute"};
+  // Pipelines: the schedule's idle share of the stages' time, and each stage's peak memory.
+  double bubble_fraction = 0;
+  std::vector<double> stage_peak_bytes;
+  std::vector<int> stage_layers;  // blocks per model chunk, as cut
 };
 
 Result<SimResult> simulate(const Program& prog, const ClusterSpec& cluster, const SimOptions& opt);
+struct PipelineProgram;
+Result<SimResult> simulate(const PipelineProgram& prog, const ClusterSpec& cluster,
+                           const SimOptions& opt);
+// Lowers the training graph `g` for `plan` (lower(), or lower_pipeline() with stages balanced
+// by this cluster's op times when the plan has pipeline stages) and simulates it.
+Result<SimResult> simulate_plan(const Graph& g, const Plan& plan, const ClusterSpec& cluster,
+                                const SimOptions& opt);
 
 // Chrome trace event format (JSON), one step, one process with a thread per stream (compute,
 // then one per rank group's comm stream).

@@ -94,6 +94,12 @@ Result<std::string> cluster_for(const std::string& gpu) {
 bool node_network_gbits(const std::string& s, double* gbits) {
   static const std::regex re(R"((\d+(?:\.\d+)?)\s*(Gbps|Gb/s|Tbps|Tb/s))");
   std::smatch m;
+  // Intel Omni-Path (100 series): 100 Gb/s per link.
+  static const std::regex opa(R"(Omni-Path\D*(\d+) links? per node)");
+  if (std::regex_search(s, m, opa)) {
+    *gbits = 100.0 * std::stod(m[1].str());
+    return true;
+  }
   if (!std::regex_search(s, m, re)) return false;
   if (s.find(" x ") != std::string::npos || s.find("x HDR") != std::string::npos) return false;
   *gbits = std::stod(m[1].str()) * (m[2].str()[0] == 'T' ? 1000.0 : 1.0);
@@ -175,8 +181,12 @@ Result<RunSetup> setup_run(const PublishedRun& r, const std::string& cluster_dir
   const std::string &tps = r.at("tp"), &pps = r.at("pp");
   if (!tps.empty() && (!number(tps, &tp) || tp < 1 || tp != std::floor(tp)))
     return error("tp='" + tps + "' is not a positive integer");
-  if (!pps.empty() && (!number(pps, &pp) || pp != 1))
-    return error("pipeline parallelism (pp=" + pps + ") is not in the Program yet");
+  if (!pps.empty() && (!number(pps, &pp) || pp < 1 || pp != std::floor(pp)))
+    return error("pp='" + pps + "' is not a positive integer");
+  double vp = 1;
+  const std::string& vps = r.at("vp_interleave");
+  if (!vps.empty() && (!number(vps, &vp) || vp < 1 || vp != std::floor(vp)))
+    return error("vp_interleave='" + vps + "' is not a positive integer");
   const std::string& sp = r.at("sequence_parallel");
   const bool sequence_parallel = tp > 1 && !sp.empty() && !contains(sp, "no");
   for (const char* col : {"cp", "ep"}) {
@@ -185,12 +195,14 @@ Result<RunSetup> setup_run(const PublishedRun& r, const std::string& cluster_dir
       return error(std::string(col) + "=" + r.at(col) + " is not in the Program yet");
   }
   TS_RETURN_IF_ERROR(need(r, "num_gpus", &gpus));
-  double dp = gpus / tp;
+  double dp = gpus / (tp * pp);
   if (dp < 1 || dp != std::floor(dp))
-    return error("tp=" + tps + " does not divide num_gpus=" + r.at("num_gpus"));
-  if (!r.at("dp").empty() && (!number(r.at("dp"), &dp) || dp * tp != gpus))
-    return error("dp=" + r.at("dp") + " x tp=" + (tps.empty() ? "1" : tps) + " on " +
-                 r.at("num_gpus") + " GPUs implies model parallelism of unknown kind");
+    return error("tp=" + tps + " x pp=" + (pps.empty() ? "1" : pps) +
+                 " does not divide num_gpus=" + r.at("num_gpus"));
+  if (!r.at("dp").empty() && (!number(r.at("dp"), &dp) || dp * tp * pp != gpus))
+    return error("dp=" + r.at("dp") + " x tp=" + (tps.empty() ? "1" : tps) +
+                 " x pp=" + (pps.empty() ? "1" : pps) + " on " + r.at("num_gpus") +
+                 " GPUs implies model parallelism of unknown kind");
   if (tps.empty() || pps.empty()) s.assumptions.push_back("tp=pp=1 (not published; dp = num_gpus)");
   TS_RETURN_IF_ERROR(need(r, "micro_batch", &micro));
 
@@ -210,6 +222,16 @@ Result<RunSetup> setup_run(const PublishedRun& r, const std::string& cluster_dir
     return error("recomputation of some blocks only ('" + rc + "') is not modeled");
   s.plan = tp > 1 ? Plan::tensor_parallel(static_cast<int>(dp), static_cast<int>(tp), 0)
                   : Plan::data_parallel(static_cast<int>(dp), 0);
+  if (pp > 1) {
+    s.plan = Plan::pipeline_parallel(static_cast<int>(pp), static_cast<int>(dp),
+                                     static_cast<int>(tp), 0);
+    if (vp > 1) {
+      s.plan.schedule = ScheduleKind::interleaved;
+      s.plan.virtual_stages = static_cast<int>(vp);
+    }
+    s.assumptions.push_back(std::string("pipeline schedule ") + schedule_name(s.plan.schedule) +
+                            ", stages balanced by the cost model");
+  }
   s.plan.sequence_parallel = sequence_parallel;
   if (contains(rc, "full")) {
     s.plan.recompute = RecomputePolicy::full;
@@ -312,8 +334,7 @@ ValidationReport validate_runs(const std::vector<PublishedRun>& runs, int thread
           TS_RETURN_IF_ERROR(
               place_tensor_parallel(s.model, s.batch, s.seq, m.graph, cost, &s.plan).status());
         }
-        TS_ASSIGN_OR_RETURN(Program prog, lower(m.graph, s.plan));
-        TS_ASSIGN_OR_RETURN(SimResult sim, simulate(prog, s.cluster, s.sim));
+        TS_ASSIGN_OR_RETURN(SimResult sim, simulate_plan(m.graph, s.plan, s.cluster, s.sim));
         RunResult rr;
         rr.sim = sim;
         if (s.metric == "tokens/s/GPU") {
@@ -375,6 +396,11 @@ std::string format_report(const ValidationReport& rep, bool per_row) {
       const Plan& p = r.setup.plan;
       std::string plan =
           (p.tensor_group() > 1 ? "tp=" + std::to_string(p.tensor_group()) + " " : "") +
+          (p.stages() > 1 ? "pp=" + std::to_string(p.stages()) +
+                                (p.virtual_stages > 1 ? "x" + std::to_string(p.virtual_stages)
+                                                      : std::string()) +
+                                " "
+                          : std::string()) +
           "zero=" + std::to_string(p.zero) +
           " mb=" + std::to_string(r.setup.batch / p.data_group()) + "x" +
           std::to_string(p.micro_batches) +

@@ -181,6 +181,15 @@ TEST(TesseraBinary, UnknownPresetListsPresets) {
   EXPECT_NE(out.find("gpt2-small"), std::string::npos) << out;
 }
 
+// A plan file with two pipeline stages.
+std::string write_pipeline_plan() {
+  const std::string path = ::testing::TempDir() + "/pipeline_plan.json";
+  std::FILE* f = std::fopen(path.c_str(), "w");
+  std::fputs("{\"mesh\": [{\"name\": \"pp\", \"size\": 2}], \"micro_batches\": 2}\n", f);
+  std::fclose(f);
+  return path;
+}
+
 // Bad parallelism flags: one `error:` paragraph naming the flag, exit 1, before any work.
 TEST(TesseraBinary, BadParallelFlagsAreNamed) {
   std::string out;
@@ -208,6 +217,38 @@ TEST(TesseraBinary, BadParallelFlagsAreNamed) {
   EXPECT_NE(out.find("error: --gpus must be between 1 and 1048576, got 0"), std::string::npos)
       << out;
   EXPECT_EQ(run_tessera("simulate gpt-tiny --gpus 2147483647", &out), 1) << out;
+  // Pipelines: more chunks than blocks, cuts that do not sum, schedules and stages that do not
+  // fit together; train refuses a plan with stages until the runtime runs schedules.
+  const std::pair<const char*, const char*> pipeline_cases[] = {
+      {"simulate gpt-tiny --gpus 4 --pp 4", "is 4 model chunks, but gpt-tiny has 2 blocks"},
+      {"simulate gpt-tiny --gpus 4 --pp 2 --stage-layers 1,2", "summing to 2"},
+      {"simulate gpt-tiny --gpus 4 --pp 2 --virtual-stages 2", "needs the interleaved schedule"},
+      {"simulate gpt-tiny --gpus 4 --pp 2 --schedule zigzag", "not one of: gpipe, 1f1b"},
+      {"simulate gpt-tiny --schedule 1f1b", "need pipeline stages"},
+      {"simulate gpt-tiny --gpus 4 --pp 2 --zero 3", "ZeRO-3 with pipeline parallelism"},
+      {"simulate gpt-tiny --gpus 6 --pp 4", "does not divide the 6 ranks"},
+      {"plan gpt-mini --pp 2 --schedule interleaved --virtual-stages 2 --grad-accum 3 --seq 64",
+       "multiple"}};
+  for (const auto& [args, what] : pipeline_cases) {
+    out.clear();
+    EXPECT_EQ(run_tessera(args, &out), 1) << args << "\n" << out;
+    EXPECT_EQ(out.rfind("error: ", 0), 0u) << args << "\n" << out;
+    EXPECT_NE(out.find(what), std::string::npos) << args << "\n" << out;
+  }
+  EXPECT_EQ(run_tessera("simulate gpt-mini --gpus 8 --pp 2 --tp 2 --grad-accum 4 --seq 64", &out),
+            0)
+      << out;
+  EXPECT_NE(out.find("pipeline         bubble"), std::string::npos) << out;
+  out.clear();
+  EXPECT_EQ(run_tessera("plan gpt-tiny --plan " + write_pipeline_plan(), &out), 0) << out;
+  EXPECT_NE(out.find("stage 1"), std::string::npos) << out;
+  out.clear();
+  EXPECT_EQ(run_tessera("launch -n 2 -- train --model gpt-tiny --seq 32 --steps 1 --plan " +
+                            write_pipeline_plan(),
+                        &out),
+            1)
+      << out;
+  EXPECT_NE(out.find("does not run pipeline schedules yet"), std::string::npos) << out;
   EXPECT_EQ(run_tessera("plan gpt-tiny --sequence-parallel", &out), 1) << out;
   EXPECT_NE(out.find("sequence parallelism needs a tensor axis"), std::string::npos) << out;
   EXPECT_EQ(run_tessera("sample --checkpoint /nonexistent --temperature -1", &out), 1) << out;

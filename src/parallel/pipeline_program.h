@@ -1,0 +1,60 @@
+// A pipeline-parallel training step: the model cut into chunks (pipeline_split.h), each lowered
+// to the Program its stage's ranks run for one micro-batch (its blocks' forward, then their
+// backward, partitioned over the plan's data and tensor axes), and the schedule ordering those
+// micro-steps on every stage (pipeline_schedule.h). The simulator times it; the memory figures
+// are the stage's static plan under the schedule.
+//
+//   Plan plan = Plan::pipeline_parallel(4, 2, 2, /*zero=*/1);
+//   plan.micro_batches = 8;
+//   TS_ASSIGN_OR_RETURN(PipelineProgram pp, lower_pipeline(model.graph, plan));
+//   pp.chunks[k].program        // model chunk k, on stage k % 4
+//   pp.stage_arena_bytes[s]     // the largest chunk arena + the stash of the other in-flight
+//                               // micro-batches of stage s
+//
+// Gradients are reduced over the data axes once per step, after the stage's last backward
+// (the chunk Programs' gradient buckets, issued once instead of per micro-batch).
+#pragma once
+
+#include <functional>
+#include <vector>
+
+#include "parallel/pipeline_schedule.h"
+#include "parallel/program.h"
+
+namespace tessera {
+
+struct ChunkProgram {
+  Program program;
+  int first_block = 0, blocks = 0;
+  int64_t stash_bytes = 0;  // per micro-batch: local forward values (and inputs) the backward reads
+  int64_t send_bytes = 0;   // per micro-batch: local activations sent to the next chunk
+  // Per local node: a backward node that only feeds parameter gradients (zb-h1's W part); the
+  // other backward nodes compute the gradients that flow to earlier blocks (its B part).
+  std::vector<char> weight_grad;
+};
+
+struct PipelineProgram {
+  Plan plan;
+  PipelineSchedule schedule;
+  std::vector<int> per_chunk;  // blocks per model chunk
+  std::vector<ChunkProgram> chunks;
+  double model_flops = 0;  // one micro-batch of the whole graph (forward and backward)
+  // Parameters whose gradients are summed across chunks on different stages (tied embeddings):
+  // bytes per rank, all-reduced between those stages once per step.
+  int64_t shared_param_bytes = 0;
+  std::vector<int> in_flight;                   // per stage: max_in_flight
+  std::vector<int64_t> stage_persistent_bytes;  // per stage: its chunks' parameters, gradients,
+                                                // AdamW state
+  std::vector<int64_t> stage_arena_bytes;       // per stage, see the header comment
+};
+
+// plan.stages() must be > 1. Chunks are cut at plan.stage_layers, or balanced by `cost` (per
+// node; FLOPs when empty). Errors: more chunks than blocks, stage_layers that do not sum to the
+// blocks, and the schedule's own (micro-batches for interleaved).
+Result<PipelineProgram> lower_pipeline(const Graph& g, const Plan& plan,
+                                       const std::function<double(const Node&)>& cost = {});
+
+// The chunk of a model chunk index: its stage.
+inline int stage_of_chunk(const PipelineProgram& p, int chunk) { return chunk % p.schedule.stages; }
+
+}  // namespace tessera

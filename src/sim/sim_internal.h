@@ -1,0 +1,34 @@
+// Pieces of the simulator shared by its Program and pipeline halves (not a public API).
+#pragma once
+
+#include <map>
+#include <string>
+#include <vector>
+
+#include "cost/cluster_spec.h"
+#include "cost/collective_cost.h"
+#include "sim/simulator.h"
+
+namespace tessera {
+
+// One micro-batch of a pipeline chunk's Program, replayed without its gradient collectives.
+struct ChunkSim {
+  double micro_seconds = 0;        // the micro-step, start to end (gradient accumulation included)
+  double forward_seconds = 0;      // until its last forward instruction ends
+  double backward_compute = 0;     // compute-stream seconds of backward (and recomputed) nodes
+  double weight_compute = 0;       // of which nodes that only feed parameter gradients (zb-h1's W)
+  double grad_reduce_seconds = 0;  // its gradient collectives, back to back, once per step
+  double optimizer_seconds = 0;    // the optimizer instructions alone
+  double hardware_flops = 0, model_flops = 0;   // per rank, per micro-batch
+  std::map<std::string, double> seconds_by_op;  // per micro-batch and the optimizer
+};
+
+// Where the members of rank 0's group over `axes` sit: how many share a node.
+GroupLayout group_layout(const Mesh& mesh, const std::vector<std::string>& axes,
+                         int devices_per_node);
+
+Status check_sim_inputs(const Plan& plan, const ClusterSpec& cluster, const SimOptions& opt);
+ChunkSim simulate_chunk(const Program& prog, const std::vector<char>& weight_grad,
+                        const ClusterSpec& cluster, const SimOptions& opt);
+
+}  // namespace tessera
