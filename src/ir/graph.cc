@@ -102,14 +102,12 @@ int64_t Graph::param_count() const {
   return n;
 }
 
-namespace {
 double node_flops(const Graph& g, const Node& n) {
   std::vector<TensorType> in, out;
   for (ValueId v : n.inputs) in.push_back(g.type(v));
   for (ValueId v : n.outputs) out.push_back(g.type(v));
   return op_flops(n.op, n.attrs, in, out);
 }
-}  // namespace
 
 double Graph::total_flops() const {
   double f = 0;

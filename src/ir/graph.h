@@ -87,6 +87,9 @@ class Graph {
   ValueId loss_ = -1;
 };
 
+// FLOPs of one node of g (op_flops on its value types).
+double node_flops(const Graph& g, const Node& n);
+
 // Checks SSA and topological order, input/output counts and re-infers every node's output
 // types. Returns the first violation, naming the node.
 Status verify(const Graph& g);

@@ -12,13 +12,6 @@ namespace tessera {
 
 namespace {
 
-double node_flops(const Graph& g, const Node& n) {
-  std::vector<TensorType> in, out;
-  for (ValueId v : n.inputs) in.push_back(g.type(v));
-  for (ValueId v : n.outputs) out.push_back(g.type(v));
-  return op_flops(n.op, n.attrs, in, out);
-}
-
 bool runs_in_backward(const Node& n) { return n.backward || n.recompute; }
 
 // Forward values (and inputs) the backward reads: what a micro-batch in flight keeps.
@@ -99,7 +92,7 @@ Result<PipelineProgram> lower_pipeline(const Graph& g, const Plan& plan,
     out.per_chunk = plan.stage_layers;
   }
   TS_ASSIGN_OR_RETURN(std::vector<ChunkGraph> graphs, split_pipeline(g, out.per_chunk));
-  for (const Node& n : g.nodes()) out.model_flops += node_flops(g, n);
+  out.model_flops = g.total_flops();
 
   for (size_t k = 0; k < graphs.size(); ++k) {
     const ChunkGraph& cg = graphs[k];

@@ -139,12 +139,7 @@ Result<Program> lower(const Graph& g, const Plan& plan) {
     p.part.global_to_local = std::move(to_local);
     for (size_t i = 0; i < p.part.params.size(); ++i) p.part.params[i].global = g.params()[i];
   }
-  for (const Node& n : g.nodes()) {
-    std::vector<TensorType> in, out;
-    for (ValueId v : n.inputs) in.push_back(g.type(v));
-    for (ValueId v : n.outputs) out.push_back(g.type(v));
-    p.model_flops += op_flops(n.op, n.attrs, in, out);
-  }
+  p.model_flops = g.total_flops();
   p.memory = plan_memory(p.part.local);
   lower_micro_step(p);
   lower_optimizer(p);

@@ -38,13 +38,6 @@ int stray_activation_reads(const Graph& g) {
   return stray;
 }
 
-double node_flops(const Graph& g, const Node& n) {
-  std::vector<TensorType> in, out;
-  for (ValueId v : n.inputs) in.push_back(g.type(v));
-  for (ValueId v : n.outputs) out.push_back(g.type(v));
-  return op_flops(n.op, n.attrs, in, out);
-}
-
 Graph recomputed(const Graph& g) {
   Result<Graph> r = apply_recompute(g, RecomputePolicy::full);
   EXPECT_TRUE(r.ok()) << r.status().to_string();
