@@ -41,6 +41,9 @@ struct Node {
   bool recompute = false;
 };
 
+// Whether a node runs in the backward pass: backward nodes and recomputed forward nodes.
+inline bool in_backward_pass(const Node& n) { return n.backward || n.recompute; }
+
 class Graph {
  public:
   // Appends a node after inferring its output types. Errors name the op, the scope and the

@@ -16,9 +16,8 @@ namespace tessera::partition_detail {
 
 using Placements = std::vector<Placement>;  // one per mesh axis
 
-// Recomputed forward nodes run in the backward pass: under ZeRO-3 they read the parameters
+// in_backward_pass (ir/graph.h): under ZeRO-3 recomputed forward nodes read the parameters
 // gathered for the backward pass, so the forward gathers are freed after the forward pass.
-inline bool in_backward_pass(const Node& n) { return n.backward || n.recompute; }
 
 class Pass {
  public:

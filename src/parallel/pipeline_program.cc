@@ -12,17 +12,15 @@ namespace tessera {
 
 namespace {
 
-bool runs_in_backward(const Node& n) { return n.backward || n.recompute; }
-
 // Forward values (and inputs) the backward reads: what a micro-batch in flight keeps.
 int64_t stash_bytes(const Graph& g) {
   std::vector<char> read(g.values().size(), 0);
   for (const Node& n : g.nodes())
-    if (runs_in_backward(n))
+    if (in_backward_pass(n))
       for (ValueId v : n.inputs) read[static_cast<size_t>(v)] = 1;
   int64_t bytes = 0;
   for (const Node& n : g.nodes()) {
-    if (runs_in_backward(n) || n.op == OpKind::parameter || n.op == OpKind::fill) continue;
+    if (in_backward_pass(n) || n.op == OpKind::parameter || n.op == OpKind::fill) continue;
     for (ValueId v : n.outputs)
       if (read[static_cast<size_t>(v)]) bytes += g.type(v).bytes();
   }
@@ -37,7 +35,7 @@ std::vector<char> weight_grad_nodes(const Graph& g, const std::vector<ValueId>& 
   const size_t n = g.nodes().size();
   size_t first_block = n;
   for (size_t i = 0; i < n && first_block == n; ++i)
-    if (runs_in_backward(g.nodes()[i]) && g.nodes()[i].layer >= 0) first_block = i;
+    if (in_backward_pass(g.nodes()[i]) && g.nodes()[i].layer >= 0) first_block = i;
   auto pos = [&](size_t i) {
     const Node& nd = g.nodes()[i];
     return nd.layer >= 0 ? nd.layer : (i < first_block ? INT_MAX : -1);
@@ -49,12 +47,12 @@ std::vector<char> weight_grad_nodes(const Graph& g, const std::vector<ValueId>& 
   std::vector<char> flows(n, 0), out(n, 0);
   for (size_t i = n; i-- > 0;) {
     const Node& nd = g.nodes()[i];
-    if (!runs_in_backward(nd)) continue;
+    if (!in_backward_pass(nd)) continue;
     bool b = false;
     for (ValueId v : nd.outputs) {
       b = b || std::count(sent_back.begin(), sent_back.end(), v) > 0;
       for (NodeId r : readers[static_cast<size_t>(v)])
-        b = b || (runs_in_backward(g.node(r)) &&
+        b = b || (in_backward_pass(g.node(r)) &&
                   (pos(static_cast<size_t>(r)) < pos(i) || flows[static_cast<size_t>(r)]));
     }
     flows[i] = b;

@@ -17,7 +17,6 @@ std::string pipe_grad_name(int chunk, int i) {
 
 namespace {
 
-bool is_forward(const Node& n) { return !n.backward && !n.recompute; }
 // Nodes without inputs (parameters, inputs, fills) are copied into every chunk that reads them.
 bool is_leaf(const Node& n) { return n.inputs.empty(); }
 
@@ -41,7 +40,7 @@ Result<std::vector<int>> place_nodes(const Graph& g, const std::vector<int>& per
   bool seen_block = false;
   for (size_t i = 0; i < g.nodes().size(); ++i) {
     const Node& n = g.nodes()[i];
-    if (!is_forward(n) || is_leaf(n)) continue;
+    if (in_backward_pass(n) || is_leaf(n)) continue;
     if (n.layer >= 0) {
       seen_block = true;
       chunk[i] = chunk_of_block[static_cast<size_t>(n.layer)];
@@ -156,7 +155,7 @@ Result<PhaseGraphs> split_phases(const Graph& g) {
   };
   Builder bb(&p.backward);
   for (const Node& n : g.nodes()) {
-    const bool fwd = is_forward(n);
+    const bool fwd = !in_backward_pass(n);
     if (fwd) {
       std::vector<ValueId> ins;
       for (ValueId v : n.inputs) ins.push_back(p.forward_of[static_cast<size_t>(v)]);
@@ -185,7 +184,7 @@ Result<PhaseGraphs> split_phases(const Graph& g) {
   }
   for (ValueId v : g.outputs()) {
     if (v == g.loss()) continue;
-    const bool fwd = is_forward(g.producer(v));
+    const bool fwd = !in_backward_pass(g.producer(v));
     (fwd ? p.forward : p.backward)
         .mark_output((fwd ? p.forward_of : p.backward_of)[static_cast<size_t>(v)]);
   }

@@ -227,7 +227,7 @@ class Schedule {
         r_->compute_seconds += dur;
       if (chunk_ && in.kind == Instruction::compute) {
         const Node& n = g_.node(in.node);
-        if (!n.backward && !n.recompute) {
+        if (!in_backward_pass(n)) {
           forward_end_ = std::max(forward_end_, end[i]);
         } else {
           chunk_->backward_compute += dur;
