@@ -7,12 +7,14 @@
 #include <atomic>
 #include <chrono>
 #include <condition_variable>
+#include <cstdio>
 #include <deque>
 #include <functional>
 #include <mutex>
 #include <thread>
 
 #include "base/check.h"
+#include "base/format.h"
 #include "comm/comm_internal.h"
 #include "comm/ring.h"
 
@@ -40,6 +42,10 @@ class CommRequest {
 };
 
 namespace detail {
+
+double now_seconds() {
+  return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
+}
 
 // What the comm threads of one process share: the transport, whose calls they serialize
 // (each call is non-blocking; idle() runs unlocked), and the first failure. Started when the
@@ -145,6 +151,139 @@ class Engine {
   std::thread thread_;
 };
 
+// Point-to-point operations of one communicator (its "p2p stream"): each is posted on the
+// transport as soon as it is issued and completes on its own, in any order, so two ranks that
+// send to each other at once (a pipeline's activations one way, gradients the other) never
+// deadlock, and a send never queues behind a receive. Started at the first send or receive.
+class P2PEngine {
+ public:
+  struct Op {
+    bool receiving = false;
+    int peer = 0;  // world rank
+    int tag = 0;
+    void* data = nullptr;
+    int64_t bytes = 0;
+    double timeout = 60;
+    std::string what;
+    Request req;
+    std::function<void(int64_t sent, int64_t received)> count;
+    // Set by the engine thread.
+    Transport::Handle handle = 0;
+    double posted = 0;
+  };
+  P2PEngine(std::shared_ptr<Process> p, uint64_t channel, int my_world_rank, std::string axis)
+      : process_(std::move(p)), channel_(channel), me_(my_world_rank), axis_(std::move(axis)) {
+    thread_ = std::thread([this] { run(); });
+  }
+  ~P2PEngine() {
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      stopping_ = true;
+    }
+    cv_.notify_all();
+    thread_.join();
+  }
+  void submit(Op op) {
+    std::lock_guard<std::mutex> lock(mu_);
+    queue_.push_back(std::move(op));
+    cv_.notify_one();
+  }
+
+ private:
+  Status failed(const Op& op, const std::string& why, const std::string& hint) const {
+    return error("rank " + std::to_string(me_) + ": " + (op.receiving ? "recv '" : "send '") +
+                     op.what + "' (axis " + axis_ + ", " + format_bytes(double(op.bytes)) +
+                     (op.receiving ? ") from rank " : ") to rank ") + std::to_string(op.peer) +
+                     " " + why,
+                 hint);
+  }
+  void note(const std::deque<Op>& pending) {
+    const Op* shown = nullptr;
+    for (const Op& op : pending)
+      if (!shown || (op.receiving && !shown->receiving)) shown = &op;
+    if (!shown) {
+      process_->note_waiting(nullptr);
+      return;
+    }
+    WaitInfo w{shown->receiving ? "recv" : "send", &shown->what, &axis_, shown->peer,
+               shown->receiving};
+    process_->note_waiting(&w);
+  }
+  void run() {
+    std::deque<Op> pending;
+    int idle_polls = 0;
+    for (;;) {
+      std::deque<Op> fresh;
+      {
+        std::unique_lock<std::mutex> lock(mu_);
+        if (pending.empty()) cv_.wait(lock, [&] { return stopping_ || !queue_.empty(); });
+        if (pending.empty() && queue_.empty() && stopping_) break;
+        if (stopping_) {  // the communicator is going away: nothing will wait on these
+          for (Op& op : pending) process_->abandon(op.handle);
+          pending.clear();
+          break;
+        }
+        fresh.swap(queue_);
+      }
+      for (Op& op : fresh) {
+        const Status f = process_->failure();
+        if (!f.ok()) {
+          op.req->finish(
+              failed(op, "not run: an earlier operation failed: " + f.message(), f.hint()));
+          continue;
+        }
+        op.handle = op.receiving ? process_->irecv(channel_, op.peer, op.tag, op.data, op.bytes)
+                                 : process_->isend(channel_, op.peer, op.tag, op.data, op.bytes);
+        op.posted = now_seconds();
+        pending.push_back(std::move(op));
+      }
+      if (!fresh.empty()) note(pending);
+      bool progressed = false;
+      for (auto it = pending.begin(); it != pending.end();) {
+        Status err;
+        const int r = process_->test(it->handle, &err);
+        const double waited = now_seconds() - it->posted;
+        if (r == 0 && waited <= it->timeout) {
+          ++it;
+          continue;
+        }
+        Status s;
+        if (r < 0) {
+          s = failed(*it, "failed: " + err.message(), err.hint());
+        } else if (r == 0) {
+          process_->abandon(it->handle);
+          char secs[32];
+          std::snprintf(secs, sizeof secs, "%.1f", waited);
+          s = failed(*it, std::string("timed out after ") + secs + " s",
+                     "rank " + std::to_string(it->peer) +
+                         " died or is stuck (or is itself waiting for a rank that did) — check "
+                         "its log; raise --comm-timeout if it is only slow");
+        } else {
+          it->count(it->receiving ? 0 : it->bytes, it->receiving ? it->bytes : 0);
+        }
+        if (!s.ok()) process_->fail(s);
+        it->req->finish(std::move(s));
+        it = pending.erase(it);
+        progressed = true;
+      }
+      if (progressed) note(pending);
+      idle_polls = progressed ? 0 : idle_polls + 1;
+      if (!pending.empty()) process_->idle(idle_polls);
+    }
+    process_->note_waiting(nullptr);
+  }
+
+  std::shared_ptr<Process> process_;
+  uint64_t channel_;
+  int me_;
+  std::string axis_;
+  std::mutex mu_;
+  std::condition_variable cv_;
+  std::deque<Op> queue_;
+  bool stopping_ = false;
+  std::thread thread_;
+};
+
 // What a queued operation needs of its communicator (it may outlive the Communicator).
 struct CommInfo {
   uint64_t channel = 0;
@@ -157,16 +296,13 @@ struct CommInfo {
 
 struct CommState {
   std::shared_ptr<Engine> engine;
+  std::unique_ptr<P2PEngine> p2p;  // made at the first send or recv (the caller's thread)
   std::shared_ptr<CommInfo> info;
   std::atomic<double> timeout{60.0};
   int64_t split_seq = 0;  // number of splits issued (the caller's thread only)
 };
 
 namespace {
-
-double now_seconds() {
-  return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
-}
 
 using Body = std::function<Status(RingOp&)>;
 
@@ -300,6 +436,51 @@ Request Communicator::broadcast(float* data, int64_t count, int root, std::strin
   return detail::issue(*state_, "broadcast", std::move(what), count * 4, [=](detail::RingOp& op) {
     return chain_broadcast(op, data, count * 4, root);
   });
+}
+
+Request Communicator::send(const float* data, int64_t count, int peer, int tag, std::string what) {
+  return p2p(false, const_cast<float*>(data), count, peer, tag, std::move(what));
+}
+
+Request Communicator::recv(float* data, int64_t count, int peer, int tag, std::string what) {
+  return p2p(true, data, count, peer, tag, std::move(what));
+}
+
+Request Communicator::p2p(bool receiving, float* data, int64_t count, int peer, int tag,
+                          std::string what) {
+  TS_CHECK_GE(count, 0) << what;
+  TS_CHECK(peer >= 0 && peer < size() && peer != rank())
+      << what << ": peer " << peer << " of " << size() << " ranks (this is " << rank() << ")";
+  TS_CHECK(tag >= 0 && tag <= kMaxP2PTag) << what << ": tag " << tag;
+  detail::CommState& st = *state_;
+  {
+    std::lock_guard<std::mutex> lock(st.info->stats_mu);
+    ++st.info->stats.collectives;
+  }
+  auto req = std::make_shared<CommRequest>();
+  if (count == 0) {
+    req->finish(Status());
+    return req;
+  }
+  if (!st.p2p)
+    st.p2p = std::make_unique<detail::P2PEngine>(st.engine->process(), st.info->channel,
+                                                 world_rank(rank()), st.info->name);
+  detail::P2PEngine::Op op;
+  op.receiving = receiving;
+  op.peer = world_rank(peer);
+  op.tag = detail::kFirstP2PTag + tag;
+  op.data = data;
+  op.bytes = count * 4;
+  op.timeout = st.timeout.load();
+  op.what = std::move(what);
+  op.req = req;
+  op.count = [info = st.info](int64_t sent, int64_t received) {
+    std::lock_guard<std::mutex> lock(info->stats_mu);
+    info->stats.bytes_sent += sent;
+    info->stats.bytes_received += received;
+  };
+  st.p2p->submit(std::move(op));
+  return req;
 }
 
 Status Communicator::wait(const Request& r) {

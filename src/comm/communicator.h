@@ -1,8 +1,8 @@
-// Communicator: f32 collectives among the ranks of a distributed run, implemented by us as
-// ring algorithms (comm/ring.cc) over a point-to-point Transport (MPI, or in-process threads
-// for tests). Operations are non-blocking: each communicator runs its operations in issue order
-// on a background "comm stream" thread of its own, so the collectives of one mesh axis (the
-// tensor-parallel all-reduce on the forward's critical path) never queue behind another's
+// Communicator: f32 collectives (and point-to-point sends) among the ranks of a distributed run,
+// implemented by us as ring algorithms (comm/ring.cc) over a point-to-point Transport (MPI, or
+// in-process threads for tests). Operations are non-blocking: each communicator runs its operations
+// in issue order on a background "comm stream" thread of its own, so the collectives of one mesh
+// axis (the tensor-parallel all-reduce on the forward's critical path) never queue behind another's
 // (a gradient bucket of the data axes). A process's comm threads share its transport.
 //
 //   TS_ASSIGN_OR_RETURN(auto world, mpi_world(&argc, &argv));          // comm/mpi_comm.h
@@ -89,6 +89,16 @@ class Communicator {
   // Copies root's `count` elements to every rank.
   Request broadcast(float* data, int64_t count, int root, std::string what);
 
+  // Point-to-point, non-blocking: send `count` floats to local rank `peer`, or receive them
+  // from it, with a tag in [0, kMaxP2PTag]. Unlike the collectives these run on the
+  // communicator's p2p stream, each posted at once and completed in any order (two ranks may
+  // send to each other at the same time); messages with the same peer and tag are received in
+  // the order they were sent, and sizes must match. A peer that takes (or sends) nothing for
+  // the timeout fails the request, naming `what`, the axis and the peer's world rank.
+  static constexpr int kMaxP2PTag = 767;
+  Request send(const float* data, int64_t count, int peer, int tag, std::string what);
+  Request recv(float* data, int64_t count, int peer, int tag, std::string what);
+
   // Blocks until the request is done; returns its error (timeout, dead peer, mismatched
   // counts across ranks, or an earlier failure), e.g.
   //   rank 0: timed out after 30.0 s in all_reduce 'grad bucket 3' (axis dp, 4 ranks,
@@ -111,6 +121,7 @@ class Communicator {
  protected:
   friend detail::Transport* detail::transport_of(const Communicator& comm);
   explicit Communicator(std::shared_ptr<detail::CommState> state);
+  Request p2p(bool receiving, float* data, int64_t count, int peer, int tag, std::string what);
   std::shared_ptr<detail::CommState> state_;
 };
 

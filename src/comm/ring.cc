@@ -29,7 +29,7 @@ std::vector<int64_t> ring_chunk_offsets(int64_t count, int n) {
 
 namespace {
 
-constexpr int kMaxTag = 32000;                    // MPI guarantees tags up to 32767
+constexpr int kMaxTag = kFirstP2PTag;             // the rest are point-to-point tags
 constexpr int64_t kBroadcastSegment = 256 << 10;  // bytes
 constexpr size_t kMaxPendingSends = 8;
 

@@ -18,6 +18,10 @@
 
 namespace tessera::detail {
 
+// Tags below kFirstP2PTag are the collectives' (ring.cc); Communicator::send/recv use
+// kFirstP2PTag + their tag (MPI guarantees tags up to 32767).
+constexpr int kFirstP2PTag = 32000;
+
 // What a comm thread is blocked on, for the termination reporter (mpi_comm.cc).
 struct WaitInfo {
   const char* kind;         // "all_reduce"

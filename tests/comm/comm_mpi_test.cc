@@ -1,4 +1,4 @@
-// The collectives over MPI, one process per rank:
+// The collectives and point-to-point sends over MPI, one process per rank:
 //   mpirun --oversubscribe --allow-run-as-root -np 4 comm_mpi_test         (checks; exit 0 = pass)
 //   mpirun ... -np 3 comm_mpi_test kill|stuck   (rank 1 dies or hangs; see comm_mpi_kill_test)
 #include <signal.h>
@@ -101,6 +101,22 @@ void check_collectives(Communicator& c) {
   EXPECT_OK(c.barrier("barrier"));
 }
 
+// Neighbours send 4 MiB to each other at once (above MPI's eager limit: a send completes only
+// when the peer receives), both directions posted before either receive.
+void check_p2p(Communicator& c) {
+  const int n = c.size(), r = c.rank();
+  const int64_t count = int64_t{1} << 20;
+  std::vector<float> up(count, float(r)), down(count, float(-r)), below(count), above(count);
+  std::vector<Request> reqs;
+  if (r + 1 < n) reqs.push_back(c.send(up.data(), count, r + 1, 0, "activation"));
+  if (r > 0) reqs.push_back(c.send(down.data(), count, r - 1, 1, "gradient"));
+  if (r > 0) reqs.push_back(c.recv(below.data(), count, r - 1, 0, "activation"));
+  if (r + 1 < n) reqs.push_back(c.recv(above.data(), count, r + 1, 1, "gradient"));
+  for (const Request& q : reqs) EXPECT_OK(c.wait(q));
+  if (r > 0) EXPECT(below[0] == float(r - 1) && below[count - 1] == float(r - 1));
+  if (r + 1 < n) EXPECT(above[0] == float(-(r + 1)) && above[count - 1] == float(-(r + 1)));
+}
+
 void check_split(Communicator& world) {
   const int n = world.size(), r = world.rank();
   if (n == 4) {  // a 2x2 mesh
@@ -171,6 +187,7 @@ int main(int argc, char** argv) {
 
   check_collectives(*world);
   check_split(*world);
+  check_p2p(*world);
   auto failed = world->all_reduce_scalar(g_failures, /*max=*/false, "failures");
   const bool pass = failed.ok() && *failed == 0;
   if (world->rank() == 0)
