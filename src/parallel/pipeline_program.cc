@@ -12,19 +12,26 @@ namespace tessera {
 
 namespace {
 
-// Forward values (and inputs) the backward reads: what a micro-batch in flight keeps.
-int64_t stash_bytes(const Graph& g) {
-  std::vector<char> read(g.values().size(), 0);
-  for (const Node& n : g.nodes())
-    if (in_backward_pass(n))
-      for (ValueId v : n.inputs) read[static_cast<size_t>(v)] = 1;
+// Bytes of the distinct values phase `from` stashes for later phases, per micro-batch.
+int64_t stash_bytes(const Phases& ph, int from) {
+  std::vector<ValueId> seen;
   int64_t bytes = 0;
-  for (const Node& n : g.nodes()) {
-    if (in_backward_pass(n) || n.op == OpKind::parameter || n.op == OpKind::fill) continue;
-    for (ValueId v : n.outputs)
-      if (read[static_cast<size_t>(v)]) bytes += g.type(v).bytes();
+  for (const Phases::Stash& st : ph.stash) {
+    if (st.from != from || std::count(seen.begin(), seen.end(), st.out)) continue;
+    seen.push_back(st.out);
+    bytes += ph.graphs[static_cast<size_t>(from)].type(st.out).bytes();
   }
   return bytes;
+}
+
+// Micro-batches whose backward_input has run but not their backward_weight, at most, on stage s.
+int max_weight_in_flight(const PipelineSchedule& s, int stage) {
+  int now = 0, most = 0;
+  for (const PipeAction& a : s.actions[static_cast<size_t>(stage)]) {
+    if (a.op == PipeOp::backward_input) most = std::max(most, ++now);
+    if (a.op == PipeOp::backward_weight) --now;
+  }
+  return most;
 }
 
 // zb-h1's split of the backward: a backward node is B when the gradient it computes flows on
@@ -59,6 +66,15 @@ std::vector<char> weight_grad_nodes(const Graph& g, const std::vector<ValueId>& 
     out[i] = !b;
   }
   return out;
+}
+
+// A stage accumulates its gradients over the micro-batches even with one (the shared arena is
+// reused by the next phase before the optimizer runs); ZeRO-2/3 are refused with stages.
+int64_t pipeline_persistent_bytes(const Program& p) {
+  int64_t bytes = p.persistent_bytes();
+  if (p.plan.micro_batches == 1)
+    for (const ParamLayout& pl : p.part.params) bytes += 4 * pl.local_shape.numel();
+  return bytes;
 }
 
 }  // namespace
@@ -108,13 +124,40 @@ Result<PipelineProgram> lower_pipeline(const Graph& g, const Plan& plan,
     c.first_block = cg.first_block;
     c.blocks = cg.blocks;
     const Graph& local = c.program.local();
-    c.stash_bytes = stash_bytes(local);
-    std::vector<ValueId> sent_back;
-    for (ValueId v : cg.send)
-      c.send_bytes += local.type(c.program.part.global_to_local[static_cast<size_t>(v)]).bytes();
-    for (ValueId v : cg.recv_grads)
-      sent_back.push_back(c.program.part.global_to_local[static_cast<size_t>(v)]);
-    c.weight_grad = weight_grad_nodes(local, sent_back);
+    auto to_local = [&](const std::vector<ValueId>& vs) {
+      std::vector<ValueId> out;
+      for (ValueId v : vs) out.push_back(c.program.part.global_to_local[static_cast<size_t>(v)]);
+      return out;
+    };
+    c.recv = to_local(cg.recv);
+    c.recv_grads = to_local(cg.recv_grads);
+    c.send = to_local(cg.send);
+    c.send_grads = to_local(cg.send_grads);
+    for (ValueId v : c.send) c.send_bytes += local.type(v).bytes();
+    c.weight_grad = weight_grad_nodes(local, c.recv_grads);
+    // The phases: zb-h1 runs the weight-gradient nodes apart.
+    const bool split_w = plan.schedule == ScheduleKind::zb_h1;
+    std::vector<int> phase_of = forward_backward_phases(local);
+    for (size_t i = 0; i < phase_of.size(); ++i)
+      if (split_w && phase_of[i] == kBackwardPhase && c.weight_grad[i]) phase_of[i] = kWeightPhase;
+    Result<Phases> ph = split_phases(local, phase_of, split_w ? 3 : 2);
+    if (!ph.ok()) return ph.status().with_context("pipeline chunk " + std::to_string(k));
+    c.phases = std::move(ph.value());
+    for (const Graph& pg : c.phases.graphs) {
+      std::vector<std::vector<NodeId>> buckets;  // the gradient buckets' nodes in this phase
+      for (const std::vector<NodeId>& b : c.program.part.buckets) {
+        buckets.emplace_back();
+        for (NodeId n : b) {
+          const ValueId v = c.phases.value_of[static_cast<size_t>(&pg - c.phases.graphs.data())]
+                                             [static_cast<size_t>(local.node(n).outputs[0])];
+          if (v >= 0) buckets.back().push_back(pg.value(v).producer);
+        }
+      }
+      c.phase_lists.push_back(lower_instructions(pg, buckets));
+      c.phase_memory.push_back(plan_memory(pg));
+    }
+    c.stash_bytes = stash_bytes(c.phases, kForwardPhase);
+    c.weight_stash_bytes = split_w ? stash_bytes(c.phases, kBackwardPhase) : 0;
     out.chunks.push_back(std::move(c));
   }
 
@@ -130,21 +173,25 @@ Result<PipelineProgram> lower_pipeline(const Graph& g, const Plan& plan,
   for (const ParamLayout& pl : out.chunks.front().program.part.params)
     if (stages_of[pl.name].size() > 1) out.shared_param_bytes += 4 * pl.local_shape.numel();
 
-  out.in_flight.resize(static_cast<size_t>(stages));
-  out.stage_persistent_bytes.assign(static_cast<size_t>(stages), 0);
-  out.stage_arena_bytes.assign(static_cast<size_t>(stages), 0);
-  for (int s = 0; s < stages; ++s) {
-    out.in_flight[static_cast<size_t>(s)] = max_in_flight(out.schedule, s);
-    int64_t arena = 0, stash = 0;
-    for (size_t k = static_cast<size_t>(s); k < out.chunks.size();
-         k += static_cast<size_t>(stages)) {
+  const size_t ns = static_cast<size_t>(stages);
+  out.in_flight.resize(ns);
+  out.weight_in_flight.resize(ns);
+  out.stage_persistent_bytes.assign(ns, 0);
+  out.stage_arena_bytes.assign(ns, 0);
+  out.stage_stash_bytes.assign(ns, 0);
+  for (size_t s = 0; s < ns; ++s) {
+    out.in_flight[s] = max_in_flight(out.schedule, static_cast<int>(s));
+    out.weight_in_flight[s] = max_weight_in_flight(out.schedule, static_cast<int>(s));
+    int64_t arena = 0, stash = 0, wstash = 0;
+    for (size_t k = s; k < out.chunks.size(); k += ns) {
       const ChunkProgram& c = out.chunks[k];
-      out.stage_persistent_bytes[static_cast<size_t>(s)] += c.program.persistent_bytes();
-      arena = std::max(arena, c.program.memory.arena_bytes);
+      out.stage_persistent_bytes[s] += pipeline_persistent_bytes(c.program);
+      for (const MemoryPlan& m : c.phase_memory) arena = std::max(arena, m.arena_bytes);
       stash = std::max(stash, c.stash_bytes);
+      wstash = std::max(wstash, c.weight_stash_bytes);
     }
-    out.stage_arena_bytes[static_cast<size_t>(s)] =
-        arena + std::max(0, out.in_flight[static_cast<size_t>(s)] - 1) * stash;
+    out.stage_stash_bytes[s] = out.in_flight[s] * stash + out.weight_in_flight[s] * wstash;
+    out.stage_arena_bytes[s] = arena + out.stage_stash_bytes[s];
   }
   return out;
 }

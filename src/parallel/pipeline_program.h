@@ -8,8 +8,8 @@
 //   plan.micro_batches = 8;
 //   TS_ASSIGN_OR_RETURN(PipelineProgram pp, lower_pipeline(model.graph, plan));
 //   pp.chunks[k].program        // model chunk k, on stage k % 4
-//   pp.stage_arena_bytes[s]     // the largest chunk arena + the stash of the other in-flight
-//                               // micro-batches of stage s
+//   pp.stage_arena_bytes[s]     // the largest phase arena of stage s's chunks + a stash slot
+//                               // per micro-batch in flight (sized by its largest chunk stash)
 //
 // Gradients are reduced over the data axes once per step, after the stage's last backward
 // (the chunk Programs' gradient buckets, issued once instead of per micro-batch).
@@ -19,15 +19,30 @@
 #include <vector>
 
 #include "parallel/pipeline_schedule.h"
+#include "parallel/pipeline_split.h"
 #include "parallel/program.h"
 
 namespace tessera {
 
+// A chunk's phases, run apart by the schedule: forward and backward, or under zb-h1 forward,
+// backward_input (B) and backward_weight (W).
+enum ChunkPhase : int { kForwardPhase = 0, kBackwardPhase = 1, kWeightPhase = 2 };
+
 struct ChunkProgram {
   Program program;
   int first_block = 0, blocks = 0;
-  int64_t stash_bytes = 0;  // per micro-batch: local forward values (and inputs) the backward reads
-  int64_t send_bytes = 0;   // per micro-batch: local activations sent to the next chunk
+  // The Program's local graph cut into its phases (split_phases), each with its instruction list
+  // (lower_instructions) and memory plan; the phases of a stage share one arena.
+  Phases phases;
+  std::vector<std::vector<Instruction>> phase_lists;
+  std::vector<MemoryPlan> phase_memory;
+  // Boundaries, as values of the local graph: activations received (inputs) and their
+  // gradients (outputs), activations sent (outputs) and their gradients (inputs).
+  std::vector<ValueId> recv, recv_grads, send, send_grads;
+  // Per micro-batch in flight: the forward values (and inputs) later phases read, and under
+  // zb-h1 the backward_input values backward_weight reads.
+  int64_t stash_bytes = 0, weight_stash_bytes = 0;
+  int64_t send_bytes = 0;  // per micro-batch: local activations sent to the next chunk
   // Per local node: a backward node that only feeds parameter gradients (zb-h1's W part); the
   // other backward nodes compute the gradients that flow to earlier blocks (its B part).
   std::vector<char> weight_grad;
@@ -43,9 +58,11 @@ struct PipelineProgram {
   // bytes per rank, all-reduced between those stages once per step.
   int64_t shared_param_bytes = 0;
   std::vector<int> in_flight;                   // per stage: max_in_flight
+  std::vector<int> weight_in_flight;            // per stage: micro-batches between B and W (zb-h1)
   std::vector<int64_t> stage_persistent_bytes;  // per stage: its chunks' parameters, gradients,
                                                 // AdamW state
   std::vector<int64_t> stage_arena_bytes;       // per stage, see the header comment
+  std::vector<int64_t> stage_stash_bytes;       // per stage: its stash slots (in the arena bytes)
 };
 
 // plan.stages() must be > 1. Chunks are cut at plan.stage_layers, or balanced by `cost` (per

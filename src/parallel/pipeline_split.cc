@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <numeric>
 
+#include "base/check.h"
 #include "ir/autodiff.h"
 #include "ir/builder.h"
 
@@ -139,61 +140,90 @@ Result<std::vector<ChunkGraph>> split_pipeline(const Graph& g, const std::vector
   return out;
 }
 
-Result<PhaseGraphs> split_phases(const Graph& g) {
-  PhaseGraphs p;
-  p.forward_of.assign(g.values().size(), -1);
-  p.backward_of.assign(g.values().size(), -1);
-  auto copy = [](Graph& out, const Node& n, std::vector<ValueId> ins,
-                 std::vector<ValueId>& m) -> Status {
+std::vector<int> forward_backward_phases(const Graph& g) {
+  std::vector<int> phase;
+  for (const Node& n : g.nodes()) phase.push_back(in_backward_pass(n) ? 1 : 0);
+  return phase;
+}
+
+Result<Phases> split_phases(const Graph& g, const std::vector<int>& phase_of_node, int phases) {
+  TS_CHECK_EQ(phase_of_node.size(), g.nodes().size());
+  Phases p;
+  p.graphs.resize(static_cast<size_t>(phases));
+  p.value_of.assign(static_cast<size_t>(phases), std::vector<ValueId>(g.values().size(), -1));
+  auto copy = [&](int ph, const Node& n, std::vector<ValueId> ins) -> Status {
+    Graph& out = p.graphs[static_cast<size_t>(ph)];
     Result<NodeId> id =
         out.add_node(n.op, n.attrs, std::move(ins), n.scope, n.layer, n.backward, n.recompute);
     if (!id.ok()) return id.status().with_context("split_phases: " + n.scope);
     const Node& made = out.node(id.value());
     for (size_t k = 0; k < n.outputs.size(); ++k)
-      m[static_cast<size_t>(n.outputs[k])] = made.outputs[k];
+      p.value_of[static_cast<size_t>(ph)][static_cast<size_t>(n.outputs[k])] = made.outputs[k];
     return Status();
   };
-  Builder bb(&p.backward);
-  for (const Node& n : g.nodes()) {
-    const bool fwd = !in_backward_pass(n);
-    if (fwd) {
-      std::vector<ValueId> ins;
-      for (ValueId v : n.inputs) ins.push_back(p.forward_of[static_cast<size_t>(v)]);
-      TS_RETURN_IF_ERROR(copy(p.forward, n, std::move(ins), p.forward_of));
-    }
-    // Parameters and fills exist in both graphs: a backward node reads its own copy.
-    const bool shared_leaf = n.op == OpKind::parameter || (n.op == OpKind::fill && fwd);
-    if (!fwd || shared_leaf) {
-      std::vector<ValueId> ins;
-      for (ValueId v : n.inputs) {
-        ValueId& b = p.backward_of[static_cast<size_t>(v)];
-        if (b < 0) {  // a forward value: stashed
-          const ValueId f = p.forward_of[static_cast<size_t>(v)];
-          bb.set_position(n.scope, n.layer);
-          b = bb.input("stash." + std::to_string(p.stash_in.size()), g.type(v).shape,
-                       g.type(v).dtype)
-                  .id;
-          p.stash_out.push_back(f);
-          p.stash_in.push_back(b);
-          p.forward.mark_output(f);
+  std::vector<int> phase_of_value(g.values().size(), -1);
+  // Every parameter in every phase, in the split graph's order.
+  for (ValueId v : g.params())
+    for (int ph = 0; ph < phases; ++ph) TS_RETURN_IF_ERROR(copy(ph, g.producer(v), {}));
+  for (size_t i = 0; i < g.nodes().size(); ++i) {
+    const Node& n = g.nodes()[i];
+    if (n.op == OpKind::parameter) continue;
+    const bool shared_leaf = n.inputs.empty() && n.op != OpKind::input;
+    const int ph = phase_of_node[i];
+    if (shared_leaf) continue;  // copied into each phase that reads it
+    TS_CHECK(ph >= 0 && ph < phases) << "split_phases: node " << i << " phase " << ph;
+    std::vector<ValueId> ins;
+    for (ValueId v : n.inputs) {
+      ValueId& here = p.value_of[static_cast<size_t>(ph)][static_cast<size_t>(v)];
+      if (here < 0) {
+        const Node& prod = g.producer(v);
+        const int from = phase_of_value[static_cast<size_t>(v)];
+        if (prod.inputs.empty() && prod.op != OpKind::input) {
+          TS_RETURN_IF_ERROR(copy(ph, prod, {}));
+        } else if (from >= 0 && from < ph) {
+          Graph& dst = p.graphs[static_cast<size_t>(ph)];
+          Builder b(&dst);
+          b.set_position(n.scope, n.layer);
+          b.set_backward(n.backward);
+          const std::string name =
+              "stash." + std::to_string(from) + "." + std::to_string(p.stash.size());
+          const ValueId in = b.input(name, g.type(v).shape, g.type(v).dtype).id;
+          const ValueId out = p.value_of[static_cast<size_t>(from)][static_cast<size_t>(v)];
+          p.graphs[static_cast<size_t>(from)].mark_output(out);
+          p.stash.push_back({from, out, ph, in});
+          here = in;
+        } else {
+          return error("split_phases: '" + n.scope + "' (phase " + std::to_string(ph) +
+                       ") reads a value of phase " + std::to_string(from));
         }
-        ins.push_back(b);
       }
-      TS_RETURN_IF_ERROR(copy(p.backward, n, std::move(ins), p.backward_of));
+      ins.push_back(here);
     }
+    TS_RETURN_IF_ERROR(copy(ph, n, std::move(ins)));
+    for (ValueId v : n.outputs) phase_of_value[static_cast<size_t>(v)] = ph;
   }
+  auto home = [&](ValueId v, int* ph) {
+    *ph = phase_of_value[static_cast<size_t>(v)];
+    return p.value_of[static_cast<size_t>(*ph)][static_cast<size_t>(v)];
+  };
   for (ValueId v : g.outputs()) {
     if (v == g.loss()) continue;
-    const bool fwd = !in_backward_pass(g.producer(v));
-    (fwd ? p.forward : p.backward)
-        .mark_output((fwd ? p.forward_of : p.backward_of)[static_cast<size_t>(v)]);
+    int ph = 0;
+    const ValueId c = home(v, &ph);
+    p.graphs[static_cast<size_t>(ph)].mark_output(c);
   }
-  if (g.loss() >= 0) p.forward.set_loss(p.forward_of[static_cast<size_t>(g.loss())]);
-  for (auto [param, grad] : g.param_grads())
-    p.backward.set_param_grad(p.backward_of[static_cast<size_t>(param)],
-                              p.backward_of[static_cast<size_t>(grad)]);
-  TS_RETURN_IF_ERROR(verify(p.forward));
-  TS_RETURN_IF_ERROR(verify(p.backward));
+  if (g.loss() >= 0) {
+    int ph = 0;
+    const ValueId c = home(g.loss(), &ph);
+    p.graphs[static_cast<size_t>(ph)].set_loss(c);
+  }
+  for (auto [param, grad] : g.param_grads()) {
+    int ph = 0;
+    const ValueId c = home(grad, &ph);
+    p.graphs[static_cast<size_t>(ph)].set_param_grad(
+        p.value_of[static_cast<size_t>(ph)][static_cast<size_t>(param)], c);
+  }
+  for (const Graph& out : p.graphs) TS_RETURN_IF_ERROR(verify(out));
   return p;
 }
 

@@ -43,19 +43,31 @@ struct ChunkGraph {
 // cannot cross (a value read two or more chunks after the one producing it).
 Result<std::vector<ChunkGraph>> split_pipeline(const Graph& g, const std::vector<int>& per_chunk);
 
-// A training graph cut into its forward and its backward, run at different times (a pipeline
-// schedule runs the forward of several micro-batches before their backwards). `stash` values
-// cross: forward values (and inputs) the backward reads, kept per micro-batch in flight.
-// Parameters and fills are copied into both; the backward's parameters are the forward's by
-// name (Executor's params_of). The forward keeps the graph's loss and its other outputs that
-// are forward values; the backward has the parameter gradients and the other outputs.
-struct PhaseGraphs {
-  Graph forward, backward;
-  std::vector<ValueId> stash_out;                // forward outputs
-  std::vector<ValueId> stash_in;                 // backward inputs "stash.k", one per stash_out
-  std::vector<ValueId> forward_of, backward_of;  // the split graph's value -> its copy, or -1
+// A graph cut into phases run at different times: a pipeline schedule runs the forward of
+// several micro-batches before their backwards, and zb-h1 defers the weight gradients further.
+// `phase_of_node` gives each node's phase; a node reads values of its own or earlier phases.
+// A value read by a later phase is stashed: an output of its phase and an input
+// "stash.<from>.<k>" of the reading one, kept per micro-batch in flight. Every parameter is in
+// every phase (the phases' executors share them by name: Executor's params_of); other nodes
+// without inputs (fills, axis_index) are copied into each phase that reads them. Outputs, the
+// loss and the parameter gradients go to the phases computing them.
+//
+//   TS_ASSIGN_OR_RETURN(Phases ph, split_phases(g, forward_backward_phases(g), 2));
+//   ph.graphs[1]                  // the backward, reading ph.stash[k].in = ph.stash[k].out of 0
+struct Phases {
+  struct Stash {
+    int from = 0;      // phase producing the value
+    ValueId out = -1;  // ... where it is an output
+    int to = 0;        // phase reading it
+    ValueId in = -1;   // ... where it is an input
+  };
+  std::vector<Graph> graphs;
+  std::vector<std::vector<ValueId>> value_of;  // [phase][value of g]: its copy there, or -1
+  std::vector<Stash> stash;
 };
-Result<PhaseGraphs> split_phases(const Graph& g);
+Result<Phases> split_phases(const Graph& g, const std::vector<int>& phase_of_node, int phases);
+// Phase 0 for forward nodes, 1 for the backward pass's (in_backward_pass).
+std::vector<int> forward_backward_phases(const Graph& g);
 
 // Name of the i-th activation chunk c receives, and of its gradient.
 std::string pipe_act_name(int chunk, int i);

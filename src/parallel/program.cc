@@ -7,16 +7,14 @@
 
 namespace tessera {
 
-namespace {
-
-void lower_micro_step(Program& p) {
-  const Graph& g = p.part.local;
+std::vector<Instruction> lower_instructions(const Graph& g,
+                                            const std::vector<std::vector<NodeId>>& buckets) {
   std::map<NodeId, int> bucket_of;
-  for (size_t b = 0; b < p.part.buckets.size(); ++b)
-    for (NodeId n : p.part.buckets[b]) bucket_of[n] = static_cast<int>(b);
+  for (size_t b = 0; b < buckets.size(); ++b)
+    for (NodeId n : buckets[b]) bucket_of[n] = static_cast<int>(b);
   std::vector<int> ready(g.values().size(), -1);  // instruction after which a value is ready
   std::map<ValueId, int> pending;                 // collective output -> its start instruction
-  std::vector<Instruction>& out = p.micro_step;
+  std::vector<Instruction> out;
   auto wait_for = [&](ValueId v) {
     auto it = pending.find(v);
     if (it == pending.end()) return;
@@ -55,7 +53,10 @@ void lower_micro_step(Program& p) {
     }
   }
   while (!pending.empty()) wait_for(pending.begin()->first);
+  return out;
 }
+
+namespace {
 
 void lower_optimizer(Program& p) {
   std::vector<Instruction>& out = p.optimizer;
@@ -141,7 +142,7 @@ Result<Program> lower(const Graph& g, const Plan& plan) {
   }
   p.model_flops = g.total_flops();
   p.memory = plan_memory(p.part.local);
-  lower_micro_step(p);
+  p.micro_step = lower_instructions(p.part.local, p.part.buckets);
   lower_optimizer(p);
   count_bytes(p);
   return p;

@@ -65,6 +65,12 @@ struct Program {
 // and part.global_to_local refer to `g`'s values either way.
 Result<Program> lower(const Graph& g, const Plan& plan);
 
+// The micro-step instructions of a local graph (Program::micro_step's rule, for a graph cut
+// into pipeline phases too): one compute or start per node, a wait before the first reader of
+// each collective's output. `buckets` (nodes of g) only label the gradient collectives.
+std::vector<Instruction> lower_instructions(const Graph& g,
+                                            const std::vector<std::vector<NodeId>>& buckets);
+
 // One line per instruction: "  12 comm  start  all_reduce %88 (h.1 grads, bucket 3) <- 11".
 std::string print_program(const Program& p, size_t max_lines = 200);
 

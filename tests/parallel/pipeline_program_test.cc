@@ -43,9 +43,18 @@ TEST(PipelineProgram, StagesHoldTheirChunksAndTheScheduleStash) {
       const ChunkProgram& c = pp.chunks[static_cast<size_t>(s)];
       EXPECT_GT(c.stash_bytes, 0);
       EXPECT_LT(c.stash_bytes, c.program.memory.arena_bytes);
-      EXPECT_EQ(pp.stage_arena_bytes[static_cast<size_t>(s)],
-                c.program.memory.arena_bytes +
-                    (pp.in_flight[static_cast<size_t>(s)] - 1) * c.stash_bytes);
+      // Phases: forward and backward, and zb-h1's weight gradients apart with a stash of their
+      // own. The forward's arena holds no gradients: smaller than the whole micro-step's.
+      const size_t phases = kind == ScheduleKind::zb_h1 ? 3 : 2;
+      ASSERT_EQ(c.phases.graphs.size(), phases);
+      EXPECT_EQ(c.weight_stash_bytes > 0, kind == ScheduleKind::zb_h1);
+      int64_t arena = 0;
+      EXPECT_LT(c.phase_memory[kForwardPhase].arena_bytes, c.program.memory.arena_bytes);
+      for (const MemoryPlan& mp : c.phase_memory) arena = std::max(arena, mp.arena_bytes);
+      const size_t st = static_cast<size_t>(s);
+      EXPECT_EQ(pp.stage_stash_bytes[st],
+                pp.in_flight[st] * c.stash_bytes + pp.weight_in_flight[st] * c.weight_stash_bytes);
+      EXPECT_EQ(pp.stage_arena_bytes[st], arena + pp.stage_stash_bytes[st]);
       EXPECT_EQ(pp.stage_persistent_bytes[static_cast<size_t>(s)], c.program.persistent_bytes());
     }
     // 1F1B keeps p - s micro-batches on stage s; zb-h1 min(p, m) (deferred W's keep theirs);

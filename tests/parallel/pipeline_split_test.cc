@@ -39,7 +39,7 @@ std::vector<float> copy_of(Executor& ex, ValueId v) {
 
 struct Chunk {
   ChunkGraph cg;
-  PhaseGraphs ph;
+  Phases ph;  // forward, backward
   std::unique_ptr<Executor> fwd, bwd;
 };
 
@@ -61,49 +61,49 @@ void expect_pipeline_matches(const ModelConfig& cfg, const std::vector<int>& per
   for (size_t c = 0; c < chunks.size(); ++c) {
     Chunk& k = chunks[c];
     k.cg = std::move(split.value()[c]);
-    Result<PhaseGraphs> ph = split_phases(k.cg.graph);
+    Result<Phases> ph = split_phases(k.cg.graph, forward_backward_phases(k.cg.graph), 2);
     ASSERT_TRUE(ph.ok()) << ph.status().to_string();
     k.ph = std::move(ph.value());
-    k.fwd = std::make_unique<Executor>(k.ph.forward, cpu);
-    k.bwd = std::make_unique<Executor>(k.ph.backward, cpu, *k.fwd);
-    for (ValueId p : k.ph.forward.params()) {  // the whole model's values, by name
-      const ValueId wp = m.graph.find_param(k.ph.forward.name_of(p));
+    k.fwd = std::make_unique<Executor>(k.ph.graphs[0], cpu);
+    k.bwd = std::make_unique<Executor>(k.ph.graphs[1], cpu, *k.fwd);
+    for (ValueId p : k.ph.graphs[0].params()) {  // the whole model's values, by name
+      const ValueId wp = m.graph.find_param(k.ph.graphs[0].name_of(p));
       std::memcpy(k.fwd->raw(p), whole.raw(wp), static_cast<size_t>(m.graph.type(wp).bytes()));
     }
   }
   // Forwards in order: each chunk reads the previous one's sends.
   for (size_t c = 0; c < chunks.size(); ++c) {
     Chunk& k = chunks[c];
-    const Graph& f = k.ph.forward;
+    const Graph& f = k.ph.graphs[0];
     if (f.find_input("tokens") >= 0) k.fwd->set_input("tokens", tokens.data());
     if (f.find_input("targets") >= 0) k.fwd->set_input("targets", targets.data());
     for (size_t i = 0; i < k.cg.recv.size(); ++i) {
       const Chunk& prev = chunks[c - 1];
-      ValueId sent = prev.ph.forward_of[static_cast<size_t>(prev.cg.send[i])];
+      ValueId sent = prev.ph.value_of[0][static_cast<size_t>(prev.cg.send[i])];
       k.fwd->set_input(pipe_act_name(static_cast<int>(c), static_cast<int>(i)),
                        prev.fwd->raw(sent));
     }
     k.fwd->run();
   }
   const Chunk& last = chunks.back();
-  const float loss = *last.fwd->data<float>(last.ph.forward.loss());
+  const float loss = *last.fwd->data<float>(last.ph.graphs[0].loss());
   EXPECT_NEAR(loss, *whole.data<float>(m.loss), 1e-6 * std::fabs(loss));
   // Backwards in reverse: each chunk reads its stash and the next one's input gradients.
   std::map<std::string, std::vector<float>> grads;
   for (size_t c = chunks.size(); c-- > 0;) {
     Chunk& k = chunks[c];
-    for (size_t s = 0; s < k.ph.stash_in.size(); ++s)
-      k.bwd->set_input(k.ph.backward.name_of(k.ph.stash_in[s]), k.fwd->raw(k.ph.stash_out[s]));
+    for (const Phases::Stash& s : k.ph.stash)
+      k.bwd->set_input(k.ph.graphs[1].name_of(s.in), k.fwd->raw(s.out));
     for (size_t i = 0; i < k.cg.send.size(); ++i) {
       const Chunk& next = chunks[c + 1];
-      ValueId g = next.ph.backward_of[static_cast<size_t>(next.cg.recv_grads[i])];
+      ValueId g = next.ph.value_of[1][static_cast<size_t>(next.cg.recv_grads[i])];
       k.bwd->set_input(pipe_grad_name(static_cast<int>(c + 1), static_cast<int>(i)),
                        next.bwd->raw(g));
     }
     k.bwd->run();
-    for (auto [param, grad] : k.ph.backward.param_grads()) {
+    for (auto [param, grad] : k.ph.graphs[1].param_grads()) {
       std::vector<float> g = copy_of(*k.bwd, grad);
-      std::vector<float>& sum = grads[k.ph.backward.name_of(param)];
+      std::vector<float>& sum = grads[k.ph.graphs[1].name_of(param)];
       if (sum.empty()) sum.assign(g.size(), 0.f);
       for (size_t i = 0; i < g.size(); ++i) sum[i] += g[i];
     }
