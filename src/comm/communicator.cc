@@ -28,6 +28,10 @@ class CommRequest {
     done_ = true;
     cv_.notify_all();
   }
+  bool done() {
+    std::lock_guard<std::mutex> lock(mu_);
+    return done_;
+  }
   Status wait() {
     std::unique_lock<std::mutex> lock(mu_);
     cv_.wait(lock, [&] { return done_; });
@@ -481,6 +485,11 @@ Request Communicator::p2p(bool receiving, float* data, int64_t count, int peer, 
   };
   st.p2p->submit(std::move(op));
   return req;
+}
+
+bool Communicator::test(const Request& r) const {
+  TS_CHECK(r != nullptr) << "test on a null request";
+  return r->done();
 }
 
 Status Communicator::wait(const Request& r) {

@@ -106,6 +106,8 @@ class Communicator {
   //   HINT: rank 1 died or is stuck ... — check its log; raise --comm-timeout if it is only slow
   // Waiting again on a finished request returns the same status.
   Status wait(const Request& r);
+  // Whether the request is done (wait() would return at once).
+  bool test(const Request& r) const;
   // Blocking conveniences.
   Status barrier(std::string what);
   // Sum (or max) of one double over the ranks; the same bits on every rank.

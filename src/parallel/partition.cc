@@ -523,9 +523,19 @@ Result<Partitioned> Pass::run() {
     if (g_.node(i).op != OpKind::parameter) TS_RETURN_IF_ERROR(visit(i));
   TS_RETURN_IF_ERROR(flush_bucket());
 
+  // Other outputs leave as inputs arrive (a pipeline chunk's activations and input gradients
+  // are the next chunk's inputs): Shard(0) on the data axes, whole on the others (a Partial sum
+  // over a tensor axis is all-reduced).
   for (ValueId v : g_.outputs()) {
     if (v == g_.loss() || grad_of_.count(v)) continue;
-    out_.local.mark_output(out_.global_to_local[static_cast<size_t>(v)]);
+    ValueId& local = out_.global_to_local[static_cast<size_t>(v)];
+    Placements want(sizes_.size(), Placement::replicate());
+    for (const std::string& a : plan_.data_axes)
+      want[static_cast<size_t>(plan_.mesh.axis_index(a))] = Placement::shard(0);
+    if (g_.type(v).shape.rank() > 0 && out_.placements[static_cast<size_t>(local)] != want) {
+      TS_ASSIGN_OR_RETURN(local, convert(local, g_.type(v).shape, want, g_.producer(v)));
+    }
+    out_.local.mark_output(local);
   }
   if (g_.loss() < 0) return std::move(out_);
   // The loss comes out Partial on the data axes: all-reduce it (one scalar).

@@ -17,34 +17,69 @@ constexpr uint8_t kPaint = 0xA5;
 int64_t align64(int64_t x) { return (x + 63) / 64 * 64; }
 }  // namespace
 
-Executor::Executor(const Graph& g, Backend& backend) : g_(g), backend_(backend) {
-  plan_ = plan_memory(g);
-  param_ptr_.assign(g.values().size(), nullptr);
+SharedArena SharedArena::make(int64_t bytes) {
+  SharedArena a;
+  a.bytes = bytes;
+  a.data.reset(new uint8_t[static_cast<size_t>(std::max<int64_t>(bytes, 64))]);
+  return a;
+}
+
+void SharedArena::paint() { std::memset(data.get(), kPaint, static_cast<size_t>(bytes)); }
+
+int64_t SharedArena::high_water() const {
+  for (int64_t i = bytes; i > 0; --i)
+    if (data[static_cast<size_t>(i - 1)] != kPaint) return i;
+  return 0;
+}
+
+void Executor::own_params() {
+  param_ptr_.assign(g_.values().size(), nullptr);
   int64_t total = 0;
-  for (ValueId p : g.params()) total += align64(g.type(p).bytes());
+  for (ValueId p : g_.params()) total += align64(g_.type(p).bytes());
   params_.reset(new uint8_t[static_cast<size_t>(std::max<int64_t>(total, 64))]());
   int64_t off = 0;
-  for (ValueId p : g.params()) {
+  for (ValueId p : g_.params()) {
     param_ptr_[static_cast<size_t>(p)] = params_.get() + off;
-    off += align64(g.type(p).bytes());
+    off += align64(g_.type(p).bytes());
   }
+}
+
+void Executor::share_params(Executor& params_of) {
+  plan_.param_bytes = 0;  // the other executor's
+  param_ptr_.assign(g_.values().size(), nullptr);
+  const Graph& other = params_of.graph();
+  for (ValueId p : g_.params()) {
+    const ValueId q = other.find_param(g_.name_of(p));
+    TS_CHECK_GE(q, 0) << "parameter " << g_.name_of(p) << " is not in the executor shared with";
+    TS_CHECK(other.type(q).shape == g_.type(p).shape && other.type(q).dtype == g_.type(p).dtype)
+        << "parameter " << g_.name_of(p) << " differs from the executor shared with";
+    param_ptr_[static_cast<size_t>(p)] = static_cast<uint8_t*>(params_of.raw(q));
+  }
+}
+
+Executor::Executor(const Graph& g, Backend& backend) : g_(g), backend_(backend) {
+  plan_ = plan_memory(g);
+  own_params();
   arena_.reset(new uint8_t[static_cast<size_t>(std::max<int64_t>(plan_.arena_bytes, 64))]);
 }
 
 Executor::Executor(const Graph& g, Backend& backend, Executor& params_of)
     : g_(g), backend_(backend) {
   plan_ = plan_memory(g);
-  plan_.param_bytes = 0;  // the other executor's
-  param_ptr_.assign(g.values().size(), nullptr);
-  const Graph& other = params_of.graph();
-  for (ValueId p : g.params()) {
-    const ValueId q = other.find_param(g.name_of(p));
-    TS_CHECK_GE(q, 0) << "parameter " << g.name_of(p) << " is not in the executor shared with";
-    TS_CHECK(other.type(q).shape == g.type(p).shape && other.type(q).dtype == g.type(p).dtype)
-        << "parameter " << g.name_of(p) << " differs from the executor shared with";
-    param_ptr_[static_cast<size_t>(p)] = static_cast<uint8_t*>(params_of.raw(q));
-  }
+  share_params(params_of);
   arena_.reset(new uint8_t[static_cast<size_t>(std::max<int64_t>(plan_.arena_bytes, 64))]);
+}
+
+Executor::Executor(const Graph& g, Backend& backend, Executor* params_of, SharedArena arena)
+    : g_(g), backend_(backend) {
+  plan_ = plan_memory(g);
+  if (params_of) {
+    share_params(*params_of);
+  } else {
+    own_params();
+  }
+  TS_CHECK_LE(plan_.arena_bytes, arena.bytes) << "shared arena too small";
+  arena_ = std::move(arena.data);
 }
 
 namespace {

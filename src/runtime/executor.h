@@ -32,6 +32,17 @@ float initial_value(const Graph& g, size_t param, uint64_t seed, int64_t element
 void fill_initial_values(const Graph& g, size_t param, uint64_t seed, int64_t first, int64_t count,
                          float* dst);
 
+// Arena storage that several executors use in turn (the phases of a pipeline stage, which
+// never run at once): at least each sharer's planned arena. paint()/high_water() measure the
+// most any of them used, as Executor's do for one.
+struct SharedArena {
+  std::shared_ptr<uint8_t[]> data;
+  int64_t bytes = 0;
+  static SharedArena make(int64_t bytes);
+  void paint();
+  int64_t high_water() const;
+};
+
 class Executor {
  public:
   Executor(const Graph& g, Backend& backend);
@@ -39,6 +50,9 @@ class Executor {
   // same-named one there, of the same type (an evaluation graph beside a training graph). No
   // parameter storage of its own; params_of must outlive this executor.
   Executor(const Graph& g, Backend& backend, Executor& params_of);
+  // Runs in `arena` (which must hold g's planned arena) instead of one of its own, with the
+  // parameters of params_of (null: its own).
+  Executor(const Graph& g, Backend& backend, Executor* params_of, SharedArena arena);
   Executor(const Executor&) = delete;
   Executor& operator=(const Executor&) = delete;
 
@@ -73,7 +87,9 @@ class Executor {
   MemoryPlan plan_;
   std::vector<uint8_t*> param_ptr_;  // indexed by ValueId, null for non-parameters
   std::unique_ptr<uint8_t[]> params_;
-  std::unique_ptr<uint8_t[]> arena_;
+  void own_params();
+  void share_params(Executor& params_of);
+  std::shared_ptr<uint8_t[]> arena_;
   std::vector<const void*> in_;  // run_node's operand pointers, reused
   std::vector<void*> out_;
 };

@@ -1,11 +1,13 @@
 #include "runtime/step_runner.h"
 
+#include <algorithm>
 #include <chrono>
 #include <cmath>
 #include <cstring>
 
 #include "base/check.h"
 #include "comm/local_comm.h"
+#include "parallel/pipeline_program.h"
 
 namespace tessera {
 
@@ -84,12 +86,35 @@ Result<std::unique_ptr<StepRunner>> StepRunner::create(const Graph& global, cons
   return std::unique_ptr<StepRunner>(new StepRunner(global, std::move(prog), backend, comms, opt));
 }
 
+Result<std::unique_ptr<StepRunner>> StepRunner::create_chunk(const Graph& model,
+                                                             const ChunkProgram& chunk,
+                                                             Backend& backend, MeshComms& comms,
+                                                             AdamWConfig opt, SharedArena arena) {
+  for (const ParamLayout& pl : chunk.program.part.params)
+    if (model.find_param(pl.name) < 0)
+      return error("pipeline chunk parameter " + pl.name + " is not in the model");
+  return std::unique_ptr<StepRunner>(
+      new StepRunner(model, chunk.program, backend, comms, opt, &chunk, std::move(arena)));
+}
+
 StepRunner::StepRunner(const Graph& global, Program prog, Backend& backend, MeshComms& comms,
-                       AdamWConfig opt)
-    : global_(global), prog_(std::move(prog)), comms_(comms) {
+                       AdamWConfig opt, const ChunkProgram* chunk, SharedArena arena)
+    : global_(global), prog_(std::move(prog)), comms_(comms), chunk_(chunk) {
   rank_ = comms.world().rank();
   zero_index_ = prog_.plan.mesh.group_index(rank_, prog_.plan.zero_axes);
-  exec_ = std::make_unique<Executor>(prog_.part.local, backend);
+  if (chunk_) {
+    const std::vector<Graph>& phases = chunk_->phases.graphs;
+    exec_ = std::make_unique<Executor>(phases[0], backend, nullptr, arena);
+    for (size_t ph = 1; ph < phases.size(); ++ph)
+      phase_execs_.push_back(std::make_unique<Executor>(phases[ph], backend, exec_.get(), arena));
+  } else {
+    exec_ = std::make_unique<Executor>(prog_.part.local, backend);
+  }
+  for (const ParamLayout& pl : prog_.part.params) {
+    const std::vector<ValueId>& all = global_.params();
+    model_index_.push_back(static_cast<size_t>(
+        std::find(all.begin(), all.end(), global_.find_param(pl.name)) - all.begin()));
+  }
   std::vector<ParamSlot> slots;
   size_t scratch = 0;
   for (size_t i = 0; i < prog_.part.params.size(); ++i) {
@@ -97,7 +122,7 @@ StepRunner::StepRunner(const Graph& global, Program prog, Backend& backend, Mesh
     // The optimizer reads the reduced gradient where the micro-step leaves it, or (several
     // micro-batches) from its accumulator.
     float* grad = nullptr;
-    if (prog_.plan.micro_batches > 1) {
+    if (prog_.plan.micro_batches > 1 || chunk_) {
       const Shape& gs = prog_.local().type(pl.local_grad).shape;
       grads_.emplace_back(static_cast<size_t>(gs.numel()), 0.0f);
       grad = grads_.back().data();
@@ -120,6 +145,7 @@ StepRunner::StepRunner(const Graph& global, Program prog, Backend& backend, Mesh
                              prog_.plan.zero_group()));
   }
   scratch_.assign(scratch, 0.0f);
+  grad_started_.assign(grads_.size(), 0);
   opt_ = std::make_unique<AdamW>(std::move(slots), opt);
 }
 
@@ -138,7 +164,12 @@ LocalPiece StepRunner::optim_piece(size_t i) const {
   return pl.optim_sharded ? block_of(i) : LocalPiece{0, pl.local_shape.numel()};
 }
 
-float* StepRunner::param_data(size_t i) { return exec_->data<float>(prog_.part.params[i].local); }
+ValueId StepRunner::param_value(size_t i) const {
+  const ValueId local = prog_.part.params[i].local;
+  return chunk_ ? chunk_->phases.value_of[0][static_cast<size_t>(local)] : local;
+}
+
+float* StepRunner::param_data(size_t i) { return exec_->data<float>(param_value(i)); }
 
 Box StepRunner::param_box(size_t i) const {
   return prog_.part.params[i].layout.local_box(prog_.plan.mesh, rank_);
@@ -168,7 +199,7 @@ void StepRunner::init_params(uint64_t seed) {
   for (size_t i = 0; i < prog_.part.params.size(); ++i) {
     const ParamLayout& pl = prog_.part.params[i];
     const LocalPiece pc = param_piece(i);
-    const int64_t stored = prog_.local().type(pl.local).shape.numel();
+    const int64_t stored = exec_->graph().type(param_value(i)).shape.numel();
     float* dst = param_data(i);
     std::fill(dst, dst + stored, 0.0f);
     const Box box = param_box(i);
@@ -189,7 +220,7 @@ void StepRunner::init_params(uint64_t seed) {
         rem /= extent[du];
       }
       const int64_t run = std::min(pc.count - k, row - (pc.offset + k) % row);
-      fill_initial_values(global_, i, seed, global, run, dst + k);
+      fill_initial_values(global_, model_index_[i], seed, global, run, dst + k);
       k += run;
     }
   }
@@ -278,6 +309,27 @@ Result<float> StepRunner::forward_backward(const int32_t* tokens, const int32_t*
   return *exec_->data<float>(prog_.part.loss);
 }
 
+Status StepRunner::run_phase(int ph) {
+  TS_CHECK(chunk_ != nullptr) << "run_phase on a runner that is not a pipeline chunk's";
+  return run_instructions(chunk_->phase_lists[static_cast<size_t>(ph)], phase_executor(ph));
+}
+
+void StepRunner::accumulate_phase_grads(int ph) {
+  const std::vector<ValueId>& in_phase = chunk_->phases.value_of[static_cast<size_t>(ph)];
+  Executor& ex = phase_executor(ph);
+  for (size_t i = 0; i < grads_.size(); ++i) {
+    const ValueId g = prog_.part.params[i].local_grad;
+    const ValueId v = in_phase[static_cast<size_t>(g)];
+    // The phase computing it (a later phase reading it would see it as a stash input).
+    if (v < 0 || ex.graph().producer(v).op == OpKind::input) continue;
+    // Phases of different micro-batches interleave (zb-h1 runs B of the next before W of
+    // this one): the first gradient of the step is the one that overwrites.
+    accumulate_grad(grads_[i].data(), ex.data<float>(v), static_cast<int64_t>(grads_[i].size()),
+                    !grad_started_[i]);
+    grad_started_[i] = 1;
+  }
+}
+
 Status StepRunner::add_evaluation(const Graph& eval_global) {
   Plan plan = prog_.plan;
   plan.recompute = RecomputePolicy::none;  // no backward pass to recompute for
@@ -319,10 +371,11 @@ Status StepRunner::sync_param(size_t i) {
   return Status();
 }
 
-Result<double> StepRunner::apply(double lr, double clip) {
+Result<double> StepRunner::grad_sq_sum() {
   const int micro_steps = prog_.plan.micro_batches;
   TS_CHECK_EQ(accumulated_, micro_steps) << "apply() before the plan's micro-batches ran";
   accumulated_ = 0;
+  std::fill(grad_started_.begin(), grad_started_.end(), 0);
   // The optimizer list: grad_norm first (all-reduced over the ZeRO group when it runs on the
   // comm stream), one AdamW per parameter, then the ZeRO-1/2 parameter syncs.
   if (micro_steps > 1) opt_->scale_grads(1.0f / static_cast<float>(micro_steps));
@@ -331,13 +384,23 @@ Result<double> StepRunner::apply(double lr, double clip) {
     TS_ASSIGN_OR_RETURN(sq, comms_.group(axes_key(prog_.plan.grad_norm_axes()))
                                 .all_reduce_scalar(sq, /*max=*/false, "gradient norm"));
   }
-  const double norm = std::sqrt(sq);
+  return sq;
+}
+
+Status StepRunner::step(double lr, double clip_coefficient) {
   // Clipping folded into the update (one pass over the gradients fewer); every slot is this
   // rank's block or piece.
-  opt_->step(lr, static_cast<float>(clip > 0 ? AdamW::clip_coefficient(norm, clip) : 1.0));
+  opt_->step(lr, static_cast<float>(clip_coefficient));
   for (const Instruction& s : prog_.optimizer)
     if (s.kind == Instruction::param_sync)
       TS_RETURN_IF_ERROR(sync_param(static_cast<size_t>(s.param)));
+  return Status();
+}
+
+Result<double> StepRunner::apply(double lr, double clip) {
+  TS_ASSIGN_OR_RETURN(const double sq, grad_sq_sum());
+  const double norm = std::sqrt(sq);
+  TS_RETURN_IF_ERROR(step(lr, clip > 0 ? AdamW::clip_coefficient(norm, clip) : 1.0));
   return norm;
 }
 

@@ -31,6 +31,8 @@
 
 namespace tessera {
 
+struct ChunkProgram;  // parallel/pipeline_program.h
+
 // The communicators of a plan's rank groups, keyed by the comma-joined axes of the group
 // ("dp", "dp_rep,dp_shard"), split from the world communicator.
 class MeshComms {
@@ -65,6 +67,14 @@ class StepRunner {
   static Result<std::unique_ptr<StepRunner>> create(const Graph& global, const Plan& plan,
                                                     Backend& backend, MeshComms& comms,
                                                     AdamWConfig opt);
+  // One model chunk of a pipeline stage (runtime/pipeline_runner.h drives it): `chunk` (which
+  // must outlive the runner) runs phase by phase (run_phase) on executors that share `arena`,
+  // the forward's holding the parameters. `model` is the whole model's training graph:
+  // parameters start from the model's values (init_params), whatever the cut.
+  static Result<std::unique_ptr<StepRunner>> create_chunk(const Graph& model,
+                                                          const ChunkProgram& chunk,
+                                                          Backend& backend, MeshComms& comms,
+                                                          AdamWConfig opt, SharedArena arena);
   StepRunner(const StepRunner&) = delete;
 
   const Program& program() const { return prog_; }
@@ -79,6 +89,24 @@ class StepRunner {
   // After plan.micro_batches forward_backward calls: averages the gradients over them, clips
   // to `clip` (<= 0: no clipping) and steps AdamW with lr. Returns the pre-clip norm.
   Result<double> apply(double lr, double clip);
+
+  // Chunk runners: phase ph's instructions on its executor; then, after the phase computing
+  // them, this micro-batch's gradients added to the accumulators; then finish_micro_batch().
+  Status run_phase(int ph);
+  Executor& phase_executor(int ph) { return ph == 0 ? *exec_ : *phase_execs_[size_t(ph) - 1]; }
+  void accumulate_phase_grads(int ph);
+  void finish_micro_batch() { ++accumulated_; }
+  // The accumulated gradient of parameter i (its local piece; chunk runners and plans with
+  // several micro-batches).
+  float* grad_data(size_t i) { return grads_[i].data(); }
+  // apply() in two parts, for a pipeline stage whose gradient norm spans its chunks: the
+  // gradients averaged over the micro-batches and their squared sum (all-reduced over
+  // Plan::grad_norm_axes()); then AdamW with the gradients scaled by clip_coefficient, and the
+  // ZeRO-1/2 parameter syncs.
+  Result<double> grad_sq_sum();
+  Status step(double lr, double clip_coefficient);
+  // Parameter i's gradient is not counted in the norm (a tied copy counted by another stage).
+  void exclude_from_norm(size_t i) { opt_->slots()[i].norm_weight = 0; }
 
   // Evaluation under the same plan: `eval_global` (the loss-mode graph of the same model and
   // global batch; it must outlive the runner) is lowered like the training graph, and its
@@ -112,8 +140,10 @@ class StepRunner {
   Status gather_params(std::vector<std::vector<float>>* whole);
 
  private:
-  StepRunner(const Graph& global, Program prog, Backend& backend, MeshComms& comms,
-             AdamWConfig opt);
+  StepRunner(const Graph& global, Program prog, Backend& backend, MeshComms& comms, AdamWConfig opt,
+             const ChunkProgram* chunk = nullptr, SharedArena arena = {});
+  // The value holding parameter i in the forward executor's graph.
+  ValueId param_value(size_t i) const;
   // Runs `list` (instructions of ex's graph) on ex.
   Status run_instructions(const std::vector<Instruction>& list, Executor& ex);
   Status start(const Node& n, Executor& ex);
@@ -129,15 +159,20 @@ class StepRunner {
   MeshComms& comms_;
   int rank_ = 0;
   int zero_index_ = 0;
-  std::unique_ptr<Executor> exec_;
+  std::unique_ptr<Executor> exec_;  // chunk runners: the forward phase's
+  const ChunkProgram* chunk_ = nullptr;
+  std::vector<std::unique_ptr<Executor>> phase_execs_;  // chunk runners: the later phases
+  std::vector<size_t> model_index_;  // parameter i is the model's parameter model_index_[i]
   std::unique_ptr<AdamW> opt_;
   std::unique_ptr<Program> eval_prog_;  // add_evaluation's
   std::unique_ptr<Executor> eval_exec_;
-  // Accumulated reduced gradients (whole or block); none with one micro-batch per step.
+  // Accumulated reduced gradients (whole or block); none with one micro-batch per step unless
+  // a chunk runner.
   std::vector<std::vector<float>> grads_;
   std::map<NodeId, Request> inflight_;
   std::vector<float> scratch_;  // padded all-gather staging for ZeRO-1/2 parameter sync
   int accumulated_ = 0;
+  std::vector<char> grad_started_;  // chunk runners: parameter i has a gradient this step
   std::vector<double>* instruction_seconds_ = nullptr;
 };
 

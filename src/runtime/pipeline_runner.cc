@@ -1,0 +1,378 @@
+#include "runtime/pipeline_runner.h"
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+
+#include "base/check.h"
+
+namespace tessera {
+
+namespace {
+
+bool starts_with(const std::string& s, const char* p) { return s.rfind(p, 0) == 0; }
+
+// Tags on the pipeline axis: the activations into model chunk k travel on 2k, the gradients
+// into chunk k (from k + 1) on 2k + 1; tied gradients on the last two tags.
+constexpr int kTiedUpTag = Communicator::kMaxP2PTag - 1;
+constexpr int kTiedDownTag = Communicator::kMaxP2PTag;
+
+// The phase-graph copies of local-graph values.
+std::vector<ValueId> in_phase(const ChunkProgram& c, int ph, const std::vector<ValueId>& vs) {
+  std::vector<ValueId> out;
+  for (ValueId v : vs) out.push_back(c.phases.value_of[static_cast<size_t>(ph)][size_t(v)]);
+  return out;
+}
+
+int64_t bytes_of(const Graph& g, const std::vector<ValueId>& vs) {
+  int64_t b = 0;
+  for (ValueId v : vs) b += g.type(v).bytes();
+  return b;
+}
+
+// Offset of each stash entry in its slot (the forward's or, from phase 1, the weight slot's):
+// a value read by two later phases is kept once.
+std::vector<int64_t> slot_offsets(const Phases& ph) {
+  std::vector<int64_t> off(ph.stash.size(), 0);
+  int64_t end[2] = {0, 0};
+  for (size_t e = 0; e < ph.stash.size(); ++e) {
+    const Phases::Stash& st = ph.stash[e];
+    size_t first = e;
+    for (size_t f = 0; f < e; ++f)
+      if (ph.stash[f].from == st.from && ph.stash[f].out == st.out) first = f;
+    if (first != e) {
+      off[e] = off[first];
+      continue;
+    }
+    int64_t& at = end[st.from == kForwardPhase ? 0 : 1];
+    off[e] = at;
+    at += ph.graphs[static_cast<size_t>(st.from)].type(st.out).bytes();
+  }
+  return off;
+}
+
+}  // namespace
+
+struct PipelineRunner::Message {
+  std::vector<float> data;
+  Request req;
+};
+
+PipelineRunner::PipelineRunner(const Graph& model, const PipelineProgram& program, MeshComms& comms)
+    : model_(model), pp_(program), comms_(comms) {}
+
+PipelineRunner::~PipelineRunner() = default;
+
+Result<std::unique_ptr<PipelineRunner>> PipelineRunner::create(const Graph& model,
+                                                               const PipelineProgram& program,
+                                                               Backend& backend, MeshComms& comms,
+                                                               AdamWConfig opt) {
+  const Plan& plan = program.plan;
+  TS_RETURN_IF_ERROR(validate(plan, comms.world().size()));
+  const int stages = program.schedule.stages;
+  if (2 * program.schedule.chunks() >= kTiedUpTag)
+    return error("pipeline: " + std::to_string(program.schedule.chunks()) +
+                     " model chunks; the runtime takes at most " +
+                     std::to_string(kTiedUpTag / 2 - 1),
+                 "use fewer stages or virtual stages");
+  std::unique_ptr<PipelineRunner> r(new PipelineRunner(model, program, comms));
+  r->pipe_ = &comms.group(plan.pipeline_axis);
+  r->stage_ = r->pipe_->rank();
+  TS_CHECK_EQ(r->stage_, plan.mesh.group_index(comms.world().rank(), {plan.pipeline_axis}));
+  const size_t st = static_cast<size_t>(r->stage_);
+
+  int64_t arena = 0, stash = 0, wstash = 0;
+  for (int v = 0; v < program.schedule.virtual_stages; ++v) {
+    const ChunkProgram& c = program.chunks[static_cast<size_t>(v * stages + r->stage_)];
+    for (const MemoryPlan& m : c.phase_memory) arena = std::max(arena, m.arena_bytes);
+    stash = std::max(stash, c.stash_bytes);
+    wstash = std::max(wstash, c.weight_stash_bytes);
+    for (const Graph& g : c.phases.graphs)
+      for (ValueId in : g.inputs()) {
+        const std::string& name = g.name_of(in);
+        if (name != "tokens" && name != "targets" && !starts_with(name, "pipe.") &&
+            !starts_with(name, "stash."))
+          return error("pipeline: chunk input '" + name + "' has no source",
+                       "the pipeline runtime feeds tokens, targets and the pipeline's "
+                       "activations and gradients");
+      }
+  }
+  r->arena_ = SharedArena::make(arena);
+  for (int v = 0; v < program.schedule.virtual_stages; ++v) {
+    const ChunkProgram& c = program.chunks[static_cast<size_t>(v * stages + r->stage_)];
+    TS_ASSIGN_OR_RETURN(std::unique_ptr<StepRunner> chunk,
+                        StepRunner::create_chunk(model, c, backend, comms, opt, r->arena_));
+    r->chunks_.push_back(std::move(chunk));
+  }
+  for (int i = 0; i < program.in_flight[st]; ++i) {
+    r->slots_.emplace_back(static_cast<size_t>(stash));
+    r->free_slots_.push_back(i);
+  }
+  for (int i = 0; i < program.weight_in_flight[st]; ++i) {
+    r->wslots_.emplace_back(static_cast<size_t>(wstash));
+    r->free_wslots_.push_back(i);
+  }
+
+  // Parameters held by several model chunks: summed between their stages before the step.
+  for (int v = 0; v < r->local_chunks(); ++v) {
+    const Program& p = program.chunks[static_cast<size_t>(r->model_chunk(v))].program;
+    for (size_t i = 0; i < p.part.params.size(); ++i) {
+      Tied t{v, i, {}};
+      for (size_t k = 0; k < program.chunks.size(); ++k)
+        if (program.chunks[k].program.local().find_param(p.part.params[i].name) >= 0)
+          t.holders.push_back(static_cast<int>(k));
+      if (t.holders.size() < 2) continue;
+      for (size_t h = 1; h < t.holders.size(); ++h)
+        if (t.holders[h] % stages == t.holders[0] % stages)
+          return error("pipeline: parameter " + p.part.params[i].name +
+                           " is read by two model chunks of one stage",
+                       "cut the model into other stages");
+      if (t.holders[0] != r->model_chunk(v)) r->chunks_[size_t(v)]->exclude_from_norm(i);
+      r->tied_.push_back(std::move(t));
+    }
+  }
+  std::sort(r->tied_.begin(), r->tied_.end(), [&](const Tied& a, const Tied& b) {
+    return r->chunk(a.v).program().part.params[a.param].name <
+           r->chunk(b.v).program().part.params[b.param].name;
+  });
+  return r;
+}
+
+void PipelineRunner::init_params(uint64_t seed) {
+  for (auto& c : chunks_) c->init_params(seed);
+}
+
+int PipelineRunner::take_slot(std::vector<int>& free) {
+  TS_CHECK(!free.empty()) << "pipeline stage " << stage_ << ": more micro-batches in flight "
+                          << "than the schedule's count";
+  const int s = free.back();
+  free.pop_back();
+  return s;
+}
+
+void PipelineRunner::post_recv(const PipeAction& a) {
+  const bool fwd = a.op == PipeOp::forward;
+  if (!fwd && a.op != PipeOp::backward && a.op != PipeOp::backward_input) return;
+  const int k = model_chunk(a.chunk), stages = pp_.schedule.stages;
+  const int last = pp_.schedule.chunks() - 1;
+  if ((fwd && k == 0) || (!fwd && k == last)) return;
+  const auto key = std::make_tuple(fwd, a.chunk, a.micro_batch);
+  if (recvs_.count(key)) return;
+  const ChunkProgram& c = pp_.chunks[static_cast<size_t>(k)];
+  const int ph = fwd ? kForwardPhase : kBackwardPhase;
+  const int64_t bytes =
+      bytes_of(c.phases.graphs[size_t(ph)], in_phase(c, ph, fwd ? c.recv : c.send_grads));
+  auto m = std::make_unique<Message>();
+  m->data.resize(static_cast<size_t>(bytes / 4));
+  const int peer = (fwd ? k - 1 : k + 1) % stages;
+  const std::string what = std::string(fwd ? "activations into chunk " : "gradients into chunk ") +
+                           std::to_string(k) + ", micro-batch " + std::to_string(a.micro_batch);
+  m->req = pipe_->recv(m->data.data(), bytes / 4, peer, fwd ? 2 * k : 2 * k + 1, what);
+  recvs_[key] = std::move(m);
+}
+
+Status PipelineRunner::take_recv(const PipeAction& a, Executor& ex,
+                                 const std::vector<ValueId>& into) {
+  post_recv(a);
+  const bool fwd = a.op == PipeOp::forward;
+  auto it = recvs_.find(std::make_tuple(fwd, a.chunk, a.micro_batch));
+  TS_CHECK(it != recvs_.end());
+  std::unique_ptr<Message> m = std::move(it->second);
+  recvs_.erase(it);
+  TS_RETURN_IF_ERROR(pipe_->wait(m->req));
+  const uint8_t* src = reinterpret_cast<const uint8_t*>(m->data.data());
+  for (ValueId v : into) {
+    const int64_t b = ex.graph().type(v).bytes();
+    std::memcpy(ex.raw(v), src, static_cast<size_t>(b));
+    src += b;
+  }
+  return Status();
+}
+
+Status PipelineRunner::send(const PipeAction& a, Executor& ex, const std::vector<ValueId>& from,
+                            int ph) {
+  const bool fwd = ph == kForwardPhase;
+  const int k = model_chunk(a.chunk), stages = pp_.schedule.stages;
+  const int to = fwd ? k + 1 : k - 1;
+  TS_RETURN_IF_ERROR(reap_sends(false));
+  auto m = std::make_unique<Message>();
+  const int64_t bytes = bytes_of(ex.graph(), from);
+  m->data.resize(static_cast<size_t>(bytes / 4));
+  uint8_t* dst = reinterpret_cast<uint8_t*>(m->data.data());
+  for (ValueId v : from) {
+    const int64_t b = ex.graph().type(v).bytes();
+    std::memcpy(dst, ex.raw(v), static_cast<size_t>(b));
+    dst += b;
+  }
+  const std::string what = std::string(fwd ? "activations into chunk " : "gradients into chunk ") +
+                           std::to_string(to) + ", micro-batch " + std::to_string(a.micro_batch);
+  m->req = pipe_->send(m->data.data(), bytes / 4, to % stages, fwd ? 2 * to : 2 * to + 1, what);
+  p2p_bytes_ += bytes;
+  p2p_high_water_ = std::max(p2p_high_water_, p2p_bytes_);
+  sends_.push_back(std::move(m));
+  return Status();
+}
+
+Status PipelineRunner::reap_sends(bool all) {
+  for (auto it = sends_.begin(); it != sends_.end();) {
+    if (!all && !pipe_->test((*it)->req)) {
+      ++it;
+      continue;
+    }
+    TS_RETURN_IF_ERROR(pipe_->wait((*it)->req));
+    p2p_bytes_ -= static_cast<int64_t>((*it)->data.size() * 4);
+    it = sends_.erase(it);
+  }
+  return Status();
+}
+
+void PipelineRunner::load_stash(int v, int ph, Executor& ex, int slot, int wslot) {
+  const Phases& phases = pp_.chunks[static_cast<size_t>(model_chunk(v))].phases;
+  const std::vector<int64_t> off = slot_offsets(phases);
+  for (size_t e = 0; e < phases.stash.size(); ++e) {
+    const Phases::Stash& st = phases.stash[e];
+    if (st.to != ph) continue;
+    const uint8_t* src =
+        st.from == kForwardPhase ? slots_[size_t(slot)].data() : wslots_[size_t(wslot)].data();
+    std::memcpy(ex.raw(st.in), src + off[e], static_cast<size_t>(ex.graph().type(st.in).bytes()));
+  }
+}
+
+Status PipelineRunner::run_action(const PipeAction& a) {
+  const int v = a.chunk, j = a.micro_batch, k = model_chunk(v);
+  const ChunkProgram& c = pp_.chunks[static_cast<size_t>(k)];
+  StepRunner& r = chunk(v);
+  const auto key = std::make_pair(v, j);
+  // Saves phase `from`'s stash entries (its distinct outputs) into `slot`.
+  auto save = [&](int from, Executor& ex, std::vector<uint8_t>& slot) {
+    const std::vector<int64_t> off = slot_offsets(c.phases);
+    for (size_t e = 0; e < c.phases.stash.size(); ++e) {
+      const Phases::Stash& st = c.phases.stash[e];
+      if (st.from != from) continue;
+      std::memcpy(slot.data() + off[e], ex.raw(st.out),
+                  static_cast<size_t>(ex.graph().type(st.out).bytes()));
+    }
+  };
+  switch (a.op) {
+    case PipeOp::forward: {
+      Executor& ex = r.phase_executor(kForwardPhase);
+      const Graph& g = ex.graph();
+      if (!c.recv.empty()) TS_RETURN_IF_ERROR(take_recv(a, ex, in_phase(c, 0, c.recv)));
+      for (auto [name, data] :
+           {std::make_pair("tokens", tokens_), std::make_pair("targets", targets_)}) {
+        const ValueId in = g.find_input(name);
+        if (in >= 0) ex.set_input(name, data + j * g.type(in).shape.numel());
+      }
+      TS_RETURN_IF_ERROR(r.run_phase(kForwardPhase));
+      const int slot = take_slot(free_slots_);
+      slot_of_[key] = slot;
+      save(kForwardPhase, ex, slots_[size_t(slot)]);
+      if (g.loss() >= 0) loss_sum_ += *ex.data<float>(g.loss());
+      if (!c.send.empty()) TS_RETURN_IF_ERROR(send(a, ex, in_phase(c, 0, c.send), kForwardPhase));
+      return Status();
+    }
+    case PipeOp::backward:
+    case PipeOp::backward_input: {
+      Executor& ex = r.phase_executor(kBackwardPhase);
+      load_stash(v, kBackwardPhase, ex, slot_of_.at(key), -1);
+      if (!c.send_grads.empty()) TS_RETURN_IF_ERROR(take_recv(a, ex, in_phase(c, 1, c.send_grads)));
+      TS_RETURN_IF_ERROR(r.run_phase(kBackwardPhase));
+      if (!c.recv_grads.empty())
+        TS_RETURN_IF_ERROR(send(a, ex, in_phase(c, 1, c.recv_grads), kBackwardPhase));
+      r.accumulate_phase_grads(kBackwardPhase);
+      if (a.op == PipeOp::backward_input) {
+        const int w = take_slot(free_wslots_);
+        wslot_of_[key] = w;
+        save(kBackwardPhase, ex, wslots_[size_t(w)]);
+        return Status();
+      }
+      break;
+    }
+    case PipeOp::backward_weight: {
+      Executor& ex = r.phase_executor(kWeightPhase);
+      const int w = wslot_of_.at(key);
+      load_stash(v, kWeightPhase, ex, slot_of_.at(key), w);
+      TS_RETURN_IF_ERROR(r.run_phase(kWeightPhase));
+      r.accumulate_phase_grads(kWeightPhase);
+      free_wslots_.push_back(w);
+      wslot_of_.erase(key);
+      break;
+    }
+  }
+  // The micro-batch is done on this chunk.
+  free_slots_.push_back(slot_of_.at(key));
+  slot_of_.erase(key);
+  r.finish_micro_batch();
+  return Status();
+}
+
+Result<float> PipelineRunner::forward_backward(const int32_t* tokens, const int32_t* targets) {
+  tokens_ = tokens;
+  targets_ = targets;
+  loss_sum_ = 0;
+  arena_.paint();
+  const std::vector<PipeAction>& actions = pp_.schedule.actions[static_cast<size_t>(stage_)];
+  for (size_t t = 0; t < actions.size(); ++t) {
+    post_recv(actions[t]);
+    if (t + 1 < actions.size()) post_recv(actions[t + 1]);  // overlaps this action
+    TS_RETURN_IF_ERROR(run_action(actions[t]));
+  }
+  TS_RETURN_IF_ERROR(reap_sends(true));
+  TS_CHECK(slot_of_.empty() && recvs_.empty())
+      << "pipeline stage " << stage_ << ": micro-batches left in flight";
+  TS_ASSIGN_OR_RETURN(const double loss,
+                      pipe_->all_reduce_scalar(loss_sum_, /*max=*/false, "pipeline loss"));
+  return static_cast<float>(loss / pp_.schedule.micro_batches);
+}
+
+Status PipelineRunner::sum_tied_grads() {
+  const int stages = pp_.schedule.stages;
+  for (const Tied& t : tied_) {
+    StepRunner& r = chunk(t.v);
+    const int64_t count = static_cast<int64_t>(
+        r.program().local().type(r.program().part.params[t.param].local_grad).shape.numel());
+    float* g = r.grad_data(t.param);
+    const std::string what = "tied gradient " + r.program().part.params[t.param].name;
+    if (t.holders[0] == model_chunk(t.v)) {  // the owner sums in holder order and sends back
+      std::vector<std::vector<float>> other(t.holders.size() - 1,
+                                            std::vector<float>(size_t(count)));
+      for (size_t h = 1; h < t.holders.size(); ++h)
+        TS_RETURN_IF_ERROR(pipe_->wait(
+            pipe_->recv(other[h - 1].data(), count, t.holders[h] % stages, kTiedUpTag, what)));
+      for (size_t h = 1; h < t.holders.size(); ++h)
+        for (int64_t i = 0; i < count; ++i) g[i] += other[h - 1][size_t(i)];
+      std::vector<Request> back;
+      for (size_t h = 1; h < t.holders.size(); ++h)
+        back.push_back(pipe_->send(g, count, t.holders[h] % stages, kTiedDownTag, what));
+      for (const Request& q : back) TS_RETURN_IF_ERROR(pipe_->wait(q));
+    } else {
+      const int owner = t.holders[0] % stages;
+      Request up = pipe_->send(g, count, owner, kTiedUpTag, what);
+      TS_RETURN_IF_ERROR(pipe_->wait(up));
+      TS_RETURN_IF_ERROR(pipe_->wait(pipe_->recv(g, count, owner, kTiedDownTag, what)));
+    }
+  }
+  return Status();
+}
+
+Result<double> PipelineRunner::apply(double lr, double clip) {
+  TS_RETURN_IF_ERROR(sum_tied_grads());
+  double sq = 0;
+  for (auto& c : chunks_) {
+    TS_ASSIGN_OR_RETURN(const double s, c->grad_sq_sum());
+    sq += s;
+  }
+  const double norm = std::sqrt(sq);
+  const double coef = clip > 0 ? AdamW::clip_coefficient(norm, clip) : 1.0;
+  for (auto& c : chunks_) TS_RETURN_IF_ERROR(c->step(lr, coef));
+  return norm;
+}
+
+int64_t PipelineRunner::measured_arena_bytes() const {
+  int64_t slots = 0;
+  for (const auto& s : slots_) slots += static_cast<int64_t>(s.size());
+  for (const auto& s : wslots_) slots += static_cast<int64_t>(s.size());
+  return arena_.high_water() + slots;
+}
+
+}  // namespace tessera

@@ -1,0 +1,109 @@
+// The pipeline step runner: one optimizer step of a pipeline-parallel plan on one rank, which
+// holds one stage (its virtual stages' model chunks, each a chunk StepRunner) of a data- and
+// tensor-parallel pipeline. It executes the stage's schedule (parallel/pipeline_schedule.h)
+// action by action:
+//
+//   F  receive the previous chunk's activations (p2p on the pipeline axis), run the forward
+//      phase, keep its stash in a slot, send the activations on (all on the p2p stream, posted
+//      one action ahead and overlapping compute);
+//   B  receive the next chunk's gradients, run the backward phase from the stash, send the input
+//      gradients back; under zb-h1 B computes only those, and
+//   W  runs the weight gradients later from a stash of its own.
+//
+// Gradients are accumulated over the micro-batches (the chunk Programs reduce them over the data
+// axes per micro-batch); parameters held on two stages (GPT-2's tied wte on the first and the
+// last) have their gradients summed between them; the norm spans every stage; each stage steps
+// AdamW on its own chunks.
+//
+//   TS_ASSIGN_OR_RETURN(PipelineProgram pp, lower_pipeline(model.graph, plan));
+//   TS_ASSIGN_OR_RETURN(auto step, PipelineRunner::create(model.graph, pp, cpu, comms, adamw));
+//   step->init_params(seed);                    // the same model as on one rank
+//   TS_ASSIGN_OR_RETURN(float loss, step->forward_backward(tokens, targets));  // all micro-batches
+//   TS_ASSIGN_OR_RETURN(double norm, step->apply(lr, clip));
+#pragma once
+
+#include <map>
+#include <memory>
+#include <vector>
+
+#include "parallel/pipeline_program.h"
+#include "runtime/step_runner.h"
+
+namespace tessera {
+
+class PipelineRunner {
+ public:
+  // `model` (the single-device training graph) and `program` (lower_pipeline's, for this plan)
+  // must outlive the runner.
+  static Result<std::unique_ptr<PipelineRunner>> create(const Graph& model,
+                                                        const PipelineProgram& program,
+                                                        Backend& backend, MeshComms& comms,
+                                                        AdamWConfig opt);
+  PipelineRunner(const PipelineRunner&) = delete;
+  ~PipelineRunner();
+
+  const PipelineProgram& program() const { return pp_; }
+  int stage() const { return stage_; }
+  // This stage's model chunks, by virtual stage: model chunk v * stages + stage.
+  int local_chunks() const { return static_cast<int>(chunks_.size()); }
+  StepRunner& chunk(int v) { return *chunks_[static_cast<size_t>(v)]; }
+  int model_chunk(int v) const { return v * pp_.schedule.stages + stage_; }
+
+  void init_params(uint64_t seed);
+  // The forward and backward passes of one step over plan.micro_batches micro-batches.
+  // tokens/targets: this rank's rows of every micro-batch, micro-batch j at j * rows * T.
+  // Returns the mean loss over the micro-batches, the same on every rank.
+  Result<float> forward_backward(const int32_t* tokens, const int32_t* targets);
+  // Clips to `clip` (<= 0: none) by the norm over every stage and steps AdamW. Returns the
+  // pre-clip norm, the same on every rank.
+  Result<double> apply(double lr, double clip);
+
+  // Memory this stage used in the last forward_backward: the arena's high-water mark (painted at
+  // its start) plus the stash slots it holds, against the plan's stage_arena_bytes.
+  int64_t measured_arena_bytes() const;
+  // Bytes of activations and gradients held for in-flight sends at most (not in the plan).
+  int64_t p2p_buffer_bytes() const { return p2p_high_water_; }
+
+ private:
+  PipelineRunner(const Graph& model, const PipelineProgram& program, MeshComms& comms);
+  struct Message;  // a boundary transfer in flight
+  Status run_action(const PipeAction& a);
+  // Posts the receive action a needs (if any, and not yet posted).
+  void post_recv(const PipeAction& a);
+  // Waits for action a's receive and copies it into the inputs `into` of ex.
+  Status take_recv(const PipeAction& a, Executor& ex, const std::vector<ValueId>& into);
+  Status send(const PipeAction& a, Executor& ex, const std::vector<ValueId>& from, int ph);
+  Status reap_sends(bool all);
+  Status sum_tied_grads();
+  void load_stash(int v, int ph, Executor& ex, int slot, int wslot);
+  int take_slot(std::vector<int>& free);
+
+  const Graph& model_;
+  const PipelineProgram& pp_;
+  MeshComms& comms_;
+  Communicator* pipe_ = nullptr;  // the pipeline axis's group: local rank = stage
+  int stage_ = 0;
+  SharedArena arena_;
+  std::vector<std::unique_ptr<StepRunner>> chunks_;
+  // Stash slots: stage_stash_bytes split into in_flight forward slots and weight_in_flight
+  // weight slots; (v, micro-batch) -> slot while in flight.
+  std::vector<std::vector<uint8_t>> slots_, wslots_;
+  std::vector<int> free_slots_, free_wslots_;
+  std::map<std::pair<int, int>, int> slot_of_, wslot_of_;
+  // p2p: receives posted ahead, keyed by (forward?, v, micro-batch); sends in flight.
+  std::map<std::tuple<bool, int, int>, std::unique_ptr<Message>> recvs_;
+  std::vector<std::unique_ptr<Message>> sends_;
+  int64_t p2p_bytes_ = 0, p2p_high_water_ = 0;
+  const int32_t* tokens_ = nullptr;
+  const int32_t* targets_ = nullptr;
+  double loss_sum_ = 0;
+  // Tied parameters: (local chunk, parameter index) and the model chunks holding each, in order.
+  struct Tied {
+    int v;
+    size_t param;
+    std::vector<int> holders;  // model chunks, ascending
+  };
+  std::vector<Tied> tied_;
+};
+
+}  // namespace tessera
