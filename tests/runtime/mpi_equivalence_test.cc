@@ -4,11 +4,12 @@
 // the other ranks data-parallel; GPT on the searched layout for gpt_tp3 and gpt_tp_zero1) for 10
 // steps under the named plan and compares every rank's losses and final parameters with a 1-rank
 // run on the same global batches (computed on each rank), and checks planned = measured arena and
-// analytic = measured bytes sent.
+// analytic = measured bytes sent. Pipeline plans (pp: GPT over n stages; pp_3d: LLaMA over
+// pp 2 x dp 2 x tp 2) compare each stage's parameters and its planned = measured memory.
 #include <cstring>
 
 #include "../mpi_test_main.h"
-#include "equivalence.h"
+#include "pipeline_equivalence.h"
 
 namespace tessera {
 namespace {
@@ -23,6 +24,15 @@ TEST(MpiEquivalence, MatchesOneRank) {
   ASSERT_NE(g_world, nullptr);
   const int steps = 10;
   RunResult ref = run_single(steps, g_plan.micro_batches, g_model);
+  if (g_plan.stages() > 1) {  // each stage checks its own parameters
+    PipeResult got = run_pipeline_rank(*g_world, g_plan, steps, g_model);
+    expect_pipeline_equivalent(ref, got, g_model);
+    if (g_world->rank() == 0)
+      std::printf("%s: loss %.6f -> %.6f (1 rank %.6f), stage 0 arena + stash %ld B\n",
+                  g_plan.describe().c_str(), got.losses.front(), got.losses.back(),
+                  ref.losses.back(), static_cast<long>(got.arena_measured));
+    return;
+  }
   RunResult got = run_rank(*g_world, g_plan, steps, g_model);
   expect_equivalent(ref, got);
   EXPECT_EQ(got.arena_measured, got.arena_planned);
@@ -69,10 +79,23 @@ int main(int argc, char** argv) {
           const int tp = which == "gpt_tp3" ? 3 : 2;
           tessera::g_plan = with_searched_layout(
               Plan::tensor_parallel(n / tp, tp, which == "gpt_tp3" ? 0 : 1), c);
+        } else if (which == "pp" || which == "pp_3d") {
+          // GPT (tied wte on the first and last stage) over n stages, 1F1B; or 3-D: LLaMA over
+          // pp 2 x dp 2 x tp 2, ZeRO-1.
+          using namespace tessera::testing_equivalence;
+          const bool three_d = which == "pp_3d";
+          tessera::ModelConfig c = three_d ? tiny_llama() : tiny_gpt();
+          c.n_layer = three_d ? 2 : 4;
+          tessera::g_model = c;
+          Plan p = three_d ? Plan::pipeline_parallel(2, n / 4, 2, 1)
+                           : Plan::pipeline_parallel(n, 1, 1, 0);
+          p.schedule = tessera::ScheduleKind::one_f_one_b;
+          p.micro_batches = 4;
+          tessera::g_plan = three_d ? with_megatron_llama(p, c) : p;
         } else {
           std::fprintf(stderr,
                        "unknown plan '%s' (dp, zero1, zero2, zero3, hsdp, tp, tp_zero3, gpt_tp3, "
-                       "gpt_tp_zero1)\n",
+                       "gpt_tp_zero1, pp, pp_3d)\n",
                        which.c_str());
           return 2;
         }

@@ -1,88 +1,16 @@
 // Pipeline plans on in-process ranks (threads over the local transport) against one rank: every
 // schedule, uneven cuts, virtual stages, GPT (tied embeddings across the first and last stage)
 // and LLaMA, with data and tensor parallelism beside; planned = measured stage memory.
-#include "runtime/pipeline_runner.h"
-
 #include <map>
 #include <thread>
 
 #include "comm/local_comm.h"
-#include "equivalence.h"
+#include "pipeline_equivalence.h"
 
 namespace tessera {
 namespace {
 
 using namespace testing_equivalence;
-
-struct PipeResult {
-  std::vector<float> losses;
-  std::map<std::string, std::vector<float>> params;  // the whole tensors of this stage's chunks
-  int64_t arena_planned = 0, arena_measured = 0;
-  int64_t p2p_buffer_bytes = 0;
-  Status status;
-};
-
-PipeResult run_pipeline_rank(Communicator& world, const Plan& plan, int steps,
-                             const ModelConfig& cfg) {
-  PipeResult out;
-  CpuBackend cpu;
-  ModelGraph m = build_model(cfg, kBatch, kSeq, ModelMode::train);
-  Result<PipelineProgram> pp = lower_pipeline(m.graph, plan);
-  if (!pp.ok()) {
-    out.status = pp.status();
-    return out;
-  }
-  Result<MeshComms> comms = MeshComms::create(world, plan);
-  if (!comms.ok()) {
-    out.status = comms.status();
-    return out;
-  }
-  auto made = PipelineRunner::create(m.graph, *pp, cpu, *comms, adamw());
-  if (!made.ok()) {
-    out.status = made.status();
-    return out;
-  }
-  PipelineRunner& step = **made;
-  step.init_params(kSeed);
-  const int dp = plan.data_group();
-  const int idx = plan.mesh.group_index(world.rank(), plan.data_axes);
-  const int64_t rows = kBatch / dp;
-  std::vector<int32_t> x, y, xs, ys;
-  for (int s = 0; s < steps; ++s) {
-    xs.clear();
-    ys.clear();
-    for (int k = 0; k < plan.micro_batches; ++k) {  // this rank's rows of each micro-batch
-      global_batch(s, k, &x, &y, cfg.vocab_size);
-      xs.insert(xs.end(), x.begin() + idx * rows * kSeq, x.begin() + (idx + 1) * rows * kSeq);
-      ys.insert(ys.end(), y.begin() + idx * rows * kSeq, y.begin() + (idx + 1) * rows * kSeq);
-    }
-    Result<float> loss = step.forward_backward(xs.data(), ys.data());
-    if (!loss.ok()) {
-      out.status = loss.status();
-      return out;
-    }
-    Result<double> norm = step.apply(kLr, 0.5);
-    if (!norm.ok()) {
-      out.status = norm.status();
-      return out;
-    }
-    out.losses.push_back(*loss);
-  }
-  out.arena_measured = step.measured_arena_bytes();
-  out.arena_planned = pp->stage_arena_bytes[static_cast<size_t>(step.stage())];
-  out.p2p_buffer_bytes = step.p2p_buffer_bytes();
-  for (int v = 0; v < step.local_chunks(); ++v) {
-    std::vector<std::vector<float>> whole;
-    Status g = step.chunk(v).gather_params(&whole);
-    if (!g.ok()) {
-      out.status = g;
-      return out;
-    }
-    for (size_t i = 0; i < whole.size(); ++i)
-      out.params[step.chunk(v).program().part.params[i].name] = std::move(whole[i]);
-  }
-  return out;
-}
 
 void expect_pipeline_matches(const Plan& plan, const ModelConfig& cfg, int steps = 8) {
   SCOPED_TRACE(plan.describe());
@@ -101,29 +29,8 @@ void expect_pipeline_matches(const Plan& plan, const ModelConfig& cfg, int steps
   std::map<std::string, int> seen;
   for (size_t r = 0; r < ranks.size(); ++r) {
     SCOPED_TRACE("rank " + std::to_string(r));
-    const PipeResult& got = ranks[r];
-    ASSERT_TRUE(got.status.ok()) << got.status.to_string();
-    ASSERT_EQ(got.losses.size(), ref.losses.size());
-    for (size_t i = 0; i < ref.losses.size(); ++i)
-      EXPECT_NEAR(got.losses[i], ref.losses[i], 1e-5 * std::abs(ref.losses[i])) << "step " << i;
-    double worst = 0;
-    std::string worst_name;
-    for (const auto& [name, values] : got.params) {
-      const auto& all = m.graph.params();
-      const size_t i = static_cast<size_t>(
-          std::find(all.begin(), all.end(), m.graph.find_param(name)) - all.begin());
-      ASSERT_LT(i, ref.params.size()) << name;
-      ASSERT_EQ(values.size(), ref.params[i].size()) << name;
-      for (size_t k = 0; k < values.size(); ++k)
-        if (std::abs(values[k] - ref.params[i][k]) > worst) {
-          worst = std::abs(values[k] - ref.params[i][k]);
-          worst_name = name;
-        }
-      ++seen[name];
-    }
-    EXPECT_LE(worst, 5e-5) << "largest parameter difference, in " << worst_name;
-    EXPECT_EQ(got.arena_measured, got.arena_planned) << "stage arena and stash";
-    EXPECT_GT(got.p2p_buffer_bytes, 0);
+    expect_pipeline_equivalent(ref, ranks[r], cfg);
+    for (const auto& [name, values] : ranks[r].params) ++seen[name];
   }
   EXPECT_EQ(seen.size(), m.graph.params().size()) << "every parameter on some stage";
 }
