@@ -3,7 +3,7 @@
 // exits non-zero within 60 s and that a surviving rank's output names the operation it was
 // blocked in: the termination reporter's line (Open MPI sends SIGTERM to the survivors), or,
 // should the launcher not kill them, the timeout error. Also a rank that hangs instead
-// (`stuck`): the others must time out.
+// (`stuck`): the others must time out. And both in a pipeline's point-to-point receives.
 #include <gtest/gtest.h>
 #include <sys/wait.h>
 
@@ -68,6 +68,31 @@ TEST(CommMpiKill, StuckRankMakesOthersTimeOut) {
   EXPECT_TRUE(contains(
       run.output, "rank 2: timed out after 2.0 s in all_reduce 'doomed' (axis world, 3 ranks"));
   EXPECT_TRUE(contains(run.output, "waiting for data from rank 1"));
+  EXPECT_TRUE(contains(run.output, "HINT: rank 1 died or is stuck"));
+}
+
+// Mid-pipeline: rank 1 (the middle stage) dies; a survivor names the recv it was in.
+TEST(CommMpiKill, DeadStageIsNamedByThePipelineRecv) {
+  Outcome run = run_scenario("pipe_kill");
+  EXPECT_NE(run.exit_code, 0);
+  EXPECT_NE(run.exit_code, 124) << "the job hung until `timeout 90` ended it";
+  const bool reported =
+      contains(run.output,
+               "got a termination signal while waiting in recv 'activations into chunk 2, "
+               "micro-batch 0' (axis world) for data from rank 1") ||
+      contains(run.output,
+               "recv 'activations into chunk 2, micro-batch 0' (axis world, 256.00 "
+               "KiB) from rank 1 timed out");
+  EXPECT_TRUE(reported) << "no surviving stage named the recv it was waiting in";
+}
+
+TEST(CommMpiKill, StuckStageMakesThePipelineTimeOut) {
+  Outcome run = run_scenario("pipe_stuck");
+  EXPECT_NE(run.exit_code, 0);
+  EXPECT_NE(run.exit_code, 124) << "the job hung until `timeout 90` ended it";
+  EXPECT_TRUE(contains(run.output,
+                       "rank 2: recv 'activations into chunk 2, micro-batch 0' (axis world, "
+                       "256.00 KiB) from rank 1 timed out after 2.0 s"));
   EXPECT_TRUE(contains(run.output, "HINT: rank 1 died or is stuck"));
 }
 

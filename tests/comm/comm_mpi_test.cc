@@ -1,6 +1,7 @@
 // The collectives and point-to-point sends over MPI, one process per rank:
 //   mpirun --oversubscribe --allow-run-as-root -np 4 comm_mpi_test         (checks; exit 0 = pass)
 //   mpirun ... -np 3 comm_mpi_test kill|stuck   (rank 1 dies or hangs; see comm_mpi_kill_test)
+//   mpirun ... -np 3 comm_mpi_test pipe_kill|pipe_stuck   (the same in a pipeline's send/recv)
 #include <signal.h>
 #include <unistd.h>
 
@@ -169,6 +170,31 @@ int run_failure(Communicator& world, bool kill) {
   return s.ok() ? 0 : 1;
 }
 
+// The same mid-pipeline ("pipe_kill", "pipe_stuck"): three stages; rank 1 dies or hangs before
+// passing the activations on, so rank 2 waits in its recv and rank 0 in the gradient's.
+int run_pipeline_failure(Communicator& world, bool kill) {
+  world.set_timeout(kill ? 20 : 2);
+  EXPECT_OK(world.barrier("setup"));
+  std::fflush(stdout);
+  std::fflush(stderr);
+  const int r = world.rank();
+  if (r == 1) {
+    if (kill) raise(SIGKILL);
+    sleep(60);
+  }
+  std::vector<float> x(1 << 16, 1.f);
+  Status s;
+  if (r == 0) {
+    Request up = world.send(x.data(), x.size(), 1, 2, "activations into chunk 1, micro-batch 0");
+    s = world.wait(world.recv(x.data(), x.size(), 1, 1, "gradients into chunk 0, micro-batch 0"));
+    if (s.ok()) s = world.wait(up);
+  } else {
+    s = world.wait(world.recv(x.data(), x.size(), 1, 4, "activations into chunk 2, micro-batch 0"));
+  }
+  std::fprintf(stderr, "tessera: %s\n", s.to_string().c_str());
+  return s.ok() ? 0 : 1;
+}
+
 }  // namespace
 }  // namespace tessera
 
@@ -184,6 +210,8 @@ int main(int argc, char** argv) {
   g_rank = world->rank();
   const std::string scenario = argc > 1 ? argv[1] : "";
   if (scenario == "kill" || scenario == "stuck") return run_failure(*world, scenario == "kill");
+  if (scenario == "pipe_kill" || scenario == "pipe_stuck")
+    return run_pipeline_failure(*world, scenario == "pipe_kill");
 
   check_collectives(*world);
   check_split(*world);
