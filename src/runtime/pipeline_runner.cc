@@ -103,6 +103,7 @@ Result<std::unique_ptr<PipelineRunner>> PipelineRunner::create(const Graph& mode
     TS_ASSIGN_OR_RETURN(std::unique_ptr<StepRunner> chunk,
                         StepRunner::create_chunk(model, c, backend, comms, opt, r->arena_));
     r->chunks_.push_back(std::move(chunk));
+    r->offsets_.push_back(slot_offsets(c.phases));
   }
   for (int i = 0; i < program.in_flight[st]; ++i) {
     r->slots_.emplace_back(static_cast<size_t>(stash));
@@ -228,7 +229,7 @@ Status PipelineRunner::reap_sends(bool all) {
 
 void PipelineRunner::load_stash(int v, int ph, Executor& ex, int slot, int wslot) {
   const Phases& phases = pp_.chunks[static_cast<size_t>(model_chunk(v))].phases;
-  const std::vector<int64_t> off = slot_offsets(phases);
+  const std::vector<int64_t>& off = offsets_[static_cast<size_t>(v)];
   for (size_t e = 0; e < phases.stash.size(); ++e) {
     const Phases::Stash& st = phases.stash[e];
     if (st.to != ph) continue;
@@ -245,7 +246,7 @@ Status PipelineRunner::run_action(const PipeAction& a) {
   const auto key = std::make_pair(v, j);
   // Saves phase `from`'s stash entries (its distinct outputs) into `slot`.
   auto save = [&](int from, Executor& ex, std::vector<uint8_t>& slot) {
-    const std::vector<int64_t> off = slot_offsets(c.phases);
+    const std::vector<int64_t>& off = offsets_[static_cast<size_t>(v)];
     for (size_t e = 0; e < c.phases.stash.size(); ++e) {
       const Phases::Stash& st = c.phases.stash[e];
       if (st.from != from) continue;

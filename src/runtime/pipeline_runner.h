@@ -90,6 +90,7 @@ class PipelineRunner {
   std::vector<std::vector<uint8_t>> slots_, wslots_;
   std::vector<int> free_slots_, free_wslots_;
   std::map<std::pair<int, int>, int> slot_of_, wslot_of_;
+  std::vector<std::vector<int64_t>> offsets_;  // per local chunk: each stash entry's slot offset
   // p2p: receives posted ahead, keyed by (forward?, v, micro-batch); sends in flight.
   std::map<std::tuple<bool, int, int>, std::unique_ptr<Message>> recvs_;
   std::vector<std::unique_ptr<Message>> sends_;
