@@ -62,6 +62,10 @@ class LocalTransport final : public detail::Transport {
   int test(Handle h, Status* err) override {
     auto it = recvs_.find(h);
     if (it == recvs_.end()) return 1;
+    // Receives match messages in the order they were posted (as MPI's do): an earlier receive
+    // of the same key takes the next message first.
+    for (auto e = recvs_.begin(); e != it; ++e)
+      if (e->second.key == it->second.key) return 0;
     const Recv& r = it->second;
     std::lock_guard<std::mutex> lock(world_->mu);
     auto box = world_->mail.find(r.key);
@@ -111,7 +115,7 @@ class LocalTransport final : public detail::Transport {
   std::shared_ptr<LocalWorld> world_;
   int rank_;
   Handle next_ = 1;
-  std::unordered_map<Handle, Recv> recvs_;  // calls are serialized (transport.h)
+  std::map<Handle, Recv> recvs_;  // by posting order; calls are serialized (transport.h)
 };
 
 }  // namespace

@@ -5,6 +5,7 @@
 #include <thread>
 #include <vector>
 
+#include "comm/comm_internal.h"
 #include "comm/communicator.h"
 #include "comm/local_comm.h"
 
@@ -82,6 +83,25 @@ TEST(P2P, SameTagKeepsOrderAndTagsDoNotMix) {
       EXPECT_EQ(w, z);
     }
   });
+}
+
+// Receives of one key match messages in the order they were posted, whichever is tested first
+// (MPI's rule; a pipeline posts the next micro-batch's receive ahead of the current one's).
+TEST(P2P, LocalTransportMatchesReceivesInPostingOrder) {
+  Comms comms = make_local_comms(2);
+  detail::Transport* t0 = detail::transport_of(*comms[0]);
+  detail::Transport* t1 = detail::transport_of(*comms[1]);
+  float first = 1, second = 2, a = 0, b = 0;
+  const auto ha = t1->irecv(0, 0, 9, &a, 4);
+  const auto hb = t1->irecv(0, 0, 9, &b, 4);
+  Status err;
+  EXPECT_EQ(t0->test(t0->isend(0, 1, 9, &first, 4), &err), 1);
+  EXPECT_EQ(t1->test(hb, &err), 0) << "the later receive took the first message";
+  EXPECT_EQ(t1->test(ha, &err), 1);
+  EXPECT_EQ(t0->test(t0->isend(0, 1, 9, &second, 4), &err), 1);
+  EXPECT_EQ(t1->test(hb, &err), 1);
+  EXPECT_EQ(a, 1.f);
+  EXPECT_EQ(b, 2.f);
 }
 
 // On a split communicator, peers are local ranks and messages name world ranks.
