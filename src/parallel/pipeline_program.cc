@@ -143,13 +143,13 @@ Result<PipelineProgram> lower_pipeline(const Graph& g, const Plan& plan,
     Result<Phases> ph = split_phases(local, phase_of, split_w ? 3 : 2);
     if (!ph.ok()) return ph.status().with_context("pipeline chunk " + std::to_string(k));
     c.phases = std::move(ph.value());
-    for (const Graph& pg : c.phases.graphs) {
+    for (size_t ph = 0; ph < c.phases.graphs.size(); ++ph) {
+      const Graph& pg = c.phases.graphs[ph];
       std::vector<std::vector<NodeId>> buckets;  // the gradient buckets' nodes in this phase
       for (const std::vector<NodeId>& b : c.program.part.buckets) {
         buckets.emplace_back();
         for (NodeId n : b) {
-          const ValueId v = c.phases.value_of[static_cast<size_t>(&pg - c.phases.graphs.data())]
-                                             [static_cast<size_t>(local.node(n).outputs[0])];
+          const ValueId v = c.phases.value_of[ph][static_cast<size_t>(local.node(n).outputs[0])];
           if (v >= 0) buckets.back().push_back(pg.value(v).producer);
         }
       }

@@ -165,12 +165,12 @@ Result<Phases> split_phases(const Graph& g, const std::vector<int>& phase_of_nod
   // Every parameter in every phase, in the split graph's order.
   for (ValueId v : g.params())
     for (int ph = 0; ph < phases; ++ph) TS_RETURN_IF_ERROR(copy(ph, g.producer(v), {}));
+  // Fills and axis_index: recomputed in each phase that reads them.
+  auto shared_leaf = [](const Node& n) { return n.inputs.empty() && n.op != OpKind::input; };
   for (size_t i = 0; i < g.nodes().size(); ++i) {
     const Node& n = g.nodes()[i];
-    if (n.op == OpKind::parameter) continue;
-    const bool shared_leaf = n.inputs.empty() && n.op != OpKind::input;
+    if (n.op == OpKind::parameter || shared_leaf(n)) continue;
     const int ph = phase_of_node[i];
-    if (shared_leaf) continue;  // copied into each phase that reads it
     TS_CHECK(ph >= 0 && ph < phases) << "split_phases: node " << i << " phase " << ph;
     std::vector<ValueId> ins;
     for (ValueId v : n.inputs) {
@@ -178,7 +178,7 @@ Result<Phases> split_phases(const Graph& g, const std::vector<int>& phase_of_nod
       if (here < 0) {
         const Node& prod = g.producer(v);
         const int from = phase_of_value[static_cast<size_t>(v)];
-        if (prod.inputs.empty() && prod.op != OpKind::input) {
+        if (shared_leaf(prod)) {
           TS_RETURN_IF_ERROR(copy(ph, prod, {}));
         } else if (from >= 0 && from < ph) {
           Graph& dst = p.graphs[static_cast<size_t>(ph)];

@@ -186,14 +186,10 @@ void Executor::run() {
   }
 }
 
-void Executor::paint_arena() {
-  std::memset(arena_.get(), kPaint, static_cast<size_t>(plan_.arena_bytes));
-}
+void Executor::paint_arena() { SharedArena{arena_, plan_.arena_bytes}.paint(); }
 
 int64_t Executor::measured_high_water() const {
-  for (int64_t i = plan_.arena_bytes; i > 0; --i)
-    if (arena_[static_cast<size_t>(i - 1)] != kPaint) return i;
-  return 0;
+  return SharedArena{arena_, plan_.arena_bytes}.high_water();
 }
 
 }  // namespace tessera

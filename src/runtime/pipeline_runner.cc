@@ -311,7 +311,6 @@ Result<float> PipelineRunner::forward_backward(const int32_t* tokens, const int3
   tokens_ = tokens;
   targets_ = targets;
   loss_sum_ = 0;
-  arena_.paint();
   const std::vector<PipeAction>& actions = pp_.schedule.actions[static_cast<size_t>(stage_)];
   for (size_t t = 0; t < actions.size(); ++t) {
     post_recv(actions[t]);

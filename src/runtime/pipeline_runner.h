@@ -58,8 +58,10 @@ class PipelineRunner {
   // pre-clip norm, the same on every rank.
   Result<double> apply(double lr, double clip);
 
-  // Memory this stage used in the last forward_backward: the arena's high-water mark (painted at
-  // its start) plus the stash slots it holds, against the plan's stage_arena_bytes.
+  // Memory measurement, off the hot path: paint_arena() before a forward_backward, then
+  // measured_arena_bytes() is the arena's high-water mark since plus the stash slots this stage
+  // holds, against the plan's stage_arena_bytes.
+  void paint_arena() { arena_.paint(); }
   int64_t measured_arena_bytes() const;
   // Bytes of activations and gradients held for in-flight sends at most (not in the plan).
   int64_t p2p_buffer_bytes() const { return p2p_high_water_; }

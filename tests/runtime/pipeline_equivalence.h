@@ -53,6 +53,7 @@ inline PipeResult run_pipeline_rank(Communicator& world, const Plan& plan, int s
       xs.insert(xs.end(), x.begin() + idx * rows * kSeq, x.begin() + (idx + 1) * rows * kSeq);
       ys.insert(ys.end(), y.begin() + idx * rows * kSeq, y.begin() + (idx + 1) * rows * kSeq);
     }
+    if (s == steps - 1) step.paint_arena();
     Result<float> loss = step.forward_backward(xs.data(), ys.data());
     if (!loss.ok()) {
       out.status = loss.status();
