@@ -86,6 +86,7 @@ constexpr double kLr = 2e-3;
 
 struct RunResult {
   std::vector<float> losses;
+  std::vector<double> norms;               // pre-clip gradient norm per step
   std::vector<std::vector<float>> params;  // whole tensors, global parameter order
   double comm_bytes_measured = 0;          // sent by this rank in the last step
   double comm_bytes_planned = 0;
@@ -154,7 +155,9 @@ inline RunResult run_single(int steps, int micro_batches, const ModelConfig& cfg
       global_batch(s, k, &x, &y, cfg.vocab_size);
       loss += step.forward_backward(x.data(), y.data()).value();
     }
-    EXPECT_TRUE(step.apply(kLr, /*clip=*/0.5).ok());
+    Result<double> norm = step.apply(kLr, /*clip=*/0.5);
+    EXPECT_TRUE(norm.ok()) << norm.status().to_string();
+    r.norms.push_back(norm.ok() ? *norm : 0.0);
     r.losses.push_back(loss / static_cast<float>(micro_batches));
   }
   for (const Instruction& in : step.program().micro_step)

@@ -13,6 +13,7 @@ namespace tessera::testing_equivalence {
 
 struct PipeResult {
   std::vector<float> losses;
+  std::vector<double> norms;                         // pre-clip gradient norm per step
   std::map<std::string, std::vector<float>> params;  // the whole tensors of this stage's chunks
   int64_t arena_planned = 0, arena_measured = 0;
   int64_t p2p_buffer_bytes = 0;
@@ -65,6 +66,7 @@ inline PipeResult run_pipeline_rank(Communicator& world, const Plan& plan, int s
       return out;
     }
     out.losses.push_back(*loss);
+    out.norms.push_back(*norm);
   }
   out.arena_measured = step.measured_arena_bytes();
   out.arena_planned = pp->stage_arena_bytes[static_cast<size_t>(step.stage())];
@@ -89,6 +91,9 @@ inline void expect_pipeline_equivalent(const RunResult& ref, const PipeResult& g
   ASSERT_EQ(got.losses.size(), ref.losses.size());
   for (size_t i = 0; i < ref.losses.size(); ++i)
     EXPECT_NEAR(got.losses[i], ref.losses[i], 1e-5 * std::abs(ref.losses[i])) << "step " << i;
+  ASSERT_EQ(got.norms.size(), ref.norms.size());
+  for (size_t i = 0; i < ref.norms.size(); ++i)
+    EXPECT_NEAR(got.norms[i], ref.norms[i], 1e-4 * ref.norms[i]) << "gradient norm, step " << i;
   ModelGraph m = build_model(cfg, kBatch, kSeq, ModelMode::train);
   const std::vector<ValueId>& all = m.graph.params();
   double worst = 0;
