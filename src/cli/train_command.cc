@@ -10,6 +10,7 @@
 #include "cli/plan_flags.h"
 #include "cost/cluster_spec.h"
 #include "io/model_config.h"
+#include "parallel/pipeline_program.h"
 #include "parallel/plan.h"
 #include "train/trainer.h"
 
@@ -27,17 +28,35 @@ PlanFlags plan_flags(const TrainOptions& o) {
                    static_cast<int>(o.grad_accum),
                    o.recompute,
                    o.sequence_parallel,
-                   o.recompute_layers};
+                   o.recompute_layers,
+                   o.pp,
+                   o.schedule,
+                   o.virtual_stages,
+                   o.stage_layers};
 }
 
-// The runtime does not execute pipeline schedules yet: a plan file with stages is refused.
-Result<Plan> train_plan(const TrainOptions& o, int ranks) {
+// The plan of a run on `ranks` ranks with its placements (the sharding search with --tp, the
+// stage cut with --pp), checked as far as the run needs: with stages, lowered once. `placed`
+// gets the search's report.
+Result<Plan> train_plan(const TrainOptions& o, const ModelConfig& cfg, int ranks,
+                        std::string* placed) {
   TS_ASSIGN_OR_RETURN(Plan plan, plan_from_flags(plan_flags(o), ranks));
-  if (plan.stages() > 1)
-    return error("train: the plan has " + std::to_string(plan.stages()) +
-                     " pipeline stages, and the runtime does not run pipeline schedules yet",
-                 "`tessera simulate` and `tessera plan` model pipelines (--pp); train with a "
-                 "plan without a pipeline axis");
+  if (plan.mesh.size() == 1) return plan;  // one process: its --grad-accum and --recompute
+  // Placements for this machine's ratio of FLOP/s to bytes/s between ranks (cpu-local's
+  // figures; `tessera calibrate` measures them). The search is deterministic, so every rank
+  // finds the same placements.
+  TS_ASSIGN_OR_RETURN(ClusterSpec cpu, load_cluster("cpu-local"));
+  // The full graph spreads a searched layout over the blocks and is cut into stages.
+  const bool searched = o.plan.empty() && plan.tensor_group() > 1;
+  ModelGraph m = searched || plan.stages() > 1 ? build_model(cfg, o.batch, o.seq, ModelMode::train)
+                                               : ModelGraph{};
+  TS_ASSIGN_OR_RETURN(*placed,
+                      place_parameters(plan_flags(o), cfg, o.batch, o.seq, m.graph,
+                                       SearchCost{flops_per_intra_byte(cpu, DType::f32)}, &plan));
+  if (plan.stages() > 1) {
+    Result<PipelineProgram> pp = lower_pipeline(m.graph, plan);
+    if (!pp.ok()) return pp.status();
+  }
   return plan;
 }
 
@@ -51,22 +70,18 @@ Status run_train(const TrainOptions& o) {
   if (const char* n = std::getenv("TESSERA_LAUNCH_CHECK")) {
     const int ranks = std::atoi(n);
     if (o.plan.empty() || ranks > 0) {
-      TS_ASSIGN_OR_RETURN(Plan plan, train_plan(o, ranks));
-      if (o.batch % plan.data_group() != 0)
-        return error("--batch " + std::to_string(o.batch) +
-                         " (the global micro-batch) does not split over " +
-                         std::to_string(plan.data_group()) + " data-parallel ranks",
-                     "use a multiple of " + std::to_string(plan.data_group()));
+      std::string placed;
+      TS_RETURN_IF_ERROR(train_plan(o, cfg, ranks, &placed).status());
     }
     std::exit(0);
   }
   // A distributed run: started by mpirun (or `tessera launch`), or asked for by flags.
-  const bool wants_ranks = o.dp > 1 || o.tp > 1 || o.hsdp > 0 || !o.plan.empty();
+  const bool wants_ranks = o.dp > 1 || o.tp > 1 || o.pp > 1 || o.hsdp > 0 || !o.plan.empty();
   TS_ASSIGN_OR_RETURN(std::unique_ptr<Communicator> world, join_mpi_job());
   if (world) {
     world->set_timeout(o.comm_timeout);
   } else if (wants_ranks) {
-    int n = std::max(o.dp, 1) * std::max(o.tp, 1);
+    int n = std::max(o.dp, 1) * std::max(o.tp, 1) * std::max(o.pp, 1);
     if (n == 1) n = 2;
     return error("a distributed plan needs one process per rank",
                  "run `tessera launch -n " + std::to_string(n) + " -- train ...` or `mpirun -np " +
@@ -74,21 +89,9 @@ Status run_train(const TrainOptions& o) {
   }
   const bool distributed = world && (world->size() > 1 || wants_ranks);
   const int ranks = world ? world->size() : 1;
-  // One process is a plan of one rank (its --grad-accum and --recompute).
-  TS_ASSIGN_OR_RETURN(Plan plan, train_plan(o, ranks));
-  if (distributed) {
-    // Placements for this machine's ratio of FLOP/s to bytes/s between ranks (cpu-local's
-    // figures; `tessera calibrate` measures them). The search is deterministic, so every
-    // rank finds the same placements.
-    TS_ASSIGN_OR_RETURN(ClusterSpec cpu, load_cluster("cpu-local"));
-    // The full graph only serves to spread a searched layout over the blocks.
-    const bool searched = o.plan.empty() && plan.tensor_group() > 1;
-    ModelGraph m = searched ? build_model(cfg, o.batch, o.seq, ModelMode::train) : ModelGraph{};
-    TS_ASSIGN_OR_RETURN(std::string placed,
-                        place_parameters(plan_flags(o), cfg, o.batch, o.seq, m.graph,
-                                         SearchCost{flops_per_intra_byte(cpu, DType::f32)}, &plan));
-    if (world->rank() == 0 && !placed.empty()) std::fputs(placed.c_str(), stderr);
-  }
+  std::string placed;
+  TS_ASSIGN_OR_RETURN(Plan plan, train_plan(o, cfg, distributed ? ranks : 1, &placed));
+  if (distributed && world->rank() == 0 && !placed.empty()) std::fputs(placed.c_str(), stderr);
   return train(o, TrainJob{cfg, std::move(plan), world.get(), default_data_dir()});
 }
 
@@ -141,6 +144,20 @@ void add_train_command(CLI::App& app, TrainOptions& o) {
                   "HSDP: this many replica groups, ZeRO-3 within each (ranks / N per group)");
   cmd->add_option("--plan", o.plan,
                   "Plan JSON (see `tessera plan`); overrides --dp/--tp/--zero/--hsdp");
+  cmd->add_option("--pp", o.pp,
+                  "Pipeline stages: the outermost mesh axis, each stage a contiguous run of "
+                  "blocks (balanced by FLOPs, embedding and LM head counted, unless "
+                  "--stage-layers); --grad-accum is the number of micro-batches")
+      ->capture_default_str();
+  cmd->add_option("--schedule", o.schedule,
+                  "Pipeline schedule: gpipe, 1f1b (default), interleaved (with "
+                  "--virtual-stages) or zb-h1 (zero-bubble: backward split into input and "
+                  "weight gradients)");
+  cmd->add_option("--virtual-stages", o.virtual_stages,
+                  "Model chunks per stage for --schedule interleaved");
+  cmd->add_option("--stage-layers", o.stage_layers,
+                  "Blocks per model chunk, comma-separated (e.g. 3,5), summing to the model's "
+                  "blocks");
   cmd->add_flag("--sequence-parallel", o.sequence_parallel,
                 "Sequence parallelism with --tp: norms and residual adds split on the sequence "
                 "over the tensor-parallel ranks (reduce-scatter + all-gather instead of "

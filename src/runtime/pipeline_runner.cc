@@ -227,6 +227,18 @@ Status PipelineRunner::reap_sends(bool all) {
   return Status();
 }
 
+Status PipelineRunner::feed_forward(const PipeAction& a, Executor& ex) {
+  const ChunkProgram& c = pp_.chunks[static_cast<size_t>(model_chunk(a.chunk))];
+  if (!c.recv.empty()) TS_RETURN_IF_ERROR(take_recv(a, ex, in_phase(c, 0, c.recv)));
+  const Graph& g = ex.graph();
+  for (auto [name, data] :
+       {std::make_pair("tokens", tokens_), std::make_pair("targets", targets_)}) {
+    const ValueId in = g.find_input(name);
+    if (in >= 0) ex.set_input(name, data + a.micro_batch * g.type(in).shape.numel());
+  }
+  return Status();
+}
+
 void PipelineRunner::load_stash(int v, int ph, Executor& ex, int slot, int wslot) {
   const Phases& phases = pp_.chunks[static_cast<size_t>(model_chunk(v))].phases;
   const std::vector<int64_t>& off = offsets_[static_cast<size_t>(v)];
@@ -258,12 +270,7 @@ Status PipelineRunner::run_action(const PipeAction& a) {
     case PipeOp::forward: {
       Executor& ex = r.phase_executor(kForwardPhase);
       const Graph& g = ex.graph();
-      if (!c.recv.empty()) TS_RETURN_IF_ERROR(take_recv(a, ex, in_phase(c, 0, c.recv)));
-      for (auto [name, data] :
-           {std::make_pair("tokens", tokens_), std::make_pair("targets", targets_)}) {
-        const ValueId in = g.find_input(name);
-        if (in >= 0) ex.set_input(name, data + j * g.type(in).shape.numel());
-      }
+      TS_RETURN_IF_ERROR(feed_forward(a, ex));
       TS_RETURN_IF_ERROR(r.run_phase(kForwardPhase));
       const int slot = take_slot(free_slots_);
       slot_of_[key] = slot;
@@ -366,6 +373,85 @@ Result<double> PipelineRunner::apply(double lr, double clip) {
   const double coef = clip > 0 ? AdamW::clip_coefficient(norm, clip) : 1.0;
   for (auto& c : chunks_) TS_RETURN_IF_ERROR(c->step(lr, coef));
   return norm;
+}
+
+Result<float> PipelineRunner::evaluate(const int32_t* tokens, const int32_t* targets) {
+  tokens_ = tokens;
+  targets_ = targets;
+  double loss = 0;
+  // Local chunks in model-chunk order: chunk v waits for chunk v * stages - 1 of the last stage.
+  for (int v = 0; v < local_chunks(); ++v) {
+    const ChunkProgram& c = pp_.chunks[static_cast<size_t>(model_chunk(v))];
+    Executor& ex = chunk(v).phase_executor(kForwardPhase);
+    const PipeAction a{PipeOp::forward, 0, v};
+    TS_RETURN_IF_ERROR(feed_forward(a, ex));
+    TS_RETURN_IF_ERROR(chunk(v).run_phase(kForwardPhase));
+    if (ex.graph().loss() >= 0) loss += *ex.data<float>(ex.graph().loss());
+    if (!c.send.empty()) TS_RETURN_IF_ERROR(send(a, ex, in_phase(c, 0, c.send), kForwardPhase));
+  }
+  TS_RETURN_IF_ERROR(reap_sends(true));
+  TS_ASSIGN_OR_RETURN(loss, pipe_->all_reduce_scalar(loss, /*max=*/false, "evaluation loss"));
+  return static_cast<float>(loss);
+}
+
+bool PipelineRunner::writes_tied_copy(int v, size_t i) const {
+  for (const Tied& t : tied_)
+    if (t.v == v && t.param == i) return t.holders[0] == model_chunk(v);
+  return true;
+}
+
+Status PipelineRunner::gather_params(std::vector<std::vector<float>>* whole) {
+  std::map<std::string, size_t> index;
+  for (size_t i = 0; i < model_.params().size(); ++i) index[model_.name_of(model_.params()[i])] = i;
+  whole->assign(model_.params().size(), {});
+  // Each stage's ranks gather their chunks' whole parameters (tied copies left out).
+  std::vector<size_t> mine;  // model indices, in the order they travel to stage 0
+  for (int v = 0; v < local_chunks(); ++v) {
+    std::vector<std::vector<float>> w;
+    TS_RETURN_IF_ERROR(chunk(v).gather_params(&w));
+    const std::vector<ParamLayout>& params = chunk(v).program().part.params;
+    for (size_t i = 0; i < params.size(); ++i) {
+      if (!writes_tied_copy(v, i)) continue;
+      const size_t m = index.at(params[i].name);
+      (*whole)[m] = std::move(w[i]);
+      mine.push_back(m);
+    }
+  }
+  // The pipeline group of world rank 0 brings them to it, one message per parameter.
+  const Plan& plan = pp_.plan;
+  const int world_rank = comms_.world().rank();
+  if (plan.mesh.group_color(world_rank, {plan.pipeline_axis}) !=
+      plan.mesh.group_color(0, {plan.pipeline_axis}))
+    return Status();
+  const int stages = pp_.schedule.stages;
+  if (stage_ != 0) {
+    for (size_t m : mine) {
+      const std::vector<float>& w = (*whole)[m];
+      TS_RETURN_IF_ERROR(
+          pipe_->wait(pipe_->send(w.data(), static_cast<int64_t>(w.size()), 0, kTiedUpTag,
+                                  "gather " + model_.name_of(model_.params()[m]))));
+    }
+    return Status();
+  }
+  // Stage 0: the other stages' parameters from their first holders, in the order each stage
+  // sends them (its chunks ascending, parameters in chunk order).
+  std::vector<char> seen(model_.params().size(), 0);
+  std::vector<std::vector<const ParamLayout*>> from(static_cast<size_t>(stages));
+  for (int k = 0; k < pp_.schedule.chunks(); ++k)
+    for (const ParamLayout& pl : pp_.chunks[static_cast<size_t>(k)].program.part.params) {
+      const size_t m = index.at(pl.name);
+      if (seen[m]) continue;
+      seen[m] = 1;
+      from[static_cast<size_t>(k % stages)].push_back(&pl);
+    }
+  for (int s = 1; s < stages; ++s)
+    for (const ParamLayout* pl : from[static_cast<size_t>(s)]) {
+      std::vector<float>& w = (*whole)[index.at(pl->name)];
+      w.resize(static_cast<size_t>(pl->global_shape.numel()));
+      TS_RETURN_IF_ERROR(pipe_->wait(pipe_->recv(w.data(), static_cast<int64_t>(w.size()), s,
+                                                 kTiedUpTag, "gather " + pl->name)));
+    }
+  return Status();
 }
 
 int64_t PipelineRunner::measured_arena_bytes() const {

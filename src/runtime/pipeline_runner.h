@@ -58,6 +58,18 @@ class PipelineRunner {
   // pre-clip norm, the same on every rank.
   Result<double> apply(double lr, double clip);
 
+  // The loss of one batch (tokens/targets: this rank's rows of one micro-batch), the forward
+  // phases only, passed down the stages; the same on every rank. Collective. Between steps.
+  Result<float> evaluate(const int32_t* tokens, const int32_t* targets);
+  // Whether this rank's chunk v writes parameter i into a checkpoint as far as the pipeline is
+  // concerned: a tied parameter is written by its first holder only (StepRunner::writes_param
+  // picks among the stage's data and tensor ranks).
+  bool writes_tied_copy(int v, size_t i) const;
+  // The whole parameters, in the model graph's order, on world rank 0 (every stage's ranks
+  // gather their chunks' pieces; the stages send them to stage 0). Other ranks get them
+  // partly or not at all. Collective. Between steps.
+  Status gather_params(std::vector<std::vector<float>>* whole);
+
   // Memory measurement, off the hot path: paint_arena() before a forward_backward, then
   // measured_arena_bytes() is the arena's high-water mark since plus the stash slots this stage
   // holds, against the plan's stage_arena_bytes.
@@ -70,6 +82,9 @@ class PipelineRunner {
   PipelineRunner(const Graph& model, const PipelineProgram& program, MeshComms& comms);
   struct Message;  // a boundary transfer in flight
   Status run_action(const PipeAction& a);
+  // The forward phase's inputs of action a (micro-batch a.micro_batch): the previous chunk's
+  // activations and this micro-batch's tokens and targets.
+  Status feed_forward(const PipeAction& a, Executor& ex);
   // Posts the receive action a needs (if any, and not yet posted).
   void post_recv(const PipeAction& a);
   // Waits for action a's receive and copies it into the inputs `into` of ex.

@@ -5,6 +5,7 @@
 #include <random>
 
 #include "base/check.h"
+#include "base/format.h"
 #include "io/checkpoint.h"
 #include "io/model_config.h"
 #include "io/sharded_checkpoint.h"
@@ -31,15 +32,91 @@ Result<std::unique_ptr<TrainState>> TrainState::create(const ModelConfig& cfg,
                                                        const TrainOptions& opts, Backend& backend,
                                                        MeshComms& comms, const Plan& plan) {
   std::unique_ptr<TrainState> st(new TrainState(cfg, opts, backend));
+  st->rank = comms.world().rank();
+  if (plan.stages() > 1) {
+    TS_ASSIGN_OR_RETURN(PipelineProgram pp, lower_pipeline(st->model.graph, plan));
+    st->pipeline = std::make_unique<PipelineProgram>(std::move(pp));
+    TS_ASSIGN_OR_RETURN(st->pipe, PipelineRunner::create(st->model.graph, *st->pipeline, backend,
+                                                         comms, adamw_config(opts)));
+    return st;
+  }
   TS_ASSIGN_OR_RETURN(
       st->runner, StepRunner::create(st->model.graph, plan, backend, comms, adamw_config(opts)));
   TS_RETURN_IF_ERROR(st->runner->add_evaluation(st->eval_model.graph));
-  st->rank = comms.world().rank();
   return st;
 }
 
+std::vector<TrainState::HeldParam> TrainState::held_params() const {
+  std::vector<HeldParam> out;
+  auto add = [&](StepRunner& r, int v) {
+    for (size_t i = 0; i < r.program().part.params.size(); ++i) {
+      const bool copy = pipelined() && !pipe->writes_tied_copy(v, i);
+      out.push_back({&r, i, !copy && r.writes_param(i), !copy && r.writes_optim(i)});
+    }
+  };
+  if (pipelined()) {
+    for (int v = 0; v < pipe->local_chunks(); ++v) add(pipe->chunk(v), v);
+  } else {
+    add(*runner, 0);
+  }
+  return out;
+}
+
+int64_t TrainState::measured_arena_bytes() const {
+  return pipelined() ? pipe->measured_arena_bytes() : runner->executor().measured_high_water();
+}
+
+int64_t TrainState::planned_arena_bytes() const {
+  return pipelined() ? pipeline->stage_arena_bytes[static_cast<size_t>(pipe->stage())]
+                     : runner->executor().plan().arena_bytes;
+}
+
+std::string TrainState::describe_memory() const {
+  auto b = [](int64_t n) { return format_bytes(static_cast<double>(n)); };
+  const Graph& g = model.graph;
+  const Plan& p = plan();
+  if (pipelined()) {
+    const PipelineProgram& pp = *pipeline;
+    std::string s = "plan " + p.describe() + " on " + std::to_string(p.mesh.size()) + " ranks\n";
+    for (int st = 0; st < pp.schedule.stages; ++st) {
+      const size_t u = static_cast<size_t>(st);
+      std::string blocks;
+      for (int k = st; k < pp.schedule.chunks(); k += pp.schedule.stages) {
+        const ChunkProgram& c = pp.chunks[static_cast<size_t>(k)];
+        blocks += (blocks.empty() ? "" : ", ") + std::to_string(c.first_block) + "-" +
+                  std::to_string(c.first_block + c.blocks - 1);
+      }
+      s += "  stage " + std::to_string(st) + " (blocks " + blocks + "): per rank arena " +
+           b(pp.stage_arena_bytes[u]) + " (stash " + b(pp.stage_stash_bytes[u]) + " for " +
+           std::to_string(pp.in_flight[u]) +
+           " micro-batches in flight), parameters, gradients "
+           "and optimizer " +
+           b(pp.stage_persistent_bytes[u]) + "\n";
+    }
+    return s;
+  }
+  const Program& prog = runner->program();
+  // One micro-batch per step: the optimizer reads the gradients in the arena.
+  const std::string grads = p.micro_batches > 1 ? b(prog.grad_bytes) : std::string("in the arena");
+  // Evaluation runs under the same plan on the same parameters, in an arena of its own.
+  const std::string eval_arena = b(runner->eval_executor()->plan().arena_bytes);
+  if (distributed())
+    return "plan " + p.describe() + " on " + std::to_string(p.mesh.size()) +
+           " ranks: per rank arena " + b(prog.memory.arena_bytes) + ", parameters " +
+           b(prog.param_bytes) + ", gradients " + grads + ", optimizer " + b(prog.optim_bytes) +
+           ", evaluation arena " + eval_arena + "; " + format_bytes(prog.comm_bytes_per_step) +
+           " sent per step\n";
+  const Graph& local = prog.local();  // as executed (with recomputation)
+  return "model " + cfg.name + ": " + format_count(local.param_count()) + " parameters, " +
+         format_si(g.total_flops() / static_cast<double>(opts.batch * opts.seq)) +
+         " FLOPs/token (train)\nplanned memory: arena " + b(runner->executor().plan().arena_bytes) +
+         " (activations, gradients), parameters " + b(prog.param_bytes) + ", gradients " + grads +
+         ", optimizer " + b(prog.optim_bytes) + " (AdamW's two moments), evaluation arena " +
+         eval_arena + "\n";
+}
+
 nlohmann::json TrainState::manifest(int64_t completed, const DataLoader& train) const {
-  const AdamW& opt = runner->optimizer();
+  const AdamW& opt = pipelined() ? pipe->chunk(0).optimizer() : runner->optimizer();
   const AdamWConfig& ac = opt.config();
   nlohmann::json m = {{"step", completed},
                       {"model", model_config_to_json(cfg)},
@@ -62,7 +139,7 @@ nlohmann::json TrainState::manifest(int64_t completed, const DataLoader& train) 
                         {"warmup", opts.warmup},
                         {"min_lr_frac", opts.min_lr_frac},
                         {"clip", opts.clip}}}};
-  m["plan"] = plan_to_json(runner->program().plan);
+  m["plan"] = plan_to_json(plan());
   return m;
 }
 
@@ -73,10 +150,10 @@ Result<bool> TrainState::params_finite() const {
     return ok;
   };
   bool ok = true;
-  for (size_t i = 0; i < model.graph.params().size() && ok; ++i)
-    ok = finite(runner->param_data(i), runner->param_piece(i).count);
-  TS_ASSIGN_OR_RETURN(double bad, runner->comms().world().all_reduce_scalar(
-                                      ok ? 0.0 : 1.0, /*max=*/true, "parameters finite"));
+  for (const HeldParam& h : held_params())
+    ok = ok && finite(h.runner->param_data(h.index), h.runner->param_piece(h.index).count);
+  TS_ASSIGN_OR_RETURN(double bad, comms().world().all_reduce_scalar(ok ? 0.0 : 1.0, /*max=*/true,
+                                                                    "parameters finite"));
   return bad == 0;
 }
 
@@ -108,25 +185,24 @@ Status TrainState::save(const std::string& root, int64_t completed, const DataLo
 // write succeeded, then rank 0 publishes.
 Status TrainState::save_sharded(const std::string& root, int64_t completed,
                                 const nlohmann::json& man) const {
-  StepRunner& d = *runner;
-  const Program& prog = d.program();
-  const Graph& g = model.graph;
   std::vector<TensorShard> shards;
-  for (size_t i = 0; i < g.params().size(); ++i) {
-    const ParamLayout& pl = prog.part.params[i];
+  for (const HeldParam& h : held_params()) {
+    StepRunner& d = *h.runner;
+    const size_t i = h.index;
+    const ParamLayout& pl = d.program().part.params[i];
     const LocalPiece pp = d.param_piece(i), op = d.optim_piece(i);
     const Box box = d.param_box(i);  // this rank's tensor-parallel piece of the global tensor
-    if (d.writes_param(i))
+    if (h.writes_param)
       shards.push_back({pl.name, DType::f32, pl.global_shape, pp.offset, pp.count, d.param_data(i),
                         box.lo, box.hi});
-    if (d.writes_optim(i)) {
+    if (h.writes_optim) {
       shards.push_back({"adam.m." + pl.name, DType::f32, pl.global_shape, op.offset, op.count,
                         d.optimizer().m(i).data(), box.lo, box.hi});
       shards.push_back({"adam.v." + pl.name, DType::f32, pl.global_shape, op.offset, op.count,
                         d.optimizer().v(i).data(), box.lo, box.hi});
     }
   }
-  Communicator& world = d.comms().world();
+  Communicator& world = comms().world();
   const std::string name = checkpoint_name(completed);
   Status wrote = write_checkpoint_shards(root, name, world.rank(), world.size(), shards);
   TS_ASSIGN_OR_RETURN(double failed,
@@ -175,25 +251,26 @@ Result<int64_t> TrainState::load(const std::string& root, DataLoader* train) {
       return error(where + " was written with --batch " + t.at("batch").dump() + " --seq " +
                        t.at("seq").dump() + " --grad-accum " + t.at("grad_accum").dump(),
                    "resume with the same (global) batch shape; the plan may differ");
-    const Graph& g = model.graph;
-    AdamW& opt = runner->optimizer();
-    for (size_t i = 0; i < g.params().size(); ++i) {
-      ValueId p = g.params()[i];
-      const std::string& name = g.name_of(p);
+    const int64_t adam_steps = m.at("optimizer").at("t").get<int64_t>();
+    for (const HeldParam& h : held_params()) {
+      StepRunner& r = *h.runner;
+      const size_t i = h.index;
+      const ParamLayout& pl = r.program().part.params[i];
+      const std::string& name = pl.name;
       TS_ASSIGN_OR_RETURN(Shape shape, ck.global_shape(name));
-      if (shape != g.type(p).shape)
+      if (shape != pl.global_shape)
         return error(where + ": tensor " + name + " has shape " + shape.to_string() +
-                     ", expected " + g.type(p).shape.to_string());
-      const LocalPiece pp = runner->param_piece(i), op = runner->optim_piece(i);
-      const Box box = runner->param_box(i);
-      float* dst = runner->param_data(i);
-      TS_RETURN_IF_ERROR(ck.read_box(name, box.lo, box.hi, pp.offset, pp.count, dst));
+                     ", expected " + pl.global_shape.to_string());
+      const LocalPiece pp = r.param_piece(i), op = r.optim_piece(i);
+      const Box box = r.param_box(i);
+      AdamW& opt = r.optimizer();
+      TS_RETURN_IF_ERROR(ck.read_box(name, box.lo, box.hi, pp.offset, pp.count, r.param_data(i)));
       TS_RETURN_IF_ERROR(
           ck.read_box("adam.m." + name, box.lo, box.hi, op.offset, op.count, opt.m(i).data()));
       TS_RETURN_IF_ERROR(
           ck.read_box("adam.v." + name, box.lo, box.hi, op.offset, op.count, opt.v(i).data()));
+      opt.set_steps(adam_steps);
     }
-    opt.set_steps(m.at("optimizer").at("t").get<int64_t>());
     TS_ASSIGN_OR_RETURN(LoaderState ls, loader_state_from_json(m.at("loader")));
     Status s = train->restore(ls);
     if (!s.ok()) return s.with_context(where);

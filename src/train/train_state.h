@@ -9,6 +9,7 @@
 #include "data/bpe_tokenizer.h"
 #include "data/loader.h"
 #include "models/model.h"
+#include "runtime/pipeline_runner.h"
 #include "runtime/step_runner.h"
 #include "train/train_options.h"
 
@@ -26,21 +27,62 @@ class TrainState {
   ModelConfig cfg;
   TrainOptions opts;
   Backend& backend;
-  ModelGraph model;                    // training graph (global batch)
-  std::unique_ptr<StepRunner> runner;  // this rank's parameters, gradients and optimizer
+  ModelGraph model;  // training graph (global batch)
+  // This rank's parameters, gradients and optimizer: one StepRunner, or with pipeline stages
+  // the PipelineRunner of this rank's stage (its Program lowered here, for every stage).
+  std::unique_ptr<StepRunner> runner;
+  std::unique_ptr<PipelineProgram> pipeline;
+  std::unique_ptr<PipelineRunner> pipe;
   int rank = 0;
-  bool distributed() const { return runner->comms().world().size() > 1; }
+  bool pipelined() const { return pipe != nullptr; }
+  MeshComms& comms() const { return pipelined() ? pipe->chunk(0).comms() : runner->comms(); }
+  bool distributed() const { return comms().world().size() > 1; }
   bool is_leader() const { return rank == 0; }  // prints, writes metrics
+  const Plan& plan() const { return pipelined() ? pipeline->plan : runner->program().plan; }
+  // Micro-batches one forward_backward call takes: all of the step's with pipeline stages (the
+  // schedule interleaves them), else one.
+  int64_t micro_batches_per_call() const { return pipelined() ? plan().micro_batches : 1; }
 
-  // tokens/targets: this rank's rows.
+  // tokens/targets: this rank's rows of micro_batches_per_call() micro-batches, one after the
+  // other. Returns their mean loss (global, the same on every rank).
   Result<float> forward_backward(const int32_t* tokens, const int32_t* targets) {
-    return runner->forward_backward(tokens, targets);
+    return pipelined() ? pipe->forward_backward(tokens, targets)
+                       : runner->forward_backward(tokens, targets);
   }
-  Result<double> apply(double lr, double clip) { return runner->apply(lr, clip); }
-  Executor& executor() { return runner->executor(); }
-  void init_params(uint64_t seed) { runner->init_params(seed); }
-  // Loss only, global batch: evaluated under the training plan (StepRunner::evaluate), on this
-  // rank's parameter pieces in place.
+  Result<double> apply(double lr, double clip) {
+    return pipelined() ? pipe->apply(lr, clip) : runner->apply(lr, clip);
+  }
+  void init_params(uint64_t seed) {
+    if (pipelined()) {
+      pipe->init_params(seed);
+    } else {
+      runner->init_params(seed);
+    }
+  }
+  // The global loss of one evaluation batch (this rank's rows), under the training plan on this
+  // rank's parameter pieces in place: StepRunner::evaluate, or the stages' forward phases.
+  Result<float> evaluate(const int32_t* tokens, const int32_t* targets) {
+    return pipelined() ? pipe->evaluate(tokens, targets) : runner->evaluate(tokens, targets);
+  }
+  // The whole parameters in the model graph's order, at least on rank 0. Collective.
+  Status gather_params(std::vector<std::vector<float>>* whole) {
+    return pipelined() ? pipe->gather_params(whole) : runner->gather_params(whole);
+  }
+  // Memory measurement around the first forward_backward: the arena (and a pipeline stage's
+  // stash slots) painted, then its high-water against the plan.
+  void paint_arena() {
+    if (pipelined()) {
+      pipe->paint_arena();
+    } else {
+      runner->executor().paint_arena();
+    }
+  }
+  int64_t measured_arena_bytes() const;
+  int64_t planned_arena_bytes() const;
+  // What memory the plan gives this run, printed before step 0 (per stage with a pipeline).
+  std::string describe_memory() const;
+
+  // Loss-mode graph of the global batch (evaluated under the training plan without stages).
   ModelGraph eval_model;
   LoaderState val_start;
 
@@ -63,6 +105,14 @@ class TrainState {
   Status save_sharded(const std::string& root, int64_t completed,
                       const nlohmann::json& manifest) const;
   nlohmann::json manifest(int64_t completed, const DataLoader& train) const;
+  // The parameters this rank holds (a pipeline stage: each of its chunks'), with whether it
+  // writes each into a checkpoint (one copy of every element over all ranks).
+  struct HeldParam {
+    StepRunner* runner;
+    size_t index;  // in runner's program
+    bool writes_param, writes_optim;
+  };
+  std::vector<HeldParam> held_params() const;
 };
 
 }  // namespace tessera

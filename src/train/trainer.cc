@@ -61,7 +61,7 @@ Result<double> evaluate(TrainState& st, DataLoader& val, int64_t batches) {
   double total = 0;
   for (int64_t i = 0; i < batches; ++i) {
     val.next(&x, &y);
-    TS_ASSIGN_OR_RETURN(float loss, st.runner->evaluate(x.data(), y.data()));
+    TS_ASSIGN_OR_RETURN(float loss, st.evaluate(x.data(), y.data()));
     total += loss;
   }
   return total / static_cast<double>(batches);
@@ -101,6 +101,23 @@ Status diverged(int64_t step, const std::string& what, int64_t last_saved, const
                                       " in " + o.out + "/checkpoints (--resume continues from it); "
                                 : std::string("no checkpoint was saved before; ")) +
                    "try a lower --lr (now " + number_text(o.lr) + ") or --clip 1.0");
+}
+
+// The arena's measured high-water after the first step against the plan: printed by rank 0 and
+// by the first rank of every pipeline stage, and by any rank where they differ.
+void report_arena(const TrainState& st, const Communicator* world) {
+  const int64_t hw = st.measured_arena_bytes(), planned = st.planned_arena_bytes();
+  const bool stage_lead = st.pipelined() &&
+                          st.plan().mesh.group_index(st.rank, st.plan().data_axes) == 0 &&
+                          (st.plan().tensor_axes.empty() ||
+                           st.plan().mesh.group_index(st.rank, st.plan().tensor_axes) == 0);
+  if (!st.is_leader() && !stage_lead && hw == planned) return;
+  std::string who = world ? "rank " + std::to_string(world->rank()) + ": " : std::string();
+  if (st.pipelined()) who += "stage " + std::to_string(st.pipe->stage()) + ": ";
+  std::fprintf(stderr, "%smeasured arena high-water %s (planned %s)%s\n", who.c_str(),
+               format_bytes(static_cast<double>(hw)).c_str(),
+               format_bytes(static_cast<double>(planned)).c_str(),
+               hw == planned ? "" : "  MISMATCH");
 }
 
 }  // namespace
@@ -153,8 +170,6 @@ Status train(const TrainOptions& o, const TrainJob& job) {
                       TrainState::create(cfg, o, cpu, *comms, plan));
   TrainState& st = *state;
   st.val_start = val.state();
-  const Program& prog = st.runner->program();
-  const Graph& g = prog.local();  // as executed (with recomputation)
   int64_t start_step = 0;
   if (o.resume) {
     TS_ASSIGN_OR_RETURN(start_step, st.load(o.out + "/checkpoints", &train));
@@ -169,34 +184,7 @@ Status train(const TrainOptions& o, const TrainJob& job) {
   const double model_flops_per_step =
       st.model.graph.total_flops() * static_cast<double>(o.grad_accum);
   const double peak = o.peak_flops > 0 ? o.peak_flops : measured_gemm_peak();
-  const MemoryPlan& mplan = st.executor().plan();
-  // One micro-batch per step: the optimizer reads the gradients in the arena.
-  const std::string grads = plan.micro_batches > 1
-                                ? format_bytes(static_cast<double>(prog.grad_bytes))
-                                : std::string("in the arena");
-  // Evaluation runs under the same plan on the same parameters, in an arena of its own.
-  const std::string eval_arena =
-      format_bytes(static_cast<double>(st.runner->eval_executor()->plan().arena_bytes));
-  if (leader && distributed) {
-    std::fprintf(stderr,
-                 "plan %s on %d ranks: per rank arena %s, parameters %s, gradients %s, "
-                 "optimizer %s, evaluation arena %s; %s sent per step\n",
-                 plan.describe().c_str(), world->size(),
-                 format_bytes(static_cast<double>(prog.memory.arena_bytes)).c_str(),
-                 format_bytes(static_cast<double>(prog.param_bytes)).c_str(), grads.c_str(),
-                 format_bytes(static_cast<double>(prog.optim_bytes)).c_str(), eval_arena.c_str(),
-                 format_bytes(prog.comm_bytes_per_step).c_str());
-  }
-  if (leader && !distributed)
-    std::fprintf(stderr,
-                 "model %s: %s parameters, %s FLOPs/token (train)\n"
-                 "planned memory: arena %s (activations, gradients), parameters %s, gradients %s, "
-                 "optimizer %s (AdamW's two moments), evaluation arena %s\n",
-                 cfg.name.c_str(), format_count(g.param_count()).c_str(),
-                 format_si(g.total_flops() / static_cast<double>(o.batch * o.seq)).c_str(),
-                 format_bytes(static_cast<double>(mplan.arena_bytes)).c_str(),
-                 format_bytes(static_cast<double>(prog.param_bytes)).c_str(), grads.c_str(),
-                 format_bytes(static_cast<double>(prog.optim_bytes)).c_str(), eval_arena.c_str());
+  if (leader) std::fputs(st.describe_memory().c_str(), stderr);
 
   std::ofstream metrics;
   if (leader) {
@@ -204,7 +192,7 @@ Status train(const TrainOptions& o, const TrainJob& job) {
     if (!metrics) return error("cannot open " + o.out + "/metrics.jsonl for appending");
   }
   Progress progress(o.steps, start_step, leader ? o.log_every : 0);
-  std::vector<int32_t> x, y;
+  std::vector<int32_t> x, y, xj, yj;
   auto t_start = Clock::now();
   int64_t steps_this_run = 0;
   int64_t last_saved = o.resume ? start_step : -1;  // the newest complete checkpoint
@@ -215,21 +203,21 @@ Status train(const TrainOptions& o, const TrainJob& job) {
     double lr = lr_at(step, o.warmup, o.steps, o.lr, o.lr * o.min_lr_frac);
     double loss = 0;
     bool measure = steps_this_run == 0;
-    for (int64_t micro = 0; micro < o.grad_accum; ++micro) {
-      train.next(&x, &y);
-      if (measure && micro == 0) st.executor().paint_arena();
+    // Without stages, one micro-batch per call; a pipeline takes the step's at once.
+    const int64_t per_call = st.micro_batches_per_call();
+    for (int64_t micro = 0; micro < o.grad_accum; micro += per_call) {
+      x.clear();
+      y.clear();
+      for (int64_t j = 0; j < per_call; ++j) {
+        train.next(&xj, &yj);
+        x.insert(x.end(), xj.begin(), xj.end());
+        y.insert(y.end(), yj.begin(), yj.end());
+      }
+      if (measure && micro == 0) st.paint_arena();
       if (world) maybe_kill(world->rank(), step);
       TS_ASSIGN_OR_RETURN(float l, st.forward_backward(x.data(), y.data()));
-      loss += l;
-      if (measure && micro == 0) {
-        int64_t hw = st.executor().measured_high_water();
-        if (leader || hw != mplan.arena_bytes)
-          std::fprintf(stderr, "%smeasured arena high-water %s (planned %s)%s\n",
-                       world ? ("rank " + std::to_string(world->rank()) + ": ").c_str() : "",
-                       format_bytes(static_cast<double>(hw)).c_str(),
-                       format_bytes(static_cast<double>(mplan.arena_bytes)).c_str(),
-                       hw == mplan.arena_bytes ? "" : "  MISMATCH");
-      }
+      loss += l * static_cast<double>(per_call);
+      if (measure && micro == 0) report_arena(st, world);
     }
     loss /= static_cast<double>(o.grad_accum);
     TS_ASSIGN_OR_RETURN(double norm, st.apply(lr, o.clip));
@@ -309,7 +297,7 @@ Status train(const TrainOptions& o, const TrainJob& job) {
   if (o.sample_tokens > 0 && start_step + steps_this_run == o.steps) {
     // Every rank takes part in gathering the whole parameters; rank 0 samples.
     std::vector<std::vector<float>> whole;
-    TS_RETURN_IF_ERROR(st.runner->gather_params(&whole));
+    TS_RETURN_IF_ERROR(st.gather_params(&whole));
     if (leader) {
       std::vector<int32_t> prompt = tok.encode("The whale");
       std::string text = st.sample(whole, prompt, static_cast<int>(o.sample_tokens), o.seed, tok);

@@ -218,7 +218,7 @@ TEST(TesseraBinary, BadParallelFlagsAreNamed) {
       << out;
   EXPECT_EQ(run_tessera("simulate gpt-tiny --gpus 2147483647", &out), 1) << out;
   // Pipelines: more chunks than blocks, cuts that do not sum, schedules and stages that do not
-  // fit together; train refuses a plan with stages until the runtime runs schedules.
+  // fit together.
   const std::pair<const char*, const char*> pipeline_cases[] = {
       {"simulate gpt-tiny --gpus 4 --pp 4", "is 4 model chunks, but gpt-tiny has 2 blocks"},
       {"simulate gpt-tiny --gpus 4 --pp 2 --stage-layers 1,2", "summing to 2"},
@@ -242,13 +242,19 @@ TEST(TesseraBinary, BadParallelFlagsAreNamed) {
   out.clear();
   EXPECT_EQ(run_tessera("plan gpt-tiny --plan " + write_pipeline_plan(), &out), 0) << out;
   EXPECT_NE(out.find("stage 1"), std::string::npos) << out;
-  out.clear();
-  EXPECT_EQ(run_tessera("launch -n 2 -- train --model gpt-tiny --seq 32 --steps 1 --plan " +
-                            write_pipeline_plan(),
-                        &out),
-            1)
-      << out;
-  EXPECT_NE(out.find("does not run pipeline schedules yet"), std::string::npos) << out;
+  // train checks a pipeline in one process before launching its ranks.
+  const std::pair<const char*, const char*> train_pipeline_cases[] = {
+      {"launch -n 4 -- train --model gpt-tiny --seq 32 --pp 4", "is 4 model chunks"},
+      {"launch -n 4 -- train --model gpt-tiny --seq 32 --pp 2 --zero 3",
+       "ZeRO-3 with pipeline parallelism"},
+      {"launch -n 2 -- train --model gpt-tiny --seq 32 --pp 2 --stage-layers 2,1", "summing to 2"},
+      {"train --model gpt-tiny --seq 32 --pp 2", "needs one process per rank"}};
+  for (const auto& [args, what] : train_pipeline_cases) {
+    out.clear();
+    EXPECT_EQ(run_tessera(args, &out), 1) << args << "\n" << out;
+    EXPECT_EQ(out.rfind("error: ", 0), 0u) << args << "\n" << out;
+    EXPECT_NE(out.find(what), std::string::npos) << args << "\n" << out;
+  }
   EXPECT_EQ(run_tessera("plan gpt-tiny --sequence-parallel", &out), 1) << out;
   EXPECT_NE(out.find("sequence parallelism needs a tensor axis"), std::string::npos) << out;
   EXPECT_EQ(run_tessera("sample --checkpoint /nonexistent --temperature -1", &out), 1) << out;
