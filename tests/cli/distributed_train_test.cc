@@ -1,6 +1,7 @@
 // `tessera launch -n N -- train` end to end (label mpi): checkpoints saved under one plan
-// (data-parallel, ZeRO or tensor-parallel) resume under another with the same next-step loss, and a
-// rank killed mid-step ends the job within 60 s with a message naming the rank and the operation.
+// (data-parallel, ZeRO, tensor-parallel or pipeline) resume under another with the same next-step
+// loss, and a rank killed mid-step ends the job within 60 s with a message naming the rank and the
+// operation.
 #include <gtest/gtest.h>
 
 #include <chrono>
@@ -30,7 +31,7 @@ class DistributedTrainTest : public ::testing::Test {
   int train(int ranks, const std::string& out, const std::string& extra, std::string* log,
             const std::string& env = "") {
     std::string cmd = env + "OMP_NUM_THREADS=1 " + std::string(TESSERA_BINARY) + " launch -n " +
-                      std::to_string(ranks) + " -- train --model gpt-tiny --data " +
+                      std::to_string(ranks) + " -- train --model " + model_ + " --data " +
                       (dir_ / "data").string() + " --out " + (dir_ / out).string() +
                       " --seq 16 --warmup 1 --eval-every 0 "
                       "--eval-batches 1 --ckpt-every 0 --sample-tokens 0 " +
@@ -58,6 +59,7 @@ class DistributedTrainTest : public ::testing::Test {
   }
 
   fs::path dir_;
+  std::string model_ = "gpt-tiny";  // --model of train()
 };
 
 TEST_F(DistributedTrainTest, CheckpointFromFourRanksZero3ResumesOnTwoRanksZero1AndOneRank) {
@@ -112,6 +114,42 @@ TEST_F(DistributedTrainTest, TensorParallelCheckpointsResumeUnderOtherPlans) {
   const double val = last_val_loss(dir_ / "straight/metrics.jsonl");
   for (const char* out : {"tp2", "dp3", "one_then_tp"})
     EXPECT_NEAR(last_val_loss(dir_ / out / "metrics.jsonl"), val, 1e-5 * val) << out;
+}
+
+// Pipeline stages: gpt-tiny with 4 blocks under 1F1B on 2 stages, interleaved (2 virtual
+// stages) and 3-D (pp 2 x dp 2 x tp 2, ZeRO-1) train as one rank does, each stage's measured
+// arena equal to its plan; a pp 2 checkpoint resumes on one rank and that one under pp 3 (zb-h1).
+TEST_F(DistributedTrainTest, PipelineRunsMatchOneRankAndCheckpointsReshardAcrossStages) {
+  const fs::path model = dir_ / "gpt-tiny4.toml";
+  std::ofstream(model) << "[model]\npreset = \"gpt-tiny\"\nname = \"gpt-tiny4\"\nn_layer = 4\n";
+  model_ = model.string();
+  const std::string flags = "--batch 4 --grad-accum 4 --steps 6 ";
+  std::string log;
+  ASSERT_EQ(train(1, "straight", flags, &log), 0) << log;
+  ASSERT_EQ(train(2, "pp2", flags + "--pp 2 --stop-after 2", &log), 0) << log;
+  EXPECT_NE(log.find("stage 1: measured arena high-water"), std::string::npos) << log;
+  EXPECT_EQ(log.find("MISMATCH"), std::string::npos) << log;
+  fs::copy(dir_ / "pp2", dir_ / "resharded", fs::copy_options::recursive);
+  ASSERT_EQ(train(1, "resharded", flags + "--resume --stop-after 2", &log), 0) << log;
+  ASSERT_EQ(train(3, "resharded", flags + "--pp 3 --schedule zb-h1 --resume", &log), 0) << log;
+  EXPECT_NE(log.find("resumed from step 4"), std::string::npos) << log;
+  ASSERT_EQ(
+      train(2, "interleaved", flags + "--pp 2 --schedule interleaved --virtual-stages 2", &log), 0)
+      << log;
+  EXPECT_NE(log.find("stage 0 (blocks 0-0, 2-2)"), std::string::npos) << log;
+  ASSERT_EQ(train(8, "3d", flags + "--pp 2 --tp 2 --zero 1", &log), 0) << log;
+  EXPECT_NE(log.find("pp=2 x dp=2 x tp=2"), std::string::npos) << log;
+  EXPECT_EQ(log.find("MISMATCH"), std::string::npos) << log;
+  const fs::path straight = dir_ / "straight/metrics.jsonl";
+  for (const char* out : {"resharded", "interleaved", "3d"}) {
+    const fs::path m = dir_ / out / "metrics.jsonl";
+    for (size_t i = 0; i < 6; ++i)
+      EXPECT_NEAR(loss_at(m, i), loss_at(straight, i), 1e-5 * loss_at(straight, i))
+          << out << " step " << i;
+    EXPECT_NEAR(last_val_loss(m), last_val_loss(straight), 1e-5 * last_val_loss(straight)) << out;
+  }
+  EXPECT_NEAR(loss_at(dir_ / "pp2/metrics.jsonl", 1), loss_at(straight, 1),
+              1e-5 * loss_at(straight, 1));
 }
 
 TEST_F(DistributedTrainTest, KilledRankEndsTheJobWithAMessage) {
