@@ -9,6 +9,7 @@
 #include "base/format.h"
 #include "cli/commands.h"
 #include "cli/common.h"
+#include "cli/plan_auto.h"
 #include "cli/plan_flags.h"
 #include "io/model_config.h"
 #include "parallel/pipeline_program.h"
@@ -24,6 +25,8 @@ struct PlanOptions {
   int dp = 1;
   PlanFlags flags;  // the mesh's data axis comes from --dp
   bool program = false;
+  bool automatic = false;  // --auto: the planner's search (cli/plan_auto.h)
+  PlanAutoOptions search;
 };
 
 // A pipeline: the chunks' blocks and each stage's planned memory under the schedule (stages
@@ -124,7 +127,34 @@ void add_plan_command(CLI::App& app) {
   cmd->add_option("--dp", o->dp, "Data-parallel ranks")->capture_default_str();
   add_plan_flags(cmd, &o->flags);
   cmd->add_flag("--program", o->program, "Print every instruction");
-  cmd->callback([o] { exit_on_error(run_plan(*o)); });
+  cmd->add_flag("--auto", o->automatic,
+                "Search the plans (dp/ZeRO x tp/sequence parallel x pp/schedule x micro-batch x "
+                "recompute) on --cluster with --gpus devices for --batch sequences per step, and "
+                "print the fastest that fit");
+  cmd->add_option("--cluster", o->search.cluster, "With --auto: cluster preset or .toml file")
+      ->capture_default_str();
+  cmd->add_option("--gpus", o->search.gpus, "With --auto: devices")->capture_default_str();
+  cmd->add_option("--top", o->search.top, "With --auto: plans to list")->capture_default_str();
+  cmd->add_option("--precision", o->search.precision, "With --auto: bf16, f16 or f32")
+      ->capture_default_str();
+  cmd->add_option("--threads", o->search.threads,
+                  "With --auto: candidates simulated at once (default: every core)");
+  cmd->add_flag("--json", o->search.json, "With --auto: the candidates as one JSON object");
+  cmd->callback([o, cmd] {
+    if (!o->automatic) {
+      if (cmd->count("--json") || cmd->count("--cluster") || cmd->count("--gpus") ||
+          cmd->count("--top"))
+        exit_on_error(error("--json, --cluster, --gpus and --top go with --auto",
+                            "add --auto to search the plans, or `tessera simulate` to time one"));
+      exit_on_error(run_plan(*o));
+      return;
+    }
+    o->search.model = o->model;
+    o->search.seq = o->seq;
+    // --batch is then the sequences of a whole step (the planner picks the micro-batches).
+    o->search.batch = cmd->count("--batch") ? o->batch : 0;
+    exit_on_error(run_plan_auto(o->search));
+  });
 }
 
 }  // namespace tessera

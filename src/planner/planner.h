@@ -1,0 +1,83 @@
+// The planner: chooses the parallel configuration of a training run from the cost model. It
+// enumerates plans — data parallelism with ZeRO-1 or ZeRO-3, tensor parallelism within a node
+// (with or without sequence parallelism), pipeline stages with their schedules, the
+// micro-batch size and recomputation — for a model, a cluster, a device count and a global
+// batch; prunes those that cannot fit or cannot beat the best found (analytic bounds, below);
+// and times the rest with the simulator on the Program each would execute. Memory is a hard
+// constraint: a plan whose simulated peak exceeds the device is never returned.
+//
+//   PlannerOptions o;  o.gpus = 1024;  o.global_batch = 1536;  o.seq = 2048;
+//   TS_ASSIGN_OR_RETURN(PlanSearch s, search_plans(gpt3_175b, dgx_a100, o));
+//   s.best[0].plan;  s.best[0].sim.step_seconds;   // fastest first
+//
+// Pruning. Per candidate, before lowering anything:
+//   memory bound  the parameters, their bf16 copy and the AdamW moments this rank must hold at
+//                 least (N / (tp x pp) parameters, ZeRO dividing what it shards by dp); a
+//                 candidate above the device's memory is dropped;
+//   time bound    the step's FLOPs (6 x parameters x tokens, + a forward again under full
+//                 recomputation) at the device's GEMM rate over every device, stretched by the
+//                 schedule's ideal bubble ((p - 1) / m for 1F1B and GPipe, divided by V
+//                 interleaved and by 3 under zb-h1).
+// Candidates are simulated in order of their time bound; the search stops when the next bound
+// is no faster than the K-th fastest fitting plan found. The bounds ignore communication and
+// the simulator's inefficiencies, so they never exceed a simulated time in practice (a test
+// checks it on every simulated candidate).
+#pragma once
+
+#include <string>
+#include <vector>
+
+#include "cost/cluster_spec.h"
+#include "models/model.h"
+#include "parallel/plan.h"
+#include "sim/simulator.h"
+
+namespace tessera {
+
+struct PlannerOptions {
+  int gpus = 8;
+  int64_t global_batch = 0;  // sequences per optimizer step (0: one per data-parallel rank...)
+  int64_t seq = 0;           // tokens per sequence (0: the model's max_seq_len)
+  DType precision = DType::bf16;
+  int top_k = 5;
+  int threads = 0;           // candidates simulated at once (0: every core)
+  int max_micro_batch = 16;  // sequences per rank per micro-batch, at most
+};
+
+struct PlanCandidate {
+  Plan plan;
+  int64_t micro_batch = 1;  // sequences per data-parallel rank per micro-batch
+  double memory_bound = 0;  // bytes per device, the analytic lower bound
+  double time_bound = 0;    // seconds per step, the analytic lower bound
+  bool simulated = false;
+  SimResult sim;      // when simulated
+  std::string error;  // lowering or simulation failed (then not simulated)
+  bool fits(double device_bytes) const {
+    return simulated && sim.peak_memory_bytes <= device_bytes;
+  }
+  // "tp=8 pp=8 dp=16 zero=1 mb=1x96 1f1b rc=full" — every knob the planner sets.
+  std::string describe() const;
+};
+
+struct PlanSearch {
+  std::vector<PlanCandidate> best;  // fitting, fastest first, at most top_k
+  int enumerated = 0;               // plans in the search space
+  int pruned_by_memory = 0;         // dropped by the memory bound
+  int simulated = 0;                // lowered and timed
+  int failed = 0;                   // could not be lowered (reason in the candidate)
+  double seconds = 0;               // the search's wall time
+  // Every simulated candidate (best first among those that fit), for explanations and tests.
+  std::vector<PlanCandidate> all;
+};
+
+// The search. Errors: bad options (named), and no plan fitting in memory — one paragraph with
+// the smallest memory any candidate needs and what would make it fit.
+Result<PlanSearch> search_plans(const ModelConfig& cfg, const ClusterSpec& cluster,
+                                const PlannerOptions& opt);
+
+// The analytic bounds of one candidate (used by the search; exposed for tests).
+double plan_memory_bound(const ModelConfig& cfg, const Plan& plan, DType precision);
+double plan_time_bound(const ModelConfig& cfg, const ClusterSpec& cluster, const Plan& plan,
+                       int64_t global_batch, int64_t seq, DType precision);
+
+}  // namespace tessera

@@ -1,0 +1,84 @@
+#include "planner/planner.h"
+
+#include <gtest/gtest.h>
+
+namespace tessera {
+namespace {
+
+ModelConfig preset(const std::string& name) {
+  std::optional<ModelConfig> c = find_preset(name);
+  EXPECT_TRUE(c.has_value()) << name;
+  return *c;
+}
+
+ClusterSpec cluster(const std::string& name) {
+  Result<ClusterSpec> c = load_cluster(name);
+  EXPECT_TRUE(c.ok()) << c.status().to_string();
+  return c.value();
+}
+
+PlannerOptions options(int gpus, int64_t batch, int64_t seq, int top) {
+  PlannerOptions o;
+  o.gpus = gpus;
+  o.global_batch = batch;
+  o.seq = seq;
+  o.top_k = top;
+  o.threads = 2;
+  return o;
+}
+
+// The bounds the search prunes with are below what the simulator finds, on every plan it
+// simulated, and the plans it returns fit, fastest first.
+TEST(Planner, BoundsStayBelowTheSimulatedFiguresAndTheBestFitFastestFirst) {
+  const ModelConfig cfg = preset("gpt2-medium");
+  const ClusterSpec c = cluster("dgx-a100");
+  Result<PlanSearch> s = search_plans(cfg, c, options(16, 64, 1024, 1000000));
+  ASSERT_TRUE(s.ok()) << s.status().to_string();
+  EXPECT_GT(s->simulated, 20);
+  EXPECT_EQ(s->simulated + s->pruned_by_memory + s->failed, s->enumerated);
+  for (const PlanCandidate& p : s->all) {
+    EXPECT_LE(p.time_bound, p.sim.step_seconds) << p.describe();
+    EXPECT_LE(p.memory_bound, p.sim.peak_memory_bytes) << p.describe();
+    EXPECT_EQ(p.plan.mesh.size(), 16) << p.describe();
+    EXPECT_EQ(p.micro_batch * p.plan.micro_batches * p.plan.data_group(), 64) << p.describe();
+  }
+  ASSERT_FALSE(s->best.empty());
+  for (size_t i = 0; i < s->best.size(); ++i) {
+    EXPECT_TRUE(s->best[i].fits(c.device.memory_bytes));
+    if (i > 0) EXPECT_LE(s->best[i - 1].sim.step_seconds, s->best[i].sim.step_seconds);
+  }
+}
+
+// Pruning by the time bound finds the same best plans as simulating every candidate.
+TEST(Planner, PrunedSearchFindsTheExhaustiveSearchsBestPlans) {
+  const ModelConfig cfg = preset("gpt2-medium");
+  const ClusterSpec c = cluster("dgx-a100");
+  Result<PlanSearch> all = search_plans(cfg, c, options(16, 64, 1024, 1000000));
+  Result<PlanSearch> pruned = search_plans(cfg, c, options(16, 64, 1024, 3));
+  ASSERT_TRUE(all.ok() && pruned.ok());
+  EXPECT_LT(pruned->simulated, all->simulated);
+  ASSERT_EQ(pruned->best.size(), 3u);
+  for (size_t i = 0; i < 3; ++i)
+    EXPECT_DOUBLE_EQ(pruned->best[i].sim.step_seconds, all->best[i].sim.step_seconds)
+        << pruned->best[i].describe() << " vs " << all->best[i].describe();
+}
+
+// A model that fits nowhere: one error naming the smallest need and the way out.
+TEST(Planner, NothingFittingIsOneErrorWithTheSmallestNeed) {
+  Result<PlanSearch> s =
+      search_plans(preset("gpt3-175b"), cluster("dgx-a100"), options(8, 8, 2048, 3));
+  ASSERT_FALSE(s.ok());
+  EXPECT_NE(s.status().message().find("no plan of gpt3-175b fits on 8 x A100"),
+            std::string::npos)
+      << s.status().to_string();
+  EXPECT_NE(s.status().hint().find("devices"), std::string::npos) << s.status().to_string();
+  s = search_plans(preset("gpt2-small"), cluster("dgx-a100"), options(8, 12, 1024, 3));
+  ASSERT_TRUE(s.ok()) << s.status().to_string();  // 12 sequences: dp 4 (tp 2) or dp 2 (tp 4)
+  for (const PlanCandidate& p : s->best) EXPECT_GE(p.plan.tensor_group() * p.plan.stages(), 2);
+  s = search_plans(preset("gpt2-small"), cluster("dgx-a100"), options(8, 0, 1024, 0));
+  ASSERT_FALSE(s.ok());
+  EXPECT_EQ(s.status().message(), "--top must be at least 1, got 0");
+}
+
+}  // namespace
+}  // namespace tessera
