@@ -10,7 +10,9 @@
 #include <thread>
 
 #include "base/format.h"
+#include "cost/op_cost.h"
 #include "parallel/pipeline_schedule.h"
+#include "parallel/recompute.h"
 #include "parallel/sharding_search.h"
 
 namespace tessera {
@@ -26,17 +28,9 @@ std::vector<int> divisors(int64_t n) {
 
 bool power_of_two(int n) { return n > 0 && (n & (n - 1)) == 0; }
 
-// The parameters that multiply activations in a GEMM: all but the embedding table of an untied
-// model (a gather) and GPT's position table.
-double matmul_params(const ModelConfig& cfg) {
-  double n = static_cast<double>(count_params(cfg));
-  if (!cfg.tied_embeddings)
-    n -= static_cast<double>(cfg.padded_vocab_size > 0 ? cfg.padded_vocab_size : cfg.vocab_size) *
-         static_cast<double>(cfg.n_embd);
-  if (cfg.family == "gpt")
-    n -= static_cast<double>(cfg.max_seq_len) * static_cast<double>(cfg.n_embd);
-  return std::max(n, 0.0);
-}
+// The time bound extrapolates a rank's compute from models of one and two blocks and assumes
+// stages of equal cost; it leaves this much room for what that misses.
+constexpr double kShapeMargin = 0.95;
 
 // Every plan of the search space for `gpus` devices (bounds not yet computed).
 std::vector<PlanCandidate> enumerate(const ModelConfig& cfg, const ClusterSpec& cluster,
@@ -91,6 +85,100 @@ std::vector<PlanCandidate> enumerate(const ModelConfig& cfg, const ClusterSpec& 
   return out;
 }
 
+// The tensor-parallel placements of each (tp, sequence parallel) pair, searched once on a
+// one-block model of one sequence per micro-batch over a mesh {dp: 1, tp} (the search weighs
+// local FLOPs against tensor-axis bytes, which both scale with the batch), and laid onto any
+// mesh with that tensor axis. Thread-safe; deterministic whatever order candidates ask in.
+class Placements {
+ public:
+  Placements(const ModelConfig& cfg, const ClusterSpec& cluster, int64_t seq, DType precision)
+      : cfg_(cfg), seq_(seq), cost_{flops_per_intra_byte(cluster, precision)} {}
+
+  // Writes plan->params for graph g (plan's tensor axis "tp").
+  Status place(const Graph& g, Plan* plan) {
+    if (plan->tensor_group() == 1) return Status();
+    TS_ASSIGN_OR_RETURN(std::shared_ptr<const BlockLayout> b,
+                        layout(plan->tensor_group(), plan->sequence_parallel));
+    Plan flat = Plan::tensor_parallel(1, plan->tensor_group());
+    flat.sequence_parallel = plan->sequence_parallel;
+    TS_ASSIGN_OR_RETURN(auto params, expand_block_layout(*b, g, flat));
+    const int tp_axis = plan->mesh.axis_index("tp");
+    plan->params.clear();
+    for (const auto& [name, pl] : params) {
+      std::vector<Placement> on(plan->mesh.axes().size(), Placement::replicate());
+      on[static_cast<size_t>(tp_axis)] = pl[1];
+      plan->params[name] = on;
+    }
+    return Status();
+  }
+
+ private:
+  Result<std::shared_ptr<const BlockLayout>> layout(int tp, bool sp) {
+    std::lock_guard<std::mutex> l(mu_);  // one search at a time; each runs once
+    const auto key = std::make_pair(tp, sp);
+    auto it = cache_.find(key);
+    if (it != cache_.end()) return it->second;
+    ModelConfig one = cfg_;
+    one.n_layer = 1;
+    ModelGraph m = build_model(one, 1, seq_, ModelMode::train);
+    Plan flat = Plan::tensor_parallel(1, tp);
+    flat.sequence_parallel = sp;
+    TS_ASSIGN_OR_RETURN(BlockLayout b, search_block_layout(m.graph, flat, cost_));
+    return cache_[key] = std::make_shared<const BlockLayout>(std::move(b));
+  }
+
+  const ModelConfig& cfg_;
+  int64_t seq_;
+  SearchCost cost_;
+  std::mutex mu_;
+  std::map<std::pair<int, bool>, std::shared_ptr<const BlockLayout>> cache_;
+};
+
+// One tensor-parallel rank's compute seconds for one micro-batch of `rows` sequences of the
+// whole model: the ops of the graph it executes (partitioned over tp with the candidate's
+// placements and sequence parallelism, recomputation applied; collectives left out) timed by the
+// cost model, from models of one and two blocks (the time is linear in the depth).
+class ComputeTimes {
+ public:
+  ComputeTimes(const ModelConfig& cfg, const ClusterSpec& cluster, int64_t seq, DType precision,
+               Placements& placements)
+      : cfg_(cfg), cluster_(cluster), seq_(seq), precision_(precision), placements_(placements) {}
+
+  Result<double> seconds(const Plan& cand, int64_t rows) {
+    const auto key = std::make_tuple(rows, static_cast<int>(cand.recompute), cand.tensor_group(),
+                                     cand.sequence_parallel);
+    auto it = cache_.find(key);
+    if (it != cache_.end()) return it->second;
+    double t[2];
+    for (int blocks = 1; blocks <= 2; ++blocks) {
+      ModelConfig c = cfg_;
+      c.n_layer = blocks;
+      ModelGraph m = build_model(c, rows, seq_, ModelMode::train);
+      Plan p = Plan::tensor_parallel(1, cand.tensor_group());
+      p.sequence_parallel = cand.sequence_parallel;
+      p.recompute = cand.recompute;
+      TS_RETURN_IF_ERROR(placements_.place(m.graph, &p));
+      TS_ASSIGN_OR_RETURN(Program prog, lower(m.graph, p));
+      const Graph& local = prog.local();
+      double sum = 0;
+      for (const Node& n : local.nodes())
+        if (!is_collective(n.op))
+          sum += op_time(local, n, cluster_.device, cluster_.op_efficiency, precision_).seconds;
+      t[blocks - 1] = sum;
+    }
+    const double block = t[1] - t[0], outside = t[0] - block;
+    return cache_[key] = outside + block * static_cast<double>(cfg_.n_layer);
+  }
+
+ private:
+  const ModelConfig& cfg_;
+  const ClusterSpec& cluster_;
+  int64_t seq_;
+  DType precision_;
+  Placements& placements_;
+  std::map<std::tuple<int64_t, int, int, bool>, double> cache_;
+};
+
 struct GraphCache {
   std::mutex mu;
   std::map<int64_t, std::shared_ptr<const ModelGraph>> graphs;  // by global micro-batch
@@ -106,18 +194,15 @@ struct GraphCache {
   }
 };
 
-// Lowers and times candidate c (placing its parameters when it has a tensor axis).
+// Lowers and times candidate c (its parameters placed by `placements`).
 void simulate_candidate(const ModelConfig& cfg, const ClusterSpec& cluster, const PlannerOptions& o,
-                        int64_t seq, GraphCache& cache, PlanCandidate* c) {
+                        int64_t seq, GraphCache& cache, Placements& placements, PlanCandidate* c) {
   const int64_t global_mb = c->micro_batch * c->plan.data_group();
   std::shared_ptr<const ModelGraph> m = cache.get(cfg, global_mb, seq);
-  if (c->plan.tensor_group() > 1) {
-    SearchCost cost{flops_per_intra_byte(cluster, o.precision)};
-    Result<BlockLayout> b = place_tensor_parallel(cfg, global_mb, seq, m->graph, cost, &c->plan);
-    if (!b.ok()) {
-      c->error = b.status().message();
-      return;
-    }
+  Status placed = placements.place(m->graph, &c->plan);
+  if (!placed.ok()) {
+    c->error = placed.message();
+    return;
   }
   SimOptions so;
   so.precision = o.precision;
@@ -159,13 +244,16 @@ double plan_memory_bound(const ModelConfig& cfg, const Plan& plan, DType precisi
   return per_rank * (master + moments + copy);
 }
 
-double plan_time_bound(const ModelConfig& cfg, const ClusterSpec& cluster, const Plan& plan,
-                       int64_t global_batch, int64_t seq, DType precision) {
-  const double tokens = static_cast<double>(global_batch) * static_cast<double>(seq);
-  const double passes = plan.recompute == RecomputePolicy::full ? 8.0 : 6.0;  // FLOPs per param
-  const double flops = passes * matmul_params(cfg) * tokens;
-  const double rate = static_cast<double>(plan.mesh.size()) * cluster.device.peak_flops(precision) *
-                      cluster.device.gemm_efficiency;
+double optimizer_time_bound(const ModelConfig& cfg, const ClusterSpec& cluster, const Plan& plan) {
+  // AdamW reads the parameter, gradient and two moments and writes three (fp32) per element of
+  // this rank's share (ZeRO-1 and up: 1 / dp of it), at the device's streaming bandwidth.
+  const double elems = static_cast<double>(count_params(cfg)) /
+                       static_cast<double>(plan.tensor_group() * plan.stages()) /
+                       (plan.shards_optimizer() ? static_cast<double>(plan.zero_group()) : 1.0);
+  return 7.0 * 4.0 * elems / (cluster.device.memory_bandwidth * cluster.device.memory_efficiency);
+}
+
+double plan_time_bound(const Plan& plan, double micro_batch_seconds, double optimizer_seconds) {
   double stretch = 1.0;
   if (plan.stages() > 1) {
     double idle = static_cast<double>(plan.stages() - 1);
@@ -173,7 +261,8 @@ double plan_time_bound(const ModelConfig& cfg, const ClusterSpec& cluster, const
     if (plan.schedule == ScheduleKind::zb_h1) idle /= 3.0;
     stretch = (static_cast<double>(plan.micro_batches) + idle) / plan.micro_batches;
   }
-  return flops / rate * stretch;
+  return kShapeMargin *
+         (micro_batch_seconds * plan.micro_batches / plan.stages() * stretch + optimizer_seconds);
 }
 
 Result<PlanSearch> search_plans(const ModelConfig& cfg, const ClusterSpec& cluster,
@@ -203,6 +292,8 @@ Result<PlanSearch> search_plans(const ModelConfig& cfg, const ClusterSpec& clust
   // Memory bound first: what cannot fit is never lowered.
   double smallest_bound = 1e300;
   std::vector<PlanCandidate> alive;
+  Placements placements(cfg, cluster, seq, o.precision);
+  ComputeTimes times(cfg, cluster, seq, o.precision, placements);
   for (PlanCandidate& c : cands) {
     c.memory_bound = plan_memory_bound(cfg, c.plan, o.precision);
     smallest_bound = std::min(smallest_bound, c.memory_bound);
@@ -210,7 +301,12 @@ Result<PlanSearch> search_plans(const ModelConfig& cfg, const ClusterSpec& clust
       ++out.pruned_by_memory;
       continue;
     }
-    c.time_bound = plan_time_bound(cfg, cluster, c.plan, batch, seq, o.precision);
+    Result<double> t = times.seconds(c.plan, c.micro_batch);
+    if (!t.ok()) {  // the plan does not lower (an op refuses the layout): not a candidate
+      ++out.failed;
+      continue;
+    }
+    c.time_bound = plan_time_bound(c.plan, t.value(), optimizer_time_bound(cfg, cluster, c.plan));
     alive.push_back(std::move(c));
   }
   std::stable_sort(alive.begin(), alive.end(), [](const PlanCandidate& a, const PlanCandidate& b) {
@@ -231,7 +327,7 @@ Result<PlanSearch> search_plans(const ModelConfig& cfg, const ClusterSpec& clust
         std::lock_guard<std::mutex> l(mu);
         if (alive[i].time_bound >= kth()) return;  // sorted: no later one can win either
       }
-      simulate_candidate(cfg, cluster, o, seq, cache, &alive[i]);
+      simulate_candidate(cfg, cluster, o, seq, cache, placements, &alive[i]);
       std::lock_guard<std::mutex> l(mu);
       if (alive[i].fits(capacity)) {
         fitting.insert(std::upper_bound(fitting.begin(), fitting.end(), alive[i].sim.step_seconds),

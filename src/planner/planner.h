@@ -14,14 +14,18 @@
 //   memory bound  the parameters, their bf16 copy and the AdamW moments this rank must hold at
 //                 least (N / (tp x pp) parameters, ZeRO dividing what it shards by dp); a
 //                 candidate above the device's memory is dropped;
-//   time bound    the step's FLOPs (6 x parameters x tokens, + a forward again under full
-//                 recomputation) at the device's GEMM rate over every device, stretched by the
-//                 schedule's ideal bubble ((p - 1) / m for 1F1B and GPipe, divided by V
-//                 interleaved and by 3 under zb-h1).
+//   time bound    a tensor-parallel rank's compute for one micro-batch (the ops of the graph it
+//                 executes under the candidate's placements, sequence parallelism and
+//                 recomputation, collectives left out, timed by the cost model on models of
+//                 one and two blocks and extrapolated to the depth), over pp stages, times
+//                 the micro-batches, stretched by the schedule's ideal bubble ((p - 1) / m for
+//                 1F1B, divided by V interleaved and by 3 under zb-h1), plus AdamW's pass over
+//                 this rank's share of the state at the memory bandwidth, less 5%;
+//                 communication is left out.
 // Candidates are simulated in order of their time bound; the search stops when the next bound
-// is no faster than the K-th fastest fitting plan found. The bounds ignore communication and
-// the simulator's inefficiencies, so they never exceed a simulated time in practice (a test
-// checks it on every simulated candidate).
+// is no faster than the K-th fastest fitting plan found. A test checks on every simulated
+// candidate that the bounds stay below the simulator's figures, and that the pruned search
+// finds the exhaustive search's best plans.
 #pragma once
 
 #include <string>
@@ -75,9 +79,10 @@ struct PlanSearch {
 Result<PlanSearch> search_plans(const ModelConfig& cfg, const ClusterSpec& cluster,
                                 const PlannerOptions& opt);
 
-// The analytic bounds of one candidate (used by the search; exposed for tests).
+// The bounds of one candidate. `micro_batch_seconds`: a tensor-parallel rank's compute time for
+// one micro-batch of the whole model (see above).
 double plan_memory_bound(const ModelConfig& cfg, const Plan& plan, DType precision);
-double plan_time_bound(const ModelConfig& cfg, const ClusterSpec& cluster, const Plan& plan,
-                       int64_t global_batch, int64_t seq, DType precision);
+double optimizer_time_bound(const ModelConfig& cfg, const ClusterSpec& cluster, const Plan& plan);
+double plan_time_bound(const Plan& plan, double micro_batch_seconds, double optimizer_seconds);
 
 }  // namespace tessera
