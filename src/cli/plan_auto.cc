@@ -38,6 +38,8 @@ Status run_plan_auto(const PlanAutoOptions& o) {
       cands.push_back({{"plan", plan_to_json(c.plan)},
                        {"describe", c.describe()},
                        {"micro_batch", c.micro_batch},
+                       // `simulate --plan` and `train --plan` take it as --batch.
+                       {"global_micro_batch", c.micro_batch * c.plan.data_group()},
                        {"step_s", c.sim.step_seconds},
                        {"tokens_per_s", c.sim.tokens_per_second},
                        {"mfu", c.sim.mfu},
@@ -72,8 +74,12 @@ Status run_plan_auto(const PlanAutoOptions& o) {
                 format_bytes(c.sim.peak_memory_bytes).c_str(), c.sim.exposed_comm_seconds,
                 100 * c.sim.bubble_fraction);
   }
-  std::printf("best plan (`tessera simulate --plan` and `tessera train --plan` take it):\n%s\n",
-              plan_to_json(s.best[0].plan).dump(2).c_str());
+  std::printf(
+      "best plan (`tessera simulate --plan FILE --batch %lld` and `tessera train --plan FILE "
+      "--batch %lld` take it):\n%s\n",
+      (long long)(s.best[0].micro_batch * s.best[0].plan.data_group()),
+      (long long)(s.best[0].micro_batch * s.best[0].plan.data_group()),
+      plan_to_json(s.best[0].plan).dump(2).c_str());
   return Status();
 }
 

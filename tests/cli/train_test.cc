@@ -320,3 +320,43 @@ TEST(TesseraBinary, SimulateJsonIsOneObjectOfTheFigures) {
 
 }  // namespace
 }  // namespace tessera
+
+namespace tessera {
+namespace {
+
+// `plan --auto --json`: the fastest fitting plans, best first, each a plan `simulate --plan`
+// reproduces; the search's flags without --auto are refused.
+TEST(TesseraBinary, PlanAutoPrintsTheFastestFittingPlansAsJson) {
+  std::string out;
+  ASSERT_EQ(
+      run_tessera("plan gpt2-small --auto --gpus 8 --batch 16 --seq 1024 --top 3 --json", &out), 0)
+      << out;
+  nlohmann::json j = nlohmann::json::parse(out);
+  ASSERT_EQ(j["candidates"].size(), 3u) << out;
+  EXPECT_GT(j["enumerated"].get<int>(), j["simulated"].get<int>());
+  double last = 0;
+  for (const nlohmann::json& c : j["candidates"]) {
+    EXPECT_GE(c["step_s"].get<double>(), last);
+    last = c["step_s"].get<double>();
+    EXPECT_TRUE(c["fits"].get<bool>());
+  }
+  const std::string plan = testing::TempDir() + "/auto_plan.json";
+  std::ofstream(plan) << j["candidates"][0]["plan"].dump();
+  std::string sim;
+  ASSERT_EQ(run_tessera("simulate gpt2-small --seq 1024 --json --plan " + plan + " --batch " +
+                            j["candidates"][0]["global_micro_batch"].dump(),
+                        &sim),
+            0)
+      << sim;
+  nlohmann::json s = nlohmann::json::parse(sim);
+  // The same Program timed: the plan file holds the micro-batches and placements.
+  EXPECT_NEAR(s["step_s"].get<double>(), j["candidates"][0]["step_s"].get<double>(),
+              1e-6 * s["step_s"].get<double>());
+  EXPECT_EQ(run_tessera("plan gpt2-small --json", &out), 1) << out;
+  EXPECT_NE(out.find("error: --json, --cluster, --gpus and --top go with --auto"),
+            std::string::npos)
+      << out;
+}
+
+}  // namespace
+}  // namespace tessera
