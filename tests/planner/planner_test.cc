@@ -68,8 +68,7 @@ TEST(Planner, NothingFittingIsOneErrorWithTheSmallestNeed) {
   Result<PlanSearch> s =
       search_plans(preset("gpt3-175b"), cluster("dgx-a100"), options(8, 8, 2048, 3));
   ASSERT_FALSE(s.ok());
-  EXPECT_NE(s.status().message().find("no plan of gpt3-175b fits on 8 x A100"),
-            std::string::npos)
+  EXPECT_NE(s.status().message().find("no plan of gpt3-175b fits on 8 x A100"), std::string::npos)
       << s.status().to_string();
   EXPECT_NE(s.status().hint().find("devices"), std::string::npos) << s.status().to_string();
   s = search_plans(preset("gpt2-small"), cluster("dgx-a100"), options(8, 12, 1024, 3));
