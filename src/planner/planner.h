@@ -40,7 +40,7 @@ namespace tessera {
 
 struct PlannerOptions {
   int gpus = 8;
-  int64_t global_batch = 0;  // sequences per optimizer step (0: one per data-parallel rank...)
+  int64_t global_batch = 0;  // sequences per optimizer step (0: one per device)
   int64_t seq = 0;           // tokens per sequence (0: the model's max_seq_len)
   DType precision = DType::bf16;
   int top_k = 5;
