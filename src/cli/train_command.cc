@@ -36,8 +36,7 @@ PlanFlags plan_flags(const TrainOptions& o) {
 }
 
 // The plan of a run on `ranks` ranks with its placements (the sharding search with --tp, the
-// stage cut with --pp), checked as far as the run needs: with stages, lowered once. `placed`
-// gets the search's report.
+// stage counts with --pp). `placed` gets the search's report.
 Result<Plan> train_plan(const TrainOptions& o, const ModelConfig& cfg, int ranks,
                         std::string* placed) {
   TS_ASSIGN_OR_RETURN(Plan plan, plan_from_flags(plan_flags(o), ranks));
@@ -46,17 +45,12 @@ Result<Plan> train_plan(const TrainOptions& o, const ModelConfig& cfg, int ranks
   // figures; `tessera calibrate` measures them). The search is deterministic, so every rank
   // finds the same placements.
   TS_ASSIGN_OR_RETURN(ClusterSpec cpu, load_cluster("cpu-local"));
-  // The full graph spreads a searched layout over the blocks and is cut into stages.
+  // The full graph only serves to spread a searched layout over the blocks.
   const bool searched = o.plan.empty() && plan.tensor_group() > 1;
-  ModelGraph m = searched || plan.stages() > 1 ? build_model(cfg, o.batch, o.seq, ModelMode::train)
-                                               : ModelGraph{};
+  ModelGraph m = searched ? build_model(cfg, o.batch, o.seq, ModelMode::train) : ModelGraph{};
   TS_ASSIGN_OR_RETURN(*placed,
                       place_parameters(plan_flags(o), cfg, o.batch, o.seq, m.graph,
                                        SearchCost{flops_per_intra_byte(cpu, DType::f32)}, &plan));
-  if (plan.stages() > 1) {
-    Result<PipelineProgram> pp = lower_pipeline(m.graph, plan);
-    if (!pp.ok()) return pp.status();
-  }
   return plan;
 }
 
@@ -71,7 +65,13 @@ Status run_train(const TrainOptions& o) {
     const int ranks = std::atoi(n);
     if (o.plan.empty() || ranks > 0) {
       std::string placed;
-      TS_RETURN_IF_ERROR(train_plan(o, cfg, ranks, &placed).status());
+      TS_ASSIGN_OR_RETURN(Plan plan, train_plan(o, cfg, ranks, &placed));
+      // A pipeline's cut and schedule are checked by lowering it once, here (each rank lowers
+      // it again for its stage).
+      if (plan.stages() > 1) {
+        ModelGraph m = build_model(cfg, o.batch, o.seq, ModelMode::train);
+        TS_RETURN_IF_ERROR(lower_pipeline(m.graph, plan).status());
+      }
     }
     std::exit(0);
   }

@@ -206,12 +206,16 @@ Status train(const TrainOptions& o, const TrainJob& job) {
     // Without stages, one micro-batch per call; a pipeline takes the step's at once.
     const int64_t per_call = st.micro_batches_per_call();
     for (int64_t micro = 0; micro < o.grad_accum; micro += per_call) {
-      x.clear();
-      y.clear();
-      for (int64_t j = 0; j < per_call; ++j) {
-        train.next(&xj, &yj);
-        x.insert(x.end(), xj.begin(), xj.end());
-        y.insert(y.end(), yj.begin(), yj.end());
+      if (per_call == 1) {
+        train.next(&x, &y);
+      } else {
+        x.clear();
+        y.clear();
+        for (int64_t j = 0; j < per_call; ++j) {
+          train.next(&xj, &yj);
+          x.insert(x.end(), xj.begin(), xj.end());
+          y.insert(y.end(), yj.begin(), yj.end());
+        }
       }
       if (measure && micro == 0) st.paint_arena();
       if (world) maybe_kill(world->rank(), step);
