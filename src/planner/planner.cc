@@ -374,9 +374,9 @@ Result<PlanSearch> search_plans(const ModelConfig& cfg, const ClusterSpec& clust
         "no plan of " + cfg.name + " fits on " + dev +
             ": its parameters and optimizer state alone need at least " +
             format_bytes(smallest_bound) + " per device",
-        "use at least " +
+        "use more devices (this state spread over about " +
             std::to_string(static_cast<int64_t>(std::ceil(smallest_bound / capacity * o.gpus))) +
-            " devices, or a device with more memory");
+            " of them would fit), or a device with more memory");
   }
   return out;
 }
