@@ -45,6 +45,18 @@ class DistributedTrainTest : public ::testing::Test {
     return l.size() > i ? std::stod(l[i].substr(7)) : 0.0;
   }
 
+  // The "grad_norm" of each step record of a run's metrics.jsonl, in order.
+  static std::vector<double> grad_norms(const fs::path& metrics) {
+    std::ifstream in(metrics);
+    std::vector<double> out;
+    std::string line;
+    while (std::getline(in, line)) {
+      auto p = line.find("\"grad_norm\":");
+      if (p != std::string::npos) out.push_back(std::stod(line.substr(p + 12)));
+    }
+    return out;
+  }
+
   // The last "val_loss" of a run's metrics.jsonl.
   static double last_val_loss(const fs::path& metrics) {
     std::ifstream in(metrics);
@@ -147,6 +159,12 @@ TEST_F(DistributedTrainTest, PipelineRunsMatchOneRankAndCheckpointsReshardAcross
       EXPECT_NEAR(loss_at(m, i), loss_at(straight, i), 1e-5 * loss_at(straight, i))
           << out << " step " << i;
     EXPECT_NEAR(last_val_loss(m), last_val_loss(straight), 1e-5 * last_val_loss(straight)) << out;
+    // Gradient norms too (a tied wte counted on two stages would be off here).
+    const std::vector<double> norms = grad_norms(m), want = grad_norms(straight);
+    ASSERT_EQ(norms.size(), 6u) << out;
+    ASSERT_EQ(want.size(), 6u);
+    for (size_t i = 0; i < 6; ++i)
+      EXPECT_NEAR(norms[i], want[i], 1e-4 * want[i]) << out << " step " << i;
   }
   EXPECT_NEAR(loss_at(dir_ / "pp2/metrics.jsonl", 1), loss_at(straight, 1),
               1e-5 * loss_at(straight, 1));
