@@ -33,6 +33,12 @@ std::string format_count(int64_t n) {
   return n < 0 ? "-" + out : out;
 }
 
+std::string format_fixed(double value, int decimals) {
+  char buf[64];
+  std::snprintf(buf, sizeof buf, "%.*f", decimals, value);
+  return buf;
+}
+
 std::string format_si(double value) {
   static const char* units[] = {"", " K", " M", " G", " T", " P", " E"};
   int u = 0;
@@ -52,9 +58,11 @@ std::string format_duration(double seconds) {
   } else if (seconds < 3600) {
     int s = static_cast<int>(seconds);
     std::snprintf(buf, sizeof buf, "%dm%02ds", s / 60, s % 60);
-  } else {
+  } else if (seconds < 86400) {
     int m = static_cast<int>(seconds / 60);
     std::snprintf(buf, sizeof buf, "%dh%02dm", m / 60, m % 60);
+  } else {
+    std::snprintf(buf, sizeof buf, "%.1f days", seconds / 86400);
   }
   return buf;
 }

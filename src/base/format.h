@@ -10,6 +10,7 @@ namespace tessera {
 std::string format_bytes(double bytes);
 std::string format_count(int64_t n);
 std::string format_si(double value);
-std::string format_duration(double seconds);  // "1h02m", "3m05s", "12.3s"
+std::string format_duration(double seconds);           // "12.3s", "3m05s", "1h02m", "3.2 days"
+std::string format_fixed(double value, int decimals);  // format_fixed(2.345, 1) == "2.3"
 
 }  // namespace tessera

@@ -1,4 +1,5 @@
-// `tessera plan --auto`: the planner's search from the command line.
+// `tessera plan --auto`: the planner's search from the command line — the top plans, why the
+// best wins (--explain), and the best plan on several clusters with its cost (--compare).
 #pragma once
 
 #include <string>
@@ -15,6 +16,9 @@ struct PlanAutoOptions {
   int top = 5;
   int threads = 0;
   bool json = false;
+  bool explain = false;
+  std::string compare;   // "dgx-a100,dgx-h100,...": the best plan on each instead of --cluster
+  double tokens = 3e11;  // with --compare: tokens to train, for the time and the cost
 };
 
 Status run_plan_auto(const PlanAutoOptions& o);

@@ -140,12 +140,23 @@ void add_plan_command(CLI::App& app) {
   cmd->add_option("--threads", o->search.threads,
                   "With --auto: candidates simulated at once (default: every core)");
   cmd->add_flag("--json", o->search.json, "With --auto: the candidates as one JSON object");
+  cmd->add_flag("--explain", o->search.explain,
+                "With --auto: why the best plan wins, knob by knob, and how it moves with the "
+                "network bandwidth and the device memory");
+  cmd->add_option("--compare", o->search.compare,
+                  "With --auto: clusters (comma-separated) to compare instead of --cluster: the "
+                  "best plan on each, days to train --tokens and dollars per million tokens");
+  cmd->add_option("--tokens", o->search.tokens, "With --compare: tokens to train")
+      ->capture_default_str();
   cmd->callback([o, cmd] {
     if (!o->automatic) {
       if (cmd->count("--json") || cmd->count("--cluster") || cmd->count("--gpus") ||
-          cmd->count("--top"))
-        exit_on_error(error("--json, --cluster, --gpus and --top go with --auto",
-                            "add --auto to search the plans, or `tessera simulate` to time one"));
+          cmd->count("--top") || cmd->count("--explain") || cmd->count("--compare") ||
+          cmd->count("--tokens"))
+        exit_on_error(
+            error("--json, --cluster, --gpus, --top, --explain, --compare and --tokens "
+                  "go with --auto",
+                  "add --auto to search the plans, or `tessera simulate` to time one"));
       exit_on_error(run_plan(*o));
       return;
     }

@@ -28,6 +28,8 @@
 // finds the exhaustive search's best plans.
 #pragma once
 
+#include <functional>
+#include <memory>
 #include <string>
 #include <vector>
 
@@ -74,10 +76,45 @@ struct PlanSearch {
   std::vector<PlanCandidate> all;
 };
 
+// The search space of one model, cluster and options: every candidate within the memory bound
+// with its bounds, fastest bound first, and the simulations run so far — shared by the searches
+// made on it (the top K, then each of --explain's alternatives), so no candidate is simulated
+// twice.
+class PlanSpace {
+ public:
+  // Enumerates and bounds the candidates. Errors: bad options, and no plan splitting the batch.
+  static Result<std::unique_ptr<PlanSpace>> create(const ModelConfig& cfg,
+                                                   const ClusterSpec& cluster,
+                                                   const PlannerOptions& opt);
+  ~PlanSpace();
+
+  using Filter = std::function<bool(const PlanCandidate&)>;
+  // The k fastest candidates that fit in memory among those `keep` accepts (every one when keep
+  // is empty), fastest first. Simulates those not yet simulated in order of their time bound,
+  // on opt.threads threads, until no bound left can beat the k-th fitting plan found.
+  std::vector<const PlanCandidate*> fastest(int k, const Filter& keep = nullptr);
+
+  const std::vector<PlanCandidate>& candidates() const;  // within the memory bound
+  const ModelConfig& model() const;
+  const ClusterSpec& cluster() const;
+  const PlannerOptions& options() const;  // with seq and global_batch resolved
+  int enumerated() const;
+  int pruned_by_memory() const;
+  int failed_bounds() const;             // candidates whose bound could not be computed
+  double smallest_memory_bound() const;  // over every enumerated candidate
+
+ private:
+  struct Impl;
+  explicit PlanSpace(std::unique_ptr<Impl> impl);
+  std::unique_ptr<Impl> impl_;
+};
+
 // The search. Errors: bad options (named), and no plan fitting in memory — one paragraph with
 // the smallest memory any candidate needs and what would make it fit.
 Result<PlanSearch> search_plans(const ModelConfig& cfg, const ClusterSpec& cluster,
                                 const PlannerOptions& opt);
+// The same on a space already created (which then keeps its simulations for explain_best).
+Result<PlanSearch> search_plans(PlanSpace& space);
 
 // The bounds of one candidate. `micro_batch_seconds`: a tensor-parallel rank's compute time for
 // one micro-batch of the whole model (see above).

@@ -353,9 +353,49 @@ TEST(TesseraBinary, PlanAutoPrintsTheFastestFittingPlansAsJson) {
   EXPECT_NEAR(s["step_s"].get<double>(), j["candidates"][0]["step_s"].get<double>(),
               1e-6 * s["step_s"].get<double>());
   EXPECT_EQ(run_tessera("plan gpt2-small --json", &out), 1) << out;
-  EXPECT_NE(out.find("error: --json, --cluster, --gpus and --top go with --auto"),
+  EXPECT_NE(out.find("error: --json, --cluster, --gpus, --top, --explain, --compare and --tokens "
+                     "go with --auto"),
             std::string::npos)
       << out;
+}
+
+// --explain adds why the best plan wins; --compare prints the best plan on each cluster with the
+// time to train and the cost at each spec's price (none where the spec has no price).
+TEST(TesseraBinary, PlanAutoExplainsTheBestPlanAndComparesClustersByCost) {
+  std::string out;
+  const std::string base = "plan gpt2-small --auto --gpus 8 --batch 16 --seq 1024 ";
+  auto run = [&](const std::string& flags) {
+    out.clear();
+    return run_tessera(base + flags, &out);
+  };
+  ASSERT_EQ(run("--explain --json"), 0) << out;
+  nlohmann::json j = nlohmann::json::parse(out);
+  ASSERT_TRUE(j.contains("explain")) << out;
+  EXPECT_GE(j["explain"]["knobs"].size(), 5u) << out;
+  EXPECT_EQ(j["explain"]["what_ifs"].size(), 4u) << out;
+  ASSERT_EQ(run("--explain"), 0) << out;
+  EXPECT_NE(out.find(" wins ("), std::string::npos) << out;
+  EXPECT_NE(out.find("  recompute: "), std::string::npos) << out;
+
+  ASSERT_EQ(run("--compare dgx-a100,dgx-h100,frontier --tokens 1e9 --json"), 0) << out;
+  j = nlohmann::json::parse(out);
+  ASSERT_EQ(j["clusters"].size(), 3u) << out;
+  for (const nlohmann::json& c : j["clusters"]) {
+    const double tps = c["best"]["tokens_per_s"].get<double>();
+    EXPECT_NEAR(c["days"].get<double>(), 1e9 / tps / 86400, 1e-9) << c.dump();
+    const double price = c["price_per_device_hour"].get<double>();
+    if (price > 0)
+      EXPECT_NEAR(c["usd_per_million_tokens"].get<double>(), price * 8 / 3600 / tps * 1e6, 1e-9);
+    else
+      EXPECT_TRUE(c["usd_per_million_tokens"].is_null()) << c.dump();
+  }
+  EXPECT_EQ(j["clusters"][2]["cluster"], "frontier");
+  EXPECT_LT(j["clusters"][1]["best"]["step_s"].get<double>(),
+            j["clusters"][0]["best"]["step_s"].get<double>());  // H100 beats A100
+  EXPECT_EQ(run("--compare dgx-a100,nowhere"), 1) << out;
+  EXPECT_NE(out.find("error: unknown cluster 'nowhere'"), std::string::npos) << out;
+  EXPECT_EQ(run("--compare dgx-a100 --explain"), 1) << out;
+  EXPECT_NE(out.find("error: --explain and --compare"), std::string::npos) << out;
 }
 
 }  // namespace

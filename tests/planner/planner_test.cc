@@ -45,7 +45,9 @@ TEST(Planner, BoundsStayBelowTheSimulatedFiguresAndTheBestFitFastestFirst) {
   ASSERT_FALSE(s->best.empty());
   for (size_t i = 0; i < s->best.size(); ++i) {
     EXPECT_TRUE(s->best[i].fits(c.device.memory_bytes));
-    if (i > 0) EXPECT_LE(s->best[i - 1].sim.step_seconds, s->best[i].sim.step_seconds);
+    if (i > 0) {
+      EXPECT_LE(s->best[i - 1].sim.step_seconds, s->best[i].sim.step_seconds);
+    }
   }
 }
 

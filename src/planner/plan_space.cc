@@ -1,0 +1,326 @@
+// PlanSpace: the planner's candidates, their bounds and their simulations (planner/planner.h).
+#include <algorithm>
+#include <atomic>
+#include <map>
+#include <mutex>
+#include <thread>
+
+#include "cost/op_cost.h"
+#include "parallel/pipeline_schedule.h"
+#include "parallel/recompute.h"
+#include "parallel/sharding_search.h"
+#include "planner/planner.h"
+
+namespace tessera {
+
+namespace {
+
+std::vector<int> divisors(int64_t n) {
+  std::vector<int> out;
+  for (int64_t d = 1; d <= n; ++d)
+    if (n % d == 0) out.push_back(static_cast<int>(d));
+  return out;
+}
+
+bool power_of_two(int n) { return n > 0 && (n & (n - 1)) == 0; }
+
+// Every plan of the search space for `gpus` devices (bounds not yet computed).
+std::vector<PlanCandidate> enumerate(const ModelConfig& cfg, const ClusterSpec& cluster,
+                                     const PlannerOptions& o, int64_t batch) {
+  std::vector<PlanCandidate> out;
+  const int per_node = std::max(1, cluster.node.devices);
+  for (int tp : divisors(o.gpus)) {
+    // Tensor parallelism within a node, on whole heads (and key/value heads).
+    if (!power_of_two(tp) || tp > per_node || cfg.n_head % tp != 0) continue;
+    if (cfg.n_kv_head > 0 && cfg.n_kv_head % tp != 0 && tp % cfg.n_kv_head != 0) continue;
+    for (int pp : divisors(o.gpus / tp)) {
+      if (pp > cfg.n_layer) continue;
+      const int dp = o.gpus / (tp * pp);
+      if (batch % dp != 0) continue;
+      const int64_t rows = batch / dp;  // sequences per data-parallel rank per step
+      for (int mb : divisors(rows)) {
+        if (mb > o.max_micro_batch) continue;
+        const int m = static_cast<int>(rows / mb);
+        struct Sched {
+          ScheduleKind kind;
+          int v;
+        };
+        std::vector<Sched> scheds = {{ScheduleKind::one_f_one_b, 1}};
+        if (pp > 1) {
+          scheds.push_back({ScheduleKind::zb_h1, 1});
+          if (m % pp == 0 && 2 * pp <= cfg.n_layer)
+            scheds.push_back({ScheduleKind::interleaved, 2});
+        }
+        for (const Sched& s : scheds)
+          for (int zero : pp > 1 ? std::vector<int>{1} : std::vector<int>{1, 3})
+            for (bool sp :
+                 tp > 1 && pp == 1 ? std::vector<bool>{false, true} : std::vector<bool>{false})
+              for (RecomputePolicy rc :
+                   {RecomputePolicy::none, RecomputePolicy::selective, RecomputePolicy::full}) {
+                PlanCandidate c;
+                c.plan = pp > 1   ? Plan::pipeline_parallel(pp, dp, tp, zero)
+                         : tp > 1 ? Plan::tensor_parallel(dp, tp, zero)
+                                  : Plan::data_parallel(dp, zero);
+                c.plan.micro_batches = m;
+                c.plan.recompute = rc;
+                c.plan.sequence_parallel = sp;
+                if (pp > 1) {
+                  c.plan.schedule = s.kind;
+                  c.plan.virtual_stages = s.v;
+                }
+                c.micro_batch = mb;
+                out.push_back(std::move(c));
+              }
+      }
+    }
+  }
+  return out;
+}
+
+// The tensor-parallel placements of each (tp, sequence parallel) pair, searched once on a
+// one-block model of one sequence per micro-batch over a mesh {dp: 1, tp} (the search weighs
+// local FLOPs against tensor-axis bytes, which both scale with the batch), and laid onto any
+// mesh with that tensor axis. Thread-safe; deterministic whatever order candidates ask in.
+class Placements {
+ public:
+  Placements(const ModelConfig& cfg, const ClusterSpec& cluster, int64_t seq, DType precision)
+      : cfg_(cfg), seq_(seq), cost_{flops_per_intra_byte(cluster, precision)} {}
+
+  // Writes plan->params for graph g (plan's tensor axis "tp").
+  Status place(const Graph& g, Plan* plan) {
+    if (plan->tensor_group() == 1) return Status();
+    TS_ASSIGN_OR_RETURN(std::shared_ptr<const BlockLayout> b,
+                        layout(plan->tensor_group(), plan->sequence_parallel));
+    Plan flat = Plan::tensor_parallel(1, plan->tensor_group());
+    flat.sequence_parallel = plan->sequence_parallel;
+    TS_ASSIGN_OR_RETURN(auto params, expand_block_layout(*b, g, flat));
+    const int tp_axis = plan->mesh.axis_index("tp");
+    plan->params.clear();
+    for (const auto& [name, pl] : params) {
+      std::vector<Placement> on(plan->mesh.axes().size(), Placement::replicate());
+      on[static_cast<size_t>(tp_axis)] = pl[1];
+      plan->params[name] = on;
+    }
+    return Status();
+  }
+
+ private:
+  Result<std::shared_ptr<const BlockLayout>> layout(int tp, bool sp) {
+    std::lock_guard<std::mutex> l(mu_);  // one search at a time; each runs once
+    const auto key = std::make_pair(tp, sp);
+    auto it = cache_.find(key);
+    if (it != cache_.end()) return it->second;
+    ModelConfig one = cfg_;
+    one.n_layer = 1;
+    ModelGraph m = build_model(one, 1, seq_, ModelMode::train);
+    Plan flat = Plan::tensor_parallel(1, tp);
+    flat.sequence_parallel = sp;
+    TS_ASSIGN_OR_RETURN(BlockLayout b, search_block_layout(m.graph, flat, cost_));
+    return cache_[key] = std::make_shared<const BlockLayout>(std::move(b));
+  }
+
+  const ModelConfig& cfg_;
+  int64_t seq_;
+  SearchCost cost_;
+  std::mutex mu_;
+  std::map<std::pair<int, bool>, std::shared_ptr<const BlockLayout>> cache_;
+};
+
+// One tensor-parallel rank's compute seconds for one micro-batch of `rows` sequences of the
+// whole model: the ops of the graph it executes (partitioned over tp with the candidate's
+// placements and sequence parallelism, recomputation applied; collectives left out) timed by the
+// cost model, from models of one and two blocks (the time is linear in the depth).
+class ComputeTimes {
+ public:
+  ComputeTimes(const ModelConfig& cfg, const ClusterSpec& cluster, int64_t seq, DType precision,
+               Placements& placements)
+      : cfg_(cfg), cluster_(cluster), seq_(seq), precision_(precision), placements_(placements) {}
+
+  Result<double> seconds(const Plan& cand, int64_t rows) {
+    const auto key = std::make_tuple(rows, static_cast<int>(cand.recompute), cand.tensor_group(),
+                                     cand.sequence_parallel);
+    auto it = cache_.find(key);
+    if (it != cache_.end()) return it->second;
+    double t[2];
+    for (int blocks = 1; blocks <= 2; ++blocks) {
+      ModelConfig c = cfg_;
+      c.n_layer = blocks;
+      ModelGraph m = build_model(c, rows, seq_, ModelMode::train);
+      Plan p = Plan::tensor_parallel(1, cand.tensor_group());
+      p.sequence_parallel = cand.sequence_parallel;
+      p.recompute = cand.recompute;
+      TS_RETURN_IF_ERROR(placements_.place(m.graph, &p));
+      TS_ASSIGN_OR_RETURN(Program prog, lower(m.graph, p));
+      const Graph& local = prog.local();
+      double sum = 0;
+      for (const Node& n : local.nodes())
+        if (!is_collective(n.op))
+          sum += op_time(local, n, cluster_.device, cluster_.op_efficiency, precision_).seconds;
+      t[blocks - 1] = sum;
+    }
+    const double block = t[1] - t[0], outside = t[0] - block;
+    return cache_[key] = outside + block * static_cast<double>(cfg_.n_layer);
+  }
+
+ private:
+  const ModelConfig& cfg_;
+  const ClusterSpec& cluster_;
+  int64_t seq_;
+  DType precision_;
+  Placements& placements_;
+  std::map<std::tuple<int64_t, int, int, bool>, double> cache_;
+};
+
+struct GraphCache {
+  std::mutex mu;
+  std::map<int64_t, std::shared_ptr<const ModelGraph>> graphs;  // by global micro-batch
+  std::shared_ptr<const ModelGraph> get(const ModelConfig& cfg, int64_t batch, int64_t seq) {
+    {
+      std::lock_guard<std::mutex> l(mu);
+      auto it = graphs.find(batch);
+      if (it != graphs.end()) return it->second;
+    }
+    auto g = std::make_shared<const ModelGraph>(build_model(cfg, batch, seq, ModelMode::train));
+    std::lock_guard<std::mutex> l(mu);
+    return graphs.emplace(batch, g).first->second;
+  }
+};
+
+// Lowers and times candidate c (its parameters placed by `placements`).
+void simulate_candidate(const ModelConfig& cfg, const ClusterSpec& cluster, const PlannerOptions& o,
+                        int64_t seq, GraphCache& cache, Placements& placements, PlanCandidate* c) {
+  const int64_t global_mb = c->micro_batch * c->plan.data_group();
+  std::shared_ptr<const ModelGraph> m = cache.get(cfg, global_mb, seq);
+  Status placed = placements.place(m->graph, &c->plan);
+  if (!placed.ok()) {
+    c->error = placed.message();
+    return;
+  }
+  SimOptions so;
+  so.precision = o.precision;
+  Result<SimResult> r = simulate_plan(m->graph, c->plan, cluster, so);
+  if (!r.ok()) {
+    c->error = r.status().message();
+    return;
+  }
+  c->sim = std::move(r.value());
+  c->plan.stage_layers = c->sim.stage_layers;
+  c->simulated = true;
+}
+
+}  // namespace
+
+struct PlanSpace::Impl {
+  ModelConfig cfg;
+  ClusterSpec cluster;
+  PlannerOptions opt;
+  std::vector<PlanCandidate> alive;  // within the memory bound, by time bound
+  int enumerated = 0, pruned_by_memory = 0, failed_bounds = 0;
+  double smallest_memory_bound = 1e300;
+  std::unique_ptr<Placements> placements;
+  GraphCache graphs;
+};
+
+PlanSpace::PlanSpace(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
+PlanSpace::~PlanSpace() = default;
+
+Result<std::unique_ptr<PlanSpace>> PlanSpace::create(const ModelConfig& cfg,
+                                                     const ClusterSpec& cluster,
+                                                     const PlannerOptions& opt) {
+  PlannerOptions o = opt;
+  if (o.gpus < 1) return error("--gpus must be at least 1, got " + std::to_string(o.gpus));
+  if (o.top_k < 1) return error("--top must be at least 1, got " + std::to_string(o.top_k));
+  if (o.global_batch < 0)
+    return error("--batch (sequences per step) must be positive, got " +
+                 std::to_string(o.global_batch));
+  if (o.seq > cfg.max_seq_len)
+    return error("--seq " + std::to_string(o.seq) + " exceeds the model's max_seq_len " +
+                 std::to_string(cfg.max_seq_len));
+  if (o.seq <= 0) o.seq = cfg.max_seq_len;
+  if (o.global_batch == 0) o.global_batch = o.gpus;
+  if (o.threads <= 0)
+    o.threads = std::max(1, static_cast<int>(std::thread::hardware_concurrency()));
+
+  auto impl = std::make_unique<Impl>();
+  impl->cfg = cfg;
+  impl->cluster = cluster;
+  impl->opt = o;
+  Impl& s = *impl;
+  std::vector<PlanCandidate> cands = enumerate(s.cfg, s.cluster, o, o.global_batch);
+  s.enumerated = static_cast<int>(cands.size());
+  if (cands.empty())
+    return error("no plan splits a batch of " + std::to_string(o.global_batch) +
+                     " sequences over " + std::to_string(o.gpus) + " devices",
+                 "use a --batch that a power-of-two share of the devices divides (e.g. " +
+                     std::to_string(o.gpus) + ")");
+  // Memory bound first: what cannot fit is never lowered.
+  s.placements = std::make_unique<Placements>(s.cfg, s.cluster, o.seq, o.precision);
+  ComputeTimes times(s.cfg, s.cluster, o.seq, o.precision, *s.placements);
+  for (PlanCandidate& c : cands) {
+    c.memory_bound = plan_memory_bound(s.cfg, c.plan, o.precision);
+    s.smallest_memory_bound = std::min(s.smallest_memory_bound, c.memory_bound);
+    if (c.memory_bound > s.cluster.device.memory_bytes) {
+      ++s.pruned_by_memory;
+      continue;
+    }
+    Result<double> t = times.seconds(c.plan, c.micro_batch);
+    if (!t.ok()) {  // the plan does not lower (an op refuses the layout): not a candidate
+      ++s.failed_bounds;
+      continue;
+    }
+    c.time_bound =
+        plan_time_bound(c.plan, t.value(), optimizer_time_bound(s.cfg, s.cluster, c.plan));
+    s.alive.push_back(std::move(c));
+  }
+  std::stable_sort(
+      s.alive.begin(), s.alive.end(),
+      [](const PlanCandidate& a, const PlanCandidate& b) { return a.time_bound < b.time_bound; });
+  return std::unique_ptr<PlanSpace>(new PlanSpace(std::move(impl)));
+}
+
+std::vector<const PlanCandidate*> PlanSpace::fastest(int k, const Filter& keep) {
+  Impl& s = *impl_;
+  const double capacity = s.cluster.device.memory_bytes;
+  std::vector<size_t> order;  // the candidates `keep` accepts, by time bound
+  for (size_t i = 0; i < s.alive.size(); ++i)
+    if (!keep || keep(s.alive[i])) order.push_back(i);
+  std::mutex mu;
+  std::vector<std::pair<double, size_t>> fitting;  // (step seconds, index), ascending
+  std::atomic<size_t> next{0};
+  auto kth = [&] {
+    return fitting.size() >= static_cast<size_t>(k) ? fitting[k - 1].first : 1e300;
+  };
+  auto worker = [&] {
+    for (size_t j; (j = next++) < order.size();) {
+      PlanCandidate& c = s.alive[order[j]];
+      {
+        std::lock_guard<std::mutex> l(mu);
+        if (c.time_bound >= kth()) return;  // sorted: no later one can win either
+      }
+      if (!c.simulated && c.error.empty())
+        simulate_candidate(s.cfg, s.cluster, s.opt, s.opt.seq, s.graphs, *s.placements, &c);
+      if (!c.fits(capacity)) continue;
+      std::lock_guard<std::mutex> l(mu);
+      const std::pair<double, size_t> e{c.sim.step_seconds, order[j]};
+      fitting.insert(std::upper_bound(fitting.begin(), fitting.end(), e), e);
+    }
+  };
+  std::vector<std::thread> pool;
+  for (int t = 0; t < s.opt.threads; ++t) pool.emplace_back(worker);
+  for (std::thread& t : pool) t.join();
+  std::vector<const PlanCandidate*> out;
+  for (size_t i = 0; i < fitting.size() && i < static_cast<size_t>(k); ++i)
+    out.push_back(&s.alive[fitting[i].second]);
+  return out;
+}
+
+const std::vector<PlanCandidate>& PlanSpace::candidates() const { return impl_->alive; }
+const ModelConfig& PlanSpace::model() const { return impl_->cfg; }
+const ClusterSpec& PlanSpace::cluster() const { return impl_->cluster; }
+const PlannerOptions& PlanSpace::options() const { return impl_->opt; }
+int PlanSpace::enumerated() const { return impl_->enumerated; }
+int PlanSpace::pruned_by_memory() const { return impl_->pruned_by_memory; }
+int PlanSpace::failed_bounds() const { return impl_->failed_bounds; }
+double PlanSpace::smallest_memory_bound() const { return impl_->smallest_memory_bound; }
+
+}  // namespace tessera
