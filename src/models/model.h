@@ -41,6 +41,7 @@ struct ModelConfig {
   int64_t kv_heads() const { return n_kv_head > 0 ? n_kv_head : n_head; }
   int64_t ffn() const { return ffn_hidden > 0 ? ffn_hidden : 4 * n_embd; }
   int64_t vocab_rows() const { return padded_vocab_size > 0 ? padded_vocab_size : vocab_size; }
+  bool operator==(const ModelConfig&) const = default;
 };
 
 // Checks the config is buildable (positive sizes, heads dividing the width, ...). Errors name

@@ -1,11 +1,15 @@
 // PlanSpace: the planner's candidates, their bounds and their simulations (planner/planner.h).
 #include <algorithm>
 #include <atomic>
+#include <chrono>
+#include <list>
 #include <map>
 #include <mutex>
 #include <thread>
 
 #include "cost/op_cost.h"
+#include "parallel/memory_plan.h"
+#include "parallel/partition.h"
 #include "parallel/pipeline_schedule.h"
 #include "parallel/recompute.h"
 #include "parallel/sharding_search.h"
@@ -77,10 +81,54 @@ std::vector<PlanCandidate> enumerate(const ModelConfig& cfg, const ClusterSpec& 
   return out;
 }
 
-// The tensor-parallel placements of each (tp, sequence parallel) pair, searched once on a
-// one-block model of one sequence per micro-batch over a mesh {dp: 1, tp} (the search weighs
-// local FLOPs against tensor-axis bytes, which both scale with the batch), and laid onto any
-// mesh with that tensor axis. Thread-safe; deterministic whatever order candidates ask in.
+// The placement search of one block (the slowest part of creating a space: a LLaMA block
+// tries 3^7 layouts), kept for the process: the spaces of --explain's what-ifs and of the
+// tests share it. Searches of different keys run at once; each key runs once.
+Result<std::shared_ptr<const BlockLayout>> block_layout(const ModelConfig& cfg, int64_t seq, int tp,
+                                                        bool sp, const SearchCost& cost) {
+  struct Entry {
+    ModelConfig cfg;
+    int64_t seq;
+    int tp;
+    bool sp;
+    double flops_per_byte;
+    std::once_flag once;
+    Result<std::shared_ptr<const BlockLayout>> layout = error("not searched");
+  };
+  static std::mutex mu;
+  static std::list<Entry> memo;  // a list: entries never move
+  ModelConfig one = cfg;
+  one.n_layer = 1;
+  one.name.clear();
+  Entry* e = nullptr;
+  {
+    std::lock_guard<std::mutex> l(mu);
+    for (Entry& x : memo)
+      if (x.cfg == one && x.seq == seq && x.tp == tp && x.sp == sp &&
+          x.flops_per_byte == cost.flops_per_byte)
+        e = &x;
+    if (e == nullptr) {
+      e = &memo.emplace_back();
+      e->cfg = one, e->seq = seq, e->tp = tp, e->sp = sp, e->flops_per_byte = cost.flops_per_byte;
+    }
+  }
+  std::call_once(e->once, [&] {
+    ModelGraph m = build_model(one, 1, seq, ModelMode::train);
+    Plan flat = Plan::tensor_parallel(1, tp);
+    flat.sequence_parallel = sp;
+    Result<BlockLayout> b = search_block_layout(m.graph, flat, cost);
+    if (b.ok())
+      e->layout = std::make_shared<const BlockLayout>(std::move(b.value()));
+    else
+      e->layout = b.status();
+  });
+  return e->layout;
+}
+
+// The tensor-parallel placements of each (tp, sequence parallel) pair, searched on a one-block
+// model of one sequence per micro-batch over a mesh {dp: 1, tp} (the search weighs local FLOPs
+// against tensor-axis bytes, which both scale with the batch), and laid onto any mesh with that
+// tensor axis. Thread-safe; deterministic whatever order candidates ask in.
 class Placements {
  public:
   Placements(const ModelConfig& cfg, const ClusterSpec& cluster, int64_t seq, DType precision)
@@ -89,8 +137,9 @@ class Placements {
   // Writes plan->params for graph g (plan's tensor axis "tp").
   Status place(const Graph& g, Plan* plan) {
     if (plan->tensor_group() == 1) return Status();
-    TS_ASSIGN_OR_RETURN(std::shared_ptr<const BlockLayout> b,
-                        layout(plan->tensor_group(), plan->sequence_parallel));
+    TS_ASSIGN_OR_RETURN(
+        std::shared_ptr<const BlockLayout> b,
+        block_layout(cfg_, seq_, plan->tensor_group(), plan->sequence_parallel, cost_));
     Plan flat = Plan::tensor_parallel(1, plan->tensor_group());
     flat.sequence_parallel = plan->sequence_parallel;
     TS_ASSIGN_OR_RETURN(auto params, expand_block_layout(*b, g, flat));
@@ -105,70 +154,116 @@ class Placements {
   }
 
  private:
-  Result<std::shared_ptr<const BlockLayout>> layout(int tp, bool sp) {
-    std::lock_guard<std::mutex> l(mu_);  // one search at a time; each runs once
-    const auto key = std::make_pair(tp, sp);
-    auto it = cache_.find(key);
-    if (it != cache_.end()) return it->second;
-    ModelConfig one = cfg_;
-    one.n_layer = 1;
-    ModelGraph m = build_model(one, 1, seq_, ModelMode::train);
-    Plan flat = Plan::tensor_parallel(1, tp);
-    flat.sequence_parallel = sp;
-    TS_ASSIGN_OR_RETURN(BlockLayout b, search_block_layout(m.graph, flat, cost_));
-    return cache_[key] = std::make_shared<const BlockLayout>(std::move(b));
-  }
-
   const ModelConfig& cfg_;
   int64_t seq_;
   SearchCost cost_;
-  std::mutex mu_;
-  std::map<std::pair<int, bool>, std::shared_ptr<const BlockLayout>> cache_;
 };
 
-// One tensor-parallel rank's compute seconds for one micro-batch of `rows` sequences of the
-// whole model: the ops of the graph it executes (partitioned over tp with the candidate's
-// placements and sequence parallelism, recomputation applied; collectives left out) timed by the
-// cost model, from models of one and two blocks (the time is linear in the depth).
-class ComputeTimes {
+// What one tensor-parallel rank spends on one micro-batch of `rows` sequences: the compute
+// seconds of the whole model (the ops of the graph it executes, partitioned over tp with the
+// candidate's placements and sequence parallelism, recomputation applied, collectives left out,
+// timed by the cost model) and the activation bytes one block keeps from its forward pass for
+// its backward pass. Both from a one-block model lowered for the key: the block's ops times the
+// depth, plus the ops outside the blocks (embedding, final norm, head, loss).
+struct MicroBatchCost {
+  double seconds = 0;
+  double saved_bytes_per_block = 0;  // at the run's precision (the arena's scale)
+};
+
+class MicroBatchCosts {
  public:
-  ComputeTimes(const ModelConfig& cfg, const ClusterSpec& cluster, int64_t seq, DType precision,
-               Placements& placements)
+  MicroBatchCosts(const ModelConfig& cfg, const ClusterSpec& cluster, int64_t seq, DType precision,
+                  Placements& placements)
       : cfg_(cfg), cluster_(cluster), seq_(seq), precision_(precision), placements_(placements) {}
 
-  Result<double> seconds(const Plan& cand, int64_t rows) {
-    const auto key = std::make_tuple(rows, static_cast<int>(cand.recompute), cand.tensor_group(),
-                                     cand.sequence_parallel);
-    auto it = cache_.find(key);
-    if (it != cache_.end()) return it->second;
-    double t[2];
-    for (int blocks = 1; blocks <= 2; ++blocks) {
-      ModelConfig c = cfg_;
-      c.n_layer = blocks;
-      ModelGraph m = build_model(c, rows, seq_, ModelMode::train);
-      Plan p = Plan::tensor_parallel(1, cand.tensor_group());
-      p.sequence_parallel = cand.sequence_parallel;
-      p.recompute = cand.recompute;
-      TS_RETURN_IF_ERROR(placements_.place(m.graph, &p));
-      TS_ASSIGN_OR_RETURN(Program prog, lower(m.graph, p));
-      const Graph& local = prog.local();
-      double sum = 0;
-      for (const Node& n : local.nodes())
-        if (!is_collective(n.op))
-          sum += op_time(local, n, cluster_.device, cluster_.op_efficiency, precision_).seconds;
-      t[blocks - 1] = sum;
-    }
-    const double block = t[1] - t[0], outside = t[0] - block;
-    return cache_[key] = outside + block * static_cast<double>(cfg_.n_layer);
+  // Costs every (rows, recompute, tp, sequence parallel) the candidates need, on `threads`
+  // threads.
+  void prepare(const std::vector<PlanCandidate>& cands, int threads) {
+    for (const PlanCandidate& c : cands) cache_.emplace(key(c.plan, c.micro_batch), error("none"));
+    std::vector<std::map<Key, Result<MicroBatchCost>>::iterator> todo;
+    for (auto it = cache_.begin(); it != cache_.end(); ++it) todo.push_back(it);
+    std::atomic<size_t> next{0};
+    auto worker = [&] {
+      for (size_t i; (i = next++) < todo.size();) todo[i]->second = cost(todo[i]->first);
+    };
+    std::vector<std::thread> pool;
+    for (int t = 0; t < threads; ++t) pool.emplace_back(worker);
+    for (std::thread& t : pool) t.join();
+  }
+
+  // After prepare(); errors when the plan does not lower.
+  const Result<MicroBatchCost>& of(const Plan& cand, int64_t rows) const {
+    return cache_.at(key(cand, rows));
   }
 
  private:
+  using Key = std::tuple<int64_t, int, int, bool>;
+  static Key key(const Plan& p, int64_t rows) {
+    return {rows, static_cast<int>(p.recompute), p.tensor_group(), p.sequence_parallel};
+  }
+
+  // Compute seconds and kept bytes of the ops of a model of `blocks` blocks lowered for key k.
+  Result<std::pair<double, double>> measure(const Key& k, int64_t blocks) {
+    const auto [rows, rc, tp, sp] = k;
+    ModelConfig c = cfg_;
+    c.n_layer = blocks;
+    ModelGraph m = build_model(c, rows, seq_, ModelMode::train);
+    Plan p = Plan::tensor_parallel(1, tp);
+    p.sequence_parallel = sp;
+    p.recompute = static_cast<RecomputePolicy>(rc);
+    TS_RETURN_IF_ERROR(placements_.place(m.graph, &p));
+    // The local graph lower() would build (partitioned after recomputation), without the
+    // memory plan and instructions it adds.
+    Graph recomputed;
+    if (p.recompute != RecomputePolicy::none) {
+      TS_ASSIGN_OR_RETURN(recomputed, apply_recompute(m.graph, p.recompute));
+    }
+    TS_ASSIGN_OR_RETURN(Partitioned part,
+                        partition(p.recompute == RecomputePolicy::none ? m.graph : recomputed, p));
+    const Graph& local = part.local;
+    double seconds = 0;
+    for (const Node& n : local.nodes())
+      if (!is_collective(n.op))
+        seconds += op_time(local, n, cluster_.device, cluster_.op_efficiency, precision_).seconds;
+    // Kept for the backward pass: what the blocks produce before the first backward node and a
+    // node at or after it reads — all live at that point. Views (reshapes) share their input's
+    // bytes and are not counted.
+    const std::vector<Node>& nodes = local.nodes();
+    const size_t boundary = static_cast<size_t>(
+        std::find_if(nodes.begin(), nodes.end(), in_backward_pass) - nodes.begin());
+    std::vector<char> read_after(local.values().size(), 0);
+    for (size_t i = boundary; i < nodes.size(); ++i)
+      for (ValueId v : nodes[i].inputs) read_after[static_cast<size_t>(v)] = 1;
+    double kept = 0;
+    for (ValueId v = 0; v < static_cast<ValueId>(local.values().size()); ++v) {
+      const NodeId at = local.value(v).producer;
+      const Node& by = local.node(at);
+      if (!read_after[static_cast<size_t>(v)] || static_cast<size_t>(at) >= boundary ||
+          by.layer < 0 || by.op == OpKind::parameter || reshape_view_of(local, v) >= 0)
+        continue;
+      kept += static_cast<double>(local.type(v).bytes());
+    }
+    return std::make_pair(seconds, kept);
+  }
+
+  // From models of one and two blocks: what the second block adds is a block's (the first and
+  // last blocks also convert layouts at the model's ends, e.g. into sequence parallelism), and
+  // the whole model is the one-block model plus n_layer - 1 such blocks.
+  Result<MicroBatchCost> cost(const Key& k) {
+    TS_ASSIGN_OR_RETURN(auto one, measure(k, 1));
+    TS_ASSIGN_OR_RETURN(auto two, measure(k, 2));
+    const double block_seconds = two.first - one.first, block_kept = two.second - one.second;
+    const double scale = static_cast<double>(dtype_size(precision_)) / 4.0;
+    return MicroBatchCost{one.first + block_seconds * static_cast<double>(cfg_.n_layer - 1),
+                          block_kept * scale};
+  }
+
   const ModelConfig& cfg_;
   const ClusterSpec& cluster_;
   int64_t seq_;
   DType precision_;
   Placements& placements_;
-  std::map<std::tuple<int64_t, int, int, bool>, double> cache_;
+  std::map<Key, Result<MicroBatchCost>> cache_;
 };
 
 struct GraphCache {
@@ -217,6 +312,7 @@ struct PlanSpace::Impl {
   std::vector<PlanCandidate> alive;  // within the memory bound, by time bound
   int enumerated = 0, pruned_by_memory = 0, failed_bounds = 0;
   double smallest_memory_bound = 1e300;
+  double create_seconds = 0;
   std::unique_ptr<Placements> placements;
   GraphCache graphs;
 };
@@ -227,6 +323,7 @@ PlanSpace::~PlanSpace() = default;
 Result<std::unique_ptr<PlanSpace>> PlanSpace::create(const ModelConfig& cfg,
                                                      const ClusterSpec& cluster,
                                                      const PlannerOptions& opt) {
+  const auto t0 = std::chrono::steady_clock::now();
   PlannerOptions o = opt;
   if (o.gpus < 1) return error("--gpus must be at least 1, got " + std::to_string(o.gpus));
   if (o.top_k < 1) return error("--top must be at least 1, got " + std::to_string(o.top_k));
@@ -255,26 +352,41 @@ Result<std::unique_ptr<PlanSpace>> PlanSpace::create(const ModelConfig& cfg,
                      std::to_string(o.gpus) + ")");
   // Memory bound first: what cannot fit is never lowered.
   s.placements = std::make_unique<Placements>(s.cfg, s.cluster, o.seq, o.precision);
-  ComputeTimes times(s.cfg, s.cluster, o.seq, o.precision, *s.placements);
+  // The state's memory bound first: what cannot fit is never lowered; then the activations'.
+  const double capacity = s.cluster.device.memory_bytes;
+  std::vector<PlanCandidate> within;
   for (PlanCandidate& c : cands) {
     c.memory_bound = plan_memory_bound(s.cfg, c.plan, o.precision);
-    s.smallest_memory_bound = std::min(s.smallest_memory_bound, c.memory_bound);
-    if (c.memory_bound > s.cluster.device.memory_bytes) {
-      ++s.pruned_by_memory;
+    if (c.memory_bound <= capacity) {
+      within.push_back(std::move(c));
       continue;
     }
-    Result<double> t = times.seconds(c.plan, c.micro_batch);
-    if (!t.ok()) {  // the plan does not lower (an op refuses the layout): not a candidate
+    ++s.pruned_by_memory;
+    s.smallest_memory_bound = std::min(s.smallest_memory_bound, c.memory_bound);
+  }
+  MicroBatchCosts costs(s.cfg, s.cluster, o.seq, o.precision, *s.placements);
+  costs.prepare(within, o.threads);
+  for (PlanCandidate& c : within) {
+    const Result<MicroBatchCost>& mb = costs.of(c.plan, c.micro_batch);
+    if (!mb.ok()) {  // the plan does not lower (an op refuses the layout): not a candidate
       ++s.failed_bounds;
       continue;
     }
+    c.memory_bound =
+        with_activations(c.plan, c.memory_bound, mb->saved_bytes_per_block, s.cfg.n_layer);
+    s.smallest_memory_bound = std::min(s.smallest_memory_bound, c.memory_bound);
+    if (c.memory_bound > capacity) {
+      ++s.pruned_by_memory;
+      continue;
+    }
     c.time_bound =
-        plan_time_bound(c.plan, t.value(), optimizer_time_bound(s.cfg, s.cluster, c.plan));
+        plan_time_bound(c.plan, mb->seconds, optimizer_time_bound(s.cfg, s.cluster, c.plan));
     s.alive.push_back(std::move(c));
   }
   std::stable_sort(
       s.alive.begin(), s.alive.end(),
       [](const PlanCandidate& a, const PlanCandidate& b) { return a.time_bound < b.time_bound; });
+  s.create_seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   return std::unique_ptr<PlanSpace>(new PlanSpace(std::move(impl)));
 }
 
@@ -322,5 +434,6 @@ int PlanSpace::enumerated() const { return impl_->enumerated; }
 int PlanSpace::pruned_by_memory() const { return impl_->pruned_by_memory; }
 int PlanSpace::failed_bounds() const { return impl_->failed_bounds; }
 double PlanSpace::smallest_memory_bound() const { return impl_->smallest_memory_bound; }
+double PlanSpace::create_seconds() const { return impl_->create_seconds; }
 
 }  // namespace tessera

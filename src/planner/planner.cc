@@ -44,6 +44,20 @@ double plan_memory_bound(const ModelConfig& cfg, const Plan& plan, DType precisi
   return per_rank * (master + moments + copy);
 }
 
+double with_activations(const Plan& plan, double state_bound, double saved_per_block,
+                        int64_t blocks) {
+  const double all = saved_per_block * static_cast<double>(blocks);
+  if (plan.stages() == 1) return state_bound + all;  // one micro-batch's, besides the state
+  // Stage s keeps at least f(s) = min(pp - s, m) micro-batches (1F1B's count; interleaved and
+  // zb-h1 keep more) of its b(s) blocks in stash slots, besides the phase arena that produced
+  // them: (f(s) + 1) b(s) blocks' worth. With M the largest, b(s) <= M / (f(s) + 1), so the
+  // blocks L <= M * sum 1 / (f(s) + 1): M >= L / sum(1 / (f(s) + 1)).
+  double inverse = 0;
+  for (int st = 0; st < plan.stages(); ++st)
+    inverse += 1.0 / (std::min(plan.stages() - st, plan.micro_batches) + 1);
+  return std::max(state_bound, all / inverse);
+}
+
 double optimizer_time_bound(const ModelConfig& cfg, const ClusterSpec& cluster, const Plan& plan) {
   // AdamW reads the parameter, gradient and two moments and writes three (fp32) per element of
   // this rank's share (ZeRO-1 and up: 1 / dp of it), at the device's streaming bandwidth.
@@ -67,11 +81,8 @@ double plan_time_bound(const Plan& plan, double micro_batch_seconds, double opti
 
 Result<PlanSearch> search_plans(const ModelConfig& cfg, const ClusterSpec& cluster,
                                 const PlannerOptions& opt) {
-  const auto t0 = std::chrono::steady_clock::now();
   TS_ASSIGN_OR_RETURN(std::unique_ptr<PlanSpace> space, PlanSpace::create(cfg, cluster, opt));
-  TS_ASSIGN_OR_RETURN(PlanSearch out, search_plans(*space));
-  out.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-  return out;
+  return search_plans(*space);
 }
 
 Result<PlanSearch> search_plans(PlanSpace& space) {
@@ -103,7 +114,8 @@ Result<PlanSearch> search_plans(PlanSpace& space) {
                      if (a.fits(capacity) != b.fits(capacity)) return a.fits(capacity);
                      return a.sim.step_seconds < b.sim.step_seconds;
                    });
-  out.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  out.seconds = space.create_seconds() +
+                std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   if (out.best.empty()) {
     const std::string dev = std::to_string(o.gpus) + " x " + cluster.device.name + " (" +
                             format_bytes(capacity) + " each)";
@@ -114,11 +126,13 @@ Result<PlanSearch> search_plans(PlanSpace& space) {
                    "use more devices, a smaller --batch or --seq, or a device with more memory");
     const double bound = space.smallest_memory_bound();
     return error("no plan of " + cfg.name + " fits on " + dev +
-                     ": its parameters and optimizer state alone need at least " +
+                     ": its parameters, optimizer state and the activations of one micro-batch "
+                     "of one sequence need at least " +
                      format_bytes(bound) + " per device",
-                 "use more devices (this state spread over about " +
+                 "use more devices (about " +
                      std::to_string(static_cast<int64_t>(std::ceil(bound / capacity * o.gpus))) +
-                     " of them would fit), or a device with more memory");
+                     " if the need divides evenly), recomputation, a shorter --seq, or a device "
+                     "with more memory");
   }
   return out;
 }

@@ -12,12 +12,15 @@
 //
 // Pruning. Per candidate, before lowering anything:
 //   memory bound  the parameters, their bf16 copy and the AdamW moments this rank must hold at
-//                 least (N / (tp x pp) parameters, ZeRO dividing what it shards by dp); a
-//                 candidate above the device's memory is dropped;
+//                 least (N / (tp x pp) parameters, ZeRO dividing what it shards by dp); then,
+//                 with the activations: what each block keeps from its forward pass for its
+//                 backward (the tp rank's graph under the candidate's recomputation) times the
+//                 blocks and the micro-batches in flight (one without a pipeline; 1F1B's count
+//                 on the fullest stage with one). A candidate above the device is dropped;
 //   time bound    a tensor-parallel rank's compute for one micro-batch (the ops of the graph it
 //                 executes under the candidate's placements, sequence parallelism and
-//                 recomputation, collectives left out, timed by the cost model on models of
-//                 one and two blocks and extrapolated to the depth), over pp stages, times
+//                 recomputation, collectives left out, timed by the cost model on a model of
+//                 one block and multiplied out to the depth), over pp stages, times
 //                 the micro-batches, stretched by the schedule's ideal bubble ((p - 1) / m for
 //                 1F1B, divided by V interleaved and by 3 under zb-h1), plus AdamW's pass over
 //                 this rank's share of the state at the memory bandwidth, less 5%;
@@ -71,7 +74,7 @@ struct PlanSearch {
   int pruned_by_memory = 0;         // dropped by the memory bound
   int simulated = 0;                // lowered and timed
   int failed = 0;                   // could not be lowered (reason in the candidate)
-  double seconds = 0;               // the search's wall time
+  double seconds = 0;               // the search's wall time (the space's creation included)
   // Every simulated candidate (best first among those that fit), for explanations and tests.
   std::vector<PlanCandidate> all;
 };
@@ -101,7 +104,8 @@ class PlanSpace {
   int enumerated() const;
   int pruned_by_memory() const;
   int failed_bounds() const;             // candidates whose bound could not be computed
-  double smallest_memory_bound() const;  // over every enumerated candidate
+  double smallest_memory_bound() const;  // over the candidates the memory bound dropped
+  double create_seconds() const;         // enumerating and bounding
 
  private:
   struct Impl;
@@ -119,6 +123,10 @@ Result<PlanSearch> search_plans(PlanSpace& space);
 // The bounds of one candidate. `micro_batch_seconds`: a tensor-parallel rank's compute time for
 // one micro-batch of the whole model (see above).
 double plan_memory_bound(const ModelConfig& cfg, const Plan& plan, DType precision);
+// The state's bound with the activations: a rank keeps `saved_per_block` bytes of each of its
+// blocks per micro-batch in flight (see planner.cc for the pipeline's count).
+double with_activations(const Plan& plan, double state_bound, double saved_per_block,
+                        int64_t blocks);
 double optimizer_time_bound(const ModelConfig& cfg, const ClusterSpec& cluster, const Plan& plan);
 double plan_time_bound(const Plan& plan, double micro_batch_seconds, double optimizer_seconds);
 

@@ -51,6 +51,22 @@ TEST(Planner, BoundsStayBelowTheSimulatedFiguresAndTheBestFitFastestFirst) {
   }
 }
 
+// The same on LLaMA (grouped-query attention, no biases) at a long sequence, where the
+// activation part of the memory bound decides most candidates.
+TEST(Planner, BoundsHoldOnLlamaWithPipelines) {
+  const ClusterSpec c = cluster("dgx-h100");
+  Result<PlanSearch> s = search_plans(preset("llama2-7b"), c, options(32, 64, 4096, 1000000));
+  ASSERT_TRUE(s.ok()) << s.status().to_string();
+  int pipelines = 0;
+  for (const PlanCandidate& p : s->all) {
+    pipelines += p.plan.stages() > 1;
+    EXPECT_LE(p.time_bound, p.sim.step_seconds) << p.describe();
+    EXPECT_LE(p.memory_bound, p.sim.peak_memory_bytes) << p.describe();
+  }
+  EXPECT_GT(pipelines, 20);
+  EXPECT_GT(s->pruned_by_memory, 0);
+}
+
 // Pruning by the time bound finds the same best plans as simulating every candidate.
 TEST(Planner, PrunedSearchFindsTheExhaustiveSearchsBestPlans) {
   const ModelConfig cfg = preset("gpt2-medium");
