@@ -5,6 +5,7 @@
 #include <cstdlib>
 
 #include "base/check.h"
+#include "base/format.h"
 #include "cli/commands.h"
 #include "cli/common.h"
 #include "cli/plan_flags.h"
@@ -12,6 +13,8 @@
 #include "io/model_config.h"
 #include "parallel/pipeline_program.h"
 #include "parallel/plan.h"
+#include "planner/explain.h"
+#include "planner/planner.h"
 #include "train/trainer.h"
 
 namespace tessera {
@@ -54,16 +57,64 @@ Result<Plan> train_plan(const TrainOptions& o, const ModelConfig& cfg, int ranks
   return plan;
 }
 
+// --plan auto: the planner's fastest plan for `ranks` ranks of --cluster, timed at f32 (what
+// the CPU backend computes in), for the step's --batch x --grad-accum sequences; the split it
+// chose (global micro-batch, micro-batches) is written back into the options. With `print`,
+// why: the runners-up and, knob by knob, what the fastest other value costs.
+Result<Plan> auto_plan(TrainOptions* o, const ModelConfig& cfg, int ranks, bool print) {
+  if (o->dp > 0 || o->tp > 1 || o->pp > 1 || o->zero != 0 || o->hsdp > 0 || !o->recompute.empty() ||
+      o->sequence_parallel || !o->schedule.empty() || o->virtual_stages > 0 ||
+      !o->stage_layers.empty() || o->recompute_layers != -1)
+    return error("--plan auto chooses the parallel configuration itself",
+                 "drop --dp/--tp/--pp/--zero/--hsdp/--recompute/--sequence-parallel/--schedule "
+                 "(or give them without --plan auto)");
+  TS_ASSIGN_OR_RETURN(ClusterSpec cluster, load_cluster(o->cluster));
+  // The job's ranks all run on this machine: a spec without a network is one node of them all.
+  if (cluster.network.nics == 0) cluster.node.devices = std::max(cluster.node.devices, ranks);
+  PlannerOptions po;
+  po.gpus = ranks;
+  po.global_batch = o->batch * o->grad_accum;
+  po.seq = o->seq;
+  po.precision = DType::f32;
+  po.top_k = 3;
+  po.threads = 1;  // every rank searches (the same answer); one core each
+  TS_ASSIGN_OR_RETURN(std::unique_ptr<PlanSpace> space, PlanSpace::create(cfg, cluster, po));
+  TS_ASSIGN_OR_RETURN(PlanSearch s, search_plans(*space));
+  const PlanCandidate& best = s.best[0];
+  o->batch = best.micro_batch * best.plan.data_group();
+  o->grad_accum = best.plan.micro_batches;
+  if (print) {
+    std::fprintf(stderr,
+                 "plan auto: %d plans of %s for %d x %s (--cluster %s), %lld sequences per "
+                 "step; %d simulated in %.1f s. Fastest that fit:\n",
+                 s.enumerated, cfg.name.c_str(), ranks, cluster.device.name.c_str(),
+                 o->cluster.c_str(), (long long)po.global_batch, s.simulated, s.seconds);
+    for (size_t i = 0; i < s.best.size(); ++i)
+      std::fprintf(stderr, "  %zu. %s: %.4f s per step, %s per rank\n", i + 1,
+                   s.best[i].describe().c_str(), s.best[i].sim.step_seconds,
+                   format_bytes(s.best[i].sim.peak_memory_bytes).c_str());
+    TS_ASSIGN_OR_RETURN(Explanation e, explain_best(*space, /*what_ifs=*/false));
+    std::fputs(format_explanation(e, cluster.device.memory_bytes).c_str(), stderr);
+    std::fprintf(stderr, "plan auto: training with %s (--batch %lld --grad-accum %lld)\n",
+                 best.describe().c_str(), (long long)o->batch, (long long)o->grad_accum);
+  }
+  return best.plan;
+}
+
 }  // namespace
 
-Status run_train(const TrainOptions& o) {
+Status run_train(const TrainOptions& options) {
+  TrainOptions o = options;
   TS_ASSIGN_OR_RETURN(ModelConfig cfg, load_model_config(o.model));
   TS_RETURN_IF_ERROR(check_train_options(o, cfg));
+  const bool automatic = o.plan == "auto";
   // `tessera launch` asks, in one process before it starts the ranks, whether the flags make a
   // plan for that many ranks: a mistake is then printed once, not once per rank.
   if (const char* n = std::getenv("TESSERA_LAUNCH_CHECK")) {
     const int ranks = std::atoi(n);
-    if (o.plan.empty() || ranks > 0) {
+    if (automatic) {
+      TS_RETURN_IF_ERROR(auto_plan(&o, cfg, std::max(ranks, 1), false).status());
+    } else if (o.plan.empty() || ranks > 0) {
       std::string placed;
       TS_ASSIGN_OR_RETURN(Plan plan, train_plan(o, cfg, ranks, &placed));
       // A pipeline's cut and schedule are checked by lowering it once, here (each rank lowers
@@ -76,7 +127,8 @@ Status run_train(const TrainOptions& o) {
     std::exit(0);
   }
   // A distributed run: started by mpirun (or `tessera launch`), or asked for by flags.
-  const bool wants_ranks = o.dp > 1 || o.tp > 1 || o.pp > 1 || o.hsdp > 0 || !o.plan.empty();
+  const bool wants_ranks =
+      o.dp > 1 || o.tp > 1 || o.pp > 1 || o.hsdp > 0 || (!o.plan.empty() && !automatic);
   TS_ASSIGN_OR_RETURN(std::unique_ptr<Communicator> world, join_mpi_job());
   if (world) {
     world->set_timeout(o.comm_timeout);
@@ -89,6 +141,11 @@ Status run_train(const TrainOptions& o) {
   }
   const bool distributed = world && (world->size() > 1 || wants_ranks);
   const int ranks = world ? world->size() : 1;
+  if (automatic) {
+    TS_ASSIGN_OR_RETURN(Plan plan,
+                        auto_plan(&o, cfg, distributed ? ranks : 1, !world || world->rank() == 0));
+    return train(o, TrainJob{cfg, std::move(plan), world.get(), default_data_dir()});
+  }
   std::string placed;
   TS_ASSIGN_OR_RETURN(Plan plan, train_plan(o, cfg, distributed ? ranks : 1, &placed));
   if (distributed && world->rank() == 0 && !placed.empty()) std::fputs(placed.c_str(), stderr);
@@ -143,7 +200,13 @@ void add_train_command(CLI::App& app, TrainOptions& o) {
   cmd->add_option("--hsdp", o.hsdp,
                   "HSDP: this many replica groups, ZeRO-3 within each (ranks / N per group)");
   cmd->add_option("--plan", o.plan,
-                  "Plan JSON (see `tessera plan`); overrides --dp/--tp/--zero/--hsdp");
+                  "Plan JSON (see `tessera plan`; overrides --dp/--tp/--zero/--hsdp), or auto: "
+                  "the planner picks the plan for the job's ranks and splits --batch x "
+                  "--grad-accum sequences per step into micro-batches, and prints why");
+  cmd->add_option("--cluster", o.cluster,
+                  "With --plan auto: the cluster spec plans are timed on (a preset, or the .toml "
+                  "`tessera calibrate` wrote for this machine)")
+      ->capture_default_str();
   cmd->add_option("--pp", o.pp,
                   "Pipeline stages: the outermost mesh axis, each stage a contiguous run of "
                   "blocks (balanced by FLOPs, embedding and LM head counted, unless "

@@ -79,7 +79,7 @@ std::string what_moves(const SimResult& best, const SimResult& alt) {
     if (std::abs(p.delta) < 0.01 * best.step_seconds) continue;
     out += (out.empty() ? "" : ", ") + std::string(p.name) + " " + signed_seconds(p.delta);
   }
-  if (out.empty()) out = "no part of the step moves by 1%";
+  if (out.empty()) out = "every part of the step moves by under 1% of it";
   return out + "; memory " + format_bytes(alt.peak_memory_bytes) + " vs " +
          format_bytes(best.peak_memory_bytes);
 }
@@ -99,7 +99,7 @@ ClusterSpec scaled_memory(ClusterSpec c, double f) {
 
 }  // namespace
 
-Result<Explanation> explain_best(PlanSpace& space) {
+Result<Explanation> explain_best(PlanSpace& space, bool what_ifs) {
   const std::vector<const PlanCandidate*> top = space.fastest(1);
   if (top.empty()) return error("no plan of " + space.model().name + " fits: nothing to explain");
   Explanation e;
@@ -137,6 +137,7 @@ Result<Explanation> explain_best(PlanSpace& space) {
         (!e.faster_beyond_memory || c.sim.step_seconds < e.faster_beyond_memory->sim.step_seconds))
       e.faster_beyond_memory = c;
 
+  if (!what_ifs) return e;
   const ClusterSpec& base = space.cluster();
   const bool multi_node = base.nodes_for(space.options().gpus) > 1;
   const std::string link = multi_node ? "inter-node" : "intra-node";
@@ -181,6 +182,7 @@ std::string format_explanation(const Explanation& e, double device_bytes) {
            format_fixed(100 * (1 - f.sim.step_seconds / e.best.sim.step_seconds), 1) +
            "% faster but needs " + format_bytes(f.sim.peak_memory_bytes) + " per device\n";
   }
+  if (e.what_ifs.empty()) return out;
   out += "if the cluster changes:\n";
   for (const WhatIf& w : e.what_ifs) {
     out += "  " + w.change + ": ";

@@ -46,7 +46,8 @@ struct Explanation {
 // Explains the fastest fitting plan of `space` (searching each knob's alternatives on it), and
 // searches the space's model on four changed clusters: half and twice the bandwidth between
 // nodes (within a node when the run fits in one), half and twice the device memory.
-Result<Explanation> explain_best(PlanSpace& space);
+// `what_ifs` false: the knobs only.
+Result<Explanation> explain_best(PlanSpace& space, bool what_ifs = true);
 
 // The explanation as text: one line per knob, then the what-ifs.
 std::string format_explanation(const Explanation& e, double device_bytes);

@@ -99,8 +99,12 @@ Result<PlanSearch> search_plans(PlanSpace& space) {
 
   double smallest_peak = 1e300;
   const PlanCandidate* smallest = nullptr;
+  const PlanCandidate* failed = nullptr;  // the first candidate the simulator refused
   for (const PlanCandidate& c : space.candidates()) {
-    if (!c.error.empty()) ++out.failed;
+    if (!c.error.empty()) {
+      ++out.failed;
+      if (failed == nullptr) failed = &c;
+    }
     if (!c.simulated) continue;
     ++out.simulated;
     if (c.sim.peak_memory_bytes < smallest_peak) {
@@ -124,6 +128,10 @@ Result<PlanSearch> search_plans(PlanSpace& space) {
                        smallest->describe() + ", needs " + format_bytes(smallest_peak) +
                        " per device",
                    "use more devices, a smaller --batch or --seq, or a device with more memory");
+    if (failed != nullptr)
+      return error("no plan of " + cfg.name + " could be timed on " + dev + ": " +
+                       failed->describe() + ": " + failed->error,
+                   "fix the cluster spec, or run on fewer devices");
     const double bound = space.smallest_memory_bound();
     return error("no plan of " + cfg.name + " fits on " + dev +
                      ": its parameters, optimizer state and the activations of one micro-batch "

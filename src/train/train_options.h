@@ -33,11 +33,12 @@ struct TrainOptions {
   bool resume = false;
   int64_t stop_after = 0;  // stop (with a checkpoint) after this many steps of this run; 0: off
   // Distributed (under mpirun): --batch is the global micro-batch, split over the data ranks.
-  int dp = 0;             // data-parallel ranks (0: the MPI world size / tp)
-  int tp = 1;             // tensor-parallel ranks (consecutive ranks; innermost mesh axis)
-  int zero = 0;           // ZeRO stage 0-3
-  int hsdp = 0;           // > 0: HSDP with this many replica groups (ZeRO-3 inside each)
-  std::string plan;       // plan JSON file (overrides --dp/--zero/--hsdp)
+  int dp = 0;        // data-parallel ranks (0: the MPI world size / tp)
+  int tp = 1;        // tensor-parallel ranks (consecutive ranks; innermost mesh axis)
+  int zero = 0;      // ZeRO stage 0-3
+  int hsdp = 0;      // > 0: HSDP with this many replica groups (ZeRO-3 inside each)
+  std::string plan;  // plan JSON file (overrides --dp/--zero/--hsdp), or "auto"
+  std::string cluster = "cpu-local";  // --plan auto: the spec the planner times plans on
   std::string recompute;  // "none" | "full" | "selective" ("": the plan's, none without one)
   bool sequence_parallel = false;
   int pp = 1;                 // pipeline stages (the outermost mesh axis)

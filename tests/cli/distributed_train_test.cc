@@ -1,7 +1,7 @@
 // `tessera launch -n N -- train` end to end (label mpi): checkpoints saved under one plan
 // (data-parallel, ZeRO, tensor-parallel or pipeline) resume under another with the same next-step
 // loss, and a rank killed mid-step ends the job within 60 s with a message naming the rank and the
-// operation.
+// operation; --plan auto trains the plan the planner picks.
 #include <gtest/gtest.h>
 
 #include <chrono>
@@ -168,6 +168,33 @@ TEST_F(DistributedTrainTest, PipelineRunsMatchOneRankAndCheckpointsReshardAcross
   }
   EXPECT_NEAR(loss_at(dir_ / "pp2/metrics.jsonl", 1), loss_at(straight, 1),
               1e-5 * loss_at(straight, 1));
+}
+
+// --plan auto: the planner picks a plan for the job's ranks, prints why, and the run it trains
+// has one process's losses on the batch split it printed.
+TEST_F(DistributedTrainTest, PlanAutoPicksAPlanAndTrainsItLikeOneRank) {
+  std::string log;
+  ASSERT_EQ(train(4, "auto", "--plan auto --batch 4 --grad-accum 2 --steps 3", &log), 0) << log;
+  EXPECT_NE(log.find("plan auto: "), std::string::npos) << log;
+  EXPECT_NE(log.find(" wins ("), std::string::npos) << log;
+  EXPECT_NE(log.find("  ZeRO stage: "), std::string::npos) << log;
+  const std::string chose = "plan auto: training with ";
+  const size_t at = log.find(chose);
+  ASSERT_NE(at, std::string::npos) << log;
+  const size_t open = log.find("(--batch ", at), close = log.find(')', open);
+  ASSERT_NE(close, std::string::npos) << log;
+  const std::string split = log.substr(open + 1, close - open - 1);  // "--batch B --grad-accum K"
+  EXPECT_EQ(log.find("MISMATCH"), std::string::npos) << log;
+  ASSERT_EQ(train(1, "one", split + " --steps 3", &log), 0) << log;
+  for (size_t i = 0; i < 3; ++i)
+    EXPECT_NEAR(loss_at(dir_ / "auto/metrics.jsonl", i), loss_at(dir_ / "one/metrics.jsonl", i),
+                1e-5 * loss_at(dir_ / "one/metrics.jsonl", i))
+        << split << " step " << i;
+  log.clear();
+  EXPECT_NE(train(2, "bad", "--plan auto --tp 2 --steps 1", &log), 0) << log;
+  EXPECT_NE(log.find("error: --plan auto chooses the parallel configuration itself"),
+            std::string::npos)
+      << log;
 }
 
 TEST_F(DistributedTrainTest, KilledRankEndsTheJobWithAMessage) {
