@@ -348,7 +348,8 @@ Result<SimResult> simulate(const Program& prog, const ClusterSpec& cluster, cons
   // the devices. Model FLOPs count each op of the global graph once: the local ones scaled by
   // global / (local op FLOPs), which is the device count under data parallelism and less
   // where a tensor axis replicates work (norms, residual adds, the loss).
-  r.hardware_flops_per_step = s.hardware_flops_ * prog.plan.micro_batches * r.devices;
+  // (The schedule's FLOP counts already cover every micro-batch of the step.)
+  r.hardware_flops_per_step = s.hardware_flops_ * r.devices;
   double local = 0;
   const Graph& lg = prog.local();
   for (const Node& n : lg.nodes()) {
@@ -359,7 +360,7 @@ Result<SimResult> simulate(const Program& prog, const ClusterSpec& cluster, cons
     local += op_flops(n.op, n.attrs, in, out);
   }
   const double replicas = local > 0 ? prog.model_flops / local : r.devices;
-  r.model_flops_per_step = s.model_flops_ * prog.plan.micro_batches * replicas;
+  r.model_flops_per_step = s.model_flops_ * replicas;
   double peak = cluster.device.peak_flops(opt.precision);
   if (r.step_seconds > 0) {
     r.model_tflops_per_device = r.model_flops_per_step / r.step_seconds / r.devices / 1e12;

@@ -63,6 +63,11 @@ TEST(Simulator, GradientAccumulationRepeatsTheMicroStep) {
   EXPECT_NEAR(b.step_seconds - b.optimizer_seconds - b_acc,
               4 * (a.step_seconds - a.optimizer_seconds), 1e-9);
   EXPECT_EQ(b.tokens_per_step, 4 * a.tokens_per_step);
+  // Four micro-batches are four times the FLOPs of one (not sixteen: MFU stays below 100%).
+  EXPECT_NEAR(b.model_flops_per_step, 4 * a.model_flops_per_step, 1e-9 * b.model_flops_per_step);
+  EXPECT_NEAR(b.hardware_flops_per_step, 4 * a.hardware_flops_per_step,
+              1e-9 * b.hardware_flops_per_step);
+  EXPECT_NEAR(b.mfu / a.mfu, 4 * a.step_seconds / b.step_seconds, 1e-9);
 }
 
 TEST(Simulator, DataParallelOverlapsGradientReductionWithBackward) {
