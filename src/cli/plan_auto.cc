@@ -10,6 +10,7 @@
 #include "io/model_config.h"
 #include "planner/explain.h"
 #include "planner/planner.h"
+#include "train/train_options.h"
 
 namespace tessera {
 
@@ -60,7 +61,7 @@ nlohmann::json explanation_json(const Explanation& e) {
 // --compare: the best plan on each cluster, the time to train --tokens and its cost at each
 // spec's price per device-hour.
 Status run_compare(const PlanAutoOptions& o, const ModelConfig& cfg, const PlannerOptions& po) {
-  if (!(o.tokens > 0)) return error("--tokens must be positive, got " + std::to_string(o.tokens));
+  if (!(o.tokens > 0)) return error("--tokens must be positive, got " + number_text(o.tokens));
   std::vector<std::string> names;
   for (size_t at = 0; at <= o.compare.size();) {
     size_t comma = o.compare.find(',', at);

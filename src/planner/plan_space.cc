@@ -2,6 +2,7 @@
 #include <algorithm>
 #include <atomic>
 #include <chrono>
+#include <functional>
 #include <list>
 #include <map>
 #include <mutex>
@@ -18,6 +19,13 @@
 namespace tessera {
 
 namespace {
+
+// Runs `worker` on `threads` threads and waits for them all.
+void on_threads(int threads, const std::function<void()>& worker) {
+  std::vector<std::thread> pool;
+  for (int t = 0; t < threads; ++t) pool.emplace_back(worker);
+  for (std::thread& t : pool) t.join();
+}
 
 std::vector<int> divisors(int64_t n) {
   std::vector<int> out;
@@ -186,9 +194,7 @@ class MicroBatchCosts {
     auto worker = [&] {
       for (size_t i; (i = next++) < todo.size();) todo[i]->second = cost(todo[i]->first);
     };
-    std::vector<std::thread> pool;
-    for (int t = 0; t < threads; ++t) pool.emplace_back(worker);
-    for (std::thread& t : pool) t.join();
+    on_threads(threads, worker);
   }
 
   // After prepare(); errors when the plan does not lower.
@@ -417,9 +423,7 @@ std::vector<const PlanCandidate*> PlanSpace::fastest(int k, const Filter& keep) 
       fitting.insert(std::upper_bound(fitting.begin(), fitting.end(), e), e);
     }
   };
-  std::vector<std::thread> pool;
-  for (int t = 0; t < s.opt.threads; ++t) pool.emplace_back(worker);
-  for (std::thread& t : pool) t.join();
+  on_threads(s.opt.threads, worker);
   std::vector<const PlanCandidate*> out;
   for (size_t i = 0; i < fitting.size() && i < static_cast<size_t>(k); ++i)
     out.push_back(&s.alive[fitting[i].second]);
