@@ -1,12 +1,104 @@
 #include "parallel/memory_plan.h"
 
 #include <algorithm>
+#include <array>
+#include <map>
 #include <numeric>
 
 namespace tessera {
 
 namespace {
+
 int64_t align_up(int64_t x, int64_t a) { return (x + a - 1) / a * a; }
+
+// Byte ranges [lo, hi) kept as disjoint, coalesced intervals (touching ones merge).
+class IntervalSet {
+ public:
+  void add(int64_t lo, int64_t hi) {
+    auto it = spans_.upper_bound(lo);
+    if (it != spans_.begin() && std::prev(it)->second >= lo) {
+      --it;
+      lo = it->first;
+      hi = std::max(hi, it->second);
+    }
+    while (it != spans_.end() && it->first <= hi) {
+      hi = std::max(hi, it->second);
+      it = spans_.erase(it);
+    }
+    spans_.emplace(lo, hi);
+  }
+  void append_to(std::vector<std::pair<int64_t, int64_t>>* out) const {
+    out->insert(out->end(), spans_.begin(), spans_.end());
+  }
+
+ private:
+  std::map<int64_t, int64_t> spans_;  // lo -> hi
+};
+
+// Which arena bytes are taken at some time in a window of node indices. A segment tree over
+// time: a buffer live over [first, last] is recorded in `whole` at the O(log n) nodes that tile
+// its lifetime, and in `some` at those nodes and every node on the two root paths of its end
+// points. The buffers live somewhere in a query window are then the `some` sets of the window's
+// tiles plus the `whole` sets on its end points' root paths. The sets are coalesced, so a query
+// costs the number of separate runs of taken bytes it meets, not the number of buffers: planning
+// stays near-linear in the graph's size where a scan over every placed buffer was quadratic.
+class OccupancyIndex {
+ public:
+  explicit OccupancyIndex(int times) {
+    while (leaves_ < times) leaves_ *= 2;
+    slot_.assign(2 * static_cast<size_t>(leaves_), -1);
+  }
+
+  void add(int first, int last, int64_t lo, int64_t hi) {
+    for_tiles(first, last, [&](int n) {
+      set(n, kWhole).add(lo, hi);
+      set(n, kSome).add(lo, hi);
+    });
+    for_root_paths(first, last, [&](int n) { set(n, kSome).add(lo, hi); });
+  }
+
+  // Replaces *out with the taken byte ranges (overlapping, in no order) in [first, last].
+  void overlapping(int first, int last, std::vector<std::pair<int64_t, int64_t>>* out) const {
+    out->clear();
+    for_tiles(first, last, [&](int n) { append(n, kSome, out); });
+    for_root_paths(first, last, [&](int n) { append(n, kWhole, out); });
+  }
+
+ private:
+  enum Kind { kWhole = 0, kSome = 1 };
+
+  template <typename F>
+  void for_tiles(int first, int last, F f) const {
+    for (int l = first + leaves_, r = last + leaves_ + 1; l < r; l /= 2, r /= 2) {
+      if (l & 1) f(l++);
+      if (r & 1) f(--r);
+    }
+  }
+  template <typename F>
+  void for_root_paths(int first, int last, F f) const {
+    for (int a = first + leaves_, b = last + leaves_; a >= 1; a /= 2, b /= 2) {
+      f(a);
+      if (b != a) f(b);
+    }
+  }
+  IntervalSet& set(int n, Kind k) {
+    int& s = slot_[static_cast<size_t>(n)];
+    if (s < 0) {
+      s = static_cast<int>(sets_.size());
+      sets_.emplace_back();
+    }
+    return sets_[static_cast<size_t>(s)][k];
+  }
+  void append(int n, Kind k, std::vector<std::pair<int64_t, int64_t>>* out) const {
+    const int s = slot_[static_cast<size_t>(n)];
+    if (s >= 0) sets_[static_cast<size_t>(s)][k].append_to(out);
+  }
+
+  int leaves_ = 1;
+  std::vector<int> slot_;  // node -> index into sets_, -1 while nothing is recorded there
+  std::vector<std::array<IntervalSet, 2>> sets_;
+};
+
 }  // namespace
 
 std::vector<int> collective_waits(const Graph& g) {
@@ -102,19 +194,15 @@ MemoryPlan plan_memory(const Graph& g, int64_t alignment) {
     return plan.buffers[static_cast<size_t>(a)].bytes > plan.buffers[static_cast<size_t>(b)].bytes;
   });
 
-  // Placed buffers, kept sorted by offset.
-  std::vector<ValueId> placed;
-  std::vector<std::pair<int64_t, int64_t>> busy;  // (offset, end) of time-overlapping buffers
+  // Best fit, largest first: each buffer takes the smallest gap (lowest offset among equals)
+  // between the buffers already placed that are live at some time in its lifetime, or the
+  // space above them all.
+  OccupancyIndex occupied(num_nodes + 1);
+  std::vector<std::pair<int64_t, int64_t>> busy;
   for (ValueId v : order) {
     BufferPlan& b = plan.buffers[static_cast<size_t>(v)];
-    // `placed` is in offset order, so the time-overlapping ones come out sorted by offset (the
-    // order among equal offsets does not change the choice: only the first of them can start
-    // a gap).
-    busy.clear();
-    for (ValueId p : placed) {
-      const BufferPlan& o = plan.buffers[static_cast<size_t>(p)];
-      if (o.first <= b.last && b.first <= o.last) busy.emplace_back(o.offset, o.offset + o.bytes);
-    }
+    occupied.overlapping(b.first, b.last, &busy);
+    std::sort(busy.begin(), busy.end());
     int64_t candidate = 0, best = -1, best_gap = INT64_MAX;
     for (auto [lo, hi] : busy) {
       if (lo >= candidate + b.bytes && lo - candidate < best_gap) {
@@ -125,12 +213,7 @@ MemoryPlan plan_memory(const Graph& g, int64_t alignment) {
     }
     b.offset = best >= 0 ? best : candidate;
     plan.arena_bytes = std::max(plan.arena_bytes, b.offset + b.bytes);
-    placed.insert(std::upper_bound(placed.begin(), placed.end(), v,
-                                   [&](ValueId x, ValueId y) {
-                                     return plan.buffers[static_cast<size_t>(x)].offset <
-                                            plan.buffers[static_cast<size_t>(y)].offset;
-                                   }),
-                  v);
+    if (b.bytes > 0) occupied.add(b.first, b.last, b.offset, b.offset + b.bytes);
   }
 
   for (ValueId v = 0; v < static_cast<ValueId>(g.values().size()); ++v)

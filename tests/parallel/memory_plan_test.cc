@@ -164,6 +164,64 @@ TEST(MemoryPlan, ReusesFreedBuffers) {
   EXPECT_EQ(plan.arena_bytes, 2 * 1024);
 }
 
+// The placement the planner's occupancy index finds is the one a plain scan over every placed
+// buffer finds (the quadratic loop it replaced): largest first, smallest gap that fits among the
+// buffers live at some time in the new one's lifetime, lowest offset among equal gaps.
+std::vector<int64_t> scan_every_placed_buffer(const Graph& g, const MemoryPlan& plan) {
+  std::vector<ValueId> order;
+  for (ValueId v = 0; v < static_cast<ValueId>(g.values().size()); ++v)
+    if (g.producer(v).op != OpKind::parameter && reshape_view_of(g, v) < 0) order.push_back(v);
+  std::stable_sort(order.begin(), order.end(), [&](ValueId a, ValueId b) {
+    return plan.buffers[static_cast<size_t>(a)].bytes > plan.buffers[static_cast<size_t>(b)].bytes;
+  });
+  std::vector<int64_t> offset(g.values().size(), -1);
+  std::vector<ValueId> placed;
+  for (ValueId v : order) {
+    const BufferPlan& b = plan.buffers[static_cast<size_t>(v)];
+    std::vector<std::pair<int64_t, int64_t>> busy;
+    for (ValueId p : placed) {
+      const BufferPlan& o = plan.buffers[static_cast<size_t>(p)];
+      if (o.first <= b.last && b.first <= o.last)
+        busy.emplace_back(offset[static_cast<size_t>(p)], offset[static_cast<size_t>(p)] + o.bytes);
+    }
+    std::sort(busy.begin(), busy.end());
+    int64_t candidate = 0, best = -1, best_gap = INT64_MAX;
+    for (auto [lo, hi] : busy) {
+      if (lo >= candidate + b.bytes && lo - candidate < best_gap) {
+        best = candidate;
+        best_gap = lo - candidate;
+      }
+      candidate = std::max(candidate, (hi + 63) / 64 * 64);
+    }
+    offset[static_cast<size_t>(v)] = best >= 0 ? best : candidate;
+    placed.push_back(v);
+  }
+  return offset;
+}
+
+TEST(MemoryPlan, PlacementEqualsAScanOverEveryPlacedBuffer) {
+  ModelConfig deep = *find_preset("gpt-tiny");
+  deep.n_layer = 12;
+  std::vector<ModelGraph> graphs;
+  for (int64_t batch : {1, 2, 8}) {
+    graphs.push_back(build_model(*find_preset("gpt-tiny"), batch, 16, ModelMode::train));
+    graphs.push_back(build_model(*find_preset("llama-tiny"), batch, 16, ModelMode::train));
+    graphs.push_back(build_model(deep, batch, 32, ModelMode::train));
+  }
+  for (const ModelGraph& m : graphs) {
+    const MemoryPlan plan = plan_memory(m.graph);
+    const std::vector<int64_t> scanned = scan_every_placed_buffer(m.graph, plan);
+    int64_t compared = 0;
+    for (ValueId v = 0; v < static_cast<ValueId>(scanned.size()); ++v) {
+      if (scanned[static_cast<size_t>(v)] < 0) continue;
+      ASSERT_EQ(plan.offset(v), scanned[static_cast<size_t>(v)])
+          << "%" << v << " of a batch-" << m.batch << " graph";
+      ++compared;
+    }
+    EXPECT_GT(compared, 100);
+  }
+}
+
 // Gradient reductions nobody reads until the optimizer are waited for a bounded number of
 // collectives later, so a rank never holds every full-size gradient at once.
 TEST(CollectiveWaits, BoundUnreadReductionsInFlight) {
