@@ -274,10 +274,8 @@ Status Pass::visit(NodeId id) {
     return Status();
   }
   if (n.op == OpKind::input) {
-    Placements pl(naxes, Placement::replicate());
-    for (const std::string& a : plan_.data_axes)
-      pl[static_cast<size_t>(plan_.mesh.axis_index(a))] = Placement::shard(0);
     const Shape& gs = g_.type(n.outputs[0]).shape;
+    const Placements pl = boundary_placements(g_.type(n.outputs[0]));
     if (gs.rank() == 0 || gs[0] % plan_.data_group() != 0)
       return error("partition: input '" + n.attrs.name + "' " + gs.to_string() +
                        ": the batch does not split over " + std::to_string(plan_.data_group()) +
@@ -462,13 +460,27 @@ Status Pass::visit(NodeId id) {
   return Status();
 }
 
+Placements Pass::boundary_placements(const TensorType& t) const {
+  const Shape& s = t.shape;
+  Placements pl(sizes_.size(), Placement::replicate());
+  for (const std::string& a : plan_.data_axes)
+    pl[static_cast<size_t>(plan_.mesh.axis_index(a))] = Placement::shard(0);
+  if (!plan_.sequence_parallel || seq_t_ < 0 || s.rank() < 2 || t.dtype == DType::i32) return pl;
+  const int seq_dim = is_sequence(s) ? 1 : s[0] == seq_b_ * seq_t_ ? 0 : -1;
+  if (seq_dim >= 0)
+    for (const std::string& a : plan_.tensor_axes)
+      pl[static_cast<size_t>(plan_.mesh.axis_index(a))] = Placement::shard(seq_dim);
+  return pl;
+}
+
 Result<Partitioned> Pass::run() {
   TS_RETURN_IF_ERROR(validate(plan_));
-  if (plan_.sequence_parallel) {  // [B, T] from the token inputs
+  if (plan_.sequence_parallel && seq_t_ < 0) {  // [B, T] from the token inputs
     for (const Node& n : g_.nodes()) {
-      if (n.op != OpKind::input || g_.type(n.outputs[0]).shape.rank() != 2) continue;
-      seq_b_ = g_.type(n.outputs[0]).shape[0];
-      seq_t_ = g_.type(n.outputs[0]).shape[1];
+      const TensorType& t = g_.type(n.outputs[0]);
+      if (n.op != OpKind::input || t.shape.rank() != 2 || t.dtype != DType::i32) continue;
+      seq_b_ = t.shape[0];
+      seq_t_ = t.shape[1];
       break;
     }
     if (seq_t_ < 0)
@@ -524,14 +536,12 @@ Result<Partitioned> Pass::run() {
   TS_RETURN_IF_ERROR(flush_bucket());
 
   // Other outputs leave as inputs arrive (a pipeline chunk's activations and input gradients
-  // are the next chunk's inputs): Shard(0) on the data axes, whole on the others (a Partial sum
-  // over a tensor axis is all-reduced).
+  // are the next chunk's inputs): boundary_placements (a Partial sum over a tensor axis is
+  // all-reduced, or reduce-scattered onto the sequence).
   for (ValueId v : g_.outputs()) {
     if (v == g_.loss() || grad_of_.count(v)) continue;
     ValueId& local = out_.global_to_local[static_cast<size_t>(v)];
-    Placements want(sizes_.size(), Placement::replicate());
-    for (const std::string& a : plan_.data_axes)
-      want[static_cast<size_t>(plan_.mesh.axis_index(a))] = Placement::shard(0);
+    const Placements want = boundary_placements(g_.type(v));
     if (g_.type(v).shape.rank() > 0 && out_.placements[static_cast<size_t>(local)] != want) {
       TS_ASSIGN_OR_RETURN(local, convert(local, g_.type(v).shape, want, g_.producer(v)));
     }
@@ -559,8 +569,8 @@ Result<Partitioned> Pass::run() {
 
 }  // namespace partition_detail
 
-Result<Partitioned> partition(const Graph& g, const Plan& plan) {
-  return partition_detail::Pass(g, plan).run();
+Result<Partitioned> partition(const Graph& g, const Plan& plan, TokenShape tokens) {
+  return partition_detail::Pass(g, plan, tokens).run();
 }
 
 }  // namespace tessera

@@ -67,7 +67,17 @@ struct Partitioned {
   std::vector<std::vector<Placement>> placements;  // per local value, per mesh axis
 };
 
+// The [batch, sequence] of the model's token inputs, which sequence parallelism splits on. A
+// graph with integer [B, T] inputs (tokens, targets) gives it itself; a pipeline chunk between
+// the first and the last has none and is told.
+struct TokenShape {
+  int64_t batch = 0, seq = 0;
+};
+
 // `g` must be a training graph (append_backward). Errors name the node and the axis.
-Result<Partitioned> partition(const Graph& g, const Plan& plan);
+// Inputs and outputs other than the loss and gradients (a pipeline chunk's boundaries) are
+// Shard(0) on the data axes and, under sequence parallelism, split on the sequence over the
+// tensor axes too: a pipeline chunk sends and receives its sequence piece, as Megatron does.
+Result<Partitioned> partition(const Graph& g, const Plan& plan, TokenShape tokens = {});
 
 }  // namespace tessera

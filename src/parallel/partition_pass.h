@@ -21,7 +21,11 @@ using Placements = std::vector<Placement>;  // one per mesh axis
 
 class Pass {
  public:
-  Pass(const Graph& g, const Plan& plan) : g_(g), plan_(plan) {
+  Pass(const Graph& g, const Plan& plan, TokenShape tokens)
+      : g_(g),
+        plan_(plan),
+        seq_b_(tokens.batch > 0 ? tokens.batch : -1),
+        seq_t_(tokens.seq > 0 ? tokens.seq : -1) {
     for (const MeshAxis& a : plan.mesh.axes()) sizes_.push_back(a.size);
     out_.global_to_local.assign(g.values().size(), -1);
     gpl_.assign(g.values().size(), Placements(sizes_.size(), Placement::replicate()));
@@ -68,12 +72,18 @@ class Pass {
   }
   Result<ValueId> sequence_convert(ValueId v, const Shape& global, size_t k, Placement p,
                                    const Node& like);
+  // How a graph input or boundary output of type `t` is laid out: Shard(0) on the data axes,
+  // and under sequence parallelism floating [B, T, ...] activations Shard(1) on the tensor axes
+  // too ([B*T, ...] rows: Shard(0)).
+  Placements boundary_placements(const TensorType& t) const;
   Status issue_gathers(NodeId upto);
   Result<ValueId> issue_gather(size_t param, bool backward, const Node& like);
   Status flush_bucket();
 
   const Graph& g_;
   const Plan& plan_;
+  // Sequence parallelism: the global batch and sequence length ([B, T] token inputs).
+  int64_t seq_b_ = -1, seq_t_ = -1;
   Partitioned out_;
   std::vector<int> sizes_;
   std::vector<Placements> gpl_;  // placement of each global value
@@ -98,9 +108,8 @@ class Pass {
   // Ids (global value) of an embedding whose table is split on the vocabulary -> the axes that
   // split it: the embedding's gradient (same ids) takes the same split.
   std::map<ValueId, std::vector<size_t>> vocab_ids_;
-  // Sequence parallelism: the global batch and sequence length ([B, T] token inputs), and the
-  // conversions already emitted (value, target placements, pass -> converted value).
-  int64_t seq_b_ = -1, seq_t_ = -1;
+  // Sequence parallelism: the conversions already emitted (value, target placements, pass ->
+  // converted value).
   std::map<std::string, ValueId> seq_converted_;
   std::vector<size_t> pending_;  // params whose gradient waits in the open bucket
   int64_t pending_bytes_ = 0;

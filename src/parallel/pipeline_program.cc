@@ -107,6 +107,15 @@ Result<PipelineProgram> lower_pipeline(const Graph& g, const Plan& plan,
   }
   TS_ASSIGN_OR_RETURN(std::vector<ChunkGraph> graphs, split_pipeline(g, out.per_chunk));
   out.model_flops = g.total_flops();
+  // The middle chunks have no token inputs; sequence parallelism splits on the model's.
+  TokenShape tokens;
+  for (const Node& n : g.nodes()) {
+    const TensorType& t = g.type(n.outputs[0]);
+    if (n.op == OpKind::input && t.shape.rank() == 2 && t.dtype == DType::i32) {
+      tokens = {t.shape[0], t.shape[1]};
+      break;
+    }
+  }
 
   for (size_t k = 0; k < graphs.size(); ++k) {
     const ChunkGraph& cg = graphs[k];
@@ -117,7 +126,7 @@ Result<PipelineProgram> lower_pipeline(const Graph& g, const Plan& plan,
     // recompute_layers counts blocks from the model's first; a chunk's graph ends at its last.
     if (cp.recompute_layers >= 0)
       cp.recompute_layers = std::min(cp.recompute_layers, cg.first_block + cg.blocks);
-    Result<Program> prog = lower(cg.graph, cp);
+    Result<Program> prog = lower(cg.graph, cp, tokens);
     if (!prog.ok()) return prog.status().with_context("pipeline chunk " + std::to_string(k));
     ChunkProgram c;
     c.program = std::move(prog.value());

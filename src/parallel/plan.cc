@@ -300,9 +300,6 @@ Status validate(const Plan& p, int world) {
                      ", where a pipeline reduces once per step",
                  "use --zero 1 (optimizer state sharded), as Megatron and DeepSpeed do with "
                  "pipelines");
-  if (p.stages() > 1 && p.sequence_parallel)
-    return error("plan: sequence parallelism with pipeline parallelism is not implemented yet",
-                 "drop --sequence-parallel, or --pp");
   if (world > 0 && p.mesh.size() != world)
     return error("plan: mesh " + p.mesh.to_string() + " has " + std::to_string(p.mesh.size()) +
                      " ranks but the job has " + std::to_string(world),

@@ -124,16 +124,16 @@ const char* kind_name(Instruction::Kind k) {
 
 }  // namespace
 
-Result<Program> lower(const Graph& g, const Plan& plan) {
+Result<Program> lower(const Graph& g, const Plan& plan, TokenShape tokens) {
   Program p;
   p.plan = plan;
   if (plan.recompute == RecomputePolicy::none) {
-    TS_ASSIGN_OR_RETURN(p.part, partition(g, plan));
+    TS_ASSIGN_OR_RETURN(p.part, partition(g, plan, tokens));
   } else {
     // Partition the recomputed graph, then index global_to_local by the caller's graph.
     std::vector<ValueId> map;
     TS_ASSIGN_OR_RETURN(Graph rg, apply_recompute(g, plan.recompute, &map, plan.recompute_layers));
-    TS_ASSIGN_OR_RETURN(p.part, partition(rg, plan));
+    TS_ASSIGN_OR_RETURN(p.part, partition(rg, plan, tokens));
     std::vector<ValueId> to_local(g.values().size(), -1);
     for (size_t v = 0; v < map.size(); ++v)
       to_local[v] = p.part.global_to_local[static_cast<size_t>(map[v])];

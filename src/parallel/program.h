@@ -63,7 +63,7 @@ struct Program {
 // Partitions `g` for `plan` (after apply_recompute when plan.recompute is not none:
 // parallel/recompute.h) and lowers the local graph to instruction streams. part.params[i].global
 // and part.global_to_local refer to `g`'s values either way.
-Result<Program> lower(const Graph& g, const Plan& plan);
+Result<Program> lower(const Graph& g, const Plan& plan, TokenShape tokens = {});
 
 // The micro-step instructions of a local graph (Program::micro_step's rule, for a graph cut
 // into pipeline phases too): one compute or start per node, a wait before the first reader of

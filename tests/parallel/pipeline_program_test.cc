@@ -170,9 +170,6 @@ TEST(PipelinePlan, JsonRoundTripAndRefusals) {
   Plan l = Plan::pipeline_parallel(2, 1, 1);
   l.stage_layers = {1, 1, 1};
   refused(l, "lists 3 chunks but the pipeline has 2");
-  Plan sp = Plan::pipeline_parallel(2, 1, 2);
-  sp.sequence_parallel = true;
-  refused(sp, "sequence parallelism with pipeline parallelism");
   nlohmann::json j = plan_to_json(Plan::pipeline_parallel(2, 1, 1));
   j["schedule"] = "zigzag";
   Result<Plan> bad = plan_from_json(j);

@@ -77,5 +77,31 @@ TEST(PipelineRunner, DataAndTensorParallelStagesMatchOneRank) {
       with_megatron_llama(pipeline(2, 2, 2, ScheduleKind::one_f_one_b, 2), llama), llama, 4);
 }
 
+// Sequence parallelism inside the stages: each tensor-parallel rank sends and receives its
+// piece of the sequence (the boundary rows split over tp as well as dp), the middle chunks of
+// an interleaved pipeline included.
+TEST(PipelineRunner, SequenceParallelStagesMatchOneRank) {
+  const ModelConfig llama = layers(tiny_llama(), 4);
+  Plan sp = with_megatron_llama(pipeline(2, 1, 2, ScheduleKind::interleaved, 2, 2), llama);
+  sp.sequence_parallel = true;
+  expect_pipeline_matches(sp, llama);
+  Plan sp3d = with_megatron_llama(pipeline(2, 2, 2, ScheduleKind::one_f_one_b, 2), llama);
+  sp3d.sequence_parallel = true;
+  expect_pipeline_matches(sp3d, llama, 4);
+}
+
+TEST(PipelineProgram, SequenceParallelStagesSendTheirSequencePiece) {
+  const ModelConfig llama = layers(tiny_llama(), 2);
+  ModelGraph m = build_model(llama, kBatch, kSeq, ModelMode::train);
+  Plan plan = with_megatron_llama(pipeline(2, 1, 2, ScheduleKind::one_f_one_b, 2), llama);
+  Result<PipelineProgram> whole = lower_pipeline(m.graph, plan);
+  plan.sequence_parallel = true;
+  Result<PipelineProgram> split = lower_pipeline(m.graph, plan);
+  ASSERT_TRUE(whole.ok()) << whole.status().to_string();
+  ASSERT_TRUE(split.ok()) << split.status().to_string();
+  EXPECT_GT(whole->chunks[0].send_bytes, 0);
+  EXPECT_EQ(split->chunks[0].send_bytes * 2, whole->chunks[0].send_bytes);
+}
+
 }  // namespace
 }  // namespace tessera
