@@ -12,12 +12,14 @@ namespace tessera {
 
 namespace {
 
-// Bytes of the distinct values phase `from` stashes for later phases, per micro-batch.
-int64_t stash_bytes(const Phases& ph, int from) {
+// Bytes of the distinct values phase `from` stashes for later phases, per micro-batch (the
+// reduce phase's inputs are accumulated instead: `reduce`, -1 for none).
+int64_t stash_bytes(const Phases& ph, int from, int reduce) {
   std::vector<ValueId> seen;
   int64_t bytes = 0;
   for (const Phases::Stash& st : ph.stash) {
-    if (st.from != from || std::count(seen.begin(), seen.end(), st.out)) continue;
+    if (st.from != from || st.to == reduce || std::count(seen.begin(), seen.end(), st.out))
+      continue;
     seen.push_back(st.out);
     bytes += ph.graphs[static_cast<size_t>(from)].type(st.out).bytes();
   }
@@ -69,12 +71,29 @@ std::vector<char> weight_grad_nodes(const Graph& g, const std::vector<ValueId>& 
 }
 
 // A stage accumulates its gradients over the micro-batches even with one (the shared arena is
-// reused by the next phase before the optimizer runs); ZeRO-2/3 are refused with stages.
-int64_t pipeline_persistent_bytes(const Program& p) {
-  int64_t bytes = p.persistent_bytes();
+// reused by the next phase before the optimizer runs), and the unreduced ones its reduce phase
+// reads; ZeRO-2/3 are refused with stages.
+int64_t pipeline_persistent_bytes(const ChunkProgram& c) {
+  const Program& p = c.program;
+  int64_t bytes = p.persistent_bytes() + c.reduce_accum_bytes;
   if (p.plan.micro_batches == 1)
     for (const ParamLayout& pl : p.part.params) bytes += 4 * pl.local_shape.numel();
   return bytes;
+}
+
+// The gradient collectives of the chunk's buckets and every node reading their results.
+std::vector<char> gradient_reduction_nodes(const Graph& g,
+                                           const std::vector<std::vector<NodeId>>& buckets) {
+  std::vector<char> out(g.nodes().size(), 0), reduced(g.values().size(), 0);
+  for (const std::vector<NodeId>& b : buckets)
+    for (NodeId n : b) out[static_cast<size_t>(n)] = 1;
+  for (size_t i = 0; i < out.size(); ++i) {
+    const Node& n = g.nodes()[i];
+    for (ValueId v : n.inputs) out[i] = out[i] || reduced[static_cast<size_t>(v)];
+    if (out[i])
+      for (ValueId v : n.outputs) reduced[static_cast<size_t>(v)] = 1;
+  }
+  return out;
 }
 
 }  // namespace
@@ -149,9 +168,31 @@ Result<PipelineProgram> lower_pipeline(const Graph& g, const Plan& plan,
     std::vector<int> phase_of = forward_backward_phases(local);
     for (size_t i = 0; i < phase_of.size(); ++i)
       if (split_w && phase_of[i] == kBackwardPhase && c.weight_grad[i]) phase_of[i] = kWeightPhase;
-    Result<Phases> ph = split_phases(local, phase_of, split_w ? 3 : 2);
+    int phases = split_w ? 3 : 2;
+    const std::vector<char> reduce = gradient_reduction_nodes(local, c.program.part.buckets);
+    if (std::count(reduce.begin(), reduce.end(), 1) > 0) {
+      c.reduce_phase = phases++;
+      for (size_t i = 0; i < phase_of.size(); ++i)
+        if (reduce[i]) phase_of[i] = c.reduce_phase;
+    }
+    Result<Phases> ph = split_phases(local, phase_of, phases);
     if (!ph.ok()) return ph.status().with_context("pipeline chunk " + std::to_string(k));
     c.phases = std::move(ph.value());
+    std::vector<std::pair<int, ValueId>> accumulated;  // (phase, value) summed per step
+    for (const Phases::Stash& st : c.phases.stash) {
+      if (st.to != c.reduce_phase) continue;
+      const TensorType& t = c.phases.graphs[static_cast<size_t>(st.from)].type(st.out);
+      // Summing over micro-batches before reducing is exact only for gradients (linear in the
+      // micro-batch), which come from the backward phases; the runtime sums f32.
+      if (st.from == kForwardPhase || t.dtype != DType::f32)
+        return error("pipeline chunk " + std::to_string(k) + ": the gradient reduction reads a " +
+                     (st.from == kForwardPhase ? "forward value" : "non-f32 value") +
+                     ", which cannot be summed over the micro-batches first");
+      if (std::count(accumulated.begin(), accumulated.end(), std::make_pair(st.from, st.out)))
+        continue;
+      accumulated.emplace_back(st.from, st.out);
+      c.reduce_accum_bytes += t.bytes();
+    }
     for (size_t ph = 0; ph < c.phases.graphs.size(); ++ph) {
       const Graph& pg = c.phases.graphs[ph];
       std::vector<std::vector<NodeId>> buckets;  // the gradient buckets' nodes in this phase
@@ -165,8 +206,8 @@ Result<PipelineProgram> lower_pipeline(const Graph& g, const Plan& plan,
       c.phase_lists.push_back(lower_instructions(pg, buckets));
       c.phase_memory.push_back(plan_memory(pg));
     }
-    c.stash_bytes = stash_bytes(c.phases, kForwardPhase);
-    c.weight_stash_bytes = split_w ? stash_bytes(c.phases, kBackwardPhase) : 0;
+    c.stash_bytes = stash_bytes(c.phases, kForwardPhase, c.reduce_phase);
+    c.weight_stash_bytes = split_w ? stash_bytes(c.phases, kBackwardPhase, c.reduce_phase) : 0;
     out.chunks.push_back(std::move(c));
   }
 
@@ -194,7 +235,7 @@ Result<PipelineProgram> lower_pipeline(const Graph& g, const Plan& plan,
     int64_t arena = 0, stash = 0, wstash = 0;
     for (size_t k = s; k < out.chunks.size(); k += ns) {
       const ChunkProgram& c = out.chunks[k];
-      out.stage_persistent_bytes[s] += pipeline_persistent_bytes(c.program);
+      out.stage_persistent_bytes[s] += pipeline_persistent_bytes(c);
       for (const MemoryPlan& m : c.phase_memory) arena = std::max(arena, m.arena_bytes);
       stash = std::max(stash, c.stash_bytes);
       wstash = std::max(wstash, c.weight_stash_bytes);

@@ -11,8 +11,8 @@
 //   pp.stage_arena_bytes[s]     // the largest phase arena of stage s's chunks + a stash slot
 //                               // per micro-batch in flight (sized by its largest chunk stash)
 //
-// Gradients are reduced over the data axes once per step, after the stage's last backward
-// (the chunk Programs' gradient buckets, issued once instead of per micro-batch).
+// Gradients are reduced over the data axes once per step, after the stage's last backward:
+// each chunk's gradient collectives form a phase of their own (ChunkProgram::reduce_phase).
 #pragma once
 
 #include <functional>
@@ -26,6 +26,7 @@ namespace tessera {
 
 // A chunk's phases, run apart by the schedule: forward and backward, or under zb-h1 forward,
 // backward_input (B) and backward_weight (W).
+// The gradient reduction, once per step, is the phase after the last (ChunkProgram::reduce_phase).
 enum ChunkPhase : int { kForwardPhase = 0, kBackwardPhase = 1, kWeightPhase = 2 };
 
 struct ChunkProgram {
@@ -46,6 +47,12 @@ struct ChunkProgram {
   // Per local node: a backward node that only feeds parameter gradients (zb-h1's W part); the
   // other backward nodes compute the gradients that flow to earlier blocks (its B part).
   std::vector<char> weight_grad;
+  // The last phase when the gradients are reduced over the data (and tensor) axes: the
+  // gradient collectives and what follows them, run once per step on the unreduced gradients
+  // summed over the micro-batches (the reduction is linear); -1 when nothing is reduced.
+  int reduce_phase = -1;
+  // Bytes of those unreduced gradients (the reduce phase's stash inputs), accumulated per step.
+  int64_t reduce_accum_bytes = 0;
 };
 
 struct PipelineProgram {

@@ -31,15 +31,20 @@ int64_t bytes_of(const Graph& g, const std::vector<ValueId>& vs) {
 }
 
 // Offset of each stash entry in its slot (the forward's or, from phase 1, the weight slot's):
-// a value read by two later phases is kept once.
-std::vector<int64_t> slot_offsets(const Phases& ph) {
+// a value read by two later phases is kept once. The reduce phase's entries are accumulated
+// by the chunk's StepRunner instead (-1).
+std::vector<int64_t> slot_offsets(const Phases& ph, int reduce_phase) {
   std::vector<int64_t> off(ph.stash.size(), 0);
   int64_t end[2] = {0, 0};
   for (size_t e = 0; e < ph.stash.size(); ++e) {
     const Phases::Stash& st = ph.stash[e];
+    if (st.to == reduce_phase) {
+      off[e] = -1;
+      continue;
+    }
     size_t first = e;
     for (size_t f = 0; f < e; ++f)
-      if (ph.stash[f].from == st.from && ph.stash[f].out == st.out) first = f;
+      if (ph.stash[f].from == st.from && ph.stash[f].out == st.out && off[f] >= 0) first = f;
     if (first != e) {
       off[e] = off[first];
       continue;
@@ -103,7 +108,7 @@ Result<std::unique_ptr<PipelineRunner>> PipelineRunner::create(const Graph& mode
     TS_ASSIGN_OR_RETURN(std::unique_ptr<StepRunner> chunk,
                         StepRunner::create_chunk(model, c, backend, comms, opt, r->arena_));
     r->chunks_.push_back(std::move(chunk));
-    r->offsets_.push_back(slot_offsets(c.phases));
+    r->offsets_.push_back(slot_offsets(c.phases, c.reduce_phase));
   }
   for (int i = 0; i < program.in_flight[st]; ++i) {
     r->slots_.emplace_back(static_cast<size_t>(stash));
@@ -261,7 +266,7 @@ Status PipelineRunner::run_action(const PipeAction& a) {
     const std::vector<int64_t>& off = offsets_[static_cast<size_t>(v)];
     for (size_t e = 0; e < c.phases.stash.size(); ++e) {
       const Phases::Stash& st = c.phases.stash[e];
-      if (st.from != from) continue;
+      if (st.from != from || off[e] < 0) continue;
       std::memcpy(slot.data() + off[e], ex.raw(st.out),
                   static_cast<size_t>(ex.graph().type(st.out).bytes()));
     }
@@ -327,6 +332,8 @@ Result<float> PipelineRunner::forward_backward(const int32_t* tokens, const int3
   TS_RETURN_IF_ERROR(reap_sends(true));
   TS_CHECK(slot_of_.empty() && recvs_.empty())
       << "pipeline stage " << stage_ << ": micro-batches left in flight";
+  // Once per step: each chunk's gradients, summed over the micro-batches, reduced.
+  for (auto& c : chunks_) TS_RETURN_IF_ERROR(c->reduce_grads());
   TS_ASSIGN_OR_RETURN(const double loss,
                       pipe_->all_reduce_scalar(loss_sum_, /*max=*/false, "pipeline loss"));
   return static_cast<float>(loss / pp_.schedule.micro_batches);

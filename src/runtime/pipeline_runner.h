@@ -10,8 +10,8 @@
 //      gradients back; under zb-h1 B computes only those, and
 //   W  runs the weight gradients later from a stash of its own.
 //
-// Gradients are accumulated over the micro-batches (the chunk Programs reduce them over the data
-// axes per micro-batch); parameters held on two stages (GPT-2's tied wte on the first and the
+// Gradients are accumulated over the micro-batches unreduced, and reduced over the data and
+// tensor axes once per step (each chunk's reduce phase, StepRunner::reduce_grads); parameters held on two stages (GPT-2's tied wte on the first and the
 // last) have their gradients summed between them; the norm spans every stage; each stage steps
 // AdamW on its own chunks.
 //

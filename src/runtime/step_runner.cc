@@ -146,6 +146,15 @@ StepRunner::StepRunner(const Graph& global, Program prog, Backend& backend, Mesh
   }
   scratch_.assign(scratch, 0.0f);
   grad_started_.assign(grads_.size(), 0);
+  if (chunk_) {
+    const Phases& ph = chunk_->phases;
+    unreduced_.resize(ph.stash.size());
+    unreduced_started_.assign(ph.stash.size(), 0);
+    for (size_t e = 0; e < ph.stash.size(); ++e)
+      if (ph.stash[e].to == chunk_->reduce_phase)
+        unreduced_[e].resize(static_cast<size_t>(
+            ph.graphs[static_cast<size_t>(ph.stash[e].from)].type(ph.stash[e].out).shape.numel()));
+  }
   opt_ = std::make_unique<AdamW>(std::move(slots), opt);
 }
 
@@ -328,6 +337,36 @@ void StepRunner::accumulate_phase_grads(int ph) {
                     !grad_started_[i]);
     grad_started_[i] = 1;
   }
+  const std::vector<Phases::Stash>& stash = chunk_->phases.stash;
+  for (size_t e = 0; e < stash.size(); ++e) {
+    if (stash[e].from != ph || stash[e].to != chunk_->reduce_phase) continue;
+    accumulate_grad(unreduced_[e].data(), ex.data<float>(stash[e].out),
+                    static_cast<int64_t>(unreduced_[e].size()), !unreduced_started_[e]);
+    unreduced_started_[e] = 1;
+  }
+}
+
+Status StepRunner::reduce_grads() {
+  TS_CHECK(chunk_ != nullptr) << "reduce_grads on a runner that is not a pipeline chunk's";
+  const int rp = chunk_->reduce_phase;
+  if (rp < 0) return Status();
+  Executor& ex = phase_executor(rp);
+  const std::vector<Phases::Stash>& stash = chunk_->phases.stash;
+  for (size_t e = 0; e < stash.size(); ++e) {
+    if (stash[e].to != rp) continue;
+    TS_CHECK(unreduced_started_[e]) << "reduce phase input " << e << " has no gradient this step";
+    std::memcpy(ex.raw(stash[e].in), unreduced_[e].data(), unreduced_[e].size() * sizeof(float));
+    unreduced_started_[e] = 0;
+  }
+  TS_RETURN_IF_ERROR(run_phase(rp));
+  const std::vector<ValueId>& in_phase = chunk_->phases.value_of[static_cast<size_t>(rp)];
+  for (size_t i = 0; i < grads_.size(); ++i) {
+    const ValueId v = in_phase[static_cast<size_t>(prog_.part.params[i].local_grad)];
+    if (v < 0 || ex.graph().producer(v).op == OpKind::input) continue;
+    std::memcpy(grads_[i].data(), ex.data<float>(v), grads_[i].size() * sizeof(float));
+    grad_started_[i] = 1;
+  }
+  return Status();
 }
 
 Status StepRunner::add_evaluation(const Graph& eval_global) {

@@ -95,6 +95,10 @@ class StepRunner {
   Status run_phase(int ph);
   Executor& phase_executor(int ph) { return ph == 0 ? *exec_ : *phase_execs_[size_t(ph) - 1]; }
   void accumulate_phase_grads(int ph);
+  // Chunk runners, once per step after the last micro-batch: runs the reduce phase
+  // (ChunkProgram::reduce_phase) on the unreduced gradients accumulate_phase_grads summed, and
+  // takes its reduced gradients as the step's. Collective over the data and tensor axes.
+  Status reduce_grads();
   void finish_micro_batch() { ++accumulated_; }
   // The accumulated gradient of parameter i (its local piece; chunk runners and plans with
   // several micro-batches).
@@ -173,6 +177,10 @@ class StepRunner {
   std::vector<float> scratch_;  // padded all-gather staging for ZeRO-1/2 parameter sync
   int accumulated_ = 0;
   std::vector<char> grad_started_;  // chunk runners: parameter i has a gradient this step
+  // Chunk runners: per stash entry into the reduce phase, its sum over this step's
+  // micro-batches (empty for other entries), and whether a micro-batch has written it.
+  std::vector<std::vector<float>> unreduced_;
+  std::vector<char> unreduced_started_;
   std::vector<double>* instruction_seconds_ = nullptr;
 };
 

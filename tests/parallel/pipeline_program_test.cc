@@ -113,6 +113,44 @@ TEST(PipelineProgram, WeightGradientNodesAreTheBackwardsWPart) {
   }
 }
 
+// Gradients are reduced once per step: the gradient collectives are the reduce phase (run on
+// the gradients summed over the micro-batches), and the per-micro-batch phases have none.
+TEST(PipelineProgram, GradientsAreReducedInAPhaseOfTheirOwn) {
+  ModelGraph m = build_model(tiny("gpt-tiny", 2), 4, 8, ModelMode::train);
+  for (ScheduleKind kind : {ScheduleKind::one_f_one_b, ScheduleKind::zb_h1}) {
+    SCOPED_TRACE(schedule_name(kind));
+    Plan plan = pipeline(2, kind, 4, /*dp=*/2);
+    plan.zero = 1;
+    Result<PipelineProgram> r = lower_pipeline(m.graph, plan);
+    ASSERT_TRUE(r.ok()) << r.status().to_string();
+    for (const ChunkProgram& c : r->chunks) {
+      const int last = kind == ScheduleKind::zb_h1 ? kWeightPhase : kBackwardPhase;
+      ASSERT_EQ(c.reduce_phase, last + 1);
+      ASSERT_EQ(c.phases.graphs.size(), static_cast<size_t>(last + 2));
+      int64_t grads = 0, reductions = 0;
+      for (const ParamLayout& pl : c.program.part.params) grads += 4 * pl.local_shape.numel();
+      for (size_t ph = 0; ph < c.phases.graphs.size(); ++ph)
+        for (const Node& n : c.phases.graphs[ph].nodes()) {
+          if (!is_collective(n.op) || n.attrs.name != "dp") continue;
+          if (static_cast<int>(ph) == c.reduce_phase) {
+            ++reductions;
+          } else {
+            // Only the loss (a scalar, on the last chunk's forward) crosses dp per micro-batch.
+            EXPECT_EQ(ph, static_cast<size_t>(kForwardPhase)) << op_name(n.op);
+            EXPECT_EQ(c.phases.graphs[ph].type(n.outputs[0]).shape.numel(), 1);
+          }
+        }
+      EXPECT_GT(reductions, 0);
+      // The unreduced gradients are summed over the micro-batches and counted as persistent.
+      EXPECT_EQ(c.reduce_accum_bytes, grads);
+    }
+  }
+  // Nothing to reduce on one data-parallel rank: no reduce phase.
+  Result<PipelineProgram> one = lower_pipeline(m.graph, pipeline(2, ScheduleKind::one_f_one_b, 4));
+  ASSERT_TRUE(one.ok());
+  for (const ChunkProgram& c : one->chunks) EXPECT_EQ(c.reduce_phase, -1);
+}
+
 TEST(PipelineProgram, BadCutsAndSchedulesAreErrors) {
   ModelGraph m = build_model(tiny("gpt-tiny", 4), 2, 8, ModelMode::train);
   Plan p = pipeline(2, ScheduleKind::one_f_one_b, 4);
