@@ -476,13 +476,8 @@ Placements Pass::boundary_placements(const TensorType& t) const {
 Result<Partitioned> Pass::run() {
   TS_RETURN_IF_ERROR(validate(plan_));
   if (plan_.sequence_parallel && seq_t_ < 0) {  // [B, T] from the token inputs
-    for (const Node& n : g_.nodes()) {
-      const TensorType& t = g_.type(n.outputs[0]);
-      if (n.op != OpKind::input || t.shape.rank() != 2 || t.dtype != DType::i32) continue;
-      seq_b_ = t.shape[0];
-      seq_t_ = t.shape[1];
-      break;
-    }
+    const TokenShape t = token_shape(g_);
+    if (t.seq > 0) seq_b_ = t.batch, seq_t_ = t.seq;
     if (seq_t_ < 0)
       return error("partition: sequence parallelism needs [batch, sequence] token inputs",
                    "drop sequence_parallel for this model");
@@ -568,6 +563,15 @@ Result<Partitioned> Pass::run() {
 }
 
 }  // namespace partition_detail
+
+TokenShape token_shape(const Graph& g) {
+  for (const Node& n : g.nodes()) {
+    const TensorType& t = g.type(n.outputs[0]);
+    if (n.op == OpKind::input && t.shape.rank() == 2 && t.dtype == DType::i32)
+      return {t.shape[0], t.shape[1]};
+  }
+  return {};
+}
 
 Result<Partitioned> partition(const Graph& g, const Plan& plan, TokenShape tokens) {
   return partition_detail::Pass(g, plan, tokens).run();

@@ -73,6 +73,8 @@ struct Partitioned {
 struct TokenShape {
   int64_t batch = 0, seq = 0;
 };
+// The shape of `g`'s first integer [B, T] input; {0, 0} when it has none.
+TokenShape token_shape(const Graph& g);
 
 // `g` must be a training graph (append_backward). Errors name the node and the axis.
 // Inputs and outputs other than the loss and gradients (a pipeline chunk's boundaries) are

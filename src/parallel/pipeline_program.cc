@@ -127,14 +127,7 @@ Result<PipelineProgram> lower_pipeline(const Graph& g, const Plan& plan,
   TS_ASSIGN_OR_RETURN(std::vector<ChunkGraph> graphs, split_pipeline(g, out.per_chunk));
   out.model_flops = g.total_flops();
   // The middle chunks have no token inputs; sequence parallelism splits on the model's.
-  TokenShape tokens;
-  for (const Node& n : g.nodes()) {
-    const TensorType& t = g.type(n.outputs[0]);
-    if (n.op == OpKind::input && t.shape.rank() == 2 && t.dtype == DType::i32) {
-      tokens = {t.shape[0], t.shape[1]};
-      break;
-    }
-  }
+  const TokenShape tokens = token_shape(g);
 
   for (size_t k = 0; k < graphs.size(); ++k) {
     const ChunkGraph& cg = graphs[k];

@@ -11,9 +11,9 @@
 //   W  runs the weight gradients later from a stash of its own.
 //
 // Gradients are accumulated over the micro-batches unreduced, and reduced over the data and
-// tensor axes once per step (each chunk's reduce phase, StepRunner::reduce_grads); parameters held on two stages (GPT-2's tied wte on the first and the
-// last) have their gradients summed between them; the norm spans every stage; each stage steps
-// AdamW on its own chunks.
+// tensor axes once per step (each chunk's reduce phase, StepRunner::reduce_grads); parameters held
+// on two stages (GPT-2's tied wte on the first and the last) have their gradients summed between
+// them; the norm spans every stage; each stage steps AdamW on its own chunks.
 //
 //   TS_ASSIGN_OR_RETURN(PipelineProgram pp, lower_pipeline(model.graph, plan));
 //   TS_ASSIGN_OR_RETURN(auto step, PipelineRunner::create(model.graph, pp, cpu, comms, adamw));
