@@ -10,6 +10,7 @@
 #include <functional>
 #include <map>
 #include <random>
+#include <tuple>
 
 #include "backend/cpu/cpu_backend.h"
 #include "backend/cpu/thread_pool.h"
@@ -180,6 +181,18 @@ struct OpFit {
 }  // namespace
 
 Result<Calibration> calibrate(Communicator& world, const CalibrationOptions& o) {
+  // Every count checked before any measurement: --reps 0 used to write a spec of inf and NaN.
+  for (auto [flag, v, least] : {std::tuple<const char*, int64_t, int64_t>{"--reps", o.reps, 1},
+                                {"--seq", o.seq, 1},
+                                {"--batch", o.batch, 0},
+                                {"--check", o.check_steps, 0},
+                                {"--check-batch", o.check_batch, 0}})
+    if (v < least)
+      return error(std::string(flag) + " must be at least " + std::to_string(least) + ", got " +
+                   std::to_string(v));
+  if (o.zero < 0 || o.zero > 3 || o.check_zero < -1 || o.check_zero > 3)
+    return error("--zero and --check-zero take a ZeRO stage 0-3, got " + std::to_string(o.zero) +
+                 " and " + std::to_string(o.check_zero));
   Calibration c;
   ClusterSpec& spec = c.spec;
   const int ranks = world.size();

@@ -3,6 +3,7 @@
 // statistics per source, and every row it cannot model with the reason.
 #include <chrono>
 #include <cstdio>
+#include <filesystem>
 #include <thread>
 
 #include "cli/commands.h"
@@ -22,11 +23,25 @@ struct ValidateOptions {
 
 Status run_validate(const ValidateOptions& o) {
   auto t0 = std::chrono::steady_clock::now();
+  if (!o.cluster_dir.empty() && !std::filesystem::is_directory(o.cluster_dir))
+    return error("--cluster-dir " + o.cluster_dir + " is not a directory",
+                 "give the directory holding the edited or calibrated <preset>.toml specs");
   TS_ASSIGN_OR_RETURN(std::vector<PublishedRun> runs, read_published_runs(o.csv));
   int threads = o.threads > 0 ? o.threads : static_cast<int>(std::thread::hardware_concurrency());
   ValidationReport rep = validate_runs(runs, threads, o.source, o.cluster_dir);
   if (rep.results.empty() && rep.excluded.empty())
     return error("no rows with source_key '" + o.source + "' in " + o.csv);
+  if (rep.results.empty() && !o.cluster_dir.empty()) {
+    std::string why = rep.excluded.front().reason;  // preferably one naming the directory
+    for (const ExcludedRun& e : rep.excluded)
+      if (e.reason.find(o.cluster_dir) != std::string::npos) {
+        why = e.reason;
+        break;
+      }
+    return error("no row could be simulated with the specs in " + o.cluster_dir + ": " + why,
+                 "the directory needs <preset>.toml for the rows' clusters (`tessera validate "
+                 "--help` lists the presets)");
+  }
   std::fputs(format_report(rep, o.rows).c_str(), stdout);
   double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   std::printf("\n%zu rows simulated, %zu not modelled, in %.1f s\n", rep.results.size(),

@@ -20,6 +20,8 @@ Result<ModelConfig> preset_or_error(const std::string& name, const std::string& 
 }
 
 Result<ModelConfig> from_table(const TomlTable& root) {
+  // A model config holds [model] only: another table or key is a typo or meant for another file.
+  TS_RETURN_IF_ERROR(root.check_no_unknown_keys({"model"}));
   TS_ASSIGN_OR_RETURN(TomlTable t, root.require_table("model"));
   TS_RETURN_IF_ERROR(t.check_no_unknown_keys(kKeys));
   ModelConfig c;

@@ -116,6 +116,26 @@ Status validate(const ModelConfig& c) {
   if (!(c.norm_eps > 0)) return error("key 'norm_eps' must be > 0");
   if (!(c.rope_theta > 0)) return error("key 'rope_theta' must be > 0");
   if (!(c.init_std > 0)) return error("key 'init_std' must be > 0");
+  // Sizes are int64 element counts: bound every dimension and the parameter count (computed in
+  // double here, so that a typo like n_embd = 4e9 is refused instead of overflowing).
+  constexpr int64_t kMaxDim = int64_t{1} << 24;
+  for (auto [key, v] : {std::pair<const char*, int64_t>{"n_embd", c.n_embd},
+                        {"ffn_hidden", c.ffn()},
+                        {"vocab_size", c.vocab_rows()},
+                        {"max_seq_len", c.max_seq_len},
+                        {"n_layer", c.n_layer}})
+    if (v > kMaxDim)
+      return error("key '" + std::string(key) + "' = " + std::to_string(v) + " is over " +
+                       std::to_string(kMaxDim) + ", the largest size Tessera takes",
+                   "check the value for a typo (the largest published models have n_embd ~ 2e4)");
+  const double C = static_cast<double>(c.n_embd), F = static_cast<double>(c.ffn());
+  const double params = static_cast<double>(c.n_layer) * (4 * C * C + 3 * C * F) +
+                        2 * static_cast<double>(c.vocab_rows()) * C;
+  constexpr double kMaxParams = 1e15;
+  if (params > kMaxParams)
+    return error("the model would have about " + std::to_string(static_cast<long long>(params)) +
+                     " parameters, over the 1e15 Tessera takes",
+                 "check n_embd, ffn_hidden, n_layer and vocab_size for a typo");
   return Status();
 }
 

@@ -181,6 +181,62 @@ TEST(TesseraBinary, UnknownPresetListsPresets) {
   EXPECT_NE(out.find("gpt2-small"), std::string::npos) << out;
 }
 
+// Bad inputs from the review (bad-inputs-cd173a2.md) that used to pass silently: each is one
+// `error:` naming the key or flag, exit 1, before any work.
+TEST(TesseraBinary, SizesTablesCountsAndDirectoriesAreChecked) {
+  auto write = [](const std::string& name, const std::string& text) {
+    const std::string path = ::testing::TempDir() + "/" + name;
+    std::FILE* f = std::fopen(path.c_str(), "w");
+    std::fputs(text.c_str(), f);
+    std::fclose(f);
+    return path;
+  };
+  std::string out;
+  // n_embd = 4e9 printed a negative parameter count.
+  EXPECT_EQ(run_tessera("graph " + write("huge.toml",
+                                         "[model]\npreset = \"gpt-tiny\"\n"
+                                         "n_embd = 4000000000\n"),
+                        &out),
+            1)
+      << out;
+  EXPECT_NE(out.find("error: "), std::string::npos) << out;
+  EXPECT_NE(out.find("key 'n_embd' = 4000000000 is over"), std::string::npos) << out;
+  out.clear();
+  EXPECT_EQ(run_tessera("graph " + write("wide.toml",
+                                         "[model]\npreset = \"gpt-tiny\"\n"
+                                         "n_embd = 1048576\nn_layer = 1024\n"),
+                        &out),
+            1)
+      << out;
+  EXPECT_NE(out.find("parameters, over the 1e15"), std::string::npos) << out;
+  // An unknown top-level table was ignored.
+  out.clear();
+  EXPECT_EQ(run_tessera("graph " + write("table.toml",
+                                         "[model]\npreset = \"gpt-tiny\"\n"
+                                         "[optim]\nlr = 1.0\n"),
+                        &out),
+            1)
+      << out;
+  EXPECT_NE(out.find("unknown key 'optim' at the top level"), std::string::npos) << out;
+  // calibrate --reps 0 wrote a spec of inf and NaN with exit 0.
+  out.clear();
+  const std::string spec = ::testing::TempDir() + "/reps0.toml";
+  EXPECT_EQ(run_tessera("calibrate --reps 0 --out " + spec, &out), 1) << out;
+  EXPECT_NE(out.find("error: --reps must be at least 1, got 0"), std::string::npos) << out;
+  EXPECT_FALSE(std::filesystem::exists(spec));
+  // validate --cluster-dir with a typo simulated nothing and exited 0.
+  out.clear();
+  EXPECT_EQ(run_tessera("validate --cluster-dir /no/such/dir", &out), 1) << out;
+  EXPECT_NE(out.find("error: --cluster-dir /no/such/dir is not a directory"), std::string::npos)
+      << out;
+  out.clear();
+  const std::string empty = ::testing::TempDir() + "/empty_cluster_dir";
+  std::filesystem::create_directories(empty);
+  EXPECT_EQ(run_tessera("validate --cluster-dir " + empty, &out), 1) << out;
+  EXPECT_NE(out.find("no row could be simulated"), std::string::npos) << out;
+  EXPECT_NE(out.find(empty + "/"), std::string::npos) << "names the missing spec: " << out;
+}
+
 // A plan file with two pipeline stages.
 std::string write_pipeline_plan() {
   const std::string path = ::testing::TempDir() + "/pipeline_plan.json";
