@@ -114,6 +114,13 @@ Status run_simulate(const SimulateOptions& o) {
   std::printf("cluster          %s: %d x %s, %d per node (%d nodes)\n", cluster.name.c_str(),
               plan.mesh.size(), cluster.device.name.c_str(), cluster.node.devices,
               cluster.nodes_for(plan.mesh.size()));
+  if (cluster.node.devices > 0 && plan.mesh.size() > cluster.node.devices &&
+      plan.mesh.size() % cluster.node.devices != 0)
+    std::printf(
+        "note             %d devices do not fill whole nodes of %d: the last node holds "
+        "%d; collectives are timed as if spread evenly over nodes of their largest "
+        "common divisor\n",
+        plan.mesh.size(), cluster.node.devices, plan.mesh.size() % cluster.node.devices);
   std::printf("plan             %s, %d micro-batch(es) per step, %s\n", plan.describe().c_str(),
               plan.micro_batches, dtype_name(so.precision));
   std::fputs(format_sim_result(r, cluster).c_str(), stdout);

@@ -4,6 +4,7 @@
 #include <cstdio>
 #include <map>
 #include <nlohmann/json.hpp>
+#include <numeric>
 
 #include "base/format.h"
 #include "cost/op_cost.h"
@@ -304,7 +305,10 @@ GroupLayout group_layout(const Mesh& mesh, const std::vector<std::string>& axes,
   for (int r = 0; r < mesh.size() && r < devices_per_node; ++r)
     if (mesh.group_color(r, axes) == color) ++same_node;
   g.per_node = std::max(1, std::min(same_node, g.size));
-  if (g.size % g.per_node != 0) g.per_node = 1;  // ragged placement: count every hop as inter-node
+  // Ragged placement (12 ranks on nodes of 8: 8 + 4): modelled as equal nodes of the largest
+  // count dividing both (4), a little more inter-node traffic than the real placement, where
+  // every hop inter-node (the old model) made such runs ~3x slower than they are.
+  g.per_node = std::gcd(g.size, g.per_node);
   return g;
 }
 
