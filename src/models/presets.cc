@@ -81,6 +81,26 @@ std::vector<std::string> preset_names() {
   return names;
 }
 
+namespace {
+
+// The parameter count in T: int64_t for count_params, double for validate() to bound a config
+// whose count would overflow.
+template <typename T>
+T params_as(const ModelConfig& c) {
+  T C = static_cast<T>(c.n_embd), V = static_cast<T>(c.vocab_rows()), F = static_cast<T>(c.ffn()),
+    L = static_cast<T>(c.n_layer);
+  if (c.family == "gpt") {
+    T block = 4 * C + (3 * C * C + 3 * C) + (C * C + C) + (F * C + F) + (C * F + C);
+    return V * C + static_cast<T>(c.max_seq_len) * C + L * block + 2 * C +
+           (c.tied_embeddings ? 0 : V * C);
+  }
+  T kv = static_cast<T>(c.kv_heads() * c.head_dim());
+  T block = 2 * C + C * C + 2 * kv * C + C * C + 3 * F * C;
+  return V * C + L * block + C + (c.tied_embeddings ? 0 : V * C);
+}
+
+}  // namespace
+
 Status validate(const ModelConfig& c) {
   auto positive = [](const char* key, int64_t v) -> Status {
     if (v <= 0)
@@ -128,9 +148,7 @@ Status validate(const ModelConfig& c) {
       return error("key '" + std::string(key) + "' = " + std::to_string(v) + " is over " +
                        std::to_string(kMaxDim) + ", the largest size Tessera takes",
                    "check the value for a typo (the largest published models have n_embd ~ 2e4)");
-  const double C = static_cast<double>(c.n_embd), F = static_cast<double>(c.ffn());
-  const double params = static_cast<double>(c.n_layer) * (4 * C * C + 3 * C * F) +
-                        2 * static_cast<double>(c.vocab_rows()) * C;
+  const double params = params_as<double>(c);
   constexpr double kMaxParams = 1e15;
   if (params > kMaxParams)
     return error("the model would have about " + std::to_string(static_cast<long long>(params)) +
@@ -139,15 +157,6 @@ Status validate(const ModelConfig& c) {
   return Status();
 }
 
-int64_t count_params(const ModelConfig& c) {
-  int64_t C = c.n_embd, V = c.vocab_rows(), F = c.ffn(), L = c.n_layer;
-  if (c.family == "gpt") {
-    int64_t block = 4 * C + (3 * C * C + 3 * C) + (C * C + C) + (F * C + F) + (C * F + C);
-    return V * C + c.max_seq_len * C + L * block + 2 * C + (c.tied_embeddings ? 0 : V * C);
-  }
-  int64_t kv = c.kv_heads() * c.head_dim();
-  int64_t block = 2 * C + C * C + 2 * kv * C + C * C + 3 * F * C;
-  return V * C + L * block + C + (c.tied_embeddings ? 0 : V * C);
-}
+int64_t count_params(const ModelConfig& c) { return params_as<int64_t>(c); }
 
 }  // namespace tessera

@@ -171,7 +171,7 @@ Result<PipelineProgram> lower_pipeline(const Graph& g, const Plan& plan,
     Result<Phases> ph = split_phases(local, phase_of, phases);
     if (!ph.ok()) return ph.status().with_context("pipeline chunk " + std::to_string(k));
     c.phases = std::move(ph.value());
-    std::vector<std::pair<int, ValueId>> accumulated;  // (phase, value) summed per step
+    // split_phases stashes a value once per reading phase: each entry is its own gradient.
     for (const Phases::Stash& st : c.phases.stash) {
       if (st.to != c.reduce_phase) continue;
       const TensorType& t = c.phases.graphs[static_cast<size_t>(st.from)].type(st.out);
@@ -181,9 +181,6 @@ Result<PipelineProgram> lower_pipeline(const Graph& g, const Plan& plan,
         return error("pipeline chunk " + std::to_string(k) + ": the gradient reduction reads a " +
                      (st.from == kForwardPhase ? "forward value" : "non-f32 value") +
                      ", which cannot be summed over the micro-batches first");
-      if (std::count(accumulated.begin(), accumulated.end(), std::make_pair(st.from, st.out)))
-        continue;
-      accumulated.emplace_back(st.from, st.out);
       c.reduce_accum_bytes += t.bytes();
     }
     for (size_t ph = 0; ph < c.phases.graphs.size(); ++ph) {

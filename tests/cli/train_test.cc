@@ -184,40 +184,24 @@ TEST(TesseraBinary, UnknownPresetListsPresets) {
 // Bad inputs from the review (bad-inputs-cd173a2.md) that used to pass silently: each is one
 // `error:` naming the key or flag, exit 1, before any work.
 TEST(TesseraBinary, SizesTablesCountsAndDirectoriesAreChecked) {
-  auto write = [](const std::string& name, const std::string& text) {
+  std::string out;
+  // `tessera graph` on a config of gpt-tiny plus `extra`: exit 1 with `want` in the error.
+  auto refused_config = [&](const std::string& name, const std::string& extra,
+                            const std::string& want) {
     const std::string path = ::testing::TempDir() + "/" + name;
     std::FILE* f = std::fopen(path.c_str(), "w");
-    std::fputs(text.c_str(), f);
+    std::fputs(("[model]\npreset = \"gpt-tiny\"\n" + extra).c_str(), f);
     std::fclose(f);
-    return path;
+    out.clear();
+    EXPECT_EQ(run_tessera("graph " + path, &out), 1) << out;
+    EXPECT_NE(out.find("error: "), std::string::npos) << out;
+    EXPECT_NE(out.find(want), std::string::npos) << out;
   };
-  std::string out;
   // n_embd = 4e9 printed a negative parameter count.
-  EXPECT_EQ(run_tessera("graph " + write("huge.toml",
-                                         "[model]\npreset = \"gpt-tiny\"\n"
-                                         "n_embd = 4000000000\n"),
-                        &out),
-            1)
-      << out;
-  EXPECT_NE(out.find("error: "), std::string::npos) << out;
-  EXPECT_NE(out.find("key 'n_embd' = 4000000000 is over"), std::string::npos) << out;
-  out.clear();
-  EXPECT_EQ(run_tessera("graph " + write("wide.toml",
-                                         "[model]\npreset = \"gpt-tiny\"\n"
-                                         "n_embd = 1048576\nn_layer = 1024\n"),
-                        &out),
-            1)
-      << out;
-  EXPECT_NE(out.find("parameters, over the 1e15"), std::string::npos) << out;
+  refused_config("huge.toml", "n_embd = 4000000000\n", "key 'n_embd' = 4000000000 is over");
+  refused_config("wide.toml", "n_embd = 1048576\nn_layer = 1024\n", "parameters, over the 1e15");
   // An unknown top-level table was ignored.
-  out.clear();
-  EXPECT_EQ(run_tessera("graph " + write("table.toml",
-                                         "[model]\npreset = \"gpt-tiny\"\n"
-                                         "[optim]\nlr = 1.0\n"),
-                        &out),
-            1)
-      << out;
-  EXPECT_NE(out.find("unknown key 'optim' at the top level"), std::string::npos) << out;
+  refused_config("table.toml", "[optim]\nlr = 1.0\n", "unknown key 'optim' at the top level");
   // calibrate --reps 0 wrote a spec of inf and NaN with exit 0.
   out.clear();
   const std::string spec = ::testing::TempDir() + "/reps0.toml";
