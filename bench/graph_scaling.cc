@@ -54,6 +54,11 @@ Times measure(int64_t layers, int64_t batch, int reps) {
 int main(int argc, char** argv) {
   int64_t layers = 250, batch = 1;
   int reps = 3;
+  if (argc % 2 == 0) {
+    std::fprintf(stderr, "error: %s needs a value (--layers D, --batch B, --reps R)\n",
+                 argv[argc - 1]);
+    return 2;
+  }
   for (int i = 1; i + 1 < argc; i += 2) {
     if (!std::strcmp(argv[i], "--layers"))
       layers = std::atoll(argv[i + 1]);
