@@ -24,5 +24,7 @@ void add_calibrate_command(CLI::App& app);
 void add_launch_command(CLI::App& app);
 void add_sample_command(CLI::App& app);
 void add_tokenize_command(CLI::App& app);
+// `import hf` and `export hf`.
+void add_hf_commands(CLI::App& app);
 
 }  // namespace tessera

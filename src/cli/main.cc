@@ -30,6 +30,7 @@ int main(int argc, char** argv) {
   tessera::add_launch_command(app);
   tessera::add_sample_command(app);
   tessera::add_tokenize_command(app);
+  tessera::add_hf_commands(app);
   try {
     app.parse(argc, argv);
   } catch (const CLI::CallForHelp& e) {

@@ -11,6 +11,7 @@
 #include "cli/plan_flags.h"
 #include "cost/cluster_spec.h"
 #include "io/model_config.h"
+#include "io/sharded_checkpoint.h"
 #include "parallel/pipeline_program.h"
 #include "parallel/plan.h"
 #include "planner/explain.h"
@@ -103,9 +104,32 @@ Result<Plan> auto_plan(TrainOptions* o, const ModelConfig& cfg, int ranks, bool 
 
 }  // namespace
 
+// The model a run trains: --model, or with --init-from the checkpoint's (and --model, if
+// given too, must be the same).
+Result<ModelConfig> train_model(const TrainOptions& o) {
+  if (o.init_from.empty()) return load_model_config(o.model);
+  if (o.resume)
+    return error(
+        "--init-from starts a new run from a checkpoint's parameters and --resume "
+        "continues a run in --out; pass one of them");
+  TS_ASSIGN_OR_RETURN(ShardedCheckpoint ck, ShardedCheckpoint::open(o.init_from));
+  if (!ck.manifest().contains("model"))
+    return error("checkpoint " + ck.dir() + ": manifest.json has no model config");
+  TS_ASSIGN_OR_RETURN(ModelConfig cfg, model_config_from_json(ck.manifest().at("model")));
+  if (o.model_given) {
+    TS_ASSIGN_OR_RETURN(ModelConfig flag, load_model_config(o.model));
+    flag.name = cfg.name;
+    if (!(flag == cfg))
+      return error("--model " + o.model + " is not the model of --init-from " + ck.dir() + " (" +
+                       cfg.name + ")",
+                   "leave out --model to train the checkpoint's model");
+  }
+  return cfg;
+}
+
 Status run_train(const TrainOptions& options) {
   TrainOptions o = options;
-  TS_ASSIGN_OR_RETURN(ModelConfig cfg, load_model_config(o.model));
+  TS_ASSIGN_OR_RETURN(ModelConfig cfg, train_model(o));
   TS_RETURN_IF_ERROR(check_train_options(o, cfg));
   const bool automatic = o.plan == "auto";
   // `tessera launch` asks, in one process before it starts the ranks, whether the flags make a
@@ -155,7 +179,8 @@ Status run_train(const TrainOptions& options) {
 void add_train_command(CLI::App& app, TrainOptions& o) {
   CLI::App* cmd =
       app.add_subcommand("train", "Train a model (defaults: gpt-mini on the shipped corpus)");
-  cmd->add_option("--model", o.model, "Preset name or config.toml")->capture_default_str();
+  CLI::Option* model = cmd->add_option("--model", o.model, "Preset name or config.toml");
+  model->capture_default_str();
   cmd->add_option("--data", o.data,
                   "Directory with train.bin and val.bin (default: the shipped corpus)");
   cmd->add_option("--out", o.out, "Run directory: metrics.jsonl and checkpoints/")
@@ -184,6 +209,9 @@ void add_train_command(CLI::App& app, TrainOptions& o) {
   cmd->add_option("--seed", o.seed, "Seed for initialization and data order")
       ->capture_default_str();
   cmd->add_flag("--resume", o.resume, "Continue from the latest checkpoint in --out");
+  cmd->add_option("--init-from", o.init_from,
+                  "Start a new run from a checkpoint's parameters (any plan; e.g. one `tessera "
+                  "import hf` wrote), training its model with a fresh optimizer");
   cmd->add_option("--peak-flops", o.peak_flops,
                   "Per-rank peak FLOP/s that MFU is reported against (e.g. peak_flops_f32 of "
                   "`tessera calibrate`'s spec); default: measured with a GEMM at the start");
@@ -234,7 +262,10 @@ void add_train_command(CLI::App& app, TrainOptions& o) {
   cmd->add_option("--comm-timeout", o.comm_timeout,
                   "Seconds a collective waits for a peer before the run fails")
       ->capture_default_str();
-  cmd->callback([&o] { exit_on_error(run_train(o)); });
+  cmd->callback([&o, model] {
+    o.model_given = model->count() > 0;
+    exit_on_error(run_train(o));
+  });
 }
 
 }  // namespace tessera

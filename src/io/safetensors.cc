@@ -40,17 +40,27 @@ std::optional<int64_t> as_nonneg_int(const nlohmann::json& j) {
   return std::nullopt;
 }
 
-// numel x dtype size, or nullopt on overflow.
-std::optional<int64_t> byte_size(DType dtype, const std::vector<int64_t>& shape) {
-  int64_t n = dtype_size(dtype);
+// numel x element size, or nullopt on overflow.
+std::optional<int64_t> byte_size(int64_t elem_size, const std::vector<int64_t>& shape) {
+  int64_t n = elem_size;
   for (int64_t d : shape) {
     if (d < 0 || __builtin_mul_overflow(n, d, &n)) return std::nullopt;
   }
   return n;
 }
 
+// Element sizes of the safetensors dtypes DType has no counterpart for.
+std::optional<int64_t> other_dtype_size(const std::string& name) {
+  static const std::map<std::string, int64_t> sizes = {
+      {"BOOL", 1}, {"U8", 1},  {"I8", 1},  {"F8_E4M3", 1}, {"F8_E5M2", 1}, {"I16", 2},
+      {"U16", 2},  {"U32", 4}, {"I64", 8}, {"U64", 8},     {"F64", 8}};
+  auto it = sizes.find(name);
+  if (it == sizes.end()) return std::nullopt;
+  return it->second;
+}
+
 Result<SafetensorsEntry> parse_entry(const std::string& path, const std::string& name,
-                                     const nlohmann::json& j) {
+                                     const nlohmann::json& j, bool keep_other_dtypes) {
   if (!j.is_object()) return tensor_error(path, name, "header entry is not a JSON object");
   SafetensorsEntry e;
   e.name = name;
@@ -59,6 +69,14 @@ Result<SafetensorsEntry> parse_entry(const std::string& path, const std::string&
     return tensor_error(path, name, "missing or non-string \"dtype\"");
   }
   std::optional<DType> dtype = parse_safetensors_dtype(dt->get<std::string>());
+  int64_t elem_size = dtype ? dtype_size(*dtype) : 0;
+  if (!dtype && keep_other_dtypes) {
+    std::optional<int64_t> size = other_dtype_size(dt->get<std::string>());
+    if (!size) return tensor_error(path, name, "unknown dtype \"" + dt->get<std::string>() + "\"");
+    e.other_dtype = dt->get<std::string>();
+    elem_size = *size;
+    dtype = DType::f32;
+  }
   if (!dtype) {
     return tensor_error(path, name, "unsupported dtype \"" + dt->get<std::string>() + "\"",
                         "Tessera reads F32, BF16, F16 and I32; convert the tensor to one of "
@@ -88,13 +106,13 @@ Result<SafetensorsEntry> parse_entry(const std::string& path, const std::string&
   }
   e.begin = *begin;
   e.end = *end;
-  std::optional<int64_t> want = byte_size(e.dtype, e.shape);
+  std::optional<int64_t> want = byte_size(elem_size, e.shape);
   if (!want) return tensor_error(path, name, "shape " + sh->dump() + " is too large");
   if (*want != e.end - e.begin) {
     return tensor_error(path, name,
                         "data_offsets " + off->dump() + " span " + std::to_string(e.end - e.begin) +
                             " bytes but shape " + shape_to_string(e.shape) + " of " +
-                            safetensors_dtype_name(e.dtype) + " needs " + std::to_string(*want));
+                            dt->get<std::string>() + " needs " + std::to_string(*want));
   }
   return e;
 }
@@ -162,7 +180,7 @@ Status save_safetensors(const std::string& path, const NamedTensorRefs& tensors,
     if (name.empty()) return fail("empty tensor name", "give every tensor a name");
     if (name == kMetadataKey) return fail("the name is reserved", "rename the tensor");
     if (!seen.insert(name).second) return fail("duplicate name", "tensor names must be unique");
-    std::optional<int64_t> nbytes = byte_size(t.dtype, t.shape);
+    std::optional<int64_t> nbytes = byte_size(dtype_size(t.dtype), t.shape);
     if (!nbytes) {
       return fail("invalid shape " + shape_to_string(t.shape), "dimensions must be >= 0");
     }
@@ -182,7 +200,7 @@ Status save_safetensors(const std::string& path, const NamedTensorRefs& tensors,
   TS_RETURN_IF_ERROR(w.append(len, 8));
   TS_RETURN_IF_ERROR(w.append(text));
   for (const auto& [name, t] : tensors) {
-    size_t n = static_cast<size_t>(*byte_size(t.dtype, t.shape));
+    size_t n = static_cast<size_t>(*byte_size(dtype_size(t.dtype), t.shape));
     if (n > 0) TS_RETURN_IF_ERROR(w.append(t.data, n));
   }
   TS_RETURN_IF_ERROR(w.commit());
@@ -195,7 +213,7 @@ Status save_safetensors(const std::string& path, const NamedTensorRefs& tensors,
 
 namespace {
 
-Result<SafetensorsHeader> read_header(const RandomAccessFile& f) {
+Result<SafetensorsHeader> read_header(const RandomAccessFile& f, bool keep_other_dtypes) {
   const std::string& path = f.path();
   SafetensorsHeader h;
   h.file_size = f.size();
@@ -241,7 +259,7 @@ Result<SafetensorsHeader> read_header(const RandomAccessFile& f) {
       }
       continue;
     }
-    TS_ASSIGN_OR_RETURN(SafetensorsEntry e, parse_entry(path, key, value));
+    TS_ASSIGN_OR_RETURN(SafetensorsEntry e, parse_entry(path, key, value, keep_other_dtypes));
     h.entries.push_back(std::move(e));
   }
 
@@ -273,14 +291,44 @@ Result<SafetensorsHeader> read_header(const RandomAccessFile& f) {
 
 }  // namespace
 
-Result<SafetensorsHeader> load_safetensors_header(const std::string& path) {
+Result<SafetensorsHeader> load_safetensors_header(const std::string& path, bool keep_other_dtypes) {
   TS_ASSIGN_OR_RETURN(RandomAccessFile f, RandomAccessFile::open(path));
-  return read_header(f);
+  return read_header(f, keep_other_dtypes);
+}
+
+Result<SafetensorsReader> SafetensorsReader::open(const std::string& path, bool keep_other_dtypes) {
+  TS_ASSIGN_OR_RETURN(RandomAccessFile f, RandomAccessFile::open(path));
+  TS_ASSIGN_OR_RETURN(SafetensorsHeader h, read_header(f, keep_other_dtypes));
+  SafetensorsReader r(std::move(f));
+  r.header_ = std::move(h);
+  return r;
+}
+
+const std::string& SafetensorsReader::path() const { return file_.path(); }
+
+const SafetensorsEntry* SafetensorsReader::find(const std::string& name) const {
+  for (const SafetensorsEntry& e : header_.entries)
+    if (e.name == name) return &e;
+  return nullptr;
+}
+
+Result<TensorData> SafetensorsReader::read(const SafetensorsEntry& e) const {
+  if (!e.other_dtype.empty())
+    return tensor_error(path(), e.name, "unsupported dtype \"" + e.other_dtype + "\"",
+                        "Tessera reads F32, BF16, F16 and I32; convert the tensor to one of "
+                        "these before loading");
+  TensorData t;
+  t.dtype = e.dtype;
+  t.shape = e.shape;
+  t.bytes.resize(static_cast<size_t>(e.end - e.begin));
+  Status s = file_.read_at(header_.data_start + e.begin, t.bytes.data(), t.bytes.size());
+  if (!s.ok()) return s.with_context("tensor '" + e.name + "'");
+  return t;
 }
 
 Result<SafetensorsFile> load_safetensors(const std::string& path) {
   TS_ASSIGN_OR_RETURN(RandomAccessFile f, RandomAccessFile::open(path));
-  TS_ASSIGN_OR_RETURN(SafetensorsHeader h, read_header(f));
+  TS_ASSIGN_OR_RETURN(SafetensorsHeader h, read_header(f, /*keep_other_dtypes=*/false));
   SafetensorsFile out;
   out.path_ = path;
   out.metadata_ = std::move(h.metadata);

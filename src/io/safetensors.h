@@ -29,6 +29,7 @@
 #include <vector>
 
 #include "base/status.h"
+#include "io/fs.h"
 #include "ir/dtype.h"
 
 namespace tessera {
@@ -74,6 +75,9 @@ struct SafetensorsEntry {
   std::vector<int64_t> shape;
   int64_t begin = 0;  // byte offsets relative to the start of the data section
   int64_t end = 0;
+  // The file's dtype name when DType has no counterpart for it (U8, BOOL, I64, F64, ...),
+  // which only headers read with keep_other_dtypes hold; `dtype` is meaningless then.
+  std::string other_dtype;
 };
 
 // The parsed, validated header of a file.
@@ -84,8 +88,31 @@ struct SafetensorsHeader {
   int64_t file_size = 0;
 };
 
-// Reads and validates only the header (cheap for large files).
-Result<SafetensorsHeader> load_safetensors_header(const std::string& path);
+// Reads and validates only the header (cheap for large files). With keep_other_dtypes,
+// tensors of the other safetensors dtypes are listed (with other_dtype set) instead of
+// refused, for readers that skip them (a Hugging Face file's U8 mask buffers).
+Result<SafetensorsHeader> load_safetensors_header(const std::string& path,
+                                                  bool keep_other_dtypes = false);
+
+// A file whose tensors are read one at a time, for files larger than one wants in memory
+// at once (a Hugging Face shard).
+//   TS_ASSIGN_OR_RETURN(SafetensorsReader r, SafetensorsReader::open(path));
+//   for (const SafetensorsEntry& e : r.header().entries) { TS_ASSIGN_OR_RETURN(TensorData t,
+//   r.read(e)); ... }
+class SafetensorsReader {
+ public:
+  static Result<SafetensorsReader> open(const std::string& path, bool keep_other_dtypes = false);
+  const std::string& path() const;
+  const SafetensorsHeader& header() const { return header_; }
+  const SafetensorsEntry* find(const std::string& name) const;  // null when absent
+  // An error naming the file and tensor for an entry of another dtype (other_dtype set).
+  Result<TensorData> read(const SafetensorsEntry& e) const;
+
+ private:
+  explicit SafetensorsReader(RandomAccessFile file) : file_(std::move(file)) {}
+  RandomAccessFile file_;
+  SafetensorsHeader header_;
+};
 
 class SafetensorsFile {
  public:

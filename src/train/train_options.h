@@ -31,7 +31,9 @@ struct TrainOptions {
   int64_t sample_tokens = 64;
   uint64_t seed = 1337;
   bool resume = false;
-  int64_t stop_after = 0;  // stop (with a checkpoint) after this many steps of this run; 0: off
+  std::string init_from;     // --init-from: a checkpoint whose parameters start a new run
+  bool model_given = false;  // --model was on the command line (not the default)
+  int64_t stop_after = 0;    // stop (with a checkpoint) after this many steps of this run; 0: off
   // Distributed (under mpirun): --batch is the global micro-batch, split over the data ranks.
   int dp = 0;        // data-parallel ranks (0: the MPI world size / tp)
   int tp = 1;        // tensor-parallel ranks (consecutive ranks; innermost mesh axis)

@@ -251,26 +251,9 @@ Result<int64_t> TrainState::load(const std::string& root, DataLoader* train) {
       return error(where + " was written with --batch " + t.at("batch").dump() + " --seq " +
                        t.at("seq").dump() + " --grad-accum " + t.at("grad_accum").dump(),
                    "resume with the same (global) batch shape; the plan may differ");
+    TS_RETURN_IF_ERROR(read_held(ck, /*with_moments=*/true));
     const int64_t adam_steps = m.at("optimizer").at("t").get<int64_t>();
-    for (const HeldParam& h : held_params()) {
-      StepRunner& r = *h.runner;
-      const size_t i = h.index;
-      const ParamLayout& pl = r.program().part.params[i];
-      const std::string& name = pl.name;
-      TS_ASSIGN_OR_RETURN(Shape shape, ck.global_shape(name));
-      if (shape != pl.global_shape)
-        return error(where + ": tensor " + name + " has shape " + shape.to_string() +
-                     ", expected " + pl.global_shape.to_string());
-      const LocalPiece pp = r.param_piece(i), op = r.optim_piece(i);
-      const Box box = r.param_box(i);
-      AdamW& opt = r.optimizer();
-      TS_RETURN_IF_ERROR(ck.read_box(name, box.lo, box.hi, pp.offset, pp.count, r.param_data(i)));
-      TS_RETURN_IF_ERROR(
-          ck.read_box("adam.m." + name, box.lo, box.hi, op.offset, op.count, opt.m(i).data()));
-      TS_RETURN_IF_ERROR(
-          ck.read_box("adam.v." + name, box.lo, box.hi, op.offset, op.count, opt.v(i).data()));
-      opt.set_steps(adam_steps);
-    }
+    for (const HeldParam& h : held_params()) h.runner->optimizer().set_steps(adam_steps);
     TS_ASSIGN_OR_RETURN(LoaderState ls, loader_state_from_json(m.at("loader")));
     Status s = train->restore(ls);
     if (!s.ok()) return s.with_context(where);
@@ -279,6 +262,37 @@ Result<int64_t> TrainState::load(const std::string& root, DataLoader* train) {
     return error(where + ": manifest.json is missing a field: " + e.what(),
                  "the checkpoint is corrupt or from another version; resume from an earlier one");
   }
+}
+
+// This rank's pieces of every parameter it holds (and their AdamW moments) from a checkpoint
+// written under any plan.
+Status TrainState::read_held(const ShardedCheckpoint& ck, bool with_moments) {
+  const std::string where = "checkpoint " + ck.dir();
+  for (const HeldParam& h : held_params()) {
+    StepRunner& r = *h.runner;
+    const size_t i = h.index;
+    const ParamLayout& pl = r.program().part.params[i];
+    const std::string& name = pl.name;
+    TS_ASSIGN_OR_RETURN(Shape shape, ck.global_shape(name));
+    if (shape != pl.global_shape)
+      return error(where + ": tensor " + name + " has shape " + shape.to_string() + ", expected " +
+                   pl.global_shape.to_string());
+    const LocalPiece pp = r.param_piece(i), op = r.optim_piece(i);
+    const Box box = r.param_box(i);
+    TS_RETURN_IF_ERROR(ck.read_box(name, box.lo, box.hi, pp.offset, pp.count, r.param_data(i)));
+    if (!with_moments) continue;
+    AdamW& opt = r.optimizer();
+    TS_RETURN_IF_ERROR(
+        ck.read_box("adam.m." + name, box.lo, box.hi, op.offset, op.count, opt.m(i).data()));
+    TS_RETURN_IF_ERROR(
+        ck.read_box("adam.v." + name, box.lo, box.hi, op.offset, op.count, opt.v(i).data()));
+  }
+  return Status();
+}
+
+Status TrainState::init_params_from(const std::string& checkpoint) {
+  TS_ASSIGN_OR_RETURN(ShardedCheckpoint ck, ShardedCheckpoint::open(checkpoint));
+  return read_held(ck, /*with_moments=*/false);
 }
 
 std::string TrainState::sample(const std::vector<std::vector<float>>& whole,

@@ -8,6 +8,7 @@
 #include "backend/backend.h"
 #include "data/bpe_tokenizer.h"
 #include "data/loader.h"
+#include "io/sharded_checkpoint.h"
 #include "models/model.h"
 #include "runtime/pipeline_runner.h"
 #include "runtime/step_runner.h"
@@ -95,6 +96,9 @@ class TrainState {
   // Loads the newest checkpoint under root (or a step directory), written under any plan,
   // re-sharding to this one; returns its completed steps.
   Result<int64_t> load(const std::string& root, DataLoader* train);
+  // Only the parameters of a checkpoint (any plan; e.g. one `tessera import hf` wrote),
+  // for a new run that starts from them: `train --init-from`. The model must match.
+  Status init_params_from(const std::string& checkpoint);
   // Generates from `whole` (StepRunner::gather_params) in one process.
   std::string sample(const std::vector<std::vector<float>>& whole,
                      const std::vector<int32_t>& prompt, int tokens, uint64_t seed,
@@ -102,6 +106,7 @@ class TrainState {
 
  private:
   TrainState(const ModelConfig& cfg, const TrainOptions& opts, Backend& backend);
+  Status read_held(const ShardedCheckpoint& ck, bool with_moments);
   Status save_sharded(const std::string& root, int64_t completed,
                       const nlohmann::json& manifest) const;
   nlohmann::json manifest(int64_t completed, const DataLoader& train) const;

@@ -174,6 +174,9 @@ Status train(const TrainOptions& o, const TrainJob& job) {
   if (o.resume) {
     TS_ASSIGN_OR_RETURN(start_step, st.load(o.out + "/checkpoints", &train));
     if (leader) std::fprintf(stderr, "resumed from step %lld\n", (long long)start_step);
+  } else if (!o.init_from.empty()) {
+    TS_RETURN_IF_ERROR(st.init_params_from(o.init_from));
+    if (leader) std::fprintf(stderr, "parameters from %s\n", o.init_from.c_str());
   } else {
     st.init_params(o.seed);
   }

@@ -1,0 +1,89 @@
+// `tessera import hf` / `export hf` and `train --init-from`: a trained checkpoint goes out as
+// a Hugging Face folder and comes back as the same model. (Layouts against PyTorch:
+// tests/runtime/hf_golden_test.cc; bad folders: tests/io/hf_checkpoint_test.cc.)
+#include <gtest/gtest.h>
+
+#include "train_fixture.h"
+
+namespace tessera {
+namespace {
+
+double last_val_loss(const std::filesystem::path& metrics) {
+  std::ifstream in(metrics);
+  std::string line;
+  double v = -1;
+  while (std::getline(in, line)) {
+    auto p = line.find("\"val_loss\":");
+    if (p != std::string::npos) v = std::stod(line.substr(p + 11));
+  }
+  return v;
+}
+
+class HfCommand : public TrainDirTest {
+ protected:
+  std::string tessera(const std::string& args, int want_rc) {
+    std::string out;
+    EXPECT_EQ(run_command(std::string(TESSERA_BINARY) + " " + args, &out), want_rc) << args << "\n"
+                                                                                    << out;
+    return out;
+  }
+  std::string path(const std::string& name) const { return (dir_ / name).string(); }
+};
+
+TEST_F(HfCommand, TrainedModelGoesOutAndComesBackAsTheSameModel) {
+  TrainOptions o = tiny_options("first");
+  o.steps = 20;
+  o.warmup = 2;
+  o.eval_every = 20;
+  ASSERT_TRUE(run_train(o).ok());
+  const double trained = last_val_loss(dir_ / "first/metrics.jsonl");
+  ASSERT_GT(trained, 0);
+
+  tessera("export hf " + path("first/checkpoints") + " --out " + path("hf"), 0);
+  EXPECT_TRUE(std::filesystem::exists(dir_ / "hf/config.json"));
+  std::string out = tessera("import hf " + path("hf") + " --out " + path("imported"), 0);
+  EXPECT_NE(out.find("28 tensors"), std::string::npos) << out;
+  tessera("sample --checkpoint " + path("imported") + " --tokens 3", 0);
+
+  // A new run from the imported parameters starts where the first one ended: with a learning
+  // rate too small to move them, its validation loss is the first run's.
+  TrainOptions again = tiny_options("second");
+  again.init_from = path("imported");
+  again.steps = 1;
+  again.warmup = 0;
+  again.lr = 1e-12;
+  again.eval_every = 1;
+  Status s = run_train(again);
+  ASSERT_TRUE(s.ok()) << s.to_string();
+  EXPECT_NEAR(last_val_loss(dir_ / "second/metrics.jsonl"), trained, 1e-5 * trained);
+  // Without --init-from the same run starts from random weights, far from there.
+  TrainOptions fresh = again;
+  fresh.init_from.clear();
+  fresh.out = path("third");
+  ASSERT_TRUE(run_train(fresh).ok());
+  EXPECT_GT(std::abs(last_val_loss(dir_ / "third/metrics.jsonl") - trained), 0.1);
+}
+
+TEST_F(HfCommand, BadUsesAreOneError) {
+  std::string out = tessera("import safetensors " + path("x") + " --out " + path("y"), 1);
+  EXPECT_NE(out.find("unknown checkpoint format \"safetensors\""), std::string::npos) << out;
+  const std::string golden = std::string(TESSERA_SOURCE_DIR) + "/tests/golden/hf/gpt2";
+  tessera("import hf " + golden + " --out " + path("ck"), 0);
+  out = tessera("export hf " + path("ck") + " --out " + path("ck") + " --dtype f8", 1);
+  EXPECT_NE(out.find("--dtype must be f32, bf16 or f16"), std::string::npos) << out;
+  out = tessera("export hf " + path("ck") + " --out " + path("ck"), 1);  // not empty
+  EXPECT_NE(out.find("refusing to overwrite"), std::string::npos) << out;
+  TrainOptions o = tiny_options("run");
+  o.init_from = path("ck");
+  o.resume = true;
+  Status s = run_train(o);
+  EXPECT_NE(s.message().find("pass one of them"), std::string::npos) << s.to_string();
+  o.resume = false;
+  o.model_given = true;  // gpt-tiny is not the checkpoint's model
+  s = run_train(o);
+  EXPECT_NE(s.message().find("is not the model of --init-from"), std::string::npos)
+      << s.to_string();
+}
+
+}  // namespace
+}  // namespace tessera

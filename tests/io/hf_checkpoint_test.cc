@@ -1,0 +1,173 @@
+// `import hf` / `export hf` on bad and unusual folders: each gets one error naming the file
+// and the key or tensor, and leaves nothing behind. (The golden equivalence with PyTorch is
+// tests/runtime/hf_golden_test.cc.)
+#include "io/hf_checkpoint.h"
+
+#include <gtest/gtest.h>
+
+#include <filesystem>
+#include <fstream>
+#include <nlohmann/json.hpp>
+
+#include "io/checkpoint.h"
+#include "io/safetensors.h"
+#include "test_util.h"
+
+namespace tessera {
+namespace {
+
+using testing::contains;
+using testing::TempDir;
+namespace fs = std::filesystem;
+
+const std::string kGolden = std::string(TESSERA_SOURCE_DIR) + "/tests/golden/hf/";
+
+// A copy of a golden folder to break.
+std::string copy_golden(const TempDir& tmp, const std::string& name) {
+  const std::string dir = tmp / name;
+  fs::copy(kGolden + name, dir, fs::copy_options::recursive);
+  return dir;
+}
+
+nlohmann::json read_json(const std::string& path) {
+  std::ifstream f(path);
+  return nlohmann::json::parse(f);
+}
+
+void write_json(const std::string& path, const nlohmann::json& j) {
+  std::ofstream(path) << j.dump(2);
+}
+
+// The F32 tensors of a golden file, in file order (the U8 mask buffers left out).
+std::vector<std::pair<std::string, TensorData>> f32_tensors(const std::string& path) {
+  SafetensorsReader r = SafetensorsReader::open(path, /*keep_other_dtypes=*/true).value();
+  std::vector<std::pair<std::string, TensorData>> out;
+  for (const SafetensorsEntry& e : r.header().entries)
+    if (e.other_dtype.empty()) out.emplace_back(e.name, r.read(e).value());
+  return out;
+}
+
+Status import_error(const std::string& dir, const TempDir& tmp) {
+  Result<HfImport> r = import_hf(dir, tmp / "ckpt");
+  EXPECT_FALSE(r.ok());
+  EXPECT_FALSE(fs::exists(tmp / "ckpt/step-00000000")) << "a failed import left a checkpoint";
+  return r.ok() ? Status() : r.status();
+}
+
+TEST(HfCheckpoint, MissingFolderConfigOrWeightsAreNamed) {
+  TempDir tmp;
+  EXPECT_TRUE(contains(import_error(tmp / "nope", tmp), "does not exist"));
+  fs::create_directories(tmp / "empty");
+  EXPECT_TRUE(contains(import_error(tmp / "empty", tmp), "has no config.json"));
+  const std::string dir = copy_golden(tmp, "gpt2");
+  fs::rename(dir + "/model.safetensors", dir + "/pytorch_model.bin");
+  Status s = import_error(dir, tmp);
+  EXPECT_TRUE(contains(s, "no model.safetensors")) << s.to_string();
+  EXPECT_TRUE(s.to_string().find("safe_serialization") != std::string::npos);
+  std::ofstream(dir + "/config.json") << "{not json";
+  EXPECT_TRUE(contains(import_error(dir, tmp), "not valid JSON"));
+}
+
+TEST(HfCheckpoint, ConfigThatDoesNotMatchTheWeightsIsRefused) {
+  TempDir tmp;
+  const std::string dir = copy_golden(tmp, "gpt2");
+  nlohmann::json cfg = read_json(dir + "/config.json");
+  cfg["vocab_size"] = 500;
+  write_json(dir + "/config.json", cfg);
+  Status s = import_error(dir, tmp);
+  EXPECT_TRUE(contains(s, "transformer.wte.weight has shape (512, 64), expected (500, 64)"))
+      << s.to_string();
+  cfg["vocab_size"] = 512;
+  cfg["n_layer"] = 3;
+  write_json(dir + "/config.json", cfg);
+  s = import_error(dir, tmp);
+  EXPECT_TRUE(contains(s, "lacks 12 parameter tensor(s), e.g. transformer.h.2.ln_1.weight"))
+      << s.to_string();
+  cfg["n_layer"] = 1;
+  write_json(dir + "/config.json", cfg);
+  s = import_error(dir, tmp);
+  EXPECT_TRUE(contains(s, "transformer.h.1.ln_1.weight is not a parameter")) << s.to_string();
+  cfg["n_layer"] = 2;
+  cfg["activation_function"] = "relu";
+  write_json(dir + "/config.json", cfg);
+  EXPECT_TRUE(contains(import_error(dir, tmp), "activation_function"));
+}
+
+TEST(HfCheckpoint, TruncatedAndIntegerTensorsAreRefused) {
+  TempDir tmp;
+  const std::string dir = copy_golden(tmp, "llama");
+  const std::string shard = dir + "/model-00002-of-00002.safetensors";
+  fs::resize_file(shard, fs::file_size(shard) - 100);
+  Status s = import_error(dir, tmp);
+  EXPECT_TRUE(contains(s, "run past the end of the data")) << s.to_string();
+  EXPECT_TRUE(contains(s, "model-00002-of-00002.safetensors")) << s.to_string();
+
+  const std::string gpt = copy_golden(tmp, "gpt2");
+  auto tensors = f32_tensors(gpt + "/model.safetensors");
+  NamedTensorRefs refs;
+  std::vector<int32_t> ints(64, 1);
+  for (const auto& [name, t] : tensors)
+    if (name != "transformer.ln_f.bias") refs.push_back({name, t.ref()});
+  refs.push_back({"transformer.ln_f.bias", TensorRef{DType::i32, {64}, ints.data()}});
+  ASSERT_TRUE(save_safetensors(gpt + "/model.safetensors", refs).ok());
+  s = import_error(gpt, tmp);
+  EXPECT_TRUE(contains(s, "transformer.ln_f.bias holds integers")) << s.to_string();
+}
+
+// F16 weights (and a file saved from GPT2Model, without "transformer.") convert exactly.
+TEST(HfCheckpoint, HalfPrecisionAndUnprefixedNamesAreConverted) {
+  TempDir tmp;
+  const std::string dir = copy_golden(tmp, "gpt2");
+  auto tensors = f32_tensors(dir + "/model.safetensors");
+  std::vector<std::vector<uint16_t>> halves;
+  NamedTensorRefs refs;
+  for (const auto& [name, t] : tensors) {
+    const float* x = reinterpret_cast<const float*>(t.bytes.data());
+    halves.emplace_back(t.numel());
+    for (int64_t i = 0; i < t.numel(); ++i) halves.back()[i] = f32_to_f16(x[i]);
+    refs.push_back({name.substr(std::string("transformer.").size()),
+                    TensorRef{DType::f16, t.shape, halves.back().data()}});
+  }
+  ASSERT_TRUE(save_safetensors(dir + "/model.safetensors", refs).ok());
+  Result<HfImport> r = import_hf(dir, tmp / "ckpt");
+  ASSERT_TRUE(r.ok()) << r.status().to_string();
+  EXPECT_EQ(r->converted.at("F16"), 28);
+  Checkpoint ck = load_checkpoint(tmp / "ckpt").value();
+  const TensorData& bias = ck.get("h.1.attn.proj.bias");
+  const TensorData* want_ptr = nullptr;
+  for (const auto& [name, t] : tensors)
+    if (name == "transformer.h.1.attn.c_proj.bias") want_ptr = &t;
+  ASSERT_NE(want_ptr, nullptr);
+  const TensorData& want = *want_ptr;
+  for (int64_t i = 0; i < bias.numel(); ++i) {
+    const float w = reinterpret_cast<const float*>(want.bytes.data())[i];
+    EXPECT_EQ(reinterpret_cast<const float*>(bias.bytes.data())[i], f16_to_f32(f32_to_f16(w)));
+  }
+}
+
+TEST(HfCheckpoint, NothingIsOverwrittenOrLeftBehind) {
+  TempDir tmp;
+  ASSERT_TRUE(import_hf(kGolden + "gpt2", tmp / "ckpt").ok());
+  Result<HfImport> again = import_hf(kGolden + "gpt2", tmp / "ckpt");
+  ASSERT_FALSE(again.ok());
+  EXPECT_TRUE(contains(again.status(), "already exists")) << again.status().to_string();
+
+  fs::create_directories(tmp / "out");
+  std::ofstream(tmp / "out/notes.txt") << "mine";
+  Result<HfExport> e = export_hf(tmp / "ckpt", tmp / "out");
+  ASSERT_FALSE(e.ok());
+  EXPECT_TRUE(contains(e.status(), "not an empty directory")) << e.status().to_string();
+  EXPECT_TRUE(fs::exists(tmp / "out/notes.txt"));
+  EXPECT_FALSE(export_hf(tmp / "ckpt", tmp / "x", {DType::i32}).ok());
+  EXPECT_FALSE(export_hf(tmp / "nope", tmp / "y").ok());
+  for (const auto& entry : fs::directory_iterator(tmp.path()))
+    EXPECT_NE(entry.path().filename().string().rfind(".tmp-", 0), 0u) << entry.path();
+  // An empty directory is a fine destination.
+  fs::create_directories(tmp / "empty");
+  Result<HfExport> ok = export_hf(tmp / "ckpt", tmp / "empty");
+  ASSERT_TRUE(ok.ok()) << ok.status().to_string();
+  EXPECT_TRUE(fs::exists(tmp / "empty/config.json"));
+}
+
+}  // namespace
+}  // namespace tessera
