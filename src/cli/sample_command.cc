@@ -43,6 +43,15 @@ Status run_sample(const SampleArgs& a) {
   TS_ASSIGN_OR_RETURN(Gpt2Tokenizer tok, Gpt2Tokenizer::load(default_data_dir() + "/gpt2"));
   std::vector<int32_t> prompt = tok.encode(a.prompt);
   if (prompt.empty()) prompt.push_back(Gpt2Tokenizer::kEndOfText);
+  for (int32_t id : prompt)
+    if (id >= cfg.vocab_size)
+      return error("the prompt's GPT-2 token " + std::to_string(id) + " (\"" +
+                       tok.decode(std::span<const int32_t>(&id, 1)) +
+                       "\") is beyond the model's vocabulary of " + std::to_string(cfg.vocab_size) +
+                       " tokens",
+                   "sample speaks GPT-2's tokenizer; this model has another vocabulary, so only "
+                   "prompts of tokens below " +
+                       std::to_string(cfg.vocab_size) + " can be given");
   ModelGraph m = build_model(cfg, 1, cfg.max_seq_len, ModelMode::logits);
   CpuBackend cpu;
   Executor ex(m.graph, cpu);

@@ -69,6 +69,9 @@ TEST_F(HfCommand, BadUsesAreOneError) {
   EXPECT_NE(out.find("unknown checkpoint format \"safetensors\""), std::string::npos) << out;
   const std::string golden = std::string(TESSERA_SOURCE_DIR) + "/tests/golden/hf/gpt2";
   tessera("import hf " + golden + " --out " + path("ck"), 0);
+  // Its vocabulary is 512 tokens: a prompt beyond it is refused, not an abort.
+  out = tessera("sample --checkpoint " + path("ck") + " --prompt 'Hello world' --tokens 2", 1);
+  EXPECT_NE(out.find("beyond the model's vocabulary of 512"), std::string::npos) << out;
   out = tessera("export hf " + path("ck") + " --out " + path("ck") + " --dtype f8", 1);
   EXPECT_NE(out.find("--dtype must be f32, bf16 or f16"), std::string::npos) << out;
   out = tessera("export hf " + path("ck") + " --out " + path("ck"), 1);  // not empty
