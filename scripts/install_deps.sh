@@ -5,7 +5,8 @@ set -euo pipefail
 packages=(build-essential cmake ninja-build pkg-config git
           libopenblas-dev libopenblas0-pthread
           nlohmann-json3-dev libtomlplusplus-dev libcli11-dev libgtest-dev libgmock-dev libbenchmark-dev
-          libopenmpi-dev openmpi-bin)
+          libopenmpi-dev openmpi-bin
+          gnuplot-nox zlib1g-dev)  # tessera report: plots; its test reads PNGs
 [ $# -gt 0 ] && packages=("$@")
 missing=()
 for p in "${packages[@]}"; do

@@ -6,6 +6,8 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 scripts/install_deps.sh
+# The report test renders its page in a headless browser.
+scripts/install_deps.sh chromium
 scripts/check_style.sh
 scripts/build.sh
 ctest --test-dir build --output-on-failure -j "$(nproc)" -LE timing "$@"

@@ -26,5 +26,6 @@ void add_sample_command(CLI::App& app);
 void add_tokenize_command(CLI::App& app);
 // `import hf` and `export hf`.
 void add_hf_commands(CLI::App& app);
+void add_report_command(CLI::App& app);
 
 }  // namespace tessera

@@ -31,6 +31,7 @@ int main(int argc, char** argv) {
   tessera::add_sample_command(app);
   tessera::add_tokenize_command(app);
   tessera::add_hf_commands(app);
+  tessera::add_report_command(app);
   try {
     app.parse(argc, argv);
   } catch (const CLI::CallForHelp& e) {
