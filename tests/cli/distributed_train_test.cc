@@ -57,19 +57,6 @@ class DistributedTrainTest : public ::testing::Test {
     return out;
   }
 
-  // The last "val_loss" of a run's metrics.jsonl.
-  static double last_val_loss(const fs::path& metrics) {
-    std::ifstream in(metrics);
-    std::string line;
-    double v = -1;
-    while (std::getline(in, line)) {
-      auto p = line.find("\"val_loss\":");
-      if (p != std::string::npos) v = std::stod(line.substr(p + 11));
-    }
-    EXPECT_GE(v, 0) << metrics;
-    return v;
-  }
-
   fs::path dir_;
   std::string model_ = "gpt-tiny";  // --model of train()
 };

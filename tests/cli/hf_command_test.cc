@@ -8,17 +8,6 @@
 namespace tessera {
 namespace {
 
-double last_val_loss(const std::filesystem::path& metrics) {
-  std::ifstream in(metrics);
-  std::string line;
-  double v = -1;
-  while (std::getline(in, line)) {
-    auto p = line.find("\"val_loss\":");
-    if (p != std::string::npos) v = std::stod(line.substr(p + 11));
-  }
-  return v;
-}
-
 class HfCommand : public TrainDirTest {
  protected:
   std::string tessera(const std::string& args, int want_rc) {

@@ -44,6 +44,19 @@ inline std::vector<std::string> metric_losses(const std::filesystem::path& metri
 
 // A test with its own directory (removed after) holding the learnable tokens in data/, and
 // TrainOptions for gpt-tiny on them writing to <dir>/<out>.
+// The last "val_loss" of a run's metrics.jsonl (-1, and a failure, when there is none).
+inline double last_val_loss(const std::filesystem::path& metrics) {
+  std::ifstream in(metrics);
+  std::string line;
+  double v = -1;
+  while (std::getline(in, line)) {
+    auto p = line.find("\"val_loss\":");
+    if (p != std::string::npos) v = std::stod(line.substr(p + 11));
+  }
+  EXPECT_GE(v, 0) << metrics;
+  return v;
+}
+
 class TrainDirTest : public ::testing::Test {
  protected:
   void SetUp() override {
