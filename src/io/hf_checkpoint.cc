@@ -81,8 +81,6 @@ Result<std::vector<float>> as_f32(const std::string& file, const std::string& na
                "the file is not a model of this architecture");
 }
 
-std::string shape_text(const std::vector<int64_t>& s) { return shape_to_string(s); }
-
 }  // namespace
 
 Result<HfImport> import_hf(const std::string& hf_dir, const std::string& checkpoint_root) {
@@ -135,8 +133,8 @@ Result<HfImport> import_hf(const std::string& hf_dir, const std::string& checkpo
                      found_in[it->second] + ")");
       found_in[it->second] = file;
       if (e.shape != t.hf_shape)
-        return error(path + ": tensor " + e.name + " has shape " + shape_text(e.shape) +
-                         ", expected " + shape_text(t.hf_shape) + " from config.json",
+        return error(path + ": tensor " + e.name + " has shape " + shape_to_string(e.shape) +
+                         ", expected " + shape_to_string(t.hf_shape) + " from config.json",
                      "check that config.json belongs to these weights");
       TS_ASSIGN_OR_RETURN(TensorData data, reader.read(e));
       TS_ASSIGN_OR_RETURN(std::vector<float> values, as_f32(path, e.name, data));
@@ -204,7 +202,7 @@ Status write_hf_folder(const ShardedCheckpoint& ck, const ModelConfig& cfg,
     TS_ASSIGN_OR_RETURN(Shape shape, ck.global_shape(tensors[i].name));
     if (shape.dims() != tensors[i].shape)
       return error("checkpoint " + ck.dir() + ": tensor " + tensors[i].name + " has shape " +
-                   shape.to_string() + ", expected " + shape_text(tensors[i].shape) +
+                   shape.to_string() + ", expected " + shape_to_string(tensors[i].shape) +
                    " for its model config");
     const int64_t bytes = shape_numel(tensors[i].hf_shape) * dtype_size(opt.dtype);
     if (shards.empty() || (in_shard > 0 && in_shard + bytes > opt.max_shard_bytes)) {
