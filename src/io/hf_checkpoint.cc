@@ -2,7 +2,6 @@
 
 #include <unistd.h>
 
-#include <algorithm>
 #include <cstdio>
 #include <cstring>
 #include <nlohmann/json.hpp>
@@ -108,6 +107,10 @@ Result<HfImport> import_hf(const std::string& hf_dir, const std::string& checkpo
   std::vector<std::string> found_in(want.size());
 
   TS_ASSIGN_OR_RETURN(std::vector<std::string> files, model_files(hf_dir));
+  if (path_exists(join_path(checkpoint_root, checkpoint_name(0))))
+    return error("checkpoint " + join_path(checkpoint_root, checkpoint_name(0)) +
+                     " already exists; refusing to overwrite it",
+                 "import into a new --out, or delete the old one first");
   CheckpointWriter writer(checkpoint_root, checkpoint_name(0));
   for (const std::string& file : files) {
     const std::string path = join_path(hf_dir, file);

@@ -159,12 +159,6 @@ Status llama_from_hf(ConfigReader& r, ModelConfig* c) {
   return Status();
 }
 
-std::string join(const std::vector<int64_t>& v) {
-  std::string s;
-  for (int64_t x : v) s += (s.empty() ? "" : ",") + std::to_string(x);
-  return s;
-}
-
 int64_t numel(const std::vector<int64_t>& shape) {
   int64_t n = 1;
   for (int64_t d : shape) n *= d;
@@ -330,7 +324,7 @@ std::vector<float> hf_to_tessera(const ModelConfig& c, const HfTensor& t, const 
     case HfLayout::gpt_qkv_bias:
       return gpt_qkv_from_standard(data, 1, c.n_head, c.head_dim());
   }
-  TS_CHECK(false) << "unknown layout for " << t.name << " (" << join(t.shape) << ")";
+  TS_CHECK(false) << "unknown layout for " << t.name;
   return {};
 }
 
@@ -352,7 +346,7 @@ std::vector<float> tessera_to_hf(const ModelConfig& c, const HfTensor& t, const 
       return transpose(standard.data(), rows, cols);
     }
   }
-  TS_CHECK(false) << "unknown layout for " << t.name << " (" << join(t.shape) << ")";
+  TS_CHECK(false) << "unknown layout for " << t.name;
   return {};
 }
 

@@ -6,12 +6,11 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <array>
 #include <cmath>
-#include <fstream>
 #include <nlohmann/json.hpp>
 #include <sstream>
 
-#include "base/format.h"
 #include "io/checkpoint.h"
 #include "io/fs.h"
 
@@ -75,13 +74,16 @@ Status write_text(const std::string& path, const std::string& text) {
   return w.commit();
 }
 
-std::string data_file(const std::vector<std::array<double, 6>>& rows) {
+// Rows of numbers, one line each, as gnuplot reads them.
+template <size_t N>
+std::string data_file(const std::vector<std::array<double, N>>& rows) {
   std::string s;
-  char buf[256];
+  char buf[32];
   for (const auto& r : rows) {
-    std::snprintf(buf, sizeof buf, "%.17g %.17g %.17g %.17g %.17g %.17g\n", r[0], r[1], r[2], r[3],
-                  r[4], r[5]);
-    s += buf;
+    for (size_t i = 0; i < N; ++i) {
+      std::snprintf(buf, sizeof buf, i + 1 < N ? "%.17g " : "%.17g\n", r[i]);
+      s += buf;
+    }
   }
   return s;
 }
@@ -231,10 +233,8 @@ Result<RunReport> write_report(const std::string& run_dir, const std::string& ou
   TS_RETURN_IF_ERROR(make_dirs(staging));
   RunReport r;
   Status s = [&]() -> Status {
-    std::vector<std::array<double, 6>> val6;
-    for (const auto& v : m.val) val6.push_back({v[0], v[1], 0, 0, 0, 0});
     TS_RETURN_IF_ERROR(write_text(join_path(staging, "train.dat"), data_file(m.train)));
-    TS_RETURN_IF_ERROR(write_text(join_path(staging, "val.dat"), data_file(val6)));
+    TS_RETURN_IF_ERROR(write_text(join_path(staging, "val.dat"), data_file(m.val)));
     TS_RETURN_IF_ERROR(write_text(join_path(staging, "plot.gp"), gnuplot_script(!m.val.empty())));
     TS_RETURN_IF_ERROR(run_gnuplot(staging, "plot.gp"));
     std::string html =

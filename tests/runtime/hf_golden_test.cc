@@ -73,9 +73,8 @@ void expect_same_tensors(const std::string& a_dir, const std::string& b_dir) {
     std::map<std::string, TensorData> all;
     for (const auto& f : std::filesystem::directory_iterator(dir)) {
       if (f.path().extension() != ".safetensors") continue;
-      auto h = load_safetensors_header(f.path(), /*keep_other_dtypes=*/true).value();
-      auto r = SafetensorsReader::open(f.path(), true).value();
-      for (const SafetensorsEntry& e : h.entries)
+      auto r = SafetensorsReader::open(f.path(), /*keep_other_dtypes=*/true).value();
+      for (const SafetensorsEntry& e : r.header().entries)
         if (e.other_dtype.empty()) all[e.name] = r.read(e).value();
     }
     return all;
