@@ -1,6 +1,6 @@
-// `tessera launch -n N -- train ...`: runs N ranks of this tessera binary on this machine
-// through mpirun (--oversubscribe, so N may exceed the cores), forwarding the arguments.
-#include <sys/wait.h>
+// `tessera launch -n N [--elastic [--min-ranks M]] -- train ...`: runs N ranks of this
+// tessera binary on this machine through mpirun (--oversubscribe, so N may exceed the cores),
+// forwarding the arguments. See launch_job.h for --elastic.
 #include <unistd.h>
 
 #include <cerrno>
@@ -12,6 +12,7 @@
 
 #include "cli/commands.h"
 #include "cli/common.h"
+#include "cli/launch_job.h"
 
 namespace tessera {
 
@@ -20,48 +21,40 @@ namespace {
 struct LaunchOptions {
   int ranks = 2;
   std::string mpirun = "mpirun";
+  bool elastic = false;
+  int min_ranks = 1;
   std::vector<std::string> args;
 };
-
-// execvp(args[0], args); returns only on failure.
-void exec_args(std::vector<std::string> args) {
-  std::vector<char*> c;
-  for (std::string& a : args) c.push_back(a.data());
-  c.push_back(nullptr);
-  execvp(c[0], c.data());
-}
 
 Status run_launch(const LaunchOptions& o) {
   if (o.ranks < 1) return error("-n must be at least 1");
   if (o.args.empty())
     return error("nothing to launch", "usage: tessera launch -n 4 -- train --zero 3");
   std::error_code ec;
-  std::string self = std::filesystem::read_symlink("/proc/self/exe", ec).string();
+  LaunchJob job;
+  job.self = std::filesystem::read_symlink("/proc/self/exe", ec).string();
   if (ec) return error("cannot find the tessera binary (/proc/self/exe): " + ec.message());
+  job.mpirun = o.mpirun;
+  job.ranks = o.ranks;
+  job.args = o.args;
+  if (o.elastic) {
+    TS_ASSIGN_OR_RETURN(int code, run_elastic(std::move(job), o.min_ranks));
+    std::exit(code);
+  }
   // `train`'s flags are checked for N ranks in one process first: an impossible plan is one
   // error, not one per rank and mpirun's paragraph.
   if (o.args[0] == "train") {
-    std::fflush(nullptr);
-    const pid_t pid = fork();
-    if (pid < 0) return error(std::string("fork: ") + std::strerror(errno));
-    if (pid == 0) {
-      setenv("TESSERA_LAUNCH_CHECK", std::to_string(o.ranks).c_str(), 1);
-      std::vector<std::string> args = {self};
-      args.insert(args.end(), o.args.begin(), o.args.end());
-      exec_args(std::move(args));
-      _exit(127);
-    }
-    int status = 0;
-    if (waitpid(pid, &status, 0) < 0) return error(std::string("waitpid: ") + std::strerror(errno));
-    if (!WIFEXITED(status) || WEXITSTATUS(status) != 0)
-      std::exit(WIFEXITED(status) ? WEXITSTATUS(status) : 1);
+    if (const int code = check_train_plan(job, /*quiet=*/false); code != 0) std::exit(code);
   }
   std::vector<std::string> argv = {o.mpirun, "--oversubscribe", "-np", std::to_string(o.ranks)};
   if (geteuid() == 0) argv.insert(argv.begin() + 1, "--allow-run-as-root");
-  argv.push_back(self);
+  argv.push_back(job.self);
   argv.insert(argv.end(), o.args.begin(), o.args.end());
+  std::vector<char*> c;
+  for (std::string& a : argv) c.push_back(a.data());
+  c.push_back(nullptr);
   std::fflush(nullptr);
-  exec_args(std::move(argv));
+  execvp(c[0], c.data());
   return error("cannot run " + o.mpirun + ": " + std::strerror(errno),
                "install Open MPI (scripts/install_deps.sh installs openmpi-bin)");
 }
@@ -73,8 +66,19 @@ void add_launch_command(CLI::App& app) {
   CLI::App* cmd = app.add_subcommand("launch", "Run N ranks of a command on this machine (mpirun)");
   cmd->add_option("-n,--ranks", o->ranks, "Number of ranks")->capture_default_str();
   cmd->add_option("--mpirun", o->mpirun, "The MPI launcher")->capture_default_str();
+  cmd->add_flag("--elastic", o->elastic,
+                "When a rank dies, start the training run again on the ranks left, from its "
+                "last checkpoint");
+  CLI::Option* min_ranks =
+      cmd->add_option("--min-ranks", o->min_ranks, "--elastic: the fewest ranks to go on with")
+          ->capture_default_str();
   cmd->add_option("args", o->args, "The tessera command and its flags, after --")->required();
-  cmd->callback([o] { exit_on_error(run_launch(*o)); });
+  cmd->callback([o, min_ranks] {
+    if (min_ranks->count() > 0 && !o->elastic)
+      exit_on_error(
+          error("--min-ranks applies to --elastic", "add --elastic, or drop --min-ranks"));
+    exit_on_error(run_launch(*o));
+  });
 }
 
 }  // namespace tessera

@@ -1,5 +1,8 @@
 #include "train/trainer.h"
 
+#include <fcntl.h>
+#include <unistd.h>
+
 #include <chrono>
 #include <cmath>
 #include <csignal>
@@ -21,6 +24,7 @@
 #include "runtime/optimizer.h"
 #include "train/progress.h"
 #include "train/run_control.h"
+#include "train/run_metrics.h"
 #include "train/train_state.h"
 
 namespace tessera {
@@ -67,15 +71,21 @@ Result<double> evaluate(TrainState& st, DataLoader& val, int64_t batches) {
   return total / static_cast<double>(batches);
 }
 
-// Test hook: TESSERA_FAULT_KILL_RANK=r TESSERA_FAULT_KILL_STEP=s kills rank r in step s.
+// Test hook: TESSERA_FAULT_KILL_RANK=r TESSERA_FAULT_KILL_STEP=s kills rank r in step s. With
+// TESSERA_FAULT_KILL_ONCE=FILE only the first time (the file records it), so a restarted job
+// (`launch --elastic`) runs through.
 void maybe_kill(int rank, int64_t step) {
   const char* r = std::getenv("TESSERA_FAULT_KILL_RANK");
   const char* s = std::getenv("TESSERA_FAULT_KILL_STEP");
-  if (r && s && std::atoi(r) == rank && std::atoll(s) == step) {
-    std::fprintf(stderr, "tessera: rank %d: killed by TESSERA_FAULT_KILL_* in step %lld\n", rank,
-                 (long long)step);
-    std::raise(SIGKILL);
+  if (!r || !s || std::atoi(r) != rank || std::atoll(s) != step) return;
+  if (const char* once = std::getenv("TESSERA_FAULT_KILL_ONCE")) {
+    const int fd = ::open(once, O_WRONLY | O_CREAT | O_EXCL, 0644);
+    if (fd < 0) return;  // already happened
+    ::close(fd);
   }
+  std::fprintf(stderr, "tessera: rank %d: killed by TESSERA_FAULT_KILL_* in step %lld\n", rank,
+               (long long)step);
+  std::raise(SIGKILL);
 }
 
 // This process's GEMM rate through the CPU backend (its threads), in FLOP/s: the best of 3
@@ -148,9 +158,13 @@ Status train(const TrainOptions& o, const TrainJob& job) {
   // One run per directory; what a killed run left half-written goes (rank 0 does both, before
   // any rank can write a checkpoint).
   std::optional<RunDirLock> lock;
+  std::ofstream metrics;
   if (leader) {
     TS_ASSIGN_OR_RETURN(RunDirLock l, RunDirLock::acquire(o.out));
     lock.emplace(std::move(l));
+    if (!o.resume) {
+      TS_ASSIGN_OR_RETURN(metrics, open_run_metrics(o.out, false, 0));
+    }
     TS_ASSIGN_OR_RETURN(int stale, remove_stale_staging(o.out));
     if (stale > 0)
       std::fprintf(stderr,
@@ -173,7 +187,10 @@ Status train(const TrainOptions& o, const TrainJob& job) {
   int64_t start_step = 0;
   if (o.resume) {
     TS_ASSIGN_OR_RETURN(start_step, st.load(o.out + "/checkpoints", &train));
-    if (leader) std::fprintf(stderr, "resumed from step %lld\n", (long long)start_step);
+    if (leader) {
+      TS_ASSIGN_OR_RETURN(metrics, open_run_metrics(o.out, true, start_step));
+      std::fprintf(stderr, "resumed from step %lld\n", (long long)start_step);
+    }
   } else if (!o.init_from.empty()) {
     TS_RETURN_IF_ERROR(st.init_params_from(o.init_from));
     if (leader) std::fprintf(stderr, "parameters from %s\n", o.init_from.c_str());
@@ -189,11 +206,6 @@ Status train(const TrainOptions& o, const TrainJob& job) {
   const double peak = o.peak_flops > 0 ? o.peak_flops : measured_gemm_peak();
   if (leader) std::fputs(st.describe_memory().c_str(), stderr);
 
-  std::ofstream metrics;
-  if (leader) {
-    metrics.open(o.out + "/metrics.jsonl", std::ios::app);
-    if (!metrics) return error("cannot open " + o.out + "/metrics.jsonl for appending");
-  }
   Progress progress(o.steps, start_step, leader ? o.log_every : 0);
   std::vector<int32_t> x, y, xj, yj;
   auto t_start = Clock::now();

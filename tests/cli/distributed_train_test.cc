@@ -1,7 +1,8 @@
 // `tessera launch -n N -- train` end to end (label mpi): checkpoints saved under one plan
 // (data-parallel, ZeRO, tensor-parallel or pipeline) resume under another with the same next-step
 // loss, and a rank killed mid-step ends the job within 60 s with a message naming the rank and the
-// operation; --plan auto trains the plan the planner picks.
+// operation; --plan auto trains the plan the planner picks; `launch --elastic` finishes a run
+// whose rank died on the ranks left, with the losses of an uninterrupted run.
 #include <gtest/gtest.h>
 
 #include <chrono>
@@ -71,7 +72,7 @@ TEST_F(DistributedTrainTest, CheckpointFromFourRanksZero3ResumesOnTwoRanksZero1A
   EXPECT_NE(log.find("resumed from step 2"), std::string::npos) << log;
   ASSERT_EQ(train(1, "one", "--batch 4 --steps 4 --resume", &log), 0) << log;
   const double straight = loss_at(dir_ / "straight/metrics.jsonl", 2);
-  // metrics.jsonl of a resumed run appends: line 2 is the first step after the resume.
+  // A resumed run appends to metrics.jsonl: line 2 is the first step after the resume.
   for (const char* out : {"z3", "z1", "one"}) {
     if (std::string(out) == "z3") continue;
     const double resumed = loss_at(dir_ / out / "metrics.jsonl", 2);
@@ -198,6 +199,45 @@ TEST_F(DistributedTrainTest, KilledRankEndsTheJobWithAMessage) {
   EXPECT_NE(log.find("while waiting in"), std::string::npos) << log;
   EXPECT_NE(log.find("process rank 1"), std::string::npos) << log;
   if (std::getenv("TESSERA_VERBOSE")) std::printf("%.1f s:\n%s\n", secs, log.c_str());
+}
+
+// Rank 2 of 3 dies in step 5 (once: TESSERA_FAULT_KILL_ONCE); launch --elastic starts the job
+// again on 2 ranks from the checkpoint of step 4, and the run's records (each step once) are
+// those of an uninterrupted 1-rank run on the same global batch.
+TEST_F(DistributedTrainTest, ElasticLaunchFinishesOnTheRanksLeftWithTheSameLosses) {
+  std::string log;
+  ASSERT_EQ(train(1, "straight", "--batch 6 --steps 8", &log), 0) << log;
+  auto elastic = [&](const std::string& out, const std::string& launch_flags) {
+    const std::string cmd =
+        "TESSERA_FAULT_KILL_RANK=2 TESSERA_FAULT_KILL_STEP=5 TESSERA_FAULT_KILL_ONCE=" +
+        (dir_ / (out + ".killed")).string() + " OMP_NUM_THREADS=1 " + TESSERA_BINARY +
+        " launch -n 3 " + launch_flags + " -- train --model gpt-tiny --data " +
+        (dir_ / "data").string() + " --out " + (dir_ / out).string() +
+        " --seq 16 --batch 6 --steps 8 --warmup 1 --eval-every 0 --eval-batches 1 "
+        "--ckpt-every 2 --sample-tokens 0 --comm-timeout 20";
+    return run_command(cmd, &log);
+  };
+  ASSERT_EQ(elastic("elastic", "--elastic --min-ranks 2"), 0) << log;
+  EXPECT_NE(log.find("rank 2: killed by TESSERA_FAULT_KILL"), std::string::npos) << log;
+  EXPECT_NE(log.find("tessera launch: the job on 3 ranks ended with exit code 137 (a rank died) "
+                     "after step 5"),
+            std::string::npos)
+      << log;
+  EXPECT_NE(log.find("restarting on 2 ranks from the checkpoint of step 4: 1 step redone"),
+            std::string::npos)
+      << log;
+  EXPECT_NE(log.find("the run finished after 1 restart; 1 step redone"), std::string::npos) << log;
+  const std::vector<std::string> straight = metric_losses(dir_ / "straight/metrics.jsonl");
+  const std::vector<std::string> resumed = metric_losses(dir_ / "elastic/metrics.jsonl");
+  ASSERT_EQ(straight.size(), 8u);
+  ASSERT_EQ(resumed.size(), 8u) << "each step recorded once";
+  for (size_t i = 0; i < straight.size(); ++i) {
+    const double want = std::stod(straight[i].substr(7));
+    EXPECT_NEAR(std::stod(resumed[i].substr(7)), want, 1e-5 * want) << "step " << i;
+  }
+  // Never below --min-ranks: the job ends with the reason.
+  ASSERT_EQ(elastic("floor", "--elastic --min-ranks 3"), 1) << log;
+  EXPECT_NE(log.find("error: 2 ranks left, fewer than --min-ranks 3"), std::string::npos) << log;
 }
 
 }  // namespace

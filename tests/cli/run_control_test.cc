@@ -1,6 +1,7 @@
 // A training run stopped by a signal, diverging, or started twice on one directory
 // (train/run_control.h and the training loop): one clear message, a checkpoint that resumes,
-// and never a non-finite one.
+// and never a non-finite one. And metrics.jsonl across runs (train/run_metrics.h): a resumed
+// run records each step once, a new run never appends to an earlier run's records.
 #include "train/run_control.h"
 
 #include <gtest/gtest.h>
@@ -11,6 +12,8 @@
 #include <string>
 
 #include "cli/commands.h"
+#include "io/fs.h"
+#include "train/run_metrics.h"
 #include "train_fixture.h"
 
 namespace tessera {
@@ -97,6 +100,51 @@ TEST_F(RunControlTest, SigtermSavesACheckpointAndExits143) {
             0)
       << out;
   EXPECT_NE(out.find("resumed from step"), std::string::npos) << out;
+}
+
+// A resumed run drops the records of the steps its checkpoint does not hold (they are redone)
+// and a cut-off last line; other lines stay as they were.
+TEST_F(RunControlTest, ResumeDropsRecordsAfterTheCheckpointAndACutOffLine) {
+  const fs::path run = dir_ / "run";
+  fs::create_directories(run);
+  std::ofstream(run / "metrics.jsonl") << "{\"step\": 0, \"loss\": 4.5}\n"
+                                       << "{\"step\": 1, \"loss\": 4.25}\n"
+                                       << "{\"step\": 1, \"val_loss\": 4.5}\n"
+                                       << "{\"note\": \"kept\"}\n"
+                                       << "{\"step\": 2, \"loss\": 4.0}\n"
+                                       << "{\"step\": 3, \"lo";
+  EXPECT_EQ(last_recorded_step(run.string()), 2);
+  Result<std::ofstream> m = open_run_metrics(run.string(), /*resume=*/true, /*start_step=*/2);
+  ASSERT_TRUE(m.ok()) << m.status().to_string();
+  *m << "{\"step\": 2, \"loss\": 3.9}\n";
+  m->close();
+  Result<std::string> text = read_file((run / "metrics.jsonl").string());
+  ASSERT_TRUE(text.ok());
+  EXPECT_EQ(
+      *text,
+      "{\"step\": 0, \"loss\": 4.5}\n{\"step\": 1, \"loss\": 4.25}\n"
+      "{\"step\": 1, \"val_loss\": 4.5}\n{\"note\": \"kept\"}\n{\"step\": 2, \"loss\": 3.9}\n");
+  EXPECT_EQ(last_recorded_step((dir_ / "nowhere").string()), -1);
+}
+
+// A new run in a directory whose metrics.jsonl holds an earlier run's records (that run saved
+// no checkpoint): refused, the records kept; an empty file is no earlier run.
+TEST_F(RunControlTest, NewRunRefusesAnEarlierRunsRecords) {
+  fs::create_directories(dir_ / "run");
+  const std::string earlier = "{\"step\": 0, \"loss\": 10.5}\n";
+  std::ofstream(dir_ / "run/metrics.jsonl") << earlier;
+  TrainOptions o = options();
+  o.steps = 1;
+  Status s = run_train(o);
+  ASSERT_FALSE(s.ok());
+  EXPECT_NE(s.message().find("holds metrics.jsonl of an earlier run that saved no checkpoint"),
+            std::string::npos)
+      << s.to_string();
+  EXPECT_NE(s.hint().find("choose another --out"), std::string::npos) << s.to_string();
+  EXPECT_EQ(*read_file((dir_ / "run/metrics.jsonl").string()), earlier);
+  std::ofstream(dir_ / "run/metrics.jsonl", std::ios::trunc).close();
+  s = run_train(o);
+  EXPECT_TRUE(s.ok()) << s.to_string();
 }
 
 }  // namespace

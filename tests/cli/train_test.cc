@@ -316,6 +316,27 @@ TEST(TesseraBinary, LaunchRefusesAnImpossiblePlanOnceBeforeStartingRanks) {
       << out;
 }
 
+// launch --elastic restarts training runs planned from flags; its own flags are checked.
+TEST(TesseraBinary, LaunchElasticRefusesWhatItCannotRestart) {
+  const std::pair<const char*, const char*> cases[] = {
+      {"launch -n 2 --elastic -- sample --checkpoint x", "--elastic restarts a training run"},
+      {"launch -n 2 --elastic --min-ranks 3 -- train --model gpt-tiny",
+       "--min-ranks 3 must be between 1 and -n (2)"},
+      {"launch -n 2 --min-ranks 1 -- train --model gpt-tiny", "--min-ranks applies to --elastic"},
+      {"launch -n 2 --elastic -- train --model gpt-tiny --plan auto",
+       "--elastic plans the job again for the ranks left"},
+      {"launch -n 3 --elastic -- train --model gpt-tiny --seq 32 --hsdp 2",
+       "--hsdp 2 does not divide the 3 data-parallel ranks"},
+  };
+  for (const auto& [args, what] : cases) {
+    std::string out;
+    EXPECT_EQ(run_tessera(args, &out), 1) << args << "\n" << out;
+    EXPECT_EQ(out.rfind("error: ", 0), 0u) << args << "\n" << out;
+    EXPECT_NE(out.find(what), std::string::npos) << args << "\n" << out;
+    EXPECT_EQ(out.find("mpirun"), std::string::npos) << args << "\n" << out;
+  }
+}
+
 // Tensor parallelism inside HSDP groups: one mesh of three axes, ZeRO-3 over dp_shard only.
 TEST(TesseraBinary, TensorParallelInsideHsdpIsOnePlan) {
   std::string out;

@@ -1,0 +1,220 @@
+#include "cli/launch_job.h"
+
+#include <fcntl.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <atomic>
+#include <cerrno>
+#include <csignal>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <nlohmann/json.hpp>
+
+#include "io/fs.h"
+#include "io/sharded_checkpoint.h"
+#include "train/run_metrics.h"
+
+namespace tessera {
+
+namespace {
+
+// fork + execvp(argv); `env` is set in the child, `quiet` sends its output to /dev/null.
+// Returns the child's exit code, 128 + signal if a signal ended it, -1 if it could not start.
+std::atomic<pid_t> g_child{0};
+std::atomic<int> g_stopped{0};
+
+int run_child(std::vector<std::string> argv, const char* env_name, const std::string& env_value,
+              bool quiet) {
+  std::fflush(nullptr);
+  const pid_t pid = fork();
+  if (pid < 0) return -1;
+  if (pid == 0) {
+    if (env_name) setenv(env_name, env_value.c_str(), 1);
+    if (quiet) {
+      const int null = ::open("/dev/null", O_WRONLY);
+      if (null >= 0) {
+        dup2(null, STDOUT_FILENO);
+        dup2(null, STDERR_FILENO);
+      }
+    }
+    std::vector<char*> c;
+    for (std::string& a : argv) c.push_back(a.data());
+    c.push_back(nullptr);
+    execvp(c[0], c.data());
+    std::fprintf(stderr, "error: cannot run %s: %s\n", c[0], std::strerror(errno));
+    _exit(127);
+  }
+  g_child = pid;
+  int status = 0;
+  while (waitpid(pid, &status, 0) < 0) {
+    if (errno != EINTR) return -1;
+  }
+  g_child = 0;
+  return WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
+}
+
+// SIGTERM (a scheduler's preemption) goes to launch alone: pass it on to mpirun, which
+// passes it to the ranks (they checkpoint and exit 143). SIGINT from a terminal reaches
+// every process of the foreground group already, so it is only recorded.
+extern "C" void on_launch_signal(int sig) {
+  g_stopped = sig;
+  const pid_t child = g_child;
+  if (sig == SIGTERM && child > 0) kill(child, SIGTERM);
+}
+
+// The value of `--name` ("--name V" or "--name=V"); "" when absent.
+std::string flag_value(const std::vector<std::string>& args, const std::string& name) {
+  for (size_t i = 0; i < args.size(); ++i) {
+    if (args[i] == name && i + 1 < args.size()) return args[i + 1];
+    if (args[i].rfind(name + "=", 0) == 0) return args[i].substr(name.size() + 1);
+  }
+  return "";
+}
+
+bool has_flag(const std::vector<std::string>& args, const std::string& name) {
+  for (const std::string& a : args)
+    if (a == name || a.rfind(name + "=", 0) == 0) return true;
+  return false;
+}
+
+// `args` without `--name` (and its value, when it takes one).
+std::vector<std::string> without_flag(const std::vector<std::string>& args, const std::string& name,
+                                      bool takes_value) {
+  std::vector<std::string> kept;
+  for (size_t i = 0; i < args.size(); ++i) {
+    if (args[i] == name) {
+      if (takes_value) ++i;
+      continue;
+    }
+    if (args[i].rfind(name + "=", 0) == 0) continue;
+    kept.push_back(args[i]);
+  }
+  return kept;
+}
+
+// The step of the last complete checkpoint under OUT/checkpoints; -1 when there is none.
+int64_t last_checkpoint_step(const std::string& out) {
+  const std::string root = out + "/checkpoints";
+  if (!path_exists(root + "/latest")) return -1;
+  Result<ShardedCheckpoint> ck = ShardedCheckpoint::open(root);
+  if (!ck.ok()) return -1;
+  const nlohmann::json& m = ck->manifest();
+  return m.contains("step") && m["step"].is_number_integer() ? m["step"].get<int64_t>() : -1;
+}
+
+}  // namespace
+
+int check_train_plan(const LaunchJob& job, bool quiet) {
+  std::vector<std::string> argv = {job.self};
+  argv.insert(argv.end(), job.args.begin(), job.args.end());
+  return run_child(std::move(argv), "TESSERA_LAUNCH_CHECK", std::to_string(job.ranks), quiet);
+}
+
+int run_mpirun(const LaunchJob& job, int* stopped) {
+  std::vector<std::string> argv = {job.mpirun, "--oversubscribe", "-np", std::to_string(job.ranks)};
+  if (geteuid() == 0) argv.insert(argv.begin() + 1, "--allow-run-as-root");
+  argv.push_back(job.self);
+  argv.insert(argv.end(), job.args.begin(), job.args.end());
+  struct sigaction sa {
+  }, old_term{}, old_int{};
+  sa.sa_handler = on_launch_signal;
+  sigemptyset(&sa.sa_mask);
+  sigaction(SIGTERM, &sa, &old_term);
+  sigaction(SIGINT, &sa, &old_int);
+  const int code = run_child(std::move(argv), nullptr, "", false);
+  sigaction(SIGTERM, &old_term, nullptr);
+  sigaction(SIGINT, &old_int, nullptr);
+  *stopped = g_stopped;
+  return code;
+}
+
+Result<int> run_elastic(LaunchJob job, int min_ranks) {
+  if (job.args.empty() || job.args[0] != "train")
+    return error("--elastic restarts a training run; it cannot restart `" +
+                     (job.args.empty() ? std::string() : job.args[0]) + "`",
+                 "tessera launch -n 4 --elastic -- train --ckpt-every 50 ...");
+  if (min_ranks < 1 || min_ranks > job.ranks)
+    return error("--min-ranks " + std::to_string(min_ranks) + " must be between 1 and -n (" +
+                 std::to_string(job.ranks) + ")");
+  if (has_flag(job.args, "--plan"))
+    return error(
+        "--elastic plans the job again for the ranks left, from its flags; --plan "
+        "fixes the plan (a file) or may split the batch differently (auto)",
+        "give the plan as flags (--tp, --pp, --zero, --hsdp, ...) with --elastic");
+  if (has_flag(job.args, "--dp")) {
+    std::fprintf(stderr,
+                 "tessera launch: --elastic drops --dp: the data-parallel degree follows the "
+                 "ranks\n");
+    job.args = without_flag(job.args, "--dp", true);
+  }
+  std::string out = flag_value(job.args, "--out");
+  if (out.empty()) out = "runs/default";
+
+  // The first job runs on the ranks asked for, as without --elastic.
+  if (const int code = check_train_plan(job, /*quiet=*/false); code != 0) return code;
+  int restarts = 0;
+  int64_t redone = 0;
+  for (int ranks = job.ranks;;) {
+    // The most ranks (down to --min-ranks) the flags make a plan for.
+    LaunchJob attempt = job;
+    for (attempt.ranks = ranks; attempt.ranks >= min_ranks; --attempt.ranks)
+      if (restarts == 0 || check_train_plan(attempt, /*quiet=*/true) == 0) break;
+    if (attempt.ranks < min_ranks) {
+      attempt.ranks = ranks;
+      check_train_plan(attempt, /*quiet=*/false);  // prints why, for `ranks`
+      return error("no plan for " + std::to_string(min_ranks) + " to " + std::to_string(ranks) +
+                       " ranks with these flags",
+                   "lower --min-ranks, or use flags that fit fewer ranks");
+    }
+    if (attempt.ranks < ranks)
+      std::fprintf(stderr, "tessera launch: the plan fits %d of the %d ranks left; %d idle\n",
+                   attempt.ranks, ranks, ranks - attempt.ranks);
+    int stopped = 0;
+    const int code = run_mpirun(attempt, &stopped);
+    if (code < 0) return error("cannot run " + job.mpirun + ": " + std::strerror(errno));
+    if (code == 0) {
+      if (restarts > 0)
+        std::fprintf(stderr,
+                     "tessera launch: the run finished after %d restart%s; %lld step%s redone\n",
+                     restarts, restarts == 1 ? "" : "s", (long long)redone, redone == 1 ? "" : "s");
+      return 0;
+    }
+    // Stopped on purpose (the ranks saved a checkpoint; mpirun itself exits 1 then), or an
+    // error the job printed: starting again would not help.
+    if (stopped != 0) return 128 + stopped;
+    if (code < 128) return code;
+    const int64_t reached = last_recorded_step(out) + 1;  // steps the lost job finished
+    const int64_t saved = last_checkpoint_step(out);
+    ranks = attempt.ranks - 1;
+    std::fprintf(stderr,
+                 "tessera launch: the job on %d ranks ended with exit code %d (a rank died) after "
+                 "step %lld\n",
+                 attempt.ranks, code, (long long)reached);
+    if (ranks < min_ranks)
+      return error(std::to_string(ranks) + " rank" + (ranks == 1 ? "" : "s") +
+                       " left, fewer than --min-ranks " + std::to_string(min_ranks),
+                   "resume the run later with `tessera launch -n N -- train ... --resume`");
+    if (saved >= 0) {
+      if (!has_flag(job.args, "--resume")) {
+        job.args = without_flag(job.args, "--init-from", true);  // the checkpoint holds it now
+        job.args.push_back("--resume");
+      }
+    } else if (path_exists(out + "/metrics.jsonl")) {
+      // No checkpoint yet: the records are the lost job's own (a new run refuses a directory
+      // with earlier records), and it starts over.
+      std::remove((out + "/metrics.jsonl").c_str());
+    }
+    const int64_t from = std::max<int64_t>(saved, 0);
+    redone += std::max<int64_t>(reached - from, 0);
+    std::fprintf(stderr, "tessera launch: restarting on %d ranks from %s: %lld step%s redone\n",
+                 ranks,
+                 saved >= 0 ? ("the checkpoint of step " + std::to_string(saved)).c_str()
+                            : "step 0 (no checkpoint yet)",
+                 (long long)std::max<int64_t>(reached - from, 0), reached - from == 1 ? "" : "s");
+    ++restarts;
+  }
+}
+
+}  // namespace tessera

@@ -1,0 +1,40 @@
+// How `tessera launch` starts a job: the plan check in one process, mpirun as a child, and
+// `--elastic`, which starts the job again on the ranks left when a rank dies.
+//
+// Elastic training keeps what makes the losses those of an uninterrupted run: the global
+// micro-batch (--batch, split over the data-parallel ranks) and --grad-accum stay as given,
+// so every step sees the same sequences in the same order; the data-parallel degree follows
+// the ranks (a plan whose other axes -- --tp, --pp, --hsdp -- do not fit the ranks left runs
+// on fewer of them, idling the rest); the run continues from the last complete checkpoint in
+// --out. A job that ends with an error it printed (bad input, a diverged loss, a peer timing
+// out) is not started again: it would meet the same error.
+#pragma once
+
+#include <string>
+#include <vector>
+
+#include "base/status.h"
+
+namespace tessera {
+
+struct LaunchJob {
+  std::string self;               // this tessera binary
+  std::string mpirun = "mpirun";  // the MPI launcher
+  int ranks = 2;
+  std::vector<std::string> args;  // the tessera command and its flags
+};
+
+// Runs `args` once on `ranks` ranks with `TESSERA_LAUNCH_CHECK` set: exit 0 when the train
+// flags make a plan for that many ranks. `quiet` discards what it prints.
+int check_train_plan(const LaunchJob& job, bool quiet);
+
+// Runs mpirun as a child and returns its exit code (128 + signal if a signal ended it).
+// SIGTERM sent to this process is passed on to mpirun; `*stopped` records SIGTERM or SIGINT.
+int run_mpirun(const LaunchJob& job, int* stopped);
+
+// `launch --elastic`: runs the train job; each time it ends because a rank died (a process
+// ended by a signal), starts it again on one rank fewer (never below `min_ranks`), resumed
+// from the last checkpoint in --out. Returns the exit code to leave with, or an error.
+Result<int> run_elastic(LaunchJob job, int min_ranks);
+
+}  // namespace tessera
