@@ -213,7 +213,11 @@ MemoryPlan plan_memory(const Graph& g, int64_t alignment) {
     }
     b.offset = best >= 0 ? best : candidate;
     plan.arena_bytes = std::max(plan.arena_bytes, b.offset + b.bytes);
-    if (b.bytes > 0) occupied.add(b.first, b.last, b.offset, b.offset + b.bytes);
+    // Recorded up to the next aligned offset: no buffer can start in the padding, and
+    // neighbours then touch and coalesce into one run (with unaligned ends, every small
+    // long-lived gradient stayed a run of its own and deep graphs planned quadratically).
+    if (b.bytes > 0)
+      occupied.add(b.first, b.last, b.offset, align_up(b.offset + b.bytes, alignment));
   }
 
   for (ValueId v = 0; v < static_cast<ValueId>(g.values().size()); ++v)
