@@ -72,7 +72,7 @@ void add_launch_command(CLI::App& app) {
   CLI::Option* min_ranks =
       cmd->add_option("--min-ranks", o->min_ranks, "--elastic: the fewest ranks to go on with")
           ->capture_default_str();
-  cmd->add_option("args", o->args, "The tessera command and its flags, after --")->required();
+  cmd->add_option("args", o->args, "The tessera command and its flags, after --");
   cmd->callback([o, min_ranks] {
     if (min_ranks->count() > 0 && !o->elastic)
       exit_on_error(

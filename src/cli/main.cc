@@ -1,11 +1,16 @@
 // tessera: train, inspect and sample transformer models written once for one device.
 #include <unistd.h>
 
+#include <algorithm>
 #include <cstdio>
 #include <cstdlib>
+#include <new>
+#include <string>
+#include <vector>
 
 #include "backend/cpu/cpu_backend.h"
 #include "cli/commands.h"
+#include "io/toml_config.h"
 
 int main(int argc, char** argv) {
   // OpenBLAS picks its kernels when it is loaded: if it fell back to the slow generic ones on
@@ -32,12 +37,39 @@ int main(int argc, char** argv) {
   tessera::add_tokenize_command(app);
   tessera::add_hf_commands(app);
   tessera::add_report_command(app);
+  app.set_version_flag("--version", std::string("tessera ") + TESSERA_VERSION);
+  // `tessera help` is --help; a mistyped command is named, with the nearest one.
+  if (argc >= 2 && argv[1][0] != '-') {
+    const std::string command = argv[1];
+    if (command == "help") {
+      std::fputs(app.help().c_str(), stdout);
+      return 0;
+    }
+    std::vector<std::string> names;
+    for (const CLI::App* sub : app.get_subcommands({})) names.push_back(sub->get_name());
+    if (std::find(names.begin(), names.end(), command) == names.end()) {
+      const std::string near = tessera::closest_match(command, names);
+      std::fprintf(stderr, "error: unknown command '%s'%s\nHINT: the commands: %s\n",
+                   command.c_str(), near.empty() ? "" : (" (did you mean " + near + "?)").c_str(),
+                   tessera::join_strings(names).c_str());
+      return 2;
+    }
+  }
   try {
     app.parse(argc, argv);
   } catch (const CLI::CallForHelp& e) {
     return app.exit(e);
   } catch (const CLI::CallForAllHelp& e) {
     return app.exit(e);
+  } catch (const CLI::CallForVersion& e) {
+    return app.exit(e);
+  } catch (const std::bad_alloc&) {
+    std::fprintf(stderr,
+                 "error: out of memory: this machine (or `ulimit -v`) cannot hold what the command "
+                 "allocates\nHINT: `tessera plan MODEL --batch B --seq T` prints the bytes a run "
+                 "needs per rank; try a smaller --batch or --seq, --recompute full, or more ranks "
+                 "with --zero 3\n");
+    return 1;
   } catch (const CLI::ParseError& e) {
     std::fprintf(stderr,
                  "error: %s\nHINT: run `tessera --help` or `tessera COMMAND --help` for the "

@@ -207,6 +207,11 @@ void add_train_command(CLI::App& app, TrainOptions& o) {
   cmd->add_option("--sample-tokens", o.sample_tokens, "Tokens to sample at the end")
       ->capture_default_str();
   cmd->add_option("--seed", o.seed, "Seed for initialization and data order")
+      ->check(CLI::Validator(
+          [](const std::string& v) {
+            return v.empty() || v[0] != '-' ? std::string() : "must be 0 or positive, got " + v;
+          },
+          "SEED"))
       ->capture_default_str();
   cmd->add_flag("--resume", o.resume, "Continue from the latest checkpoint in --out");
   cmd->add_option("--init-from", o.init_from,

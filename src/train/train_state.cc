@@ -251,13 +251,20 @@ Result<int64_t> TrainState::load(const std::string& root, DataLoader* train) {
       return error(where + " was written with --batch " + t.at("batch").dump() + " --seq " +
                        t.at("seq").dump() + " --grad-accum " + t.at("grad_accum").dump(),
                    "resume with the same (global) batch shape; the plan may differ");
-    TS_RETURN_IF_ERROR(read_held(ck, /*with_moments=*/true));
+    // A hand-edited manifest: the steps taken, and the optimizer's count of them, in range.
+    const int64_t step = m.at("step").get<int64_t>();
     const int64_t adam_steps = m.at("optimizer").at("t").get<int64_t>();
+    if (step < 0 || adam_steps < 0 || adam_steps > step)
+      return error(where + "/manifest.json: step " + std::to_string(step) + " and optimizer.t " +
+                       std::to_string(adam_steps) +
+                       " are not a training state (0 <= optimizer.t <= step)",
+                   "the manifest was edited or damaged; resume from an earlier checkpoint");
+    TS_RETURN_IF_ERROR(read_held(ck, /*with_moments=*/true));
     for (const HeldParam& h : held_params()) h.runner->optimizer().set_steps(adam_steps);
     TS_ASSIGN_OR_RETURN(LoaderState ls, loader_state_from_json(m.at("loader")));
     Status s = train->restore(ls);
     if (!s.ok()) return s.with_context(where);
-    return m.at("step").get<int64_t>();
+    return step;
   } catch (const nlohmann::json::exception& e) {
     return error(where + ": manifest.json is missing a field: " + e.what(),
                  "the checkpoint is corrupt or from another version; resume from an earlier one");

@@ -151,6 +151,10 @@ Status train(const TrainOptions& o, const TrainJob& job) {
                       DataLoader::open(data_dir + "/val.bin", static_cast<int>(cfg.vocab_size),
                                        static_cast<int>(o.batch / data_ranks),
                                        static_cast<int>(o.seq), data_index, data_ranks, 0));
+  if (o.resume && !fs::exists(fs::path(o.out) / "checkpoints" / "latest"))
+    return error(
+        "--resume: run directory '" + o.out + "' holds no checkpoint to continue from",
+        "drop --resume to start a new run there, or pass the --out of the run to continue");
   if (!o.resume && fs::exists(fs::path(o.out) / "checkpoints" / "latest"))
     return error("run directory '" + o.out + "' already holds checkpoints",
                  "pass --resume to continue that run, or choose another --out");
@@ -187,6 +191,10 @@ Status train(const TrainOptions& o, const TrainJob& job) {
   int64_t start_step = 0;
   if (o.resume) {
     TS_ASSIGN_OR_RETURN(start_step, st.load(o.out + "/checkpoints", &train));
+    if (start_step >= o.steps)
+      return error("--steps " + std::to_string(o.steps) + ": the run in '" + o.out +
+                       "' has already taken " + std::to_string(start_step) + " steps",
+                   "pass a larger --steps to train it further");
     if (leader) {
       TS_ASSIGN_OR_RETURN(metrics, open_run_metrics(o.out, true, start_step));
       std::fprintf(stderr, "resumed from step %lld\n", (long long)start_step);

@@ -147,5 +147,38 @@ TEST_F(RunControlTest, NewRunRefusesAnEarlierRunsRecords) {
   EXPECT_TRUE(s.ok()) << s.to_string();
 }
 
+// --resume needs a checkpoint in --out, and steps left to take; a hand-edited manifest's step
+// and optimizer count are range-checked. Each is one error, and nothing is trained.
+TEST_F(RunControlTest, ResumeRefusesNothingToResumeNoStepsLeftAndAnEditedStep) {
+  TrainOptions o = options();
+  o.resume = true;
+  Status s = run_train(o);
+  ASSERT_FALSE(s.ok());
+  EXPECT_NE(s.message().find("holds no checkpoint to continue from"), std::string::npos)
+      << s.to_string();
+  EXPECT_FALSE(fs::exists(dir_ / "run"));
+  o.resume = false;
+  o.steps = 2;
+  ASSERT_TRUE(run_train(o).ok());
+  o.resume = true;
+  s = run_train(o);
+  ASSERT_FALSE(s.ok());
+  EXPECT_NE(s.message().find("--steps 2: the run in '" + o.out + "' has already taken 2 steps"),
+            std::string::npos)
+      << s.to_string();
+  const fs::path manifest = dir_ / "run/checkpoints/step-00000002/manifest.json";
+  Result<std::string> text = read_file(manifest.string());
+  ASSERT_TRUE(text.ok());
+  const size_t at = text->find("\"step\": 2");
+  ASSERT_NE(at, std::string::npos) << *text;
+  std::ofstream(manifest) << text->substr(0, at) << "\"step\": -7" << text->substr(at + 9);
+  o.steps = 6;
+  s = run_train(o);
+  ASSERT_FALSE(s.ok());
+  EXPECT_NE(s.message().find("step -7 and optimizer.t 2 are not a training state"),
+            std::string::npos)
+      << s.to_string();
+}
+
 }  // namespace
 }  // namespace tessera

@@ -174,6 +174,38 @@ TEST(TesseraBinary, UnknownFlagExitsWithUsageError) {
   EXPECT_EQ(out.find("terminate"), std::string::npos) << out;
 }
 
+// A mistyped command is named with the nearest one; `help` and --version answer; a negative
+// --seed is refused (it wrapped to 2^64 - 1); running out of memory is one error, not an abort.
+TEST(TesseraBinary, CommandsVersionSeedAndOutOfMemory) {
+  std::string out;
+  EXPECT_EQ(run_tessera("trian --steps 1", &out), 2) << out;
+  EXPECT_NE(out.find("error: unknown command 'trian' (did you mean train?)"), std::string::npos)
+      << out;
+  out.clear();
+  EXPECT_EQ(run_tessera("help", &out), 0) << out;
+  EXPECT_NE(out.find("Run `tessera COMMAND --help`"), std::string::npos) << out;
+  out.clear();
+  EXPECT_EQ(run_tessera("--version", &out), 0) << out;
+  EXPECT_EQ(out.rfind("tessera ", 0), 0u) << out;
+  out.clear();
+  EXPECT_EQ(run_tessera("train --seed -1 --steps 1", &out), 2) << out;
+  EXPECT_NE(out.find("error: --seed: must be 0 or positive, got -1"), std::string::npos) << out;
+  // llama3-8b's 32 GB of f32 parameters under a 3 GB address-space limit.
+  out.clear();
+  const std::string dir = ::testing::TempDir() + "/tessera_oom_run";
+  const std::string cmd = "sh -c 'ulimit -v 3000000; " + std::string(TESSERA_BINARY) +
+                          " train --model llama3-8b --seq 16 --batch 1 --steps 1 --out " + dir +
+                          " --sample-tokens 0'";
+  FILE* p = popen((cmd + " 2>&1").c_str(), "r");
+  ASSERT_NE(p, nullptr);
+  char buf[512];
+  while (fgets(buf, sizeof buf, p)) out += buf;
+  EXPECT_EQ(WEXITSTATUS(pclose(p)), 1) << out;
+  EXPECT_NE(out.find("error: out of memory"), std::string::npos) << out;
+  EXPECT_EQ(out.find("terminate"), std::string::npos) << out;
+  std::filesystem::remove_all(dir);
+}
+
 TEST(TesseraBinary, UnknownPresetListsPresets) {
   std::string out;
   EXPECT_EQ(run_tessera("graph gpt-9000", &out), 1) << out;
