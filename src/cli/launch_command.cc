@@ -1,12 +1,7 @@
 // `tessera launch -n N [--elastic [--min-ranks M]] -- train ...`: runs N ranks of this
 // tessera binary on this machine through mpirun (--oversubscribe, so N may exceed the cores),
 // forwarding the arguments. See launch_job.h for --elastic.
-#include <unistd.h>
-
-#include <cerrno>
-#include <cstdio>
 #include <cstdlib>
-#include <cstring>
 #include <filesystem>
 #include <vector>
 
@@ -46,17 +41,7 @@ Status run_launch(const LaunchOptions& o) {
   if (o.args[0] == "train") {
     if (const int code = check_train_plan(job, /*quiet=*/false); code != 0) std::exit(code);
   }
-  std::vector<std::string> argv = {o.mpirun, "--oversubscribe", "-np", std::to_string(o.ranks)};
-  if (geteuid() == 0) argv.insert(argv.begin() + 1, "--allow-run-as-root");
-  argv.push_back(job.self);
-  argv.insert(argv.end(), o.args.begin(), o.args.end());
-  std::vector<char*> c;
-  for (std::string& a : argv) c.push_back(a.data());
-  c.push_back(nullptr);
-  std::fflush(nullptr);
-  execvp(c[0], c.data());
-  return error("cannot run " + o.mpirun + ": " + std::strerror(errno),
-               "install Open MPI (scripts/install_deps.sh installs openmpi-bin)");
+  return exec_mpirun(job);
 }
 
 }  // namespace

@@ -20,11 +20,28 @@ namespace tessera {
 
 namespace {
 
-// fork + execvp(argv); `env` is set in the child, `quiet` sends its output to /dev/null.
-// Returns the child's exit code, 128 + signal if a signal ended it, -1 if it could not start.
-std::atomic<pid_t> g_child{0};
-std::atomic<int> g_stopped{0};
+std::atomic<pid_t> g_child{0};  // the running child, for on_launch_signal
+std::atomic<int> g_stopped{0};  // the stop signal launch received, 0 if none
 
+// execvp(argv); returns only on failure.
+void exec_argv(std::vector<std::string> argv) {
+  std::vector<char*> c;
+  for (std::string& a : argv) c.push_back(a.data());
+  c.push_back(nullptr);
+  execvp(c[0], c.data());
+}
+
+// mpirun --oversubscribe -np RANKS this-binary ARGS...
+std::vector<std::string> mpirun_argv(const LaunchJob& job) {
+  std::vector<std::string> argv = {job.mpirun, "--oversubscribe", "-np", std::to_string(job.ranks)};
+  if (geteuid() == 0) argv.insert(argv.begin() + 1, "--allow-run-as-root");
+  argv.push_back(job.self);
+  argv.insert(argv.end(), job.args.begin(), job.args.end());
+  return argv;
+}
+
+// fork + execvp(argv); `env_name` is set in the child, `quiet` sends its output to /dev/null.
+// Returns the child's exit code, 128 + signal if a signal ended it, -1 if it could not start.
 int run_child(std::vector<std::string> argv, const char* env_name, const std::string& env_value,
               bool quiet) {
   std::fflush(nullptr);
@@ -39,11 +56,9 @@ int run_child(std::vector<std::string> argv, const char* env_name, const std::st
         dup2(null, STDERR_FILENO);
       }
     }
-    std::vector<char*> c;
-    for (std::string& a : argv) c.push_back(a.data());
-    c.push_back(nullptr);
-    execvp(c[0], c.data());
-    std::fprintf(stderr, "error: cannot run %s: %s\n", c[0], std::strerror(errno));
+    const std::string program = argv[0];
+    exec_argv(std::move(argv));
+    std::fprintf(stderr, "error: cannot run %s: %s\n", program.c_str(), std::strerror(errno));
     _exit(127);
   }
   g_child = pid;
@@ -112,18 +127,21 @@ int check_train_plan(const LaunchJob& job, bool quiet) {
   return run_child(std::move(argv), "TESSERA_LAUNCH_CHECK", std::to_string(job.ranks), quiet);
 }
 
+Status exec_mpirun(const LaunchJob& job) {
+  std::fflush(nullptr);
+  exec_argv(mpirun_argv(job));
+  return error("cannot run " + job.mpirun + ": " + std::strerror(errno),
+               "install Open MPI (scripts/install_deps.sh installs openmpi-bin)");
+}
+
 int run_mpirun(const LaunchJob& job, int* stopped) {
-  std::vector<std::string> argv = {job.mpirun, "--oversubscribe", "-np", std::to_string(job.ranks)};
-  if (geteuid() == 0) argv.insert(argv.begin() + 1, "--allow-run-as-root");
-  argv.push_back(job.self);
-  argv.insert(argv.end(), job.args.begin(), job.args.end());
   struct sigaction sa {
   }, old_term{}, old_int{};
   sa.sa_handler = on_launch_signal;
   sigemptyset(&sa.sa_mask);
   sigaction(SIGTERM, &sa, &old_term);
   sigaction(SIGINT, &sa, &old_int);
-  const int code = run_child(std::move(argv), nullptr, "", false);
+  const int code = run_child(mpirun_argv(job), nullptr, "", false);
   sigaction(SIGTERM, &old_term, nullptr);
   sigaction(SIGINT, &old_int, nullptr);
   *stopped = g_stopped;

@@ -28,6 +28,9 @@ struct LaunchJob {
 // flags make a plan for that many ranks. `quiet` discards what it prints.
 int check_train_plan(const LaunchJob& job, bool quiet);
 
+// Replaces this process with mpirun running the job on `ranks` ranks; returns only on failure.
+Status exec_mpirun(const LaunchJob& job);
+
 // Runs mpirun as a child and returns its exit code (128 + signal if a signal ended it).
 // SIGTERM sent to this process is passed on to mpirun; `*stopped` records SIGTERM or SIGINT.
 int run_mpirun(const LaunchJob& job, int* stopped);

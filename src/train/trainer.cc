@@ -151,11 +151,12 @@ Status train(const TrainOptions& o, const TrainJob& job) {
                       DataLoader::open(data_dir + "/val.bin", static_cast<int>(cfg.vocab_size),
                                        static_cast<int>(o.batch / data_ranks),
                                        static_cast<int>(o.seq), data_index, data_ranks, 0));
-  if (o.resume && !fs::exists(fs::path(o.out) / "checkpoints" / "latest"))
+  const bool has_checkpoint = fs::exists(fs::path(o.out) / "checkpoints" / "latest");
+  if (o.resume && !has_checkpoint)
     return error(
         "--resume: run directory '" + o.out + "' holds no checkpoint to continue from",
         "drop --resume to start a new run there, or pass the --out of the run to continue");
-  if (!o.resume && fs::exists(fs::path(o.out) / "checkpoints" / "latest"))
+  if (!o.resume && has_checkpoint)
     return error("run directory '" + o.out + "' already holds checkpoints",
                  "pass --resume to continue that run, or choose another --out");
   TS_RETURN_IF_ERROR(make_dirs(o.out));
