@@ -202,16 +202,18 @@ Var Builder::causal_mask(Var scores, double fill) {
   return apply1(OpKind::causal_mask, a, {scores});
 }
 
-std::vector<Var> Builder::attention(Var q, Var k, Var v, double scale) {
+std::vector<Var> Builder::attention(Var q, Var k, Var v, double scale, bool causal) {
   Attrs a;
   a.scalar = scale;
+  a.causal = causal;
   return apply(OpKind::attention, a, {q, k, v});
 }
 
 std::vector<Var> Builder::attention_grad(Var q, Var k, Var v, Var out, Var lse, Var dout,
-                                         double scale) {
+                                         double scale, bool causal) {
   Attrs a;
   a.scalar = scale;
+  a.causal = causal;
   return apply(OpKind::attention_grad, a, {q, k, v, out, lse, dout});
 }
 

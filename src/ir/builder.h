@@ -121,8 +121,9 @@ class Builder {
   Var softmax_grad(Var y, Var dy);
   Var causal_mask(Var scores, double fill);  // [..., T, T]
   // q [B,H,T,D], k/v [B,Hkv,T,D], causal. Returns out [B,H,T,D] and lse [B,H,T].
-  std::vector<Var> attention(Var q, Var k, Var v, double scale);
-  std::vector<Var> attention_grad(Var q, Var k, Var v, Var out, Var lse, Var dout, double scale);
+  std::vector<Var> attention(Var q, Var k, Var v, double scale, bool causal = true);
+  std::vector<Var> attention_grad(Var q, Var k, Var v, Var out, Var lse, Var dout, double scale,
+                                  bool causal = true);
   // logits [N,V], targets int32 [N] -> mean loss [] and lse [N].
   // classes: the logits' first columns that are classes (0: all; padding columns beyond them
   // take no probability).

@@ -104,6 +104,7 @@ struct Attrs {
   bool transpose_a = false, transpose_b = false;  // matmul
   bool keepdim = false;                           // reduce_sum
   bool inverse = false;                           // rope: rotate by -angle (its VJP)
+  bool causal = true;   // attention(_grad): query i attends to keys <= i (else to all)
   double scalar = 0.0;  // scale: factor; add_scalar: addend; fill/causal_mask: value;
                         // attention: softmax scale
   double eps = 1e-5;    // layernorm, rmsnorm

@@ -239,8 +239,9 @@ double flops_attention_grad(const Attrs& a, std::span<const TensorType> in,
 }
 
 void vjp_attention(Builder& b, const Node& n, std::span<const Var> g, std::vector<Var>* dx) {
-  std::vector<Var> d = b.attention_grad(in_var(b, n, 0), in_var(b, n, 1), in_var(b, n, 2),
-                                        out_var(b, n, 0), out_var(b, n, 1), g[0], n.attrs.scalar);
+  std::vector<Var> d =
+      b.attention_grad(in_var(b, n, 0), in_var(b, n, 1), in_var(b, n, 2), out_var(b, n, 0),
+                       out_var(b, n, 1), g[0], n.attrs.scalar, n.attrs.causal);
   for (int i = 0; i < 3; ++i) (*dx)[static_cast<size_t>(i)] = d[static_cast<size_t>(i)];
 }
 

@@ -93,6 +93,10 @@ void add_gradient_entries(std::vector<Entry>* e) {
     return n.b.attention(n.param({1, 2, 3, 4}), n.param({1, 2, 3, 4}), n.param({1, 2, 3, 4}),
                          0.5)[0];
   });
+  grad("attention", "attention_bidirectional", [](Net& n) {
+    return n.b.attention(n.param({1, 2, 3, 4}), n.param({1, 2, 3, 4}), n.param({1, 2, 3, 4}), 0.5,
+                         /*causal=*/false)[0];
+  });
   grad("attention", "attention_gqa", [](Net& n) {
     return n.b.attention(n.param({2, 4, 3, 2}), n.param({2, 2, 3, 2}), n.param({2, 2, 3, 2}),
                          0.7)[0];

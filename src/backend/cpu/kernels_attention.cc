@@ -1,8 +1,8 @@
-// Causal attention, one (batch, kv-head) group per task: q [B,H,T,D], k/v [B,Hkv,T,D]; query
-// head h reads kv head h / (H / Hkv). The forward saves the log-sum-exp per query row so the
-// backward recomputes probabilities without storing the T x T matrix. Each head's products
-// (Q K^T, P V and the five of the backward) are single-threaded OpenBLAS calls on a T x T
-// scratch; the tasks run on the backend's threads.
+// Attention, causal (decoders) or bidirectional (encoders), one (batch, kv-head) group per task: q
+// [B,H,T,D], k/v [B,Hkv,T,D]; query head h reads kv head h / (H / Hkv). The forward saves the
+// log-sum-exp per query row so the backward recomputes probabilities without storing the T x T
+// matrix. Each head's products (Q K^T, P V and the five of the backward) are single-threaded
+// OpenBLAS calls on a T x T scratch; the tasks run on the backend's threads.
 #include <algorithm>
 #include <cmath>
 #include <limits>
@@ -18,34 +18,42 @@ namespace {
 
 struct Dims {
   int64_t bsz, h, t, d, hkv, group;
+  bool causal;
+  // Query row i attends to keys [0, row_end(i)).
+  int64_t row_end(int64_t i) const { return causal ? i + 1 : t; }
+  // Query rows [i0, i1) together attend to keys [0, block_end(i1)).
+  int64_t block_end(int64_t i1) const { return causal ? i1 : t; }
 };
 
 Dims dims_of(const Args& a) {
   const Shape &sq = a.in_shape(0), &sk = a.in_shape(1);
-  return {sq[0], sq[1], sq[2], sq[3], sk[1], sq[1] / sk[1]};
+  return {sq[0], sq[1], sq[2], sq[3], sk[1], sq[1] / sk[1], a.attrs.causal};
 }
 
-// Query rows are taken in blocks of kBlock: block [i0, i1) only meets keys [0, i1), so the
-// products skip the blocks above the diagonal (at T = 256, 5/8 of the square is computed).
+// Query rows are taken in blocks of kBlock: causal, block [i0, i1) only meets keys [0, i1),
+// so the products skip the blocks above the diagonal (at T = 256, 5/8 of the square is
+// computed).
 constexpr int64_t kBlock = 64;
 
 // Probabilities of rows [i0, i1) of one head in place: s (row stride t) holds scale * Q K^T
-// for columns [0, i1) on entry; on exit p = exp(s - lse) for j <= i and 0 for i < j < i1.
-void causal_softmax(float* s, int64_t t, int64_t i0, int64_t i1, float* lse) {
+// for columns [0, z.block_end(i1)) on entry; on exit p = exp(s - lse) for j < z.row_end(i)
+// and 0 for the rest of those columns.
+void softmax_rows(const Dims& z, float* s, int64_t i0, int64_t i1, float* lse) {
   for (int64_t i = i0; i < i1; ++i) {
-    float* row = s + i * t;
+    float* row = s + i * z.t;
+    const int64_t n = z.row_end(i);
     float m = -std::numeric_limits<float>::infinity();
-    for (int64_t j = 0; j <= i; ++j) m = std::max(m, row[j]);
+    for (int64_t j = 0; j < n; ++j) m = std::max(m, row[j]);
     float sum = 0;
 #pragma omp simd reduction(+ : sum)
-    for (int64_t j = 0; j <= i; ++j) {
+    for (int64_t j = 0; j < n; ++j) {
       row[j] = exp_fast(row[j] - m);
       sum += row[j];
     }
     const float inv = 1.0f / sum;
 #pragma omp simd
-    for (int64_t j = 0; j <= i; ++j) row[j] *= inv;
-    for (int64_t j = i + 1; j < i1; ++j) row[j] = 0.0f;
+    for (int64_t j = 0; j < n; ++j) row[j] *= inv;
+    for (int64_t j = n; j < z.block_end(i1); ++j) row[j] = 0.0f;
     lse[i] = m + std::log(sum);
   }
 }
@@ -66,15 +74,15 @@ void attention(const Args& a) {
       const float* kb = k + (b * z.hkv + kvh) * t * d;
       const float* vb = v + (b * z.hkv + kvh) * t * d;
       for (int64_t i0 = 0; i0 < t; i0 += kBlock) {
-        const int64_t i1 = std::min(t, i0 + kBlock), rows = i1 - i0;
+        const int64_t i1 = std::min(t, i0 + kBlock), rows = i1 - i0, keys = z.block_end(i1);
         float* sb = s.data() + i0 * t;
-        // S = scale * Q K^T, P = softmax(S) (causal), O = P V; keys [0, i1) only.
-        sgemm(false, true, rows, i1, d, qh + i0 * d, d, kb, d, sb, t, 0.0f);
+        // S = scale * Q K^T, P = softmax(S), O = P V; keys [0, keys) only.
+        sgemm(false, true, rows, keys, d, qh + i0 * d, d, kb, d, sb, t, 0.0f);
         for (int64_t i = 0; i < rows; ++i)
 #pragma omp simd
-          for (int64_t j = 0; j < i1; ++j) sb[i * t + j] *= scale;
-        causal_softmax(s.data(), t, i0, i1, lse + bh * t);
-        sgemm(false, false, rows, d, i1, sb, t, vb, d, out + (bh * t + i0) * d, d, 0.0f);
+          for (int64_t j = 0; j < keys; ++j) sb[i * t + j] *= scale;
+        softmax_rows(z, s.data(), i0, i1, lse + bh * t);
+        sgemm(false, false, rows, d, keys, sb, t, vb, d, out + (bh * t + i0) * d, d, 0.0f);
       }
     }
   });
@@ -103,17 +111,18 @@ void attention_grad(const Args& a) {
         const float *qh = q + row0 * d, *oh = out + row0 * d, *doh = dout + row0 * d;
         const float* lh = lse + row0;
         for (int64_t i0 = 0; i0 < t; i0 += kBlock) {
-          const int64_t i1 = std::min(t, i0 + kBlock), rows = i1 - i0;
+          const int64_t i1 = std::min(t, i0 + kBlock), rows = i1 - i0, keys = z.block_end(i1);
           float *pb = p.data() + i0 * t, *dpb = dp.data() + i0 * t;
           const float *qb = qh + i0 * d, *dob = doh + i0 * d;
-          // P = exp(scale * Q K^T - lse), causal; D_i = dO_i . O_i.
-          sgemm(false, true, rows, i1, d, qb, d, kb, d, pb, t, 0.0f);
+          // P = exp(scale * Q K^T - lse) (0 where masked); D_i = dO_i . O_i.
+          sgemm(false, true, rows, keys, d, qb, d, kb, d, pb, t, 0.0f);
           for (int64_t i = i0; i < i1; ++i) {
             float* row = p.data() + i * t;
             const float l = lh[i];
+            const int64_t n = z.row_end(i);
 #pragma omp simd
-            for (int64_t j = 0; j <= i; ++j) row[j] = exp_fast(scale * row[j] - l);
-            for (int64_t j = i + 1; j < i1; ++j) row[j] = 0.0f;
+            for (int64_t j = 0; j < n; ++j) row[j] = exp_fast(scale * row[j] - l);
+            for (int64_t j = n; j < keys; ++j) row[j] = 0.0f;
             float s = 0;
             const float *dor = doh + i * d, *orow = oh + i * d;
 #pragma omp simd reduction(+ : s)
@@ -121,16 +130,16 @@ void attention_grad(const Args& a) {
             di[static_cast<size_t>(i)] = s;
           }
           // dV += P^T dO; dP = dO V^T; dS = P (dP - D) scale; dQ = dS K; dK += dS^T Q.
-          sgemm(true, false, i1, d, rows, pb, t, dob, d, dvb, d, 1.0f);
-          sgemm(false, true, rows, i1, d, dob, d, vb, d, dpb, t, 0.0f);
+          sgemm(true, false, keys, d, rows, pb, t, dob, d, dvb, d, 1.0f);
+          sgemm(false, true, rows, keys, d, dob, d, vb, d, dpb, t, 0.0f);
           for (int64_t i = i0; i < i1; ++i) {
             float *pr = p.data() + i * t, *dpr = dp.data() + i * t;
             const float dii = di[static_cast<size_t>(i)];
 #pragma omp simd
-            for (int64_t j = 0; j < i1; ++j) pr[j] = pr[j] * (dpr[j] - dii) * scale;
+            for (int64_t j = 0; j < keys; ++j) pr[j] = pr[j] * (dpr[j] - dii) * scale;
           }
-          sgemm(false, false, rows, d, i1, pb, t, kb, d, dq + (row0 + i0) * d, d, 0.0f);
-          sgemm(true, false, i1, d, rows, pb, t, qb, d, dkb, d, 1.0f);
+          sgemm(false, false, rows, d, keys, pb, t, kb, d, dq + (row0 + i0) * d, d, 0.0f);
+          sgemm(true, false, keys, d, rows, pb, t, qb, d, dkb, d, 1.0f);
         }
       }
     }

@@ -1,7 +1,7 @@
-// Causal attention, q [B,H,T,D], k/v [B,Hkv,T,D] (query head h reads kv head h / (H / Hkv)),
-// out [B,H,T,D] and the log-sum-exp per query row [B,H,T], as the CPU kernel computes them.
-// One warp per row, each lane holding D/32 elements of it: the forward walks the keys of its
-// query row with an online softmax; the backward is two passes that recompute the
+// Attention, causal or bidirectional (attrs.causal), q [B,H,T,D], k/v [B,Hkv,T,D] (query head h
+// reads kv head h / (H / Hkv)), out [B,H,T,D] and the log-sum-exp per query row [B,H,T], as the CPU
+// kernel computes them. One warp per row, each lane holding D/32 elements of it: the forward walks
+// the keys of its query row with an online softmax; the backward is two passes that recompute the
 // probabilities from the saved log-sum-exp, one per query row (dq) and one per key row (dk, dv,
 // summed over the query heads of its group), so no two warps write one element. These are
 // correct, simple kernels (O(T^2 D) per head with a warp reduction per score), not the fast
@@ -21,6 +21,7 @@ constexpr int kWarpsPerBlock = 4;
 
 struct Dims {
   int64_t b, h, t, d, hkv, group;
+  bool causal;
 };
 
 __device__ float warp_sum(float v) {
@@ -65,7 +66,7 @@ __global__ void forward_kernel(const float* q, const float* k, const float* v, f
   float qr[kMaxPerLane], acc[kMaxPerLane] = {};
   load_row(q + row * z.d, z.d, lane, qr);
   float m = -INFINITY, l = 0;
-  for (int64_t j = 0; j <= i; ++j) {
+  for (int64_t j = 0; j < (z.causal ? i + 1 : z.t); ++j) {
     const float s = scale * dot_row(qr, k + kv + j * z.d, z.d, lane);
     const float m_new = fmaxf(m, s);
     const float correction = expf(m - m_new), p = expf(s - m_new);
@@ -95,7 +96,7 @@ __global__ void dq_kernel(const float* q, const float* k, const float* v, const 
   load_row(q + row * z.d, z.d, lane, qr);
   load_row(dout + row * z.d, z.d, lane, dor);
   const float di = dot_row(dor, out + row * z.d, z.d, lane), l = lse[row];
-  for (int64_t j = 0; j <= i; ++j) {
+  for (int64_t j = 0; j < (z.causal ? i + 1 : z.t); ++j) {
     const float p = expf(scale * dot_row(qr, k + kv + j * z.d, z.d, lane) - l);
     const float ds = p * (dot_row(dor, v + kv + j * z.d, z.d, lane) - di) * scale;
     const float* kj = k + kv + j * z.d;
@@ -108,7 +109,8 @@ __global__ void dq_kernel(const float* q, const float* k, const float* v, const 
   if (lane == 0) delta[row] = di;
 }
 
-// dk, dv of key row (b, kv head, j): the query rows i >= j of every head in its group.
+// dk, dv of key row (b, kv head, j): the query rows that see it (causal: i >= j) of every head
+// in its group.
 __global__ void dkv_kernel(const float* q, const float* k, const float* v, const float* lse,
                            const float* dout, const float* delta, float* dk, float* dv, Dims z,
                            float scale) {
@@ -121,7 +123,7 @@ __global__ void dkv_kernel(const float* q, const float* k, const float* v, const
   load_row(v + row * z.d, z.d, lane, vr);
   for (int64_t g = 0; g < z.group; ++g) {
     const int64_t q0 = (b * z.h + kvh * z.group + g) * z.t;  // first row of this query head
-    for (int64_t i = j; i < z.t; ++i) {
+    for (int64_t i = z.causal ? j : 0; i < z.t; ++i) {
       const float* qi = q + (q0 + i) * z.d;
       const float* doi = dout + (q0 + i) * z.d;
       const float p = expf(scale * dot_row(kr, qi, z.d, lane) - lse[q0 + i]);
@@ -141,7 +143,7 @@ __global__ void dkv_kernel(const float* q, const float* k, const float* v, const
 
 Dims dims_of(const Args& a) {
   const Shape &sq = a.in_shape(0), &sk = a.in_shape(1);
-  Dims z{sq[0], sq[1], sq[2], sq[3], sk[1], sq[1] / sk[1]};
+  Dims z{sq[0], sq[1], sq[2], sq[3], sk[1], sq[1] / sk[1], a.attrs.causal};
   TS_CHECK(z.d <= kWarp * kMaxPerLane) << "the CUDA attention kernel takes head dims up to "
                                        << kWarp * kMaxPerLane << ", not " << z.d;
   return z;

@@ -131,15 +131,16 @@ TEST(Sgemm, SplitMatchesNaiveForEveryTranspose) {
       }
 }
 
-// Causal attention in double, q [B,H,T,D], k/v [B,Hkv,T,D]: out, and dq, dk, dv of sum(out*dout).
+// Attention in double (causal: keys j <= i), q [B,H,T,D], k/v [B,Hkv,T,D]: out, and dq, dk, dv of
+// sum(out*dout).
 struct Reference {
   std::vector<double> out, dq, dk, dv;
 };
 
 Reference reference_attention(const std::vector<float>& q, const std::vector<float>& k,
                               const std::vector<float>& v, const std::vector<float>& dout,
-                              int64_t B, int64_t H, int64_t Hkv, int64_t T, int64_t D,
-                              double scale) {
+                              int64_t B, int64_t H, int64_t Hkv, int64_t T, int64_t D, double scale,
+                              bool causal) {
   Reference r;
   r.out.assign(q.size(), 0.0);
   r.dq.assign(q.size(), 0.0);
@@ -150,23 +151,24 @@ Reference reference_attention(const std::vector<float>& q, const std::vector<flo
     for (int64_t h = 0; h < H; ++h) {
       const int64_t kv = (b * Hkv + h / (H / Hkv)) * T * D, qo = (b * H + h) * T * D;
       for (int64_t i = 0; i < T; ++i) {
+        const int64_t n = causal ? i + 1 : T;
         double m = -1e300, sum = 0;
-        for (int64_t j = 0; j <= i; ++j) {
+        for (int64_t j = 0; j < n; ++j) {
           double s = 0;
           for (int64_t c = 0; c < D; ++c) s += double(q[qo + i * D + c]) * k[kv + j * D + c];
           p[j] = s * scale;
           m = std::max(m, p[j]);
         }
-        for (int64_t j = 0; j <= i; ++j) sum += (p[j] = std::exp(p[j] - m));
-        for (int64_t j = 0; j <= i; ++j) p[j] /= sum;
+        for (int64_t j = 0; j < n; ++j) sum += (p[j] = std::exp(p[j] - m));
+        for (int64_t j = 0; j < n; ++j) p[j] /= sum;
         double di = 0;
         for (int64_t c = 0; c < D; ++c) {
           double o = 0;
-          for (int64_t j = 0; j <= i; ++j) o += p[j] * v[kv + j * D + c];
+          for (int64_t j = 0; j < n; ++j) o += p[j] * v[kv + j * D + c];
           r.out[qo + i * D + c] = o;
           di += o * dout[qo + i * D + c];
         }
-        for (int64_t j = 0; j <= i; ++j) {
+        for (int64_t j = 0; j < n; ++j) {
           double dp = 0;
           for (int64_t c = 0; c < D; ++c) dp += double(dout[qo + i * D + c]) * v[kv + j * D + c];
           const double ds = p[j] * (dp - di) * scale;
@@ -181,7 +183,11 @@ Reference reference_attention(const std::vector<float>& q, const std::vector<flo
   return r;
 }
 
-TEST(Attention, BlockedCausalMatchesNaiveForwardAndBackward) {
+// Causal (decoders) and bidirectional (encoders).
+class Attention : public ::testing::TestWithParam<bool> {};
+
+TEST_P(Attention, BlockedMatchesNaiveForwardAndBackward) {
+  const bool causal = GetParam();
   set_num_threads(2);
   const int64_t B = 2, H = 4, Hkv = 2, T = 150, D = 16;  // 3 query blocks, the last ragged
   const double scale = 1.0 / std::sqrt(double(D));
@@ -191,6 +197,7 @@ TEST(Attention, BlockedCausalMatchesNaiveForwardAndBackward) {
   std::vector<float> dq(out.size()), dk(k.size()), dv(v.size());
   Attrs attrs;
   attrs.scalar = scale;
+  attrs.causal = causal;
   std::vector<TensorType> tq = {{Shape{B, H, T, D}, DType::f32}},
                           tk = {{Shape{B, Hkv, T, D}, DType::f32}};
   std::vector<TensorType> fwd_in = {tq[0], tk[0], tk[0]},
@@ -203,12 +210,18 @@ TEST(Attention, BlockedCausalMatchesNaiveForwardAndBackward) {
                       bwd_out,
                       {q.data(), k.data(), v.data(), out.data(), lse.data(), dout.data()},
                       {dq.data(), dk.data(), dv.data()}});
-  Reference want = reference_attention(q, k, v, dout, B, H, Hkv, T, D, scale);
+  Reference want = reference_attention(q, k, v, dout, B, H, Hkv, T, D, scale, causal);
   EXPECT_LT(max_abs_diff(out, want.out), 1e-5);
   EXPECT_LT(max_abs_diff(dq, want.dq), 1e-4);
   EXPECT_LT(max_abs_diff(dk, want.dk), 1e-4);
   EXPECT_LT(max_abs_diff(dv, want.dv), 1e-4);
+  // The masked and unmasked kernels differ on these inputs (the flag reaches the kernel).
+  Reference other = reference_attention(q, k, v, dout, B, H, Hkv, T, D, scale, !causal);
+  EXPECT_GT(max_abs_diff(out, other.out), 1e-2);
 }
+
+INSTANTIATE_TEST_SUITE_P(CausalOrNot, Attention, ::testing::Bool(),
+                         [](const auto& info) { return info.param ? "Causal" : "Bidirectional"; });
 
 }  // namespace
 }  // namespace tessera::cpu
