@@ -147,7 +147,7 @@ int main(int argc, char** argv) {
   float loss = 0;
   auto one_step = [&] {
     for (size_t i = 0; i < tokens.size(); ++i) tokens[i] = id(rng), targets[i] = id(rng);
-    loss = step.forward_backward(tokens.data(), targets.data()).value();
+    loss = step.forward_backward(token_feed(tokens.data(), targets.data())).value();
     (void)step.apply(6e-4, 1.0).value();
   };
   for (int s = 0; s < o.warmup; ++s) one_step();

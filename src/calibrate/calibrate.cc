@@ -144,7 +144,7 @@ struct RealStep {
   std::vector<int32_t> tokens, targets;
 
   Status run() {
-    TS_RETURN_IF_ERROR(step->forward_backward(tokens.data(), targets.data()).status());
+    TS_RETURN_IF_ERROR(step->forward_backward(token_feed(tokens.data(), targets.data())).status());
     return step->apply(1e-4, 1.0).status();
   }
 };
@@ -240,7 +240,8 @@ Result<Calibration> calibrate(Communicator& world, const CalibrationOptions& o) 
   step->time_instructions(&seconds);
   for (int r = 0; r < o.reps; ++r) {
     TS_RETURN_IF_ERROR(world.barrier("calibrate ops"));
-    TS_RETURN_IF_ERROR(step->forward_backward(real->tokens.data(), real->targets.data()).status());
+    TS_RETURN_IF_ERROR(
+        step->forward_backward(token_feed(real->tokens.data(), real->targets.data())).status());
     for (size_t j = 0; j < compute.size(); ++j) t[j].push_back(seconds[compute[j]]);
     double t0 = now();
     TS_RETURN_IF_ERROR(step->apply(1e-4, 1.0).status());
@@ -356,7 +357,8 @@ Result<Calibration> calibrate(Communicator& world, const CalibrationOptions& o) 
         double measured, timed(world, o.check_steps, [&]() -> Status {
           double s0 = now();
           TS_RETURN_IF_ERROR(
-              real->step->forward_backward(real->tokens.data(), real->targets.data()).status());
+              real->step->forward_backward(token_feed(real->tokens.data(), real->targets.data()))
+                  .status());
           double t0 = now();
           TS_RETURN_IF_ERROR(real->step->apply(1e-4, 1.0).status());
           optimizer.push_back(now() - t0);

@@ -53,13 +53,25 @@ Status validate(const ModelConfig& cfg);
 std::optional<ModelConfig> find_preset(const std::string& name);
 std::vector<std::string> preset_names();
 
+// The inputs of the language models (GPT, LLaMA).
+inline constexpr char kTokensInput[] = "tokens";
+inline constexpr char kTargetsInput[] = "targets";
+
+// One of a model graph's inputs. Every input's leading dimension is the batch (data
+// parallelism splits it); a data source provides them by name (runtime/feed.h).
+struct ModelInput {
+  std::string name;
+  ValueId value = -1;
+  bool target = false;  // what the loss compares against (loss and train modes only)
+};
+
 struct ModelGraph {
   Graph graph;
-  ValueId tokens = -1;   // i32 [B, T]
-  ValueId targets = -1;  // i32 [B, T] (loss and train modes)
-  ValueId logits = -1;   // f32 [B*T, vocab_rows]; the first vocab_size columns are the classes
-  ValueId loss = -1;     // f32 [] (loss and train modes)
-  int64_t classes = 0;   // ModelConfig::vocab_size: the logits' columns that are tokens
+  // Language models: "tokens" i32 [B, T], then "targets" i32 [B, T] (loss and train modes).
+  std::vector<ModelInput> inputs;
+  ValueId logits = -1;  // f32 [B*T, vocab_rows]; the first vocab_size columns are the classes
+  ValueId loss = -1;    // f32 [] (loss and train modes)
+  int64_t classes = 0;  // ModelConfig::vocab_size: the logits' columns that are tokens
   int64_t batch = 0, seq = 0;
 };
 

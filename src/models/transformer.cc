@@ -118,8 +118,8 @@ ModelGraph build_model(const ModelConfig& c, int64_t batch, int64_t seq, ModelMo
   m.classes = c.vocab_size;
   Builder b(&m.graph);
   const int64_t C = c.n_embd, V = c.vocab_rows();
-  Var tokens = b.input("tokens", Shape{batch, seq}, DType::i32);
-  m.tokens = tokens.id;
+  Var tokens = b.input(kTokensInput, Shape{batch, seq}, DType::i32);
+  m.inputs.push_back({kTokensInput, tokens.id, false});
   Var emb, x;
   if (c.family == "gpt") {
     emb = b.parameter("wte", Shape{V, C}, Init::normal, c.init_std);
@@ -155,8 +155,8 @@ ModelGraph build_model(const ModelConfig& c, int64_t batch, int64_t seq, ModelMo
   m.logits = logits.id;
   if (mode == ModelMode::logits || keep_logits) m.graph.mark_output(logits.id);
   if (mode == ModelMode::logits) return m;
-  Var targets = b.input("targets", Shape{batch, seq}, DType::i32);
-  m.targets = targets.id;
+  Var targets = b.input(kTargetsInput, Shape{batch, seq}, DType::i32);
+  m.inputs.push_back({kTargetsInput, targets.id, true});
   Var loss;
   {
     auto s = b.scope("loss");

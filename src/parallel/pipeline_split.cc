@@ -15,6 +15,9 @@ std::string pipe_act_name(int chunk, int i) {
 std::string pipe_grad_name(int chunk, int i) {
   return "pipe.grad." + std::to_string(chunk) + "." + std::to_string(i);
 }
+bool is_pipeline_input(const std::string& name) {
+  return name.rfind("pipe.", 0) == 0 || name.rfind("stash.", 0) == 0;
+}
 
 namespace {
 

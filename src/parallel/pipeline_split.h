@@ -72,5 +72,8 @@ std::vector<int> forward_backward_phases(const Graph& g);
 // Name of the i-th activation chunk c receives, and of its gradient.
 std::string pipe_act_name(int chunk, int i);
 std::string pipe_grad_name(int chunk, int i);
+// Whether a chunk graph's input is one the pipeline itself fills (an activation or gradient
+// received from a neighbour, a value stashed between phases), not a model input.
+bool is_pipeline_input(const std::string& name);
 
 }  // namespace tessera

@@ -10,8 +10,6 @@ namespace tessera {
 
 namespace {
 
-bool starts_with(const std::string& s, const char* p) { return s.rfind(p, 0) == 0; }
-
 // Tags on the pipeline axis: the activations into model chunk k travel on 2k, the gradients
 // into chunk k (from k + 1) on 2k + 1; tied gradients on the last two tags.
 constexpr int kTiedUpTag = Communicator::kMaxP2PTag - 1;
@@ -95,10 +93,9 @@ Result<std::unique_ptr<PipelineRunner>> PipelineRunner::create(const Graph& mode
     for (const Graph& g : c.phases.graphs)
       for (ValueId in : g.inputs()) {
         const std::string& name = g.name_of(in);
-        if (name != "tokens" && name != "targets" && !starts_with(name, "pipe.") &&
-            !starts_with(name, "stash."))
+        if (model.find_input(name) < 0 && !is_pipeline_input(name))
           return error("pipeline: chunk input '" + name + "' has no source",
-                       "the pipeline runtime feeds tokens, targets and the pipeline's "
+                       "the pipeline runtime feeds the model's inputs and the pipeline's "
                        "activations and gradients");
       }
   }
@@ -235,13 +232,7 @@ Status PipelineRunner::reap_sends(bool all) {
 Status PipelineRunner::feed_forward(const PipeAction& a, Executor& ex) {
   const ChunkProgram& c = pp_.chunks[static_cast<size_t>(model_chunk(a.chunk))];
   if (!c.recv.empty()) TS_RETURN_IF_ERROR(take_recv(a, ex, in_phase(c, 0, c.recv)));
-  const Graph& g = ex.graph();
-  for (auto [name, data] :
-       {std::make_pair("tokens", tokens_), std::make_pair("targets", targets_)}) {
-    const ValueId in = g.find_input(name);
-    if (in >= 0) ex.set_input(name, data + a.micro_batch * g.type(in).shape.numel());
-  }
-  return Status();
+  return feed_->bind(ex, a.micro_batch);
 }
 
 void PipelineRunner::load_stash(int v, int ph, Executor& ex, int slot, int wslot) {
@@ -319,9 +310,8 @@ Status PipelineRunner::run_action(const PipeAction& a) {
   return Status();
 }
 
-Result<float> PipelineRunner::forward_backward(const int32_t* tokens, const int32_t* targets) {
-  tokens_ = tokens;
-  targets_ = targets;
+Result<float> PipelineRunner::forward_backward(const Feed& feed) {
+  feed_ = &feed;
   loss_sum_ = 0;
   const std::vector<PipeAction>& actions = pp_.schedule.actions[static_cast<size_t>(stage_)];
   for (size_t t = 0; t < actions.size(); ++t) {
@@ -382,9 +372,8 @@ Result<double> PipelineRunner::apply(double lr, double clip) {
   return norm;
 }
 
-Result<float> PipelineRunner::evaluate(const int32_t* tokens, const int32_t* targets) {
-  tokens_ = tokens;
-  targets_ = targets;
+Result<float> PipelineRunner::evaluate(const Feed& feed) {
+  feed_ = &feed;
   double loss = 0;
   // Local chunks in model-chunk order: chunk v waits for chunk v * stages - 1 of the last stage.
   for (int v = 0; v < local_chunks(); ++v) {

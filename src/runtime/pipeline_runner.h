@@ -18,7 +18,7 @@
 //   TS_ASSIGN_OR_RETURN(PipelineProgram pp, lower_pipeline(model.graph, plan));
 //   TS_ASSIGN_OR_RETURN(auto step, PipelineRunner::create(model.graph, pp, cpu, comms, adamw));
 //   step->init_params(seed);                    // the same model as on one rank
-//   TS_ASSIGN_OR_RETURN(float loss, step->forward_backward(tokens, targets));  // all micro-batches
+//   TS_ASSIGN_OR_RETURN(float loss, step->forward_backward(feed));  // all micro-batches
 //   TS_ASSIGN_OR_RETURN(double norm, step->apply(lr, clip));
 #pragma once
 
@@ -51,16 +51,16 @@ class PipelineRunner {
 
   void init_params(uint64_t seed);
   // The forward and backward passes of one step over plan.micro_batches micro-batches.
-  // tokens/targets: this rank's rows of every micro-batch, micro-batch j at j * rows * T.
-  // Returns the mean loss over the micro-batches, the same on every rank.
-  Result<float> forward_backward(const int32_t* tokens, const int32_t* targets);
+  // `feed`: this rank's rows of every micro-batch of each model input, one micro-batch after
+  // the other. Returns the mean loss over the micro-batches, the same on every rank.
+  Result<float> forward_backward(const Feed& feed);
   // Clips to `clip` (<= 0: none) by the norm over every stage and steps AdamW. Returns the
   // pre-clip norm, the same on every rank.
   Result<double> apply(double lr, double clip);
 
-  // The loss of one batch (tokens/targets: this rank's rows of one micro-batch), the forward
-  // phases only, passed down the stages; the same on every rank. Collective. Between steps.
-  Result<float> evaluate(const int32_t* tokens, const int32_t* targets);
+  // The loss of one batch (`feed`: this rank's rows of one micro-batch), the forward phases
+  // only, passed down the stages; the same on every rank. Collective. Between steps.
+  Result<float> evaluate(const Feed& feed);
   // Whether this rank's chunk v writes parameter i into a checkpoint as far as the pipeline is
   // concerned: a tied parameter is written by its first holder only (StepRunner::writes_param
   // picks among the stage's data and tensor ranks).
@@ -112,8 +112,7 @@ class PipelineRunner {
   std::map<std::tuple<bool, int, int>, std::unique_ptr<Message>> recvs_;
   std::vector<std::unique_ptr<Message>> sends_;
   int64_t p2p_bytes_ = 0, p2p_high_water_ = 0;
-  const int32_t* tokens_ = nullptr;
-  const int32_t* targets_ = nullptr;
+  const Feed* feed_ = nullptr;  // forward_backward's or evaluate's, during the call
   double loss_sum_ = 0;
   // Tied parameters: (local chunk, parameter index) and the model chunks holding each, in order.
   struct Tied {

@@ -305,11 +305,10 @@ Status StepRunner::run_instructions(const std::vector<Instruction>& list, Execut
   return Status();
 }
 
-Result<float> StepRunner::forward_backward(const int32_t* tokens, const int32_t* targets) {
+Result<float> StepRunner::forward_backward(const Feed& feed) {
   TS_CHECK_LT(accumulated_, prog_.plan.micro_batches)
       << "forward_backward called more often than the plan's micro_batches before apply()";
-  exec_->set_input("tokens", tokens);
-  exec_->set_input("targets", targets);
+  TS_RETURN_IF_ERROR(feed.bind(*exec_));
   TS_RETURN_IF_ERROR(run_instructions(prog_.micro_step, *exec_));
   for (size_t i = 0; i < grads_.size(); ++i)
     accumulate_grad(grads_[i].data(), exec_->data<float>(prog_.part.params[i].local_grad),
@@ -386,10 +385,9 @@ Status StepRunner::add_evaluation(const Graph& eval_global) {
   return Status();
 }
 
-Result<float> StepRunner::evaluate(const int32_t* tokens, const int32_t* targets) {
+Result<float> StepRunner::evaluate(const Feed& feed) {
   TS_CHECK(eval_exec_ != nullptr) << "evaluate() before add_evaluation()";
-  eval_exec_->set_input("tokens", tokens);
-  eval_exec_->set_input("targets", targets);
+  TS_RETURN_IF_ERROR(feed.bind(*eval_exec_));
   TS_RETURN_IF_ERROR(run_instructions(eval_prog_->micro_step, *eval_exec_));
   return *eval_exec_->data<float>(eval_prog_->part.loss);
 }

@@ -6,7 +6,7 @@
 //   TS_ASSIGN_OR_RETURN(auto step, StepRunner::create(model.graph, plan, cpu, comms, adamw));
 //   step->init_params(seed);                          // the same model on any plan
 //   for (int k = 0; k < plan.micro_batches; ++k)
-//     TS_ASSIGN_OR_RETURN(float loss, step->forward_backward(x, y));  // this rank's rows
+//     TS_ASSIGN_OR_RETURN(float loss, step->forward_backward(Feed(model, {x, y})));  // rows
 //   TS_ASSIGN_OR_RETURN(double norm, step->apply(lr, clip));
 //
 // forward_backward executes the Program's micro_step instructions: compute on the backend,
@@ -27,6 +27,7 @@
 #include "comm/communicator.h"
 #include "parallel/program.h"
 #include "runtime/executor.h"
+#include "runtime/feed.h"
 #include "runtime/optimizer.h"
 
 namespace tessera {
@@ -84,8 +85,8 @@ class StepRunner {
   int rank() const { return rank_; }
 
   void init_params(uint64_t seed);
-  // tokens/targets: this rank's rows of the global micro-batch.
-  Result<float> forward_backward(const int32_t* tokens, const int32_t* targets);
+  // `feed`: this rank's rows of the global micro-batch of every model input.
+  Result<float> forward_backward(const Feed& feed);
   // After plan.micro_batches forward_backward calls: averages the gradients over them, clips
   // to `clip` (<= 0: no clipping) and steps AdamW with lr. Returns the pre-clip norm.
   Result<double> apply(double lr, double clip);
@@ -116,9 +117,9 @@ class StepRunner {
   // global batch; it must outlive the runner) is lowered like the training graph, and its
   // executor reads this rank's parameter pieces in place, with an arena of its own.
   Status add_evaluation(const Graph& eval_global);
-  // The global loss of one evaluation batch (tokens/targets: this rank's rows), the same on
-  // every rank. Collective; after add_evaluation.
-  Result<float> evaluate(const int32_t* tokens, const int32_t* targets);
+  // The global loss of one evaluation batch (`feed`: this rank's rows), the same on every
+  // rank. Collective; after add_evaluation.
+  Result<float> evaluate(const Feed& feed);
   Executor* eval_executor() { return eval_exec_.get(); }
 
   // Parameter i as stored here: pointer to its local piece and where that piece lies.

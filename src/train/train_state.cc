@@ -115,7 +115,7 @@ std::string TrainState::describe_memory() const {
          eval_arena + "\n";
 }
 
-nlohmann::json TrainState::manifest(int64_t completed, const DataLoader& train) const {
+nlohmann::json TrainState::manifest(int64_t completed, const BatchStream& train) const {
   const AdamW& opt = pipelined() ? pipe->chunk(0).optimizer() : runner->optimizer();
   const AdamWConfig& ac = opt.config();
   nlohmann::json m = {{"step", completed},
@@ -157,7 +157,8 @@ Result<bool> TrainState::params_finite() const {
   return bad == 0;
 }
 
-Status TrainState::save(const std::string& root, int64_t completed, const DataLoader& train) const {
+Status TrainState::save(const std::string& root, int64_t completed,
+                        const BatchStream& train) const {
   // A distributed run writes each rank's pieces; one process writes plain safetensors files.
   if (distributed()) return save_sharded(root, completed, manifest(completed, train));
   const Graph& g = model.graph;
@@ -224,7 +225,7 @@ Status TrainState::save_sharded(const std::string& root, int64_t completed,
   return Status();
 }
 
-Result<int64_t> TrainState::load(const std::string& root, DataLoader* train) {
+Result<int64_t> TrainState::load(const std::string& root, BatchStream* train) {
   TS_ASSIGN_OR_RETURN(ShardedCheckpoint ck, ShardedCheckpoint::open(root));
   const nlohmann::json& m = ck.manifest();
   std::string where = "checkpoint " + ck.dir();

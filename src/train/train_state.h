@@ -6,8 +6,8 @@
 #include <string>
 
 #include "backend/backend.h"
+#include "data/batch_stream.h"
 #include "data/bpe_tokenizer.h"
-#include "data/loader.h"
 #include "io/sharded_checkpoint.h"
 #include "models/model.h"
 #include "runtime/pipeline_runner.h"
@@ -44,11 +44,10 @@ class TrainState {
   // schedule interleaves them), else one.
   int64_t micro_batches_per_call() const { return pipelined() ? plan().micro_batches : 1; }
 
-  // tokens/targets: this rank's rows of micro_batches_per_call() micro-batches, one after the
-  // other. Returns their mean loss (global, the same on every rank).
-  Result<float> forward_backward(const int32_t* tokens, const int32_t* targets) {
-    return pipelined() ? pipe->forward_backward(tokens, targets)
-                       : runner->forward_backward(tokens, targets);
+  // `feed`: this rank's rows of micro_batches_per_call() micro-batches, one after the other.
+  // Returns their mean loss (global, the same on every rank).
+  Result<float> forward_backward(const Feed& feed) {
+    return pipelined() ? pipe->forward_backward(feed) : runner->forward_backward(feed);
   }
   Result<double> apply(double lr, double clip) {
     return pipelined() ? pipe->apply(lr, clip) : runner->apply(lr, clip);
@@ -62,8 +61,8 @@ class TrainState {
   }
   // The global loss of one evaluation batch (this rank's rows), under the training plan on this
   // rank's parameter pieces in place: StepRunner::evaluate, or the stages' forward phases.
-  Result<float> evaluate(const int32_t* tokens, const int32_t* targets) {
-    return pipelined() ? pipe->evaluate(tokens, targets) : runner->evaluate(tokens, targets);
+  Result<float> evaluate(const Feed& feed) {
+    return pipelined() ? pipe->evaluate(feed) : runner->evaluate(feed);
   }
   // The whole parameters in the model graph's order, at least on rank 0. Collective.
   Status gather_params(std::vector<std::vector<float>>* whole) {
@@ -92,10 +91,10 @@ class TrainState {
   // Writes <root>/step-N (parameters, AdamW moments, loader position, config) and prunes old
   // checkpoints beyond opts.keep_ckpts. Distributed: every rank writes its shards, rank 0
   // commits after all succeeded (the checkpoint loads under any plan).
-  Status save(const std::string& root, int64_t completed_steps, const DataLoader& train) const;
+  Status save(const std::string& root, int64_t completed_steps, const BatchStream& train) const;
   // Loads the newest checkpoint under root (or a step directory), written under any plan,
   // re-sharding to this one; returns its completed steps.
-  Result<int64_t> load(const std::string& root, DataLoader* train);
+  Result<int64_t> load(const std::string& root, BatchStream* train);
   // Only the parameters of a checkpoint (any plan; e.g. one `tessera import hf` wrote),
   // for a new run that starts from them: `train --init-from`. The model must match.
   Status init_params_from(const std::string& checkpoint);
@@ -109,7 +108,7 @@ class TrainState {
   Status read_held(const ShardedCheckpoint& ck, bool with_moments);
   Status save_sharded(const std::string& root, int64_t completed,
                       const nlohmann::json& manifest) const;
-  nlohmann::json manifest(int64_t completed, const DataLoader& train) const;
+  nlohmann::json manifest(int64_t completed, const BatchStream& train) const;
   // The parameters this rank holds (a pipeline stage: each of its chunks'), with whether it
   // writes each into a checkpoint (one copy of every element over all ranks).
   struct HeldParam {

@@ -56,16 +56,23 @@ Result<std::string> prepare_data(const TrainOptions& o, const Gpt2Tokenizer& tok
   return dir;
 }
 
+Feed feed_of(const HostBatch& batch) {
+  Feed f;
+  for (const auto& [name, bytes] : batch.inputs) f.set(name, bytes.data());
+  return f;
+}
+
 // The validation loss over `batches` global batches, evaluated under the training plan: each
 // data-parallel rank feeds its rows of each batch, and every rank gets the global mean.
-Result<double> evaluate(TrainState& st, DataLoader& val, int64_t batches) {
+Result<double> evaluate(TrainState& st, BatchStream& val, int64_t batches) {
   Status s = val.restore(st.val_start);
   TS_CHECK(s.ok()) << s.to_string();
-  std::vector<int32_t> x, y;
+  HostBatch batch;
   double total = 0;
   for (int64_t i = 0; i < batches; ++i) {
-    val.next(&x, &y);
-    TS_ASSIGN_OR_RETURN(float loss, st.evaluate(x.data(), y.data()));
+    batch.clear();
+    val.next(&batch);
+    TS_ASSIGN_OR_RETURN(float loss, st.evaluate(feed_of(batch)));
     total += loss;
   }
   return total / static_cast<double>(batches);
@@ -143,14 +150,16 @@ Status train(const TrainOptions& o, const TrainJob& job) {
   const bool leader = !world || world->rank() == 0;
   TS_ASSIGN_OR_RETURN(Gpt2Tokenizer tok, Gpt2Tokenizer::load(job.shipped_data_dir + "/gpt2"));
   TS_ASSIGN_OR_RETURN(std::string data_dir, prepare_data(o, tok, job.shipped_data_dir));
-  TS_ASSIGN_OR_RETURN(DataLoader train,
+  TS_ASSIGN_OR_RETURN(DataLoader train_tokens,
                       DataLoader::open(data_dir + "/train.bin", static_cast<int>(cfg.vocab_size),
                                        static_cast<int>(o.batch / data_ranks),
                                        static_cast<int>(o.seq), data_index, data_ranks, o.seed));
-  TS_ASSIGN_OR_RETURN(DataLoader val,
+  TS_ASSIGN_OR_RETURN(DataLoader val_tokens,
                       DataLoader::open(data_dir + "/val.bin", static_cast<int>(cfg.vocab_size),
                                        static_cast<int>(o.batch / data_ranks),
                                        static_cast<int>(o.seq), data_index, data_ranks, 0));
+  BatchStream& train = train_tokens;
+  BatchStream& val = val_tokens;
   const bool has_checkpoint = fs::exists(fs::path(o.out) / "checkpoints" / "latest");
   if (o.resume && !has_checkpoint)
     return error(
@@ -216,7 +225,7 @@ Status train(const TrainOptions& o, const TrainJob& job) {
   if (leader) std::fputs(st.describe_memory().c_str(), stderr);
 
   Progress progress(o.steps, start_step, leader ? o.log_every : 0);
-  std::vector<int32_t> x, y, xj, yj;
+  HostBatch batch;
   auto t_start = Clock::now();
   int64_t steps_this_run = 0;
   int64_t last_saved = o.resume ? start_step : -1;  // the newest complete checkpoint
@@ -230,20 +239,11 @@ Status train(const TrainOptions& o, const TrainJob& job) {
     // Without stages, one micro-batch per call; a pipeline takes the step's at once.
     const int64_t per_call = st.micro_batches_per_call();
     for (int64_t micro = 0; micro < o.grad_accum; micro += per_call) {
-      if (per_call == 1) {
-        train.next(&x, &y);
-      } else {
-        x.clear();
-        y.clear();
-        for (int64_t j = 0; j < per_call; ++j) {
-          train.next(&xj, &yj);
-          x.insert(x.end(), xj.begin(), xj.end());
-          y.insert(y.end(), yj.begin(), yj.end());
-        }
-      }
+      batch.clear();
+      for (int64_t j = 0; j < per_call; ++j) train.next(&batch);
       if (measure && micro == 0) st.paint_arena();
       if (world) maybe_kill(world->rank(), step);
-      TS_ASSIGN_OR_RETURN(float l, st.forward_backward(x.data(), y.data()));
+      TS_ASSIGN_OR_RETURN(float l, st.forward_backward(feed_of(batch)));
       loss += l * static_cast<double>(per_call);
       if (measure && micro == 0) report_arena(st, world);
     }

@@ -124,8 +124,8 @@ inline void evaluate_held_out(StepRunner& step, int data_rank, int data_ranks, i
   global_batch(1000, 0, &x, &y, vocab);
   const int64_t rows = kBatch / data_ranks;
   step.eval_executor()->paint_arena();
-  Result<float> loss =
-      step.evaluate(x.data() + data_rank * rows * kSeq, y.data() + data_rank * rows * kSeq);
+  Result<float> loss = step.evaluate(
+      token_feed(x.data() + data_rank * rows * kSeq, y.data() + data_rank * rows * kSeq));
   EXPECT_TRUE(loss.ok()) << loss.status().to_string();
   r->eval_loss = loss.ok() ? loss.value() : 0.0f;
   r->eval_arena_measured = step.eval_executor()->measured_high_water();
@@ -153,7 +153,7 @@ inline RunResult run_single(int steps, int micro_batches, const ModelConfig& cfg
     float loss = 0;
     for (int k = 0; k < micro_batches; ++k) {
       global_batch(s, k, &x, &y, cfg.vocab_size);
-      loss += step.forward_backward(x.data(), y.data()).value();
+      loss += step.forward_backward(token_feed(x.data(), y.data())).value();
     }
     Result<double> norm = step.apply(kLr, /*clip=*/0.5);
     EXPECT_TRUE(norm.ok()) << norm.status().to_string();
@@ -200,8 +200,8 @@ inline RunResult run_rank(Communicator& world, const Plan& plan, int steps,
     float loss = 0;
     for (int k = 0; k < plan.micro_batches; ++k) {
       global_batch(s, k, &x, &y, cfg.vocab_size);
-      Result<float> l =
-          step.forward_backward(x.data() + idx * rows * kSeq, y.data() + idx * rows * kSeq);
+      Result<float> l = step.forward_backward(
+          token_feed(x.data() + idx * rows * kSeq, y.data() + idx * rows * kSeq));
       EXPECT_TRUE(l.ok()) << l.status().to_string();
       if (!l.ok()) return r;
       loss += l.value();

@@ -125,7 +125,7 @@ void check_model(const std::string& file) {
   const int32_t* tokens = ints(f.get("input.tokens"));
   const int32_t* targets = ints(f.get("input.targets"));
 
-  float loss = ts.forward_backward(tokens, targets).value();
+  float loss = ts.forward_backward(token_feed(tokens, targets)).value();
   float want = raw_floats(f.get("out.loss"))[0];
   EXPECT_NEAR(loss, want, 1e-5 * std::fabs(want)) << "loss";
   const TensorData& logits = f.get("out.logits");
@@ -146,7 +146,7 @@ void check_model(const std::string& file) {
   const TensorData& traj = f.get("traj.loss");
   double clip = meta_float(f, "grad_clip");
   for (int64_t step = 0; step < traj.numel(); ++step) {
-    if (step > 0) loss = ts.forward_backward(tokens, targets).value();
+    if (step > 0) loss = ts.forward_backward(token_feed(tokens, targets)).value();
     EXPECT_NEAR(loss, raw_floats(traj)[step], 1e-5 * std::fabs(raw_floats(traj)[step]))
         << "step " << step;
     ASSERT_TRUE(ts.apply(opt.lr, clip).ok());

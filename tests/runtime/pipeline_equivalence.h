@@ -55,7 +55,7 @@ inline PipeResult run_pipeline_rank(Communicator& world, const Plan& plan, int s
       ys.insert(ys.end(), y.begin() + idx * rows * kSeq, y.begin() + (idx + 1) * rows * kSeq);
     }
     if (s == steps - 1) step.paint_arena();
-    Result<float> loss = step.forward_backward(xs.data(), ys.data());
+    Result<float> loss = step.forward_backward(token_feed(xs.data(), ys.data()));
     if (!loss.ok()) {
       out.status = loss.status();
       return out;
