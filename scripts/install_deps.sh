@@ -6,7 +6,8 @@ packages=(build-essential cmake ninja-build pkg-config git
           libopenblas-dev libopenblas0-pthread
           nlohmann-json3-dev libtomlplusplus-dev libcli11-dev libgtest-dev libgmock-dev libbenchmark-dev
           libopenmpi-dev openmpi-bin
-          gnuplot-nox zlib1g-dev)  # tessera report: plots; its test reads PNGs
+          gnuplot-nox zlib1g-dev  # tessera report: plots; its test reads PNGs; IDX images
+          dataset-fashion-mnist)  # `train --model vit-tiny --data fashion-mnist`
 [ $# -gt 0 ] && packages=("$@")
 missing=()
 for p in "${packages[@]}"; do

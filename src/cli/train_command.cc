@@ -130,6 +130,15 @@ Result<ModelConfig> train_model(const TrainOptions& o) {
 Status run_train(const TrainOptions& options) {
   TrainOptions o = options;
   TS_ASSIGN_OR_RETURN(ModelConfig cfg, train_model(o));
+  if (task_of(cfg) == ModelTask::image_classes) {
+    // An image is its class token and patches: the sequence is the model's.
+    if (o.seq_given && o.seq != cfg.image_tokens())
+      return error("--seq " + std::to_string(o.seq) + ": " + cfg.name + " reads images as " +
+                       std::to_string(cfg.image_tokens()) + " tokens (the class token and " +
+                       std::to_string(cfg.patches()) + " patches)",
+                   "leave --seq out for image models");
+    o.seq = cfg.image_tokens();
+  }
   TS_RETURN_IF_ERROR(check_train_options(o, cfg));
   const bool automatic = o.plan == "auto";
   // `tessera launch` asks, in one process before it starts the ranks, whether the flags make a
@@ -182,11 +191,14 @@ void add_train_command(CLI::App& app, TrainOptions& o) {
   CLI::Option* model = cmd->add_option("--model", o.model, "Preset name or config.toml");
   model->capture_default_str();
   cmd->add_option("--data", o.data,
-                  "Directory with train.bin and val.bin (default: the shipped corpus)");
+                  "Directory with train.bin and val.bin (default: the shipped corpus); for image "
+                  "models a folder of IDX files, or fashion-mnist (the default)");
   cmd->add_option("--out", o.out, "Run directory: metrics.jsonl and checkpoints/")
       ->capture_default_str();
   cmd->add_option("--batch", o.batch, "Sequences per micro-batch")->capture_default_str();
-  cmd->add_option("--seq", o.seq, "Tokens per sequence")->capture_default_str();
+  CLI::Option* seq =
+      cmd->add_option("--seq", o.seq, "Tokens per sequence (image models: their image tokens)")
+          ->capture_default_str();
   cmd->add_option("--steps", o.steps, "Optimizer steps in total")->capture_default_str();
   cmd->add_option("--grad-accum", o.grad_accum, "Micro-batches per step")->capture_default_str();
   cmd->add_option("--lr", o.lr, "Peak learning rate")->capture_default_str();
@@ -267,8 +279,9 @@ void add_train_command(CLI::App& app, TrainOptions& o) {
   cmd->add_option("--comm-timeout", o.comm_timeout,
                   "Seconds a collective waits for a peer before the run fails")
       ->capture_default_str();
-  cmd->callback([&o, model] {
+  cmd->callback([&o, model, seq] {
     o.model_given = model->count() > 0;
+    o.seq_given = seq->count() > 0;
     exit_on_error(run_train(o));
   });
 }

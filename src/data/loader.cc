@@ -3,6 +3,7 @@
 #include <nlohmann/json.hpp>
 
 #include "base/check.h"
+#include "models/model.h"
 
 namespace tessera {
 namespace {
@@ -61,8 +62,8 @@ void DataLoader::next(std::vector<int32_t>* inputs, std::vector<int32_t>* target
 
 void DataLoader::next(HostBatch* batch) {
   next(&x_, &y_);
-  batch->append("tokens", x_.data(), x_.size());
-  batch->append("targets", y_.data(), y_.size());
+  batch->append(kTokensInput, x_.data(), x_.size());
+  batch->append(kTargetsInput, y_.data(), y_.size());
 }
 
 LoaderState DataLoader::state() const {

@@ -7,9 +7,10 @@ namespace tessera {
 namespace {
 
 const std::vector<std::string> kKeys = {
-    "preset",      "name",     "family",     "vocab_size",      "padded_vocab_size",
-    "n_layer",     "n_embd",   "n_head",     "n_kv_head",       "ffn_hidden",
-    "max_seq_len", "norm_eps", "rope_theta", "tied_embeddings", "init_std"};
+    "preset",      "name",       "family",     "vocab_size",      "padded_vocab_size",
+    "n_layer",     "n_embd",     "n_head",     "n_kv_head",       "ffn_hidden",
+    "max_seq_len", "norm_eps",   "rope_theta", "tied_embeddings", "init_std",
+    "image_size",  "patch_size", "channels"};
 
 Result<ModelConfig> preset_or_error(const std::string& name, const std::string& where) {
   if (auto p = find_preset(name)) return *p;
@@ -30,7 +31,7 @@ Result<ModelConfig> from_table(const TomlTable& root) {
     TS_ASSIGN_OR_RETURN(c, preset_or_error(preset, root.source() + ": key 'model.preset': "));
   }
   TS_ASSIGN_OR_RETURN(c.name, t.get_string("name", preset.empty() ? "custom" : c.name));
-  TS_ASSIGN_OR_RETURN(c.family, t.get_choice("family", {"gpt", "llama"}, c.family));
+  TS_ASSIGN_OR_RETURN(c.family, t.get_choice("family", {"gpt", "llama", "vit"}, c.family));
   TS_ASSIGN_OR_RETURN(c.vocab_size, t.get_int("vocab_size", c.vocab_size));
   TS_ASSIGN_OR_RETURN(c.padded_vocab_size, t.get_int("padded_vocab_size", c.padded_vocab_size));
   TS_ASSIGN_OR_RETURN(c.n_layer, t.get_int("n_layer", c.n_layer));
@@ -38,6 +39,11 @@ Result<ModelConfig> from_table(const TomlTable& root) {
   TS_ASSIGN_OR_RETURN(c.n_head, t.get_int("n_head", c.n_head));
   TS_ASSIGN_OR_RETURN(c.n_kv_head, t.get_int("n_kv_head", c.n_kv_head));
   TS_ASSIGN_OR_RETURN(c.ffn_hidden, t.get_int("ffn_hidden", c.ffn_hidden));
+  TS_ASSIGN_OR_RETURN(c.image_size, t.get_int("image_size", c.image_size));
+  TS_ASSIGN_OR_RETURN(c.patch_size, t.get_int("patch_size", c.patch_size));
+  TS_ASSIGN_OR_RETURN(c.channels, t.get_int("channels", c.channels));
+  // A vit's sequence follows from its image and patch sizes.
+  if (c.family == "vit") c.max_seq_len = c.image_tokens();
   TS_ASSIGN_OR_RETURN(c.max_seq_len, t.get_int("max_seq_len", c.max_seq_len));
   TS_ASSIGN_OR_RETURN(c.norm_eps, t.get_float("norm_eps", c.norm_eps));
   TS_ASSIGN_OR_RETURN(c.rope_theta, t.get_float("rope_theta", c.rope_theta));
@@ -83,6 +89,11 @@ nlohmann::json model_config_to_json(const ModelConfig& c) {
                       {"init_std", c.init_std}};
   if (c.family == "gpt") j["qkv_rows"] = kGptQkvRows;
   if (c.padded_vocab_size > 0) j["padded_vocab_size"] = c.padded_vocab_size;
+  if (c.family == "vit") {
+    j["image_size"] = c.image_size;
+    j["patch_size"] = c.patch_size;
+    j["channels"] = c.channels;
+  }
   return j;
 }
 
@@ -103,6 +114,9 @@ Result<ModelConfig> model_config_from_json(const nlohmann::json& j) {
     c.rope_theta = j.at("rope_theta").get<double>();
     c.tied_embeddings = j.at("tied_embeddings").get<bool>();
     c.init_std = j.at("init_std").get<double>();
+    c.image_size = j.value("image_size", int64_t{0});
+    c.patch_size = j.value("patch_size", int64_t{0});
+    c.channels = j.value("channels", int64_t{0});
     TS_RETURN_IF_ERROR(validate(c));
     if (c.family == "gpt" && j.value("qkv_rows", std::string("q|k|v")) != kGptQkvRows)
       return error(

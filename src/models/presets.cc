@@ -36,12 +36,33 @@ ModelConfig llama(const char* name, int64_t layers, int64_t width, int64_t heads
   return c;
 }
 
+// ViT with the ImageNet-1k head (the public vit-base/large/huge checkpoints' shapes).
+ModelConfig vit(const char* name, int64_t layers, int64_t width, int64_t heads, int64_t image,
+                int64_t patch, int64_t channels, int64_t classes) {
+  ModelConfig c;
+  c.name = name;
+  c.family = "vit";
+  c.n_layer = layers;
+  c.n_embd = width;
+  c.n_head = heads;
+  c.image_size = image;
+  c.patch_size = patch;
+  c.channels = channels;
+  c.vocab_size = classes;
+  c.max_seq_len = c.image_tokens();
+  c.norm_eps = 1e-6;
+  c.tied_embeddings = false;
+  return c;
+}
+
 std::vector<ModelConfig> all_presets() {
   return {
       // Sized to learn in minutes on 2 CPU cores (the `tessera train` default).
       gpt("gpt-mini", 4, 192, 6, 128),
       gpt("gpt-tiny", 2, 64, 4, 64),
       llama("llama-tiny", 2, 64, 4, 2, 128, 50257, 64, 10000.0),
+      // Fashion-MNIST's 28 x 28 grey images in 7 x 7 patches, 10 classes.
+      vit("vit-tiny", 4, 64, 4, 28, 7, 1, 10),
       // GPT-2 (Radford et al. 2019).
       gpt("gpt2-small", 12, 768, 12, 1024),
       gpt("gpt2-medium", 24, 1024, 16, 1024),
@@ -64,6 +85,10 @@ std::vector<ModelConfig> all_presets() {
       llama("llama3-8b", 32, 4096, 32, 8, 14336, 128256, 8192, 500000.0),
       llama("llama3-70b", 80, 8192, 64, 8, 28672, 128256, 8192, 500000.0),
       llama("llama3-405b", 126, 16384, 128, 8, 53248, 128256, 8192, 500000.0),
+      // ViT (Dosovitskiy et al. 2021, Table 1) at 224 x 224 with 1000 classes.
+      vit("vit-b16", 12, 768, 12, 224, 16, 3, 1000),
+      vit("vit-l16", 24, 1024, 16, 224, 16, 3, 1000),
+      vit("vit-h14", 32, 1280, 16, 224, 14, 3, 1000),
   };
 }
 
@@ -89,8 +114,14 @@ template <typename T>
 T params_as(const ModelConfig& c) {
   T C = static_cast<T>(c.n_embd), V = static_cast<T>(c.vocab_rows()), F = static_cast<T>(c.ffn()),
     L = static_cast<T>(c.n_layer);
-  if (c.family == "gpt") {
+  if (c.family == "gpt" || c.family == "vit") {
     T block = 4 * C + (3 * C * C + 3 * C) + (C * C + C) + (F * C + F) + (C * F + C);
+    if (c.family == "vit") {
+      T K = static_cast<T>(c.channels * c.patch_size * c.patch_size);
+      // patch embedding, class token, positions, blocks, final norm, head
+      return (C * K + C) + C + static_cast<T>(c.image_tokens()) * C + L * block + 2 * C +
+             (V * C + V);
+    }
     return V * C + static_cast<T>(c.max_seq_len) * C + L * block + 2 * C +
            (c.tied_embeddings ? 0 : V * C);
   }
@@ -108,8 +139,9 @@ Status validate(const ModelConfig& c) {
                    std::to_string(v));
     return Status();
   };
-  if (c.family != "gpt" && c.family != "llama")
-    return error("key 'family' is \"" + c.family + "\"; accepted values: \"gpt\", \"llama\"");
+  if (c.family != "gpt" && c.family != "llama" && c.family != "vit")
+    return error("key 'family' is \"" + c.family +
+                 "\"; accepted values: \"gpt\", \"llama\", \"vit\"");
   TS_RETURN_IF_ERROR(positive("vocab_size", c.vocab_size));
   if (c.padded_vocab_size != 0 && c.padded_vocab_size < c.vocab_size)
     return error("key 'padded_vocab_size' = " + std::to_string(c.padded_vocab_size) +
@@ -127,8 +159,30 @@ Status validate(const ModelConfig& c) {
     return error("n_kv_head = " + std::to_string(c.n_kv_head) +
                      " does not divide n_head = " + std::to_string(c.n_head),
                  "use a divisor of n_head (or 0 for n_head)");
-  if (c.family == "gpt" && c.n_kv_head > 0 && c.n_kv_head != c.n_head)
+  if (c.family != "llama" && c.n_kv_head > 0 && c.n_kv_head != c.n_head)
     return error("n_kv_head (grouped-query attention) is only supported by family \"llama\"");
+  if (c.family == "vit") {
+    TS_RETURN_IF_ERROR(positive("image_size", c.image_size));
+    TS_RETURN_IF_ERROR(positive("patch_size", c.patch_size));
+    TS_RETURN_IF_ERROR(positive("channels", c.channels));
+    if (c.image_size % c.patch_size != 0)
+      return error("patch_size = " + std::to_string(c.patch_size) +
+                       " does not divide image_size = " + std::to_string(c.image_size),
+                   "choose a patch size among the divisors of the image size");
+    if (c.image_size > (int64_t{1} << 16) || c.channels > 4096)
+      return error("image_size " + std::to_string(c.image_size) + " or channels " +
+                   std::to_string(c.channels) + " is too large (at most 65536 and 4096)");
+    if (c.max_seq_len != c.image_tokens())
+      return error("key 'max_seq_len' = " + std::to_string(c.max_seq_len) +
+                       ": a vit's sequence is its class token and patches, (image_size / "
+                       "patch_size)^2 + 1 = " +
+                       std::to_string(c.image_tokens()),
+                   "leave max_seq_len out of a vit config, or set it to " +
+                       std::to_string(c.image_tokens()));
+    if (c.tied_embeddings) return error("key 'tied_embeddings': a vit has no embedding to tie");
+  } else if (c.image_size != 0 || c.patch_size != 0 || c.channels != 0) {
+    return error("keys 'image_size', 'patch_size' and 'channels' are for family \"vit\" only");
+  }
   if (c.family == "llama" && c.head_dim() % 2 != 0)
     return error("head_dim = n_embd / n_head = " + std::to_string(c.head_dim()) +
                  " must be even for RoPE");

@@ -4,6 +4,7 @@
 #include "base/check.h"
 #include "ir/autodiff.h"
 #include "ir/builder.h"
+#include "models/blocks.h"
 #include "models/model.h"
 
 namespace tessera {
@@ -34,10 +35,7 @@ std::vector<float> gpt_qkv_from_standard(const float* standard, int64_t cols, in
   return out;
 }
 
-namespace {
-
-// GPT-2 block: x + attn(ln_1(x)), then x + mlp(ln_2(x)).
-Var gpt_block(Builder& b, const ModelConfig& c, Var x) {
+Var gpt_block(Builder& b, const ModelConfig& c, Var x, bool causal) {
   const int64_t C = c.n_embd, H = c.n_head, D = c.head_dim(), F = c.ffn();
   const double proj_std = c.init_std / std::sqrt(2.0 * static_cast<double>(c.n_layer));
   auto norm = [&](const char* name, Var in) {
@@ -64,7 +62,7 @@ Var gpt_block(Builder& b, const ModelConfig& c, Var x) {
       return b.transpose(one, {0, 2, 1, 3});
     };
     Var q = pick(0), k = pick(1), v = pick(2);
-    Var att = b.attention(q, k, v, 1.0 / std::sqrt(static_cast<double>(D)))[0];
+    Var att = b.attention(q, k, v, 1.0 / std::sqrt(static_cast<double>(D)), causal)[0];
     x = x + linear("proj", merge_heads(b, att), C, C, proj_std);
   }
   Var h = norm("ln_2", x);
@@ -72,6 +70,8 @@ Var gpt_block(Builder& b, const ModelConfig& c, Var x) {
   Var a = b.gelu(linear("fc", h, F, C, c.init_std));
   return x + linear("proj", a, C, F, proj_std);
 }
+
+namespace {
 
 // LLaMA block: x + attn(rmsnorm(x)), then x + swiglu-mlp(rmsnorm(x)).
 Var llama_block(Builder& b, const ModelConfig& c, Var x) {
@@ -108,9 +108,14 @@ Var llama_block(Builder& b, const ModelConfig& c, Var x) {
 
 }  // namespace
 
+ModelTask task_of(const ModelConfig& c) {
+  return c.family == "vit" ? ModelTask::image_classes : ModelTask::language_model;
+}
+
 ModelGraph build_model(const ModelConfig& c, int64_t batch, int64_t seq, ModelMode mode,
                        bool keep_logits) {
   TS_CHECK(validate(c).ok()) << validate(c).to_string();
+  if (c.family == "vit") return build_vit(c, batch, mode, keep_logits);
   TS_CHECK_LE(seq, c.max_seq_len);
   ModelGraph m;
   m.batch = batch;
@@ -132,7 +137,7 @@ ModelGraph build_model(const ModelConfig& c, int64_t batch, int64_t seq, ModelMo
   for (int64_t l = 0; l < c.n_layer; ++l) {
     b.set_layer(static_cast<int>(l));
     auto s = b.scope("h." + std::to_string(l));
-    x = c.family == "gpt" ? gpt_block(b, c, x) : llama_block(b, c, x);
+    x = c.family == "gpt" ? gpt_block(b, c, x, /*causal=*/true) : llama_block(b, c, x);
   }
   b.set_layer(-1);
   Var head;
@@ -152,23 +157,28 @@ ModelGraph build_model(const ModelConfig& c, int64_t batch, int64_t seq, ModelMo
     auto s = b.scope("lm_head");
     logits = b.matmul(b.reshape(x, Shape{batch * seq, C}), head, false, true);  // [B*T, V]
   }
-  m.logits = logits.id;
-  if (mode == ModelMode::logits || keep_logits) m.graph.mark_output(logits.id);
-  if (mode == ModelMode::logits) return m;
-  Var targets = b.input(kTargetsInput, Shape{batch, seq}, DType::i32);
-  m.inputs.push_back({kTargetsInput, targets.id, true});
+  finish_model(b, &m, logits, kTargetsInput, Shape{batch, seq}, mode, keep_logits);
+  return m;
+}
+
+void finish_model(Builder& b, ModelGraph* m, Var logits, const char* targets_name,
+                  const Shape& targets_shape, ModelMode mode, bool keep_logits) {
+  m->logits = logits.id;
+  if (mode == ModelMode::logits || keep_logits) m->graph.mark_output(logits.id);
+  if (mode == ModelMode::logits) return;
+  Var targets = b.input(targets_name, targets_shape, DType::i32);
+  m->inputs.push_back({targets_name, targets.id, true});
   Var loss;
   {
     auto s = b.scope("loss");
-    loss = b.cross_entropy(logits, b.reshape(targets, Shape{batch * seq}), c.vocab_size)[0];
+    loss = b.cross_entropy(logits, b.reshape(targets, Shape{logits.shape()[0]}), m->classes)[0];
   }
-  m.loss = loss.id;
+  m->loss = loss.id;
   if (mode == ModelMode::loss) {
-    m.graph.set_loss(loss.id);
+    m->graph.set_loss(loss.id);
   } else {
     append_backward(b, loss);
   }
-  return m;
 }
 
 }  // namespace tessera

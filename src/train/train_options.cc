@@ -29,7 +29,7 @@ Status check_train_options(const TrainOptions& o, const ModelConfig& cfg) {
     return error("--seq " + std::to_string(o.seq) + " exceeds max_seq_len " +
                      std::to_string(cfg.max_seq_len) + " of model " + cfg.name,
                  "use --seq <= " + std::to_string(cfg.max_seq_len));
-  if (cfg.vocab_size < Gpt2Tokenizer::kVocabSize)
+  if (task_of(cfg) == ModelTask::language_model && cfg.vocab_size < Gpt2Tokenizer::kVocabSize)
     return error("model vocab_size " + std::to_string(cfg.vocab_size) +
                  " is smaller than the GPT-2 tokenizer's 50257");
   if (!(o.lr > 0) || !std::isfinite(o.lr)) return error("--lr must be positive");

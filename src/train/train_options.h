@@ -12,7 +12,9 @@ namespace tessera {
 
 struct TrainOptions {
   std::string model = "gpt-mini";  // preset name or config.toml
-  std::string data;                // directory with train.bin / val.bin ("" = shipped corpus)
+  std::string data;  // language models: directory with train.bin / val.bin ("" = shipped
+                     // corpus); image models: a folder of IDX files ("" or "fashion-mnist":
+                     // Debian's dataset-fashion-mnist)
   std::string out = "runs/default";
   int64_t batch = 8;
   int64_t seq = 128;
@@ -33,6 +35,7 @@ struct TrainOptions {
   bool resume = false;
   std::string init_from;     // --init-from: a checkpoint whose parameters start a new run
   bool model_given = false;  // --model was on the command line (not the default)
+  bool seq_given = false;    // --seq was (image models take their own: image tokens)
   int64_t stop_after = 0;    // stop (with a checkpoint) after this many steps of this run; 0: off
   // Distributed (under mpirun): --batch is the global micro-batch, split over the data ranks.
   int dp = 0;        // data-parallel ranks (0: the MPI world size / tp)

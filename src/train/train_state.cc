@@ -1,5 +1,6 @@
 #include "train/train_state.h"
 
+#include <algorithm>
 #include <cmath>
 #include <cstring>
 #include <random>
@@ -303,17 +304,57 @@ Status TrainState::init_params_from(const std::string& checkpoint) {
   return read_held(ck, /*with_moments=*/false);
 }
 
+namespace {
+
+// An executor of `gen` holding the whole parameters of `model` (the same names).
+void load_whole(Executor& ex, const ModelGraph& gen, const Graph& model,
+                const std::vector<std::vector<float>>& whole) {
+  for (size_t i = 0; i < model.params().size(); ++i) {
+    const ValueId q = gen.graph.find_param(model.name_of(model.params()[i]));
+    TS_CHECK_GE(q, 0) << model.name_of(model.params()[i]);
+    std::memcpy(ex.raw(q), whole[i].data(), whole[i].size() * sizeof(float));
+  }
+}
+
+}  // namespace
+
+double TrainState::accuracy(const std::vector<std::vector<float>>& whole, BatchStream& stream,
+                            int64_t batches) {
+  ModelGraph gen = build_model(cfg, opts.batch, opts.seq, ModelMode::logits);
+  Executor ex(gen.graph, backend);
+  load_whole(ex, gen, model.graph, whole);
+  std::string labels_name;  // the training graph's target input
+  for (const ModelInput& in : model.inputs)
+    if (in.target) labels_name = in.name;
+  int64_t right = 0, seen = 0;
+  HostBatch batch;
+  for (int64_t b = 0; b < batches; ++b) {
+    batch.clear();
+    stream.next(&batch);
+    Feed feed;
+    for (const auto& [name, bytes] : batch.inputs) feed.set(name, bytes.data());
+    Status s = feed.bind(ex);
+    TS_CHECK(s.ok()) << s.to_string();
+    ex.run();
+    const float* logits = ex.data<float>(gen.logits);
+    const auto* labels = reinterpret_cast<const int32_t*>(batch.buffer(labels_name).data());
+    const int64_t rows = gen.graph.type(gen.logits).shape[0], cols = gen.classes,
+                  stride = gen.graph.type(gen.logits).shape[1];
+    for (int64_t r = 0; r < rows; ++r) {
+      const float* row = logits + r * stride;
+      right += std::max_element(row, row + cols) - row == labels[r];
+    }
+    seen += rows;
+  }
+  return seen > 0 ? static_cast<double>(right) / static_cast<double>(seen) : 0.0;
+}
+
 std::string TrainState::sample(const std::vector<std::vector<float>>& whole,
                                const std::vector<int32_t>& prompt, int tokens, uint64_t seed,
                                const Gpt2Tokenizer& tok) {
   ModelGraph gen = build_model(cfg, 1, opts.seq, ModelMode::logits);
   Executor ex(gen.graph, backend);
-  const Graph& g = model.graph;
-  for (size_t i = 0; i < g.params().size(); ++i) {
-    const ValueId q = gen.graph.find_param(g.name_of(g.params()[i]));
-    TS_CHECK_GE(q, 0) << g.name_of(g.params()[i]);
-    std::memcpy(ex.raw(q), whole[i].data(), whole[i].size() * sizeof(float));
-  }
+  load_whole(ex, gen, model.graph, whole);
   std::mt19937_64 rng(seed);
   std::vector<int32_t> out = sample_tokens(ex, gen, prompt, tokens, SampleOptions{}, rng);
   std::vector<int32_t> all = prompt;

@@ -98,6 +98,10 @@ class TrainState {
   // Only the parameters of a checkpoint (any plan; e.g. one `tessera import hf` wrote),
   // for a new run that starts from them: `train --init-from`. The model must match.
   Status init_params_from(const std::string& checkpoint);
+  // The share of `batches` whole global batches of `stream` whose top logit is their label
+  // (image models), with the whole parameters `whole` (gather_params), in one process.
+  double accuracy(const std::vector<std::vector<float>>& whole, BatchStream& stream,
+                  int64_t batches);
   // Generates from `whole` (StepRunner::gather_params) in one process.
   std::string sample(const std::vector<std::vector<float>>& whole,
                      const std::vector<int32_t>& prompt, int tokens, uint64_t seed,

@@ -18,6 +18,7 @@
 #include "base/check.h"
 #include "base/format.h"
 #include "data/bpe_tokenizer.h"
+#include "data/image_set.h"
 #include "data/loader.h"
 #include "data/tokenize_corpus.h"
 #include "io/fs.h"
@@ -54,6 +55,63 @@ Result<std::string> prepare_data(const TrainOptions& o, const Gpt2Tokenizer& tok
   std::fprintf(stderr, "tokenizing the shipped corpus %s (once)...\n", text.c_str());
   TS_RETURN_IF_ERROR(tokenize_corpus(text, dir, 0.05, tok));
   return dir;
+}
+
+// Where `--data fashion-mnist` (and no --data, for image models) reads from: Debian's
+// dataset-fashion-mnist, or $TESSERA_FASHION_MNIST_DIR.
+std::string fashion_mnist_dir() {
+  const char* env = std::getenv("TESSERA_FASHION_MNIST_DIR");
+  return env ? env : "/usr/share/datasets/fashion-mnist";
+}
+
+// What a run reads: its training and validation streams (this rank's rows), and for image
+// models the validation batches whole, for rank 0's accuracy.
+struct RunData {
+  std::unique_ptr<BatchStream> train, val, val_whole;
+  std::optional<Gpt2Tokenizer> tok;  // language models
+};
+
+Result<RunData> open_data(const TrainOptions& o, const TrainJob& job, int data_index,
+                          int data_ranks) {
+  const ModelConfig& cfg = job.cfg;
+  const int rows = static_cast<int>(o.batch / data_ranks);
+  RunData d;
+  if (task_of(cfg) == ModelTask::image_classes) {
+    const std::string dir =
+        o.data.empty() || o.data == "fashion-mnist" ? fashion_mnist_dir() : o.data;
+    if (!fs::exists(dir) && dir == fashion_mnist_dir())
+      return error("Fashion-MNIST is not installed at " + dir,
+                   "install Debian's dataset-fashion-mnist (scripts/install_deps.sh does), or "
+                   "pass --data DIR with a folder of IDX files");
+    std::shared_ptr<ImageSet> sets[2];
+    const char* splits[2] = {"train", "t10k"};
+    for (int i = 0; i < 2; ++i) {
+      TS_ASSIGN_OR_RETURN(ImageSet set, ImageSet::open(dir, splits[i]));
+      TS_RETURN_IF_ERROR(check_images_fit(set, cfg.channels, cfg.image_size, cfg.vocab_size));
+      sets[i] = std::make_shared<ImageSet>(std::move(set));
+    }
+    TS_ASSIGN_OR_RETURN(ImageLoader train,
+                        ImageLoader::open(sets[0], rows, data_index, data_ranks, o.seed));
+    TS_ASSIGN_OR_RETURN(ImageLoader val,
+                        ImageLoader::open(sets[1], rows, data_index, data_ranks, 0));
+    TS_ASSIGN_OR_RETURN(ImageLoader whole,
+                        ImageLoader::open(sets[1], static_cast<int>(o.batch), 0, 1, 0));
+    d.train = std::make_unique<ImageLoader>(std::move(train));
+    d.val = std::make_unique<ImageLoader>(std::move(val));
+    d.val_whole = std::make_unique<ImageLoader>(std::move(whole));
+    return d;
+  }
+  TS_ASSIGN_OR_RETURN(Gpt2Tokenizer tok, Gpt2Tokenizer::load(job.shipped_data_dir + "/gpt2"));
+  TS_ASSIGN_OR_RETURN(std::string data_dir, prepare_data(o, tok, job.shipped_data_dir));
+  d.tok = std::move(tok);
+  const int vocab = static_cast<int>(cfg.vocab_size), seq = static_cast<int>(o.seq);
+  TS_ASSIGN_OR_RETURN(DataLoader train, DataLoader::open(data_dir + "/train.bin", vocab, rows, seq,
+                                                         data_index, data_ranks, o.seed));
+  TS_ASSIGN_OR_RETURN(DataLoader val, DataLoader::open(data_dir + "/val.bin", vocab, rows, seq,
+                                                       data_index, data_ranks, 0));
+  d.train = std::make_unique<DataLoader>(std::move(train));
+  d.val = std::make_unique<DataLoader>(std::move(val));
+  return d;
 }
 
 Feed feed_of(const HostBatch& batch) {
@@ -148,18 +206,11 @@ Status train(const TrainOptions& o, const TrainJob& job) {
   const int data_ranks = distributed ? plan.data_group() : 1;
   const int data_index = distributed ? plan.mesh.group_index(world->rank(), plan.data_axes) : 0;
   const bool leader = !world || world->rank() == 0;
-  TS_ASSIGN_OR_RETURN(Gpt2Tokenizer tok, Gpt2Tokenizer::load(job.shipped_data_dir + "/gpt2"));
-  TS_ASSIGN_OR_RETURN(std::string data_dir, prepare_data(o, tok, job.shipped_data_dir));
-  TS_ASSIGN_OR_RETURN(DataLoader train_tokens,
-                      DataLoader::open(data_dir + "/train.bin", static_cast<int>(cfg.vocab_size),
-                                       static_cast<int>(o.batch / data_ranks),
-                                       static_cast<int>(o.seq), data_index, data_ranks, o.seed));
-  TS_ASSIGN_OR_RETURN(DataLoader val_tokens,
-                      DataLoader::open(data_dir + "/val.bin", static_cast<int>(cfg.vocab_size),
-                                       static_cast<int>(o.batch / data_ranks),
-                                       static_cast<int>(o.seq), data_index, data_ranks, 0));
-  BatchStream& train = train_tokens;
-  BatchStream& val = val_tokens;
+  TS_ASSIGN_OR_RETURN(RunData data, open_data(o, job, data_index, data_ranks));
+  BatchStream& train = *data.train;
+  BatchStream& val = *data.val;
+  const bool images = task_of(cfg) == ModelTask::image_classes;
+  const LoaderState whole_start = data.val_whole ? data.val_whole->state() : LoaderState{};
   const bool has_checkpoint = fs::exists(fs::path(o.out) / "checkpoints" / "latest");
   if (o.resume && !has_checkpoint)
     return error(
@@ -216,7 +267,9 @@ Status train(const TrainOptions& o, const TrainJob& job) {
     st.init_params(o.seed);
   }
 
-  const double tokens_per_step = static_cast<double>(o.batch * o.seq * o.grad_accum);
+  // Throughput counts tokens (language models) or images.
+  const double tokens_per_step = static_cast<double>(o.batch * (images ? 1 : o.seq) * o.grad_accum);
+  const char* rate_key = images ? "images_per_s" : "tokens_per_s";
   // MFU: the model's FLOPs (the global training graph, once; recomputation not counted) per
   // second and rank, against the rank's peak.
   const double model_flops_per_step =
@@ -224,7 +277,7 @@ Status train(const TrainOptions& o, const TrainJob& job) {
   const double peak = o.peak_flops > 0 ? o.peak_flops : measured_gemm_peak();
   if (leader) std::fputs(st.describe_memory().c_str(), stderr);
 
-  Progress progress(o.steps, start_step, leader ? o.log_every : 0);
+  Progress progress(o.steps, start_step, leader ? o.log_every : 0, images ? "img/s" : "tok/s");
   HostBatch batch;
   auto t_start = Clock::now();
   int64_t steps_this_run = 0;
@@ -256,7 +309,7 @@ Status train(const TrainOptions& o, const TrainJob& job) {
                           {"loss", loss},
                           {"lr", lr},
                           {"grad_norm", norm},
-                          {"tokens_per_s", tokens_per_step / dt},
+                          {rate_key, tokens_per_step / dt},
                           {"flops_per_s_per_rank", model_flops_per_step / dt / ranks},
                           {"mfu", model_flops_per_step / dt / ranks / peak},
                           {"peak_flops_per_rank", peak},
@@ -280,10 +333,23 @@ Status train(const TrainOptions& o, const TrainJob& job) {
     bool stopping = (o.stop_after > 0 && steps_this_run >= o.stop_after) || signal != 0;
     if ((o.eval_every > 0 && (step + 1) % o.eval_every == 0) || last) {
       TS_ASSIGN_OR_RETURN(double vl, evaluate(st, val, o.eval_batches));
+      nlohmann::json rec = {{"step", step}, {"val_loss", vl}};
+      std::string note = "step " + std::to_string(step + 1) + ": val loss " + std::to_string(vl);
+      if (data.val_whole) {
+        // Rank 0 ranks the classes of the same validation batches on the gathered parameters.
+        std::vector<std::vector<float>> whole;
+        TS_RETURN_IF_ERROR(st.gather_params(&whole));
+        if (leader) {
+          TS_RETURN_IF_ERROR(data.val_whole->restore(whole_start));
+          const double acc = st.accuracy(whole, *data.val_whole, o.eval_batches);
+          rec["val_accuracy"] = acc;
+          note += ", accuracy " + std::to_string(acc);
+        }
+      }
       if (leader) {
-        metrics << nlohmann::json{{"step", step}, {"val_loss", vl}}.dump() << "\n";
+        metrics << rec.dump() << "\n";
         metrics.flush();
-        progress.note("step " + std::to_string(step + 1) + ": val loss " + std::to_string(vl));
+        progress.note(note);
       }
     }
     if ((o.ckpt_every > 0 && (step + 1) % o.ckpt_every == 0) || last || stopping) {
@@ -313,22 +379,24 @@ Status train(const TrainOptions& o, const TrainJob& job) {
     const double steps = static_cast<double>(steps_this_run);
     const double per_rank = model_flops_per_step * steps / step_secs / static_cast<double>(ranks);
     std::fprintf(stderr,
-                 "trained %lld steps in %s (%s in steps): %s tokens/s, %s FLOP/s per rank, MFU "
+                 "trained %lld steps in %s (%s in steps): %s %s/s, %s FLOP/s per rank, MFU "
                  "%.1f%% of %s FLOP/s (%s)\n",
                  (long long)steps_this_run, format_duration(secs).c_str(),
                  format_duration(step_secs).c_str(),
                  format_si(tokens_per_step * steps / step_secs).c_str(),
-                 format_si(per_rank).c_str(), 100 * per_rank / peak, format_si(peak).c_str(),
+                 images ? "images" : "tokens", format_si(per_rank).c_str(), 100 * per_rank / peak,
+                 format_si(peak).c_str(),
                  o.peak_flops > 0 ? "--peak-flops" : "this rank's measured GEMM rate");
   }
 
-  if (o.sample_tokens > 0 && start_step + steps_this_run == o.steps) {
+  if (o.sample_tokens > 0 && data.tok && start_step + steps_this_run == o.steps) {
     // Every rank takes part in gathering the whole parameters; rank 0 samples.
     std::vector<std::vector<float>> whole;
     TS_RETURN_IF_ERROR(st.gather_params(&whole));
     if (leader) {
-      std::vector<int32_t> prompt = tok.encode("The whale");
-      std::string text = st.sample(whole, prompt, static_cast<int>(o.sample_tokens), o.seed, tok);
+      std::vector<int32_t> prompt = data.tok->encode("The whale");
+      std::string text =
+          st.sample(whole, prompt, static_cast<int>(o.sample_tokens), o.seed, *data.tok);
       std::printf("--- sample ---\n%s\n--------------\n", text.c_str());
     }
   }
