@@ -2,6 +2,7 @@
 
 #include <zlib.h>
 
+#include <cstdio>
 #include <filesystem>
 
 #include "models/model.h"
@@ -96,6 +97,38 @@ Result<ImageSet> ImageSet::open(const std::string& dir, const std::string& split
   s.pixels.assign(img.begin() + static_cast<std::ptrdiff_t>(header), img.end());
   s.labels.assign(lab.begin() + 8, lab.end());
   return s;
+}
+
+namespace {
+
+void put_be32(std::vector<uint8_t>* out, int64_t v) {
+  for (int s = 24; s >= 0; s -= 8) out->push_back(static_cast<uint8_t>(v >> s));
+}
+
+Status write_idx(const std::string& path, const std::vector<int64_t>& dims,
+                 const std::vector<uint8_t>& data) {
+  std::vector<uint8_t> out = {0, 0, 0x08, static_cast<uint8_t>(dims.size())};
+  for (int64_t d : dims) put_be32(&out, d);
+  out.insert(out.end(), data.begin(), data.end());
+  std::FILE* f = std::fopen(path.c_str(), "wb");
+  if (f == nullptr) return error("cannot write '" + path + "'", "check the folder's permissions");
+  const bool ok = std::fwrite(out.data(), 1, out.size(), f) == out.size();
+  if (std::fclose(f) != 0 || !ok) return error("writing '" + path + "' failed (disk full?)");
+  return Status();
+}
+
+}  // namespace
+
+Status write_image_set(const std::string& dir, const std::string& split, const ImageSet& set) {
+  std::error_code ec;
+  fs::create_directories(dir, ec);
+  if (ec) return error("cannot create image folder '" + dir + "': " + ec.message());
+  std::vector<int64_t> dims = {set.count, set.channels, set.size, set.size};
+  if (set.channels == 1) dims.erase(dims.begin() + 1);
+  TS_RETURN_IF_ERROR(
+      write_idx((fs::path(dir) / (split + "-images-idx3-ubyte")).string(), dims, set.pixels));
+  return write_idx((fs::path(dir) / (split + "-labels-idx1-ubyte")).string(), {set.count},
+                   set.labels);
 }
 
 Status check_images_fit(const ImageSet& set, int64_t channels, int64_t size, int64_t classes) {

@@ -34,6 +34,10 @@ struct ImageSet {
   static Result<ImageSet> open(const std::string& dir, const std::string& split);
 };
 
+// Writes `set` into `dir` (created) as <split>-images-idx3-ubyte (idx4 with more than one
+// channel) and <split>-labels-idx1-ubyte, uncompressed: a folder ImageSet::open reads.
+Status write_image_set(const std::string& dir, const std::string& split, const ImageSet& set);
+
 // Checks `set` against a model's images (channels, size) and classes.
 Status check_images_fit(const ImageSet& set, int64_t channels, int64_t size, int64_t classes);
 

@@ -493,3 +493,46 @@ TEST(TesseraBinary, PlanAutoExplainsTheBestPlanAndComparesClustersByCost) {
 
 }  // namespace
 }  // namespace tessera
+
+namespace tessera {
+namespace {
+
+// `train --model vit-tiny` on Debian's Fashion-MNIST (installed by scripts/install_deps.sh)
+// learns: validation accuracy well above chance (10%) within 150 steps; image models refuse a
+// --seq of their own and a folder without images.
+TEST(TesseraBinary, VitTinyLearnsFashionMnist) {
+  const std::string dir = ::testing::TempDir() + "/tessera_vit_run";
+  std::filesystem::remove_all(dir);
+  std::string out;
+  EXPECT_EQ(run_tessera("train --model vit-tiny --seq 64 --steps 1 --out " + dir, &out), 1) << out;
+  EXPECT_NE(out.find("reads images as 17 tokens"), std::string::npos) << out;
+  out.clear();
+  EXPECT_EQ(run_tessera(
+                "train --model vit-tiny --data " + ::testing::TempDir() + " --steps 1 --out " + dir,
+                &out),
+            1)
+      << out;
+  EXPECT_NE(out.find("train-images-idx3-ubyte"), std::string::npos) << out;
+  if (!std::filesystem::exists("/usr/share/datasets/fashion-mnist"))
+    GTEST_SKIP() << "dataset-fashion-mnist is not installed";
+  out.clear();
+  ASSERT_EQ(run_tessera("train --model vit-tiny --batch 32 --steps 150 --lr 2e-3 --eval-every 0 "
+                        "--eval-batches 20 --out " +
+                            dir,
+                        &out),
+            0)
+      << out;
+  std::ifstream in(dir + "/metrics.jsonl");
+  std::string line, last;
+  while (std::getline(in, line))
+    if (line.find("val_accuracy") != std::string::npos) last = line;
+  const auto p = last.find("\"val_accuracy\":");
+  ASSERT_NE(p, std::string::npos) << out;
+  const double acc = std::stod(last.substr(p + 15));
+  std::printf("vit-tiny, 150 steps of 32 Fashion-MNIST images: val accuracy %.3f\n", acc);
+  EXPECT_GT(acc, 0.5);
+  std::filesystem::remove_all(dir);
+}
+
+}  // namespace
+}  // namespace tessera

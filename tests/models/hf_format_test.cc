@@ -16,6 +16,10 @@ bool mentions(const Status& s, const std::string& text) {
 TEST(HfFormat, EveryParameterOfEveryPresetHasOneHfTensor) {
   for (const std::string& name : preset_names()) {
     ModelConfig c = *find_preset(name);
+    if (c.family == "vit") {  // no Hugging Face mapping yet: export refuses it by name
+      EXPECT_NE(model_config_to_hf(c).status().message().find("\"vit\""), std::string::npos);
+      continue;
+    }
     ModelGraph m = build_model(c, 1, 1, ModelMode::logits);
     std::vector<HfTensor> t = hf_tensors(c);
     ASSERT_EQ(t.size(), m.graph.params().size()) << name;
