@@ -304,6 +304,12 @@ Status TrainState::init_params_from(const std::string& checkpoint) {
   return read_held(ck, /*with_moments=*/false);
 }
 
+Feed feed_of(const HostBatch& batch) {
+  Feed f;
+  for (const auto& [name, bytes] : batch.inputs) f.set(name, bytes.data());
+  return f;
+}
+
 namespace {
 
 // An executor of `gen` holding the whole parameters of `model` (the same names).
@@ -331,9 +337,7 @@ double TrainState::accuracy(const std::vector<std::vector<float>>& whole, BatchS
   for (int64_t b = 0; b < batches; ++b) {
     batch.clear();
     stream.next(&batch);
-    Feed feed;
-    for (const auto& [name, bytes] : batch.inputs) feed.set(name, bytes.data());
-    Status s = feed.bind(ex);
+    Status s = feed_of(batch).bind(ex);
     TS_CHECK(s.ok()) << s.to_string();
     ex.run();
     const float* logits = ex.data<float>(gen.logits);

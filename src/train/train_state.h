@@ -16,6 +16,9 @@
 
 namespace tessera {
 
+// The feed of a host batch: each of its buffers under its input's name.
+Feed feed_of(const HostBatch& batch);
+
 class TrainState {
  public:
   // The state of this rank of a run under `plan` (one process: a plan of one rank and

@@ -114,12 +114,6 @@ Result<RunData> open_data(const TrainOptions& o, const TrainJob& job, int data_i
   return d;
 }
 
-Feed feed_of(const HostBatch& batch) {
-  Feed f;
-  for (const auto& [name, bytes] : batch.inputs) f.set(name, bytes.data());
-  return f;
-}
-
 // The validation loss over `batches` global batches, evaluated under the training plan: each
 // data-parallel rank feeds its rows of each batch, and every rank gets the global mean.
 Result<double> evaluate(TrainState& st, BatchStream& val, int64_t batches) {
