@@ -499,7 +499,7 @@ namespace {
 
 // `train --model vit-tiny` on Debian's Fashion-MNIST (installed by scripts/install_deps.sh)
 // learns: validation accuracy well above chance (10%) within 150 steps; image models refuse a
-// --seq of their own and a folder without images.
+// --seq of their own and a folder without images, and `sample` refuses their checkpoints.
 TEST(TesseraBinary, VitTinyLearnsFashionMnist) {
   const std::string dir = ::testing::TempDir() + "/tessera_vit_run";
   std::filesystem::remove_all(dir);
@@ -531,6 +531,9 @@ TEST(TesseraBinary, VitTinyLearnsFashionMnist) {
   const double acc = std::stod(last.substr(p + 15));
   std::printf("vit-tiny, 150 steps of 32 Fashion-MNIST images: val accuracy %.3f\n", acc);
   EXPECT_GT(acc, 0.5);
+  out.clear();
+  EXPECT_EQ(run_tessera("sample --checkpoint " + dir + "/checkpoints", &out), 1) << out;
+  EXPECT_NE(out.find("an image classifier"), std::string::npos) << out;
   std::filesystem::remove_all(dir);
 }
 
