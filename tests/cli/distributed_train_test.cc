@@ -90,8 +90,9 @@ void write_learnable_images(const fs::path& dir, int64_t train, int64_t test) {
   }
 }
 
-// ViT on an image folder: data, tensor, ZeRO-3 and pipeline runs give one rank's losses and
-// validation accuracy; a data-parallel checkpoint resumes on one rank with its next loss.
+// ViT on an image folder: data, tensor, ZeRO-3 and pipeline runs give one rank's losses,
+// gradient norms and validation loss; a data-parallel checkpoint resumes on one rank with its next
+// loss.
 TEST_F(DistributedTrainTest, VitRunsUnderEveryPlanMatchOneRank) {
   write_learnable_images(dir_ / "images", 256, 64);
   model_ = "vit-tiny";
@@ -112,6 +113,11 @@ TEST_F(DistributedTrainTest, VitRunsUnderEveryPlanMatchOneRank) {
       EXPECT_NEAR(loss_at(m, i), loss_at(straight, i), 1e-5 * loss_at(straight, i))
           << out << " step " << i;
     EXPECT_NEAR(last_val_loss(m), last_val_loss(straight), 1e-5 * last_val_loss(straight)) << out;
+    const std::vector<double> norms = grad_norms(m), want = grad_norms(straight);
+    ASSERT_EQ(norms.size(), 6u) << out;
+    ASSERT_EQ(want.size(), 6u);
+    for (size_t i = 0; i < 6; ++i)
+      EXPECT_NEAR(norms[i], want[i], 1e-4 * want[i]) << out << " step " << i;
   }
   std::ifstream in(straight);
   std::string all((std::istreambuf_iterator<char>(in)), {});
