@@ -28,6 +28,7 @@ struct KernelArgs {
   }
   float* fout(int i) const { return static_cast<float*>(out[static_cast<size_t>(i)]); }
   const Shape& in_shape(int i) const { return in_types[static_cast<size_t>(i)].shape; }
+  int num_inputs() const { return static_cast<int>(in.size()); }
   const Shape& out_shape(int i) const { return out_types[static_cast<size_t>(i)].shape; }
 };
 

@@ -202,18 +202,29 @@ Var Builder::causal_mask(Var scores, double fill) {
   return apply1(OpKind::causal_mask, a, {scores});
 }
 
-std::vector<Var> Builder::attention(Var q, Var k, Var v, double scale, bool causal) {
+Var Builder::position_buckets(int64_t tq, int64_t tk, bool bidirectional, int64_t num_buckets,
+                              int64_t max_distance) {
+  Attrs a;
+  a.ints = {tq, tk, num_buckets, max_distance};
+  a.causal = !bidirectional;
+  a.dtype = DType::i32;
+  return apply1(OpKind::position_buckets, a, {});
+}
+
+std::vector<Var> Builder::attention(Var q, Var k, Var v, double scale, bool causal, Var bias) {
   Attrs a;
   a.scalar = scale;
   a.causal = causal;
+  if (bias.valid()) return apply(OpKind::attention, a, {q, k, v, bias});
   return apply(OpKind::attention, a, {q, k, v});
 }
 
 std::vector<Var> Builder::attention_grad(Var q, Var k, Var v, Var out, Var lse, Var dout,
-                                         double scale, bool causal) {
+                                         double scale, bool causal, Var bias) {
   Attrs a;
   a.scalar = scale;
   a.causal = causal;
+  if (bias.valid()) return apply(OpKind::attention_grad, a, {q, k, v, out, lse, dout, bias});
   return apply(OpKind::attention_grad, a, {q, k, v, out, lse, dout});
 }
 

@@ -120,10 +120,16 @@ class Builder {
   Var softmax(Var x);                                                         // over the last dim
   Var softmax_grad(Var y, Var dy);
   Var causal_mask(Var scores, double fill);  // [..., T, T]
-  // q [B,H,T,D], k/v [B,Hkv,T,D], causal. Returns out [B,H,T,D] and lse [B,H,T].
-  std::vector<Var> attention(Var q, Var k, Var v, double scale, bool causal = true);
+  // T5's relative position bucket of key j for query i, i32 [Tq, Tk] (ir/position_buckets.h).
+  Var position_buckets(int64_t tq, int64_t tk, bool bidirectional, int64_t num_buckets,
+                       int64_t max_distance);
+  // softmax(scale * q k^T + bias) v on q [B,H,Tq,D], k/v [B,Hkv,Tk,D], causal (Tq == Tk) or
+  // bidirectional; bias (optional) f32 [H,Tq,Tk] is added to every example's scores. Returns
+  // out [B,H,Tq,D] and lse [B,H,Tq]; the grad returns dq, dk, dv (and dbias with a bias).
+  std::vector<Var> attention(Var q, Var k, Var v, double scale, bool causal = true,
+                             Var bias = Var{});
   std::vector<Var> attention_grad(Var q, Var k, Var v, Var out, Var lse, Var dout, double scale,
-                                  bool causal = true);
+                                  bool causal = true, Var bias = Var{});
   // logits [N,V], targets int32 [N] -> mean loss [] and lse [N].
   // classes: the logits' first columns that are classes (0: all; padding columns beyond them
   // take no probability).

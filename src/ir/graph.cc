@@ -37,7 +37,8 @@ Result<NodeId> Graph::add_node(OpKind op, Attrs attrs, std::vector<ValueId> inpu
                      types_to_string(*this, inputs) + "): " + s.message(),
                  s.hint());
   }
-  TS_CHECK_EQ(static_cast<int>(out_types.size()), def.num_outputs) << def.name;
+  if (def.num_outputs >= 0)
+    TS_CHECK_EQ(static_cast<int>(out_types.size()), def.num_outputs) << def.name;
   if (op == OpKind::parameter && param_by_name_.count(attrs.name))
     return error("duplicate parameter name '" + attrs.name + "'");
   if (op == OpKind::input && input_by_name_.count(attrs.name))
@@ -50,9 +51,9 @@ Result<NodeId> Graph::add_node(OpKind op, Attrs attrs, std::vector<ValueId> inpu
   n.layer = layer;
   n.backward = backward;
   n.recompute = recompute;
-  for (int i = 0; i < def.num_outputs; ++i) {
+  for (size_t i = 0; i < out_types.size(); ++i) {
     n.outputs.push_back(static_cast<ValueId>(values_.size()));
-    values_.push_back(Value{out_types[static_cast<size_t>(i)], id, i});
+    values_.push_back(Value{out_types[i], id, static_cast<int>(i)});
   }
   if (op == OpKind::parameter) {
     param_by_name_[attrs.name] = n.outputs[0];
@@ -129,7 +130,7 @@ Status verify(const Graph& g) {
     std::string where = "node %" + std::to_string(i) + " (" + def.name + " at '" + n.scope + "')";
     if (def.num_inputs >= 0 && static_cast<int>(n.inputs.size()) != def.num_inputs)
       return error(where + ": wrong number of inputs");
-    if (static_cast<int>(n.outputs.size()) != def.num_outputs)
+    if (def.num_outputs >= 0 && static_cast<int>(n.outputs.size()) != def.num_outputs)
       return error(where + ": wrong number of outputs");
     std::vector<TensorType> in;
     for (ValueId v : n.inputs) {

@@ -23,7 +23,7 @@
 
 namespace tessera {
 
-// X(name, inputs (-1: variadic), outputs)
+// X(name, inputs (-1: variadic), outputs (-1: as many as its shape inference gives))
 #define TESSERA_OPS(X)              \
   X(parameter, 0, 1)                \
   X(input, 0, 1)                    \
@@ -63,8 +63,9 @@ namespace tessera {
   X(softmax, 1, 1)                  \
   X(softmax_grad, 2, 1)             \
   X(causal_mask, 1, 1)              \
-  X(attention, 3, 2)                \
-  X(attention_grad, 6, 3)           \
+  X(position_buckets, 0, 1)         \
+  X(attention, -1, 2)               \
+  X(attention_grad, -1, -1)         \
   X(cross_entropy, 2, 2)            \
   X(cross_entropy_grad, 4, 1)       \
   X(logsumexp, 1, 1)                \
@@ -98,13 +99,15 @@ enum class Init : uint8_t { zeros, ones, normal };
 // Typed attributes; each op reads only the fields its OpDef documents.
 struct Attrs {
   std::vector<int64_t> ints;   // reshape/broadcast_to/sum_to/fill: target shape; transpose:
-                               // perm; reduce_sum: axes
+                               // perm; reduce_sum: axes; position_buckets: {Tq, Tk,
+                               // num_buckets, max_distance}
   int64_t axis = 0;            // slice, concat, shard_slice
   int64_t start = 0, end = 0;  // slice [start, end)
   bool transpose_a = false, transpose_b = false;  // matmul
   bool keepdim = false;                           // reduce_sum
   bool inverse = false;                           // rope: rotate by -angle (its VJP)
-  bool causal = true;   // attention(_grad): query i attends to keys <= i (else to all)
+  bool causal = true;   // attention(_grad): query i attends to keys <= i (else to all);
+                        // position_buckets: unidirectional (else bidirectional)
   double scalar = 0.0;  // scale: factor; add_scalar: addend; fill/causal_mask: value;
                         // attention: softmax scale
   double eps = 1e-5;    // layernorm, rmsnorm
@@ -141,8 +144,8 @@ using ShardingRuleFn = bool (*)(const ShardingRuleArgs& args, std::vector<Placem
 
 struct OpDef {
   const char* name = nullptr;
-  int num_inputs = 0;  // -1: variadic
-  int num_outputs = 1;
+  int num_inputs = 0;   // -1: variadic
+  int num_outputs = 1;  // -1: as many as infer gives
   InferFn infer = nullptr;
   CostFn flops = nullptr;  // nullptr: no arithmetic (data movement only)
   CostFn bytes = nullptr;  // nullptr: inputs + outputs are read/written once

@@ -197,41 +197,60 @@ void vjp_causal_mask(Builder& b, const Node&, std::span<const Var> g, std::vecto
 
 // ---- attention ---------------------------------------------------------------------------
 
-Status check_qkv(std::span<const TensorType> in) {
+// q [B,H,Tq,D], k and v [B,Hkv,Tk,D] (Hkv dividing H), and with `bias_at` >= 0 an additive
+// f32 score bias [H,Tq,Tk] at that input (T5's relative positions). Causal needs Tq == Tk.
+Status check_qkv(const Attrs& a, std::span<const TensorType> in, size_t bias_at) {
   const Shape &q = in[0].shape, &k = in[1].shape, &v = in[2].shape;
   if (q.rank() != 4 || k.rank() != 4 || k != v)
-    return error("attention needs q [B,H,T,D] and k, v [B,Hkv,T,D]");
-  if (q[0] != k[0] || q[2] != k[2] || q[3] != k[3])
+    return error("attention needs q [B,H,Tq,D] and k, v [B,Hkv,Tk,D]");
+  if (q[0] != k[0] || q[3] != k[3])
     return error("attention q " + q.to_string() + " and k " + k.to_string() + " disagree");
+  if (a.causal && q[2] != k[2])
+    return error("causal attention needs as many keys as queries, not " + std::to_string(k[2]) +
+                     " keys for " + std::to_string(q[2]) + " queries",
+                 "cross-attention is bidirectional (causal = false)");
   if (k[1] == 0 || q[1] % k[1] != 0)
     return error("query heads " + std::to_string(q[1]) + " not a multiple of kv heads " +
                  std::to_string(k[1]));
   TS_RETURN_IF_ERROR(same_dtype(in[0], in[1]));
-  return same_dtype(in[0], in[2]);
+  TS_RETURN_IF_ERROR(same_dtype(in[0], in[2]));
+  if (bias_at < in.size() &&
+      (in[bias_at].shape != Shape{q[1], q[2], k[2]} || in[bias_at].dtype != DType::f32))
+    return error("attention bias must be f32 [H,Tq,Tk] = " + Shape{q[1], q[2], k[2]}.to_string() +
+                 ", not " + in[bias_at].shape.to_string());
+  return Status();
 }
 
-Status infer_attention(const Attrs&, std::span<const TensorType> in, std::vector<TensorType>* out) {
-  TS_RETURN_IF_ERROR(check_qkv(in));
+Status infer_attention(const Attrs& a, std::span<const TensorType> in,
+                       std::vector<TensorType>* out) {
+  if (in.size() != 3 && in.size() != 4)
+    return error("attention takes q, k, v and an optional bias, not " + std::to_string(in.size()) +
+                 " inputs");
+  TS_RETURN_IF_ERROR(check_qkv(a, in, 3));
   out->push_back(in[0]);
   out->push_back({Shape{in[0].shape[0], in[0].shape[1], in[0].shape[2]}, DType::f32});
   return Status();
 }
 
-Status infer_attention_grad(const Attrs&, std::span<const TensorType> in,
+// (q, k, v, out, lse, dout[, bias]) -> dq, dk, dv[, dbias]
+Status infer_attention_grad(const Attrs& a, std::span<const TensorType> in,
                             std::vector<TensorType>* out) {
-  TS_RETURN_IF_ERROR(check_qkv(in));
+  if (in.size() != 6 && in.size() != 7)
+    return error("attention_grad takes q, k, v, out, lse, dout and an optional bias, not " +
+                 std::to_string(in.size()) + " inputs");
+  TS_RETURN_IF_ERROR(check_qkv(a, in, 6));
   if (in[3].shape != in[0].shape || in[5].shape != in[0].shape)
     return error("attention_grad: out and dout must be shaped like q");
-  out->push_back(in[0]);
-  out->push_back(in[1]);
-  out->push_back(in[2]);
+  for (size_t i : {size_t{0}, size_t{1}, size_t{2}, size_t{6}})
+    if (i < in.size()) out->push_back(in[i]);
   return Status();
 }
 
-// Counted as full (non-causal) attention, the convention of Megatron-LM and PaLM MFU figures.
+// Counted as full (non-causal) attention, the convention of Megatron-LM and PaLM MFU figures:
+// 4 B H Tq Tk D (Q K^T and P V).
 double flops_attention(const Attrs&, std::span<const TensorType> in, std::span<const TensorType>) {
-  const Shape& q = in[0].shape;
-  return 4.0 * static_cast<double>(q[0] * q[1] * q[2]) * static_cast<double>(q[2] * q[3]);
+  const Shape &q = in[0].shape, &k = in[1].shape;
+  return 4.0 * static_cast<double>(q[0] * q[1] * q[2]) * static_cast<double>(k[2] * q[3]);
 }
 double flops_attention_grad(const Attrs& a, std::span<const TensorType> in,
                             std::span<const TensorType> out) {
@@ -239,10 +258,24 @@ double flops_attention_grad(const Attrs& a, std::span<const TensorType> in,
 }
 
 void vjp_attention(Builder& b, const Node& n, std::span<const Var> g, std::vector<Var>* dx) {
-  std::vector<Var> d =
-      b.attention_grad(in_var(b, n, 0), in_var(b, n, 1), in_var(b, n, 2), out_var(b, n, 0),
-                       out_var(b, n, 1), g[0], n.attrs.scalar, n.attrs.causal);
-  for (int i = 0; i < 3; ++i) (*dx)[static_cast<size_t>(i)] = d[static_cast<size_t>(i)];
+  const bool biased = n.inputs.size() == 4;
+  std::vector<Var> d = b.attention_grad(in_var(b, n, 0), in_var(b, n, 1), in_var(b, n, 2),
+                                        out_var(b, n, 0), out_var(b, n, 1), g[0], n.attrs.scalar,
+                                        n.attrs.causal, biased ? in_var(b, n, 3) : Var{});
+  for (size_t i = 0; i < d.size(); ++i) (*dx)[i] = d[i];
+}
+
+// ---- position buckets ----------------------------------------------------------------------
+
+// ints = {Tq, Tk, num_buckets, max_distance}; causal: unidirectional (decoders) -> i32 [Tq, Tk]
+Status infer_position_buckets(const Attrs& a, std::span<const TensorType>,
+                              std::vector<TensorType>* out) {
+  if (a.ints.size() != 4 || a.ints[0] < 0 || a.ints[1] < 0 || a.ints[2] < 2 || a.ints[3] < 1)
+    return error(
+        "position_buckets needs ints {Tq >= 0, Tk >= 0, num_buckets >= 2, "
+        "max_distance >= 1}");
+  out->push_back({Shape{a.ints[0], a.ints[1]}, DType::i32});
+  return Status();
 }
 
 }  // namespace
@@ -317,6 +350,7 @@ void define_nn_ops(OpDef* t) {
   def(t, OpKind::causal_mask).infer = infer_causal_mask;
   def(t, OpKind::causal_mask).vjp = vjp_causal_mask;
 
+  def(t, OpKind::position_buckets).infer = infer_position_buckets;
   def(t, OpKind::attention).infer = infer_attention;
   def(t, OpKind::attention).flops = flops_attention;
   def(t, OpKind::attention).vjp = vjp_attention;

@@ -222,14 +222,20 @@ bool rope(const ShardingRuleArgs& a, Out* out) {
   return (x.dim == 0 || x.dim == 2) && all_outputs(a, out, x);
 }
 
-// attention(q [B,H,T,D], k, v [B,Hkv,T,D]) -> out [B,H,T,D], lse [B,H,T]; its grad takes
-// (q, k, v, out, lse, dout) -> (dq, dk, dv). Batch or head sharding.
+// attention(q [B,H,Tq,D], k, v [B,Hkv,Tk,D][, bias [H,Tq,Tk]]) -> out [B,H,Tq,D], lse [B,H,Tq];
+// its grad takes (q, k, v, out, lse, dout[, bias]) -> (dq, dk, dv[, dbias]). Batch sharding
+// (the bias replicated: its gradient is a Partial sum over the examples) or head sharding
+// (the bias split on its heads too).
 bool attention(const ShardingRuleArgs& a, Out* out) {
   const P& q = a.p(0);
   if (!q.is_shard() || q.dim > 1) return false;
-  for (const P& p : a.placements)
-    if (!(p == q)) return false;
-  return all_outputs(a, out, q);
+  const size_t bias_at = a.in.size() == 4 || a.in.size() == 7 ? a.in.size() - 1 : a.in.size();
+  const P bias = q.dim == 0 ? P::replicate() : P::shard(0);
+  for (size_t i = 0; i < a.placements.size(); ++i)
+    if (!(a.placements[i] == (i == bias_at ? bias : q))) return false;
+  all_outputs(a, out, q);
+  if (a.out.size() == 4) (*out)[3] = q.dim == 0 ? P::partial() : P::shard(0);
+  return true;
 }
 
 // cross_entropy(logits [N,V], targets [N]) -> loss [], lse [N]: rows sharded -> the local mean

@@ -101,6 +101,16 @@ void add_gradient_entries(std::vector<Entry>* e) {
     return n.b.attention(n.param({2, 4, 3, 2}), n.param({2, 2, 3, 2}), n.param({2, 2, 3, 2}),
                          0.7)[0];
   });
+  // T5: a score bias (its gradient summed over the batch), causal self-attention and
+  // cross-attention with more keys than queries.
+  grad("attention", "attention_biased_causal", [](Net& n) {
+    return n.b.attention(n.param({2, 2, 3, 4}), n.param({2, 2, 3, 4}), n.param({2, 2, 3, 4}), 1.0,
+                         /*causal=*/true, n.param({2, 3, 3}))[0];
+  });
+  grad("attention", "attention_cross_biased_gqa", [](Net& n) {
+    return n.b.attention(n.param({2, 4, 2, 3}), n.param({2, 2, 5, 3}), n.param({2, 2, 5, 3}), 0.6,
+                         /*causal=*/false, n.param({4, 2, 5}))[0];
+  });
   grad("cross_entropy", "cross_entropy", [](Net& n) {
     return n.b.cross_entropy(n.param({4, 5}, uniform(-2, 2)), n.ids(Shape{4}, {4, 0, 2, 4}))[0];
   });

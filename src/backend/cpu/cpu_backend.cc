@@ -112,6 +112,8 @@ void dispatch(OpKind op, const cpu::Args& a) {
       return cpu::softmax_grad(a);
     case OpKind::causal_mask:
       return cpu::causal_mask(a);
+    case OpKind::position_buckets:
+      return cpu::position_buckets(a);
     case OpKind::attention:
       return cpu::attention(a);
     case OpKind::attention_grad:

@@ -59,6 +59,7 @@ void logsumexp(const Args& a);
 void vocab_logsumexp(const Args& a);
 
 // kernels_attention.cc
+void position_buckets(const Args& a);
 void attention(const Args& a);
 void attention_grad(const Args& a);
 

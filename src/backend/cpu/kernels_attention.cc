@@ -1,8 +1,10 @@
-// Attention, causal (decoders) or bidirectional (encoders), one (batch, kv-head) group per task: q
-// [B,H,T,D], k/v [B,Hkv,T,D]; query head h reads kv head h / (H / Hkv). The forward saves the
-// log-sum-exp per query row so the backward recomputes probabilities without storing the T x T
-// matrix. Each head's products (Q K^T, P V and the five of the backward) are single-threaded
-// OpenBLAS calls on a T x T scratch; the tasks run on the backend's threads.
+// Attention, causal (decoders) or bidirectional (encoders, cross-attention), one (batch,
+// kv-head) group per task: q [B,H,Tq,D], k/v [B,Hkv,Tk,D]; query head h reads kv head
+// h / (H / Hkv); an optional bias [H,Tq,Tk] (T5's relative positions) is added to every
+// example's scores. The forward saves the log-sum-exp per query row so the backward recomputes
+// probabilities without storing the Tq x Tk matrix. Each head's products (Q K^T, P V and the
+// five of the backward) are single-threaded OpenBLAS calls on a Tq x Tk scratch; the tasks run
+// on the backend's threads.
 #include <algorithm>
 #include <cmath>
 #include <limits>
@@ -11,23 +13,24 @@
 #include "backend/cpu/kernels.h"
 #include "backend/cpu/thread_pool.h"
 #include "backend/cpu/vec_math.h"
+#include "ir/position_buckets.h"
 
 namespace tessera::cpu {
 
 namespace {
 
 struct Dims {
-  int64_t bsz, h, t, d, hkv, group;
+  int64_t bsz, h, tq, tk, d, hkv, group;
   bool causal;
   // Query row i attends to keys [0, row_end(i)).
-  int64_t row_end(int64_t i) const { return causal ? i + 1 : t; }
+  int64_t row_end(int64_t i) const { return causal ? i + 1 : tk; }
   // Query rows [i0, i1) together attend to keys [0, block_end(i1)).
-  int64_t block_end(int64_t i1) const { return causal ? i1 : t; }
+  int64_t block_end(int64_t i1) const { return causal ? i1 : tk; }
 };
 
 Dims dims_of(const Args& a) {
   const Shape &sq = a.in_shape(0), &sk = a.in_shape(1);
-  return {sq[0], sq[1], sq[2], sq[3], sk[1], sq[1] / sk[1], a.attrs.causal};
+  return {sq[0], sq[1], sq[2], sk[2], sq[3], sk[1], sq[1] / sk[1], a.attrs.causal};
 }
 
 // Query rows are taken in blocks of kBlock: causal, block [i0, i1) only meets keys [0, i1),
@@ -35,12 +38,29 @@ Dims dims_of(const Args& a) {
 // computed).
 constexpr int64_t kBlock = 64;
 
-// Probabilities of rows [i0, i1) of one head in place: s (row stride t) holds scale * Q K^T
-// for columns [0, z.block_end(i1)) on entry; on exit p = exp(s - lse) for j < z.row_end(i)
-// and 0 for the rest of those columns.
+// scale * S (+ the bias rows) in place for rows [i0, i1) and columns [0, keys) of one head;
+// s and bias have row stride tk (bias: this head's [Tq, Tk] matrix, or null).
+void scale_and_bias(const Dims& z, float* s, const float* bias, float scale, int64_t i0, int64_t i1,
+                    int64_t keys) {
+  for (int64_t i = i0; i < i1; ++i) {
+    float* row = s + i * z.tk;
+    const float* br = bias ? bias + i * z.tk : nullptr;
+    if (br) {
+#pragma omp simd
+      for (int64_t j = 0; j < keys; ++j) row[j] = row[j] * scale + br[j];
+    } else {
+#pragma omp simd
+      for (int64_t j = 0; j < keys; ++j) row[j] *= scale;
+    }
+  }
+}
+
+// Probabilities of rows [i0, i1) of one head in place: s (row stride tk) holds the scores for
+// columns [0, z.block_end(i1)) on entry; on exit p = exp(s - lse) for j < z.row_end(i) and 0
+// for the rest of those columns.
 void softmax_rows(const Dims& z, float* s, int64_t i0, int64_t i1, float* lse) {
   for (int64_t i = i0; i < i1; ++i) {
-    float* row = s + i * z.t;
+    float* row = s + i * z.tk;
     const int64_t n = z.row_end(i);
     float m = -std::numeric_limits<float>::infinity();
     for (int64_t j = 0; j < n; ++j) m = std::max(m, row[j]);
@@ -60,29 +80,37 @@ void softmax_rows(const Dims& z, float* s, int64_t i0, int64_t i1, float* lse) {
 
 }  // namespace
 
+void position_buckets(const Args& a) {
+  const int64_t tq = a.attrs.ints[0], tk = a.attrs.ints[1];
+  int32_t* out = static_cast<int32_t*>(a.out[0]);
+  for (int64_t i = 0; i < tq; ++i)
+    for (int64_t j = 0; j < tk; ++j)
+      out[i * tk + j] = t5_position_bucket(i, j, !a.attrs.causal, a.attrs.ints[2], a.attrs.ints[3]);
+}
+
 void attention(const Args& a) {
   const Dims z = dims_of(a);
-  const int64_t t = z.t, d = z.d;
+  const int64_t tq = z.tq, tk = z.tk, d = z.d;
   const float scale = static_cast<float>(a.attrs.scalar);
   const float *q = a.fin(0), *k = a.fin(1), *v = a.fin(2);
+  const float* bias = a.num_inputs() == 4 ? a.fin(3) : nullptr;
   float *out = a.fout(0), *lse = a.fout(1);
   parallel_for(z.bsz * z.h, 1, [&](int64_t lo, int64_t hi) {
-    std::vector<float> s(static_cast<size_t>(t * t));
+    std::vector<float> s(static_cast<size_t>(tq * tk));
     for (int64_t bh = lo; bh < hi; ++bh) {
       const int64_t b = bh / z.h, hh = bh % z.h, kvh = hh / z.group;
-      const float* qh = q + bh * t * d;
-      const float* kb = k + (b * z.hkv + kvh) * t * d;
-      const float* vb = v + (b * z.hkv + kvh) * t * d;
-      for (int64_t i0 = 0; i0 < t; i0 += kBlock) {
-        const int64_t i1 = std::min(t, i0 + kBlock), rows = i1 - i0, keys = z.block_end(i1);
-        float* sb = s.data() + i0 * t;
-        // S = scale * Q K^T, P = softmax(S), O = P V; keys [0, keys) only.
-        sgemm(false, true, rows, keys, d, qh + i0 * d, d, kb, d, sb, t, 0.0f);
-        for (int64_t i = 0; i < rows; ++i)
-#pragma omp simd
-          for (int64_t j = 0; j < keys; ++j) sb[i * t + j] *= scale;
-        softmax_rows(z, s.data(), i0, i1, lse + bh * t);
-        sgemm(false, false, rows, d, keys, sb, t, vb, d, out + (bh * t + i0) * d, d, 0.0f);
+      const float* qh = q + bh * tq * d;
+      const float* kb = k + (b * z.hkv + kvh) * tk * d;
+      const float* vb = v + (b * z.hkv + kvh) * tk * d;
+      const float* bh_bias = bias ? bias + hh * tq * tk : nullptr;
+      for (int64_t i0 = 0; i0 < tq; i0 += kBlock) {
+        const int64_t i1 = std::min(tq, i0 + kBlock), rows = i1 - i0, keys = z.block_end(i1);
+        float* sb = s.data() + i0 * tk;
+        // S = scale * Q K^T + bias, P = softmax(S), O = P V; keys [0, keys) only.
+        sgemm(false, true, rows, keys, d, qh + i0 * d, d, kb, d, sb, tk, 0.0f);
+        scale_and_bias(z, s.data(), bh_bias, scale, i0, i1, keys);
+        softmax_rows(z, s.data(), i0, i1, lse + bh * tq);
+        sgemm(false, false, rows, d, keys, sb, tk, vb, d, out + (bh * tq + i0) * d, d, 0.0f);
       }
     }
   });
@@ -90,56 +118,79 @@ void attention(const Args& a) {
 
 void attention_grad(const Args& a) {
   const Dims z = dims_of(a);
-  const int64_t t = z.t, d = z.d;
+  const int64_t tq = z.tq, tk = z.tk, d = z.d;
   const float scale = static_cast<float>(a.attrs.scalar);
   const float *q = a.fin(0), *k = a.fin(1), *v = a.fin(2), *out = a.fin(3), *lse = a.fin(4),
               *dout = a.fin(5);
+  const float* bias = a.num_inputs() == 7 ? a.fin(6) : nullptr;
   float *dq = a.fout(0), *dk = a.fout(1), *dv = a.fout(2);
-  // One task per (batch, kv head): the query heads of a group write the same dk/dv rows.
-  parallel_for(z.bsz * z.hkv, 1, [&](int64_t lo, int64_t hi) {
-    std::vector<float> p(static_cast<size_t>(t * t)), dp(p.size()), di(static_cast<size_t>(t));
-    for (int64_t bk = lo; bk < hi; ++bk) {
-      const int64_t b = bk / z.hkv, kvh = bk % z.hkv;
-      const float* kb = k + bk * t * d;
-      const float* vb = v + bk * t * d;
-      float* dkb = dk + bk * t * d;
-      float* dvb = dv + bk * t * d;
-      std::fill(dkb, dkb + t * d, 0.0f);
-      std::fill(dvb, dvb + t * d, 0.0f);
-      for (int64_t g = 0; g < z.group; ++g) {
-        const int64_t row0 = (b * z.h + kvh * z.group + g) * t;
-        const float *qh = q + row0 * d, *oh = out + row0 * d, *doh = dout + row0 * d;
-        const float* lh = lse + row0;
-        for (int64_t i0 = 0; i0 < t; i0 += kBlock) {
-          const int64_t i1 = std::min(t, i0 + kBlock), rows = i1 - i0, keys = z.block_end(i1);
-          float *pb = p.data() + i0 * t, *dpb = dp.data() + i0 * t;
-          const float *qb = qh + i0 * d, *dob = doh + i0 * d;
-          // P = exp(scale * Q K^T - lse) (0 where masked); D_i = dO_i . O_i.
-          sgemm(false, true, rows, keys, d, qb, d, kb, d, pb, t, 0.0f);
-          for (int64_t i = i0; i < i1; ++i) {
-            float* row = p.data() + i * t;
-            const float l = lh[i];
-            const int64_t n = z.row_end(i);
+  float* dbias = bias ? a.fout(3) : nullptr;
+  // One task per (batch, kv head): the query heads of a group write the same dk/dv rows. With
+  // a bias, whose gradient sums over the batch, one task per kv head walks every example.
+  const int64_t tasks = bias ? z.hkv : z.bsz * z.hkv;
+  parallel_for(tasks, 1, [&](int64_t lo, int64_t hi) {
+    std::vector<float> p(static_cast<size_t>(tq * tk)), dp(p.size()), di(static_cast<size_t>(tq));
+    for (int64_t task = lo; task < hi; ++task) {
+      const int64_t kvh = task % z.hkv, b0 = bias ? 0 : task / z.hkv;
+      const int64_t b1 = bias ? z.bsz : b0 + 1;
+      if (dbias) {
+        float* first = dbias + kvh * z.group * tq * tk;
+        std::fill(first, first + z.group * tq * tk, 0.0f);
+      }
+      for (int64_t b = b0; b < b1; ++b) {
+        const int64_t bk = b * z.hkv + kvh;
+        const float* kb = k + bk * tk * d;
+        const float* vb = v + bk * tk * d;
+        float* dkb = dk + bk * tk * d;
+        float* dvb = dv + bk * tk * d;
+        std::fill(dkb, dkb + tk * d, 0.0f);
+        std::fill(dvb, dvb + tk * d, 0.0f);
+        for (int64_t g = 0; g < z.group; ++g) {
+          const int64_t hh = kvh * z.group + g, row0 = (b * z.h + hh) * tq;
+          const float *qh = q + row0 * d, *oh = out + row0 * d, *doh = dout + row0 * d;
+          const float* lh = lse + row0;
+          const float* hb = bias ? bias + hh * tq * tk : nullptr;
+          float* dhb = dbias ? dbias + hh * tq * tk : nullptr;
+          for (int64_t i0 = 0; i0 < tq; i0 += kBlock) {
+            const int64_t i1 = std::min(tq, i0 + kBlock), rows = i1 - i0, keys = z.block_end(i1);
+            float *pb = p.data() + i0 * tk, *dpb = dp.data() + i0 * tk;
+            const float *qb = qh + i0 * d, *dob = doh + i0 * d;
+            // P = exp(scale * Q K^T + bias - lse) (0 where masked); D_i = dO_i . O_i.
+            sgemm(false, true, rows, keys, d, qb, d, kb, d, pb, tk, 0.0f);
+            scale_and_bias(z, p.data(), hb, scale, i0, i1, keys);
+            for (int64_t i = i0; i < i1; ++i) {
+              float* row = p.data() + i * tk;
+              const float l = lh[i];
+              const int64_t n = z.row_end(i);
 #pragma omp simd
-            for (int64_t j = 0; j < n; ++j) row[j] = exp_fast(scale * row[j] - l);
-            for (int64_t j = n; j < keys; ++j) row[j] = 0.0f;
-            float s = 0;
-            const float *dor = doh + i * d, *orow = oh + i * d;
+              for (int64_t j = 0; j < n; ++j) row[j] = exp_fast(row[j] - l);
+              for (int64_t j = n; j < keys; ++j) row[j] = 0.0f;
+              float s = 0;
+              const float *dor = doh + i * d, *orow = oh + i * d;
 #pragma omp simd reduction(+ : s)
-            for (int64_t c = 0; c < d; ++c) s += dor[c] * orow[c];
-            di[static_cast<size_t>(i)] = s;
-          }
-          // dV += P^T dO; dP = dO V^T; dS = P (dP - D) scale; dQ = dS K; dK += dS^T Q.
-          sgemm(true, false, keys, d, rows, pb, t, dob, d, dvb, d, 1.0f);
-          sgemm(false, true, rows, keys, d, dob, d, vb, d, dpb, t, 0.0f);
-          for (int64_t i = i0; i < i1; ++i) {
-            float *pr = p.data() + i * t, *dpr = dp.data() + i * t;
-            const float dii = di[static_cast<size_t>(i)];
+              for (int64_t c = 0; c < d; ++c) s += dor[c] * orow[c];
+              di[static_cast<size_t>(i)] = s;
+            }
+            // dV += P^T dO; dP = dO V^T; dS = P (dP - D) (dbias += dS); dQ = scale dS K;
+            // dK += scale dS^T Q.
+            sgemm(true, false, keys, d, rows, pb, tk, dob, d, dvb, d, 1.0f);
+            sgemm(false, true, rows, keys, d, dob, d, vb, d, dpb, tk, 0.0f);
+            for (int64_t i = i0; i < i1; ++i) {
+              float *pr = p.data() + i * tk, *dpr = dp.data() + i * tk;
+              const float dii = di[static_cast<size_t>(i)];
 #pragma omp simd
-            for (int64_t j = 0; j < keys; ++j) pr[j] = pr[j] * (dpr[j] - dii) * scale;
+              for (int64_t j = 0; j < keys; ++j) pr[j] = pr[j] * (dpr[j] - dii);
+              if (dhb) {
+                float* dbr = dhb + i * tk;
+#pragma omp simd
+                for (int64_t j = 0; j < keys; ++j) dbr[j] += pr[j];
+              }
+#pragma omp simd
+              for (int64_t j = 0; j < keys; ++j) pr[j] *= scale;
+            }
+            sgemm(false, false, rows, d, keys, pb, tk, kb, d, dq + (row0 + i0) * d, d, 0.0f);
+            sgemm(true, false, keys, d, rows, pb, tk, qb, d, dkb, d, 1.0f);
           }
-          sgemm(false, false, rows, d, keys, pb, t, kb, d, dq + (row0 + i0) * d, d, 0.0f);
-          sgemm(true, false, keys, d, rows, pb, t, qb, d, dkb, d, 1.0f);
         }
       }
     }
