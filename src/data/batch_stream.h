@@ -25,6 +25,30 @@
 
 namespace tessera {
 
+// SplitMix64: a tiny generator whose output is fixed by its seed on every platform (the
+// standard distributions are not), so shuffles are reproducible anywhere.
+class SplitMix64 {
+ public:
+  explicit SplitMix64(uint64_t seed) : state_(seed) {}
+  uint64_t next() {
+    uint64_t z = (state_ += 0x9E3779B97F4A7C15ull);
+    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
+    z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
+    return z ^ (z >> 31);
+  }
+  // Uniform in [0, n), without modulo bias.
+  uint64_t below(uint64_t n) {
+    uint64_t threshold = (0 - n) % n;
+    for (;;) {
+      uint64_t r = next();
+      if (r >= threshold) return r % n;
+    }
+  }
+
+ private:
+  uint64_t state_;
+};
+
 // Where a loader is; small, and saved with checkpoints. The fields after `position` record
 // the run it belongs to, so restore() can refuse a state from another file or batch shape.
 struct LoaderState {

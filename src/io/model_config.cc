@@ -6,11 +6,28 @@ namespace tessera {
 
 namespace {
 
-const std::vector<std::string> kKeys = {
-    "preset",      "name",       "family",     "vocab_size",      "padded_vocab_size",
-    "n_layer",     "n_embd",     "n_head",     "n_kv_head",       "ffn_hidden",
-    "max_seq_len", "norm_eps",   "rope_theta", "tied_embeddings", "init_std",
-    "image_size",  "patch_size", "channels"};
+const std::vector<std::string> kKeys = {"preset",
+                                        "name",
+                                        "family",
+                                        "vocab_size",
+                                        "padded_vocab_size",
+                                        "n_layer",
+                                        "n_embd",
+                                        "n_head",
+                                        "n_kv_head",
+                                        "ffn_hidden",
+                                        "max_seq_len",
+                                        "norm_eps",
+                                        "rope_theta",
+                                        "tied_embeddings",
+                                        "init_std",
+                                        "image_size",
+                                        "patch_size",
+                                        "channels",
+                                        "head_size",
+                                        "ffn_activation",
+                                        "relative_buckets",
+                                        "relative_max_distance"};
 
 Result<ModelConfig> preset_or_error(const std::string& name, const std::string& where) {
   if (auto p = find_preset(name)) return *p;
@@ -30,8 +47,9 @@ Result<ModelConfig> from_table(const TomlTable& root) {
   if (!preset.empty()) {
     TS_ASSIGN_OR_RETURN(c, preset_or_error(preset, root.source() + ": key 'model.preset': "));
   }
+  TS_ASSIGN_OR_RETURN(c.family, t.get_choice("family", {"gpt", "llama", "vit", "t5"}, c.family));
+  if (preset.empty()) c = family_defaults(c.family);
   TS_ASSIGN_OR_RETURN(c.name, t.get_string("name", preset.empty() ? "custom" : c.name));
-  TS_ASSIGN_OR_RETURN(c.family, t.get_choice("family", {"gpt", "llama", "vit"}, c.family));
   TS_ASSIGN_OR_RETURN(c.vocab_size, t.get_int("vocab_size", c.vocab_size));
   TS_ASSIGN_OR_RETURN(c.padded_vocab_size, t.get_int("padded_vocab_size", c.padded_vocab_size));
   TS_ASSIGN_OR_RETURN(c.n_layer, t.get_int("n_layer", c.n_layer));
@@ -42,13 +60,17 @@ Result<ModelConfig> from_table(const TomlTable& root) {
   TS_ASSIGN_OR_RETURN(c.image_size, t.get_int("image_size", c.image_size));
   TS_ASSIGN_OR_RETURN(c.patch_size, t.get_int("patch_size", c.patch_size));
   TS_ASSIGN_OR_RETURN(c.channels, t.get_int("channels", c.channels));
+  TS_ASSIGN_OR_RETURN(c.head_size, t.get_int("head_size", c.head_size));
+  TS_ASSIGN_OR_RETURN(c.ffn_activation, t.get_string("ffn_activation", c.ffn_activation));
+  TS_ASSIGN_OR_RETURN(c.relative_buckets, t.get_int("relative_buckets", c.relative_buckets));
+  TS_ASSIGN_OR_RETURN(c.relative_max_distance,
+                      t.get_int("relative_max_distance", c.relative_max_distance));
   // A vit's sequence follows from its image and patch sizes.
   if (c.family == "vit") c.max_seq_len = c.image_tokens();
   TS_ASSIGN_OR_RETURN(c.max_seq_len, t.get_int("max_seq_len", c.max_seq_len));
   TS_ASSIGN_OR_RETURN(c.norm_eps, t.get_float("norm_eps", c.norm_eps));
   TS_ASSIGN_OR_RETURN(c.rope_theta, t.get_float("rope_theta", c.rope_theta));
-  bool tied_default = preset.empty() ? c.family == "gpt" : c.tied_embeddings;
-  TS_ASSIGN_OR_RETURN(c.tied_embeddings, t.get_bool("tied_embeddings", tied_default));
+  TS_ASSIGN_OR_RETURN(c.tied_embeddings, t.get_bool("tied_embeddings", c.tied_embeddings));
   TS_ASSIGN_OR_RETURN(c.init_std, t.get_float("init_std", c.init_std));
   Status s = validate(c);
   if (!s.ok()) return error(root.source() + ": [model] " + s.message(), s.hint());
@@ -94,6 +116,12 @@ nlohmann::json model_config_to_json(const ModelConfig& c) {
     j["patch_size"] = c.patch_size;
     j["channels"] = c.channels;
   }
+  if (c.family == "t5") {
+    j["head_size"] = c.head_size;
+    j["ffn_activation"] = c.ffn_activation;
+    j["relative_buckets"] = c.relative_buckets;
+    j["relative_max_distance"] = c.relative_max_distance;
+  }
   return j;
 }
 
@@ -117,6 +145,10 @@ Result<ModelConfig> model_config_from_json(const nlohmann::json& j) {
     c.image_size = j.value("image_size", int64_t{0});
     c.patch_size = j.value("patch_size", int64_t{0});
     c.channels = j.value("channels", int64_t{0});
+    c.head_size = j.value("head_size", int64_t{0});
+    c.ffn_activation = j.value("ffn_activation", std::string());
+    c.relative_buckets = j.value("relative_buckets", int64_t{0});
+    c.relative_max_distance = j.value("relative_max_distance", int64_t{0});
     TS_RETURN_IF_ERROR(validate(c));
     if (c.family == "gpt" && j.value("qkv_rows", std::string("q|k|v")) != kGptQkvRows)
       return error(

@@ -86,6 +86,8 @@ Var Builder::gelu(Var x) { return apply1(OpKind::gelu, {}, {x}); }
 Var Builder::gelu_grad(Var x, Var dy) { return apply1(OpKind::gelu_grad, {}, {x, dy}); }
 Var Builder::silu(Var x) { return apply1(OpKind::silu, {}, {x}); }
 Var Builder::silu_grad(Var x, Var dy) { return apply1(OpKind::silu_grad, {}, {x, dy}); }
+Var Builder::relu(Var x) { return apply1(OpKind::relu, {}, {x}); }
+Var Builder::relu_grad(Var x, Var dy) { return apply1(OpKind::relu_grad, {}, {x, dy}); }
 Var Builder::swiglu(Var gate, Var up) { return apply1(OpKind::swiglu, {}, {gate, up}); }
 std::vector<Var> Builder::swiglu_grad(Var gate, Var up, Var dy) {
   return apply(OpKind::swiglu_grad, {}, {gate, up, dy});

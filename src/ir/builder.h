@@ -88,6 +88,8 @@ class Builder {
   Var gelu_grad(Var x, Var dy);
   Var silu(Var x);
   Var silu_grad(Var x, Var dy);
+  Var relu(Var x);  // max(x, 0)
+  Var relu_grad(Var x, Var dy);
   Var swiglu(Var gate, Var up);  // silu(gate) * up
   std::vector<Var> swiglu_grad(Var gate, Var up, Var dy);
 

@@ -42,6 +42,8 @@ namespace tessera {
   X(gelu, 1, 1)                     \
   X(gelu_grad, 2, 1)                \
   X(silu, 1, 1)                     \
+  X(relu, 1, 1)                     \
+  X(relu_grad, 2, 1)                \
   X(silu_grad, 2, 1)                \
   X(swiglu, 2, 1)                   \
   X(swiglu_grad, 3, 2)              \

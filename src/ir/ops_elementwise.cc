@@ -108,6 +108,9 @@ void vjp_gelu(Builder& b, const Node& n, std::span<const Var> g, std::vector<Var
 void vjp_silu(Builder& b, const Node& n, std::span<const Var> g, std::vector<Var>* dx) {
   (*dx)[0] = b.silu_grad(in_var(b, n, 0), g[0]);
 }
+void vjp_relu(Builder& b, const Node& n, std::span<const Var> g, std::vector<Var>* dx) {
+  (*dx)[0] = b.relu_grad(in_var(b, n, 0), g[0]);
+}
 void vjp_swiglu(Builder& b, const Node& n, std::span<const Var> g, std::vector<Var>* dx) {
   std::vector<Var> d = b.swiglu_grad(in_var(b, n, 0), in_var(b, n, 1), g[0]);
   (*dx)[0] = d[0];
@@ -151,7 +154,8 @@ void define_elementwise_ops(OpDef* t) {
                    Unary{OpKind::rsqrt, flops_per_element<2>, vjp_rsqrt},
                    Unary{OpKind::tanh, flops_per_element<1>, vjp_tanh},
                    Unary{OpKind::gelu, flops_per_element<8>, vjp_gelu},
-                   Unary{OpKind::silu, flops_per_element<4>, vjp_silu}}) {
+                   Unary{OpKind::silu, flops_per_element<4>, vjp_silu},
+                   Unary{OpKind::relu, flops_per_element<1>, vjp_relu}}) {
     def(t, op.kind).infer = infer_unary;
     def(t, op.kind).flops = op.flops;
     def(t, op.kind).vjp = op.vjp;
@@ -163,6 +167,9 @@ void define_elementwise_ops(OpDef* t) {
   def(t, OpKind::silu_grad).infer = infer_same<1>;
   def(t, OpKind::silu_grad).flops = flops_per_element<6>;
   def(t, OpKind::silu_grad).gradient_of = "silu";
+  def(t, OpKind::relu_grad).infer = infer_same<1>;
+  def(t, OpKind::relu_grad).flops = flops_per_element<1>;
+  def(t, OpKind::relu_grad).gradient_of = "relu";
   def(t, OpKind::swiglu).infer = infer_same<1>;
   def(t, OpKind::swiglu).flops = flops_per_element<5>;
   def(t, OpKind::swiglu).vjp = vjp_swiglu;

@@ -293,9 +293,10 @@ void define_sharding_rules(OpDef* t) {
   def(t, OpKind::scale).sharding = linear_unary;
   def(t, OpKind::cast).sharding = linear_unary;
   for (OpKind k : {OpKind::add_scalar, OpKind::exp, OpKind::log, OpKind::sqrt, OpKind::rsqrt,
-                   OpKind::tanh, OpKind::gelu, OpKind::silu})
+                   OpKind::tanh, OpKind::gelu, OpKind::silu, OpKind::relu})
     def(t, k).sharding = elementwise_unary;
-  for (OpKind k : {OpKind::gelu_grad, OpKind::silu_grad, OpKind::swiglu, OpKind::swiglu_grad})
+  for (OpKind k : {OpKind::gelu_grad, OpKind::silu_grad, OpKind::relu_grad, OpKind::swiglu,
+                   OpKind::swiglu_grad})
     def(t, k).sharding = same_shape;
   def(t, OpKind::reduce_sum).sharding = reduce_sum;
   def(t, OpKind::sum_to).sharding = sum_to;

@@ -20,4 +20,8 @@ void finish_model(Builder& b, ModelGraph* m, Var logits, const char* targets_nam
 // build_model for family "vit".
 ModelGraph build_vit(const ModelConfig& c, int64_t batch, ModelMode mode, bool keep_logits);
 
+// build_model for family "t5".
+ModelGraph build_t5(const ModelConfig& c, int64_t batch, int64_t seq, ModelMode mode,
+                    bool keep_logits);
+
 }  // namespace tessera

@@ -55,6 +55,29 @@ ModelConfig vit(const char* name, int64_t layers, int64_t width, int64_t heads, 
   return c;
 }
 
+// T5 (Raffel et al. 2020, the released checkpoints): relu feed-forward, the head tied to the
+// embedding, 32 relative buckets up to 128 apart, a 32128-row vocabulary (SentencePiece's
+// 32000, 100 sentinels, padding).
+ModelConfig t5(const char* name, int64_t layers, int64_t width, int64_t heads, int64_t head_size,
+               int64_t ffn, int64_t vocab = 32128) {
+  ModelConfig c;
+  c.name = name;
+  c.family = "t5";
+  c.n_layer = layers;
+  c.n_embd = width;
+  c.n_head = heads;
+  c.head_size = head_size;
+  c.ffn_hidden = ffn;
+  c.vocab_size = vocab;
+  c.max_seq_len = 512;
+  c.norm_eps = 1e-6;
+  c.init_std = 1.0;  // T5's initializer factor
+  c.ffn_activation = "relu";
+  c.relative_buckets = 32;
+  c.relative_max_distance = 128;
+  return c;
+}
+
 std::vector<ModelConfig> all_presets() {
   return {
       // Sized to learn in minutes on 2 CPU cores (the `tessera train` default).
@@ -63,6 +86,8 @@ std::vector<ModelConfig> all_presets() {
       llama("llama-tiny", 2, 64, 4, 2, 128, 50257, 64, 10000.0),
       // Fashion-MNIST's 28 x 28 grey images in 7 x 7 patches, 10 classes.
       vit("vit-tiny", 4, 64, 4, 28, 7, 1, 10),
+      // GPT-2's tokens, then 100 sentinels and the decoder's start token (kT5ExtraTokens).
+      t5("t5-tiny", 2, 64, 4, 16, 256, 50257 + kT5ExtraTokens),
       // GPT-2 (Radford et al. 2019).
       gpt("gpt2-small", 12, 768, 12, 1024),
       gpt("gpt2-medium", 24, 1024, 16, 1024),
@@ -89,10 +114,24 @@ std::vector<ModelConfig> all_presets() {
       vit("vit-b16", 12, 768, 12, 224, 16, 3, 1000),
       vit("vit-l16", 24, 1024, 16, 224, 16, 3, 1000),
       vit("vit-h14", 32, 1280, 16, 224, 14, 3, 1000),
+      // T5 (Raffel et al. 2020, Table 14's models as released).
+      t5("t5-small", 6, 512, 8, 64, 2048),
+      t5("t5-base", 12, 768, 12, 64, 3072),
+      t5("t5-large", 24, 1024, 16, 64, 4096),
+      t5("t5-3b", 24, 1024, 32, 128, 16384),
+      t5("t5-11b", 24, 1024, 128, 128, 65536),
   };
 }
 
 }  // namespace
+
+ModelConfig family_defaults(const std::string& family) {
+  ModelConfig c;
+  if (family == "t5") c = t5("custom", c.n_layer, c.n_embd, c.n_head, 0, 0, c.vocab_size);
+  c.family = family;
+  c.tied_embeddings = family == "gpt" || family == "t5";
+  return c;
+}
 
 std::optional<ModelConfig> find_preset(const std::string& name) {
   for (const ModelConfig& c : all_presets())
@@ -125,12 +164,55 @@ T params_as(const ModelConfig& c) {
     return V * C + static_cast<T>(c.max_seq_len) * C + L * block + 2 * C +
            (c.tied_embeddings ? 0 : V * C);
   }
+  if (c.family == "t5") {
+    T inner = static_cast<T>(c.n_head * c.head_dim());
+    T ffn = (c.ffn_activation == "gated-gelu" ? 3 : 2) * F * C;
+    T encoder = 2 * C + 4 * inner * C + ffn, decoder = 3 * C + 8 * inner * C + ffn;
+    T tables = 2 * static_cast<T>(c.relative_buckets * c.n_head);
+    // shared embedding, bias tables, blocks, final norms, untied head
+    return V * C + tables + L * (encoder + decoder) + 2 * C + (c.tied_embeddings ? 0 : V * C);
+  }
   T kv = static_cast<T>(c.kv_heads() * c.head_dim());
   T block = 2 * C + C * C + 2 * kv * C + C * C + 3 * F * C;
   return V * C + L * block + C + (c.tied_embeddings ? 0 : V * C);
 }
 
 }  // namespace
+
+// The keys only family "t5" has, and its constraints.
+Status validate_t5_keys(const ModelConfig& c) {
+  if (c.family != "t5") {
+    if (c.head_size != 0 || !c.ffn_activation.empty() || c.relative_buckets != 0 ||
+        c.relative_max_distance != 0)
+      return error(
+          "keys 'head_size', 'ffn_activation', 'relative_buckets' and 'relative_max_distance' "
+          "are for family \"t5\" only");
+    return Status();
+  }
+  if (c.head_size < 0)
+    return error("key 'head_size' must be >= 0 (0 = n_embd / n_head), got " +
+                 std::to_string(c.head_size));
+  if (c.head_size > (int64_t{1} << 16))
+    return error("key 'head_size' = " + std::to_string(c.head_size) + " is over 65536");
+  if (c.ffn_activation != "relu" && c.ffn_activation != "gated-gelu")
+    return error("key 'ffn_activation' is \"" + c.ffn_activation +
+                 "\"; accepted values for family \"t5\": \"relu\", \"gated-gelu\"");
+  if (c.relative_buckets < 4 || c.relative_buckets > 4096)
+    return error(
+        "key 'relative_buckets' = " + std::to_string(c.relative_buckets) + " must be in [4, 4096]",
+        "T5 uses 32");
+  if (c.relative_max_distance <= c.relative_buckets / 2 || c.relative_max_distance > (1 << 24))
+    return error("key 'relative_max_distance' = " + std::to_string(c.relative_max_distance) +
+                     " must be over relative_buckets / 2 = " +
+                     std::to_string(c.relative_buckets / 2) + " (and at most 2^24)",
+                 "T5 uses 128 with 32 buckets");
+  if (c.n_kv_head != 0)
+    return error("key 'n_kv_head': family \"t5\" has no grouped-query attention");
+  if (c.max_seq_len < 2)
+    return error("key 'max_seq_len' = " + std::to_string(c.max_seq_len) +
+                 ": a t5 needs at least 2 tokens of text to corrupt a span of");
+  return Status();
+}
 
 Status validate(const ModelConfig& c) {
   auto positive = [](const char* key, int64_t v) -> Status {
@@ -139,9 +221,9 @@ Status validate(const ModelConfig& c) {
                    std::to_string(v));
     return Status();
   };
-  if (c.family != "gpt" && c.family != "llama" && c.family != "vit")
+  if (c.family != "gpt" && c.family != "llama" && c.family != "vit" && c.family != "t5")
     return error("key 'family' is \"" + c.family +
-                 "\"; accepted values: \"gpt\", \"llama\", \"vit\"");
+                 "\"; accepted values: \"gpt\", \"llama\", \"vit\", \"t5\"");
   TS_RETURN_IF_ERROR(positive("vocab_size", c.vocab_size));
   if (c.padded_vocab_size != 0 && c.padded_vocab_size < c.vocab_size)
     return error("key 'padded_vocab_size' = " + std::to_string(c.padded_vocab_size) +
@@ -151,7 +233,8 @@ Status validate(const ModelConfig& c) {
   TS_RETURN_IF_ERROR(positive("n_embd", c.n_embd));
   TS_RETURN_IF_ERROR(positive("n_head", c.n_head));
   TS_RETURN_IF_ERROR(positive("max_seq_len", c.max_seq_len));
-  if (c.n_embd % c.n_head != 0)
+  TS_RETURN_IF_ERROR(validate_t5_keys(c));
+  if (c.head_size == 0 && c.n_embd % c.n_head != 0)
     return error("n_head = " + std::to_string(c.n_head) +
                      " does not divide n_embd = " + std::to_string(c.n_embd),
                  "choose n_head among the divisors of n_embd (head_dim = n_embd / n_head)");
@@ -159,7 +242,7 @@ Status validate(const ModelConfig& c) {
     return error("n_kv_head = " + std::to_string(c.n_kv_head) +
                      " does not divide n_head = " + std::to_string(c.n_head),
                  "use a divisor of n_head (or 0 for n_head)");
-  if (c.family != "llama" && c.n_kv_head > 0 && c.n_kv_head != c.n_head)
+  if (c.family != "llama" && c.family != "t5" && c.n_kv_head > 0 && c.n_kv_head != c.n_head)
     return error("n_kv_head (grouped-query attention) is only supported by family \"llama\"");
   if (c.family == "vit") {
     TS_RETURN_IF_ERROR(positive("image_size", c.image_size));

@@ -109,7 +109,9 @@ Var llama_block(Builder& b, const ModelConfig& c, Var x) {
 }  // namespace
 
 ModelTask task_of(const ModelConfig& c) {
-  return c.family == "vit" ? ModelTask::image_classes : ModelTask::language_model;
+  if (c.family == "vit") return ModelTask::image_classes;
+  if (c.family == "t5") return ModelTask::span_corruption;
+  return ModelTask::language_model;
 }
 
 ModelGraph build_model(const ModelConfig& c, int64_t batch, int64_t seq, ModelMode mode,
@@ -117,6 +119,7 @@ ModelGraph build_model(const ModelConfig& c, int64_t batch, int64_t seq, ModelMo
   TS_CHECK(validate(c).ok()) << validate(c).to_string();
   if (c.family == "vit") return build_vit(c, batch, mode, keep_logits);
   TS_CHECK_LE(seq, c.max_seq_len);
+  if (c.family == "t5") return build_t5(c, batch, seq, mode, keep_logits);
   ModelGraph m;
   m.batch = batch;
   m.seq = seq;

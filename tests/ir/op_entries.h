@@ -1,5 +1,6 @@
 // The op-consistency table's entries (op_consistency_test.cc holds the harness and the
-// forward entries; op_entries_grad.cc the gradient entries).
+// forward entries; op_entries_grad.cc the gradient entries, op_entries_attention.cc the
+// attention entries).
 #pragma once
 
 #include <functional>
@@ -23,5 +24,8 @@ struct Entry {
 
 // Appends a gradient entry for every op with a VJP (op_entries_grad.cc).
 void add_gradient_entries(std::vector<Entry>* e);
+
+// Appends the forward entries of attention and position_buckets (op_entries_attention.cc).
+void add_attention_entries(std::vector<Entry>* e);
 
 }  // namespace tessera::op_test

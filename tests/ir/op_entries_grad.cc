@@ -28,6 +28,8 @@ void add_gradient_entries(std::vector<Entry>* e) {
   grad("tanh", "tanh", [](Net& n) { return n.b.tanh(n.param({2, 3})); });
   grad("gelu", "gelu", [](Net& n) { return n.b.gelu(n.param({2, 3, 4}, uniform(-3, 3))); });
   grad("silu", "silu", [](Net& n) { return n.b.silu(n.param({2, 3, 4}, uniform(-3, 3))); });
+  // Inputs away from relu's kink at 0, where central differences are not the derivative.
+  grad("relu", "relu", [](Net& n) { return n.b.relu(n.param({2, 3, 4}, magnitude(0.1f, 2))); });
   grad("swiglu", "swiglu", [](Net& n) {
     return n.b.swiglu(n.param({2, 3, 4}, uniform(-3, 3)), n.param({2, 3, 4}));
   });

@@ -65,11 +65,14 @@ void dispatch(OpKind op, const cpu::Args& a) {
     case OpKind::tanh:
     case OpKind::gelu:
     case OpKind::silu:
+    case OpKind::relu:
       return cpu::unary(op, a);
     case OpKind::gelu_grad:
       return cpu::gelu_grad(a);
     case OpKind::silu_grad:
       return cpu::silu_grad(a);
+    case OpKind::relu_grad:
+      return cpu::relu_grad(a);
     case OpKind::swiglu:
       return cpu::swiglu(a);
     case OpKind::swiglu_grad:

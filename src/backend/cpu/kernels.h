@@ -15,9 +15,11 @@ using Args = KernelArgs;  // backend/backend.h
 // kernels_elementwise.cc
 void fill(const Args& a);
 void binary(OpKind op, const Args& a);  // add, sub, mul, div with broadcasting
-void unary(OpKind op, const Args& a);  // scale, add_scalar, exp, log, sqrt, rsqrt, tanh, gelu, silu
+void unary(OpKind op,
+           const Args& a);  // scale, add_scalar, exp, log, sqrt, rsqrt, tanh, gelu, silu, relu
 void gelu_grad(const Args& a);
 void silu_grad(const Args& a);
+void relu_grad(const Args& a);
 void swiglu(const Args& a);
 void swiglu_grad(const Args& a);
 

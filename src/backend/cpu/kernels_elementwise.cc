@@ -150,6 +150,8 @@ void unary(OpKind op, const Args& a) {
       return parallel_map(n, [&](int64_t i) { y[i] = gelu_fast(x[i]); });
     case OpKind::silu:
       return parallel_map(n, [&](int64_t i) { y[i] = x[i] * sigmoid(x[i]); });
+    case OpKind::relu:
+      return parallel_map(n, [&](int64_t i) { y[i] = x[i] > 0.0f ? x[i] : 0.0f; });
     default:
       TS_CHECK(false) << "not a unary op: " << op_name(op);
   }
@@ -168,6 +170,12 @@ void silu_grad(const Args& a) {
     float s = sigmoid(x[i]);
     dx[i] = dy[i] * s * (1.0f + x[i] * (1.0f - s));
   });
+}
+
+void relu_grad(const Args& a) {
+  const float *x = a.fin(0), *dy = a.fin(1);
+  float* dx = a.fout(0);
+  parallel_map(a.out_shape(0).numel(), [&](int64_t i) { dx[i] = x[i] > 0.0f ? dy[i] : 0.0f; });
 }
 
 void swiglu(const Args& a) {

@@ -1,12 +1,12 @@
 // Attention, causal or bidirectional (attrs.causal), q [B,H,Tq,D], k/v [B,Hkv,Tk,D] (query head h
 // reads kv head h / (H / Hkv)), an optional score bias [H,Tq,Tk], out [B,H,Tq,D] and the
-// log-sum-exp per query row [B,H,Tq], as the CPU kernel computes them. One warp per row, each lane holding D/32 elements of it: the forward walks
-// the keys of its query row with an online softmax; the backward is two passes that recompute the
-// probabilities from the saved log-sum-exp, one per query row (dq) and one per key row (dk, dv,
-// summed over the query heads of its group), so no two warps write one element of dq, dk or dv;
-// the bias gradient, a sum over the batch, is added atomically. These are
-// correct, simple kernels (O(T^2 D) per head with a warp reduction per score), not the fast
-// path: cuDNN's fused attention is.
+// log-sum-exp per query row [B,H,Tq], as the CPU kernel computes them. One warp per row, each lane
+// holding D/32 elements of it: the forward walks the keys of its query row with an online softmax;
+// the backward is two passes that recompute the probabilities from the saved log-sum-exp, one per
+// query row (dq) and one per key row (dk, dv, summed over the query heads of its group), so no two
+// warps write one element of dq, dk or dv; the bias gradient, a sum over the batch, is added
+// atomically. These are correct, simple kernels (O(T^2 D) per head with a warp reduction per
+// score), not the fast path: cuDNN's fused attention is.
 #include <cmath>
 
 #include "backend/cuda/kernels.h"
@@ -105,8 +105,8 @@ __global__ void dq_kernel(const float* q, const float* k, const float* v, const 
   load_row(dout + row * z.d, z.d, lane, dor);
   const float di = dot_row(dor, out + row * z.d, z.d, lane), l = lse[row];
   for (int64_t j = 0; j < (z.causal ? i + 1 : z.tk); ++j) {
-    const float p = expf(scale * dot_row(qr, k + kv + j * z.d, z.d, lane) +
-                         bias_at(bias, z, h, i, j) - l);
+    const float p =
+        expf(scale * dot_row(qr, k + kv + j * z.d, z.d, lane) + bias_at(bias, z, h, i, j) - l);
     const float ds = p * (dot_row(dor, v + kv + j * z.d, z.d, lane) - di);
     if (dbias && lane == 0) atomicAdd(dbias + (h * z.tq + i) * z.tk + j, ds);
     const float* kj = k + kv + j * z.d;
@@ -188,8 +188,8 @@ void attention_grad(OpKind, const Args& a) {
   TS_CUDA(
       cudaMallocAsync(reinterpret_cast<void**>(&delta), static_cast<size_t>(rows) * 4, a.stream));
   dq_kernel<<<warp_blocks(rows), kWarpsPerBlock * kWarp, 0, a.stream>>>(
-      a.fin(0), a.fin(1), a.fin(2), a.fin(3), a.fin(4), a.fin(5), bias, a.fout(0), dbias, delta,
-      z, scale);
+      a.fin(0), a.fin(1), a.fin(2), a.fin(3), a.fin(4), a.fin(5), bias, a.fout(0), dbias, delta, z,
+      scale);
   TS_CUDA_LAUNCH();
   dkv_kernel<<<warp_blocks(kv_rows), kWarpsPerBlock * kWarp, 0, a.stream>>>(
       a.fin(0), a.fin(1), a.fin(2), a.fin(4), a.fin(5), bias, delta, a.fout(1), a.fout(2), z,

@@ -150,6 +150,9 @@ __global__ void unary_kernel(OpKind op, const float* x, float* y, int64_t n, flo
       case OpKind::silu:
         r = v * sigmoid(v);
         break;
+      case OpKind::relu:
+        r = v > 0.0f ? v : 0.0f;
+        break;
       default:
         r = __int_as_float(0x7fc00000);  // not a unary op: NaN
     }
@@ -180,12 +183,14 @@ void fill(OpKind, const Args& a) {
   TS_CUDA_LAUNCH();
 }
 
-// gelu_grad / silu_grad: dx = dy * f'(x). swiglu: y = silu(g) * u. swiglu_grad: dg, du.
+// gelu_grad / silu_grad / relu_grad: dx = dy * f'(x). swiglu: y = silu(g) * u. swiglu_grad: dg, du.
 __global__ void act_grad(OpKind op, const float* x, const float* dy, float* dx, int64_t n) {
   GRID_STRIDE(i, n) {
     const float v = x[i];
     if (op == OpKind::gelu_grad) {
       dx[i] = dy[i] * gelu_grad(v);
+    } else if (op == OpKind::relu_grad) {
+      dx[i] = v > 0.0f ? dy[i] : 0.0f;
     } else {
       const float s = sigmoid(v);
       dx[i] = dy[i] * s * (1.0f + v * (1.0f - s));
@@ -293,10 +298,11 @@ void register_elementwise_kernels(KernelTable& t) {
   t.add(OpKind::fill, fill);
   for (OpKind op : {OpKind::add, OpKind::sub, OpKind::mul, OpKind::div}) t.add(op, binary);
   for (OpKind op : {OpKind::scale, OpKind::add_scalar, OpKind::exp, OpKind::log, OpKind::sqrt,
-                    OpKind::rsqrt, OpKind::tanh, OpKind::gelu, OpKind::silu})
+                    OpKind::rsqrt, OpKind::tanh, OpKind::gelu, OpKind::silu, OpKind::relu})
     t.add(op, unary);
   t.add(OpKind::gelu_grad, activation_grad);
   t.add(OpKind::silu_grad, activation_grad);
+  t.add(OpKind::relu_grad, activation_grad);
   t.add(OpKind::swiglu, swiglu);
   t.add(OpKind::swiglu_grad, swiglu_grad);
   t.add(OpKind::broadcast_to, broadcast_to);
