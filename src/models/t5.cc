@@ -80,7 +80,8 @@ struct T5Builder {
     auto s = b.scope("mlp");
     Var h;
     if (c.ffn_activation == "gated-gelu") {
-      h = b.gelu(linear("wi_0", x, F, C, fan_in_std(C))) * linear("wi_1", x, F, C, fan_in_std(C));
+      Var gate = b.gelu(linear("wi_0", x, F, C, fan_in_std(C)));  // before wi_1: graph order
+      h = gate * linear("wi_1", x, F, C, fan_in_std(C));
     } else {
       h = b.relu(linear("wi", x, F, C, fan_in_std(C)));
     }

@@ -18,6 +18,30 @@ std::vector<ValueId> block_params(const Graph& g, int layer) {
   return out;
 }
 
+// A parameter's name with its block number taken out: "h.#.attn.qkv.weight" for
+// "h.3.attn.qkv.weight", the same in every block of one kind (T5's encoder blocks, its
+// decoder blocks).
+std::string kind_name(const std::string& name) {
+  std::string out, part;
+  for (size_t i = 0; i <= name.size(); ++i) {
+    if (i < name.size() && name[i] != '.') {
+      part += name[i];
+      continue;
+    }
+    const bool number = !part.empty() && part.find_first_not_of("0123456789") == std::string::npos;
+    out += (out.empty() ? "" : ".") + (number ? std::string("#") : part);
+    part.clear();
+  }
+  return out;
+}
+
+// The kind names of a block's parameters, in order.
+std::vector<std::string> signature(const Graph& g, const std::vector<ValueId>& ps) {
+  std::vector<std::string> out;
+  for (ValueId p : ps) out.push_back(kind_name(g.name_of(p)));
+  return out;
+}
+
 struct Score {
   bool ok = false;
   Status why;  // the partition error when not ok
@@ -93,15 +117,20 @@ Result<std::map<std::string, std::vector<Placement>>> expand_block_layout(const 
       out[name] = p;
   };
   for (size_t i = 0; i < b.outer_names.size(); ++i) place(b.outer_names[i], b.outer_placements[i]);
+  std::map<std::string, size_t> searched;  // kind name -> index in b.names
+  for (size_t i = 0; i < b.names.size(); ++i) searched.emplace(kind_name(b.names[i]), i);
   for (int layer = 0;; ++layer) {
     std::vector<ValueId> ps = block_params(g, layer);
     if (ps.empty()) break;
-    if (ps.size() != b.names.size())
-      return error("sharding search: block " + std::to_string(layer) + " has " +
-                       std::to_string(ps.size()) + " parameters, block 0 had " +
-                       std::to_string(b.names.size()),
-                   "every transformer block must have the same parameters");
-    for (size_t i = 0; i < ps.size(); ++i) place(g.name_of(ps[i]), b.placements[i]);
+    for (ValueId p : ps) {
+      auto at = searched.find(kind_name(g.name_of(p)));
+      if (at == searched.end())
+        return error("sharding search: parameter " + g.name_of(p) + " of block " +
+                         std::to_string(layer) + " is in no block searched",
+                     "search on a graph with a block of each kind the model has (a one-layer "
+                     "model of the same config)");
+      place(g.name_of(p), b.placements[at->second]);
+    }
   }
   return out;
 }
@@ -112,18 +141,27 @@ Result<BlockLayout> search_block_layout(const Graph& g, const Plan& plan, const 
     return error("sharding search: the plan needs exactly one tensor axis, it has " +
                  std::to_string(plan.tensor_axes.size()));
   const size_t tp = static_cast<size_t>(plan.mesh.axis_index(plan.tensor_axes[0]));
-  std::vector<ValueId> ps = block_params(g, 0);
-  if (ps.empty()) return error("sharding search: the graph has no transformer block 0");
+  // The first block of each kind (GPT: one; T5: an encoder and a decoder block), searched one
+  // kind after another, the others at their best placements so far.
   BlockLayout b;
+  std::vector<ValueId> ps;  // the parameters b.names names
+  std::vector<std::vector<std::string>> seen;
   const std::vector<Placement> rep(plan.mesh.axes().size(), Placement::replicate());
-  for (ValueId p : ps) {
-    b.names.push_back(g.name_of(p));
-    b.placements.push_back(rep);
+  for (int layer = 0;; ++layer) {
+    std::vector<ValueId> lp = block_params(g, layer);
+    if (lp.empty()) break;
+    std::vector<std::string> sig = signature(g, lp);
+    if (std::find(seen.begin(), seen.end(), sig) != seen.end()) continue;
+    seen.push_back(std::move(sig));
+    b.kind_sizes.push_back(lp.size());
+    for (ValueId p : lp) {
+      ps.push_back(p);
+      b.names.push_back(g.name_of(p));
+      b.placements.push_back(rep);
+    }
   }
+  if (ps.empty()) return error("sharding search: the graph has no transformer block 0");
   TS_RETURN_IF_ERROR(expand_block_layout(b, g, plan).status());
-  std::vector<size_t> matrices, vectors;
-  for (size_t i = 0; i < ps.size(); ++i)
-    (g.type(ps[i]).shape.rank() >= 2 ? matrices : vectors).push_back(i);
   // Sharded candidates the shapes took, and the first refusal (reported when none did).
   int sharded_ok = 0;
   Status refusal;
@@ -139,10 +177,12 @@ Result<BlockLayout> search_block_layout(const Graph& g, const Plan& plan, const 
     const std::string& n = b.names[i];
     return n.substr(0, n.rfind('.'));
   };
-  // A candidate's matrices fixed, its vectors greedily: each starts as its module's matrix
-  // when that is column-split (a bias follows its matrix: several column-split modules need
-  // all their biases split at once) and is flipped, one at a time, where that lowers the cost.
-  auto score = [&](BlockLayout* cand, bool sharded) {
+  // A candidate's matrices fixed, its vectors (of the kind searched) greedily: each starts as
+  // its module's matrix when that is column-split (a bias follows its matrix: several
+  // column-split modules need all their biases split at once) and is flipped, one at a time,
+  // where that lowers the cost.
+  auto score = [&](BlockLayout* cand, bool sharded, const std::vector<size_t>& matrices,
+                   const std::vector<size_t>& vectors) {
     for (size_t v : vectors) {
       Placement follow = Placement::replicate();
       for (size_t m : matrices)
@@ -168,23 +208,64 @@ Result<BlockLayout> search_block_layout(const Graph& g, const Plan& plan, const 
     return s;
   };
   BlockLayout best_b = b;
-  Score best = score(&best_b, false);
-  ++b.candidates;
-  // Matrices: every combination of R, S(0), S(1).
+  Score best;
   const Placement choices[] = {Placement::replicate(), Placement::shard(0), Placement::shard(1)};
-  std::vector<int> pick(matrices.size(), 0);
-  for (;;) {
-    size_t i = 0;
-    while (i < pick.size() && ++pick[i] == 3) pick[i++] = 0;
-    if (i == pick.size()) break;
-    BlockLayout cand = b;
-    for (size_t k = 0; k < matrices.size(); ++k)
-      cand.placements[matrices[k]][tp] = choices[pick[k]];
-    Score s = score(&cand, true);
-    if (s.better_than(best)) {
-      best = s;
-      best_b = cand;
+  for (size_t k = 0, start = 0; k < b.kind_sizes.size(); start += b.kind_sizes[k++]) {
+    std::vector<size_t> matrices, vectors;
+    for (size_t i = start; i < start + b.kind_sizes[k]; ++i)
+      (g.type(ps[i]).shape.rank() >= 2 ? matrices : vectors).push_back(i);
+    {
+      BlockLayout cand = best_b;
+      Score s = score(&cand, false, matrices, vectors);
+      ++b.candidates;
+      if (k == 0 || s.better_than(best)) {
+        best = s;
+        best_b = cand;
+      }
     }
+    // Matrices: every combination of R, S(0), S(1) when there are at most 3^7 (LLaMA's
+    // block); more (T5's decoder block: 10) are searched a module at a time ("...cross" of
+    // "...cross.q.weight"), every combination of its matrices with the others fixed, twice
+    // over the modules.
+    std::vector<std::vector<size_t>> groups;
+    if (matrices.size() <= 7) {
+      groups.push_back(matrices);
+    } else {
+      std::vector<std::string> keys;
+      for (size_t m : matrices) {
+        const std::string mod = module_of(m), key = mod.substr(0, mod.rfind('.'));
+        auto at = std::find(keys.begin(), keys.end(), key);
+        if (at == keys.end()) {
+          keys.push_back(key);
+          groups.emplace_back();
+          at = keys.end() - 1;
+        }
+        groups[static_cast<size_t>(at - keys.begin())].push_back(m);
+      }
+    }
+    const bool grouped = groups.size() > 1;
+    for (int pass = 0; pass < (grouped ? 2 : 1); ++pass)
+      for (const std::vector<size_t>& group : groups) {
+        const BlockLayout base = best_b;
+        std::vector<int> pick(group.size(), 0);
+        for (bool first = true;; first = false) {
+          // The all-Replicate pick is the baseline above, except module by module (where the
+          // module's placements may have moved since).
+          if (!(first && grouped)) {
+            size_t i = 0;
+            while (i < pick.size() && ++pick[i] == 3) pick[i++] = 0;
+            if (i == pick.size()) break;
+          }
+          BlockLayout cand = base;
+          for (size_t q = 0; q < group.size(); ++q)
+            cand.placements[group[q]][tp] = choices[pick[q]];
+          Score s = score(&cand, true, matrices, vectors);
+          if (s.better_than(best)) {
+            best = s;
+            best_b = cand;
+          }
+        }
+      }
   }
   if (!best.ok) return best.why.with_context("sharding search, every block Replicate");
   if (sharded_ok == 0)

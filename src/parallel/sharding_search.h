@@ -1,7 +1,8 @@
 // The search for parameter placements on a tensor axis (DESIGN.md "Tensor layouts and
 // redistribution": the Megatron layout is found, not spelled). Model code never names a
 // layout; this pass tries placements of one transformer block's parameters, partitions the
-// graph under each, and keeps the cheapest:
+// graph under each, and keeps the cheapest (each kind of block in turn: T5 has an encoder and
+// a decoder block):
 //
 //   SearchCost cost{.flops_per_byte = 2000};          // device FLOP/s per tp-link byte/s
 //   TS_ASSIGN_OR_RETURN(BlockLayout b, search_block_layout(one_layer_graph, plan, cost));
@@ -16,8 +17,12 @@
 // step time on a roofline in FLOP units), ties broken by parameter bytes per rank. A
 // candidate the shapes cannot take (a degree that does not divide heads or widths) is
 // skipped; when every sharded one is, the search is an error naming a dim that refused and
-// the degrees that divide it. Blocks are matched by
-// position: the i-th parameter of block l gets the i-th parameter of block 0's placement.
+// the degrees that divide it. A parameter of any block gets the placement of the searched
+// parameter whose name is the same but for the block number ("h.7.attn.qkv.weight" that of
+// "h.0.attn.qkv.weight"); blocks whose names differ otherwise are of different kinds, each
+// searched on its first block. A block of more than 7 matrices (3^7
+// combinations) is searched a module at a time (T5's decoder: self-attention,
+// cross-attention, feed-forward), each module's combinations with the others fixed, twice.
 //
 // With the block chosen, each matrix outside the blocks (the embedding tables and LM head)
 // tries Shard(0) and Shard(1), one at a time, kept where it lowers the cost: a table split on
@@ -40,9 +45,12 @@ struct SearchCost {
 };
 
 struct BlockLayout {
-  // Block 0's parameters, in graph order, and their placements (one per mesh axis).
+  // The parameters of the first block of each kind, in graph order, and their placements
+  // (one per mesh axis); kind_sizes[k] of them are kind k's (GPT: one kind; T5: the encoder's
+  // block, then the decoder's).
   std::vector<std::string> names;
   std::vector<std::vector<Placement>> placements;
+  std::vector<size_t> kind_sizes;
   // The parameters outside the blocks (embeddings, LM head, final norm), in graph order.
   std::vector<std::string> outer_names;
   std::vector<std::vector<Placement>> outer_placements;
@@ -59,7 +67,7 @@ struct BlockLayout {
 // tensor axis. Errors name what is missing.
 Result<BlockLayout> search_block_layout(const Graph& g, const Plan& plan, const SearchCost& cost);
 
-// Block 0's placements applied to every block of `g` (by parameter position in the block),
+// The searched placements applied to every block of `g` (by name but for the block number),
 // and the placements outside the blocks, as Plan::params.
 Result<std::map<std::string, std::vector<Placement>>> expand_block_layout(const BlockLayout& b,
                                                                           const Graph& g,

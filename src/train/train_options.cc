@@ -32,6 +32,16 @@ Status check_train_options(const TrainOptions& o, const ModelConfig& cfg) {
   if (task_of(cfg) == ModelTask::language_model && cfg.vocab_size < Gpt2Tokenizer::kVocabSize)
     return error("model vocab_size " + std::to_string(cfg.vocab_size) +
                  " is smaller than the GPT-2 tokenizer's 50257");
+  if (task_of(cfg) == ModelTask::span_corruption &&
+      cfg.vocab_size < Gpt2Tokenizer::kVocabSize + kT5ExtraTokens)
+    return error("model " + cfg.name + " has vocab_size " + std::to_string(cfg.vocab_size) +
+                     "; span corruption on the corpus needs the GPT-2 tokenizer's 50257 ids, " +
+                     std::to_string(kT5Sentinels) + " sentinels and a start token, " +
+                     std::to_string(Gpt2Tokenizer::kVocabSize + kT5ExtraTokens) + " in all",
+                 "train t5-tiny, or a config with vocab_size >= " +
+                     std::to_string(Gpt2Tokenizer::kVocabSize + kT5ExtraTokens) +
+                     " (the T5 checkpoints' 32128-id SentencePiece vocabulary is not the "
+                     "corpus's)");
   if (!(o.lr > 0) || !std::isfinite(o.lr)) return error("--lr must be positive");
   TS_RETURN_IF_ERROR(positive("--eval-batches", o.eval_batches));
   auto at_least_zero = [](const char* flag, double v) -> Status {

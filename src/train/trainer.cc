@@ -20,6 +20,7 @@
 #include "data/bpe_tokenizer.h"
 #include "data/image_set.h"
 #include "data/loader.h"
+#include "data/span_corruption.h"
 #include "data/tokenize_corpus.h"
 #include "io/fs.h"
 #include "runtime/optimizer.h"
@@ -104,7 +105,20 @@ Result<RunData> open_data(const TrainOptions& o, const TrainJob& job, int data_i
   TS_ASSIGN_OR_RETURN(Gpt2Tokenizer tok, Gpt2Tokenizer::load(job.shipped_data_dir + "/gpt2"));
   TS_ASSIGN_OR_RETURN(std::string data_dir, prepare_data(o, tok, job.shipped_data_dir));
   d.tok = std::move(tok);
-  const int vocab = static_cast<int>(cfg.vocab_size), seq = static_cast<int>(o.seq);
+  const int seq = static_cast<int>(o.seq);
+  if (task_of(cfg) == ModelTask::span_corruption) {
+    const int text_vocab = Gpt2Tokenizer::kVocabSize;
+    TS_ASSIGN_OR_RETURN(SpanCorruptionLoader train,
+                        SpanCorruptionLoader::open(data_dir + "/train.bin", text_vocab, rows, seq,
+                                                   data_index, data_ranks, o.seed));
+    TS_ASSIGN_OR_RETURN(SpanCorruptionLoader val,
+                        SpanCorruptionLoader::open(data_dir + "/val.bin", text_vocab, rows, seq,
+                                                   data_index, data_ranks, 0));
+    d.train = std::make_unique<SpanCorruptionLoader>(std::move(train));
+    d.val = std::make_unique<SpanCorruptionLoader>(std::move(val));
+    return d;
+  }
+  const int vocab = static_cast<int>(cfg.vocab_size);
   TS_ASSIGN_OR_RETURN(DataLoader train, DataLoader::open(data_dir + "/train.bin", vocab, rows, seq,
                                                          data_index, data_ranks, o.seed));
   TS_ASSIGN_OR_RETURN(DataLoader val, DataLoader::open(data_dir + "/val.bin", vocab, rows, seq,
@@ -383,7 +397,7 @@ Status train(const TrainOptions& o, const TrainJob& job) {
                  o.peak_flops > 0 ? "--peak-flops" : "this rank's measured GEMM rate");
   }
 
-  if (o.sample_tokens > 0 && data.tok && start_step + steps_this_run == o.steps) {
+  if (o.sample_tokens > 0 && task_of(cfg) == ModelTask::language_model && start_step + steps_this_run == o.steps) {
     // Every rank takes part in gathering the whole parameters; rank 0 samples.
     std::vector<std::vector<float>> whole;
     TS_RETURN_IF_ERROR(st.gather_params(&whole));
