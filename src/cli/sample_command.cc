@@ -40,10 +40,15 @@ Status run_sample(const SampleArgs& a) {
     return error("checkpoint " + ck.dir() + ": manifest.json has no model config");
   }
   TS_ASSIGN_OR_RETURN(ModelConfig cfg, model_config_from_json(model_json));
-  if (task_of(cfg) != ModelTask::language_model)
+  if (task_of(cfg) == ModelTask::image_classes)
     return error("checkpoint " + ck.dir() + " holds " + cfg.name + ", an image classifier",
                  "sample generates text from language models (gpt, llama); an image model's "
                  "val_accuracy is in its run's metrics.jsonl");
+  if (task_of(cfg) != ModelTask::language_model)
+    return error("checkpoint " + ck.dir() + " holds " + cfg.name +
+                     ", an encoder-decoder trained to fill corrupted spans",
+                 "sample continues a prompt with a decoder-only language model (gpt, llama); "
+                 "a T5's val_loss is in its run's metrics.jsonl");
   TS_ASSIGN_OR_RETURN(Gpt2Tokenizer tok, Gpt2Tokenizer::load(default_data_dir() + "/gpt2"));
   std::vector<int32_t> prompt = tok.encode(a.prompt);
   if (prompt.empty()) prompt.push_back(Gpt2Tokenizer::kEndOfText);

@@ -2,8 +2,8 @@
 // (data-parallel, ZeRO, tensor-parallel or pipeline) resume under another with the same next-step
 // loss, and a rank killed mid-step ends the job within 60 s with a message naming the rank and the
 // operation; --plan auto trains the plan the planner picks; `launch --elastic` finishes a run
-// whose rank died on the ranks left, with the losses of an uninterrupted run; ViT trains under
-// every plan like one rank.
+// whose rank died on the ranks left, with the losses of an uninterrupted run; ViT and T5 train
+// under every plan like one rank.
 #include <gtest/gtest.h>
 
 #include <chrono>
@@ -62,6 +62,8 @@ class DistributedTrainTest : public ::testing::Test {
     return out;
   }
 
+  void expect_plans_match_one_rank(const std::string& flags);
+
   fs::path dir_;
   std::string model_ = "gpt-tiny";     // --model of train()
   std::string data_ = "data";          // --data of train(), in dir_
@@ -90,15 +92,9 @@ void write_learnable_images(const fs::path& dir, int64_t train, int64_t test) {
   }
 }
 
-// ViT on an image folder: data, tensor, ZeRO-3 and pipeline runs give one rank's losses,
-// gradient norms and validation loss; a data-parallel checkpoint resumes on one rank with its next
-// loss.
-TEST_F(DistributedTrainTest, VitRunsUnderEveryPlanMatchOneRank) {
-  write_learnable_images(dir_ / "images", 256, 64);
-  model_ = "vit-tiny";
-  data_ = "images";
-  seq_flag_ = "";
-  const std::string flags = "--batch 8 --grad-accum 2 --steps 6 --lr 3e-3 ";
+// Data, tensor + ZeRO-3 and pipeline runs with `flags` give one rank's losses, gradient norms
+// and validation loss; a data-parallel checkpoint resumes on one rank with its next loss.
+void DistributedTrainTest::expect_plans_match_one_rank(const std::string& flags) {
   std::string log;
   ASSERT_EQ(train(1, "straight", flags, &log), 0) << log;
   ASSERT_EQ(train(4, "tp_z3", flags + "--tp 2 --zero 3", &log), 0) << log;
@@ -119,10 +115,28 @@ TEST_F(DistributedTrainTest, VitRunsUnderEveryPlanMatchOneRank) {
     for (size_t i = 0; i < 6; ++i)
       EXPECT_NEAR(norms[i], want[i], 1e-4 * want[i]) << out << " step " << i;
   }
-  std::ifstream in(straight);
+}
+
+// ViT on an image folder under every plan, with its accuracy and image rate logged.
+TEST_F(DistributedTrainTest, VitRunsUnderEveryPlanMatchOneRank) {
+  write_learnable_images(dir_ / "images", 256, 64);
+  model_ = "vit-tiny";
+  data_ = "images";
+  seq_flag_ = "";
+  expect_plans_match_one_rank("--batch 8 --grad-accum 2 --steps 6 --lr 3e-3 ");
+  std::ifstream in(dir_ / "straight/metrics.jsonl");
   std::string all((std::istreambuf_iterator<char>(in)), {});
   EXPECT_NE(all.find("\"val_accuracy\":"), std::string::npos) << all;
   EXPECT_NE(all.find("\"images_per_s\":"), std::string::npos) << all;
+}
+
+// T5 by span corruption under every plan: the tensor axis splits the encoder's and the
+// decoder's blocks (two kinds), the pipeline hands the encoder's output to the decoder's
+// stages, and the corrupted spans of a row do not depend on the ranks.
+TEST_F(DistributedTrainTest, T5RunsUnderEveryPlanMatchOneRank) {
+  model_ = "t5-tiny";
+  seq_flag_ = "--seq 32";
+  expect_plans_match_one_rank("--batch 8 --grad-accum 2 --steps 6 --lr 3e-3 ");
 }
 
 TEST_F(DistributedTrainTest, CheckpointFromFourRanksZero3ResumesOnTwoRanksZero1AndOneRank) {
