@@ -36,14 +36,15 @@ Status run_import(const HfArgs& a) {
   if (in.skipped_tensors > 0)
     std::printf(
         "note: %lld buffers that hold no parameter skipped (attention masks, rotary "
-        "frequencies, a tied LM head)\n",
+        "frequencies, a tied LM head, T5's embedding copies)\n",
         static_cast<long long>(in.skipped_tensors));
   if (!in.unknown_keys.empty()) {
     std::string keys;
     for (const std::string& k : in.unknown_keys) keys += (keys.empty() ? "" : ", ") + k;
     std::printf("note: config.json keys Tessera does not know, ignored: %s\n", keys.c_str());
   }
-  std::printf("sample: tessera sample --checkpoint %s\n", a.out.c_str());
+  if (task_of(in.cfg) == ModelTask::language_model)  // sample continues prompts
+    std::printf("sample: tessera sample --checkpoint %s\n", a.out.c_str());
   return Status();
 }
 

@@ -159,6 +159,41 @@ Status llama_from_hf(ConfigReader& r, ModelConfig* c) {
   return Status();
 }
 
+Status t5_from_hf(ConfigReader& r, ModelConfig* c) {
+  *c = family_defaults("t5");  // T5Config's defaults: relu, 32 buckets up to 128, eps 1e-6
+  c->max_seq_len = 512;
+  TS_RETURN_IF_ERROR(r.int_key("vocab_size", &c->vocab_size, true));
+  TS_RETURN_IF_ERROR(r.int_key("d_model", &c->n_embd, true));
+  TS_RETURN_IF_ERROR(r.int_key("d_kv", &c->head_size, true));
+  TS_RETURN_IF_ERROR(r.int_key("d_ff", &c->ffn_hidden, true));
+  TS_RETURN_IF_ERROR(r.int_key("num_layers", &c->n_layer, true));
+  TS_RETURN_IF_ERROR(r.int_key("num_heads", &c->n_head, true));
+  int64_t decoder_layers = c->n_layer;
+  TS_RETURN_IF_ERROR(r.int_key("num_decoder_layers", &decoder_layers, false));
+  if (decoder_layers != c->n_layer)
+    return error("config.json: \"num_decoder_layers\" = " + std::to_string(decoder_layers) +
+                     " differs from \"num_layers\" = " + std::to_string(c->n_layer),
+                 "Tessera's T5 has as many decoder blocks as encoder blocks");
+  TS_RETURN_IF_ERROR(r.int_key("relative_attention_num_buckets", &c->relative_buckets, false));
+  TS_RETURN_IF_ERROR(
+      r.int_key("relative_attention_max_distance", &c->relative_max_distance, false));
+  TS_RETURN_IF_ERROR(r.int_key("n_positions", &c->max_seq_len, false));
+  TS_RETURN_IF_ERROR(r.float_key("layer_norm_epsilon", &c->norm_eps));
+  TS_RETURN_IF_ERROR(r.float_key("initializer_factor", &c->init_std));
+  TS_RETURN_IF_ERROR(r.bool_key("tie_word_embeddings", &c->tied_embeddings));
+  if (const json* ff = r.find("feed_forward_proj")) {
+    if (!ff->is_string() || (*ff != "relu" && *ff != "gated-gelu"))
+      return error("config.json: \"feed_forward_proj\" = " + ff->dump() + " is not supported",
+                   "Tessera's T5 computes \"relu\" (T5) and \"gated-gelu\" (T5 v1.1)");
+    c->ffn_activation = ff->get<std::string>();
+  }
+  TS_RETURN_IF_ERROR(r.require("is_encoder_decoder", true, "an encoder-decoder"));
+  // Derived from feed_forward_proj, or training and generation settings.
+  r.ignore({"dense_act_fn", "is_gated_act", "dropout_rate", "classifier_dropout",
+            "decoder_start_token_id", "output_past"});
+  return Status();
+}
+
 int64_t numel(const std::vector<int64_t>& shape) {
   int64_t n = 1;
   for (int64_t d : shape) n *= d;
@@ -179,8 +214,10 @@ Result<HfConfig> model_config_from_hf(const nlohmann::json& config) {
   if (!config.is_object()) return error("config.json is not a JSON object");
   auto type = config.find("model_type");
   if (type == config.end() || !type->is_string())
-    return error("config.json: missing \"model_type\"",
-                 "Tessera imports \"gpt2\" (GPT2LMHeadModel) and \"llama\" (LlamaForCausalLM)");
+    return error(
+        "config.json: missing \"model_type\"",
+        "Tessera imports \"gpt2\" (GPT2LMHeadModel), \"llama\" (LlamaForCausalLM) and \"t5\" "
+        "(T5ForConditionalGeneration)");
   const std::string model_type = type->get<std::string>();
   HfConfig out;
   out.cfg.name = "hf-" + model_type;
@@ -189,9 +226,14 @@ Result<HfConfig> model_config_from_hf(const nlohmann::json& config) {
     TS_RETURN_IF_ERROR(gpt2_from_hf(r, &out.cfg));
   } else if (model_type == "llama") {
     TS_RETURN_IF_ERROR(llama_from_hf(r, &out.cfg));
+  } else if (model_type == "t5") {
+    TS_RETURN_IF_ERROR(t5_from_hf(r, &out.cfg));
+    out.cfg.name = "hf-t5";
   } else {
-    return error("config.json: model_type \"" + model_type + "\" is not supported",
-                 "Tessera imports \"gpt2\" (GPT2LMHeadModel) and \"llama\" (LlamaForCausalLM)");
+    return error(
+        "config.json: model_type \"" + model_type + "\" is not supported",
+        "Tessera imports \"gpt2\" (GPT2LMHeadModel), \"llama\" (LlamaForCausalLM) and \"t5\" "
+        "(T5ForConditionalGeneration)");
   }
   Status s = validate(out.cfg);
   if (!s.ok()) return s.with_context("config.json");
@@ -235,8 +277,70 @@ Result<nlohmann::json> model_config_to_hf(const ModelConfig& c) {
                 {"mlp_bias", false},
                 {"tie_word_embeddings", c.tied_embeddings},
                 {"initializer_range", c.init_std}};
+  if (c.family == "t5")
+    return json{{"architectures", {"T5ForConditionalGeneration"}},
+                {"model_type", "t5"},
+                {"vocab_size", c.vocab_size},
+                {"d_model", c.n_embd},
+                {"d_kv", c.head_dim()},
+                {"d_ff", c.ffn()},
+                {"num_layers", c.n_layer},
+                {"num_decoder_layers", c.n_layer},
+                {"num_heads", c.n_head},
+                {"relative_attention_num_buckets", c.relative_buckets},
+                {"relative_attention_max_distance", c.relative_max_distance},
+                {"n_positions", c.max_seq_len},
+                {"layer_norm_epsilon", c.norm_eps},
+                {"initializer_factor", c.init_std},
+                {"feed_forward_proj", c.ffn_activation},
+                {"is_encoder_decoder", true},
+                {"tie_word_embeddings", c.tied_embeddings}};
   return error("model family \"" + c.family + "\" has no Hugging Face counterpart");
 }
+
+namespace {
+
+// T5ForConditionalGeneration's tensors, all in Tessera's layout; the relative bias tables live
+// in HF's block 0.
+template <typename Add>
+void add_t5_tensors(const ModelConfig& c, Add& add) {
+  const int64_t C = c.n_embd, F = c.ffn(), I = c.n_head * c.head_dim();
+  add("shared.weight", "shared.weight", HfLayout::same, {c.vocab_rows(), C});
+  for (const char* side : {"encoder", "decoder"})
+    add(std::string(side) + ".relative_attention_bias.weight",
+        std::string(side) + ".block.0.layer.0.SelfAttention.relative_attention_bias.weight",
+        HfLayout::same, {c.relative_buckets, c.n_head});
+  for (const std::string side : {"encoder", "decoder"}) {
+    for (int64_t l = 0; l < c.n_layer; ++l) {
+      const std::string p = side + ".block." + std::to_string(l) + ".", hp = p + "layer.";
+      auto attention = [&](const std::string& mine, const std::string& hf) {
+        for (const char* m : {"q", "k", "v", "o"})
+          add(p + mine + "." + m + ".weight", hf + "." + m + ".weight", HfLayout::same,
+              std::string(m) == "o" ? std::vector<int64_t>{C, I} : std::vector<int64_t>{I, C});
+      };
+      add(p + "attn_norm.weight", hp + "0.layer_norm.weight", HfLayout::same, {C});
+      attention("attn", hp + "0.SelfAttention");
+      int ff = 1;
+      if (side == "decoder") {
+        add(p + "cross_norm.weight", hp + "1.layer_norm.weight", HfLayout::same, {C});
+        attention("cross", hp + "1.EncDecAttention");
+        ff = 2;
+      }
+      const std::string hf = hp + std::to_string(ff);
+      add(p + "mlp_norm.weight", hf + ".layer_norm.weight", HfLayout::same, {C});
+      const std::vector<std::string> in = c.ffn_activation == "gated-gelu"
+                                              ? std::vector<std::string>{"wi_0", "wi_1"}
+                                              : std::vector<std::string>{"wi"};
+      for (const std::string& w : in)
+        add(p + "mlp." + w + ".weight", hf + ".DenseReluDense." + w + ".weight", HfLayout::same,
+            {F, C});
+      add(p + "mlp.wo.weight", hf + ".DenseReluDense.wo.weight", HfLayout::same, {C, F});
+    }
+    add(side + ".final_norm.weight", side + ".final_layer_norm.weight", HfLayout::same, {C});
+  }
+}
+
+}  // namespace
 
 std::vector<HfTensor> hf_tensors(const ModelConfig& c) {
   const int64_t C = c.n_embd, F = c.ffn(), V = c.vocab_rows(), D = c.head_dim();
@@ -245,7 +349,8 @@ std::vector<HfTensor> hf_tensors(const ModelConfig& c) {
     std::vector<int64_t> hf_shape = shape;
     if (layout == HfLayout::transposed || layout == HfLayout::gpt_qkv_weight)
       std::swap(hf_shape[0], hf_shape[1]);
-    if (name == "wte" || name == "tok_emb" || name == "lm_head.weight") hf_shape[0] = c.vocab_size;
+    if (name == "wte" || name == "tok_emb" || name == "shared.weight" || name == "lm_head.weight")
+      hf_shape[0] = c.vocab_size;
     out.push_back({std::move(name), std::move(hf), layout, std::move(shape), std::move(hf_shape)});
   };
   if (c.family == "gpt") {
@@ -269,6 +374,8 @@ std::vector<HfTensor> hf_tensors(const ModelConfig& c) {
     }
     add("ln_f.weight", t + "ln_f.weight", HfLayout::same, {C});
     add("ln_f.bias", t + "ln_f.bias", HfLayout::same, {C});
+  } else if (c.family == "t5") {
+    add_t5_tensors(c, add);
   } else {
     const int64_t Q = c.n_head * D, KV = c.kv_heads() * D;
     add("tok_emb", "model.embed_tokens.weight", HfLayout::same, {V, C});
@@ -304,6 +411,10 @@ bool hf_tensor_is_skipped(const ModelConfig& c, const std::string& hf_name) {
   };
   if (c.family == "gpt" && (ends_with(".attn.bias") || ends_with(".attn.masked_bias"))) return true;
   if (c.family == "llama" && ends_with(".rotary_emb.inv_freq")) return true;
+  // T5's encoder and decoder embeddings are the shared one (older files hold all three).
+  if (c.family == "t5" &&
+      (hf_name == "encoder.embed_tokens.weight" || hf_name == "decoder.embed_tokens.weight"))
+    return true;
   return c.tied_embeddings && hf_name == "lm_head.weight";
 }
 

@@ -1,5 +1,7 @@
 // How Tessera's models are named and laid out in Hugging Face `transformers` checkpoints:
-// GPT (GPT2LMHeadModel, model_type "gpt2") and LLaMA (LlamaForCausalLM, "llama"). The file
+// GPT (GPT2LMHeadModel, model_type "gpt2"), LLaMA (LlamaForCausalLM, "llama") and T5
+// (T5ForConditionalGeneration, "t5": HF's names, Tessera's layouts; the relative bias tables
+// that HF keeps in block 0 are Tessera's encoder/decoder.relative_attention_bias). The file
 // I/O lives in io/hf_checkpoint.h; this is the model-family knowledge it needs.
 //
 //   TS_ASSIGN_OR_RETURN(HfConfig hc, model_config_from_hf(config_json));   // config.json
@@ -65,7 +67,8 @@ std::vector<HfTensor> hf_tensors(const ModelConfig& cfg);
 std::vector<std::string> hf_name_aliases(const std::string& hf_name);
 
 // Tensors in HF files that hold no parameter and are skipped on import: GPT-2's causal-mask
-// buffers ("h.N.attn.bias", "h.N.attn.masked_bias"), LLaMA's "rotary_emb.inv_freq", and the
+// buffers ("h.N.attn.bias", "h.N.attn.masked_bias"), LLaMA's "rotary_emb.inv_freq", T5's
+// encoder/decoder.embed_tokens.weight (copies of shared.weight), and the
 // LM head of a tied model (HF writes it in some versions; it equals the embedding).
 bool hf_tensor_is_skipped(const ModelConfig& cfg, const std::string& hf_name);
 

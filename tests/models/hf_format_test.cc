@@ -1,9 +1,10 @@
-// Hugging Face names, layouts and configs of the GPT and LLaMA families.
+// Hugging Face names, layouts and configs of the GPT, LLaMA and T5 families.
 #include "models/hf_format.h"
 
 #include <gtest/gtest.h>
 
 #include <numeric>
+#include <set>
 
 namespace tessera {
 namespace {
@@ -56,6 +57,54 @@ TEST(HfFormat, Gpt2KeysAndShapesAreTheTransformersOnes) {
   EXPECT_FALSE(hf_tensor_is_skipped(c, "transformer.h.3.attn.c_proj.bias"));
 }
 
+// T5's keys as the published t5-small and google/t5-v1_1-small checkpoints have them, and its
+// config keys that Tessera cannot compute refused by name.
+TEST(HfFormat, T5KeysAndConfigAreTheTransformersOnes) {
+  ModelConfig c = *find_preset("t5-small");
+  std::set<std::string> keys;
+  for (const HfTensor& t : hf_tensors(c)) keys.insert(t.hf_name);
+  for (const char* k :
+       {"shared.weight", "encoder.block.0.layer.0.SelfAttention.relative_attention_bias.weight",
+        "encoder.block.5.layer.1.DenseReluDense.wo.weight",
+        "decoder.block.0.layer.0.SelfAttention.relative_attention_bias.weight",
+        "decoder.block.3.layer.1.EncDecAttention.k.weight",
+        "decoder.block.3.layer.2.layer_norm.weight", "decoder.final_layer_norm.weight"})
+    EXPECT_TRUE(keys.count(k)) << k;
+  EXPECT_EQ(keys.size(), 131u);  // t5-small's state dict less the three embedding copies
+  EXPECT_TRUE(hf_tensor_is_skipped(c, "encoder.embed_tokens.weight"));
+  EXPECT_TRUE(hf_tensor_is_skipped(c, "lm_head.weight"));  // tied
+  nlohmann::json v11 = {{"model_type", "t5"},
+                        {"vocab_size", 32128},
+                        {"d_model", 512},
+                        {"d_kv", 64},
+                        {"d_ff", 1024},
+                        {"num_layers", 8},
+                        {"num_decoder_layers", 8},
+                        {"num_heads", 6},
+                        {"feed_forward_proj", "gated-gelu"},
+                        {"tie_word_embeddings", false},
+                        {"dense_act_fn", "gelu_new"},
+                        {"is_gated_act", true},
+                        {"dropout_rate", 0.1}};
+  auto r = model_config_from_hf(v11);
+  ASSERT_TRUE(r.ok()) << r.status().to_string();
+  EXPECT_TRUE(r->unknown_keys.empty());
+  EXPECT_EQ(count_params(r->cfg), 76961152);
+  keys.clear();
+  for (const HfTensor& t : hf_tensors(r->cfg)) keys.insert(t.hf_name);
+  EXPECT_TRUE(keys.count("encoder.block.7.layer.1.DenseReluDense.wi_1.weight"));
+  EXPECT_TRUE(keys.count("lm_head.weight"));
+  for (auto [key, value] :
+       {std::pair<const char*, nlohmann::json>{"feed_forward_proj", "gated-silu"},
+        {"num_decoder_layers", 4}}) {
+    nlohmann::json j = v11;
+    j[key] = value;
+    auto bad = model_config_from_hf(j);
+    ASSERT_FALSE(bad.ok()) << key;
+    EXPECT_TRUE(mentions(bad.status(), key)) << bad.status().to_string();
+  }
+}
+
 // Conversions are inverse to each other, and GPT's fused QKV lands where the model reads it:
 // HF column (q|k|v, head, d) of c_attn is Tessera's row (head, q|k|v, d).
 TEST(HfFormat, LayoutsRoundTripAndPlaceQkvPerHead) {
@@ -81,7 +130,8 @@ TEST(HfFormat, LayoutsRoundTripAndPlaceQkvPerHead) {
 }
 
 TEST(HfFormat, ConfigsRoundTripThroughConfigJson) {
-  for (const char* name : {"gpt2-small", "gpt-tiny", "llama-tiny", "llama3-8b", "llama2-70b"}) {
+  for (const char* name :
+       {"gpt2-small", "gpt-tiny", "llama-tiny", "llama3-8b", "llama2-70b", "t5-tiny", "t5-11b"}) {
     ModelConfig c = *find_preset(name);
     auto j = model_config_to_hf(c);
     ASSERT_TRUE(j.ok()) << j.status().to_string();
@@ -116,7 +166,7 @@ TEST(HfFormat, ConfigKeysTesseraCannotComputeAreRefusedByName) {
   refused(llama, "hidden_size", erase, "missing key \"hidden_size\"");
   refused(llama, "num_hidden_layers", -2, "positive integer");
   refused(llama, "head_dim", 7, "head_dim");
-  refused(llama, "model_type", "t5", "model_type \"t5\" is not supported");
+  refused(llama, "model_type", "bert", "model_type \"bert\" is not supported");
   refused(llama, "num_key_value_heads", 3, "config.json");  // 4 heads: not divisible
   nlohmann::json gpt = *model_config_to_hf(*find_preset("gpt-tiny"));
   refused(gpt, "activation_function", "relu", "activation_function");
