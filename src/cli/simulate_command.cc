@@ -53,6 +53,8 @@ nlohmann::json sim_json(const ModelConfig& cfg, const ClusterSpec& cluster, cons
           {"peak_bytes_per_stage", r.stage_peak_bytes},
           {"tokens_per_step", r.tokens_per_step},
           {"tokens_per_s", r.tokens_per_second},
+          {"examples_per_step", r.examples_per_step},
+          {"examples_per_s", r.examples_per_second},
           {"model_tflops_per_device", r.model_tflops_per_device},
           {"mfu", r.mfu},
           {"hfu", r.hfu},

@@ -163,6 +163,11 @@ int64_t gpt_qkv_row_from_standard(int64_t row, int64_t n_head, int64_t head_dim)
 std::vector<float> gpt_qkv_from_standard(const float* standard, int64_t cols, int64_t n_head,
                                          int64_t head_dim);
 
+// The tokens one example of `seq` feeds the model: seq (GPT, LLaMA), the encoder's input
+// span_corruption(seq).encoder_len() (T5, which the simulator's tokens/s counts too), the class
+// token and patches (ViT).
+int64_t tokens_per_example(const ModelConfig& cfg, int64_t seq);
+
 // Parameter count from the config alone (checked against the built graph in tests).
 int64_t count_params(const ModelConfig& cfg);
 

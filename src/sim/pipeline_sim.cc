@@ -95,12 +95,13 @@ Result<SimResult> simulate(const PipelineProgram& pp, const ClusterSpec& cluster
 
   // Throughput and FLOPs: every chunk runs on the data x tensor ranks of its stage.
   const Program& first = pp.chunks.front().program;
-  const ValueId tok = first.local().find_input("tokens");
-  const double tokens_per_micro =
-      tok < 0 ? 0
-              : static_cast<double>(first.local().type(tok).shape.numel()) * pp.plan.data_group();
-  r.tokens_per_step = tokens_per_micro * m;
-  r.tokens_per_second = step > 0 ? r.tokens_per_step / step : 0;
+  const MicroBatchCounts counts = micro_batch_counts(first);
+  r.tokens_per_step = counts.tokens * m;
+  r.examples_per_step = counts.examples * m;
+  if (step > 0) {
+    r.tokens_per_second = r.tokens_per_step / step;
+    r.examples_per_second = r.examples_per_step / step;
+  }
   const double per_stage = static_cast<double>(r.devices) / stages;
   for (const ChunkSim& c : cs) r.hardware_flops_per_step += c.hardware_flops * m * per_stage;
   r.model_flops_per_step = pp.model_flops * m;

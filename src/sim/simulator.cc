@@ -8,6 +8,7 @@
 
 #include "base/format.h"
 #include "cost/op_cost.h"
+#include "models/model.h"
 #include "parallel/partition.h"
 #include "sim/sim_internal.h"
 
@@ -287,14 +288,21 @@ class Schedule {
   double forward_end_ = 0;
 };
 
-double tokens_per_micro_batch(const Program& p) {
-  const Graph& g = p.local();
-  ValueId tok = g.find_input("tokens");
-  if (tok < 0) return 0;
-  return static_cast<double>(g.type(tok).shape.numel()) * p.plan.data_group();
-}
-
 }  // namespace
+
+MicroBatchCounts micro_batch_counts(const Program& p) {
+  const Graph& g = p.local();
+  MicroBatchCounts c;
+  const double ranks = p.plan.data_group();
+  const ValueId tok = g.find_input(kTokensInput);
+  if (tok >= 0) c.tokens = static_cast<double>(g.type(tok).shape.numel()) * ranks;
+  for (ValueId in : g.inputs())
+    if (g.type(in).shape.rank() > 0) {
+      c.examples = static_cast<double>(g.type(in).shape[0]) * ranks;
+      break;
+    }
+  return c;
+}
 
 // Where the members of rank 0's group over `axes` sit: how many share a node.
 GroupLayout group_layout(const Mesh& mesh, const std::vector<std::string>& axes,
@@ -346,8 +354,13 @@ Result<SimResult> simulate(const Program& prog, const ClusterSpec& cluster, cons
   Schedule s(prog, cluster, opt, &r);
   s.run();
   r.exposed_comm_seconds = std::max(0.0, r.step_seconds - r.compute_seconds);
-  r.tokens_per_step = tokens_per_micro_batch(prog) * prog.plan.micro_batches;
-  r.tokens_per_second = r.step_seconds > 0 ? r.tokens_per_step / r.step_seconds : 0;
+  const MicroBatchCounts counts = micro_batch_counts(prog);
+  r.tokens_per_step = counts.tokens * prog.plan.micro_batches;
+  r.examples_per_step = counts.examples * prog.plan.micro_batches;
+  if (r.step_seconds > 0) {
+    r.tokens_per_second = r.tokens_per_step / r.step_seconds;
+    r.examples_per_second = r.examples_per_step / r.step_seconds;
+  }
   // Every rank runs the same stream on its own shard: hardware FLOPs are the local ones times
   // the devices. Model FLOPs count each op of the global graph once: the local ones scaled by
   // global / (local op FLOPs), which is the device count under data parallelism and less
@@ -407,11 +420,16 @@ std::string chrome_trace(const SimResult& r, const std::string& title) {
 
 std::string format_sim_result(const SimResult& r, const ClusterSpec& c) {
   auto pct = [&](double x) { return x > 0 ? 100.0 * x / r.step_seconds : 0.0; };
+  // Tokens where the model reads them, else examples (an image classifier's images).
+  const bool tokens = r.tokens_per_step > 0;
+  const char* unit = tokens ? "tokens" : "examples";
+  const double rate = tokens ? r.tokens_per_second : r.examples_per_second;
+  const double per_step = tokens ? r.tokens_per_step : r.examples_per_step;
   char buf[1024];
   std::snprintf(buf, sizeof buf,
                 "step time        %s  (compute %s %.0f%%, exposed comm %s %.0f%%, bubble %s)\n"
                 "  of which       optimizer %s; comm streams busy %s\n"
-                "throughput       %.4g tokens/s (%.4g per device), %g tokens per step\n"
+                "throughput       %.4g %s/s (%.4g per device), %g %s per step\n"
                 "per device       %.1f TFLOP/s model (MFU %.1f%%), %.1f TFLOP/s hardware "
                 "(HFU %.1f%%)\n"
                 "memory / device  %s peak = %s persistent + %s activations (capacity %s)\n",
@@ -419,9 +437,8 @@ std::string format_sim_result(const SimResult& r, const ClusterSpec& c) {
                 pct(r.compute_seconds), format_seconds(r.exposed_comm_seconds).c_str(),
                 pct(r.exposed_comm_seconds), format_seconds(r.bubble_seconds).c_str(),
                 format_seconds(r.optimizer_seconds).c_str(), format_seconds(r.comm_seconds).c_str(),
-                r.tokens_per_second, r.tokens_per_second / std::max(1, r.devices),
-                r.tokens_per_step, r.model_tflops_per_device, 100 * r.mfu,
-                r.hardware_tflops_per_device, 100 * r.hfu,
+                rate, unit, rate / std::max(1, r.devices), per_step, unit,
+                r.model_tflops_per_device, 100 * r.mfu, r.hardware_tflops_per_device, 100 * r.hfu,
                 format_bytes(r.peak_memory_bytes).c_str(), format_bytes(r.persistent_bytes).c_str(),
                 format_bytes(r.arena_bytes).c_str(), format_bytes(c.device.memory_bytes).c_str());
   std::string out = buf;

@@ -60,8 +60,10 @@ struct SimResult {
   double compute_seconds = 0, exposed_comm_seconds = 0, bubble_seconds = 0;
   double comm_seconds = 0;       // busy time summed over the comm streams (overlapped or not)
   double optimizer_seconds = 0;  // part of compute_seconds spent in the optimizer
-  double tokens_per_step = 0;    // global
-  double tokens_per_second = 0;  // global
+  // Global: positions of the model's "tokens" input (a language model's sequences, T5's
+  // encoder inputs; none for an image classifier) and examples (sequences, images).
+  double tokens_per_step = 0, tokens_per_second = 0;
+  double examples_per_step = 0, examples_per_second = 0;
   int devices = 0;
   double model_flops_per_step = 0;     // global, no recomputation
   double hardware_flops_per_step = 0;  // global, as executed
@@ -78,6 +80,13 @@ struct SimResult {
   std::vector<double> stage_peak_bytes;
   std::vector<int> stage_layers;  // blocks per model chunk, as cut
 };
+
+// Tokens and examples (the leading dim of the model's inputs) of one global micro-batch of a
+// Program whose local graph holds the model's inputs (a pipeline's first chunk).
+struct MicroBatchCounts {
+  double tokens = 0, examples = 0;
+};
+MicroBatchCounts micro_batch_counts(const Program& p);
 
 Result<SimResult> simulate(const Program& prog, const ClusterSpec& cluster, const SimOptions& opt);
 struct PipelineProgram;

@@ -42,6 +42,23 @@ Status check_train_options(const TrainOptions& o, const ModelConfig& cfg) {
                      std::to_string(Gpt2Tokenizer::kVocabSize + kT5ExtraTokens) +
                      " (the T5 checkpoints' 32128-id SentencePiece vocabulary is not the "
                      "corpus's)");
+  if (task_of(cfg) == ModelTask::span_corruption && o.sequence_parallel && o.tp > 1 && o.seq >= 2) {
+    // Sequence parallelism splits the encoder's and the decoder's sequences.
+    auto splits = [&](int64_t raw) {
+      const SpanCorruption sc = span_corruption(raw);
+      return sc.encoder_len() % o.tp == 0 && sc.decoder_len() % o.tp == 0;
+    };
+    if (!splits(o.seq)) {
+      int64_t near = o.seq + 1;
+      while (near < cfg.max_seq_len && !splits(near)) ++near;
+      const SpanCorruption sc = span_corruption(o.seq);
+      return error("--sequence-parallel: --seq " + std::to_string(o.seq) + " of " + cfg.name +
+                       " gives an encoder sequence of " + std::to_string(sc.encoder_len()) +
+                       " and a decoder sequence of " + std::to_string(sc.decoder_len()) +
+                       " tokens; both must split over --tp " + std::to_string(o.tp),
+                   splits(near) ? "use --seq " + std::to_string(near) : "drop --sequence-parallel");
+    }
+  }
   if (!(o.lr > 0) || !std::isfinite(o.lr)) return error("--lr must be positive");
   TS_RETURN_IF_ERROR(positive("--eval-batches", o.eval_batches));
   auto at_least_zero = [](const char* flag, double v) -> Status {

@@ -109,7 +109,8 @@ std::string TrainState::describe_memory() const {
            " sent per step\n";
   const Graph& local = prog.local();  // as executed (with recomputation)
   return "model " + cfg.name + ": " + format_count(local.param_count()) + " parameters, " +
-         format_si(g.total_flops() / static_cast<double>(opts.batch * opts.seq)) +
+         format_si(g.total_flops() /
+                   static_cast<double>(opts.batch * tokens_per_example(cfg, opts.seq))) +
          " FLOPs/token (train)\nplanned memory: arena " + b(runner->executor().plan().arena_bytes) +
          " (activations, gradients), parameters " + b(prog.param_bytes) + ", gradients " + grads +
          ", optimizer " + b(prog.optim_bytes) + " (AdamW's two moments), evaluation arena " +

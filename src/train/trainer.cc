@@ -275,8 +275,9 @@ Status train(const TrainOptions& o, const TrainJob& job) {
     st.init_params(o.seed);
   }
 
-  // Throughput counts tokens (language models) or images.
-  const double tokens_per_step = static_cast<double>(o.batch * (images ? 1 : o.seq) * o.grad_accum);
+  // Throughput counts tokens (language models; T5's encoder inputs) or images.
+  const double tokens_per_step =
+      static_cast<double>(o.batch * (images ? 1 : tokens_per_example(cfg, o.seq)) * o.grad_accum);
   const char* rate_key = images ? "images_per_s" : "tokens_per_s";
   // MFU: the model's FLOPs (the global training graph, once; recomputation not counted) per
   // second and rank, against the rank's peak.
@@ -397,7 +398,8 @@ Status train(const TrainOptions& o, const TrainJob& job) {
                  o.peak_flops > 0 ? "--peak-flops" : "this rank's measured GEMM rate");
   }
 
-  if (o.sample_tokens > 0 && task_of(cfg) == ModelTask::language_model && start_step + steps_this_run == o.steps) {
+  if (o.sample_tokens > 0 && task_of(cfg) == ModelTask::language_model &&
+      start_step + steps_this_run == o.steps) {
     // Every rank takes part in gathering the whole parameters; rank 0 samples.
     std::vector<std::vector<float>> whole;
     TS_RETURN_IF_ERROR(st.gather_params(&whole));
