@@ -108,6 +108,16 @@ bool node_network_gbits(const std::string& s, double* gbits) {
 
 Result<ModelConfig> model_for(const PublishedRun& r, RunSetup* s) {
   const std::string& name = r.at("model_name");
+  if (contains(r.at("architecture"), "T5")) {
+    // T5 rows name the released size; its dimensions are the preset's.
+    for (const char* size : {"small", "base", "large", "3b", "11b"})
+      if (contains(name, (std::string("t5-") + size).c_str())) {
+        const std::string preset = std::string("t5-") + size;
+        s->assumptions.push_back("dimensions of preset " + preset);
+        return *find_preset(preset);
+      }
+    return error("T5 model '" + name + "' without a matching preset");
+  }
   if (contains(r.at("architecture"), "llama")) {
     // LLaMA rows do not list ffn_hidden / kv_heads; take them from the named model.
     for (const char* size : {"70B", "13B", "7B"})
@@ -194,7 +204,21 @@ Result<RunSetup> setup_run(const PublishedRun& r, const std::string& cluster_dir
     if (!r.at(col).empty() && (!number(r.at(col), &v) || v != 1))
       return error(std::string(col) + "=" + r.at(col) + " is not in the Program yet");
   }
-  TS_RETURN_IF_ERROR(need(r, "num_gpus", &gpus));
+  // "8-512" GPUs with a scaling efficiency: the per-GPU throughput at the largest count over
+  // that at the smallest, in percent.
+  static const std::regex range(R"((\d+)\s*-\s*(\d+))");
+  std::smatch m;
+  double efficiency;
+  if (std::regex_match(r.at("num_gpus"), m, range) &&
+      number(r.at("scaling_efficiency_pct"), &efficiency)) {
+    s.scale_from_gpus = std::stoi(m[1].str());
+    gpus = std::stod(m[2].str());
+    if (s.scale_from_gpus < 1 || s.scale_from_gpus >= gpus)
+      return error("num_gpus '" + r.at("num_gpus") + "' is not an increasing range");
+    s.metric = "scaling eff. %", s.published = efficiency;
+  } else {
+    TS_RETURN_IF_ERROR(need(r, "num_gpus", &gpus));
+  }
   double dp = gpus / (tp * pp);
   if (dp < 1 || dp != std::floor(dp))
     return error("tp=" + tps + " x pp=" + (pps.empty() ? "1" : pps) +
@@ -204,7 +228,14 @@ Result<RunSetup> setup_run(const PublishedRun& r, const std::string& cluster_dir
                  " x pp=" + (pps.empty() ? "1" : pps) + " on " + r.at("num_gpus") +
                  " GPUs implies model parallelism of unknown kind");
   if (tps.empty() || pps.empty()) s.assumptions.push_back("tp=pp=1 (not published; dp = num_gpus)");
-  TS_RETURN_IF_ERROR(need(r, "micro_batch", &micro));
+  // "8 and 16": runs at several micro-batches, the first modelled.
+  static const std::regex several(R"((\d+) and \d+)");
+  if (std::regex_match(r.at("micro_batch"), m, several)) {
+    micro = std::stod(m[1].str());
+    s.assumptions.push_back("micro-batch " + m[1].str() + " of '" + r.at("micro_batch") + "'");
+  } else {
+    TS_RETURN_IF_ERROR(need(r, "micro_batch", &micro));
+  }
 
   const std::string& prec = r.at("precision");
   if (contains(prec, "fp8")) return error("FP8 training is not modeled (no FP8 peak in specs)");
@@ -265,6 +296,12 @@ Result<RunSetup> setup_run(const PublishedRun& r, const std::string& cluster_dir
   TS_RETURN_IF_ERROR(need(r, "seq_len", &seq));
   s.seq = static_cast<int64_t>(seq);
   s.model.max_seq_len = std::max(s.model.max_seq_len, s.seq);
+  if (task_of(s.model) == ModelTask::span_corruption) {
+    const SpanCorruption sc = span_corruption(s.seq);
+    s.assumptions.push_back("seq_len " + std::to_string(s.seq) +
+                            " as text per example: " + std::to_string(sc.encoder_len()) +
+                            " encoder, " + std::to_string(sc.decoder_len()) + " decoder tokens");
+  }
   s.batch = static_cast<int64_t>(micro * dp);
   double global, global_tokens;
   bool have_global = number(r.at("global_batch_seqs"), &global);
@@ -295,7 +332,9 @@ Result<RunSetup> setup_run(const PublishedRun& r, const std::string& cluster_dir
   }
 
   double v;
-  if (number(r.at("tokens_per_s_per_gpu"), &v)) {
+  if (s.scale_from_gpus > 0) {
+    // set above
+  } else if (number(r.at("tokens_per_s_per_gpu"), &v)) {
     s.metric = "tokens/s/GPU", s.published = v;
   } else if (number(r.at("iteration_time_s"), &v) && !contains(r.at("notes"), "per *layer*")) {
     s.metric = "s/iteration", s.published = v;
@@ -337,7 +376,19 @@ ValidationReport validate_runs(const std::vector<PublishedRun>& runs, int thread
         TS_ASSIGN_OR_RETURN(SimResult sim, simulate_plan(m.graph, s.plan, s.cluster, s.sim));
         RunResult rr;
         rr.sim = sim;
-        if (s.metric == "tokens/s/GPU") {
+        if (s.scale_from_gpus > 0) {
+          // The same per-GPU micro-batch and plan on the smallest count (data parallel only).
+          if (s.plan.tensor_group() > 1 || s.plan.stages() > 1)
+            return error("a scaling range with tensor or pipeline parallelism is not modeled");
+          const int64_t per_gpu = s.batch / s.plan.data_group();
+          Plan small = Plan::data_parallel(s.scale_from_gpus, s.plan.zero);
+          small.recompute = s.plan.recompute;
+          small.micro_batches = s.plan.micro_batches;
+          ModelGraph ms =
+              build_model(s.model, per_gpu * s.scale_from_gpus, s.seq, ModelMode::train);
+          TS_ASSIGN_OR_RETURN(SimResult base, simulate_plan(ms.graph, small, s.cluster, s.sim));
+          rr.predicted = 100 * sim.model_tflops_per_device / base.model_tflops_per_device;
+        } else if (s.metric == "tokens/s/GPU") {
           rr.predicted = sim.tokens_per_second / sim.devices;
         } else if (s.metric == "s/iteration") {
           rr.predicted = sim.step_seconds;

@@ -38,7 +38,10 @@ struct RunSetup {
   int64_t batch = 0, seq = 0;  // global micro-batch (sequences) and sequence length
   ClusterSpec cluster;
   SimOptions sim;
-  std::string metric;  // "tokens/s/GPU", "s/iteration", "TFLOP/s/GPU (eq.3)"
+  // "tokens/s/GPU", "s/iteration", "TFLOP/s/GPU (eq.3)", or "scaling eff. %" (per-GPU
+  // throughput on the plan's GPUs over that on scale_from_gpus, the smallest of a range).
+  std::string metric;
+  int scale_from_gpus = 0;
   double published = 0;
   std::vector<std::string> assumptions;  // what was inferred rather than read from the row
 };

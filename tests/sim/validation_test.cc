@@ -196,5 +196,30 @@ TEST(Validation, TensorParallelRowIsSimulated) {
   EXPECT_LT(sp->predicted, row->predicted);
 }
 
+// The published T5 row (Zhao et al. 2023, T5-11B under FSDP on A100s with 2 Tb/s RoCE per
+// node: per-GPU throughput 7% lower on 512 GPUs than on 8) is simulated as the ratio of the two
+// runs' per-GPU throughput, on the t5-11b preset.
+TEST(Validation, T5ScalingRowIsSimulated) {
+  Result<std::vector<PublishedRun>> runs =
+      read_published_runs(std::string(TESSERA_SOURCE_DIR) + "/validation/published_runs.csv");
+  ASSERT_TRUE(runs.ok()) << runs.status().to_string();
+  ValidationReport rep = validate_runs(*runs, 2, "zhao2023fsdp");
+  const RunResult* row = nullptr;
+  for (const RunResult& r : rep.results)
+    if (r.row_id == "215") row = &r;
+  ASSERT_NE(row, nullptr) << "row 215 not simulated";
+  EXPECT_EQ(row->setup.model.name, "t5-11b");
+  EXPECT_EQ(row->setup.metric, "scaling eff. %");
+  EXPECT_EQ(row->setup.scale_from_gpus, 8);
+  EXPECT_EQ(row->sim.devices, 512);
+  EXPECT_EQ(row->setup.plan.zero, 3);
+  std::printf("row 215: predicted %.1f%% scaling efficiency 8 -> 512 GPUs, published %.0f%%\n",
+              row->predicted, row->setup.published);
+  // Communication only adds time going from one node to 64: at most 100%.
+  EXPECT_GT(row->predicted, 50);
+  EXPECT_LE(row->predicted, 100);
+  EXPECT_LT(std::fabs(row->error), 0.25);
+}
+
 }  // namespace
 }  // namespace tessera
