@@ -17,7 +17,8 @@ std::string divisors(int n) {
   return s;
 }
 
-// One line per block-0 parameter with its placement on the tensor axis, then the search's
+// One line per searched block parameter (block 0, and the first block of any other kind) with
+// its placement on the tensor axis, then the search's
 // cost figures.
 std::string describe_block_layout(const BlockLayout& b, const Plan& plan) {
   const size_t tp = static_cast<size_t>(plan.mesh.axis_index(plan.tensor_axes.at(0)));
@@ -30,9 +31,12 @@ std::string describe_block_layout(const BlockLayout& b, const Plan& plan) {
       s += "placement       " + b.outer_names[i] + " " + b.outer_placements[i][tp].to_string() +
            " on " + plan.tensor_axes[0] + "\n";
   for (const std::string& n : b.notes) s += "tp search       note: " + n + "\n";
-  s += "tp search       " + std::to_string(b.candidates) +
-       " candidates; block 0 per rank: " + format_bytes(b.tensor_bytes) + " sent over " +
-       plan.tensor_axes[0] + " per micro-batch (every block alike)\n";
+  s += "tp search       " + std::to_string(b.candidates) + " candidates; " +
+       (b.kind_sizes.size() > 1
+            ? "a block of each of " + std::to_string(b.kind_sizes.size()) + " kinds"
+            : std::string("block 0")) +
+       " per rank: " + format_bytes(b.tensor_bytes) + " sent over " + plan.tensor_axes[0] +
+       " per micro-batch (every block of a kind alike)\n";
   bool sharded = false;
   for (const std::vector<Placement>& p : b.placements) sharded = sharded || !p[tp].is_replicate();
   if (!sharded)

@@ -29,12 +29,6 @@ SpanCorruption span_corruption(int64_t raw) {
   return s;
 }
 
-int64_t tokens_per_example(const ModelConfig& c, int64_t seq) {
-  if (task_of(c) == ModelTask::image_classes) return c.image_tokens();
-  if (task_of(c) == ModelTask::span_corruption) return span_corruption(seq).encoder_len();
-  return seq;
-}
-
 namespace {
 
 // [B,H,T,D] -> [B,T,H*D]

@@ -114,6 +114,12 @@ ModelTask task_of(const ModelConfig& c) {
   return ModelTask::language_model;
 }
 
+int64_t tokens_per_example(const ModelConfig& c, int64_t seq) {
+  if (task_of(c) == ModelTask::image_classes) return c.image_tokens();
+  if (task_of(c) == ModelTask::span_corruption) return span_corruption(seq).encoder_len();
+  return seq;
+}
+
 ModelGraph build_model(const ModelConfig& c, int64_t batch, int64_t seq, ModelMode mode,
                        bool keep_logits) {
   TS_CHECK(validate(c).ok()) << validate(c).to_string();

@@ -131,12 +131,23 @@ TEST_F(DistributedTrainTest, VitRunsUnderEveryPlanMatchOneRank) {
 }
 
 // T5 by span corruption under every plan: the tensor axis splits the encoder's and the
-// decoder's blocks (two kinds), the pipeline hands the encoder's output to the decoder's
-// stages, and the corrupted spans of a row do not depend on the ranks.
+// decoder's blocks (two kinds), sequence parallelism both sequences, the pipeline hands the
+// encoder's output to the decoder's stages, and the corrupted spans of a row do not depend on
+// the ranks.
 TEST_F(DistributedTrainTest, T5RunsUnderEveryPlanMatchOneRank) {
   model_ = "t5-tiny";
-  seq_flag_ = "--seq 32";
-  expect_plans_match_one_rank("--batch 8 --grad-accum 2 --steps 6 --lr 3e-3 ");
+  seq_flag_ = "--seq 40";  // 36 encoder and 8 decoder tokens: both split for sequence parallelism
+  const std::string flags = "--batch 8 --grad-accum 2 --steps 6 --lr 3e-3 ";
+  expect_plans_match_one_rank(flags);
+  std::string log;
+  ASSERT_EQ(train(2, "sp", flags + "--tp 2 --sequence-parallel", &log), 0) << log;
+  for (size_t i = 0; i < 6; ++i)
+    EXPECT_NEAR(loss_at(dir_ / "sp/metrics.jsonl", i), loss_at(dir_ / "straight/metrics.jsonl", i),
+                1e-5 * loss_at(dir_ / "straight/metrics.jsonl", i))
+        << "step " << i;
+  seq_flag_ = "--seq 64";  // 57 and 13 tokens do not split over 2
+  EXPECT_EQ(train(2, "sp64", flags + "--tp 2 --sequence-parallel", &log), 1) << log;
+  EXPECT_NE(log.find("use --seq"), std::string::npos) << log;
 }
 
 TEST_F(DistributedTrainTest, CheckpointFromFourRanksZero3ResumesOnTwoRanksZero1AndOneRank) {
