@@ -1,17 +1,19 @@
 #!/usr/bin/env python3
 """Reference Hugging Face models in PyTorch, for Tessera's `import hf` / `export hf` tests.
 
-GPT2LMHeadModel and LlamaForCausalLM written out from their published definitions (the
+GPT2LMHeadModel, LlamaForCausalLM and T5ForConditionalGeneration written out from their
+published definitions (the
 `transformers` package is not in Debian): they read a model folder exactly as
 `from_pretrained` would -- config.json, then model.safetensors or a sharded
 model.safetensors.index.json -- with HF's key names and layouts (GPT-2's Conv1D weights
 stored [in, out]; LLaMA's q/k rows in the rotate_half order HF's conversion script writes).
 
     /usr/bin/python3 tools/hf_reference.py --write
-        writes tests/golden/hf/{gpt2,llama}/ (a tiny model folder each: GPT-2 in F32 in one
-        file with the causal-mask buffers old checkpoints carry; LLaMA in BF16 over two
-        shards) and tests/golden/hf/{gpt2,llama}_logits.safetensors (I32 tokens [B,T] and
-        the reference's F32 logits [B,T,V]). Deterministic.
+        writes tests/golden/hf/{gpt2,llama,t5,t5v11}/ (a tiny model folder each: GPT-2 in F32
+        in one file with the causal-mask buffers old checkpoints carry; LLaMA in BF16 over two
+        shards; T5 v1.0 and v1.1 in F32) and tests/golden/hf/<name>_logits.safetensors (I32
+        tokens [B,T], for T5 also decoder_tokens [B,Td], and the reference's F32 logits).
+        Deterministic.
     /usr/bin/python3 tools/hf_reference.py --check DIR --golden FILE
         loads DIR (e.g. written by `tessera export hf`), runs the reference on the golden
         tokens and compares with the golden logits: exit 0 when max|diff| / max|golden|
@@ -166,10 +168,90 @@ def llama_logits(config, w, tokens):
     return x @ (w["model.embed_tokens.weight"] if tied else w["lm_head.weight"]).t()
 
 
-def logits_of(folder, tokens):
+def t5_bucket(rel, bidirectional, buckets, max_distance):
+    """T5Attention._relative_position_bucket: the bucket of key offset rel = j - i."""
+    out = torch.zeros_like(rel)
+    if bidirectional:
+        buckets //= 2
+        out += (rel > 0).long() * buckets
+        n = rel.abs()
+    else:
+        n = -torch.min(rel, torch.zeros_like(rel))
+    exact = buckets // 2
+    large = exact + (torch.log(n.float() / exact) / math.log(max_distance / exact)
+                     * (buckets - exact)).long()
+    large = torch.min(large, torch.full_like(large, buckets - 1))
+    return out + torch.where(n < exact, n, large)
+
+
+def t5_logits(config, w, tokens, decoder_tokens):
+    """T5ForConditionalGeneration: nn.Linear weights [out, in]; T5LayerNorm (scale only); no
+    attention scaling; a relative position bias from block 0's table shared by the stack's
+    blocks (none in cross-attention); the tied head scaled by d_model^-0.5."""
+    C, H, D = config["d_model"], config["num_heads"], config["d_kv"]
+    eps = config.get("layer_norm_epsilon", 1e-6)
+    nb = config.get("relative_attention_num_buckets", 32)
+    md = config.get("relative_attention_max_distance", 128)
+    gated = config.get("feed_forward_proj", "relu") == "gated-gelu"
+
+    def bias(table, tq, tk, bidirectional):
+        rel = torch.arange(tk)[None, :] - torch.arange(tq)[:, None]
+        return table[t5_bucket(rel, bidirectional, nb, md)].permute(2, 0, 1)  # [H, tq, tk]
+
+    def attention(x, kv, p, pos_bias, causal):
+        B, tq, tk = x.shape[0], x.shape[1], kv.shape[1]
+        q = (x @ w[p + "q.weight"].t()).view(B, tq, H, D).transpose(1, 2)
+        k = (kv @ w[p + "k.weight"].t()).view(B, tk, H, D).transpose(1, 2)
+        v = (kv @ w[p + "v.weight"].t()).view(B, tk, H, D).transpose(1, 2)
+        s = q @ k.transpose(-1, -2) + pos_bias
+        if causal:
+            s = s.masked_fill(torch.triu(torch.ones(tq, tk, dtype=torch.bool), 1), float("-inf"))
+        a = (torch.softmax(s, -1) @ v).transpose(1, 2).reshape(B, tq, H * D)
+        return a @ w[p + "o.weight"].t()
+
+    def feed_forward(x, p):
+        if gated:
+            g = x @ w[p + "wi_0.weight"].t()
+            g = 0.5 * g * (1 + torch.tanh(math.sqrt(2 / math.pi) * (g + 0.044715 * g ** 3)))
+            h = g * (x @ w[p + "wi_1.weight"].t())
+        else:
+            h = torch.relu(x @ w[p + "wi.weight"].t())
+        return h @ w[p + "wo.weight"].t()
+
+    shared = w["shared.weight"]
+    x = shared[tokens.long()]
+    te, td = tokens.shape[1], decoder_tokens.shape[1]
+    enc_bias = bias(w["encoder.block.0.layer.0.SelfAttention.relative_attention_bias.weight"],
+                    te, te, True)
+    for i in range(config["num_layers"]):
+        b = f"encoder.block.{i}.layer."
+        x = x + attention(rms_norm(x, w[b + "0.layer_norm.weight"], eps),
+                          rms_norm(x, w[b + "0.layer_norm.weight"], eps),
+                          b + "0.SelfAttention.", enc_bias, False)
+        x = x + feed_forward(rms_norm(x, w[b + "1.layer_norm.weight"], eps), b + "1.DenseReluDense.")
+    x = rms_norm(x, w["encoder.final_layer_norm.weight"], eps)
+    y = shared[decoder_tokens.long()]
+    dec_bias = bias(w["decoder.block.0.layer.0.SelfAttention.relative_attention_bias.weight"],
+                    td, td, False)
+    for i in range(config.get("num_decoder_layers", config["num_layers"])):
+        b = f"decoder.block.{i}.layer."
+        h = rms_norm(y, w[b + "0.layer_norm.weight"], eps)
+        y = y + attention(h, h, b + "0.SelfAttention.", dec_bias, True)
+        y = y + attention(rms_norm(y, w[b + "1.layer_norm.weight"], eps), x,
+                          b + "1.EncDecAttention.", torch.zeros(1), False)
+        y = y + feed_forward(rms_norm(y, w[b + "2.layer_norm.weight"], eps), b + "2.DenseReluDense.")
+    y = rms_norm(y, w["decoder.final_layer_norm.weight"], eps)
+    if config.get("tie_word_embeddings", True):
+        return (y * C ** -0.5) @ shared.t()
+    return y @ w["lm_head.weight"].t()
+
+
+def logits_of(folder, tokens, decoder_tokens=None):
     config, w = read_model_folder(folder)
-    run = {"gpt2": gpt2_logits, "llama": llama_logits}[config["model_type"]]
     with torch.no_grad():
+        if config["model_type"] == "t5":
+            return t5_logits(config, w, tokens, decoder_tokens)
+        run = {"gpt2": gpt2_logits, "llama": llama_logits}[config["model_type"]]
         return run(config, w, tokens)
 
 
@@ -195,6 +277,51 @@ LLAMA_CONFIG = {
     "rms_norm_eps": 1e-05, "rope_scaling": None, "rope_theta": 500000.0,
     "tie_word_embeddings": False, "torch_dtype": "bfloat16", "transformers_version": "4.40.0",
     "use_cache": True, "vocab_size": 512}
+
+
+T5_CONFIG = {  # T5 v1.0's layout: relu, a tied head; heads narrower than d_model / num_heads
+    "architectures": ["T5ForConditionalGeneration"], "d_ff": 96, "d_kv": 8, "d_model": 64,
+    "decoder_start_token_id": 0, "dense_act_fn": "relu", "dropout_rate": 0.1,
+    "eos_token_id": 1, "feed_forward_proj": "relu", "initializer_factor": 1.0,
+    "is_encoder_decoder": True, "is_gated_act": False, "layer_norm_epsilon": 1e-06,
+    "model_type": "t5", "n_positions": 512, "num_decoder_layers": 2, "num_heads": 4,
+    "num_layers": 2, "output_past": True, "pad_token_id": 0,
+    "relative_attention_max_distance": 20, "relative_attention_num_buckets": 32,
+    "torch_dtype": "float32", "transformers_version": "4.40.0", "use_cache": True,
+    "vocab_size": 512}
+
+T5V11_CONFIG = dict(T5_CONFIG, **{  # T5 v1.1's: gated GELU, an untied head
+    "d_kv": 16, "dense_act_fn": "gelu_new", "feed_forward_proj": "gated-gelu",
+    "is_gated_act": True, "relative_attention_max_distance": 6,
+    "relative_attention_num_buckets": 8, "tie_word_embeddings": False})
+
+
+def t5_weights(c, g):
+    C, V, F, I = c["d_model"], c["vocab_size"], c["d_ff"], c["num_heads"] * c["d_kv"]
+    nb, H = c["relative_attention_num_buckets"], c["num_heads"]
+    rnd = lambda *s, std=0.05: torch.randn(*s, generator=g) * std  # noqa: E731
+    gated = c["feed_forward_proj"] == "gated-gelu"
+    w = {"shared.weight": rnd(V, C, std=1.0)}
+    for side, layers in (("encoder", c["num_layers"]), ("decoder", c["num_decoder_layers"])):
+        for i in range(layers):
+            b = f"{side}.block.{i}.layer."
+            subs = ["SelfAttention", "EncDecAttention"] if side == "decoder" else ["SelfAttention"]
+            for j, name in enumerate(subs):
+                w[f"{b}{j}.layer_norm.weight"] = 1 + rnd(C, std=0.1)
+                for m in "qkv":
+                    w[f"{b}{j}.{name}.{m}.weight"] = rnd(I, C, std=0.2)
+                w[f"{b}{j}.{name}.o.weight"] = rnd(C, I, std=0.2)
+                if i == 0 and name == "SelfAttention":
+                    w[f"{b}0.SelfAttention.relative_attention_bias.weight"] = rnd(nb, H, std=0.5)
+            f = f"{b}{len(subs)}."
+            w[f + "layer_norm.weight"] = 1 + rnd(C, std=0.1)
+            for wi in (["wi_0", "wi_1"] if gated else ["wi"]):
+                w[f + "DenseReluDense." + wi + ".weight"] = rnd(F, C, std=0.2)
+            w[f + "DenseReluDense.wo.weight"] = rnd(C, F, std=0.2)
+        w[f"{side}.final_layer_norm.weight"] = 1 + rnd(C, std=0.1)
+    if not c.get("tie_word_embeddings", True):
+        w["lm_head.weight"] = rnd(V, C)
+    return w
 
 
 def gpt2_weights(c, g):
@@ -241,8 +368,12 @@ def llama_weights(c, g):
 
 def write_golden():
     g = torch.Generator().manual_seed(2026)
+    # The T5 folders draw from a generator of their own, so GPT-2's and LLaMA's stay as written.
+    g5 = torch.Generator().manual_seed(2027)
     for name, config, weights in (("gpt2", GPT2_CONFIG, gpt2_weights(GPT2_CONFIG, g)),
-                                  ("llama", LLAMA_CONFIG, llama_weights(LLAMA_CONFIG, g))):
+                                  ("llama", LLAMA_CONFIG, llama_weights(LLAMA_CONFIG, g)),
+                                  ("t5", T5_CONFIG, t5_weights(T5_CONFIG, g5)),
+                                  ("t5v11", T5V11_CONFIG, t5_weights(T5V11_CONFIG, g5))):
         folder = os.path.join(GOLDEN, name)
         os.makedirs(folder, exist_ok=True)
         with open(os.path.join(folder, "config.json"), "w") as f:
@@ -265,16 +396,25 @@ def write_golden():
                 json.dump({"metadata": {"total_size": total}, "weight_map": weight_map}, f,
                           indent=2, sort_keys=True)
                 f.write("\n")
-        tokens = torch.randint(0, config["vocab_size"], (2, 16), generator=g, dtype=torch.int32)
-        logits = logits_of(folder, tokens)
-        write_safetensors(os.path.join(GOLDEN, f"{name}_logits.safetensors"),
-                          {"tokens": tokens, "logits": logits.contiguous()})
+        if config["model_type"] == "t5":
+            # span_corruption(40) in Tessera: 36 encoder and 8 decoder tokens.
+            tokens = torch.randint(0, config["vocab_size"], (2, 36), generator=g5,
+                                   dtype=torch.int32)
+            dec = torch.randint(0, config["vocab_size"], (2, 8), generator=g5, dtype=torch.int32)
+            logits = logits_of(folder, tokens, dec)
+            out = {"tokens": tokens, "decoder_tokens": dec, "logits": logits.contiguous()}
+        else:
+            tokens = torch.randint(0, config["vocab_size"], (2, 16), generator=g,
+                                   dtype=torch.int32)
+            logits = logits_of(folder, tokens)
+            out = {"tokens": tokens, "logits": logits.contiguous()}
+        write_safetensors(os.path.join(GOLDEN, f"{name}_logits.safetensors"), out)
         print(f"{name}: logits {tuple(logits.shape)}, max |logit| {logits.abs().max():.4f}")
 
 
 def check(folder, golden):
     ref = read_safetensors(golden)
-    got = logits_of(folder, ref["tokens"])
+    got = logits_of(folder, ref["tokens"], ref.get("decoder_tokens"))
     err = ((got - ref["logits"]).abs().max() / ref["logits"].abs().max()).item()
     ok = err <= TOLERANCE
     print(f"{folder}: max |diff| / max |golden| = {err:.2e} ({'ok' if ok else 'FAILED'}, "

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The PyTorch reference (tools/hf_reference.py) loads what `tessera export hf` wrote from an
 # imported golden folder and must compute the golden logits. Exit 77 (skipped) without torch.
-# usage: hf_torch_check.sh TESSERA_BINARY SOURCE_DIR gpt2|llama
+# usage: hf_torch_check.sh TESSERA_BINARY SOURCE_DIR gpt2|llama|t5|t5v11
 set -euo pipefail
 tessera=$1 src=$2 model=$3
 /usr/bin/python3 -c "import torch" 2>/dev/null || { echo "python3-torch not installed; skipped"; exit 77; }

@@ -1,11 +1,13 @@
 // Hugging Face interop against PyTorch: tools/hf_reference.py writes a tiny GPT-2 folder (F32,
-// one file, with U8 mask buffers) and a tiny LLaMA folder (BF16 over two shards), and the
-// logits its GPT2LMHeadModel / LlamaForCausalLM reference computes on fixed tokens. Tessera
+// one file, with U8 mask buffers), a tiny LLaMA folder (BF16 over two shards) and tiny T5 v1.0
+// and v1.1 folders (F32), and the logits its GPT2LMHeadModel / LlamaForCausalLM /
+// T5ForConditionalGeneration reference computes on fixed tokens. Tessera
 // imports each folder and must compute the same logits; the export of the import must hold
 // the same tensors, bit for bit.
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <cstdio>
 #include <filesystem>
 
 #include "backend/cpu/cpu_backend.h"
@@ -28,23 +30,36 @@ struct Scratch {
   ~Scratch() { std::filesystem::remove_all(path); }
 };
 
-// Tessera's logits for the golden tokens, from an imported checkpoint.
-std::vector<float> tessera_logits(const std::string& ckpt, const TensorData& tokens) {
+// Tessera's logits for the golden tokens (and T5's decoder tokens), from an imported
+// checkpoint.
+std::vector<float> tessera_logits(const std::string& ckpt, const SafetensorsFile& ref) {
   auto ck = ShardedCheckpoint::open(ckpt);
   EXPECT_TRUE(ck.ok()) << ck.status().to_string();
   ModelConfig cfg = model_config_from_json(ck->manifest().at("model")).value();
-  const int64_t B = tokens.shape[0], T = tokens.shape[1];
-  ModelGraph m = build_model(cfg, B, T, ModelMode::logits);
+  const TensorData& tokens = ref.get("tokens");
+  const int64_t B = tokens.shape[0];
+  int64_t seq = tokens.shape[1], rows = seq;
+  const bool t5 = task_of(cfg) == ModelTask::span_corruption;
+  if (t5) {  // the text length whose span corruption has these lengths
+    const int64_t td = ref.get("decoder_tokens").shape[1];
+    seq = 2;
+    while (span_corruption(seq).encoder_len() != tokens.shape[1] ||
+           span_corruption(seq).decoder_len() != td)
+      ++seq;
+    rows = td;
+  }
+  ModelGraph m = build_model(cfg, B, seq, ModelMode::logits);
   CpuBackend cpu;
   Executor ex(m.graph, cpu);
   for (ValueId p : m.graph.params()) {
     Status s = ck->read(m.graph.name_of(p), 0, m.graph.type(p).shape.numel(), ex.data<float>(p));
     EXPECT_TRUE(s.ok()) << s.to_string();
   }
-  ex.set_input("tokens", tokens.bytes.data());
+  ex.set_input(kTokensInput, tokens.bytes.data());
+  if (t5) ex.set_input(kDecoderTokensInput, ref.get("decoder_tokens").bytes.data());
   ex.run();
   const float* l = ex.data<float>(m.logits);
-  return std::vector<float>(l, l + B * T * cfg.vocab_size);
+  return std::vector<float>(l, l + B * rows * cfg.vocab_size);
 }
 
 class HfGolden : public ::testing::TestWithParam<std::string> {};
@@ -55,7 +70,7 @@ TEST_P(HfGolden, ImportedModelComputesTheReferenceLogits) {
   ASSERT_TRUE(in.ok()) << in.status().to_string();
   SafetensorsFile ref = load_safetensors(kGolden + GetParam() + "_logits.safetensors").value();
   const TensorData& logits = ref.get("logits");
-  std::vector<float> got = tessera_logits(dir.path + "/ckpt", ref.get("tokens"));
+  std::vector<float> got = tessera_logits(dir.path + "/ckpt", ref);
   const float* want = reinterpret_cast<const float*>(logits.bytes.data());
   ASSERT_EQ(static_cast<int64_t>(got.size()), logits.numel());
   double diff = 0, scale = 0;
@@ -63,6 +78,7 @@ TEST_P(HfGolden, ImportedModelComputesTheReferenceLogits) {
     diff = std::max(diff, std::fabs(static_cast<double>(got[i]) - want[i]));
     scale = std::max(scale, std::fabs(static_cast<double>(want[i])));
   }
+  std::printf("%s: max |diff| / max |logit| = %.2e\n", GetParam().c_str(), diff / scale);
   EXPECT_GT(scale, 0.5);  // the reference's logits are not all near zero
   EXPECT_LE(diff / scale, 1e-4) << "max |diff| " << diff << " of max |logit| " << scale;
 }
@@ -107,7 +123,7 @@ TEST_P(HfGolden, ImportThenExportIsBitExact) {
   EXPECT_EQ(again->cfg, in->cfg);
 }
 
-INSTANTIATE_TEST_SUITE_P(Models, HfGolden, ::testing::Values("gpt2", "llama"));
+INSTANTIATE_TEST_SUITE_P(Models, HfGolden, ::testing::Values("gpt2", "llama", "t5", "t5v11"));
 
 }  // namespace
 }  // namespace tessera
