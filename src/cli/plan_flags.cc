@@ -167,19 +167,20 @@ Result<std::string> place_parameters(const PlanFlags& f, const ModelConfig& cfg,
                      " (the global micro-batch) does not split over " +
                      std::to_string(plan->data_group()) + " data-parallel ranks",
                  "use a multiple of " + std::to_string(plan->data_group()));
+  const int64_t blocks = num_blocks(cfg);
   if (!f.stage_layers.empty()) {
     Result<std::vector<int>> per_chunk =
-        parse_stage_layers(f.stage_layers, static_cast<int>(cfg.n_layer), plan->chunks());
+        parse_stage_layers(f.stage_layers, static_cast<int>(blocks), plan->chunks());
     if (!per_chunk.ok()) return per_chunk.status();
     plan->stage_layers = per_chunk.value();
-  } else if (plan->chunks() > cfg.n_layer) {
+  } else if (plan->chunks() > blocks) {
     return error("--pp " + std::to_string(plan->stages()) +
                      (plan->virtual_stages > 1
                           ? " x --virtual-stages " + std::to_string(plan->virtual_stages)
                           : std::string()) +
                      " is " + std::to_string(plan->chunks()) + " model chunks, but " + cfg.name +
-                     " has " + std::to_string(cfg.n_layer) + " blocks",
-                 "use at most " + std::to_string(cfg.n_layer) +
+                     " has " + std::to_string(blocks) + " blocks",
+                 "use at most " + std::to_string(blocks) +
                      " chunks (a chunk holds whole "
                      "blocks)");
   }

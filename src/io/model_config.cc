@@ -66,7 +66,7 @@ Result<ModelConfig> from_table(const TomlTable& root) {
   TS_ASSIGN_OR_RETURN(c.relative_max_distance,
                       t.get_int("relative_max_distance", c.relative_max_distance));
   // A vit's sequence follows from its image and patch sizes.
-  if (c.family == "vit") c.max_seq_len = c.image_tokens();
+  if (task_of(c) == ModelTask::image_classes) c.max_seq_len = c.image_tokens();
   TS_ASSIGN_OR_RETURN(c.max_seq_len, t.get_int("max_seq_len", c.max_seq_len));
   TS_ASSIGN_OR_RETURN(c.norm_eps, t.get_float("norm_eps", c.norm_eps));
   TS_ASSIGN_OR_RETURN(c.rope_theta, t.get_float("rope_theta", c.rope_theta));
@@ -111,17 +111,15 @@ nlohmann::json model_config_to_json(const ModelConfig& c) {
                       {"init_std", c.init_std}};
   if (c.family == "gpt") j["qkv_rows"] = kGptQkvRows;
   if (c.padded_vocab_size > 0) j["padded_vocab_size"] = c.padded_vocab_size;
-  if (c.family == "vit") {
-    j["image_size"] = c.image_size;
-    j["patch_size"] = c.patch_size;
-    j["channels"] = c.channels;
-  }
-  if (c.family == "t5") {
-    j["head_size"] = c.head_size;
-    j["ffn_activation"] = c.ffn_activation;
-    j["relative_buckets"] = c.relative_buckets;
-    j["relative_max_distance"] = c.relative_max_distance;
-  }
+  // Keys of one family only, written when set (validate() keeps them unset elsewhere).
+  for (auto [key, v] : {std::pair<const char*, int64_t>{"image_size", c.image_size},
+                        {"patch_size", c.patch_size},
+                        {"channels", c.channels},
+                        {"head_size", c.head_size},
+                        {"relative_buckets", c.relative_buckets},
+                        {"relative_max_distance", c.relative_max_distance}})
+    if (v != 0) j[key] = v;
+  if (!c.ffn_activation.empty()) j["ffn_activation"] = c.ffn_activation;
   return j;
 }
 

@@ -168,6 +168,10 @@ std::vector<float> gpt_qkv_from_standard(const float* standard, int64_t cols, in
 // token and patches (ViT).
 int64_t tokens_per_example(const ModelConfig& cfg, int64_t seq);
 
+// Transformer blocks in the graph (Node::layer 0 .. num_blocks - 1), which pipeline stages
+// hold: n_layer, and T5's n_layer encoder blocks then n_layer decoder blocks.
+int64_t num_blocks(const ModelConfig& cfg);
+
 // Parameter count from the config alone (checked against the built graph in tests).
 int64_t count_params(const ModelConfig& cfg);
 

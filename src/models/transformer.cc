@@ -114,6 +114,10 @@ ModelTask task_of(const ModelConfig& c) {
   return ModelTask::language_model;
 }
 
+int64_t num_blocks(const ModelConfig& c) {
+  return task_of(c) == ModelTask::span_corruption ? 2 * c.n_layer : c.n_layer;
+}
+
 int64_t tokens_per_example(const ModelConfig& c, int64_t seq) {
   if (task_of(c) == ModelTask::image_classes) return c.image_tokens();
   if (task_of(c) == ModelTask::span_corruption) return span_corruption(seq).encoder_len();

@@ -1,6 +1,7 @@
 #include "parallel/pipeline_split.h"
 
 #include <algorithm>
+#include <functional>
 #include <numeric>
 
 #include "base/check.h"
@@ -74,48 +75,67 @@ Result<std::vector<ChunkGraph>> split_pipeline(const Graph& g, const std::vector
   // Forward: each chunk copies its nodes; a value of the previous chunk becomes an input.
   std::vector<std::vector<ValueId>> map(static_cast<size_t>(chunks),
                                         std::vector<ValueId>(g.values().size(), -1));
-  for (int c = 0; c < chunks; ++c) {
+  // Values computed from parameters and constants alone (T5's position bias from its table):
+  // recomputed in each chunk that reads them rather than sent, since a boundary is split on
+  // the batch like an activation.
+  std::vector<char> batch_free(g.values().size(), 0);
+  for (const Node& n : g.nodes()) {
+    bool free = n.op != OpKind::input && !in_backward_pass(n);
+    for (ValueId v : n.inputs) free = free && batch_free[static_cast<size_t>(v)];
+    for (ValueId v : n.outputs) batch_free[static_cast<size_t>(v)] = free;
+  }
+  auto copy_into = [&](int c, const Node& n, std::vector<ValueId> ins) -> Status {
     ChunkGraph& cg = out[static_cast<size_t>(c)];
-    std::vector<ValueId>& m = map[static_cast<size_t>(c)];
+    Result<NodeId> id = cg.graph.add_node(n.op, n.attrs, std::move(ins), n.scope, n.layer, false);
+    if (!id.ok()) return id.status().with_context("pipeline: " + n.scope);
+    const Node& made = cg.graph.node(id.value());
+    for (size_t k = 0; k < n.outputs.size(); ++k)
+      map[static_cast<size_t>(c)][static_cast<size_t>(n.outputs[k])] = made.outputs[k];
+    return Status();
+  };
+  // Makes global value v readable in chunk c: a leaf or batch-free value is (re)computed there;
+  // an activation of an earlier chunk arrives through each chunk in between (a chunk passes on
+  // what a later one reads: T5's encoder output reaches every decoder chunk).
+  std::function<Status(int, ValueId)> reach = [&](int c, ValueId v) -> Status {
+    if (map[static_cast<size_t>(c)][static_cast<size_t>(v)] >= 0) return Status();
+    const Node& p = g.producer(v);
+    const int from = chunk_of[static_cast<size_t>(g.value(v).producer)];
+    if (is_leaf(p) || batch_free[static_cast<size_t>(v)]) {
+      std::vector<ValueId> ins;
+      for (ValueId in : p.inputs) {
+        TS_RETURN_IF_ERROR(reach(c, in));
+        ins.push_back(map[static_cast<size_t>(c)][static_cast<size_t>(in)]);
+      }
+      return copy_into(c, p, std::move(ins));
+    }
+    if (from < 0 || from >= c)
+      return error("pipeline: value %" + std::to_string(v) + " of '" + p.scope + "' (chunk " +
+                       std::to_string(from) + ") is read in chunk " + std::to_string(c),
+                   "a chunk reads values of earlier chunks only; cut the model at other blocks");
+    TS_RETURN_IF_ERROR(reach(c - 1, v));
+    ChunkGraph& cg = out[static_cast<size_t>(c)];
+    ChunkGraph& prev = out[static_cast<size_t>(c - 1)];
     Builder b(&cg.graph);
-    auto copy = [&](const Node& n, std::vector<ValueId> ins) -> Status {
-      Result<NodeId> id = cg.graph.add_node(n.op, n.attrs, std::move(ins), n.scope, n.layer, false);
-      if (!id.ok()) return id.status().with_context("pipeline: " + n.scope);
-      const Node& made = cg.graph.node(id.value());
-      for (size_t k = 0; k < n.outputs.size(); ++k)
-        m[static_cast<size_t>(n.outputs[k])] = made.outputs[k];
-      return Status();
-    };
+    b.set_position(p.scope, p.layer);
+    Var in = b.input(pipe_act_name(c, static_cast<int>(cg.recv.size())), g.type(v).shape,
+                     g.type(v).dtype);
+    cg.recv.push_back(in.id);
+    prev.send.push_back(map[static_cast<size_t>(c - 1)][static_cast<size_t>(v)]);
+    prev.sent_global.push_back(v);
+    map[static_cast<size_t>(c)][static_cast<size_t>(v)] = in.id;
+    return Status();
+  };
+  for (int c = 0; c < chunks; ++c) {
     for (size_t i = 0; i < g.nodes().size(); ++i) {
-      if (chunk_of[i] != c) continue;
       const Node& n = g.nodes()[i];
+      // Batch-free nodes are computed where read, by reach().
+      if (chunk_of[i] != c || batch_free[static_cast<size_t>(n.outputs[0])]) continue;
       std::vector<ValueId> ins;
       for (ValueId v : n.inputs) {
-        if (m[static_cast<size_t>(v)] < 0) {
-          const Node& p = g.producer(v);
-          const int from = chunk_of[static_cast<size_t>(g.value(v).producer)];
-          if (is_leaf(p)) {
-            TS_RETURN_IF_ERROR(copy(p, {}));
-          } else if (from == c - 1) {
-            ChunkGraph& prev = out[static_cast<size_t>(c - 1)];
-            b.set_position(n.scope, n.layer);
-            Var in = b.input(pipe_act_name(c, static_cast<int>(cg.recv.size())), g.type(v).shape,
-                             g.type(v).dtype);
-            cg.recv.push_back(in.id);
-            prev.send.push_back(map[static_cast<size_t>(c - 1)][static_cast<size_t>(v)]);
-            prev.sent_global.push_back(v);
-            m[static_cast<size_t>(v)] = in.id;
-          } else {
-            return error("pipeline: value %" + std::to_string(v) + " of '" + p.scope + "' (chunk " +
-                             std::to_string(from) + ") is read by '" + n.scope + "' in chunk " +
-                             std::to_string(c),
-                         "only the previous chunk's values can cross a pipeline cut; cut the "
-                         "model at other blocks");
-          }
-        }
-        ins.push_back(m[static_cast<size_t>(v)]);
+        TS_RETURN_IF_ERROR(reach(c, v));
+        ins.push_back(map[static_cast<size_t>(c)][static_cast<size_t>(v)]);
       }
-      TS_RETURN_IF_ERROR(copy(n, std::move(ins)));
+      TS_RETURN_IF_ERROR(copy_into(c, n, std::move(ins)));
     }
   }
 

@@ -14,6 +14,10 @@
 // embedding), to the last chunk otherwise (final norm, head, loss). Parameters and inputs are
 // copied into every chunk that reads them: a parameter read by two chunks (GPT-2's tied wte, on
 // the first and the last) has a gradient in each, and the model's gradient is their sum.
+// A value computed from parameters and constants alone (T5's position bias, from its table and
+// the buckets) is computed in each chunk that reads it, its table then read by several chunks
+// like the tied wte. An activation read by a chunk after the next (T5's encoder output, read by
+// every decoder block) passes through the chunks in between: each receives it and sends it on.
 // Each chunk's backward is built by autodiff from its loss (the last chunk) and its send
 // gradients, so recomputation and partitioning apply to a chunk as to a whole model.
 #pragma once

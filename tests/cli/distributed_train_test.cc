@@ -141,10 +141,17 @@ TEST_F(DistributedTrainTest, T5RunsUnderEveryPlanMatchOneRank) {
   expect_plans_match_one_rank(flags);
   std::string log;
   ASSERT_EQ(train(2, "sp", flags + "--tp 2 --sequence-parallel", &log), 0) << log;
-  for (size_t i = 0; i < 6; ++i)
-    EXPECT_NEAR(loss_at(dir_ / "sp/metrics.jsonl", i), loss_at(dir_ / "straight/metrics.jsonl", i),
-                1e-5 * loss_at(dir_ / "straight/metrics.jsonl", i))
-        << "step " << i;
+  // One stage per block (the encoder's output crosses three cuts), and an interleaved
+  // pipeline with two data-parallel replicas.
+  ASSERT_EQ(train(4, "pp4", flags + "--pp 4", &log), 0) << log;
+  ASSERT_EQ(train(4, "pp2x2", flags + "--pp 2 --schedule interleaved --virtual-stages 2", &log), 0)
+      << log;
+  for (const char* out : {"sp", "pp4", "pp2x2"})
+    for (size_t i = 0; i < 6; ++i)
+      EXPECT_NEAR(loss_at(dir_ / out / "metrics.jsonl", i),
+                  loss_at(dir_ / "straight/metrics.jsonl", i),
+                  1e-5 * loss_at(dir_ / "straight/metrics.jsonl", i))
+          << out << " step " << i;
   seq_flag_ = "--seq 64";  // 57 and 13 tokens do not split over 2
   EXPECT_EQ(train(2, "sp64", flags + "--tp 2 --sequence-parallel", &log), 1) << log;
   EXPECT_NE(log.find("use --seq"), std::string::npos) << log;

@@ -1,6 +1,7 @@
 // Pipeline chunks (parallel/pipeline_split.h): running the chunks' forwards in order, then
 // their backwards in reverse, each as its own forward and backward graph (split_phases), gives
-// the whole model's loss and gradients.
+// the whole model's loss and gradients (GPT, LLaMA, and T5, whose encoder output crosses
+// several cuts).
 #include "parallel/pipeline_split.h"
 
 #include <gtest/gtest.h>
@@ -47,12 +48,15 @@ void expect_pipeline_matches(const ModelConfig& cfg, const std::vector<int>& per
   SCOPED_TRACE(cfg.family + " " + ::testing::PrintToString(per_chunk));
   const int64_t B = 2, T = 8;
   ModelGraph m = build_model(cfg, B, T, ModelMode::train);
-  const std::vector<int32_t> tokens = ids(B * T, 1), targets = ids(B * T, 5);
+  // Every input of the model (T5 has three), by name.
+  std::map<std::string, std::vector<int32_t>> feed;
+  int salt = 1;
+  for (const ModelInput& in : m.inputs)
+    feed[in.name] = ids(m.graph.type(in.value).shape.numel(), salt += 4);
   CpuBackend cpu;
   Executor whole(m.graph, cpu);
   whole.init_params(3);
-  whole.set_input("tokens", tokens.data());
-  whole.set_input("targets", targets.data());
+  for (const auto& [name, v] : feed) whole.set_input(name, v.data());
   whole.run();
 
   Result<std::vector<ChunkGraph>> split = split_pipeline(m.graph, per_chunk);
@@ -75,8 +79,8 @@ void expect_pipeline_matches(const ModelConfig& cfg, const std::vector<int>& per
   for (size_t c = 0; c < chunks.size(); ++c) {
     Chunk& k = chunks[c];
     const Graph& f = k.ph.graphs[0];
-    if (f.find_input("tokens") >= 0) k.fwd->set_input("tokens", tokens.data());
-    if (f.find_input("targets") >= 0) k.fwd->set_input("targets", targets.data());
+    for (const auto& [name, v] : feed)
+      if (f.find_input(name) >= 0) k.fwd->set_input(name, v.data());
     for (size_t i = 0; i < k.cg.recv.size(); ++i) {
       const Chunk& prev = chunks[c - 1];
       ValueId sent = prev.ph.value_of[0][static_cast<size_t>(prev.cg.send[i])];
@@ -129,6 +133,42 @@ TEST(PipelineSplit, ChunksReproduceTheWholeModel) {
   expect_pipeline_matches(small("gpt-tiny", 4), {1, 1, 1, 1});
   expect_pipeline_matches(small("llama-tiny", 3), {2, 1});
   expect_pipeline_matches(small("llama-tiny", 3), {3});
+  // T5: 2 encoder then 2 decoder blocks.
+  expect_pipeline_matches(small("t5-tiny", 2), {1, 1, 1, 1});
+  expect_pipeline_matches(small("t5-tiny", 2), {1, 3});
+  expect_pipeline_matches(small("t5-tiny", 2), {3, 1});
+}
+
+// T5 in one chunk per block: the encoder's output reaches both decoder chunks, passed on by
+// the first; the position biases, computed from a table alone, never cross a cut: each chunk
+// computes its own from the table, which it then holds (like the tied embedding).
+TEST(PipelineSplit, T5EncoderOutputIsPassedOnAndBiasesAreRecomputed) {
+  ModelConfig cfg = small("t5-tiny", 2);
+  ModelGraph m = build_model(cfg, 2, 40, ModelMode::train);  // 36 encoder, 8 decoder tokens
+  Result<std::vector<ChunkGraph>> split = split_pipeline(m.graph, {1, 1, 1, 1});
+  ASSERT_TRUE(split.ok()) << split.status().to_string();
+  const std::vector<ChunkGraph>& c = split.value();
+  const Shape enc_out{2, 36, cfg.n_embd}, dec_stream{2, 8, cfg.n_embd};
+  auto shapes = [](const ChunkGraph& k) {
+    std::string out;
+    for (ValueId v : k.recv) out += k.graph.type(v).shape.to_string() + " ";
+    return out;
+  };
+  // Chunk 1 gets the encoder stream and the decoder's embeddings (computed before block 0);
+  // chunks 2 and 3 the decoder stream and the encoder's output, which chunk 2 also sends on.
+  EXPECT_EQ(shapes(c[1]), enc_out.to_string() + " " + dec_stream.to_string() + " ");
+  EXPECT_EQ(shapes(c[2]), dec_stream.to_string() + " " + enc_out.to_string() + " ");
+  EXPECT_EQ(shapes(c[3]), dec_stream.to_string() + " " + enc_out.to_string() + " ");
+  ASSERT_EQ(c[2].send.size(), 2u);
+  EXPECT_EQ(c[2].send[1], c[2].recv[1]);  // passed on as received
+  for (int k : {0, 1}) {
+    EXPECT_GE(c[k].graph.find_param("encoder.relative_attention_bias.weight"), 0) << k;
+    EXPECT_LT(c[k].graph.find_param("decoder.relative_attention_bias.weight"), 0) << k;
+  }
+  for (int k : {2, 3}) {
+    EXPECT_LT(c[k].graph.find_param("encoder.relative_attention_bias.weight"), 0) << k;
+    EXPECT_GE(c[k].graph.find_param("decoder.relative_attention_bias.weight"), 0) << k;
+  }
 }
 
 TEST(PipelineSplit, BoundariesAreTheResidualStream) {
