@@ -3,6 +3,7 @@
 // --cluster FILE` uses. Run it with as many ranks as the runs it should predict:
 //   tessera launch -n 2 -- calibrate --out cpu-local.toml --check 5
 #include <cstdio>
+#include <filesystem>
 
 #include "base/format.h"
 #include "calibrate/calibrate.h"
@@ -21,6 +22,16 @@ struct CalibrateCli {
 };
 
 Status run_calibrate(const CalibrateCli& o) {
+  // Where the spec goes, checked before minutes of measuring.
+  std::error_code ec;
+  if (std::filesystem::is_directory(o.out, ec))
+    return error(
+        "--out '" + o.out + "' is a directory; calibrate writes one TOML file",
+        "pass a file path, e.g. --out " + (std::filesystem::path(o.out) / "cluster.toml").string());
+  const std::filesystem::path parent = std::filesystem::absolute(o.out, ec).parent_path();
+  if (!std::filesystem::is_directory(parent, ec))
+    return error("--out '" + o.out + "': directory '" + parent.string() + "' does not exist",
+                 "create it first, or write the spec elsewhere");
   TS_ASSIGN_OR_RETURN(std::unique_ptr<Communicator> world, join_mpi_job());
   std::vector<std::unique_ptr<Communicator>> local;
   if (!world) local = make_local_comms(1);

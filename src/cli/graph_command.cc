@@ -64,7 +64,7 @@ void add_graph_command(CLI::App& app) {
   CLI::App* cmd = app.add_subcommand("graph", "Build a model's training graph and report its size");
   cmd->add_option("model", o->model, "Preset name or config.toml")->required();
   cmd->add_option("--batch", o->batch, "Batch size for the memory plan")->capture_default_str();
-  cmd->add_option("--seq", o->seq, "Sequence length (default: the model's max_seq_len)");
+  cmd->add_option("--seq", o->seq, "Sequence length (default, or 0: the model's max_seq_len)");
   cmd->add_flag("--print", o->print, "Print every node of the graph");
   cmd->callback([o] { exit_on_error(run_graph(*o)); });
 }

@@ -47,14 +47,26 @@ int main(int argc, char** argv) {
     }
     std::vector<std::string> names;
     for (const CLI::App* sub : app.get_subcommands({})) names.push_back(sub->get_name());
-    if (std::find(names.begin(), names.end(), command) == names.end()) {
-      const std::string near = tessera::closest_match(command, names);
-      std::fprintf(stderr, "error: unknown command '%s'%s\nHINT: the commands: %s\n",
-                   command.c_str(), near.empty() ? "" : (" (did you mean " + near + "?)").c_str(),
+    auto unknown = [&](const std::string& name) {
+      if (std::find(names.begin(), names.end(), name) != names.end()) return false;
+      const std::string near = tessera::closest_match(name, names);
+      std::fprintf(stderr, "error: unknown command '%s'%s\nHINT: the commands: %s\n", name.c_str(),
+                   near.empty() ? "" : (" (did you mean " + near + "?)").c_str(),
                    tessera::join_strings(names).c_str());
-      return 2;
-    }
+      return true;
+    };
+    if (unknown(command)) return 2;
+    // `launch -- COMMAND`: named here once, not by every rank it would start.
+    if (command == "launch")
+      for (int i = 2; i + 1 < argc; ++i)
+        if (std::string(argv[i]) == "--") {
+          if (unknown(argv[i + 1])) return 2;
+          break;
+        }
   }
+  const bool launch_without_dashes =
+      argc >= 2 && std::string(argv[1]) == "launch" &&
+      std::none_of(argv + 2, argv + argc, [](const char* a) { return std::string(a) == "--"; });
   try {
     app.parse(argc, argv);
   } catch (const CLI::CallForHelp& e) {
@@ -71,10 +83,11 @@ int main(int argc, char** argv) {
                  "with --zero 3\n");
     return 1;
   } catch (const CLI::ParseError& e) {
-    std::fprintf(stderr,
-                 "error: %s\nHINT: run `tessera --help` or `tessera COMMAND --help` for the "
-                 "accepted flags.\n",
-                 e.what());
+    std::fprintf(stderr, "error: %s\nHINT: %s\n", e.what(),
+                 launch_without_dashes
+                     ? "put -- between launch's flags and the command it runs: tessera launch "
+                       "-n 4 -- train --zero 3"
+                     : "run `tessera --help` or `tessera COMMAND --help` for the accepted flags.");
     return 2;
   }
   return 0;

@@ -123,7 +123,7 @@ void add_plan_command(CLI::App& app) {
                                      "report per-rank memory and communication");
   cmd->add_option("model", o->model, "Preset name or config.toml")->required();
   cmd->add_option("--batch", o->batch, "Global micro-batch")->capture_default_str();
-  cmd->add_option("--seq", o->seq, "Sequence length (default: max_seq_len)");
+  cmd->add_option("--seq", o->seq, "Sequence length (default, or 0: the model's max_seq_len)");
   cmd->add_option("--dp", o->dp, "Data-parallel ranks")->capture_default_str();
   add_plan_flags(cmd, &o->flags);
   cmd->add_flag("--program", o->program, "Print every instruction");

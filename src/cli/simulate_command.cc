@@ -12,6 +12,7 @@
 #include "cost/flops.h"
 #include "io/fs.h"
 #include "io/model_config.h"
+#include "io/toml_config.h"
 #include "sim/simulator.h"
 
 namespace tessera {
@@ -116,6 +117,11 @@ Status run_simulate(const SimulateOptions& o) {
   std::printf("cluster          %s: %d x %s, %d per node (%d nodes)\n", cluster.name.c_str(),
               plan.mesh.size(), cluster.device.name.c_str(), cluster.node.devices,
               cluster.nodes_for(plan.mesh.size()));
+  if (cluster.network.topology != "fat-tree" && plan.mesh.size() > cluster.node.devices)
+    std::printf(
+        "note             the %s network is timed as a fat tree (per-node bandwidth, "
+        "oversubscription %g); its own topology is not modelled yet\n",
+        cluster.network.topology.c_str(), cluster.network.oversubscription);
   if (cluster.node.devices > 0 && plan.mesh.size() > cluster.node.devices &&
       plan.mesh.size() % cluster.node.devices != 0)
     std::printf(
@@ -155,14 +161,13 @@ void add_simulate_command(CLI::App& app) {
       "simulate", "Predict step time, throughput, MFU and memory of a plan on a cluster");
   cmd->add_option("model", o->model, "Preset name or config.toml")->required();
   cmd->add_option("--cluster", o->cluster,
-                  "Cluster preset or .toml file (see --help of "
-                  "`tessera validate` for presets)")
+                  "Cluster preset (" + join_strings(cluster_presets()) + ") or .toml file")
       ->capture_default_str();
   cmd->add_option("--gpus", o->gpus, "Devices (data-parallel x tensor-parallel x pipeline ranks)")
       ->capture_default_str();
   cmd->add_option("--batch", o->batch,
-                  "Global micro-batch in sequences (default: one per data-parallel rank)");
-  cmd->add_option("--seq", o->seq, "Sequence length (default: max_seq_len)");
+                  "Global micro-batch in sequences (default, or 0: one per data-parallel rank)");
+  cmd->add_option("--seq", o->seq, "Sequence length (default, or 0: the model's max_seq_len)");
   add_plan_flags(cmd, &o->flags);
   cmd->add_option("--precision", o->precision, "f32 | bf16 (mixed) | f16 (mixed)")
       ->capture_default_str();

@@ -145,6 +145,7 @@ Status run_train(const TrainOptions& options) {
   // plan for that many ranks: a mistake is then printed once, not once per rank.
   if (const char* n = std::getenv("TESSERA_LAUNCH_CHECK")) {
     const int ranks = std::atoi(n);
+    TS_RETURN_IF_ERROR(check_run_dir(o));
     if (automatic) {
       TS_RETURN_IF_ERROR(auto_plan(&o, cfg, std::max(ranks, 1), false).status());
     } else if (o.plan.empty() || ranks > 0) {

@@ -8,6 +8,8 @@
 
 #include "cli/commands.h"
 #include "cli/common.h"
+#include "cost/cluster_spec.h"
+#include "io/toml_config.h"
 #include "sim/validation.h"
 
 namespace tessera {
@@ -30,7 +32,8 @@ Status run_validate(const ValidateOptions& o) {
   int threads = o.threads > 0 ? o.threads : static_cast<int>(std::thread::hardware_concurrency());
   ValidationReport rep = validate_runs(runs, threads, o.source, o.cluster_dir);
   if (rep.results.empty() && rep.excluded.empty())
-    return error("no rows with source_key '" + o.source + "' in " + o.csv);
+    return error("no rows with source_key '" + o.source + "' in " + o.csv,
+                 "run `tessera validate --rows` to see the rows and their source_key");
   if (rep.results.empty() && !o.cluster_dir.empty()) {
     std::string why = rep.excluded.front().reason;  // preferably one naming the directory
     for (const ExcludedRun& e : rep.excluded)
@@ -39,8 +42,8 @@ Status run_validate(const ValidateOptions& o) {
         break;
       }
     return error("no row could be simulated with the specs in " + o.cluster_dir + ": " + why,
-                 "the directory needs <preset>.toml for the rows' clusters (`tessera validate "
-                 "--help` lists the presets)");
+                 "the directory needs <preset>.toml for the rows' clusters, among " +
+                     join_strings(cluster_presets()));
   }
   std::fputs(format_report(rep, o.rows).c_str(), stdout);
   double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
@@ -58,7 +61,9 @@ void add_validate_command(CLI::App& app) {
   cmd->add_option("--csv", o->csv, "Table of published runs")->capture_default_str();
   cmd->add_option("--source", o->source, "Only rows with this source_key");
   cmd->add_option("--cluster-dir", o->cluster_dir,
-                  "Read cluster presets as DIR/<preset>.toml (edited or calibrated specs)");
+                  "Read cluster presets as DIR/<preset>.toml (edited or calibrated specs; "
+                  "presets: " +
+                      join_strings(cluster_presets()) + ")");
   cmd->add_flag("--rows", o->rows, "Print every simulated row, not just the statistics");
   cmd->add_option("--threads", o->threads, "Rows simulated in parallel (default: all cores)");
   cmd->callback([o] { exit_on_error(run_validate(*o)); });

@@ -160,9 +160,9 @@ double from_si(double si, double scale, bool divide) {
 std::string range_text(Range r) {
   switch (r) {
     case Range::positive:
-      return "must be > 0";
+      return "must be a finite number > 0";
     case Range::non_negative:
-      return "must be >= 0";
+      return "must be a finite number >= 0";
     case Range::fraction:
       return "must be a fraction in (0, 1]";
     case Range::unit:

@@ -96,7 +96,9 @@ struct ClusterSpec {
   bool operator==(const ClusterSpec&) const = default;
 };
 
-// The values [network] topology (NetworkSpec::topology) accepts.
+// The values [network] topology (NetworkSpec::topology) accepts. Recorded, not yet modelled:
+// collectives between nodes are timed on per-node bandwidth and oversubscription whatever the
+// topology (`simulate` says so when a spec names another than a fat tree).
 inline constexpr const char* kNetworkTopologies[] = {"fat-tree", "dragonfly", "torus"};
 
 // Parses a spec; `source` names it in errors ("clusters/dgx-a100.toml:12: key

@@ -68,8 +68,9 @@ Result<std::string> read_file(const std::string& dir, const std::string& name) {
   std::ifstream in(path, std::ios::binary);
   if (!in) {
     return error("GPT-2 tokenizer directory '" + dir + "' has no readable " + name,
-                 "pass the folder that holds GPT-2's encoder.json and vocab.bpe; the "
-                 "repository ships them in data/gpt2/");
+                 "the repository ships GPT-2's encoder.json and vocab.bpe in data/gpt2/; "
+                 "tessera reads them from <data>/gpt2, where <data> is the build's data/ or "
+                 "$TESSERA_DATA_DIR when set");
   }
   std::ostringstream s;
   s << in.rdbuf();
@@ -105,8 +106,9 @@ Gpt2Tokenizer::~Gpt2Tokenizer() = default;
 Result<Gpt2Tokenizer> Gpt2Tokenizer::load(const std::string& dir) {
   if (!std::filesystem::is_directory(dir)) {
     return error("GPT-2 tokenizer directory '" + dir + "' does not exist",
-                 "pass the folder that holds GPT-2's encoder.json and vocab.bpe; the "
-                 "repository ships them in data/gpt2/");
+                 "the repository ships GPT-2's encoder.json and vocab.bpe in data/gpt2/; "
+                 "tessera reads them from <data>/gpt2, where <data> is the build's data/ or "
+                 "$TESSERA_DATA_DIR when set");
   }
   TS_ASSIGN_OR_RETURN(std::string encoder_text, read_file(dir, "encoder.json"));
   TS_ASSIGN_OR_RETURN(std::string merges_text, read_file(dir, "vocab.bpe"));

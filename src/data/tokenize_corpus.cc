@@ -1,7 +1,9 @@
 #include "data/tokenize_corpus.h"
 
+#include <algorithm>
 #include <chrono>
 #include <cmath>
+#include <cstdio>
 #include <filesystem>
 #include <fstream>
 #include <sstream>
@@ -18,6 +20,43 @@ constexpr size_t kChunkBytes = size_t{1} << 20;
 
 bool is_line_break(char c) { return c == '\n' || c == '\r'; }
 bool is_printable_ascii(char c) { return c > ' ' && c < 0x7F; }
+
+// The offset of the first byte of `text` that is not part of well-formed UTF-8 (overlong
+// forms, surrogates and code points past U+10FFFF included), or npos.
+size_t first_invalid_utf8(std::string_view text) {
+  const auto* b = reinterpret_cast<const unsigned char*>(text.data());
+  const size_t n = text.size();
+  for (size_t i = 0; i < n;) {
+    const unsigned char c = b[i];
+    if (c < 0x80) {
+      ++i;
+      continue;
+    }
+    size_t len = 0;
+    unsigned char lo = 0x80, hi = 0xBF;  // the second byte's range
+    if (c >= 0xC2 && c <= 0xDF) {
+      len = 2;
+    } else if (c >= 0xE0 && c <= 0xEF) {
+      len = 3;
+      if (c == 0xE0) lo = 0xA0;
+      if (c == 0xED) hi = 0x9F;
+    } else if (c >= 0xF0 && c <= 0xF4) {
+      len = 4;
+      if (c == 0xF0) lo = 0x90;
+      if (c == 0xF4) hi = 0x8F;
+    } else {
+      return i;
+    }
+    if (i + len > n || b[i + 1] < lo || b[i + 1] > hi) return i;
+    for (size_t k = 2; k < len; ++k)
+      if (b[i + k] < 0x80 || b[i + k] > 0xBF) return i;
+    i += len;
+  }
+  return std::string_view::npos;
+}
+
+// A split needs one input token and its target.
+constexpr int64_t kMinSplitTokens = 2;
 
 }  // namespace
 
@@ -71,7 +110,21 @@ Status tokenize_corpus(const std::string& text_path, const std::string& out_dir,
   }
   std::ostringstream buffer;
   buffer << in.rdbuf();
-  const std::string text = std::move(buffer).str();
+  std::string text = std::move(buffer).str();
+  if (text.rfind("\xEF\xBB\xBF", 0) == 0) text.erase(0, 3);  // a byte-order mark is no text
+  if (const size_t bad = first_invalid_utf8(text); bad != std::string_view::npos) {
+    const bool gzip = text.size() >= 2 && static_cast<unsigned char>(text[0]) == 0x1f &&
+                      static_cast<unsigned char>(text[1]) == 0x8b;
+    const int64_t line = std::count(text.begin(), text.begin() + bad, '\n') + 1;
+    char byte[8];
+    std::snprintf(byte, sizeof byte, "0x%02X", static_cast<unsigned char>(text[bad]));
+    return error("tokenize: '" + text_path + "' is not UTF-8 text" +
+                     (gzip ? " (it is gzip-compressed)"
+                           : ": byte " + std::string(byte) + " at offset " + std::to_string(bad) +
+                                 " (line " + std::to_string(line) + ") is not valid UTF-8"),
+                 gzip ? "decompress it first: zcat FILE > FILE.txt"
+                      : "pass a UTF-8 text file (convert others with iconv -t UTF-8)");
+  }
 
   auto t0 = std::chrono::steady_clock::now();
   std::vector<std::string_view> docs = split_documents(text);
@@ -88,10 +141,20 @@ Status tokenize_corpus(const std::string& text_path, const std::string& out_dir,
   const int64_t total = static_cast<int64_t>(tokens.size());
   const int64_t num_val = static_cast<int64_t>(std::floor(val_fraction * total));
   const int64_t num_train = total - num_val;
-  if (num_train <= 0) {
+  if (num_train <= 0 && num_val == 0) {
     return error("tokenize: '" + text_path + "' holds no text to tokenize (" +
                      std::to_string(total) + " tokens)",
                  "pass a non-empty UTF-8 text file");
+  }
+  if (num_train < kMinSplitTokens || (val_fraction > 0 && num_val < kMinSplitTokens)) {
+    char frac[32];
+    std::snprintf(frac, sizeof frac, "%g", val_fraction);
+    return error("tokenize: '" + text_path + "' gives " + std::to_string(total) +
+                     " tokens: " + std::to_string(num_train) + " for training and " +
+                     std::to_string(num_val) + " for validation (val fraction " + frac +
+                     "); each split needs at least " + std::to_string(kMinSplitTokens),
+                 "use a longer text, or a --val-fraction that leaves both splits " +
+                     std::to_string(kMinSplitTokens) + " tokens or more");
   }
   std::filesystem::create_directories(out_dir, ec);
   if (ec) {

@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <atomic>
 #include <cstdio>
+#include <filesystem>
 
 #include "base/check.h"
 #include "base/log.h"
@@ -44,17 +45,39 @@ Result<std::string> read_latest(const std::string& root) {
   TS_ASSIGN_OR_RETURN(std::string text, read_file(path));
   std::string name = trim(text);
   if (!is_plain_name(name)) {
-    return error("'" + path + "' holds \"" + name + "\", not a checkpoint directory name",
-                 "write the name of a checkpoint directory under " + root +
-                     " into it, or pass a checkpoint directory directly");
+    // Shown escaped and cut short: the file may hold anything.
+    std::string shown;
+    for (unsigned char c : name.substr(0, 64)) {
+      if (c >= 0x20 && c < 0x7f && c != '"' && c != '\\') {
+        shown += static_cast<char>(c);
+      } else {
+        char hex[8];
+        std::snprintf(hex, sizeof hex, "\\x%02x", c);
+        shown += hex;
+      }
+    }
+    if (name.size() > 64) shown += "...";
+    std::string newest;  // the hint names a real one
+    std::error_code ec;
+    for (const auto& e : std::filesystem::directory_iterator(root, ec)) {
+      const std::string n = e.path().filename().string();
+      if (e.is_directory() && n.rfind("step-", 0) == 0 && n > newest) newest = n;
+    }
+    return error("'" + path + "' holds \"" + shown +
+                     "\", not the name of a checkpoint directory under " + root,
+                 newest.empty() ? "write the name of one of its checkpoints into it"
+                                : "write the name of one of its checkpoints into it (the newest "
+                                  "is " +
+                                      newest + ")");
   }
   return name;
 }
 
 Status exists_error(const std::string& dir) {
   return error("checkpoint " + dir + " already exists; refusing to overwrite it",
-               "saved checkpoints are never replaced by default: choose another name, "
-               "delete the old one, or set overwrite = true");
+               "saved checkpoints are never replaced: if the run's 'latest' names an older "
+               "checkpoint than this one, point it at the newest, or delete this one to redo "
+               "its steps");
 }
 
 }  // namespace

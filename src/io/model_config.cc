@@ -1,5 +1,9 @@
 #include "io/model_config.h"
 
+#include <algorithm>
+#include <cctype>
+#include <filesystem>
+
 #include "io/toml_config.h"
 
 namespace tessera {
@@ -85,7 +89,23 @@ Result<ModelConfig> parse_model_config(const std::string& toml_text, const std::
 }
 
 Result<ModelConfig> load_model_config(const std::string& spec) {
-  bool is_file = spec.size() > 5 && spec.substr(spec.size() - 5) == ".toml";
+  std::string lower = spec;
+  std::transform(lower.begin(), lower.end(), lower.begin(),
+                 [](unsigned char c) { return static_cast<char>(std::tolower(c)); });
+  const bool is_file = lower.size() > 5 && lower.substr(lower.size() - 5) == ".toml";
+  std::error_code ec;
+  if (!is_file && std::filesystem::is_directory(spec, ec))
+    return error("model '" + spec + "' is a directory, not a preset or a model config",
+                 "pass a preset name or a TOML file ending in .toml (a checkpoint directory "
+                 "goes to `train --init-from` or `sample --checkpoint`)");
+  if (!is_file && std::filesystem::is_regular_file(spec, ec))
+    return error("model '" + spec +
+                     "' is a file, but model configs are TOML files whose name "
+                     "ends in .toml",
+                 lower.size() > 5 && lower.substr(lower.size() - 5) == ".json"
+                     ? "a checkpoint's manifest.json holds its model: pass the checkpoint "
+                       "directory to `train --init-from` or `sample --checkpoint`"
+                     : "rename it to end in .toml, with the keys under [model]");
   if (!is_file) return preset_or_error(spec, "");
   TS_ASSIGN_OR_RETURN(TomlTable root, parse_toml_file(spec));
   return from_table(root);

@@ -279,12 +279,19 @@ Status validate(const ModelConfig& c) {
   for (auto [key, v] : {std::pair<const char*, int64_t>{"n_embd", c.n_embd},
                         {"ffn_hidden", c.ffn()},
                         {"vocab_size", c.vocab_rows()},
-                        {"max_seq_len", c.max_seq_len},
-                        {"n_layer", c.n_layer}})
+                        {"max_seq_len", c.max_seq_len}})
     if (v > kMaxDim)
       return error("key '" + std::string(key) + "' = " + std::to_string(v) + " is over " +
                        std::to_string(kMaxDim) + ", the largest size Tessera takes",
                    "check the value for a typo (the largest published models have n_embd ~ 2e4)");
+  // Graphs are built node by node (tens per block): deeper than this takes minutes and GBs
+  // to build before anything runs. The deepest published transformers have ~100-200 blocks.
+  constexpr int64_t kMaxLayers = 10000;
+  if (c.n_layer > kMaxLayers)
+    return error("key 'n_layer' = " + std::to_string(c.n_layer) + " is over " +
+                     std::to_string(kMaxLayers) + ", the deepest model Tessera builds",
+                 "check the value for a typo (the deepest published transformers have ~100-200 "
+                 "blocks)");
   const double params = params_as<double>(c);
   constexpr double kMaxParams = 1e15;
   if (params > kMaxParams)

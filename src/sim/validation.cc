@@ -165,8 +165,10 @@ const std::string& PublishedRun::at(const std::string& column) const {
 
 Result<std::vector<PublishedRun>> read_published_runs(const std::string& path) {
   TS_ASSIGN_OR_RETURN(std::string text, read_file(path));
+  if (text.rfind("\xEF\xBB\xBF", 0) == 0) text.erase(0, 3);  // spreadsheets' byte-order mark
   TS_ASSIGN_OR_RETURN(auto rows, parse_csv(text, path));
   if (rows.empty()) return error(path + ": empty file (expected a header row)");
+  if (rows.size() == 1) return error(path + ": a header and no rows of published runs");
   const std::vector<std::string>& header = rows[0];
   for (const char* col : {"row_id", "source_key", "model_name", "gpu_type", "num_gpus"})
     if (std::find(header.begin(), header.end(), col) == header.end())
@@ -219,6 +221,8 @@ Result<RunSetup> setup_run(const PublishedRun& r, const std::string& cluster_dir
   } else {
     TS_RETURN_IF_ERROR(need(r, "num_gpus", &gpus));
   }
+  if (gpus < 1 || gpus != std::floor(gpus))
+    return error("num_gpus='" + r.at("num_gpus") + "' is not a positive integer");
   double dp = gpus / (tp * pp);
   if (dp < 1 || dp != std::floor(dp))
     return error("tp=" + tps + " x pp=" + (pps.empty() ? "1" : pps) +

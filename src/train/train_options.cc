@@ -59,7 +59,8 @@ Status check_train_options(const TrainOptions& o, const ModelConfig& cfg) {
                    splits(near) ? "use --seq " + std::to_string(near) : "drop --sequence-parallel");
     }
   }
-  if (!(o.lr > 0) || !std::isfinite(o.lr)) return error("--lr must be positive");
+  if (!(o.lr > 0) || !std::isfinite(o.lr))
+    return error("--lr must be a positive finite number, got " + number_text(o.lr));
   TS_RETURN_IF_ERROR(positive("--eval-batches", o.eval_batches));
   auto at_least_zero = [](const char* flag, double v) -> Status {
     if (!(v >= 0) || !std::isfinite(v))

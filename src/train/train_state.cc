@@ -254,6 +254,17 @@ Result<int64_t> TrainState::load(const std::string& root, BatchStream* train) {
       return error(where + " was written with --batch " + t.at("batch").dump() + " --seq " +
                        t.at("seq").dump() + " --grad-accum " + t.at("grad_accum").dump(),
                    "resume with the same (global) batch shape; the plan may differ");
+    resume_changes.clear();
+    auto changed = [&](const char* key, const char* flag, double now) {
+      if (t.contains(key) && t.at(key).get<double>() != now)
+        resume_changes.push_back(std::string(flag) + " " + number_text(now) + " (was " +
+                                 number_text(t.at(key).get<double>()) + ")");
+    };
+    changed("lr", "--lr", opts.lr);
+    changed("warmup", "--warmup", static_cast<double>(opts.warmup));
+    changed("min_lr_frac", "--min-lr-frac", opts.min_lr_frac);
+    changed("clip", "--clip", opts.clip);
+    changed("steps", "--steps", static_cast<double>(opts.steps));
     // A hand-edited manifest: the steps taken, and the optimizer's count of them, in range.
     const int64_t step = m.at("step").get<int64_t>();
     const int64_t adam_steps = m.at("optimizer").at("t").get<int64_t>();

@@ -96,8 +96,11 @@ class TrainState {
   // commits after all succeeded (the checkpoint loads under any plan).
   Status save(const std::string& root, int64_t completed_steps, const BatchStream& train) const;
   // Loads the newest checkpoint under root (or a step directory), written under any plan,
-  // re-sharding to this one; returns its completed steps.
+  // re-sharding to this one; returns its completed steps. Flags of the schedule that differ
+  // from the checkpoint's (--lr, --warmup, --min-lr-frac, --clip, --steps) are allowed and
+  // listed in resume_changes ("--lr 0.02 (was 0.002)").
   Result<int64_t> load(const std::string& root, BatchStream* train);
+  std::vector<std::string> resume_changes;
   // Only the parameters of a checkpoint (any plan; e.g. one `tessera import hf` wrote),
   // for a new run that starts from them: `train --init-from`. The model must match.
   Status init_params_from(const std::string& checkpoint);

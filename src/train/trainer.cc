@@ -3,11 +3,13 @@
 #include <fcntl.h>
 #include <unistd.h>
 
+#include <cerrno>
 #include <chrono>
 #include <cmath>
 #include <csignal>
 #include <cstdio>
 #include <cstdlib>
+#include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <nlohmann/json.hpp>
@@ -44,6 +46,11 @@ Result<std::string> prepare_data(const TrainOptions& o, const Gpt2Tokenizer& tok
     if (!fs::exists(o.data))
       return error("data path '" + o.data + "' does not exist",
                    "create it with `tessera tokenize --input TEXT --out " + o.data + "`");
+    if (!fs::is_directory(o.data))
+      return error("data path '" + o.data +
+                       "' is a file; --data takes the directory holding train.bin and val.bin",
+                   "tokenize a text into a directory with `tessera tokenize --input TEXT --out "
+                   "DIR`, then pass --data DIR");
     for (const char* f : {"train.bin", "val.bin"})
       if (!fs::exists(fs::path(o.data) / f))
         return error("data path '" + o.data + "' has no " + f,
@@ -54,7 +61,12 @@ Result<std::string> prepare_data(const TrainOptions& o, const Gpt2Tokenizer& tok
   if (fs::exists(dir + "/train.bin") && fs::exists(dir + "/val.bin")) return dir;
   std::string text = dir + "/moby_dick.txt";
   std::fprintf(stderr, "tokenizing the shipped corpus %s (once)...\n", text.c_str());
-  TS_RETURN_IF_ERROR(tokenize_corpus(text, dir, 0.05, tok));
+  Status s = tokenize_corpus(text, dir, 0.05, tok);
+  if (!s.ok())
+    return error(s.message(),
+                 "tokenize the corpus into a writable directory with `tessera "
+                 "tokenize --input " +
+                     text + " --out DIR` and pass --data DIR");
   return dir;
 }
 
@@ -179,7 +191,8 @@ double measured_gemm_peak() {
 // A run that diverged: what went non-finite in which step, and how to go on.
 Status diverged(int64_t step, const std::string& what, int64_t last_saved, const TrainOptions& o) {
   return error("step " + std::to_string(step + 1) + ": the " + what +
-                   " went non-finite (NaN or infinity); the run stops without saving them",
+                   " went non-finite (NaN or infinity); the run stops here and saves no "
+                   "checkpoint of it",
                (last_saved >= 0 ? "the last good checkpoint is step " + std::to_string(last_saved) +
                                       " in " + o.out + "/checkpoints (--resume continues from it); "
                                 : std::string("no checkpoint was saved before; ")) +
@@ -205,6 +218,18 @@ void report_arena(const TrainState& st, const Communicator* world) {
 
 }  // namespace
 
+Status check_run_dir(const TrainOptions& o) {
+  const bool has_checkpoint = fs::exists(fs::path(o.out) / "checkpoints" / "latest");
+  if (o.resume && !has_checkpoint)
+    return error(
+        "--resume: run directory '" + o.out + "' holds no checkpoint to continue from",
+        "drop --resume to start a new run there, or pass the --out of the run to continue");
+  if (!o.resume && has_checkpoint)
+    return error("run directory '" + o.out + "' already holds checkpoints",
+                 "pass --resume to continue that run, or choose another --out");
+  return Status();
+}
+
 Status train(const TrainOptions& o, const TrainJob& job) {
   const ModelConfig& cfg = job.cfg;
   const Plan& plan = job.plan;
@@ -219,14 +244,7 @@ Status train(const TrainOptions& o, const TrainJob& job) {
   BatchStream& val = *data.val;
   const bool images = task_of(cfg) == ModelTask::image_classes;
   const LoaderState whole_start = data.val_whole ? data.val_whole->state() : LoaderState{};
-  const bool has_checkpoint = fs::exists(fs::path(o.out) / "checkpoints" / "latest");
-  if (o.resume && !has_checkpoint)
-    return error(
-        "--resume: run directory '" + o.out + "' holds no checkpoint to continue from",
-        "drop --resume to start a new run there, or pass the --out of the run to continue");
-  if (!o.resume && has_checkpoint)
-    return error("run directory '" + o.out + "' already holds checkpoints",
-                 "pass --resume to continue that run, or choose another --out");
+  TS_RETURN_IF_ERROR(check_run_dir(o));
   TS_RETURN_IF_ERROR(make_dirs(o.out));
   // One run per directory; what a killed run left half-written goes (rank 0 does both, before
   // any rank can write a checkpoint).
@@ -238,6 +256,13 @@ Status train(const TrainOptions& o, const TrainJob& job) {
     if (!o.resume) {
       TS_ASSIGN_OR_RETURN(metrics, open_run_metrics(o.out, false, 0));
     }
+    // Checkpoints go under <out>/checkpoints: find out now, not after the first steps, when
+    // they cannot.
+    const std::string ckpts = (fs::path(o.out) / "checkpoints").string();
+    TS_RETURN_IF_ERROR(make_dirs(ckpts));
+    if (::access(ckpts.c_str(), W_OK | X_OK) != 0)
+      return error("cannot write checkpoints in '" + ckpts + "': " + std::strerror(errno),
+                   "choose an --out you can write, or fix the directory's permissions");
     TS_ASSIGN_OR_RETURN(int stale, remove_stale_staging(o.out));
     if (stale > 0)
       std::fprintf(stderr,
@@ -267,6 +292,14 @@ Status train(const TrainOptions& o, const TrainJob& job) {
     if (leader) {
       TS_ASSIGN_OR_RETURN(metrics, open_run_metrics(o.out, true, start_step));
       std::fprintf(stderr, "resumed from step %lld\n", (long long)start_step);
+      if (!st.resume_changes.empty()) {
+        std::string list;
+        for (const std::string& c : st.resume_changes) list += (list.empty() ? "" : ", ") + c;
+        std::fprintf(stderr,
+                     "note: resumed with %s; the schedule goes on with the new values "
+                     "(metrics.jsonl keeps each step's lr)\n",
+                     list.c_str());
+      }
     }
   } else if (!o.init_from.empty()) {
     TS_RETURN_IF_ERROR(st.init_params_from(o.init_from));

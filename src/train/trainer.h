@@ -23,6 +23,10 @@ struct TrainJob {
   std::string shipped_data_dir;   // the tokenizer and the corpus used without --data
 };
 
+// --out against --resume: a checkpoint to continue from when resuming, none otherwise.
+// Checked by train(), and by `tessera launch` before it starts the ranks.
+Status check_run_dir(const TrainOptions& o);
+
 // Trains under job.plan on this rank. A stop signal ends the process (exit 128 + signal)
 // after saving a checkpoint.
 Status train(const TrainOptions& o, const TrainJob& job);

@@ -220,7 +220,7 @@ TEST(ClusterSpec, OutOfRangeValuesNameTheKeyAndTheFix) {
   e = parse_error(replace(kMinimal, "[node]", "memory_efficiency = 0\n[node]"));
   EXPECT_TRUE(contains(e, "device.memory_efficiency")) << e;
   e = parse_error(replace(kMinimal, "peak_tflops_f32 = 1.5", "peak_tflops_f32 = -1"));
-  EXPECT_TRUE(contains(e, "key 'device.peak_tflops_f32' must be > 0, got -1")) << e;
+  EXPECT_TRUE(contains(e, "key 'device.peak_tflops_f32' must be a finite number > 0, got -1")) << e;
   e = parse_error(replace(kMinimal, "peak_tflops_f32 = 1.5", "peak_tflops_f32 = \"fast\""));
   EXPECT_TRUE(contains(e, "device.peak_tflops_f32")) << e;
   e = parse_error(replace(kMinimal, "devices = 4", "devices = 0"));

@@ -80,6 +80,31 @@ TEST(TokenizeCorpus, BadValFractionAndEmptyTextAreErrors) {
   EXPECT_NE(s.message().find("no text"), std::string::npos);
 }
 
+// Bytes that are not UTF-8 (a gzip file, a lone continuation byte, an overlong form) are
+// refused naming where; a byte-order mark is dropped; a split of fewer than 2 tokens (no input
+// and target) is refused.
+TEST(TokenizeCorpus, NonUtf8InputAndTinySplitsAreRefusedAndABomDropped) {
+  ScratchDir dir;
+  auto refused = [&](const std::string& bytes, const std::string& text) {
+    write_bytes(dir.file("bad.txt"), bytes);
+    Status s = tokenize_corpus(dir.file("bad.txt"), dir.file("out"), 0.1, repo_tokenizer());
+    EXPECT_FALSE(s.ok()) << text;
+    EXPECT_NE(s.to_string().find(text), std::string::npos) << s.to_string();
+  };
+  refused(std::string("\x1f\x8b\x08\x00\x00\x00", 6), "gzip-compressed");
+  refused("caf\xc3\xa9 ok\nthen \x80 here", "byte 0x80 at offset 14 (line 2)");
+  refused("overlong \xc0\xaf", "byte 0xC0 at offset 9");
+  refused("surrogate \xed\xa0\x80", "byte 0xED");
+  refused("a", "each split needs at least 2");  // 2 tokens: EOT and "a", none for validation
+  EXPECT_FALSE(std::filesystem::exists(dir.file("out")));
+
+  write_bytes(dir.file("bom.txt"), "\xef\xbb\xbfHello world, hello again.");
+  write_bytes(dir.file("plain.txt"), "Hello world, hello again.");
+  ASSERT_TRUE(tokenize_corpus(dir.file("bom.txt"), dir.file("a"), 0.0, repo_tokenizer()).ok());
+  ASSERT_TRUE(tokenize_corpus(dir.file("plain.txt"), dir.file("b"), 0.0, repo_tokenizer()).ok());
+  EXPECT_EQ(shard_tokens(dir.file("a/train.bin")), shard_tokens(dir.file("b/train.bin")));
+}
+
 TEST(SplitDocuments, TrimsLineBreaksAndDropsEmptyDocuments) {
   std::vector<std::string_view> docs =
       split_documents("\r\nA\n\n<|endoftext|><|endoftext|>\n  B \n<|endoftext|>");

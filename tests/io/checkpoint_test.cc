@@ -230,13 +230,29 @@ TEST(Checkpoint, CrashLeavesPreviousCheckpointLoadable) {
   EXPECT_EQ(first_float(newer->get("wte")), 5.f);
 }
 
+// A `latest` holding bytes that name nothing is refused with the bytes escaped and cut short.
+TEST(Checkpoint, GarbageInLatestIsShownEscaped) {
+  TempDir dir;
+  ASSERT_TRUE(write_checkpoint(dir.path(), 100, 1.f).ok());
+  std::string junk = std::string("ab\x01") + '\0' + "cd";
+  junk += std::string(100, 'z');
+  ASSERT_TRUE(write_file_atomic(dir.path() + "/latest", junk).ok());
+  Result<std::string> r = resolve_checkpoint(dir.path());
+  ASSERT_FALSE(r.ok());
+  const std::string m = r.status().message();
+  EXPECT_NE(m.find("\"ab\\x01\\x00cd"), std::string::npos) << m;
+  EXPECT_NE(m.find("...\""), std::string::npos) << m;
+  EXPECT_EQ(m.find('\0'), std::string::npos);
+  EXPECT_NE(r.status().hint().find("step-00000100"), std::string::npos);
+}
+
 TEST(Checkpoint, RefusesToOverwriteUnlessAsked) {
   TempDir dir;
   ASSERT_TRUE(write_checkpoint(dir.path(), 100, 1.f).ok());
   Status s = write_checkpoint(dir.path(), 100, 2.f);
   ASSERT_FALSE(s.ok());
   EXPECT_TRUE(contains(s, "already exists; refusing to overwrite")) << s.message();
-  EXPECT_NE(s.hint().find("overwrite = true"), std::string::npos);
+  EXPECT_NE(s.hint().find("point it at the newest"), std::string::npos);
 
   // A checkpoint created by someone else between add_tensors and commit is not replaced.
   {

@@ -9,14 +9,10 @@
 #include <cstdio>
 #include <string>
 
+#include "preset_util.h"
+
 namespace tessera {
 namespace {
-
-ModelConfig preset(const std::string& name) {
-  std::optional<ModelConfig> c = find_preset(name);
-  EXPECT_TRUE(c.has_value()) << name;
-  return c.value_or(ModelConfig{});
-}
 
 // Published sizes: GPT-2 small (HF transformers gpt2, tied head) and LLaMA-2 7B (Meta).
 TEST(Models, ExactParameterCountsOfKnownModels) {
@@ -106,6 +102,11 @@ TEST(Models, ValidateRejectsBadConfigsNamingTheKey) {
   s = validate(neg);
   ASSERT_FALSE(s.ok());
   EXPECT_NE(s.message().find("n_layer"), std::string::npos) << s.message();
+  ModelConfig deep = c;  // 100,000 blocks would take minutes to build before any check
+  deep.n_layer = 100000;
+  s = validate(deep);
+  ASSERT_FALSE(s.ok());
+  EXPECT_NE(s.message().find("'n_layer' = 100000 is over 10000"), std::string::npos) << s.message();
 }
 
 // timm's vit_base_patch16_224 (86,567,656) and vit_large_patch16_224 (304,326,632), and

@@ -12,16 +12,11 @@
 #include "backend/cpu/cpu_backend.h"
 #include "ir/position_buckets.h"
 #include "models/model.h"
+#include "preset_util.h"
 #include "runtime/executor.h"
 
 namespace tessera {
 namespace {
-
-ModelConfig preset(const std::string& name) {
-  std::optional<ModelConfig> c = find_preset(name);
-  EXPECT_TRUE(c.has_value()) << name;
-  return c.value_or(ModelConfig{});
-}
 
 // Hugging Face's T5ForConditionalGeneration: t5-small ... t5-11b, and google/t5-v1_1-small
 // (gated GELU, untied head, 8 layers, 6 heads of 64 on a width of 512).

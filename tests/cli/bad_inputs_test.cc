@@ -1,0 +1,108 @@
+// Bad inputs from the review (../shared/reviews/bad-inputs-cd173a2.md) that each get one
+// `error:` paragraph naming the thing, before any work: config paths that are not TOML,
+// a --data that is a file, shards tokenize would overwrite, launch's command and run directory
+// checked once,
+// calibrate's --out a directory, CSV tables with a byte-order mark, no rows or no GPUs; and a
+// topology the simulator does not model is said to be timed as a fat tree.
+#include <gtest/gtest.h>
+
+#include <filesystem>
+#include <fstream>
+
+#include "train_fixture.h"
+
+namespace tessera {
+namespace {
+
+namespace fs = std::filesystem;
+
+class BadInputs : public TrainDirTest {
+ protected:
+  // Runs tessera with `args`; expects exit `rc` and every one of `texts` in the output.
+  void expect(const std::string& args, int rc, std::initializer_list<const char*> texts) {
+    std::string out;
+    EXPECT_EQ(run_command("cd " + dir_.string() + " && " + TESSERA_BINARY + " " + args, &out), rc)
+        << args << "\n"
+        << out;
+    for (const char* t : texts) EXPECT_NE(out.find(t), std::string::npos) << args << "\n" << out;
+    EXPECT_EQ(out.find("internal error"), std::string::npos) << out;
+  }
+  void write(const std::string& name, const std::string& text) {
+    std::ofstream(dir_ / name, std::ios::binary) << text;
+  }
+};
+
+TEST_F(BadInputs, ModelPathsThatAreNotTomlConfigsAreNamed) {
+  write("model.conf", "[model]\npreset = \"gpt-tiny\"\n");
+  write("MODEL.TOML", "[model]\npreset = \"gpt-tiny\"\n");
+  write("manifest.json", "{}");
+  fs::create_directories(dir_ / "cfgdir");
+  expect("graph model.conf", 1, {"is a file, but model configs are TOML", "end in .toml"});
+  expect("graph manifest.json", 1, {"--init-from"});
+  expect("graph cfgdir", 1, {"'cfgdir' is a directory"});
+  expect("graph MODEL.TOML --seq 16", 0, {"gpt-tiny"});  // the extension in any case
+}
+
+TEST_F(BadInputs, DataThatIsAFileAndShardsTokenizeWouldReplace) {
+  write("afile", "hello");
+  expect("train --model gpt-tiny --seq 16 --steps 1 --data afile --out run", 1,
+         {"'afile' is a file; --data takes the directory"});
+  write("text.txt",
+        "Call me Ishmael. Some years ago, never mind how long precisely, having "
+        "little or no money in my purse, I thought I would sail about a little.");
+  expect("tokenize --input text.txt --out shards --val-fraction 0.2", 0, {"wrote"});
+  expect("tokenize --input text.txt --out shards", 1, {"already holds train.bin", "--force"});
+  expect("tokenize --input text.txt --out shards --val-fraction 0.2 --force", 0, {"wrote"});
+}
+
+TEST_F(BadInputs, LaunchNamesAWrongCommandOnceBeforeStartingRanks) {
+  expect("launch -n 2 -- frobnicate", 2, {"unknown command 'frobnicate'"});
+  expect("launch -n 2 train --model gpt-tiny", 2, {"put -- between launch's flags"});
+}
+
+// A run directory that already holds checkpoints is refused by launch's check, once; resuming
+// with other schedule flags says which changed.
+TEST_F(BadInputs, RunDirectoryCheckedOnceAndResumeChangesListed) {
+  const std::string run =
+      "train --model gpt-tiny --data data --seq 16 --batch 2 --sample-tokens 0 --out run ";
+  expect(run + "--steps 1", 0, {"checkpoint saved"});
+  std::string out;
+  EXPECT_EQ(run_command("cd " + dir_.string() + " && " + TESSERA_BINARY + " launch -n 2 -- " + run +
+                            "--steps 2",
+                        &out),
+            1);
+  const size_t first = out.find("already holds checkpoints");
+  ASSERT_NE(first, std::string::npos) << out;
+  EXPECT_EQ(out.find("already holds checkpoints", first + 1), std::string::npos) << out;
+  expect(run + "--steps 2 --resume --lr 0.01", 0,
+         {"note: resumed with --lr 0.01 (was 0.002), --steps 2 (was 1)"});
+}
+
+TEST_F(BadInputs, CalibrateRefusesADirectoryBeforeMeasuring) {
+  fs::create_directories(dir_ / "specs");
+  expect("calibrate --out specs", 1, {"'specs' is a directory", "specs/cluster.toml"});
+  expect("calibrate --out nowhere/spec.toml", 1, {"does not exist"});
+}
+
+TEST_F(BadInputs, ValidateTablesWithABomNoRowsOrNoGpus) {
+  const std::string header =
+      "row_id,source_key,model_name,architecture,layers,hidden,heads,seq_len,vocab,gpu_type,"
+      "num_gpus,micro_batch,tokens_per_s_per_gpu\n";
+  write("header_only.csv", header);
+  expect("validate --csv header_only.csv --threads 1", 1, {"a header and no rows"});
+  write("bom.csv",
+        "\xEF\xBB\xBF" + header + "1,src,GPT,GPT-2,12,768,12,1024,50257,A100 80GB,-8,1,1000\n");
+  expect("validate --csv bom.csv --threads 1", 0,
+         {"num_gpus='-8' is not a positive integer", "0 rows simulated, 1 not modelled"});
+}
+
+TEST_F(BadInputs, ATopologyTheSimulatorDoesNotModelIsSaid) {
+  expect("simulate llama2-7b --gpus 16 --seq 2048 --cluster frontier", 0,
+         {"the dragonfly network is timed as a fat tree"});
+  std::string out;
+  run_command(std::string(TESSERA_BINARY) + " simulate llama2-7b --gpus 16 --seq 2048", &out);
+  EXPECT_EQ(out.find("timed as a fat tree"), std::string::npos) << out;
+}
+
+}  // namespace
+}  // namespace tessera
