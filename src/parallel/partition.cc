@@ -403,6 +403,28 @@ Status Pass::visit(NodeId id) {
         continue;
       }
     }
+    // A replicated input computed from parameters alone is any Shard for free (a local
+    // slice): T5's position bias [H, Tq, Tk], computed whole, meets queries split on the heads.
+    // One input, the first dim that a rule takes, before gathering the sharded inputs instead.
+    // (Not an activation: a stream sliced here would stay split and be gathered at every norm.)
+    bool sliced = false;
+    for (size_t i = 0; i < ins.size() && !sliced; ++i) {
+      if (!pk[i].is_replicate() || !lazy[i].empty() || sizes_[k] == 1 ||
+          !batch_free_[static_cast<size_t>(n.inputs[i])])
+        continue;
+      for (int d = 0; d < in_types[i].shape.rank() && !sliced; ++d) {
+        if (in_types[i].shape[d] % sizes_[k] != 0) continue;
+        Placements p = pk;
+        p[i] = Placement::shard(d);
+        if (!try_rule(p)) continue;
+        Placements target = out_.placements[static_cast<size_t>(ins[i])];
+        target[k] = Placement::shard(d);
+        TS_ASSIGN_OR_RETURN(ins[i], convert(ins[i], in_types[i].shape, target, n));
+        for (size_t o = 0; o < res.size(); ++o) out_pl[o][k] = res[o];
+        sliced = true;
+      }
+    }
+    if (sliced) continue;
     // Fallback: replicate every non-replicated input on this axis.
     for (size_t i = 0; i < ins.size(); ++i) {
       if (pk[i].is_replicate()) continue;

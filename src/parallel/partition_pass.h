@@ -29,6 +29,13 @@ class Pass {
     for (const MeshAxis& a : plan.mesh.axes()) sizes_.push_back(a.size);
     out_.global_to_local.assign(g.values().size(), -1);
     gpl_.assign(g.values().size(), Placements(sizes_.size(), Placement::replicate()));
+    // Values of parameters and constants alone (no graph input upstream).
+    batch_free_.assign(g.values().size(), 0);
+    for (const Node& n : g.nodes()) {
+      bool free = n.op != OpKind::input;
+      for (ValueId v : n.inputs) free = free && batch_free_[static_cast<size_t>(v)];
+      for (ValueId v : n.outputs) batch_free_[static_cast<size_t>(v)] = free;
+    }
   }
 
   Result<Partitioned> run();
@@ -86,7 +93,8 @@ class Pass {
   int64_t seq_b_ = -1, seq_t_ = -1;
   Partitioned out_;
   std::vector<int> sizes_;
-  std::vector<Placements> gpl_;  // placement of each global value
+  std::vector<Placements> gpl_;   // placement of each global value
+  std::vector<char> batch_free_;  // per global value: computed from parameters and constants
 
   // ZeRO-3 gathers: (first use node, param index, backward), in issue order.
   struct Use {

@@ -122,6 +122,32 @@ TEST(ShardingSearch, FindsTheMegatronLayoutOfAGptBlock) {
   EXPECT_DOUBLE_EQ(b->tensor_bytes, analytic);
 }
 
+// T5 has two kinds of block, and a decoder block of 10 matrices (searched module by module):
+// both get the Megatron layout, self-attention included, whose position bias (computed whole
+// from its table) is sliced on the heads for free rather than the heads gathered.
+TEST(ShardingSearch, FindsTheMegatronLayoutOfT5sEncoderAndDecoderBlocks) {
+  ModelConfig c = *find_preset("t5-11b");
+  c.n_layer = 1;
+  ModelGraph m = build_model(c, 1, 512, ModelMode::train);
+  auto t0 = std::chrono::steady_clock::now();
+  Result<BlockLayout> b = search_block_layout(m.graph, Plan::tensor_parallel(1, 8), SearchCost{});
+  const double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  ASSERT_TRUE(b.ok()) << b.status().to_string();
+  std::printf("%d candidates in %.2f s\n", b->candidates, secs);
+  EXPECT_EQ(b->kind_sizes, (std::vector<size_t>{9, 13}));  // the encoder's final norm included
+  const size_t tp = 1;
+  for (const char* block : {"encoder.block.0.", "decoder.block.0."}) {
+    for (const std::string col :
+         {"attn.q.weight", "attn.k.weight", "attn.v.weight", "mlp.wi.weight"})
+      EXPECT_EQ(placement_on(*b, block + col, tp), "S(0)") << block << col;
+    for (const std::string row : {"attn.o.weight", "mlp.wo.weight"})
+      EXPECT_EQ(placement_on(*b, block + row, tp), "S(1)") << block << row;
+  }
+  for (const char* col : {"cross.q.weight", "cross.k.weight", "cross.v.weight"})
+    EXPECT_EQ(placement_on(*b, col, tp), "S(0)") << col;
+  EXPECT_EQ(placement_on(*b, "cross.o.weight", tp), "S(1)");
+}
+
 TEST(ShardingSearch, SpreadsOverEveryBlockAndLowers) {
   ModelConfig c = *find_preset("llama-tiny");
   ModelGraph one = build_model(
