@@ -11,7 +11,9 @@
 #include "cli/common.h"
 #include "cli/plan_auto.h"
 #include "cli/plan_flags.h"
+#include "cost/cluster_spec.h"
 #include "io/model_config.h"
+#include "io/toml_config.h"
 #include "parallel/pipeline_program.h"
 #include "parallel/program.h"
 
@@ -131,7 +133,9 @@ void add_plan_command(CLI::App& app) {
                 "Search the plans (dp/ZeRO x tp/sequence parallel x pp/schedule x micro-batch x "
                 "recompute) on --cluster with --gpus devices for --batch sequences per step, and "
                 "print the fastest that fit");
-  cmd->add_option("--cluster", o->search.cluster, "With --auto: cluster preset or .toml file")
+  cmd->add_option(
+         "--cluster", o->search.cluster,
+         "With --auto: cluster preset (" + join_strings(cluster_presets()) + ") or .toml file")
       ->capture_default_str();
   cmd->add_option("--gpus", o->search.gpus, "With --auto: devices")->capture_default_str();
   cmd->add_option("--top", o->search.top, "With --auto: plans to list")->capture_default_str();

@@ -122,7 +122,10 @@ Status tokenize_corpus(const std::string& text_path, const std::string& out_dir,
                      (gzip ? " (it is gzip-compressed)"
                            : ": byte " + std::string(byte) + " at offset " + std::to_string(bad) +
                                  " (line " + std::to_string(line) + ") is not valid UTF-8"),
-                 gzip ? "decompress it first: zcat FILE > FILE.txt"
+                 gzip ? "decompress it first: zcat " + text_path + " > " +
+                            (text_path.size() > 3 && text_path.substr(text_path.size() - 3) == ".gz"
+                                 ? text_path.substr(0, text_path.size() - 3)
+                                 : text_path + ".txt")
                       : "pass a UTF-8 text file (convert others with iconv -t UTF-8)");
   }
 
@@ -149,12 +152,14 @@ Status tokenize_corpus(const std::string& text_path, const std::string& out_dir,
   if (num_train < kMinSplitTokens || (val_fraction > 0 && num_val < kMinSplitTokens)) {
     char frac[32];
     std::snprintf(frac, sizeof frac, "%g", val_fraction);
-    return error("tokenize: '" + text_path + "' gives " + std::to_string(total) +
-                     " tokens: " + std::to_string(num_train) + " for training and " +
-                     std::to_string(num_val) + " for validation (val fraction " + frac +
+    const bool too_short = total < (val_fraction > 0 ? 2 : 1) * kMinSplitTokens;
+    return error("tokenize: '" + text_path + "' gives " + format_count(total) +
+                     " tokens: " + format_count(num_train) + " for training and " +
+                     format_count(num_val) + " for validation (val fraction " + frac +
                      "); each split needs at least " + std::to_string(kMinSplitTokens),
-                 "use a longer text, or a --val-fraction that leaves both splits " +
-                     std::to_string(kMinSplitTokens) + " tokens or more");
+                 too_short ? std::string("use a longer text")
+                           : "use a --val-fraction that leaves both splits " +
+                                 std::to_string(kMinSplitTokens) + " tokens or more");
   }
   std::filesystem::create_directories(out_dir, ec);
   if (ec) {

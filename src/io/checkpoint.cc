@@ -38,6 +38,17 @@ Status ckpt_error(const std::string& dir, const std::string& what, const std::st
   return error("checkpoint " + dir + ": " + what, hint);
 }
 
+// " (the newest is step-N)" for the newest step directory under root, or "" when none.
+std::string newest_note(const std::string& root) {
+  std::string newest;
+  std::error_code ec;
+  for (const auto& e : std::filesystem::directory_iterator(root, ec)) {
+    const std::string n = e.path().filename().string();
+    if (e.is_directory(ec) && n.rfind("step-", 0) == 0 && n > newest) newest = n;
+  }
+  return newest.empty() ? "" : " (the newest is " + newest + ")";
+}
+
 // The name in <root>/latest, or "" if there is no such file.
 Result<std::string> read_latest(const std::string& root) {
   const std::string path = join_path(root, kLatest);
@@ -57,18 +68,9 @@ Result<std::string> read_latest(const std::string& root) {
       }
     }
     if (name.size() > 64) shown += "...";
-    std::string newest;  // the hint names a real one
-    std::error_code ec;
-    for (const auto& e : std::filesystem::directory_iterator(root, ec)) {
-      const std::string n = e.path().filename().string();
-      if (e.is_directory() && n.rfind("step-", 0) == 0 && n > newest) newest = n;
-    }
     return error("'" + path + "' holds \"" + shown +
                      "\", not the name of a checkpoint directory under " + root,
-                 newest.empty() ? "write the name of one of its checkpoints into it"
-                                : "write the name of one of its checkpoints into it (the newest "
-                                  "is " +
-                                      newest + ")");
+                 "write the name of one of its checkpoints into it" + newest_note(root));
   }
   return name;
 }
@@ -291,8 +293,9 @@ Result<std::string> resolve_checkpoint(const std::string& path) {
     if (!is_regular_file(join_path(dir, kManifest))) {
       return error("'" + join_path(path, kLatest) + "' names '" + latest + "' but " + dir +
                        " has no manifest.json",
-                   "the checkpoint was deleted or moved; edit 'latest' or pass a step "
-                   "directory");
+                   "the checkpoint was deleted or moved; write the name of one that is there "
+                   "into 'latest'" +
+                       newest_note(path));
     }
     return dir;
   }

@@ -196,7 +196,8 @@ Status diverged(int64_t step, const std::string& what, int64_t last_saved, const
                (last_saved >= 0 ? "the last good checkpoint is step " + std::to_string(last_saved) +
                                       " in " + o.out + "/checkpoints (--resume continues from it); "
                                 : std::string("no checkpoint was saved before; ")) +
-                   "try a lower --lr (now " + number_text(o.lr) + ") or --clip 1.0");
+                   "try a lower --lr (now " + number_text(o.lr) + ")" +
+                   (o.clip == 0 || o.clip > 1 ? " or --clip 1.0" : std::string()));
 }
 
 // The arena's measured high-water after the first step against the plan: printed by rank 0 and
@@ -421,10 +422,10 @@ Status train(const TrainOptions& o, const TrainJob& job) {
     const double steps = static_cast<double>(steps_this_run);
     const double per_rank = model_flops_per_step * steps / step_secs / static_cast<double>(ranks);
     std::fprintf(stderr,
-                 "trained %lld steps in %s (%s in steps): %s %s/s, %s FLOP/s per rank, MFU "
+                 "trained %lld step%s in %s (%s in steps): %s %s/s, %s FLOP/s per rank, MFU "
                  "%.1f%% of %s FLOP/s (%s)\n",
-                 (long long)steps_this_run, format_duration(secs).c_str(),
-                 format_duration(step_secs).c_str(),
+                 (long long)steps_this_run, steps_this_run == 1 ? "" : "s",
+                 format_duration(secs).c_str(), format_duration(step_secs).c_str(),
                  format_si(tokens_per_step * steps / step_secs).c_str(),
                  images ? "images" : "tokens", format_si(per_rank).c_str(), 100 * per_rank / peak,
                  format_si(peak).c_str(),

@@ -178,18 +178,24 @@ int run_pipeline_failure(Communicator& world, bool kill) {
   std::fflush(stdout);
   std::fflush(stderr);
   const int r = world.rank();
+  std::vector<float> x(1 << 16, 1.f);
+  float ready = 1.f;
   if (r == 1) {
+    // Rank 2 has posted its recv before rank 1 goes: on a loaded machine the launcher's
+    // SIGTERM could otherwise reach rank 2 before it waits there.
+    EXPECT_OK(world.wait(world.recv(&ready, 1, 2, 7, "rank 2 ready")));
     if (kill) raise(SIGKILL);
     sleep(60);
   }
-  std::vector<float> x(1 << 16, 1.f);
   Status s;
   if (r == 0) {
     Request up = world.send(x.data(), x.size(), 1, 2, "activations into chunk 1, micro-batch 0");
     s = world.wait(world.recv(x.data(), x.size(), 1, 1, "gradients into chunk 0, micro-batch 0"));
     if (s.ok()) s = world.wait(up);
   } else {
-    s = world.wait(world.recv(x.data(), x.size(), 1, 4, "activations into chunk 2, micro-batch 0"));
+    Request in = world.recv(x.data(), x.size(), 1, 4, "activations into chunk 2, micro-batch 0");
+    EXPECT_OK(world.wait(world.send(&ready, 1, 1, 7, "rank 2 ready")));
+    s = world.wait(in);
   }
   std::fprintf(stderr, "tessera: %s\n", s.to_string().c_str());
   return s.ok() ? 0 : 1;
