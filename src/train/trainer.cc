@@ -24,6 +24,7 @@
 #include "data/loader.h"
 #include "data/span_corruption.h"
 #include "data/tokenize_corpus.h"
+#include "io/checkpoint.h"
 #include "io/fs.h"
 #include "runtime/optimizer.h"
 #include "train/progress.h"
@@ -286,6 +287,17 @@ Status train(const TrainOptions& o, const TrainJob& job) {
   int64_t start_step = 0;
   if (o.resume) {
     TS_ASSIGN_OR_RETURN(start_step, st.load(o.out + "/checkpoints", &train));
+    // A 'latest' pointed back at an older checkpoint would redo steps whose checkpoints exist
+    // and fail on the first save: say so now.
+    TS_ASSIGN_OR_RETURN(std::vector<std::string> saved, list_checkpoints(o.out + "/checkpoints"));
+    const std::string resumed = checkpoint_name(start_step);
+    for (const std::string& n : saved)
+      if (n.rfind("step-", 0) == 0 && n > resumed)
+        return error("--resume: 'latest' in " + o.out + "/checkpoints names " + resumed +
+                         ", but the newer " + n + " is there too",
+                     "point 'latest' at " + n +
+                         " to continue from it, or delete the newer "
+                         "checkpoints to redo their steps");
     if (start_step >= o.steps)
       return error("--steps " + std::to_string(o.steps) + ": the run in '" + o.out +
                        "' has already taken " + std::to_string(start_step) + " steps",

@@ -76,6 +76,9 @@ TEST_F(BadInputs, RunDirectoryCheckedOnceAndResumeChangesListed) {
   EXPECT_EQ(out.find("already holds checkpoints", first + 1), std::string::npos) << out;
   expect(run + "--steps 2 --resume --lr 0.01", 0,
          {"note: resumed with --lr 0.01 (was 0.002), --steps 2 (was 1)"});
+  // 'latest' pointed back at step 1 while step 2 is there: refused before any step.
+  write("run/checkpoints/latest", "step-00000001\n");
+  expect(run + "--steps 3 --resume", 1, {"names step-00000001, but the newer step-00000002"});
 }
 
 TEST_F(BadInputs, CalibrateRefusesADirectoryBeforeMeasuring) {
