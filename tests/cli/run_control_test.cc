@@ -47,9 +47,14 @@ TEST_F(RunControlTest, DivergenceStopsWithoutSavingNonFiniteState) {
   EXPECT_NE(s.message().find("step 1: the parameters after the update went non-finite"),
             std::string::npos)
       << s.to_string();
-  EXPECT_NE(s.hint().find("try a lower --lr (now 1e+300) or --clip 1.0"), std::string::npos)
-      << s.to_string();
+  // Clipping at 1 (the default) is on: the hint suggests only the learning rate.
+  EXPECT_NE(s.hint().find("try a lower --lr (now 1e+300)"), std::string::npos) << s.to_string();
+  EXPECT_EQ(s.hint().find("--clip"), std::string::npos) << s.to_string();
   EXPECT_FALSE(fs::exists(dir_ / "run/checkpoints/latest"));
+  o.clip = 0;  // without clipping, clipping is suggested too
+  o.out = (dir_ / "unclipped").string();
+  s = run_train(o);
+  EXPECT_NE(s.hint().find("or --clip 1.0"), std::string::npos) << s.to_string();
 }
 
 // A second run on a directory in use: one error naming the holder's pid, nothing written.
