@@ -64,9 +64,23 @@ int main(int argc, char** argv) {
           break;
         }
   }
-  const bool launch_without_dashes =
-      argc >= 2 && std::string(argv[1]) == "launch" &&
-      std::none_of(argv + 2, argv + argc, [](const char* a) { return std::string(a) == "--"; });
+  // `launch -n 2 train ...` without `--`: the hint shows the user's line with it.
+  std::string launch_fixed;
+  if (argc >= 2 && std::string(argv[1]) == "launch" &&
+      std::none_of(argv + 2, argv + argc, [](const char* a) { return std::string(a) == "--"; })) {
+    std::vector<std::string> names;
+    for (const CLI::App* sub : app.get_subcommands({})) names.push_back(sub->get_name());
+    launch_fixed = "tessera launch";
+    bool placed = false;
+    for (int i = 2; i < argc; ++i) {
+      if (!placed && std::find(names.begin(), names.end(), argv[i]) != names.end()) {
+        launch_fixed += " --";
+        placed = true;
+      }
+      launch_fixed += std::string(" ") + argv[i];
+    }
+    if (!placed) launch_fixed = "tessera launch -n 4 -- train --zero 3";
+  }
   try {
     app.parse(argc, argv);
   } catch (const CLI::CallForHelp& e) {
@@ -83,11 +97,15 @@ int main(int argc, char** argv) {
                  "with --zero 3\n");
     return 1;
   } catch (const CLI::ParseError& e) {
-    std::fprintf(stderr, "error: %s\nHINT: %s\n", e.what(),
-                 launch_without_dashes
-                     ? "put -- between launch's flags and the command it runs: tessera launch "
-                       "-n 4 -- train --zero 3"
-                     : "run `tessera --help` or `tessera COMMAND --help` for the accepted flags.");
+    if (!launch_fixed.empty())
+      std::fprintf(stderr,
+                   "error: %s\nHINT: put -- between launch's flags and the command it runs: %s\n",
+                   e.what(), launch_fixed.c_str());
+    else
+      std::fprintf(stderr,
+                   "error: %s\nHINT: run `tessera --help` or `tessera COMMAND --help` for the "
+                   "accepted flags.\n",
+                   e.what());
     return 2;
   }
   return 0;

@@ -57,7 +57,9 @@ TEST_F(BadInputs, DataThatIsAFileAndShardsTokenizeWouldReplace) {
 
 TEST_F(BadInputs, LaunchNamesAWrongCommandOnceBeforeStartingRanks) {
   expect("launch -n 2 -- frobnicate", 2, {"unknown command 'frobnicate'"});
-  expect("launch -n 2 train --model gpt-tiny", 2, {"put -- between launch's flags"});
+  expect("launch -n 2 train --model gpt-tiny", 2,
+         {"put -- between launch's flags and the command it runs: tessera launch -n 2 -- train "
+          "--model gpt-tiny"});
 }
 
 // A run directory that already holds checkpoints is refused by launch's check, once; resuming
