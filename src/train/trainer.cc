@@ -41,7 +41,7 @@ namespace {
 using Clock = std::chrono::steady_clock;
 
 // The data directory, tokenizing the shipped corpus on first use when no --data was given.
-Result<std::string> prepare_data(const TrainOptions& o, const Gpt2Tokenizer& tok,
+Result<std::string> prepare_data(const TrainOptions& o, const std::optional<Gpt2Tokenizer>& tok,
                                  const std::string& shipped) {
   if (!o.data.empty()) {
     if (!fs::exists(o.data))
@@ -62,7 +62,7 @@ Result<std::string> prepare_data(const TrainOptions& o, const Gpt2Tokenizer& tok
   if (fs::exists(dir + "/train.bin") && fs::exists(dir + "/val.bin")) return dir;
   std::string text = dir + "/moby_dick.txt";
   std::fprintf(stderr, "tokenizing the shipped corpus %s (once)...\n", text.c_str());
-  Status s = tokenize_corpus(text, dir, 0.05, tok);
+  Status s = tokenize_corpus(text, dir, 0.05, *tok);  // loaded when there is no --data
   if (!s.ok())
     return error(s.message(),
                  "tokenize the corpus into a writable directory with `tessera "
@@ -115,9 +115,12 @@ Result<RunData> open_data(const TrainOptions& o, const TrainJob& job, int data_i
     d.val_whole = std::make_unique<ImageLoader>(std::move(whole));
     return d;
   }
-  TS_ASSIGN_OR_RETURN(Gpt2Tokenizer tok, Gpt2Tokenizer::load(job.shipped_data_dir + "/gpt2"));
-  TS_ASSIGN_OR_RETURN(std::string data_dir, prepare_data(o, tok, job.shipped_data_dir));
-  d.tok = std::move(tok);
+  // The tokenizer: to tokenize the shipped corpus (no --data) and to sample at the end.
+  if (o.data.empty() || (o.sample_tokens > 0 && task_of(cfg) == ModelTask::language_model)) {
+    TS_ASSIGN_OR_RETURN(Gpt2Tokenizer tok, Gpt2Tokenizer::load(job.shipped_data_dir + "/gpt2"));
+    d.tok = std::move(tok);
+  }
+  TS_ASSIGN_OR_RETURN(std::string data_dir, prepare_data(o, d.tok, job.shipped_data_dir));
   const int seq = static_cast<int>(o.seq);
   if (task_of(cfg) == ModelTask::span_corruption) {
     const int text_vocab = Gpt2Tokenizer::kVocabSize;
