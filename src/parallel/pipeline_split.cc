@@ -96,14 +96,16 @@ Result<std::vector<ChunkGraph>> split_pipeline(const Graph& g, const std::vector
   // Makes global value v readable in chunk c: a leaf or batch-free value is (re)computed there;
   // an activation of an earlier chunk arrives through each chunk in between (a chunk passes on
   // what a later one reads: T5's encoder output reaches every decoder chunk).
-  std::function<Status(int, ValueId)> reach = [&](int c, ValueId v) -> Status {
+  // `reader` (the node that needs v) positions a boundary input, as its own inputs are.
+  std::function<Status(int, ValueId, const Node&)> reach = [&](int c, ValueId v,
+                                                               const Node& reader) -> Status {
     if (map[static_cast<size_t>(c)][static_cast<size_t>(v)] >= 0) return Status();
     const Node& p = g.producer(v);
     const int from = chunk_of[static_cast<size_t>(g.value(v).producer)];
     if (is_leaf(p) || batch_free[static_cast<size_t>(v)]) {
       std::vector<ValueId> ins;
       for (ValueId in : p.inputs) {
-        TS_RETURN_IF_ERROR(reach(c, in));
+        TS_RETURN_IF_ERROR(reach(c, in, reader));
         ins.push_back(map[static_cast<size_t>(c)][static_cast<size_t>(in)]);
       }
       return copy_into(c, p, std::move(ins));
@@ -112,11 +114,16 @@ Result<std::vector<ChunkGraph>> split_pipeline(const Graph& g, const std::vector
       return error("pipeline: value %" + std::to_string(v) + " of '" + p.scope + "' (chunk " +
                        std::to_string(from) + ") is read in chunk " + std::to_string(c),
                    "a chunk reads values of earlier chunks only; cut the model at other blocks");
-    TS_RETURN_IF_ERROR(reach(c - 1, v));
+    // A chunk that only passes v on holds it outside its blocks (layer -1): the reader's block
+    // is a later chunk's.
+    Node passing;
+    passing.scope = reader.scope;
+    passing.layer = -1;
+    TS_RETURN_IF_ERROR(reach(c - 1, v, passing));
     ChunkGraph& cg = out[static_cast<size_t>(c)];
     ChunkGraph& prev = out[static_cast<size_t>(c - 1)];
     Builder b(&cg.graph);
-    b.set_position(p.scope, p.layer);
+    b.set_position(reader.scope, reader.layer);
     Var in = b.input(pipe_act_name(c, static_cast<int>(cg.recv.size())), g.type(v).shape,
                      g.type(v).dtype);
     cg.recv.push_back(in.id);
@@ -132,7 +139,7 @@ Result<std::vector<ChunkGraph>> split_pipeline(const Graph& g, const std::vector
       if (chunk_of[i] != c || batch_free[static_cast<size_t>(n.outputs[0])]) continue;
       std::vector<ValueId> ins;
       for (ValueId v : n.inputs) {
-        TS_RETURN_IF_ERROR(reach(c, v));
+        TS_RETURN_IF_ERROR(reach(c, v, n));
         ins.push_back(map[static_cast<size_t>(c)][static_cast<size_t>(v)]);
       }
       TS_RETURN_IF_ERROR(copy_into(c, n, std::move(ins)));
