@@ -38,6 +38,8 @@ int main(int argc, char** argv) {
   tessera::add_hf_commands(app);
   tessera::add_report_command(app);
   app.set_version_flag("--version", std::string("tessera ") + TESSERA_VERSION);
+  std::vector<std::string> names;  // the commands
+  for (const CLI::App* sub : app.get_subcommands({})) names.push_back(sub->get_name());
   // `tessera help` is --help; a mistyped command is named, with the nearest one.
   if (argc >= 2 && argv[1][0] != '-') {
     const std::string command = argv[1];
@@ -45,8 +47,6 @@ int main(int argc, char** argv) {
       std::fputs(app.help().c_str(), stdout);
       return 0;
     }
-    std::vector<std::string> names;
-    for (const CLI::App* sub : app.get_subcommands({})) names.push_back(sub->get_name());
     auto unknown = [&](const std::string& name) {
       if (std::find(names.begin(), names.end(), name) != names.end()) return false;
       const std::string near = tessera::closest_match(name, names);
@@ -68,8 +68,6 @@ int main(int argc, char** argv) {
   std::string launch_fixed;
   if (argc >= 2 && std::string(argv[1]) == "launch" &&
       std::none_of(argv + 2, argv + argc, [](const char* a) { return std::string(a) == "--"; })) {
-    std::vector<std::string> names;
-    for (const CLI::App* sub : app.get_subcommands({})) names.push_back(sub->get_name());
     launch_fixed = "tessera launch";
     bool placed = false;
     for (int i = 2; i < argc; ++i) {

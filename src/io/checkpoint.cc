@@ -5,7 +5,6 @@
 #include <algorithm>
 #include <atomic>
 #include <cstdio>
-#include <filesystem>
 
 #include "base/check.h"
 #include "base/log.h"
@@ -38,15 +37,11 @@ Status ckpt_error(const std::string& dir, const std::string& what, const std::st
   return error("checkpoint " + dir + ": " + what, hint);
 }
 
-// " (the newest is step-N)" for the newest step directory under root, or "" when none.
+// " (the newest is step-N)" for the newest checkpoint under root, or "" when none.
 std::string newest_note(const std::string& root) {
-  std::string newest;
-  std::error_code ec;
-  for (const auto& e : std::filesystem::directory_iterator(root, ec)) {
-    const std::string n = e.path().filename().string();
-    if (e.is_directory(ec) && n.rfind("step-", 0) == 0 && n > newest) newest = n;
-  }
-  return newest.empty() ? "" : " (the newest is " + newest + ")";
+  Result<std::vector<std::string>> names = list_checkpoints(root);
+  if (!names.ok() || names->empty()) return "";
+  return " (the newest is " + *std::max_element(names->begin(), names->end()) + ")";
 }
 
 // The name in <root>/latest, or "" if there is no such file.

@@ -177,4 +177,14 @@ std::string print_graph(const Graph& g) {
   return s.str();
 }
 
+std::vector<char> input_free_values(const Graph& g) {
+  std::vector<char> free(g.values().size(), 0);
+  for (const Node& n : g.nodes()) {
+    bool f = n.op != OpKind::input;
+    for (ValueId v : n.inputs) f = f && free[static_cast<size_t>(v)];
+    for (ValueId v : n.outputs) free[static_cast<size_t>(v)] = f;
+  }
+  return free;
+}
+
 }  // namespace tessera

@@ -97,6 +97,11 @@ double node_flops(const Graph& g, const Node& n);
 // types. Returns the first violation, naming the node.
 Status verify(const Graph& g);
 
+// Per value: 1 when computed from parameters and constants alone (no graph input upstream:
+// T5's position bias from its table), which pipeline cuts recompute and partitioning may
+// slice for free.
+std::vector<char> input_free_values(const Graph& g);
+
 // One line per node: "%12 = matmul(%3, %7) {tb} : f32[2,16,192]  # h.0.attn.qkv"; "bwd" and
 // "recompute" mark backward nodes and recomputed forward nodes.
 std::string print_graph(const Graph& g);

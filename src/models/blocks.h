@@ -6,6 +6,9 @@
 
 namespace tessera {
 
+// [B,H,T,D] attention output -> [B,T,H*D], the heads side by side.
+Var merge_heads(Builder& b, Var x);
+
 // GPT-2's pre-norm block: x + attn(ln_1(x)), then x + mlp(ln_2(x)), on x [B, T, C]; the
 // attention causal (decoders) or bidirectional (ViT's encoder).
 Var gpt_block(Builder& b, const ModelConfig& c, Var x, bool causal);

@@ -160,7 +160,9 @@ Status llama_from_hf(ConfigReader& r, ModelConfig* c) {
 }
 
 Status t5_from_hf(ConfigReader& r, ModelConfig* c) {
+  const std::string name = c->name;
   *c = family_defaults("t5");  // T5Config's defaults: relu, 32 buckets up to 128, eps 1e-6
+  c->name = name;
   c->max_seq_len = 512;
   TS_RETURN_IF_ERROR(r.int_key("vocab_size", &c->vocab_size, true));
   TS_RETURN_IF_ERROR(r.int_key("d_model", &c->n_embd, true));
@@ -228,7 +230,6 @@ Result<HfConfig> model_config_from_hf(const nlohmann::json& config) {
     TS_RETURN_IF_ERROR(llama_from_hf(r, &out.cfg));
   } else if (model_type == "t5") {
     TS_RETURN_IF_ERROR(t5_from_hf(r, &out.cfg));
-    out.cfg.name = "hf-t5";
   } else {
     return error(
         "config.json: model_type \"" + model_type + "\" is not supported",

@@ -31,12 +31,6 @@ SpanCorruption span_corruption(int64_t raw) {
 
 namespace {
 
-// [B,H,T,D] -> [B,T,H*D]
-Var merge(Builder& b, Var x) {
-  const Shape& s = x.shape();
-  return b.reshape(b.transpose(x, {0, 2, 1, 3}), Shape{s[0], s[2], s[1] * s[3]});
-}
-
 struct T5Builder {
   Builder& b;
   const ModelConfig& c;
@@ -74,7 +68,7 @@ struct T5Builder {
     Var v = heads("v", kv, Tk, fan_in_std(C));
     // Unscaled: T5 folds 1/sqrt(D) into q's initialization.
     Var att = b.attention(q, k, v, 1.0, causal, bias)[0];
-    return linear("o", merge(b, att), C, H * D, fan_in_std(H * D));
+    return linear("o", merge_heads(b, att), C, H * D, fan_in_std(H * D));
   }
   Var feed_forward(Var x) {
     auto s = b.scope("mlp");

@@ -9,15 +9,11 @@
 
 namespace tessera {
 
-namespace {
-
 // [B,H,T,D] -> [B,T,H*D]
 Var merge_heads(Builder& b, Var x) {
   const Shape& s = x.shape();
   return b.reshape(b.transpose(x, {0, 2, 1, 3}), Shape{s[0], s[2], s[1] * s[3]});
 }
-
-}  // namespace
 
 int64_t gpt_qkv_row_from_standard(int64_t row, int64_t n_head, int64_t head_dim) {
   const int64_t c = n_head * head_dim;

@@ -29,13 +29,7 @@ class Pass {
     for (const MeshAxis& a : plan.mesh.axes()) sizes_.push_back(a.size);
     out_.global_to_local.assign(g.values().size(), -1);
     gpl_.assign(g.values().size(), Placements(sizes_.size(), Placement::replicate()));
-    // Values of parameters and constants alone (no graph input upstream).
-    batch_free_.assign(g.values().size(), 0);
-    for (const Node& n : g.nodes()) {
-      bool free = n.op != OpKind::input;
-      for (ValueId v : n.inputs) free = free && batch_free_[static_cast<size_t>(v)];
-      for (ValueId v : n.outputs) batch_free_[static_cast<size_t>(v)] = free;
-    }
+    batch_free_ = input_free_values(g);
   }
 
   Result<Partitioned> run();

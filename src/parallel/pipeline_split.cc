@@ -78,12 +78,7 @@ Result<std::vector<ChunkGraph>> split_pipeline(const Graph& g, const std::vector
   // Values computed from parameters and constants alone (T5's position bias from its table):
   // recomputed in each chunk that reads them rather than sent, since a boundary is split on
   // the batch like an activation.
-  std::vector<char> batch_free(g.values().size(), 0);
-  for (const Node& n : g.nodes()) {
-    bool free = n.op != OpKind::input && !in_backward_pass(n);
-    for (ValueId v : n.inputs) free = free && batch_free[static_cast<size_t>(v)];
-    for (ValueId v : n.outputs) batch_free[static_cast<size_t>(v)] = free;
-  }
+  const std::vector<char> batch_free = input_free_values(g);
   auto copy_into = [&](int c, const Node& n, std::vector<ValueId> ins) -> Status {
     ChunkGraph& cg = out[static_cast<size_t>(c)];
     Result<NodeId> id = cg.graph.add_node(n.op, n.attrs, std::move(ins), n.scope, n.layer, false);
