@@ -42,13 +42,6 @@ std::string divisors_of(int64_t n) {
   return join(d, ", ");
 }
 
-// Product of the sizes of `axes`.
-int64_t degree(const Mesh& mesh, const std::vector<std::string>& axes) {
-  int64_t n = 1;
-  for (const std::string& a : axes) n *= mesh.axis_size(a);
-  return n;
-}
-
 }  // namespace
 
 std::vector<std::string> TensorLayout::shard_axes(const Mesh& mesh, int dim) const {
@@ -56,6 +49,13 @@ std::vector<std::string> TensorLayout::shard_axes(const Mesh& mesh, int dim) con
   for (size_t i = 0; i < axes.size() && i < mesh.axes().size(); ++i)
     if (axes[i].is_shard(dim)) out.push_back(mesh.axes()[i].name);
   return out;
+}
+
+int64_t TensorLayout::shard_degree(const Mesh& mesh, int dim) const {
+  int64_t n = 1;
+  for (size_t i = 0; i < axes.size() && i < mesh.axes().size(); ++i)
+    if (axes[i].is_shard(dim)) n *= mesh.axes()[i].size;
+  return n;
 }
 
 std::vector<std::string> TensorLayout::partial_axes(const Mesh& mesh) const {
@@ -66,23 +66,23 @@ std::vector<std::string> TensorLayout::partial_axes(const Mesh& mesh) const {
 }
 
 Status TensorLayout::check(const Mesh& mesh) const {
-  const std::string what = "layout " + to_string(mesh);
+  auto what = [&] { return "layout " + to_string(mesh); };  // for the errors only
   if (axes.size() != mesh.axes().size())
-    return error(what + ": " + std::to_string(axes.size()) + " placements for a mesh of " +
+    return error(what() + ": " + std::to_string(axes.size()) + " placements for a mesh of " +
                      std::to_string(mesh.axes().size()) + " axes " + mesh.to_string(),
                  "give one placement per mesh axis, in mesh order");
   for (size_t i = 0; i < axes.size(); ++i)
     if (axes[i].is_shard() && (axes[i].dim < 0 || axes[i].dim >= global.rank()))
-      return error(what + ": axis '" + mesh.axes()[i].name + "' shards dim " +
+      return error(what() + ": axis '" + mesh.axes()[i].name + "' shards dim " +
                        std::to_string(axes[i].dim) + " of a rank-" + std::to_string(global.rank()) +
                        " tensor",
                    "shard a dim in [0, " + std::to_string(global.rank()) + ")");
   for (int d = 0; d < global.rank(); ++d) {
-    std::vector<std::string> by = shard_axes(mesh, d);
-    int64_t n = degree(mesh, by);
+    const int64_t n = shard_degree(mesh, d);
     if (global.dim(d) % n != 0)
-      return error(what + ": dim " + std::to_string(d) + " (size " + std::to_string(global.dim(d)) +
-                       ") cannot be split " + std::to_string(n) + " ways over " + join(by, " x "),
+      return error(what() + ": dim " + std::to_string(d) + " (size " +
+                       std::to_string(global.dim(d)) + ") cannot be split " + std::to_string(n) +
+                       " ways over " + join(shard_axes(mesh, d), " x "),
                    "use a degree that divides " + std::to_string(global.dim(d)) + ": " +
                        divisors_of(global.dim(d)));
   }
@@ -90,13 +90,13 @@ Status TensorLayout::check(const Mesh& mesh) const {
   for (const std::string& a : flat_axes) {
     int i = mesh.axis_index(a);
     if (i < 0)
-      return error(what + ": flat axis '" + a + "' is not a mesh axis " + mesh.to_string());
+      return error(what() + ": flat axis '" + a + "' is not a mesh axis " + mesh.to_string());
     if (!axes[static_cast<size_t>(i)].is_replicate())
-      return error(what + ": flat axis '" + a + "' is " + axes[static_cast<size_t>(i)].to_string() +
-                       ", not Replicate",
+      return error(what() + ": flat axis '" + a + "' is " +
+                       axes[static_cast<size_t>(i)].to_string() + ", not Replicate",
                    "a flat (ZeRO) block splits the local piece over axes that replicate it");
     if (!seen.empty() && mesh.axis_index(seen.back()) >= i)
-      return error(what + ": flat axes must be distinct and in mesh order");
+      return error(what() + ": flat axes must be distinct and in mesh order");
     seen.push_back(a);
   }
   return Status();
@@ -105,8 +105,7 @@ Status TensorLayout::check(const Mesh& mesh) const {
 Result<Shape> TensorLayout::local_shape(const Mesh& mesh) const {
   if (Status s = check(mesh); !s.ok()) return s;
   std::vector<int64_t> dims = global.dims();
-  for (int d = 0; d < global.rank(); ++d)
-    dims[static_cast<size_t>(d)] /= degree(mesh, shard_axes(mesh, d));
+  for (int d = 0; d < global.rank(); ++d) dims[static_cast<size_t>(d)] /= shard_degree(mesh, d);
   return Shape(std::move(dims));
 }
 

@@ -68,6 +68,7 @@ struct TensorLayout {
 
   // Mesh axes sharding `dim`, in split order (mesh order).
   std::vector<std::string> shard_axes(const Mesh& mesh, int dim) const;
+  int64_t shard_degree(const Mesh& mesh, int dim) const;  // the product of their sizes
   std::vector<std::string> partial_axes(const Mesh& mesh) const;
   // "[8,6] {dp: S(0), tp: P} flat(dp)"
   std::string to_string(const Mesh& mesh) const;

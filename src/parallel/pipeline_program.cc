@@ -99,7 +99,8 @@ std::vector<char> gradient_reduction_nodes(const Graph& g,
 }  // namespace
 
 Result<PipelineProgram> lower_pipeline(const Graph& g, const Plan& plan,
-                                       const std::function<double(const Node&)>& cost) {
+                                       const std::function<double(const Node&)>& cost,
+                                       int only_stage) {
   TS_RETURN_IF_ERROR(validate(plan));
   if (plan.stages() < 2)
     return error("pipeline: the plan has " + std::to_string(plan.stages()) + " stage",
@@ -129,7 +130,12 @@ Result<PipelineProgram> lower_pipeline(const Graph& g, const Plan& plan,
   // The middle chunks have no token inputs; sequence parallelism splits on the model's.
   const TokenShape tokens = token_shape(g);
 
+  const int stages = plan.stages();
   for (size_t k = 0; k < graphs.size(); ++k) {
+    if (only_stage >= 0 && static_cast<int>(k) % stages != only_stage) {
+      out.chunks.emplace_back();  // not lowered
+      continue;
+    }
     const ChunkGraph& cg = graphs[k];
     Plan cp = plan;
     cp.params.clear();  // the placements of this chunk's parameters
@@ -202,7 +208,6 @@ Result<PipelineProgram> lower_pipeline(const Graph& g, const Plan& plan,
   }
 
   // Parameters held by chunks on different stages: their gradients are summed across them.
-  const int stages = plan.stages();
   std::map<std::string, std::vector<int>> stages_of;
   for (size_t k = 0; k < out.chunks.size(); ++k)
     for (const ParamLayout& pl : out.chunks[k].program.part.params) {
@@ -220,6 +225,7 @@ Result<PipelineProgram> lower_pipeline(const Graph& g, const Plan& plan,
   out.stage_arena_bytes.assign(ns, 0);
   out.stage_stash_bytes.assign(ns, 0);
   for (size_t s = 0; s < ns; ++s) {
+    if (only_stage >= 0 && static_cast<int>(s) != only_stage) continue;
     out.in_flight[s] = max_in_flight(out.schedule, static_cast<int>(s));
     out.weight_in_flight[s] = max_weight_in_flight(out.schedule, static_cast<int>(s));
     int64_t arena = 0, stash = 0, wstash = 0;

@@ -75,8 +75,11 @@ struct PipelineProgram {
 // plan.stages() must be > 1. Chunks are cut at plan.stage_layers, or balanced by `cost` (per
 // node; FLOPs when empty). Errors: more chunks than blocks, stage_layers that do not sum to the
 // blocks, and the schedule's own (micro-batches for interleaved).
+// `only_stage` >= 0 lowers that stage's chunks alone (the others stay empty, and only that
+// stage's figures are filled): its memory costs a fraction of the whole pipeline's lowering.
 Result<PipelineProgram> lower_pipeline(const Graph& g, const Plan& plan,
-                                       const std::function<double(const Node&)>& cost = {});
+                                       const std::function<double(const Node&)>& cost = {},
+                                       int only_stage = -1);
 
 // The chunk of a model chunk index: its stage.
 inline int stage_of_chunk(const PipelineProgram& p, int chunk) { return chunk % p.schedule.stages; }

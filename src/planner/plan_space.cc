@@ -287,9 +287,12 @@ struct GraphCache {
   }
 };
 
-// Lowers and times candidate c (its parameters placed by `placements`).
+// Lowers and times candidate c (its parameters placed by `placements`). A pipeline's first stage
+// (the most micro-batches in flight) is lowered alone first, for a fraction of the whole
+// pipeline's cost: a candidate whose first stage does not fit in `capacity` is not simulated.
 void simulate_candidate(const ModelConfig& cfg, const ClusterSpec& cluster, const PlannerOptions& o,
-                        int64_t seq, GraphCache& cache, Placements& placements, PlanCandidate* c) {
+                        int64_t seq, double capacity, GraphCache& cache, Placements& placements,
+                        PlanCandidate* c) {
   const int64_t global_mb = c->micro_batch * c->plan.data_group();
   std::shared_ptr<const ModelGraph> m = cache.get(cfg, global_mb, seq);
   Status placed = placements.place(m->graph, &c->plan);
@@ -299,6 +302,15 @@ void simulate_candidate(const ModelConfig& cfg, const ClusterSpec& cluster, cons
   }
   SimOptions so;
   so.precision = o.precision;
+  if (c->plan.stages() > 1) {
+    Result<double> first = simulate_stage_memory(m->graph, c->plan, cluster, so, 0);
+    if (!first.ok()) {
+      c->error = first.status().message();
+      return;
+    }
+    c->first_stage_bytes = first.value();
+    if (c->beyond_memory(capacity)) return;
+  }
   Result<SimResult> r = simulate_plan(m->graph, c->plan, cluster, so);
   if (!r.ok()) {
     c->error = r.status().message();
@@ -370,6 +382,11 @@ Result<std::unique_ptr<PlanSpace>> PlanSpace::create(const ModelConfig& cfg,
     ++s.pruned_by_memory;
     s.smallest_memory_bound = std::min(s.smallest_memory_bound, c.memory_bound);
   }
+  // A block's parameters (the count is linear in the depth).
+  ModelConfig one = s.cfg, two = s.cfg;
+  one.n_layer = 1;
+  two.n_layer = 2;
+  const double params_per_block = static_cast<double>(count_params(two) - count_params(one));
   MicroBatchCosts costs(s.cfg, s.cluster, o.seq, o.precision, *s.placements);
   costs.prepare(within, o.threads);
   for (PlanCandidate& c : within) {
@@ -378,11 +395,13 @@ Result<std::unique_ptr<PlanSpace>> PlanSpace::create(const ModelConfig& cfg,
       ++s.failed_bounds;
       continue;
     }
-    c.memory_bound =
-        with_activations(c.plan, c.memory_bound, mb->saved_bytes_per_block, s.cfg.n_layer);
-    s.smallest_memory_bound = std::min(s.smallest_memory_bound, c.memory_bound);
+    const double state_per_block = params_per_block / static_cast<double>(c.plan.tensor_group()) *
+                                   state_bytes_per_param(c.plan, o.precision);
+    c.memory_bound = with_activations(c.plan, c.memory_bound, state_per_block,
+                                      mb->saved_bytes_per_block, s.cfg.n_layer);
     if (c.memory_bound > capacity) {
       ++s.pruned_by_memory;
+      s.smallest_memory_bound = std::min(s.smallest_memory_bound, c.memory_bound);
       continue;
     }
     c.time_bound =
@@ -415,8 +434,9 @@ std::vector<const PlanCandidate*> PlanSpace::fastest(int k, const Filter& keep) 
         std::lock_guard<std::mutex> l(mu);
         if (c.time_bound >= kth()) return;  // sorted: no later one can win either
       }
-      if (!c.simulated && c.error.empty())
-        simulate_candidate(s.cfg, s.cluster, s.opt, s.opt.seq, s.graphs, *s.placements, &c);
+      if (!c.simulated && c.error.empty() && !c.beyond_memory(capacity))
+        simulate_candidate(s.cfg, s.cluster, s.opt, s.opt.seq, capacity, s.graphs, *s.placements,
+                           &c);
       if (!c.fits(capacity)) continue;
       std::lock_guard<std::mutex> l(mu);
       const std::pair<double, size_t> e{c.sim.step_seconds, order[j]};

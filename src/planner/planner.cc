@@ -32,30 +32,45 @@ std::string PlanCandidate::describe() const {
   return s;
 }
 
-double plan_memory_bound(const ModelConfig& cfg, const Plan& plan, DType precision) {
-  const double per_rank = static_cast<double>(count_params(cfg)) /
-                          static_cast<double>(plan.tensor_group() * plan.stages());
+double state_bytes_per_param(const Plan& plan, DType precision) {
   const double dp = static_cast<double>(plan.zero_group());
   const double master = 4.0 / (plan.shards_params() ? dp : 1.0);
   const double moments = 8.0 / (plan.shards_optimizer() ? dp : 1.0);
   const double copy = precision == DType::f32 || plan.shards_params()
                           ? 0.0
                           : static_cast<double>(dtype_size(precision));
-  return per_rank * (master + moments + copy);
+  // The f32 gradient the micro-batches accumulate into, held across the step (a pipeline holds
+  // it even for one micro-batch); one micro-batch without a pipeline keeps it in the arena.
+  const double grads =
+      plan.micro_batches > 1 || plan.stages() > 1 ? 4.0 / (plan.shards_grads() ? dp : 1.0) : 0.0;
+  return master + moments + copy + grads;
 }
 
-double with_activations(const Plan& plan, double state_bound, double saved_per_block,
-                        int64_t blocks) {
+double plan_memory_bound(const ModelConfig& cfg, const Plan& plan, DType precision) {
+  const double per_rank = static_cast<double>(count_params(cfg)) /
+                          static_cast<double>(plan.tensor_group() * plan.stages());
+  return per_rank * state_bytes_per_param(plan, precision);
+}
+
+double with_activations(const Plan& plan, double state_bound, double state_per_block,
+                        double saved_per_block, int64_t blocks) {
   const double all = saved_per_block * static_cast<double>(blocks);
   if (plan.stages() == 1) return state_bound + all;  // one micro-batch's, besides the state
-  // Stage s keeps at least f(s) = min(pp - s, m) micro-batches (1F1B's count; interleaved and
-  // zb-h1 keep more) of its b(s) blocks in stash slots, besides the phase arena that produced
-  // them: (f(s) + 1) b(s) blocks' worth. With M the largest, b(s) <= M / (f(s) + 1), so the
-  // blocks L <= M * sum 1 / (f(s) + 1): M >= L / sum(1 / (f(s) + 1)).
+  // Stage s holds b(s) blocks in V chunks: their state, and f(s) micro-batches of activations
+  // (the schedule's count, per chunk) in stash slots besides the phase arena that produced
+  // them — at least c(s) = state_per_block + (f(s) + 1) / V * saved_per_block per block. With M
+  // the fullest stage, b(s) <= M / c(s), so the blocks L <= M * sum 1 / c(s):
+  // M >= L / sum(1 / c(s)). (The embedding and head only add to their stages.)
+  Result<PipelineSchedule> sched =
+      make_schedule(plan.schedule, plan.stages(), plan.micro_batches, plan.virtual_stages);
+  const double v = static_cast<double>(plan.virtual_stages);
   double inverse = 0;
-  for (int st = 0; st < plan.stages(); ++st)
-    inverse += 1.0 / (std::min(plan.stages() - st, plan.micro_batches) + 1);
-  return std::max(state_bound, all / inverse);
+  for (int st = 0; st < plan.stages(); ++st) {
+    const int f = sched.ok() ? max_in_flight(sched.value(), st)
+                             : std::min(plan.stages() - st, plan.micro_batches);
+    inverse += 1.0 / (state_per_block + (f + 1) / v * saved_per_block);
+  }
+  return std::max(state_bound, static_cast<double>(blocks) / inverse);
 }
 
 double optimizer_time_bound(const ModelConfig& cfg, const ClusterSpec& cluster, const Plan& plan) {
@@ -100,10 +115,16 @@ Result<PlanSearch> search_plans(PlanSpace& space) {
   double smallest_peak = 1e300;
   const PlanCandidate* smallest = nullptr;
   const PlanCandidate* failed = nullptr;  // the first candidate the simulator refused
+  double smallest_first_stage = 1e300;    // of the candidates pruned after creation
   for (const PlanCandidate& c : space.candidates()) {
     if (!c.error.empty()) {
       ++out.failed;
       if (failed == nullptr) failed = &c;
+    }
+    if (!c.simulated && c.error.empty() && c.beyond_memory(capacity)) {
+      ++out.pruned_by_memory;
+      smallest_first_stage =
+          std::min(smallest_first_stage, std::max(c.memory_bound, c.first_stage_bytes));
     }
     if (!c.simulated) continue;
     ++out.simulated;
@@ -132,7 +153,7 @@ Result<PlanSearch> search_plans(PlanSpace& space) {
       return error("no plan of " + cfg.name + " could be timed on " + dev + ": " +
                        failed->describe() + ": " + failed->error,
                    "fix the cluster spec, or run on fewer devices");
-    const double bound = space.smallest_memory_bound();
+    const double bound = std::min(space.smallest_memory_bound(), smallest_first_stage);
     return error("no plan of " + cfg.name + " fits on " + dev +
                      ": its parameters, optimizer state and the activations of one micro-batch "
                      "of one sequence need at least " +

@@ -11,12 +11,17 @@
 //   s.best[0].plan;  s.best[0].sim.step_seconds;   // fastest first
 //
 // Pruning. Per candidate, before lowering anything:
-//   memory bound  the parameters, their bf16 copy and the AdamW moments this rank must hold at
-//                 least (N / (tp x pp) parameters, ZeRO dividing what it shards by dp); then,
-//                 with the activations: what each block keeps from its forward pass for its
-//                 backward (the tp rank's graph under the candidate's recomputation) times the
-//                 blocks and the micro-batches in flight (one without a pipeline; 1F1B's count
-//                 on the fullest stage with one). A candidate above the device is dropped;
+//   memory bound  the state this rank must hold at least: N / (tp x pp) parameters with their
+//                 f32 master, bf16 copy, AdamW moments and (over several micro-batches, or
+//                 with a pipeline) f32 gradient accumulator, ZeRO dividing what it shards by
+//                 dp; then, with the activations: what each block keeps from its forward pass
+//                 for its backward (the tp rank's graph under the candidate's recomputation)
+//                 times the blocks and the micro-batches in flight (one without a pipeline;
+//                 with one, the schedule's own count per stage, the blocks spread over the
+//                 stages as evenly in bytes as possible). A candidate above the device is
+//                 dropped. A pipeline candidate's first stage (the most in flight) is then
+//                 lowered alone before the whole plan is simulated, and its exact peak drops
+//                 the candidate when that stage alone does not fit;
 //   time bound    a tensor-parallel rank's compute for one micro-batch (the ops of the graph it
 //                 executes under the candidate's placements, sequence parallelism and
 //                 recomputation, collectives left out, timed by the cost model on a model of
@@ -58,9 +63,15 @@ struct PlanCandidate {
   int64_t micro_batch = 1;  // sequences per data-parallel rank per micro-batch
   double memory_bound = 0;  // bytes per device, the analytic lower bound
   double time_bound = 0;    // seconds per step, the analytic lower bound
+  // A pipeline's first stage (the most micro-batches in flight) lowered alone before the whole
+  // plan is: its exact peak bytes per device, another lower bound (0 until checked).
+  double first_stage_bytes = 0;
   bool simulated = false;
   SimResult sim;      // when simulated
   std::string error;  // lowering or simulation failed (then not simulated)
+  bool beyond_memory(double device_bytes) const {  // by a bound, simulated or not
+    return memory_bound > device_bytes || first_stage_bytes > device_bytes;
+  }
   bool fits(double device_bytes) const {
     return simulated && sim.peak_memory_bytes <= device_bytes;
   }
@@ -71,7 +82,7 @@ struct PlanCandidate {
 struct PlanSearch {
   std::vector<PlanCandidate> best;  // fitting, fastest first, at most top_k
   int enumerated = 0;               // plans in the search space
-  int pruned_by_memory = 0;         // dropped by the memory bound
+  int pruned_by_memory = 0;         // dropped by a memory bound (or the first stage's peak)
   int simulated = 0;                // lowered and timed
   int failed = 0;                   // could not be lowered (reason in the candidate)
   double seconds = 0;               // the search's wall time (the space's creation included)
@@ -122,11 +133,16 @@ Result<PlanSearch> search_plans(PlanSpace& space);
 
 // The bounds of one candidate. `micro_batch_seconds`: a tensor-parallel rank's compute time for
 // one micro-batch of the whole model (see above).
+// Bytes a rank holds per parameter of its share: f32 master (ZeRO-3 shards it), AdamW's two
+// moments (ZeRO-1 and up shard them), the low-precision copy, the f32 gradient accumulated over
+// micro-batches (ZeRO-2 and up shard it).
+double state_bytes_per_param(const Plan& plan, DType precision);
 double plan_memory_bound(const ModelConfig& cfg, const Plan& plan, DType precision);
 // The state's bound with the activations: a rank keeps `saved_per_block` bytes of each of its
-// blocks per micro-batch in flight (see planner.cc for the pipeline's count).
-double with_activations(const Plan& plan, double state_bound, double saved_per_block,
-                        int64_t blocks);
+// blocks per micro-batch in flight (the schedule's count), besides `state_per_block` bytes of
+// each block's state (see planner.cc for the pipeline's arithmetic).
+double with_activations(const Plan& plan, double state_bound, double state_per_block,
+                        double saved_per_block, int64_t blocks);
 double optimizer_time_bound(const ModelConfig& cfg, const ClusterSpec& cluster, const Plan& plan);
 double plan_time_bound(const Plan& plan, double micro_batch_seconds, double optimizer_seconds);
 

@@ -1,6 +1,8 @@
 // The pipeline half of the simulator (simulator.h): each chunk's Program timed for one
 // micro-batch, the schedule replayed on those times, then each stage's once-per-step tail.
 #include <algorithm>
+#include <functional>
+#include <utility>
 
 #include "cost/op_cost.h"
 #include "parallel/pipeline_program.h"
@@ -26,6 +28,31 @@ double p2p_seconds(const Plan& plan, const ClusterSpec& c, double bytes) {
   return c.network.latency + bytes / share;
 }
 
+// Stage s's bytes per device: its chunks' persistent state (with a low-precision copy of the
+// replicated parameters) and its arena (phase arenas and stash slots, at the run's precision).
+std::pair<double, double> stage_memory(const PipelineProgram& pp, int s, double scale) {
+  const int stages = pp.schedule.stages, chunks = pp.schedule.chunks();
+  double persistent = static_cast<double>(pp.stage_persistent_bytes[static_cast<size_t>(s)]);
+  if (scale < 1) {
+    for (int k = s; k < chunks; k += stages)
+      persistent +=
+          static_cast<double>(pp.chunks[static_cast<size_t>(k)].program.param_bytes) * scale;
+  }
+  const double arena = static_cast<double>(pp.stage_arena_bytes[static_cast<size_t>(s)]) * scale;
+  return {persistent, arena};
+}
+
+double precision_scale(const SimOptions& opt) {
+  return static_cast<double>(dtype_size(opt.precision)) / 4.0;
+}
+
+std::function<double(const Node&)> op_seconds(const Graph& g, const ClusterSpec& cluster,
+                                              const SimOptions& opt) {
+  return [&g, &cluster, &opt](const Node& n) {
+    return op_time(g, n, cluster.device, cluster.op_efficiency, opt.precision).seconds;
+  };
+}
+
 }  // namespace
 
 Result<SimResult> simulate(const PipelineProgram& pp, const ClusterSpec& cluster,
@@ -33,7 +60,7 @@ Result<SimResult> simulate(const PipelineProgram& pp, const ClusterSpec& cluster
   TS_RETURN_IF_ERROR(check_sim_inputs(pp.plan, cluster, opt));
   const PipelineSchedule& sched = pp.schedule;
   const int stages = sched.stages, chunks = sched.chunks(), m = sched.micro_batches;
-  const double scale = static_cast<double>(dtype_size(opt.precision)) / 4.0;
+  const double scale = precision_scale(opt);
   std::vector<ChunkSim> cs;
   ChunkTimes t;
   double send = 0;
@@ -114,13 +141,7 @@ Result<SimResult> simulate(const PipelineProgram& pp, const ClusterSpec& cluster
   }
   // Memory: the fullest stage (the one with the most micro-batches in flight, usually 0).
   for (int s = 0; s < stages; ++s) {
-    double persistent = static_cast<double>(pp.stage_persistent_bytes[static_cast<size_t>(s)]);
-    if (scale < 1) {  // a low-precision copy of the (replicated) parameters
-      for (int k = s; k < chunks; k += stages)
-        persistent +=
-            static_cast<double>(pp.chunks[static_cast<size_t>(k)].program.param_bytes) * scale;
-    }
-    const double arena = static_cast<double>(pp.stage_arena_bytes[static_cast<size_t>(s)]) * scale;
+    const auto [persistent, arena] = stage_memory(pp, s, scale);
     r.stage_peak_bytes.push_back(persistent + arena);
     if (persistent + arena > r.peak_memory_bytes) {
       r.peak_memory_bytes = persistent + arena;
@@ -155,11 +176,20 @@ Result<SimResult> simulate_plan(const Graph& g, const Plan& plan, const ClusterS
     TS_ASSIGN_OR_RETURN(Program prog, lower(g, plan));
     return simulate(prog, cluster, opt);
   }
-  auto seconds = [&](const Node& n) {
-    return op_time(g, n, cluster.device, cluster.op_efficiency, opt.precision).seconds;
-  };
-  TS_ASSIGN_OR_RETURN(PipelineProgram pp, lower_pipeline(g, plan, seconds));
+  TS_ASSIGN_OR_RETURN(PipelineProgram pp, lower_pipeline(g, plan, op_seconds(g, cluster, opt)));
   return simulate(pp, cluster, opt);
+}
+
+Result<double> simulate_stage_memory(const Graph& g, const Plan& plan, const ClusterSpec& cluster,
+                                     const SimOptions& opt, int stage) {
+  if (plan.stages() == 1) return error("simulate_stage_memory: the plan has no pipeline stages");
+  if (stage < 0 || stage >= plan.stages())
+    return error("simulate_stage_memory: no stage " + std::to_string(stage) + " of " +
+                 std::to_string(plan.stages()));
+  TS_ASSIGN_OR_RETURN(PipelineProgram pp,
+                      lower_pipeline(g, plan, op_seconds(g, cluster, opt), stage));
+  const auto [persistent, arena] = stage_memory(pp, stage, precision_scale(opt));
+  return persistent + arena;
 }
 
 }  // namespace tessera

@@ -96,6 +96,10 @@ Result<SimResult> simulate(const PipelineProgram& prog, const ClusterSpec& clust
 // by this cluster's op times when the plan has pipeline stages) and simulates it.
 Result<SimResult> simulate_plan(const Graph& g, const Plan& plan, const ClusterSpec& cluster,
                                 const SimOptions& opt);
+// A pipeline plan's peak bytes per device on one stage (SimResult::stage_peak_bytes[stage]),
+// from lowering that stage's chunks alone: the planner's cheap memory check.
+Result<double> simulate_stage_memory(const Graph& g, const Plan& plan, const ClusterSpec& cluster,
+                                     const SimOptions& opt, int stage);
 
 // Chrome trace event format (JSON), one step, one process with a thread per stream (compute,
 // then one per rank group's comm stream).

@@ -62,6 +62,10 @@ TEST(Planner, BoundsHoldOnLlamaWithPipelines) {
     pipelines += p.plan.stages() > 1;
     EXPECT_LE(p.time_bound, p.sim.step_seconds) << p.describe();
     EXPECT_LE(p.memory_bound, p.sim.peak_memory_bytes) << p.describe();
+    if (p.plan.stages() > 1) {  // the first stage lowered alone: that stage's exact figure
+      ASSERT_FALSE(p.sim.stage_peak_bytes.empty());
+      EXPECT_DOUBLE_EQ(p.first_stage_bytes, p.sim.stage_peak_bytes[0]) << p.describe();
+    }
   }
   EXPECT_GT(pipelines, 20);
   EXPECT_GT(s->pruned_by_memory, 0);
