@@ -170,6 +170,7 @@ Status run_plan_auto(const PlanAutoOptions& o) {
                         {"pruned_by_memory", s.pruned_by_memory},
                         {"simulated", s.simulated},
                         {"search_s", s.seconds},
+                        {"bound_s", space->create_seconds()},
                         {"candidates", cands}};
     if (why) j["explain"] = explanation_json(*why);
     std::printf("%s\n", j.dump(2).c_str());
@@ -177,9 +178,10 @@ Status run_plan_auto(const PlanAutoOptions& o) {
   }
   std::printf(
       "searched %d plans of %s for %d x %s, %lld sequences x %lld tokens per step: %d beyond "
-      "memory by the bound, %d simulated, in %.1f s\n",
+      "memory by a bound, %d simulated, in %.1f s (%.1f s bounding, %.1f s simulating)\n",
       s.enumerated, cfg.name.c_str(), o.gpus, cluster.device.name.c_str(), (long long)batch,
-      (long long)seq, s.pruned_by_memory, s.simulated, s.seconds);
+      (long long)seq, s.pruned_by_memory, s.simulated, s.seconds, space->create_seconds(),
+      s.seconds - space->create_seconds());
   std::printf("%-3s %-46s %9s %10s %6s %10s %9s %7s\n", "#", "plan", "step s", "tokens/s", "MFU",
               "memory", "comm s", "bubble");
   for (size_t i = 0; i < s.best.size(); ++i) {

@@ -10,6 +10,7 @@
 #include "cli/common.h"
 #include "cost/cluster_spec.h"
 #include "io/toml_config.h"
+#include "planner/quality.h"
 #include "sim/validation.h"
 
 namespace tessera {
@@ -19,7 +20,7 @@ namespace {
 struct ValidateOptions {
   std::string csv = TESSERA_VALIDATION_CSV;
   std::string source, cluster_dir;
-  bool rows = false;
+  bool rows = false, planner = false;
   int threads = 0;
 };
 
@@ -45,6 +46,11 @@ Status run_validate(const ValidateOptions& o) {
                  "the directory needs <preset>.toml for the rows' clusters, among " +
                      join_strings(cluster_presets()));
   }
+  if (o.planner) {  // the search's quality rather than the simulator's accuracy
+    PlannerQuality q = planner_quality(rep, threads);
+    std::fputs(format_planner_quality(q, o.rows).c_str(), stdout);
+    return Status();
+  }
   std::fputs(format_report(rep, o.rows).c_str(), stdout);
   double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   std::printf("\n%zu rows simulated, %zu not modelled, in %.1f s\n", rep.results.size(),
@@ -65,6 +71,10 @@ void add_validate_command(CLI::App& app) {
                   "presets: " +
                       join_strings(cluster_presets()) + ")");
   cmd->add_flag("--rows", o->rows, "Print every simulated row, not just the statistics");
+  cmd->add_flag("--planner", o->planner,
+                "Instead, search each simulated row's model, cluster, devices and batch with "
+                "`plan --auto` and compare its best plan's predicted tokens/s with the published "
+                "plan's (rows where they differ; --rows: every row)");
   cmd->add_option("--threads", o->threads, "Rows simulated in parallel (default: all cores)");
   cmd->callback([o] { exit_on_error(run_validate(*o)); });
 }

@@ -223,12 +223,12 @@ Result<BlockLayout> search_block_layout(const Graph& g, const Plan& plan, const 
         best_b = cand;
       }
     }
-    // Matrices: every combination of R, S(0), S(1) when there are at most 3^7 (LLaMA's
-    // block); more (T5's decoder block: 10) are searched a module at a time ("...cross" of
-    // "...cross.q.weight"), every combination of its matrices with the others fixed, twice
-    // over the modules.
+    // Matrices: every combination of R, S(0), S(1) when there are at most 3^4 (GPT's block);
+    // more (LLaMA's 7, T5's decoder block's 10) are searched a module at a time ("...cross"
+    // of "...cross.q.weight"), every combination of its matrices with the others fixed,
+    // twice over the modules.
     std::vector<std::vector<size_t>> groups;
-    if (matrices.size() <= 7) {
+    if (matrices.size() <= 4) {
       groups.push_back(matrices);
     } else {
       std::vector<std::string> keys;
@@ -259,7 +259,10 @@ Result<BlockLayout> search_block_layout(const Graph& g, const Plan& plan, const 
           BlockLayout cand = base;
           for (size_t q = 0; q < group.size(); ++q)
             cand.placements[group[q]][tp] = choices[pick[q]];
-          Score s = score(&cand, true, matrices, vectors);
+          // Module by module, a pick of all Replicate may still hold earlier modules' splits.
+          bool sharded = false;
+          for (size_t q : matrices) sharded = sharded || !cand.placements[q][tp].is_replicate();
+          Score s = score(&cand, sharded, matrices, vectors);
           if (s.better_than(best)) {
             best = s;
             best_b = cand;

@@ -65,8 +65,7 @@ std::vector<PlanCandidate> enumerate(const ModelConfig& cfg, const ClusterSpec& 
         }
         for (const Sched& s : scheds)
           for (int zero : pp > 1 ? std::vector<int>{1} : std::vector<int>{1, 3})
-            for (bool sp :
-                 tp > 1 && pp == 1 ? std::vector<bool>{false, true} : std::vector<bool>{false})
+            for (bool sp : tp > 1 ? std::vector<bool>{false, true} : std::vector<bool>{false})
               for (RecomputePolicy rc :
                    {RecomputePolicy::none, RecomputePolicy::selective, RecomputePolicy::full}) {
                 PlanCandidate c;
@@ -90,7 +89,7 @@ std::vector<PlanCandidate> enumerate(const ModelConfig& cfg, const ClusterSpec& 
 }
 
 // The placement search of one block (the slowest part of creating a space: a LLaMA block
-// tries 3^7 layouts), kept for the process: the spaces of --explain's what-ifs and of the
+// tries 648 layouts), kept for the process: the spaces of --explain's what-ifs and of the
 // tests share it. Searches of different keys run at once; each key runs once.
 Result<std::shared_ptr<const BlockLayout>> block_layout(const ModelConfig& cfg, int64_t seq, int tp,
                                                         bool sp, const SearchCost& cost) {

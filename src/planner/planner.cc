@@ -34,11 +34,13 @@ std::string PlanCandidate::describe() const {
 
 double state_bytes_per_param(const Plan& plan, DType precision) {
   const double dp = static_cast<double>(plan.zero_group());
-  const double master = 4.0 / (plan.shards_params() ? dp : 1.0);
+  // In f32 the parameters are the master copy; under mixed precision the f32 master is
+  // optimizer state (sim's persistent_bytes_at) and the parameters are in the low precision.
+  const bool mixed = precision != DType::f32;
+  const double master = 4.0 / ((mixed ? plan.shards_optimizer() : plan.shards_params()) ? dp : 1.0);
   const double moments = 8.0 / (plan.shards_optimizer() ? dp : 1.0);
-  const double copy = precision == DType::f32 || plan.shards_params()
-                          ? 0.0
-                          : static_cast<double>(dtype_size(precision));
+  const double copy =
+      mixed ? static_cast<double>(dtype_size(precision)) / (plan.shards_params() ? dp : 1.0) : 0.0;
   // The f32 gradient the micro-batches accumulate into, held across the step (a pipeline holds
   // it even for one micro-batch); one micro-batch without a pipeline keeps it in the arena.
   const double grads =

@@ -133,9 +133,10 @@ Result<PlanSearch> search_plans(PlanSpace& space);
 
 // The bounds of one candidate. `micro_batch_seconds`: a tensor-parallel rank's compute time for
 // one micro-batch of the whole model (see above).
-// Bytes a rank holds per parameter of its share: f32 master (ZeRO-3 shards it), AdamW's two
-// moments (ZeRO-1 and up shard them), the low-precision copy, the f32 gradient accumulated over
-// micro-batches (ZeRO-2 and up shard it).
+// Bytes a rank holds per parameter of its share: the f32 master (in f32 the parameter itself,
+// which ZeRO-3 shards; under mixed precision optimizer state, which ZeRO-1 and up shard), AdamW's
+// two moments (ZeRO-1 and up), the low-precision parameter (ZeRO-3), the f32 gradient
+// accumulated over micro-batches (ZeRO-2 and up).
 double state_bytes_per_param(const Plan& plan, DType precision);
 double plan_memory_bound(const ModelConfig& cfg, const Plan& plan, DType precision);
 // The state's bound with the activations: a rank keeps `saved_per_block` bytes of each of its

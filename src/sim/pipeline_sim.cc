@@ -28,15 +28,15 @@ double p2p_seconds(const Plan& plan, const ClusterSpec& c, double bytes) {
   return c.network.latency + bytes / share;
 }
 
-// Stage s's bytes per device: its chunks' persistent state (with a low-precision copy of the
-// replicated parameters) and its arena (phase arenas and stash slots, at the run's precision).
+// Stage s's bytes per device: its chunks' persistent state (their Programs' at the run's
+// precision, persistent_bytes_at, and the pipeline's gradient buffers) and its arena (phase
+// arenas and stash slots, at the run's precision).
 std::pair<double, double> stage_memory(const PipelineProgram& pp, int s, double scale) {
   const int stages = pp.schedule.stages, chunks = pp.schedule.chunks();
   double persistent = static_cast<double>(pp.stage_persistent_bytes[static_cast<size_t>(s)]);
-  if (scale < 1) {
-    for (int k = s; k < chunks; k += stages)
-      persistent +=
-          static_cast<double>(pp.chunks[static_cast<size_t>(k)].program.param_bytes) * scale;
+  for (int k = s; k < chunks; k += stages) {
+    const Program& p = pp.chunks[static_cast<size_t>(k)].program;
+    persistent += persistent_bytes_at(p, scale) - static_cast<double>(p.persistent_bytes());
   }
   const double arena = static_cast<double>(pp.stage_arena_bytes[static_cast<size_t>(s)]) * scale;
   return {persistent, arena};

@@ -27,6 +27,12 @@ struct ChunkSim {
 GroupLayout group_layout(const Mesh& mesh, const std::vector<std::string>& axes,
                          int devices_per_node);
 
+// One Program's persistent bytes per rank at the run's precision (`scale`: its element size over
+// f32's): as planned in f32; under mixed precision the parameters in the low precision plus an
+// f32 master copy sharded like the optimizer state (ZeRO-1 and up shard it, as DeepSpeed's
+// ZeRO and Megatron's distributed optimizer do), the f32 gradients and AdamW moments as planned.
+double persistent_bytes_at(const Program& prog, double scale);
+
 Status check_sim_inputs(const Plan& plan, const ClusterSpec& cluster, const SimOptions& opt);
 ChunkSim simulate_chunk(const Program& prog, const std::vector<char>& weight_grad,
                         const ClusterSpec& cluster, const SimOptions& opt);

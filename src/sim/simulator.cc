@@ -320,6 +320,13 @@ GroupLayout group_layout(const Mesh& mesh, const std::vector<std::string>& axes,
   return g;
 }
 
+double persistent_bytes_at(const Program& prog, double scale) {
+  if (scale >= 1) return static_cast<double>(prog.persistent_bytes());
+  const double master = static_cast<double>(prog.optim_bytes) / 2.0;  // 4 of AdamW's 8 bytes
+  return static_cast<double>(prog.param_bytes) * scale + master +
+         static_cast<double>(prog.grad_bytes + prog.optim_bytes);
+}
+
 Status check_sim_inputs(const Plan& plan, const ClusterSpec& cluster, const SimOptions& opt) {
   if (opt.precision == DType::i32) return error("simulate: precision must be f32, bf16 or f16");
   if (cluster.device.peak_flops(opt.precision) <= 0 || cluster.device.memory_bandwidth <= 0)
@@ -385,12 +392,9 @@ Result<SimResult> simulate(const Program& prog, const ClusterSpec& cluster, cons
     r.mfu = r.model_tflops_per_device * 1e12 / peak;
     r.hfu = r.hardware_tflops_per_device * 1e12 / peak;
   }
-  // Memory: fp32 master parameters, gradients and AdamW state as planned; under mixed
-  // precision the activation arena holds bf16 and replicated parameters keep a bf16 copy.
+  // Memory: the state (persistent_bytes_at), and the activation arena at the run's precision.
   double scale = static_cast<double>(dtype_size(opt.precision)) / 4.0;
-  r.persistent_bytes = static_cast<double>(prog.persistent_bytes());
-  if (scale < 1 && !prog.plan.shards_params())
-    r.persistent_bytes += static_cast<double>(prog.param_bytes) * scale;
+  r.persistent_bytes = persistent_bytes_at(prog, scale);
   r.arena_bytes = static_cast<double>(prog.memory.arena_bytes) * scale;
   r.peak_memory_bytes = r.persistent_bytes + r.arena_bytes;
   return r;

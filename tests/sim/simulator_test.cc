@@ -136,9 +136,27 @@ TEST(Simulator, MixedPrecisionHalvesActivationsAndSpeedsUpGemms) {
   SimResult a = *simulate(p, c, f32), b = *simulate(p, c, bf);
   EXPECT_LT(b.step_seconds, 0.75 * a.step_seconds);
   EXPECT_DOUBLE_EQ(b.arena_bytes, a.arena_bytes / 2);
-  EXPECT_DOUBLE_EQ(b.persistent_bytes, a.persistent_bytes);  // fp32 master + AdamW state
+  // ZeRO-3: the f32 master and AdamW state as in f32, plus the bf16 parameter shard.
+  EXPECT_DOUBLE_EQ(b.persistent_bytes, a.persistent_bytes + static_cast<double>(p.param_bytes) / 2);
   EXPECT_DOUBLE_EQ(a.peak_memory_bytes,
                    static_cast<double>(p.persistent_bytes() + p.memory.arena_bytes));
+}
+
+// Under mixed precision the f32 master copy is optimizer state: ZeRO-1 shards it with the
+// moments (DeepSpeed's ZeRO, Megatron's distributed optimizer), and every rank keeps the
+// parameters in bf16.
+TEST(Simulator, MixedPrecisionZero1ShardsTheMasterCopy) {
+  ClusterSpec c = round_cluster();
+  Program p = lowered("gpt2-small", 8, 512, Plan::data_parallel(8, 1));
+  SimOptions f32, bf;
+  bf.precision = DType::bf16;
+  SimResult a = *simulate(p, c, f32), b = *simulate(p, c, bf);
+  const double params = static_cast<double>(p.param_bytes);  // f32, replicated
+  EXPECT_DOUBLE_EQ(a.persistent_bytes, static_cast<double>(p.persistent_bytes()));
+  EXPECT_DOUBLE_EQ(b.persistent_bytes, params / 2 + static_cast<double>(p.optim_bytes) / 2 +
+                                           static_cast<double>(p.grad_bytes + p.optim_bytes));
+  EXPECT_NEAR(static_cast<double>(p.optim_bytes) / 2, params / 8, 0.01 * params / 8);
+  EXPECT_LT(b.persistent_bytes, a.persistent_bytes - 0.35 * params);  // 5 -> 3.5 bytes each
 }
 
 TEST(Simulator, RecomputationCountsAsHardwareNotModelFlops) {
