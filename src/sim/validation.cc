@@ -404,6 +404,18 @@ ValidationReport validate_runs(const std::vector<PublishedRun>& runs, int thread
           rr.predicted = megatron_flops_with_recompute(t) / sim.step_seconds / sim.devices / 1e12;
         }
         rr.error = rr.predicted / s.published - 1;
+        // The MFU the published figure implies (the model FLOPs of a step over the published
+        // step time at the device's peak): above 100% the row contradicts itself.
+        if (s.scale_from_gpus == 0 && rr.predicted > 0) {
+          const double ratio =
+              s.metric == "s/iteration" ? rr.predicted / s.published : s.published / rr.predicted;
+          const double implied = sim.mfu * ratio;
+          if (implied > 1.0)
+            return error("the published " + s.metric + " implies " +
+                         std::to_string(static_cast<int>(std::lround(100 * implied))) +
+                         "% MFU (the step's model FLOPs at the device's peak in less time): "
+                         "the row is inconsistent");
+        }
         rr.setup = std::move(s);
         return rr;
       }();
