@@ -50,10 +50,12 @@ Status print_pipeline(const Graph& g, Plan plan, int64_t batch, const std::strin
                 std::to_string(c.first_block + c.blocks - 1);
     }
     std::printf(
-        "stage %-9d blocks %s; arena %s (%d micro-batches in flight) + persistent %s\n", s,
-        blocks.c_str(),
+        "stage %-9d blocks %s; arena %s (%d micro-batches in flight) + send buffers %s + "
+        "persistent %s\n",
+        s, blocks.c_str(),
         format_bytes(static_cast<double>(pp.stage_arena_bytes[static_cast<size_t>(s)])).c_str(),
         pp.in_flight[static_cast<size_t>(s)],
+        format_bytes(static_cast<double>(pp.stage_p2p_bytes[static_cast<size_t>(s)])).c_str(),
         format_bytes(static_cast<double>(pp.stage_persistent_bytes[static_cast<size_t>(s)]))
             .c_str());
   }

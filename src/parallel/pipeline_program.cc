@@ -161,6 +161,7 @@ Result<PipelineProgram> lower_pipeline(const Graph& g, const Plan& plan,
     c.send = to_local(cg.send);
     c.send_grads = to_local(cg.send_grads);
     for (ValueId v : c.send) c.send_bytes += local.type(v).bytes();
+    for (ValueId v : c.recv_grads) c.send_grad_bytes += local.type(v).bytes();
     c.weight_grad = weight_grad_nodes(local, c.recv_grads);
     // The phases: zb-h1 runs the weight-gradient nodes apart.
     const bool split_w = plan.schedule == ScheduleKind::zb_h1;
@@ -224,9 +225,24 @@ Result<PipelineProgram> lower_pipeline(const Graph& g, const Plan& plan,
   out.stage_persistent_bytes.assign(ns, 0);
   out.stage_arena_bytes.assign(ns, 0);
   out.stage_stash_bytes.assign(ns, 0);
+  out.activation_sends.assign(ns, {});
+  out.gradient_sends.assign(ns, {});
+  out.stage_p2p_bytes.assign(ns, 0);
   for (size_t s = 0; s < ns; ++s) {
     if (only_stage >= 0 && static_cast<int>(s) != only_stage) continue;
     out.in_flight[s] = max_in_flight(out.schedule, static_cast<int>(s));
+    // Send pools (see SendPool): this stage's in-flight count for activations, the previous
+    // stage's (the chunk before this stage's first, cyclically) for gradients.
+    int64_t act = 0, grad = 0;
+    for (size_t k = s; k < out.chunks.size(); k += ns) {
+      act = std::max(act, out.chunks[k].send_bytes);
+      grad = std::max(grad, out.chunks[k].send_grad_bytes);
+    }
+    const int prev = max_in_flight(out.schedule, static_cast<int>((s + ns - 1) % ns));
+    if (act > 0) out.activation_sends[s] = {out.in_flight[s], act};
+    if (grad > 0) out.gradient_sends[s] = {prev, grad};
+    for (const PipelineProgram::SendPool& pool : {out.activation_sends[s], out.gradient_sends[s]})
+      out.stage_p2p_bytes[s] += pool.slots * pool.slot_bytes;
     out.weight_in_flight[s] = max_weight_in_flight(out.schedule, static_cast<int>(s));
     int64_t arena = 0, stash = 0, wstash = 0;
     for (size_t k = s; k < out.chunks.size(); k += ns) {

@@ -43,7 +43,8 @@ struct ChunkProgram {
   // Per micro-batch in flight: the forward values (and inputs) later phases read, and under
   // zb-h1 the backward_input values backward_weight reads.
   int64_t stash_bytes = 0, weight_stash_bytes = 0;
-  int64_t send_bytes = 0;  // per micro-batch: local activations sent to the next chunk
+  int64_t send_bytes = 0;       // per micro-batch: local activations sent to the next chunk
+  int64_t send_grad_bytes = 0;  // per micro-batch: their gradients sent back to the previous
   // Per local node: a backward node that only feeds parameter gradients (zb-h1's W part); the
   // other backward nodes compute the gradients that flow to earlier blocks (its B part).
   std::vector<char> weight_grad;
@@ -70,6 +71,18 @@ struct PipelineProgram {
                                                 // AdamW state
   std::vector<int64_t> stage_arena_bytes;       // per stage, see the header comment
   std::vector<int64_t> stage_stash_bytes;       // per stage: its stash slots (in the arena bytes)
+  // Send buffers, per stage, allocated once: a send holds its slot until it completes. A chunk's
+  // activations for micro-batch j are received before the next chunk's forward of j, which
+  // precedes that chunk's backward of j and so this chunk's: sends in flight are among this
+  // stage's micro-batches in flight (in_flight slots). Gradients sent back for j are received
+  // before the previous chunk's backward of j, whose forward has run: among the previous
+  // stage's in flight (its in_flight slots). Each slot holds the stage's largest message.
+  struct SendPool {
+    int slots = 0;
+    int64_t slot_bytes = 0;
+  };
+  std::vector<SendPool> activation_sends, gradient_sends;  // per stage
+  std::vector<int64_t> stage_p2p_bytes;                    // per stage: both pools' bytes
 };
 
 // plan.stages() must be > 1. Chunks are cut at plan.stage_layers, or balanced by `cost` (per

@@ -115,6 +115,13 @@ Result<std::unique_ptr<PipelineRunner>> PipelineRunner::create(const Graph& mode
     r->wslots_.emplace_back(static_cast<size_t>(wstash));
     r->free_wslots_.push_back(i);
   }
+  const PipelineProgram::SendPool pools[2] = {program.activation_sends[st],
+                                              program.gradient_sends[st]};
+  for (int p = 0; p < 2; ++p)
+    for (int i = 0; i < pools[p].slots; ++i) {
+      r->send_pools_[p].buffers.emplace_back(static_cast<size_t>(pools[p].slot_bytes / 4));
+      r->send_pools_[p].free.push_back(i);
+    }
 
   // Parameters held by several model chunks: summed between their stages before the step.
   for (int v = 0; v < r->local_chunks(); ++v) {
@@ -198,10 +205,25 @@ Status PipelineRunner::send(const PipeAction& a, Executor& ex, const std::vector
   const int k = model_chunk(a.chunk), stages = pp_.schedule.stages;
   const int to = fwd ? k + 1 : k - 1;
   TS_RETURN_IF_ERROR(reap_sends(false));
-  auto m = std::make_unique<Message>();
+  SendPool& pool = send_pools_[fwd ? 0 : 1];
+  // The plan's slot count bounds the sends in flight (PipelineProgram::SendPool); a send whose
+  // completion the transport has not reported yet may still hold one: wait for the oldest.
+  while (pool.free.empty()) {
+    auto oldest = std::find_if(sends_.begin(), sends_.end(),
+                               [&](const Send& x) { return x.pool == (fwd ? 0 : 1); });
+    TS_CHECK(oldest != sends_.end()) << "pipeline stage " << stage_ << ": no send buffer";
+    TS_RETURN_IF_ERROR(pipe_->wait(oldest->req));
+    p2p_bytes_ -= oldest->bytes;
+    pool.free.push_back(oldest->buffer);
+    sends_.erase(oldest);
+  }
+  const int buffer = pool.free.back();
+  pool.free.pop_back();
+  std::vector<float>& data = pool.buffers[static_cast<size_t>(buffer)];
   const int64_t bytes = bytes_of(ex.graph(), from);
-  m->data.resize(static_cast<size_t>(bytes / 4));
-  uint8_t* dst = reinterpret_cast<uint8_t*>(m->data.data());
+  TS_CHECK_LE(bytes, static_cast<int64_t>(data.size() * 4))
+      << "pipeline stage " << stage_ << ": a message larger than its send buffer";
+  uint8_t* dst = reinterpret_cast<uint8_t*>(data.data());
   for (ValueId v : from) {
     const int64_t b = ex.graph().type(v).bytes();
     std::memcpy(dst, ex.raw(v), static_cast<size_t>(b));
@@ -209,24 +231,29 @@ Status PipelineRunner::send(const PipeAction& a, Executor& ex, const std::vector
   }
   const std::string what = std::string(fwd ? "activations into chunk " : "gradients into chunk ") +
                            std::to_string(to) + ", micro-batch " + std::to_string(a.micro_batch);
-  m->req = pipe_->send(m->data.data(), bytes / 4, to % stages, fwd ? 2 * to : 2 * to + 1, what);
+  Request req = pipe_->send(data.data(), bytes / 4, to % stages, fwd ? 2 * to : 2 * to + 1, what);
+  sends_.push_back({fwd ? 0 : 1, buffer, bytes, std::move(req)});
   p2p_bytes_ += bytes;
   p2p_high_water_ = std::max(p2p_high_water_, p2p_bytes_);
-  sends_.push_back(std::move(m));
   return Status();
 }
 
 Status PipelineRunner::reap_sends(bool all) {
   for (auto it = sends_.begin(); it != sends_.end();) {
-    if (!all && !pipe_->test((*it)->req)) {
+    if (!all && !pipe_->test(it->req)) {
       ++it;
       continue;
     }
-    TS_RETURN_IF_ERROR(pipe_->wait((*it)->req));
-    p2p_bytes_ -= static_cast<int64_t>((*it)->data.size() * 4);
+    TS_RETURN_IF_ERROR(pipe_->wait(it->req));
+    p2p_bytes_ -= it->bytes;
+    send_pools_[it->pool].free.push_back(it->buffer);
     it = sends_.erase(it);
   }
   return Status();
+}
+
+int64_t PipelineRunner::planned_p2p_bytes() const {
+  return pp_.stage_p2p_bytes[static_cast<size_t>(stage_)];
 }
 
 Status PipelineRunner::feed_forward(const PipeAction& a, Executor& ex) {

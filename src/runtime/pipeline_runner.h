@@ -75,8 +75,10 @@ class PipelineRunner {
   // holds, against the plan's stage_arena_bytes.
   void paint_arena() { arena_.paint(); }
   int64_t measured_arena_bytes() const;
-  // Bytes of activations and gradients held for in-flight sends at most (not in the plan).
+  // Bytes of activations and gradients held for in-flight sends at most, against the plan's
+  // send buffers (PipelineProgram::stage_p2p_bytes, allocated once).
   int64_t p2p_buffer_bytes() const { return p2p_high_water_; }
+  int64_t planned_p2p_bytes() const;
 
  private:
   PipelineRunner(const Graph& model, const PipelineProgram& program, MeshComms& comms);
@@ -90,6 +92,7 @@ class PipelineRunner {
   // Waits for action a's receive and copies it into the inputs `into` of ex.
   Status take_recv(const PipeAction& a, Executor& ex, const std::vector<ValueId>& into);
   Status send(const PipeAction& a, Executor& ex, const std::vector<ValueId>& from, int ph);
+  // Completes finished sends (all: every one), returning their buffers to their pools.
   Status reap_sends(bool all);
   Status sum_tied_grads();
   void load_stash(int v, int ph, Executor& ex, int slot, int wslot);
@@ -108,9 +111,20 @@ class PipelineRunner {
   std::vector<int> free_slots_, free_wslots_;
   std::map<std::pair<int, int>, int> slot_of_, wslot_of_;
   std::vector<std::vector<int64_t>> offsets_;  // per local chunk: each stash entry's slot offset
-  // p2p: receives posted ahead, keyed by (forward?, v, micro-batch); sends in flight.
+  // p2p: receives posted ahead, keyed by (forward?, v, micro-batch); sends in flight, oldest
+  // first, each in a buffer of its pool (0: activations, 1: gradients).
   std::map<std::tuple<bool, int, int>, std::unique_ptr<Message>> recvs_;
-  std::vector<std::unique_ptr<Message>> sends_;
+  struct SendPool {
+    std::vector<std::vector<float>> buffers;
+    std::vector<int> free;
+  };
+  SendPool send_pools_[2];
+  struct Send {
+    int pool, buffer;
+    int64_t bytes;
+    Request req;
+  };
+  std::vector<Send> sends_;
   int64_t p2p_bytes_ = 0, p2p_high_water_ = 0;
   const Feed* feed_ = nullptr;  // forward_backward's or evaluate's, during the call
   double loss_sum_ = 0;

@@ -30,7 +30,7 @@ double p2p_seconds(const Plan& plan, const ClusterSpec& c, double bytes) {
 
 // Stage s's bytes per device: its chunks' persistent state (their Programs' at the run's
 // precision, persistent_bytes_at, and the pipeline's gradient buffers) and its arena (phase
-// arenas and stash slots, at the run's precision).
+// arenas, stash slots and send buffers, at the run's precision).
 std::pair<double, double> stage_memory(const PipelineProgram& pp, int s, double scale) {
   const int stages = pp.schedule.stages, chunks = pp.schedule.chunks();
   double persistent = static_cast<double>(pp.stage_persistent_bytes[static_cast<size_t>(s)]);
@@ -38,7 +38,10 @@ std::pair<double, double> stage_memory(const PipelineProgram& pp, int s, double 
     const Program& p = pp.chunks[static_cast<size_t>(k)].program;
     persistent += persistent_bytes_at(p, scale) - static_cast<double>(p.persistent_bytes());
   }
-  const double arena = static_cast<double>(pp.stage_arena_bytes[static_cast<size_t>(s)]) * scale;
+  // The arena, stash slots and send buffers hold activations and gradients: the run's precision.
+  const double arena = static_cast<double>(pp.stage_arena_bytes[static_cast<size_t>(s)] +
+                                           pp.stage_p2p_bytes[static_cast<size_t>(s)]) *
+                       scale;
   return {persistent, arena};
 }
 

@@ -89,9 +89,8 @@ std::string TrainState::describe_memory() const {
       }
       s += "  stage " + std::to_string(st) + " (blocks " + blocks + "): per rank arena " +
            b(pp.stage_arena_bytes[u]) + " (stash " + b(pp.stage_stash_bytes[u]) + " for " +
-           std::to_string(pp.in_flight[u]) +
-           " micro-batches in flight), parameters, gradients "
-           "and optimizer " +
+           std::to_string(pp.in_flight[u]) + " micro-batches in flight), send buffers " +
+           b(pp.stage_p2p_bytes[u]) + ", parameters, gradients and optimizer " +
            b(pp.stage_persistent_bytes[u]) + "\n";
     }
     return s;

@@ -63,6 +63,17 @@ TEST(PipelineProgram, StagesHoldTheirChunksAndTheScheduleStash) {
     const int want1 = kind == ScheduleKind::gpipe ? 4 : kind == ScheduleKind::zb_h1 ? 2 : 1;
     EXPECT_EQ(pp.in_flight[0], want0);
     EXPECT_EQ(pp.in_flight[1], want1);
+    // Send buffers: stage 0 sends activations (one buffer per micro-batch it holds in flight),
+    // stage 1 their gradients (one per micro-batch stage 0 holds in flight), of one residual
+    // stream each.
+    EXPECT_EQ(pp.activation_sends[0].slots, want0);
+    EXPECT_EQ(pp.activation_sends[0].slot_bytes, 2 * 8 * 64 * 4);
+    EXPECT_EQ(pp.gradient_sends[0].slots, 0);
+    EXPECT_EQ(pp.activation_sends[1].slots, 0);
+    EXPECT_EQ(pp.gradient_sends[1].slots, want0);
+    EXPECT_EQ(pp.gradient_sends[1].slot_bytes, 2 * 8 * 64 * 4);
+    EXPECT_EQ(pp.stage_p2p_bytes[0], want0 * 2 * 8 * 64 * 4);
+    EXPECT_EQ(pp.stage_p2p_bytes[1], want0 * 2 * 8 * 64 * 4);
     // GPT-2's wte is on both stages: its gradient is summed between them.
     EXPECT_EQ(pp.shared_param_bytes, 4 * 96 * 64);
   }

@@ -16,7 +16,7 @@ struct PipeResult {
   std::vector<double> norms;                         // pre-clip gradient norm per step
   std::map<std::string, std::vector<float>> params;  // the whole tensors of this stage's chunks
   int64_t arena_planned = 0, arena_measured = 0;
-  int64_t p2p_buffer_bytes = 0;
+  int64_t p2p_buffer_bytes = 0, p2p_planned = 0;
   Status status;
 };
 
@@ -71,6 +71,7 @@ inline PipeResult run_pipeline_rank(Communicator& world, const Plan& plan, int s
   out.arena_measured = step.measured_arena_bytes();
   out.arena_planned = pp->stage_arena_bytes[static_cast<size_t>(step.stage())];
   out.p2p_buffer_bytes = step.p2p_buffer_bytes();
+  out.p2p_planned = step.planned_p2p_bytes();
   for (int v = 0; v < step.local_chunks(); ++v) {
     std::vector<std::vector<float>> whole;
     Status g = step.chunk(v).gather_params(&whole);
@@ -112,6 +113,7 @@ inline void expect_pipeline_equivalent(const RunResult& ref, const PipeResult& g
   EXPECT_LE(worst, 5e-5) << "largest parameter difference, in " << worst_name;
   EXPECT_EQ(got.arena_measured, got.arena_planned) << "stage arena and stash";
   EXPECT_GT(got.p2p_buffer_bytes, 0);
+  EXPECT_LE(got.p2p_buffer_bytes, got.p2p_planned) << "send buffers in use, against the plan";
 }
 
 }  // namespace tessera::testing_equivalence
