@@ -173,7 +173,7 @@ class Placements {
 // its backward pass. Both from a one-block model lowered for the key: the block's ops times the
 // depth, plus the ops outside the blocks (embedding, final norm, head, loss).
 struct MicroBatchCost {
-  double seconds = 0;
+  MicroBatchTime time;               // block_seconds: what the second block adds
   double saved_bytes_per_block = 0;  // at the run's precision (the arena's scale)
 };
 
@@ -207,8 +207,12 @@ class MicroBatchCosts {
     return {rows, static_cast<int>(p.recompute), p.tensor_group(), p.sequence_parallel};
   }
 
-  // Compute seconds and kept bytes of the ops of a model of `blocks` blocks lowered for key k.
-  Result<std::pair<double, double>> measure(const Key& k, int64_t blocks) {
+  // Compute seconds (all, and the forward pass's) and kept bytes of the ops of a model of
+  // `blocks` blocks lowered for key k.
+  struct Measured {
+    double seconds = 0, forward_seconds = 0, kept = 0;
+  };
+  Result<Measured> measure(const Key& k, int64_t blocks) {
     const auto [rows, rc, tp, sp] = k;
     ModelConfig c = cfg_;
     c.n_layer = blocks;
@@ -226,41 +230,51 @@ class MicroBatchCosts {
     TS_ASSIGN_OR_RETURN(Partitioned part,
                         partition(p.recompute == RecomputePolicy::none ? m.graph : recomputed, p));
     const Graph& local = part.local;
-    double seconds = 0;
-    for (const Node& n : local.nodes())
-      if (!is_collective(n.op))
-        seconds += op_time(local, n, cluster_.device, cluster_.op_efficiency, precision_).seconds;
-    // Kept for the backward pass: what the blocks produce before the first backward node and a
-    // node at or after it reads — all live at that point. Views (reshapes) share their input's
-    // bytes and are not counted.
     const std::vector<Node>& nodes = local.nodes();
     const size_t boundary = static_cast<size_t>(
         std::find_if(nodes.begin(), nodes.end(), in_backward_pass) - nodes.begin());
+    Measured out;
+    for (size_t i = 0; i < nodes.size(); ++i) {
+      if (is_collective(nodes[i].op)) continue;
+      const double t =
+          op_time(local, nodes[i], cluster_.device, cluster_.op_efficiency, precision_).seconds;
+      out.seconds += t;
+      if (i < boundary) out.forward_seconds += t;
+    }
+    // Kept for the backward pass: what the blocks produce before the first backward node and a
+    // node at or after it reads — all live at that point. Views (reshapes) share their input's
+    // bytes and are not counted.
     std::vector<char> read_after(local.values().size(), 0);
     for (size_t i = boundary; i < nodes.size(); ++i)
       for (ValueId v : nodes[i].inputs) read_after[static_cast<size_t>(v)] = 1;
-    double kept = 0;
     for (ValueId v = 0; v < static_cast<ValueId>(local.values().size()); ++v) {
       const NodeId at = local.value(v).producer;
       const Node& by = local.node(at);
       if (!read_after[static_cast<size_t>(v)] || static_cast<size_t>(at) >= boundary ||
           by.layer < 0 || by.op == OpKind::parameter || reshape_view_of(local, v) >= 0)
         continue;
-      kept += static_cast<double>(local.type(v).bytes());
+      out.kept += static_cast<double>(local.type(v).bytes());
     }
-    return std::make_pair(seconds, kept);
+    return out;
   }
 
   // From models of one and two blocks: what the second block adds is a block's (the first and
   // last blocks also convert layouts at the model's ends, e.g. into sequence parallelism), and
   // the whole model is the one-block model plus n_layer - 1 such blocks.
   Result<MicroBatchCost> cost(const Key& k) {
-    TS_ASSIGN_OR_RETURN(auto one, measure(k, 1));
-    TS_ASSIGN_OR_RETURN(auto two, measure(k, 2));
-    const double block_seconds = two.first - one.first, block_kept = two.second - one.second;
+    TS_ASSIGN_OR_RETURN(Measured one, measure(k, 1));
+    TS_ASSIGN_OR_RETURN(Measured two, measure(k, 2));
+    const double more = static_cast<double>(cfg_.n_layer - 1);
     const double scale = static_cast<double>(dtype_size(precision_)) / 4.0;
-    return MicroBatchCost{one.first + block_seconds * static_cast<double>(cfg_.n_layer - 1),
-                          block_kept * scale};
+    MicroBatchCost c;
+    c.time.block_seconds = two.seconds - one.seconds;
+    c.time.seconds = one.seconds + c.time.block_seconds * more;
+    c.time.forward_seconds =
+        one.forward_seconds + (two.forward_seconds - one.forward_seconds) * more;
+    // T5's pipeline blocks are its encoder's and decoder's, of different costs: no one block.
+    if (num_blocks(cfg_) != cfg_.n_layer) c.time.block_seconds = 0;
+    c.saved_bytes_per_block = (two.kept - one.kept) * scale;
+    return c;
   }
 
   const ModelConfig& cfg_;
@@ -403,8 +417,8 @@ Result<std::unique_ptr<PlanSpace>> PlanSpace::create(const ModelConfig& cfg,
       s.smallest_memory_bound = std::min(s.smallest_memory_bound, c.memory_bound);
       continue;
     }
-    c.time_bound =
-        plan_time_bound(c.plan, mb->seconds, optimizer_time_bound(s.cfg, s.cluster, c.plan));
+    c.time_bound = plan_time_bound(c.plan, mb->time, num_blocks(s.cfg),
+                                   optimizer_time_bound(s.cfg, s.cluster, c.plan));
     s.alive.push_back(std::move(c));
   }
   std::stable_sort(

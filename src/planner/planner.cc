@@ -84,16 +84,27 @@ double optimizer_time_bound(const ModelConfig& cfg, const ClusterSpec& cluster, 
   return 7.0 * 4.0 * elems / (cluster.device.memory_bandwidth * cluster.device.memory_efficiency);
 }
 
-double plan_time_bound(const Plan& plan, double micro_batch_seconds, double optimizer_seconds) {
-  double stretch = 1.0;
+double plan_time_bound(const Plan& plan, const MicroBatchTime& t, int64_t blocks,
+                       double optimizer_seconds) {
+  const double p = static_cast<double>(plan.stages()), m = plan.micro_batches;
+  double step = t.seconds * m;
   if (plan.stages() > 1) {
-    double idle = static_cast<double>(plan.stages() - 1);
+    double idle = p - 1;
     if (plan.schedule == ScheduleKind::interleaved) idle /= plan.virtual_stages;
-    if (plan.schedule == ScheduleKind::zb_h1) idle /= 3.0;
-    stretch = (static_cast<double>(plan.micro_batches) + idle) / plan.micro_batches;
+    if (plan.schedule == ScheduleKind::zb_h1) {
+      // zb-h1 idles (p - 1)(F + B - W) per micro-batch of F + B + W. A block's input gradient
+      // (with its recomputation) costs at least its weight gradient — every matmul's dX costs
+      // its dW, and attention, norms and activations have input gradients only — so
+      // W <= (t - F) / 2 and F + B - W >= (t + F) / 2.
+      const double f = t.seconds > 0 ? t.forward_seconds / t.seconds : 0;
+      idle *= (1.0 + f) / 2.0;
+    }
+    // The stages on average, with the bubble; and the stage holding the most blocks (some
+    // stage holds ceil(L / p) of them), busy for every micro-batch.
+    const int64_t most = (blocks + plan.stages() - 1) / plan.stages();
+    step = std::max(t.seconds / p * (m + idle), t.block_seconds * static_cast<double>(most) * m);
   }
-  return kShapeMargin *
-         (micro_batch_seconds * plan.micro_batches / plan.stages() * stretch + optimizer_seconds);
+  return kShapeMargin * (step + optimizer_seconds);
 }
 
 Result<PlanSearch> search_plans(const ModelConfig& cfg, const ClusterSpec& cluster,

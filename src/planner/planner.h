@@ -25,10 +25,13 @@
 //   time bound    a tensor-parallel rank's compute for one micro-batch (the ops of the graph it
 //                 executes under the candidate's placements, sequence parallelism and
 //                 recomputation, collectives left out, timed by the cost model on a model of
-//                 one block and multiplied out to the depth), over pp stages, times
+//                 one block and multiplied out to the depth), over pp stages (or the
+//                 ceil(L / pp) blocks some stage holds, whichever is more), times
 //                 the micro-batches, stretched by the schedule's ideal bubble ((p - 1) / m for
-//                 1F1B, divided by V interleaved and by 3 under zb-h1), plus AdamW's pass over
-//                 this rank's share of the state at the memory bandwidth, less 5%;
+//                 1F1B, divided by V interleaved, times (1 + F/t) / 2 under zb-h1 with F/t the
+//                 forward's share of a micro-batch: its W is at most half of the rest), plus
+//                 AdamW's pass over this rank's share of the state at the memory bandwidth,
+//                 less 5%;
 //                 communication is left out.
 // Candidates are simulated in order of their time bound; the search stops when the next bound
 // is no faster than the K-th fastest fitting plan found. A test checks on every simulated
@@ -145,6 +148,12 @@ double plan_memory_bound(const ModelConfig& cfg, const Plan& plan, DType precisi
 double with_activations(const Plan& plan, double state_bound, double state_per_block,
                         double saved_per_block, int64_t blocks);
 double optimizer_time_bound(const ModelConfig& cfg, const ClusterSpec& cluster, const Plan& plan);
-double plan_time_bound(const Plan& plan, double micro_batch_seconds, double optimizer_seconds);
+// A tensor-parallel rank's compute for one micro-batch of the whole model: all of it, the
+// forward pass's part (zb-h1's bubble), and one block's (0 when the blocks differ, as T5's).
+struct MicroBatchTime {
+  double seconds = 0, forward_seconds = 0, block_seconds = 0;
+};
+double plan_time_bound(const Plan& plan, const MicroBatchTime& t, int64_t blocks,
+                       double optimizer_seconds);
 
 }  // namespace tessera
