@@ -49,13 +49,15 @@ PlannerRow search_row(const RunResult& r, int threads) {
 
 }  // namespace
 
-PlannerQuality planner_quality(const ValidationReport& rep, int threads) {
+PlannerQuality planner_quality(const ValidationReport& rep, int threads,
+                               const std::function<void(const PlannerRow&)>& on_row) {
   const auto t0 = std::chrono::steady_clock::now();
   PlannerQuality q;
   std::vector<double> ratios;
   for (const RunResult& r : rep.results) {
     q.rows.push_back(search_row(r, threads));
     const PlannerRow& row = q.rows.back();
+    if (on_row) on_row(row);
     if (!row.error.empty() || row.ratio <= 0) {
       ++q.failed;
       continue;
@@ -75,28 +77,36 @@ PlannerQuality planner_quality(const ValidationReport& rep, int threads) {
   return q;
 }
 
+std::string planner_quality_header() {
+  char line[256];
+  std::snprintf(line, sizeof line, "%-5s %-22s %-22s %6s  %-40s %-40s %7s\n", "row", "source",
+                "model", "gpus", "published plan", "auto plan", "ratio");
+  return line;
+}
+
+std::string format_planner_row(const PlannerRow& r) {
+  char line[1024];
+  const std::string model = r.model.substr(0, 22);
+  if (!r.error.empty()) {
+    std::snprintf(line, sizeof line, "%-5s %-22s %-22s %6d  no plan: %s\n", r.row_id.c_str(),
+                  r.source.c_str(), model.c_str(), r.gpus, r.error.c_str());
+  } else {
+    std::snprintf(line, sizeof line, "%-5s %-22s %-22s %6d  %-40s %-40s %7.3f%s\n",
+                  r.row_id.c_str(), r.source.c_str(), model.c_str(), r.gpus,
+                  r.published_plan.c_str(), r.auto_plan.c_str(), r.ratio,
+                  r.published_fits ? "" : "  (published plan beyond memory here)");
+  }
+  return line;
+}
+
 std::string format_planner_quality(const PlannerQuality& q, bool per_row) {
   std::string out;
-  char line[512];
-  if (per_row) {
-    std::snprintf(line, sizeof line, "%-5s %-22s %-22s %6s  %-40s %-40s %7s\n", "row", "source",
-                  "model", "gpus", "published plan", "auto plan", "ratio");
-    out += line;
-  }
+  if (per_row) out += planner_quality_header();
   for (const PlannerRow& r : q.rows) {
     if (!per_row && r.error.empty() && r.ratio >= 1 - 1e-9 && r.ratio < 1.05) continue;
-    const std::string model = r.model.substr(0, 22);
-    if (!r.error.empty()) {
-      std::snprintf(line, sizeof line, "%-5s %-22s %-22s %6d  no plan: %s\n", r.row_id.c_str(),
-                    r.source.c_str(), model.c_str(), r.gpus, r.error.c_str());
-    } else {
-      std::snprintf(line, sizeof line, "%-5s %-22s %-22s %6d  %-40s %-40s %7.3f%s\n",
-                    r.row_id.c_str(), r.source.c_str(), model.c_str(), r.gpus,
-                    r.published_plan.c_str(), r.auto_plan.c_str(), r.ratio,
-                    r.published_fits ? "" : "  (published plan beyond memory here)");
-    }
-    out += line;
+    out += format_planner_row(r);
   }
+  char line[512];
   std::snprintf(line, sizeof line,
                 "%sauto plan / published plan, predicted tokens/s, over %d rows: min %.3f, "
                 "median %.3f, max %.3f; %d at least the published plan's, %d >= 5%% faster; "

@@ -15,6 +15,7 @@
 // plans that fit).
 #pragma once
 
+#include <functional>
 #include <string>
 #include <vector>
 
@@ -43,9 +44,14 @@ struct PlannerQuality {
   double seconds = 0;
 };
 
-// One search per simulated row of `rep`, each on `threads` threads.
-PlannerQuality planner_quality(const ValidationReport& rep, int threads);
+// One search per simulated row of `rep`, each on `threads` threads; `on_row` (when given) sees
+// each row as its search ends (a long run's progress).
+PlannerQuality planner_quality(const ValidationReport& rep, int threads,
+                               const std::function<void(const PlannerRow&)>& on_row = nullptr);
 
+// The table header, one row's line, and the whole report (rows that differ, or every row).
+std::string planner_quality_header();
+std::string format_planner_row(const PlannerRow& r);
 std::string format_planner_quality(const PlannerQuality& q, bool per_row);
 
 }  // namespace tessera
