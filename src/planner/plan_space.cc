@@ -89,7 +89,7 @@ std::vector<PlanCandidate> enumerate(const ModelConfig& cfg, const ClusterSpec& 
 }
 
 // The placement search of one block (the slowest part of creating a space: a LLaMA block
-// tries 648 layouts), kept for the process: the spaces of --explain's what-ifs and of the
+// tries 654 layouts), kept for the process: the spaces of --explain's what-ifs and of the
 // tests share it. Searches of different keys run at once; each key runs once.
 Result<std::shared_ptr<const BlockLayout>> block_layout(const ModelConfig& cfg, int64_t seq, int tp,
                                                         bool sp, const SearchCost& cost) {
