@@ -77,6 +77,10 @@ PlannerQuality planner_quality(const ValidationReport& rep, int threads,
   return q;
 }
 
+bool planner_row_differs(const PlannerRow& r) {
+  return !r.error.empty() || r.ratio < 1 - 1e-9 || r.ratio >= 1.05;
+}
+
 std::string planner_quality_header() {
   char line[256];
   std::snprintf(line, sizeof line, "%-5s %-22s %-22s %6s  %-40s %-40s %7s\n", "row", "source",
@@ -103,7 +107,7 @@ std::string format_planner_quality(const PlannerQuality& q, bool per_row) {
   std::string out;
   if (per_row) out += planner_quality_header();
   for (const PlannerRow& r : q.rows) {
-    if (!per_row && r.error.empty() && r.ratio >= 1 - 1e-9 && r.ratio < 1.05) continue;
+    if (!per_row && !planner_row_differs(r)) continue;
     out += format_planner_row(r);
   }
   char line[512];

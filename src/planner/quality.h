@@ -49,6 +49,8 @@ struct PlannerQuality {
 PlannerQuality planner_quality(const ValidationReport& rep, int threads,
                                const std::function<void(const PlannerRow&)>& on_row = nullptr);
 
+// Whether a row is worth showing: no plan, or a ratio below 1 or at least 1.05.
+bool planner_row_differs(const PlannerRow& r);
 // The table header, one row's line, and the whole report (rows that differ, or every row).
 std::string planner_quality_header();
 std::string format_planner_row(const PlannerRow& r);
