@@ -134,8 +134,7 @@ Result<PlanSearch> search_plans(const ModelConfig& cfg, const ClusterSpec& clust
 // The same on a space already created (which then keeps its simulations for explain_best).
 Result<PlanSearch> search_plans(PlanSpace& space);
 
-// The bounds of one candidate. `micro_batch_seconds`: a tensor-parallel rank's compute time for
-// one micro-batch of the whole model (see above).
+// The bounds of one candidate (see above).
 // Bytes a rank holds per parameter of its share: the f32 master (in f32 the parameter itself,
 // which ZeRO-3 shards; under mixed precision optimizer state, which ZeRO-1 and up shard), AdamW's
 // two moments (ZeRO-1 and up), the low-precision parameter (ZeRO-3), the f32 gradient

@@ -212,10 +212,7 @@ Status PipelineRunner::send(const PipeAction& a, Executor& ex, const std::vector
     auto oldest = std::find_if(sends_.begin(), sends_.end(),
                                [&](const Send& x) { return x.pool == (fwd ? 0 : 1); });
     TS_CHECK(oldest != sends_.end()) << "pipeline stage " << stage_ << ": no send buffer";
-    TS_RETURN_IF_ERROR(pipe_->wait(oldest->req));
-    p2p_bytes_ -= oldest->bytes;
-    pool.free.push_back(oldest->buffer);
-    sends_.erase(oldest);
+    TS_RETURN_IF_ERROR(retire(oldest).status());
   }
   const int buffer = pool.free.back();
   pool.free.pop_back();
@@ -244,12 +241,17 @@ Status PipelineRunner::reap_sends(bool all) {
       ++it;
       continue;
     }
-    TS_RETURN_IF_ERROR(pipe_->wait(it->req));
-    p2p_bytes_ -= it->bytes;
-    send_pools_[it->pool].free.push_back(it->buffer);
-    it = sends_.erase(it);
+    TS_ASSIGN_OR_RETURN(it, retire(it));
   }
   return Status();
+}
+
+Result<std::vector<PipelineRunner::Send>::iterator> PipelineRunner::retire(
+    std::vector<Send>::iterator it) {
+  TS_RETURN_IF_ERROR(pipe_->wait(it->req));
+  p2p_bytes_ -= it->bytes;
+  send_pools_[it->pool].free.push_back(it->buffer);
+  return sends_.erase(it);
 }
 
 int64_t PipelineRunner::planned_p2p_bytes() const {

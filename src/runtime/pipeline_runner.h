@@ -125,6 +125,8 @@ class PipelineRunner {
     Request req;
   };
   std::vector<Send> sends_;
+  // Waits for send `it`, returns its buffer to its pool; the send after it.
+  Result<std::vector<Send>::iterator> retire(std::vector<Send>::iterator it);
   int64_t p2p_bytes_ = 0, p2p_high_water_ = 0;
   const Feed* feed_ = nullptr;  // forward_backward's or evaluate's, during the call
   double loss_sum_ = 0;

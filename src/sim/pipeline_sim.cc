@@ -45,10 +45,6 @@ std::pair<double, double> stage_memory(const PipelineProgram& pp, int s, double 
   return {persistent, arena};
 }
 
-double precision_scale(const SimOptions& opt) {
-  return static_cast<double>(dtype_size(opt.precision)) / 4.0;
-}
-
 std::function<double(const Node&)> op_seconds(const Graph& g, const ClusterSpec& cluster,
                                               const SimOptions& opt) {
   return [&g, &cluster, &opt](const Node& n) {

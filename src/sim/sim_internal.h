@@ -27,6 +27,9 @@ struct ChunkSim {
 GroupLayout group_layout(const Mesh& mesh, const std::vector<std::string>& axes,
                          int devices_per_node);
 
+// The run's element size over f32's: activations, collectives and low-precision copies scale by it.
+double precision_scale(const SimOptions& opt);
+
 // One Program's persistent bytes per rank at the run's precision (`scale`: its element size over
 // f32's): as planned in f32; under mixed precision the parameters in the low precision plus an
 // f32 master copy sharded like the optimizer state (ZeRO-1 and up shard it, as DeepSpeed's
