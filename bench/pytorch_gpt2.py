@@ -1,5 +1,6 @@
 #!/usr/bin/env python3
-"""GPT-2 124M (fp32, AdamW) training speed in PyTorch, the anchor of bench/run_speed.sh.
+"""GPT-2 124M (AdamW) training speed in PyTorch, the anchor of bench/run_speed.sh (CPU, fp32)
+and of bench/run_cuda_train.sh (GPU: fp32 or bf16 autocast, eager or torch.compile).
 
 The model is the one Tessera's gpt2-small preset builds: tied token embedding and LM head,
 learned positions, pre-LayerNorm blocks, GELU (tanh), causal attention, biases everywhere,
@@ -7,9 +8,16 @@ AdamW with decoupled weight decay on matrices and embeddings, global-norm clippi
 
   /usr/bin/python3 bench/pytorch_gpt2.py --batch 4 --seq 64 --steps 3 --threads 2
 
+  python3 bench/pytorch_gpt2.py --device cuda --precision bf16 --compile --batch 16 --seq 1024
+
+On CUDA the attention is F.scaled_dot_product_attention (flash), AdamW is the fused one, TF32
+is allowed for f32 matrix products and bf16 runs under autocast (fp32 master weights): what
+llm.c's train_gpt2.py does.
+
 Prints one line: `pytorch B=4 T=64 steps=3 s_per_step=... tokens_per_s=...`.
 """
 import argparse
+import contextlib
 import math
 import time
 
@@ -33,6 +41,10 @@ class Block(nn.Module):
         b, t, c = x.shape
         q, k, v = self.qkv(self.ln_1(x)).split(c, dim=2)
         q, k, v = (z.view(b, t, self.h, c // self.h).transpose(1, 2) for z in (q, k, v))
+        if x.is_cuda:
+            y = F.scaled_dot_product_attention(q, k, v, is_causal=True).transpose(1, 2)
+            x = x + self.proj(y.reshape(b, t, c))
+            return x + self.fc_proj(F.gelu(self.fc(self.ln_2(x)), approximate="tanh"))
         # Causal attention written out (torch 1.13 has no fused CPU kernel).
         att = (q @ k.transpose(-2, -1)) * (1.0 / math.sqrt(c // self.h))
         mask = torch.ones(t, t, dtype=torch.bool).tril()
@@ -57,7 +69,7 @@ class GPT(nn.Module):
 
     def forward(self, idx, targets):
         t = idx.shape[1]
-        x = self.wte(idx) + self.wpe(torch.arange(t))
+        x = self.wte(idx) + self.wpe(torch.arange(t, device=idx.device))
         for blk in self.blocks:
             x = blk(x)
         logits = self.ln_f(x).view(-1, x.shape[-1]) @ self.wte.weight.t()  # tied head
@@ -71,22 +83,35 @@ def main():
     ap.add_argument("--steps", type=int, default=3)
     ap.add_argument("--warmup", type=int, default=1)
     ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--device", default="cpu")
+    ap.add_argument("--precision", default="fp32", choices=["fp32", "bf16"])
+    ap.add_argument("--compile", action="store_true")
     a = ap.parse_args()
     torch.set_num_threads(a.threads)
     torch.manual_seed(0)
-    model = GPT()
+    dev = torch.device(a.device)
+    cuda = dev.type == "cuda"
+    if cuda:
+        torch.backends.cuda.matmul.allow_tf32 = True
+        torch.backends.cudnn.allow_tf32 = True
+    model = GPT().to(dev)
+    fwd = torch.compile(model) if a.compile else model
     decay = [p for p in model.parameters() if p.dim() >= 2]
     no_decay = [p for p in model.parameters() if p.dim() < 2]
     opt = torch.optim.AdamW([{"params": decay, "weight_decay": 0.1},
                              {"params": no_decay, "weight_decay": 0.0}],
-                            lr=6e-4, betas=(0.9, 0.95), eps=1e-8)
+                            lr=6e-4, betas=(0.9, 0.95), eps=1e-8,
+                            **({"fused": True} if cuda else {}))
     g = torch.Generator().manual_seed(1)
+    bf16 = cuda and a.precision == "bf16"
+    autocast = torch.autocast("cuda", dtype=torch.bfloat16) if bf16 else contextlib.nullcontext()
 
     def step():
-        x = torch.randint(0, 50257, (a.batch, a.seq), generator=g)
-        y = torch.randint(0, 50257, (a.batch, a.seq), generator=g)
+        x = torch.randint(0, 50257, (a.batch, a.seq), generator=g).to(dev)
+        y = torch.randint(0, 50257, (a.batch, a.seq), generator=g).to(dev)
         opt.zero_grad(set_to_none=True)
-        loss = model(x, y)
+        with autocast:
+            loss = fwd(x, y)
         loss.backward()
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
         opt.step()
@@ -94,10 +119,13 @@ def main():
 
     for _ in range(a.warmup):
         step()
-    t0 = time.perf_counter()
+    # Each step ends in loss.item(), which waits for the device: wall time is device time.
+    times = []
     for _ in range(a.steps):
+        t0 = time.perf_counter()
         step()
-    dt = (time.perf_counter() - t0) / a.steps
+        times.append(time.perf_counter() - t0)
+    dt = sorted(times)[len(times) // 2]  # median
     print(f"pytorch B={a.batch} T={a.seq} steps={a.steps} s_per_step={dt:.4f} "
           f"tokens_per_s={a.batch * a.seq / dt:.2f}", flush=True)
 
