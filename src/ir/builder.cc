@@ -40,7 +40,7 @@ Var Builder::parameter(const std::string& name, Shape shape, Init init, double s
   a.ints = shape.dims();
   a.init = init;
   a.init_std = std;
-  a.dtype = dtype;
+  a.dtype = dtype == DType::f32 ? param_dtype_ : dtype;
   return apply1(OpKind::parameter, a, {});
 }
 

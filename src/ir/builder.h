@@ -58,6 +58,9 @@ class Builder {
   };
   [[nodiscard]] ScopeGuard scope(const std::string& name);
   void set_layer(int layer) { layer_ = layer; }
+  // Parameters declared f32 are created in `dtype` instead (a model built in bf16 or f16:
+  // its activations follow their parameters' dtype).
+  void set_param_dtype(DType dtype) { param_dtype_ = dtype; }
   void set_backward(bool backward) { backward_ = backward; }
   const std::string& current_scope() const { return scope_; }
   // Records nodes with an explicit scope/layer (used by autodiff to tag gradient nodes).
@@ -149,6 +152,7 @@ class Builder {
   Graph* g_;
   std::string scope_;
   int layer_ = -1;
+  DType param_dtype_ = DType::f32;
   bool backward_ = false;
 };
 

@@ -56,6 +56,9 @@ struct ModelConfig {
   // t5: relative position buckets per attention bias table, and the offset from which all
   // offsets share the last bucket (T5: 32 and 128).
   int64_t relative_buckets = 0, relative_max_distance = 0;
+  // gpt and llama: the storage of parameters, activations and gradients (bf16/f16: mixed
+  // precision, with f32 master weights and optimizer state kept by the optimizer).
+  DType dtype = DType::f32;
 
   int64_t head_dim() const { return head_size > 0 ? head_size : n_embd / n_head; }
   int64_t kv_heads() const { return n_kv_head > 0 ? n_kv_head : n_head; }

@@ -131,6 +131,7 @@ ModelGraph build_model(const ModelConfig& c, int64_t batch, int64_t seq, ModelMo
   m.seq = seq;
   m.classes = c.vocab_size;
   Builder b(&m.graph);
+  b.set_param_dtype(c.dtype);
   const int64_t C = c.n_embd, V = c.vocab_rows();
   Var tokens = b.input(kTokensInput, Shape{batch, seq}, DType::i32);
   m.inputs.push_back({kTokensInput, tokens.id, false});

@@ -179,6 +179,8 @@ void CudaBackend::synchronize() {
   TS_CUDA(cudaStreamSynchronize(impl_->stream));
 }
 
+cudaStream_t CudaBackend::stream() const { return impl_->stream; }
+
 std::string CudaBackend::device_name() const {
   cudaDeviceProp p{};
   TS_CUDA(cudaGetDeviceProperties(&p, impl_->device));

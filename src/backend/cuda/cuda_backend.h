@@ -10,6 +10,8 @@
 //   gpu.run(g, node, {x, w}, {y});  gpu.to_host(host_y, y, bytes);  // to_host synchronizes
 #pragma once
 
+#include <cuda_runtime.h>
+
 #include <memory>
 #include <string>
 
@@ -39,6 +41,8 @@ class CudaBackend final : public Backend {
   void to_device(void* dst, const void* src, int64_t bytes);
   void to_host(void* dst, const void* src, int64_t bytes);
   void synchronize();
+  // The stream run() enqueues on (callers' own kernels go after the nodes on it).
+  cudaStream_t stream() const;
   // The device's name and compute capability, e.g. "NVIDIA H100 80GB HBM3 (sm_90)".
   std::string device_name() const;
 

@@ -1,0 +1,94 @@
+// GPT-2 124M training speed on one GPU through Tessera's CUDA trainer (runtime/cuda_trainer.h:
+// the training graph node by node on the CUDA backend, one device arena from the static
+// memory plan, gradient norm, clipping and AdamW on the device). Random tokens, --warmup steps
+// untimed, then the median of --steps timed steps; each step ends by reading the loss, so its
+// wall time is device time. bench/pytorch_gpt2.py --device cuda is the anchor
+// (scripts/gpu_check.sh runs both in one call and prints them together).
+//
+//   tessera_cuda_train_bench [--batch 8] [--seq 1024] [--steps 10] [--warmup 3]
+//                            [--precision fp32|bf16] [--peak-tflops 989]
+//
+// Prints `tessera B=.. T=.. precision=.. s_per_step=.. tokens_per_s=.. mfu=..`: MFU is the
+// graph's FLOPs per step (Graph::total_flops: matmuls, attention with its causal half, the
+// rest) over the step time and --peak-tflops (dense bf16 of an H100/H200 SXM by default).
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <cstring>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "backend/cuda/cuda_backend.h"
+#include "models/model.h"
+#include "runtime/cuda_trainer.h"
+
+using namespace tessera;
+
+int main(int argc, char** argv) {
+  int64_t batch = 8, seq = 1024;
+  int steps = 10, warmup = 3;
+  std::string precision = "fp32";
+  double peak_tflops = 989;
+  for (int i = 1; i + 1 < argc; i += 2) {
+    const std::string k = argv[i], v = argv[i + 1];
+    if (k == "--batch")
+      batch = std::stoll(v);
+    else if (k == "--seq")
+      seq = std::stoll(v);
+    else if (k == "--steps")
+      steps = std::max(1, std::stoi(v));
+    else if (k == "--warmup")
+      warmup = std::max(0, std::stoi(v));
+    else if (k == "--precision")
+      precision = v;
+    else if (k == "--peak-tflops")
+      peak_tflops = std::stod(v);
+    else {
+      std::fprintf(stderr, "error: unknown option %s\n", k.c_str());
+      return 2;
+    }
+  }
+  if (precision != "fp32" && precision != "bf16") {
+    std::fprintf(stderr, "error: --precision must be fp32 or bf16, got '%s'\n", precision.c_str());
+    return 2;
+  }
+  std::string why;
+  if (!cuda_device_present(&why)) {
+    std::fprintf(stderr, "error: no usable CUDA device (%s)\n", why.c_str());
+    return 1;
+  }
+  ModelConfig c = *find_preset("gpt2-small");
+  c.dtype = precision == "bf16" ? DType::bf16 : DType::f32;
+  ModelGraph m = build_model(c, batch, seq, ModelMode::train);
+  CudaBackend gpu;
+  CudaTrainer t(m.graph, gpu, {.adamw = {.lr = 6e-4}, .max_grad_norm = 1.0});
+  t.init_params(1);
+  std::printf("device: %s; %zu nodes; arena %.2f GiB, persistent %.2f GiB\n",
+              gpu.device_name().c_str(), m.graph.nodes().size(),
+              static_cast<double>(t.plan().arena_bytes) / (1 << 30),
+              static_cast<double>(t.persistent_bytes()) / (1 << 30));
+  std::mt19937 rng(1);
+  std::uniform_int_distribution<int32_t> id(0, static_cast<int32_t>(c.vocab_size) - 1);
+  std::vector<int32_t> x(static_cast<size_t>(batch * seq)), y(x.size());
+  std::vector<double> times;
+  float loss = 0;
+  for (int s = 0; s < warmup + steps; ++s) {
+    for (size_t i = 0; i < x.size(); ++i) x[i] = id(rng), y[i] = id(rng);
+    auto t0 = std::chrono::steady_clock::now();
+    t.set_input("tokens", x.data());
+    t.set_input("targets", y.data());
+    loss = t.step(6e-4);
+    const double dt = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    if (s >= warmup) times.push_back(dt);
+  }
+  std::sort(times.begin(), times.end());
+  const double sec = times[times.size() / 2];
+  const double flops = m.graph.total_flops();
+  std::printf(
+      "tessera B=%lld T=%lld precision=%s steps=%d s_per_step=%.4f tokens_per_s=%.2f "
+      "mfu=%.3f loss=%.4f (graph %.3g FLOP/step)\n",
+      static_cast<long long>(batch), static_cast<long long>(seq), precision.c_str(), steps, sec,
+      static_cast<double>(batch * seq) / sec, flops / sec / (peak_tflops * 1e12), loss, flops);
+  return 0;
+}

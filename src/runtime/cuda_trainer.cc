@@ -1,0 +1,158 @@
+#include "runtime/cuda_trainer.h"
+
+#include <cmath>
+
+#include "backend/cpu/cpu_backend.h"
+#include "backend/cuda/optim.h"
+#include "base/check.h"
+#include "runtime/executor.h"
+
+namespace tessera {
+namespace {
+constexpr int64_t kAlign = 256;
+int64_t aligned(int64_t bytes) { return (bytes + kAlign - 1) / kAlign * kAlign; }
+}  // namespace
+
+CudaTrainer::CudaTrainer(const Graph& g, CudaBackend& gpu, CudaTrainerOptions options)
+    : g_(g), gpu_(gpu), opt_(options), plan_(plan_memory(g)) {
+  TS_CHECK_GE(g.loss(), 0) << "CudaTrainer needs a training graph (a loss and gradients)";
+  // One persistent block: each parameter, its master copy (low precision only), m, v; then
+  // the norm's partial sums, the clipping coefficient and the norm.
+  param_ptr_.assign(g.values().size(), nullptr);
+  std::vector<int64_t> offsets;
+  int64_t at = 0;
+  for (ValueId p : g.params()) {
+    const TensorType& t = g.type(p);
+    Slot s;
+    s.param = p;
+    auto it = g.param_grads().find(p);
+    TS_CHECK(it != g.param_grads().end()) << "parameter %" << p << " has no gradient";
+    s.grad = it->second;
+    s.size = t.shape.numel();
+    s.decay = t.shape.rank() >= 2;
+    slots_.push_back(s);
+    const int64_t f32 = aligned(s.size * 4);
+    offsets.push_back(at);
+    at += aligned(t.bytes()) + (t.dtype == DType::f32 ? 0 : f32) + 2 * f32;
+  }
+  const int64_t parts_at = at;
+  at += aligned(static_cast<int64_t>(slots_.size()) * cuda::kNormParts * 8);
+  const int64_t scalars_at = at;
+  at += kAlign;
+  persistent_bytes_ = at;
+  persistent_ = static_cast<uint8_t*>(gpu_.alloc(persistent_bytes_));
+  arena_ = static_cast<uint8_t*>(gpu_.alloc(plan_.arena_bytes));
+  for (size_t k = 0; k < slots_.size(); ++k) {
+    Slot& s = slots_[k];
+    const TensorType& t = g.type(s.param);
+    uint8_t* p = persistent_ + offsets[k];
+    s.data = p;
+    p += aligned(t.bytes());
+    if (t.dtype == DType::f32) {
+      s.master = static_cast<float*>(s.data);
+    } else {
+      s.master = reinterpret_cast<float*>(p);
+      p += aligned(s.size * 4);
+    }
+    s.m = reinterpret_cast<float*>(p);
+    s.v = reinterpret_cast<float*>(p + aligned(s.size * 4));
+    param_ptr_[static_cast<size_t>(s.param)] = s.data;
+  }
+  norm_parts_ = reinterpret_cast<double*>(persistent_ + parts_at);
+  norm_ = reinterpret_cast<double*>(persistent_ + scalars_at);
+  coef_ = reinterpret_cast<float*>(persistent_ + scalars_at + 8);
+}
+
+CudaTrainer::~CudaTrainer() {
+  gpu_.free(arena_);
+  gpu_.free(persistent_);
+}
+
+void CudaTrainer::init_params(uint64_t seed) {
+  std::vector<float> f;
+  std::vector<char> narrow;
+  for (size_t k = 0; k < slots_.size(); ++k) {
+    Slot& s = slots_[k];
+    const TensorType& t = g_.type(s.param);
+    f.resize(static_cast<size_t>(s.size));
+    fill_initial_values(g_, k, seed, 0, s.size, f.data());
+    gpu_.to_device(s.master, f.data(), s.size * 4);
+    if (t.dtype != DType::f32) {
+      narrow.resize(static_cast<size_t>(t.bytes()));
+      convert_elements(f.data(), DType::f32, narrow.data(), t.dtype, s.size);
+      gpu_.to_device(s.data, narrow.data(), t.bytes());
+    }
+    std::vector<float> zeros(static_cast<size_t>(s.size), 0.0f);
+    gpu_.to_device(s.m, zeros.data(), s.size * 4);
+    gpu_.to_device(s.v, zeros.data(), s.size * 4);
+    gpu_.synchronize();  // the host vectors are reused
+  }
+  t_ = 0;
+}
+
+void* CudaTrainer::value(ValueId v) {
+  if (void* p = param_ptr_[static_cast<size_t>(v)]) return p;
+  const int64_t off = plan_.offset(v);
+  TS_CHECK_GE(off, 0) << "value %" << v << " has no storage";
+  return arena_ + off;
+}
+
+void CudaTrainer::set_input(const std::string& name, const void* host) {
+  ValueId v = g_.find_input(name);
+  TS_CHECK_GE(v, 0) << "no input named '" << name << "'";
+  gpu_.to_device(value(v), host, g_.type(v).bytes());
+}
+
+float CudaTrainer::step(double lr) {
+  std::vector<const void*> in;
+  std::vector<void*> out;
+  for (const Node& n : g_.nodes()) {
+    if (n.op == OpKind::parameter || n.op == OpKind::input) continue;
+    in.clear();
+    out.clear();
+    for (ValueId v : n.inputs) in.push_back(value(v));
+    for (ValueId v : n.outputs) out.push_back(value(v));
+    gpu_.run(g_, n, in, out);
+  }
+  cudaStream_t s = gpu_.stream();
+  for (size_t k = 0; k < slots_.size(); ++k) {
+    const Slot& sl = slots_[k];
+    cuda::sum_squares(value(sl.grad), g_.type(sl.grad).dtype, sl.size,
+                      norm_parts_ + k * cuda::kNormParts, s);
+  }
+  cuda::clip_coefficient(norm_parts_, static_cast<int64_t>(slots_.size()) * cuda::kNormParts,
+                         opt_.max_grad_norm, coef_, norm_, s);
+  ++t_;
+  const AdamWConfig& c = opt_.adamw;
+  cuda::AdamWStep u;
+  u.beta1 = static_cast<float>(c.beta1);
+  u.beta2 = static_cast<float>(c.beta2);
+  u.step_size = static_cast<float>(lr / (1.0 - std::pow(c.beta1, static_cast<double>(t_))));
+  u.bc2_sqrt = static_cast<float>(std::sqrt(1.0 - std::pow(c.beta2, static_cast<double>(t_))));
+  u.eps = static_cast<float>(c.eps);
+  for (const Slot& sl : slots_) {
+    u.shrink = sl.decay ? static_cast<float>(1.0 - lr * c.weight_decay) : 1.0f;
+    cuda::adamw(u, coef_, sl.master, value(sl.grad), g_.type(sl.grad).dtype, sl.m, sl.v, sl.data,
+                g_.type(sl.param).dtype, sl.size, s);
+  }
+  const TensorType& lt = g_.type(g_.loss());
+  std::vector<char> bytes(static_cast<size_t>(lt.bytes()));
+  gpu_.to_host(bytes.data(), value(g_.loss()), lt.bytes());
+  float loss = 0;
+  convert_elements(bytes.data(), lt.dtype, &loss, DType::f32, 1);
+  return loss;
+}
+
+double CudaTrainer::last_grad_norm() {
+  double n = 0;
+  gpu_.to_host(&n, norm_, 8);
+  return n;
+}
+
+std::vector<float> CudaTrainer::master(size_t i) {
+  std::vector<float> f(static_cast<size_t>(slots_.at(i).size));
+  gpu_.to_host(f.data(), slots_[i].master, slots_[i].size * 4);
+  return f;
+}
+
+}  // namespace tessera

@@ -1,0 +1,83 @@
+// Trains a graph on one GPU through the CUDA backend (-DTESSERA_CUDA=ON). Parameters (in the
+// graph's dtype), f32 master weights and AdamW moments live in device memory; every other
+// value lives at its offset in one device arena sized by the static memory plan, so a step
+// allocates nothing. A step enqueues every node in order on the backend's stream, then the
+// global gradient norm, the clipping coefficient and a fused AdamW (backend/cuda/optim.h), all
+// on the device; it waits once, to read the loss.
+//
+//   CudaBackend gpu;
+//   CudaTrainer t(model.graph, gpu, {.adamw = {.lr = 6e-4}, .max_grad_norm = 1.0});
+//   t.init_params(seed);                       // the values Executor::init_params gives
+//   t.set_input("tokens", tokens.data());  t.set_input("targets", targets.data());
+//   float loss = t.step(lr);
+//
+// A bf16 or f16 graph (ModelConfig::dtype) trains in mixed precision: its parameters,
+// activations and gradients in that dtype, the master weights and moments in f32.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "backend/cuda/cuda_backend.h"
+#include "ir/graph.h"
+#include "parallel/memory_plan.h"
+#include "runtime/optimizer.h"
+
+namespace tessera {
+
+struct CudaTrainerOptions {
+  AdamWConfig adamw;
+  double max_grad_norm = 1.0;  // <= 0: no clipping
+};
+
+class CudaTrainer {
+ public:
+  // g must be a training graph (a loss and parameter gradients).
+  CudaTrainer(const Graph& g, CudaBackend& gpu, CudaTrainerOptions options = {});
+  ~CudaTrainer();
+  CudaTrainer(const CudaTrainer&) = delete;
+  CudaTrainer& operator=(const CudaTrainer&) = delete;
+
+  void init_params(uint64_t seed);
+  // Copies the named input's full value from host memory (enqueued; the host buffer may be
+  // reused once step() returns).
+  void set_input(const std::string& name, const void* host);
+  // Forward, backward, clipping and one AdamW step at learning rate lr; returns the loss.
+  float step(double lr);
+  // The gradient norm before clipping of the last step (waits for the device).
+  double last_grad_norm();
+  // Parameter i (g.params()[i]) as f32: its master weights.
+  std::vector<float> master(size_t i);
+
+  const MemoryPlan& plan() const { return plan_; }
+  // Device bytes outside the arena: parameters, master weights, moments, norm scratch.
+  int64_t persistent_bytes() const { return persistent_bytes_; }
+
+ private:
+  void* value(ValueId v);
+
+  const Graph& g_;
+  CudaBackend& gpu_;
+  CudaTrainerOptions opt_;
+  MemoryPlan plan_;
+  uint8_t* arena_ = nullptr;
+  uint8_t* persistent_ = nullptr;
+  int64_t persistent_bytes_ = 0;
+  struct Slot {
+    ValueId param = -1, grad = -1;
+    int64_t size = 0;
+    bool decay = true;
+    void* data = nullptr;     // in the graph's dtype
+    float* master = nullptr;  // == data for f32 parameters
+    float *m = nullptr, *v = nullptr;
+  };
+  std::vector<Slot> slots_;
+  std::vector<void*> param_ptr_;  // by ValueId; null for arena values
+  double* norm_parts_ = nullptr;
+  float* coef_ = nullptr;
+  double* norm_ = nullptr;
+  int64_t t_ = 0;
+};
+
+}  // namespace tessera
