@@ -6,7 +6,7 @@
 // (scripts/gpu_check.sh runs both in one call and prints them together).
 //
 //   tessera_cuda_train_bench [--batch 8] [--seq 1024] [--steps 10] [--warmup 3]
-//                            [--precision fp32|bf16] [--peak-tflops 989]
+//                            [--precision fp32|bf16] [--peak-tflops 989] [--profile 1]
 //
 // Prints `tessera B=.. T=.. precision=.. s_per_step=.. tokens_per_s=.. mfu=..`: MFU is the
 // graph's FLOPs per step (Graph::total_flops: matmuls, attention with its causal half, the
@@ -30,6 +30,7 @@ int main(int argc, char** argv) {
   int steps = 10, warmup = 3;
   std::string precision = "fp32";
   double peak_tflops = 989;
+  bool profile = false;
   for (int i = 1; i + 1 < argc; i += 2) {
     const std::string k = argv[i], v = argv[i + 1];
     if (k == "--batch")
@@ -42,6 +43,8 @@ int main(int argc, char** argv) {
       warmup = std::max(0, std::stoi(v));
     else if (k == "--precision")
       precision = v;
+    else if (k == "--profile")
+      profile = v == "1";
     else if (k == "--peak-tflops")
       peak_tflops = std::stod(v);
     else {
@@ -90,5 +93,10 @@ int main(int argc, char** argv) {
       "mfu=%.3f loss=%.4f (graph %.3g FLOP/step)\n",
       static_cast<long long>(batch), static_cast<long long>(seq), precision.c_str(), steps, sec,
       static_cast<double>(batch * seq) / sec, flops / sec / (peak_tflops * 1e12), loss, flops);
+  if (profile) {  // one more step, each node waited for and timed
+    t.set_profiling(true);
+    t.step(6e-4);
+    std::printf("profile of one step (each node synchronized):\n%s", t.profile().c_str());
+  }
   return 0;
 }

@@ -42,7 +42,7 @@ if [[ -x "$BIN_DIR/tessera_cuda_train_bench" ]]; then
   for p in fp32 bf16; do
     step "GPT-2 124M training, Tessera CUDA, $p, B=$B T=$T"
     timeout 180 "$BIN_DIR/tessera_cuda_train_bench" --batch "$B" --seq "$T" --steps "$STEPS" \
-      --precision "$p" 2>&1 | tee -a "$OUT/train.log" | tail -8
+      --precision "$p" --profile 1 2>&1 | tee -a "$OUT/train.log" | grep -v OpenBLAS | head -16
   done
 fi
 if [[ -z "${NO_TORCH:-}" ]]; then

@@ -1,6 +1,9 @@
 #include "runtime/cuda_trainer.h"
 
+#include <algorithm>
+#include <chrono>
 #include <cmath>
+#include <cstdio>
 
 #include "backend/cpu/cpu_backend.h"
 #include "backend/cuda/optim.h"
@@ -106,14 +109,34 @@ void CudaTrainer::set_input(const std::string& name, const void* host) {
 float CudaTrainer::step(double lr) {
   std::vector<const void*> in;
   std::vector<void*> out;
+  using Clock = std::chrono::steady_clock;
+  auto timed = [&](size_t bucket, auto&& work) {
+    if (!profiling_) return work();
+    gpu_.synchronize();
+    const auto t0 = Clock::now();
+    work();
+    gpu_.synchronize();
+    op_seconds_[bucket] += std::chrono::duration<double>(Clock::now() - t0).count();
+    op_nodes_[bucket]++;
+  };
   for (const Node& n : g_.nodes()) {
     if (n.op == OpKind::parameter || n.op == OpKind::input) continue;
     in.clear();
     out.clear();
     for (ValueId v : n.inputs) in.push_back(value(v));
     for (ValueId v : n.outputs) out.push_back(value(v));
-    gpu_.run(g_, n, in, out);
+    timed(static_cast<size_t>(n.op), [&] { gpu_.run(g_, n, in, out); });
   }
+  timed(kNumOps, [&] { update(lr); });
+  const TensorType& lt = g_.type(g_.loss());
+  std::vector<char> bytes(static_cast<size_t>(lt.bytes()));
+  gpu_.to_host(bytes.data(), value(g_.loss()), lt.bytes());
+  float loss = 0;
+  convert_elements(bytes.data(), lt.dtype, &loss, DType::f32, 1);
+  return loss;
+}
+
+void CudaTrainer::update(double lr) {
   cudaStream_t s = gpu_.stream();
   for (size_t k = 0; k < slots_.size(); ++k) {
     const Slot& sl = slots_[k];
@@ -135,12 +158,27 @@ float CudaTrainer::step(double lr) {
     cuda::adamw(u, coef_, sl.master, value(sl.grad), g_.type(sl.grad).dtype, sl.m, sl.v, sl.data,
                 g_.type(sl.param).dtype, sl.size, s);
   }
-  const TensorType& lt = g_.type(g_.loss());
-  std::vector<char> bytes(static_cast<size_t>(lt.bytes()));
-  gpu_.to_host(bytes.data(), value(g_.loss()), lt.bytes());
-  float loss = 0;
-  convert_elements(bytes.data(), lt.dtype, &loss, DType::f32, 1);
-  return loss;
+}
+
+std::string CudaTrainer::profile() const {
+  std::vector<size_t> order;
+  double total = 0;
+  for (size_t k = 0; k < op_seconds_.size(); ++k)
+    if (op_nodes_[k] > 0) order.push_back(k), total += op_seconds_[k];
+  std::sort(order.begin(), order.end(),
+            [&](size_t a, size_t b) { return op_seconds_[a] > op_seconds_[b]; });
+  std::string r;
+  char line[160];
+  std::snprintf(line, sizeof line, "%-26s %8s %10s %6s\n", "op", "nodes", "ms", "share");
+  r += line;
+  for (size_t k : order) {
+    const char* name = k == kNumOps ? "optimizer" : op_name(static_cast<OpKind>(k));
+    std::snprintf(line, sizeof line, "%-26s %8lld %10.2f %5.1f%%\n", name,
+                  static_cast<long long>(op_nodes_[k]), 1e3 * op_seconds_[k],
+                  100.0 * op_seconds_[k] / std::max(total, 1e-30));
+    r += line;
+  }
+  return r;
 }
 
 double CudaTrainer::last_grad_norm() {

@@ -50,12 +50,19 @@ class CudaTrainer {
   // Parameter i (g.params()[i]) as f32: its master weights.
   std::vector<float> master(size_t i);
 
+  // Profiling: with it on, step() waits for every node and adds its time to its op's total
+  // (slower steps; the shares show where a step goes). profile() prints the totals, largest
+  // first, with the optimizer's device passes as "optimizer".
+  void set_profiling(bool on) { profiling_ = on; }
+  std::string profile() const;
+
   const MemoryPlan& plan() const { return plan_; }
   // Device bytes outside the arena: parameters, master weights, moments, norm scratch.
   int64_t persistent_bytes() const { return persistent_bytes_; }
 
  private:
   void* value(ValueId v);
+  void update(double lr);  // the gradient norm, clipping and AdamW, enqueued
 
   const Graph& g_;
   CudaBackend& gpu_;
@@ -78,6 +85,9 @@ class CudaTrainer {
   float* coef_ = nullptr;
   double* norm_ = nullptr;
   int64_t t_ = 0;
+  bool profiling_ = false;
+  std::vector<double> op_seconds_ = std::vector<double>(kNumOps + 1, 0.0);  // + optimizer
+  std::vector<int64_t> op_nodes_ = std::vector<int64_t>(kNumOps + 1, 0);
 };
 
 }  // namespace tessera

@@ -1,12 +1,17 @@
 // Attention, causal or bidirectional (attrs.causal), q [B,H,Tq,D], k/v [B,Hkv,Tk,D] (query head h
 // reads kv head h / (H / Hkv)), an optional score bias [H,Tq,Tk], out [B,H,Tq,D] and the
-// log-sum-exp per query row [B,H,Tq], as the CPU kernel computes them. One warp per row, each lane
-// holding D/32 elements of it: the forward walks the keys of its query row with an online softmax;
-// the backward is two passes that recompute the probabilities from the saved log-sum-exp, one per
-// query row (dq) and one per key row (dk, dv, summed over the query heads of its group), so no two
-// warps write one element of dq, dk or dv; the bias gradient, a sum over the batch, is added
-// atomically. These are correct, simple kernels (O(T^2 D) per head with a warp reduction per
-// score), not the fast path: cuDNN's fused attention is.
+// log-sum-exp per query row [B,H,Tq], as the CPU kernel computes them.
+//
+// Tiled (FlashAttention's schedule, in f32 on the CUDA cores): a block takes a tile of rows of
+// one (batch, head); each row belongs to a group of G adjacent threads, each holding kC of its
+// elements in registers (G = ceil(D / kC), so head dims up to 8 kC), and the block walks the
+// other side's rows in tiles staged in shared memory, every thread reading each staged
+// element as a broadcast. The forward keeps an online softmax per query row; the backward is
+// two passes that recompute the probabilities from the saved log-sum-exp, one per query row
+// (dq, and D_i = dO_i . O_i) and one per key row (dk, dv, summed over the query heads of its
+// group), so no two threads write one element of dq, dk or dv; the bias gradient, a sum over
+// the batch, is added atomically.
+#include <algorithm>
 #include <cmath>
 
 #include "backend/cuda/kernels.h"
@@ -17,9 +22,12 @@ namespace tessera::cuda {
 
 namespace {
 
-constexpr int kWarp = 32;
-constexpr int kMaxPerLane = 8;  // head dims up to 256
-constexpr int kWarpsPerBlock = 4;
+constexpr int kThreads = 128;
+constexpr int kMaxGroup = 8;                  // threads per row
+constexpr int kForwardChunk = 64;             // elements per thread: q and the output
+constexpr int kBackwardChunk = 32;            // dq pass: q, dO, dq; key pass: k, v, dk, dv
+constexpr int kSharedFloats = 48 * 1024 / 4;  // static limit of dynamic shared memory
+constexpr int kMaxTile = 64;                  // staged rows per tile
 
 struct Dims {
   int64_t b, h, tq, tk, d, hkv, group;
@@ -31,170 +39,290 @@ __device__ float bias_at(const float* bias, const Dims& z, int64_t h, int64_t i,
   return bias ? bias[(h * z.tq + i) * z.tk + j] : 0.0f;
 }
 
-__device__ float warp_sum(float v) {
-  for (int o = kWarp / 2; o > 0; o /= 2) v += __shfl_xor_sync(0xffffffffu, v, o);
+// Sum over the G threads of a row (adjacent lanes, groups aligned to G).
+__device__ float group_sum(float v, int g) {
+  for (int o = g / 2; o > 0; o /= 2) v += __shfl_xor_sync(0xffffffffu, v, o);
   return v;
 }
 
-// Lane `lane` holds elements lane, lane + 32, ... of a row of d elements.
-__device__ void load_row(const float* p, int64_t d, int lane, float* r) {
-  for (int e = 0; e < kMaxPerLane; ++e) {
-    const int64_t c = lane + e * kWarp;
-    r[e] = c < d ? p[c] : 0.0f;
+// How a row is spread over threads and staged in shared memory: thread r of a row's group
+// holds elements [r kC, r kC + kC); a staged row keeps chunk r at r (kC + 1) (one float of
+// padding per chunk, so that the G threads of a group read different banks).
+struct Layout {
+  int g, chunk, stride;  // threads per row, kC, floats per staged row
+  __device__ int at(int c) const { return (c / chunk) * (chunk + 1) + c % chunk; }
+};
+
+// Stages rows [r0, r0 + n) of x (rows of d floats) in s; elements past d and rows past n are 0.
+__device__ void stage(float* s, const float* x, int64_t r0, int n, int tile, int64_t d,
+                      const Layout& lay) {
+  const int padded = lay.g * lay.chunk;
+  for (int idx = threadIdx.x; idx < tile * padded; idx += blockDim.x) {
+    const int row = idx / padded, c = idx % padded;
+    s[row * lay.stride + lay.at(c)] = row < n && c < d ? x[(r0 + row) * d + c] : 0.0f;
   }
 }
 
-__device__ float dot_row(const float* r, const float* p, int64_t d, int lane) {
+// Loads this thread's chunk of row x (d floats) into r.
+template <int kC>
+__device__ void load_chunk(const float* x, int64_t d, int part, bool ok, float* r) {
+#pragma unroll
+  for (int e = 0; e < kC; ++e) {
+    const int64_t c = int64_t{part} * kC + e;
+    r[e] = ok && c < d ? x[c] : 0.0f;
+  }
+}
+
+template <int kC>
+__device__ void store_chunk(float* x, int64_t d, int part, const float* r, float scale = 1.0f) {
+#pragma unroll
+  for (int e = 0; e < kC; ++e) {
+    const int64_t c = int64_t{part} * kC + e;
+    if (c < d) x[c] = r[e] * scale;
+  }
+}
+
+template <int kC>
+__device__ float dot_chunk(const float* r, const float* staged) {
   float s = 0;
-  for (int e = 0; e < kMaxPerLane; ++e) {
-    const int64_t c = lane + e * kWarp;
-    if (c < d) s += r[e] * p[c];
-  }
-  return warp_sum(s);
+#pragma unroll
+  for (int e = 0; e < kC; ++e) s += r[e] * staged[e];
+  return s;
 }
 
-__device__ void store_row(float* p, int64_t d, int lane, const float* r) {
-  for (int e = 0; e < kMaxPerLane; ++e) {
-    const int64_t c = lane + e * kWarp;
-    if (c < d) p[c] = r[e];
-  }
+// The block's tile of rows: which (batch, head) and which first row, for `rows` rows per head.
+struct Tile {
+  int64_t bh, first;
+};
+__device__ Tile tile_of(int64_t rows, int per_block) {
+  const int64_t tiles = (rows + per_block - 1) / per_block;
+  return {blockIdx.x / tiles, (blockIdx.x % tiles) * per_block};
 }
 
-__device__ int64_t warp_index() { return (blockIdx.x * int64_t{blockDim.x} + threadIdx.x) / kWarp; }
-
-// Row `row` = (b, h, i) of q.
+template <int kC>
 __global__ void forward_kernel(const float* q, const float* k, const float* v, const float* bias,
-                               float* out, float* lse, Dims z, float scale) {
-  const int64_t row = warp_index();
-  const int lane = threadIdx.x % kWarp;
-  if (row >= z.b * z.h * z.tq) return;
-  const int64_t i = row % z.tq, bh = row / z.tq, b = bh / z.h, h = bh % z.h;
-  const int64_t kv = (b * z.hkv + h / z.group) * z.tk * z.d;
-  float qr[kMaxPerLane], acc[kMaxPerLane] = {};
-  load_row(q + row * z.d, z.d, lane, qr);
+                               float* out, float* lse, Dims z, float scale, int g, int tile) {
+  extern __shared__ float sm[];
+  const Layout lay{g, kC, g * (kC + 1)};
+  float *ks = sm, *vs = sm + tile * lay.stride;
+  const int per_block = blockDim.x / g, part = threadIdx.x % g;
+  const Tile t = tile_of(z.tq, per_block);
+  const int64_t b = t.bh / z.h, h = t.bh % z.h, i = t.first + threadIdx.x / g;
+  const bool row_ok = i < z.tq;
+  const int64_t row = t.bh * z.tq + i, kv = (b * z.hkv + h / z.group) * z.tk * z.d;
+  float qr[kC], acc[kC];
+  load_chunk<kC>(q + row * z.d, z.d, part, row_ok, qr);
+#pragma unroll
+  for (int e = 0; e < kC; ++e) acc[e] = 0.0f;
   float m = -INFINITY, l = 0;
-  for (int64_t j = 0; j < (z.causal ? i + 1 : z.tk); ++j) {
-    const float s = scale * dot_row(qr, k + kv + j * z.d, z.d, lane) + bias_at(bias, z, h, i, j);
-    const float m_new = fmaxf(m, s);
-    const float correction = expf(m - m_new), p = expf(s - m_new);
-    l = l * correction + p;
-    const float* vj = v + kv + j * z.d;
-    for (int e = 0; e < kMaxPerLane; ++e) {
-      const int64_t c = lane + e * kWarp;
-      acc[e] = acc[e] * correction + (c < z.d ? p * vj[c] : 0.0f);
+  // Keys any row of the tile sees (the same for the whole block).
+  const int64_t keys = z.causal ? std::min<int64_t>(z.tk, t.first + per_block) : z.tk;
+  for (int64_t j0 = 0; j0 < keys; j0 += tile) {
+    const int n = static_cast<int>(std::min<int64_t>(tile, keys - j0));
+    __syncthreads();
+    stage(ks, k + kv, j0, n, tile, z.d, lay);
+    stage(vs, v + kv, j0, n, tile, z.d, lay);
+    __syncthreads();
+    for (int jj = 0; jj < n; ++jj) {
+      const float* kr = ks + jj * lay.stride + part * (kC + 1);
+      float s = group_sum(dot_chunk<kC>(qr, kr), g);
+      const int64_t j = j0 + jj;
+      if (!row_ok || (z.causal && j > i)) continue;
+      s = s * scale + bias_at(bias, z, h, i, j);
+      if (s > m) {  // a new maximum: rescale what was summed so far
+        const float correction = expf(m - s);
+        l *= correction;
+#pragma unroll
+        for (int e = 0; e < kC; ++e) acc[e] *= correction;
+        m = s;
+      }
+      const float p = expf(s - m);
+      l += p;
+      const float* vr = vs + jj * lay.stride + part * (kC + 1);
+#pragma unroll
+      for (int e = 0; e < kC; ++e) acc[e] += p * vr[e];
     }
-    m = m_new;
   }
-  for (int e = 0; e < kMaxPerLane; ++e) acc[e] /= l;
-  store_row(out + row * z.d, z.d, lane, acc);
-  if (lane == 0) lse[row] = m + logf(l);
+  if (!row_ok) return;
+  store_chunk<kC>(out + row * z.d, z.d, part, acc, 1.0f / l);
+  if (part == 0) lse[row] = m + logf(l);
 }
 
-// dq of query row (b, h, i), its row of the bias gradient (added over the batch), and
+// dq of each query row of the tile, its row of the bias gradient (added over the batch), and
 // D_i = dO_i . O_i for the key pass.
+template <int kC>
 __global__ void dq_kernel(const float* q, const float* k, const float* v, const float* out,
                           const float* lse, const float* dout, const float* bias, float* dq,
-                          float* dbias, float* delta, Dims z, float scale) {
-  const int64_t row = warp_index();
-  const int lane = threadIdx.x % kWarp;
-  if (row >= z.b * z.h * z.tq) return;
-  const int64_t i = row % z.tq, bh = row / z.tq, b = bh / z.h, h = bh % z.h;
-  const int64_t kv = (b * z.hkv + h / z.group) * z.tk * z.d;
-  float qr[kMaxPerLane], dor[kMaxPerLane], acc[kMaxPerLane] = {};
-  load_row(q + row * z.d, z.d, lane, qr);
-  load_row(dout + row * z.d, z.d, lane, dor);
-  const float di = dot_row(dor, out + row * z.d, z.d, lane), l = lse[row];
-  for (int64_t j = 0; j < (z.causal ? i + 1 : z.tk); ++j) {
-    const float p =
-        expf(scale * dot_row(qr, k + kv + j * z.d, z.d, lane) + bias_at(bias, z, h, i, j) - l);
-    const float ds = p * (dot_row(dor, v + kv + j * z.d, z.d, lane) - di);
-    if (dbias && lane == 0) atomicAdd(dbias + (h * z.tq + i) * z.tk + j, ds);
-    const float* kj = k + kv + j * z.d;
-    for (int e = 0; e < kMaxPerLane; ++e) {
-      const int64_t c = lane + e * kWarp;
-      if (c < z.d) acc[e] += ds * scale * kj[c];
+                          float* dbias, float* delta, Dims z, float scale, int g, int tile) {
+  extern __shared__ float sm[];
+  const Layout lay{g, kC, g * (kC + 1)};
+  float *ks = sm, *vs = sm + tile * lay.stride;
+  const int per_block = blockDim.x / g, part = threadIdx.x % g;
+  const Tile t = tile_of(z.tq, per_block);
+  const int64_t b = t.bh / z.h, h = t.bh % z.h, i = t.first + threadIdx.x / g;
+  const bool row_ok = i < z.tq;
+  const int64_t row = t.bh * z.tq + i, kv = (b * z.hkv + h / z.group) * z.tk * z.d;
+  float qr[kC], dor[kC], acc[kC], o[kC];
+  load_chunk<kC>(q + row * z.d, z.d, part, row_ok, qr);
+  load_chunk<kC>(dout + row * z.d, z.d, part, row_ok, dor);
+  load_chunk<kC>(out + row * z.d, z.d, part, row_ok, o);
+  float di = 0;
+#pragma unroll
+  for (int e = 0; e < kC; ++e) {
+    di += dor[e] * o[e];
+    acc[e] = 0.0f;
+  }
+  di = group_sum(di, g);
+  const float l = row_ok ? lse[row] : 0.0f;
+  const int64_t keys = z.causal ? std::min<int64_t>(z.tk, t.first + per_block) : z.tk;
+  for (int64_t j0 = 0; j0 < keys; j0 += tile) {
+    const int n = static_cast<int>(std::min<int64_t>(tile, keys - j0));
+    __syncthreads();
+    stage(ks, k + kv, j0, n, tile, z.d, lay);
+    stage(vs, v + kv, j0, n, tile, z.d, lay);
+    __syncthreads();
+    for (int jj = 0; jj < n; ++jj) {
+      const float* kr = ks + jj * lay.stride + part * (kC + 1);
+      const float* vr = vs + jj * lay.stride + part * (kC + 1);
+      const float s = group_sum(dot_chunk<kC>(qr, kr), g);
+      const float dp = group_sum(dot_chunk<kC>(dor, vr), g);
+      const int64_t j = j0 + jj;
+      if (!row_ok || (z.causal && j > i)) continue;
+      const float p = expf(s * scale + bias_at(bias, z, h, i, j) - l);
+      const float ds = p * (dp - di);
+      if (dbias && part == 0) atomicAdd(dbias + (h * z.tq + i) * z.tk + j, ds);
+#pragma unroll
+      for (int e = 0; e < kC; ++e) acc[e] += ds * kr[e];
     }
   }
-  store_row(dq + row * z.d, z.d, lane, acc);
-  if (lane == 0) delta[row] = di;
+  if (!row_ok) return;
+  store_chunk<kC>(dq + row * z.d, z.d, part, acc, scale);
+  if (part == 0) delta[row] = di;
 }
 
-// dk, dv of key row (b, kv head, j): the query rows that see it (causal: i >= j) of every head
-// in its group.
+// dk, dv of each key row of the tile (of one batch and kv head): the query rows that see it
+// (causal: i >= j) of every head in its group.
+template <int kC>
 __global__ void dkv_kernel(const float* q, const float* k, const float* v, const float* lse,
                            const float* dout, const float* bias, const float* delta, float* dk,
-                           float* dv, Dims z, float scale) {
-  const int64_t row = warp_index();
-  const int lane = threadIdx.x % kWarp;
-  if (row >= z.b * z.hkv * z.tk) return;
-  const int64_t j = row % z.tk, bk = row / z.tk, b = bk / z.hkv, kvh = bk % z.hkv;
-  float kr[kMaxPerLane], vr[kMaxPerLane], dkr[kMaxPerLane] = {}, dvr[kMaxPerLane] = {};
-  load_row(k + row * z.d, z.d, lane, kr);
-  load_row(v + row * z.d, z.d, lane, vr);
-  for (int64_t g = 0; g < z.group; ++g) {
-    const int64_t hh = kvh * z.group + g, q0 = (b * z.h + hh) * z.tq;  // its first query row
-    for (int64_t i = z.causal ? j : 0; i < z.tq; ++i) {
-      const float* qi = q + (q0 + i) * z.d;
-      const float* doi = dout + (q0 + i) * z.d;
-      const float p =
-          expf(scale * dot_row(kr, qi, z.d, lane) + bias_at(bias, z, hh, i, j) - lse[q0 + i]);
-      const float ds = p * (dot_row(vr, doi, z.d, lane) - delta[q0 + i]) * scale;
-      for (int e = 0; e < kMaxPerLane; ++e) {
-        const int64_t c = lane + e * kWarp;
-        if (c < z.d) {
-          dvr[e] += p * doi[c];
-          dkr[e] += ds * qi[c];
+                           float* dv, Dims z, float scale, int g, int tile) {
+  extern __shared__ float sm[];
+  const Layout lay{g, kC, g * (kC + 1)};
+  float *qs = sm, *ds_rows = sm + tile * lay.stride, *ls = ds_rows + tile * lay.stride,
+        *deltas = ls + tile;
+  const int per_block = blockDim.x / g, part = threadIdx.x % g;
+  const Tile t = tile_of(z.tk, per_block);
+  const int64_t b = t.bh / z.hkv, kvh = t.bh % z.hkv, j = t.first + threadIdx.x / g;
+  const bool key_ok = j < z.tk;
+  const int64_t row = t.bh * z.tk + j;
+  float kr[kC], vr[kC], dkr[kC], dvr[kC];
+  load_chunk<kC>(k + row * z.d, z.d, part, key_ok, kr);
+  load_chunk<kC>(v + row * z.d, z.d, part, key_ok, vr);
+#pragma unroll
+  for (int e = 0; e < kC; ++e) dkr[e] = dvr[e] = 0.0f;
+  for (int64_t gi = 0; gi < z.group; ++gi) {
+    const int64_t hh = kvh * z.group + gi, q0 = (b * z.h + hh) * z.tq;  // its first query row
+    for (int64_t i0 = z.causal ? t.first : 0; i0 < z.tq; i0 += tile) {
+      const int n = static_cast<int>(std::min<int64_t>(tile, z.tq - i0));
+      __syncthreads();
+      stage(qs, q + q0 * z.d, i0, n, tile, z.d, lay);
+      stage(ds_rows, dout + q0 * z.d, i0, n, tile, z.d, lay);
+      for (int x = threadIdx.x; x < n; x += blockDim.x) {
+        ls[x] = lse[q0 + i0 + x];
+        deltas[x] = delta[q0 + i0 + x];
+      }
+      __syncthreads();
+      for (int ii = 0; ii < n; ++ii) {
+        const float* qi = qs + ii * lay.stride + part * (kC + 1);
+        const float* doi = ds_rows + ii * lay.stride + part * (kC + 1);
+        const float s = group_sum(dot_chunk<kC>(kr, qi), g);
+        const float dp = group_sum(dot_chunk<kC>(vr, doi), g);
+        const int64_t i = i0 + ii;
+        if (!key_ok || (z.causal && i < j)) continue;
+        const float p = expf(s * scale + bias_at(bias, z, hh, i, j) - ls[ii]);
+        const float dsc = p * (dp - deltas[ii]) * scale;
+#pragma unroll
+        for (int e = 0; e < kC; ++e) {
+          dvr[e] += p * doi[e];
+          dkr[e] += dsc * qi[e];
         }
       }
     }
   }
-  store_row(dk + row * z.d, z.d, lane, dkr);
-  store_row(dv + row * z.d, z.d, lane, dvr);
+  if (!key_ok) return;
+  store_chunk<kC>(dk + row * z.d, z.d, part, dkr);
+  store_chunk<kC>(dv + row * z.d, z.d, part, dvr);
 }
 
 Dims dims_of(const Args& a) {
   const Shape &sq = a.in_shape(0), &sk = a.in_shape(1);
   Dims z{sq[0], sq[1], sq[2], sk[2], sq[3], sk[1], sq[1] / sk[1], a.attrs.causal};
-  TS_CHECK(z.d <= kWarp * kMaxPerLane) << "the CUDA attention kernel takes head dims up to "
-                                       << kWarp * kMaxPerLane << ", not " << z.d;
+  TS_CHECK(z.d <= kMaxGroup * kBackwardChunk) << "the CUDA attention kernel takes head dims up to "
+                                              << kMaxGroup * kBackwardChunk << ", not " << z.d;
   return z;
 }
 
-unsigned warp_blocks(int64_t rows) {
-  return static_cast<unsigned>((rows + kWarpsPerBlock - 1) / kWarpsPerBlock);
+// Threads per row (a power of two) for rows of d elements in chunks of kC.
+int group_for(int64_t d, int chunk) {
+  int g = 1;
+  while (g * chunk < d) g *= 2;
+  return g;
+}
+
+// How a launch of a kernel with `chunk` elements per thread is shaped: threads per row, rows
+// staged per tile (as many as fit `arrays` staged arrays and `per_row` extra floats).
+struct Launch {
+  int g, tile;
+  size_t shared_bytes;
+  unsigned blocks(int64_t heads, int64_t rows) const {
+    const int64_t per_block = kThreads / g;
+    return static_cast<unsigned>(heads * ((rows + per_block - 1) / per_block));
+  }
+};
+Launch launch_for(int64_t d, int chunk, int arrays, int per_row) {
+  Launch l;
+  l.g = group_for(d, chunk);
+  const int stride = l.g * (chunk + 1);
+  l.tile = std::max(1, std::min(kMaxTile, kSharedFloats / (arrays * stride + per_row)));
+  l.shared_bytes = static_cast<size_t>(l.tile) * (arrays * stride + per_row) * sizeof(float);
+  return l;
 }
 
 void attention(OpKind, const Args& a) {
   const Dims z = dims_of(a);
-  const int64_t rows = z.b * z.h * z.tq;
-  if (rows == 0) return;
+  if (z.b * z.h * z.tq == 0) return;
   const float* bias = a.num_inputs() == 4 ? a.fin(3) : nullptr;
-  forward_kernel<<<warp_blocks(rows), kWarpsPerBlock * kWarp, 0, a.stream>>>(
-      a.fin(0), a.fin(1), a.fin(2), bias, a.fout(0), a.fout(1), z,
-      static_cast<float>(a.attrs.scalar));
+  const float scale = static_cast<float>(a.attrs.scalar);
+  const Launch l = launch_for(z.d, kForwardChunk, 2, 0);
+  forward_kernel<kForwardChunk><<<l.blocks(z.b * z.h, z.tq), kThreads, l.shared_bytes, a.stream>>>(
+      a.fin(0), a.fin(1), a.fin(2), bias, a.fout(0), a.fout(1), z, scale, l.g, l.tile);
   TS_CUDA_LAUNCH();
 }
 
 void attention_grad(OpKind, const Args& a) {
   const Dims z = dims_of(a);
-  const int64_t rows = z.b * z.h * z.tq, kv_rows = z.b * z.hkv * z.tk;
-  if (rows == 0) return;
+  if (z.b * z.h * z.tq == 0) return;
   const float scale = static_cast<float>(a.attrs.scalar);
   const float* bias = a.num_inputs() == 7 ? a.fin(6) : nullptr;
   float* dbias = bias ? a.fout(3) : nullptr;
   if (dbias)
     TS_CUDA(cudaMemsetAsync(dbias, 0, static_cast<size_t>(z.h * z.tq * z.tk) * 4, a.stream));
   float* delta = nullptr;
-  TS_CUDA(
-      cudaMallocAsync(reinterpret_cast<void**>(&delta), static_cast<size_t>(rows) * 4, a.stream));
-  dq_kernel<<<warp_blocks(rows), kWarpsPerBlock * kWarp, 0, a.stream>>>(
+  TS_CUDA(cudaMallocAsync(reinterpret_cast<void**>(&delta),
+                          static_cast<size_t>(z.b * z.h * z.tq) * 4, a.stream));
+  const Launch lq = launch_for(z.d, kBackwardChunk, 2, 0);
+  dq_kernel<kBackwardChunk><<<lq.blocks(z.b * z.h, z.tq), kThreads, lq.shared_bytes, a.stream>>>(
       a.fin(0), a.fin(1), a.fin(2), a.fin(3), a.fin(4), a.fin(5), bias, a.fout(0), dbias, delta, z,
-      scale);
+      scale, lq.g, lq.tile);
   TS_CUDA_LAUNCH();
-  dkv_kernel<<<warp_blocks(kv_rows), kWarpsPerBlock * kWarp, 0, a.stream>>>(
-      a.fin(0), a.fin(1), a.fin(2), a.fin(4), a.fin(5), bias, delta, a.fout(1), a.fout(2), z,
-      scale);
-  TS_CUDA_LAUNCH();
+  if (z.tk > 0) {
+    const Launch lk = launch_for(z.d, kBackwardChunk, 2, 2);
+    dkv_kernel<kBackwardChunk>
+        <<<lk.blocks(z.b * z.hkv, z.tk), kThreads, lk.shared_bytes, a.stream>>>(
+            a.fin(0), a.fin(1), a.fin(2), a.fin(4), a.fin(5), bias, delta, a.fout(1), a.fout(2), z,
+            scale, lk.g, lk.tile);
+    TS_CUDA_LAUNCH();
+  }
   TS_CUDA(cudaFreeAsync(delta, a.stream));
 }
 

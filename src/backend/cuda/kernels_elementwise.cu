@@ -37,8 +37,28 @@ Strides strides_of(const Shape& x, const Shape& y, const Shape& out) {
   for (int d = 0; d < out.rank(); ++d) s.out_dim[d] = out[d];
   broadcast_strides(x, out, s.x);
   broadcast_strides(y, out, s.y);
+  // Merge each dim into the next outer one where both operands walk them as one (contiguous,
+  // or both broadcast): a bias add over [B, T, C] + [C] indexes as [B*T, C].
+  int r = 0;
+  for (int d = 1; d < s.rank; ++d) {
+    const bool merge = s.x[r] == s.x[d] * s.out_dim[d] && s.y[r] == s.y[d] * s.out_dim[d];
+    if (merge) {
+      s.out_dim[r] *= s.out_dim[d];
+      s.x[r] = s.x[d];
+      s.y[r] = s.y[d];
+    } else {
+      ++r;
+      s.out_dim[r] = s.out_dim[d];
+      s.x[r] = s.x[d];
+      s.y[r] = s.y[d];
+    }
+  }
+  if (s.rank > 0) s.rank = r + 1;
   return s;
 }
+
+// 32-bit index arithmetic (far cheaper divisions) when every index of a launch fits.
+bool fits_32(int64_t n) { return n < (int64_t{1} << 31); }
 
 #define GRID_STRIDE(i, n)                                                   \
   for (int64_t i = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; i < (n); \
@@ -49,16 +69,16 @@ __global__ void binary_same(const float* x, const float* y, float* z, int64_t n,
   GRID_STRIDE(i, n) z[i] = op(x[i], y[i]);
 }
 
-template <typename Op>
+template <typename I, typename Op>
 __global__ void binary_bcast(const float* x, const float* y, float* z, int64_t n, Strides s,
                              Op op) {
   GRID_STRIDE(i, n) {
-    int64_t rem = i, ox = 0, oy = 0;
+    I rem = static_cast<I>(i), ox = 0, oy = 0;
     for (int d = s.rank - 1; d >= 0; --d) {
-      int64_t c = rem % s.out_dim[d];
-      rem /= s.out_dim[d];
-      ox += c * s.x[d];
-      oy += c * s.y[d];
+      const I dim = static_cast<I>(s.out_dim[d]), c = rem % dim;
+      rem /= dim;
+      ox += c * static_cast<I>(s.x[d]);
+      oy += c * static_cast<I>(s.y[d]);
     }
     z[i] = op(x[ox], y[oy]);
   }
@@ -72,8 +92,13 @@ void binary_impl(const Args& a, Op op) {
   if (sx == sz && sy == sz) {
     binary_same<<<blocks_for(n), 256, 0, a.stream>>>(a.fin(0), a.fin(1), a.fout(0), n, op);
   } else {
-    binary_bcast<<<blocks_for(n), 256, 0, a.stream>>>(a.fin(0), a.fin(1), a.fout(0), n,
-                                                      strides_of(sx, sy, sz), op);
+    const Strides st = strides_of(sx, sy, sz);
+    if (fits_32(n))
+      binary_bcast<int32_t>
+          <<<blocks_for(n), 256, 0, a.stream>>>(a.fin(0), a.fin(1), a.fout(0), n, st, op);
+    else
+      binary_bcast<int64_t>
+          <<<blocks_for(n), 256, 0, a.stream>>>(a.fin(0), a.fin(1), a.fout(0), n, st, op);
   }
   TS_CUDA_LAUNCH();
 }
@@ -233,12 +258,14 @@ void swiglu_grad(OpKind, const Args& a) {
   TS_CUDA_LAUNCH();
 }
 
+template <typename I>
 __global__ void broadcast_kernel(const float* x, float* y, int64_t n, Strides s) {
   GRID_STRIDE(i, n) {
-    int64_t rem = i, off = 0;
+    I rem = static_cast<I>(i), off = 0;
     for (int d = s.rank - 1; d >= 0; --d) {
-      off += (rem % s.out_dim[d]) * s.x[d];
-      rem /= s.out_dim[d];
+      const I dim = static_cast<I>(s.out_dim[d]);
+      off += (rem % dim) * static_cast<I>(s.x[d]);
+      rem /= dim;
     }
     y[i] = x[off];
   }
@@ -247,8 +274,11 @@ __global__ void broadcast_kernel(const float* x, float* y, int64_t n, Strides s)
 void broadcast_to(OpKind, const Args& a) {
   const int64_t n = a.out_shape(0).numel();
   if (n == 0) return;
-  broadcast_kernel<<<blocks_for(n), 256, 0, a.stream>>>(
-      a.fin(0), a.fout(0), n, strides_of(a.in_shape(0), a.in_shape(0), a.out_shape(0)));
+  const Strides st = strides_of(a.in_shape(0), a.in_shape(0), a.out_shape(0));
+  if (fits_32(n))
+    broadcast_kernel<int32_t><<<blocks_for(n), 256, 0, a.stream>>>(a.fin(0), a.fout(0), n, st);
+  else
+    broadcast_kernel<int64_t><<<blocks_for(n), 256, 0, a.stream>>>(a.fin(0), a.fout(0), n, st);
   TS_CUDA_LAUNCH();
 }
 

@@ -136,16 +136,29 @@ void reshape(OpKind, const Args& a) {
 }
 
 // Output element i reads the input at sum over dims of coordinate * src stride.
-template <typename T>
+// I: the index type, int32_t (cheaper divisions) when n < 2^31.
+template <typename T, typename I>
 __global__ void transpose_kernel(const T* x, T* y, Dims out, Dims src, int64_t n) {
   GRID_STRIDE(i, n) {
-    int64_t rem = i, off = 0;
+    I rem = static_cast<I>(i), off = 0;
     for (int d = out.rank - 1; d >= 0; --d) {
-      off += (rem % out.d[d]) * src.d[d];
-      rem /= out.d[d];
+      const I dim = static_cast<I>(out.d[d]);
+      off += (rem % dim) * static_cast<I>(src.d[d]);
+      rem /= dim;
     }
     y[i] = x[off];
   }
+}
+
+template <typename T>
+void launch_transpose(const void* x, void* y, const Dims& out, const Dims& src, int64_t n,
+                      cudaStream_t s) {
+  if (n < (int64_t{1} << 31))
+    transpose_kernel<T, int32_t>
+        <<<blocks_for(n), 256, 0, s>>>(static_cast<const T*>(x), static_cast<T*>(y), out, src, n);
+  else
+    transpose_kernel<T, int64_t>
+        <<<blocks_for(n), 256, 0, s>>>(static_cast<const T*>(x), static_cast<T*>(y), out, src, n);
 }
 
 void transpose(OpKind, const Args& a) {
@@ -154,15 +167,10 @@ void transpose(OpKind, const Args& a) {
   if (n == 0) return;
   Dims in_stride = row_major_strides(in), src = dims_of(out);
   for (int d = 0; d < out.rank(); ++d) src.d[d] = in_stride.d[a.attrs.ints[static_cast<size_t>(d)]];
-  if (dtype_size(a.in_types[0].dtype) == 2) {
-    transpose_kernel<<<blocks_for(n), 256, 0, a.stream>>>(static_cast<const uint16_t*>(a.in[0]),
-                                                          static_cast<uint16_t*>(a.out[0]),
-                                                          dims_of(out), src, n);
-  } else {
-    transpose_kernel<<<blocks_for(n), 256, 0, a.stream>>>(static_cast<const uint32_t*>(a.in[0]),
-                                                          static_cast<uint32_t*>(a.out[0]),
-                                                          dims_of(out), src, n);
-  }
+  if (dtype_size(a.in_types[0].dtype) == 2)
+    launch_transpose<uint16_t>(a.in[0], a.out[0], dims_of(out), src, n, a.stream);
+  else
+    launch_transpose<uint32_t>(a.in[0], a.out[0], dims_of(out), src, n, a.stream);
   TS_CUDA_LAUNCH();
 }
 

@@ -262,5 +262,40 @@ TEST(CudaBackend, MatmulAndActivationsInBf16AndF16) {
   }
 }
 
+// The tiled attention kernels on the shapes the model graphs do not reach: rows that do not
+// fill a tile (70 queries, 45 keys, 130 causal rows over two tiles), bidirectional with a score
+// bias, grouped heads, head dims of 16, 80 (a row over several threads) and 256 (the largest).
+TEST(CudaBackend, AttentionTilesEdgesBiasAndHeadDims) {
+  REQUIRE_DEVICE();
+  struct Case {
+    int64_t tq, tk, h, hkv, d;
+    bool causal, bias;
+  };
+  const Case cases[] = {{70, 45, 4, 2, 80, false, true},
+                        {130, 130, 4, 2, 80, true, false},
+                        {130, 130, 2, 2, 16, true, true},
+                        {33, 33, 2, 1, 256, true, false},
+                        {1, 7, 3, 3, 64, false, false}};
+  std::map<std::string, OpReport> report;
+  for (const Case& c : cases) {
+    Graph g;
+    Builder b(&g);
+    Var q = b.parameter("q", Shape{2, c.h, c.tq, c.d}, Init::zeros);
+    Var k = b.parameter("k", Shape{2, c.hkv, c.tk, c.d}, Init::zeros);
+    Var v = b.parameter("v", Shape{2, c.hkv, c.tk, c.d}, Init::zeros);
+    Var bias = c.bias ? b.parameter("bias", Shape{c.h, c.tq, c.tk}, Init::zeros) : Var{};
+    Var dout = b.parameter("dout", Shape{2, c.h, c.tq, c.d}, Init::zeros);
+    const double scale = 1.0 / std::sqrt(static_cast<double>(c.d));
+    std::vector<Var> att = b.attention(q, k, v, scale, c.causal, bias);
+    std::vector<Var> grads = b.attention_grad(q, k, v, att[0], att[1], dout, scale, c.causal, bias);
+    for (const Var& x : grads) g.mark_output(x.id);
+    std::set<std::string> missing = check_graph(g, 1, &report);
+    EXPECT_TRUE(missing.empty()) << joined(missing);
+  }
+  EXPECT_EQ(report["attention"].nodes, 5);
+  EXPECT_EQ(report["attention_grad"].nodes, 5);
+  print(report);
+}
+
 }  // namespace
 }  // namespace tessera
