@@ -46,11 +46,13 @@ __device__ float group_sum(float v, int g) {
 }
 
 // How a row is spread over threads and staged in shared memory: thread r of a row's group
-// holds elements [r kC, r kC + kC); a staged row keeps chunk r at r (kC + 1) (one float of
-// padding per chunk, so that the G threads of a group read different banks).
+// holds elements [r kC, r kC + kC); a staged row keeps chunk r at r (kC + kPad) (padding so
+// that the G threads of a group read different banks, and chunks stay 16-byte aligned for
+// float4 reads).
+constexpr int kPad = 4;
 struct Layout {
   int g, chunk, stride;  // threads per row, kC, floats per staged row
-  __device__ int at(int c) const { return (c / chunk) * (chunk + 1) + c % chunk; }
+  __device__ int at(int c) const { return (c / chunk) * (chunk + kPad) + c % chunk; }
 };
 
 // Stages rows [r0, r0 + n) of x (rows of d floats) in s; elements past d and rows past n are 0.
@@ -82,12 +84,33 @@ __device__ void store_chunk(float* x, int64_t d, int part, const float* r, float
   }
 }
 
+// r . staged chunk, and acc += p * staged chunk (16-byte shared-memory reads).
 template <int kC>
 __device__ float dot_chunk(const float* r, const float* staged) {
+  const float4* p = reinterpret_cast<const float4*>(staged);
   float s = 0;
 #pragma unroll
-  for (int e = 0; e < kC; ++e) s += r[e] * staged[e];
+  for (int e = 0; e < kC / 4; ++e) {
+    const float4 t = p[e];
+    s += r[4 * e] * t.x;
+    s += r[4 * e + 1] * t.y;
+    s += r[4 * e + 2] * t.z;
+    s += r[4 * e + 3] * t.w;
+  }
   return s;
+}
+
+template <int kC>
+__device__ void axpy_chunk(float* acc, float a, const float* staged) {
+  const float4* p = reinterpret_cast<const float4*>(staged);
+#pragma unroll
+  for (int e = 0; e < kC / 4; ++e) {
+    const float4 t = p[e];
+    acc[4 * e] += a * t.x;
+    acc[4 * e + 1] += a * t.y;
+    acc[4 * e + 2] += a * t.z;
+    acc[4 * e + 3] += a * t.w;
+  }
 }
 
 // The block's tile of rows: which (batch, head) and which first row, for `rows` rows per head.
@@ -102,8 +125,9 @@ __device__ Tile tile_of(int64_t rows, int per_block) {
 template <int kC>
 __global__ void forward_kernel(const float* q, const float* k, const float* v, const float* bias,
                                float* out, float* lse, Dims z, float scale, int g, int tile) {
-  extern __shared__ float sm[];
-  const Layout lay{g, kC, g * (kC + 1)};
+  extern __shared__ float4 sm4[];  // 16-byte aligned
+  float* sm = reinterpret_cast<float*>(sm4);
+  const Layout lay{g, kC, g * (kC + kPad)};
   float *ks = sm, *vs = sm + tile * lay.stride;
   const int per_block = blockDim.x / g, part = threadIdx.x % g;
   const Tile t = tile_of(z.tq, per_block);
@@ -124,7 +148,7 @@ __global__ void forward_kernel(const float* q, const float* k, const float* v, c
     stage(vs, v + kv, j0, n, tile, z.d, lay);
     __syncthreads();
     for (int jj = 0; jj < n; ++jj) {
-      const float* kr = ks + jj * lay.stride + part * (kC + 1);
+      const float* kr = ks + jj * lay.stride + part * (kC + kPad);
       float s = group_sum(dot_chunk<kC>(qr, kr), g);
       const int64_t j = j0 + jj;
       if (!row_ok || (z.causal && j > i)) continue;
@@ -138,9 +162,7 @@ __global__ void forward_kernel(const float* q, const float* k, const float* v, c
       }
       const float p = expf(s - m);
       l += p;
-      const float* vr = vs + jj * lay.stride + part * (kC + 1);
-#pragma unroll
-      for (int e = 0; e < kC; ++e) acc[e] += p * vr[e];
+      axpy_chunk<kC>(acc, p, vs + jj * lay.stride + part * (kC + kPad));
     }
   }
   if (!row_ok) return;
@@ -154,8 +176,9 @@ template <int kC>
 __global__ void dq_kernel(const float* q, const float* k, const float* v, const float* out,
                           const float* lse, const float* dout, const float* bias, float* dq,
                           float* dbias, float* delta, Dims z, float scale, int g, int tile) {
-  extern __shared__ float sm[];
-  const Layout lay{g, kC, g * (kC + 1)};
+  extern __shared__ float4 sm4[];  // 16-byte aligned
+  float* sm = reinterpret_cast<float*>(sm4);
+  const Layout lay{g, kC, g * (kC + kPad)};
   float *ks = sm, *vs = sm + tile * lay.stride;
   const int per_block = blockDim.x / g, part = threadIdx.x % g;
   const Tile t = tile_of(z.tq, per_block);
@@ -182,8 +205,8 @@ __global__ void dq_kernel(const float* q, const float* k, const float* v, const 
     stage(vs, v + kv, j0, n, tile, z.d, lay);
     __syncthreads();
     for (int jj = 0; jj < n; ++jj) {
-      const float* kr = ks + jj * lay.stride + part * (kC + 1);
-      const float* vr = vs + jj * lay.stride + part * (kC + 1);
+      const float* kr = ks + jj * lay.stride + part * (kC + kPad);
+      const float* vr = vs + jj * lay.stride + part * (kC + kPad);
       const float s = group_sum(dot_chunk<kC>(qr, kr), g);
       const float dp = group_sum(dot_chunk<kC>(dor, vr), g);
       const int64_t j = j0 + jj;
@@ -191,8 +214,7 @@ __global__ void dq_kernel(const float* q, const float* k, const float* v, const 
       const float p = expf(s * scale + bias_at(bias, z, h, i, j) - l);
       const float ds = p * (dp - di);
       if (dbias && part == 0) atomicAdd(dbias + (h * z.tq + i) * z.tk + j, ds);
-#pragma unroll
-      for (int e = 0; e < kC; ++e) acc[e] += ds * kr[e];
+      axpy_chunk<kC>(acc, ds, kr);
     }
   }
   if (!row_ok) return;
@@ -206,8 +228,9 @@ template <int kC>
 __global__ void dkv_kernel(const float* q, const float* k, const float* v, const float* lse,
                            const float* dout, const float* bias, const float* delta, float* dk,
                            float* dv, Dims z, float scale, int g, int tile) {
-  extern __shared__ float sm[];
-  const Layout lay{g, kC, g * (kC + 1)};
+  extern __shared__ float4 sm4[];  // 16-byte aligned
+  float* sm = reinterpret_cast<float*>(sm4);
+  const Layout lay{g, kC, g * (kC + kPad)};
   float *qs = sm, *ds_rows = sm + tile * lay.stride, *ls = ds_rows + tile * lay.stride,
         *deltas = ls + tile;
   const int per_block = blockDim.x / g, part = threadIdx.x % g;
@@ -233,19 +256,16 @@ __global__ void dkv_kernel(const float* q, const float* k, const float* v, const
       }
       __syncthreads();
       for (int ii = 0; ii < n; ++ii) {
-        const float* qi = qs + ii * lay.stride + part * (kC + 1);
-        const float* doi = ds_rows + ii * lay.stride + part * (kC + 1);
+        const float* qi = qs + ii * lay.stride + part * (kC + kPad);
+        const float* doi = ds_rows + ii * lay.stride + part * (kC + kPad);
         const float s = group_sum(dot_chunk<kC>(kr, qi), g);
         const float dp = group_sum(dot_chunk<kC>(vr, doi), g);
         const int64_t i = i0 + ii;
         if (!key_ok || (z.causal && i < j)) continue;
         const float p = expf(s * scale + bias_at(bias, z, hh, i, j) - ls[ii]);
         const float dsc = p * (dp - deltas[ii]) * scale;
-#pragma unroll
-        for (int e = 0; e < kC; ++e) {
-          dvr[e] += p * doi[e];
-          dkr[e] += dsc * qi[e];
-        }
+        axpy_chunk<kC>(dvr, p, doi);
+        axpy_chunk<kC>(dkr, dsc, qi);
       }
     }
   }
@@ -282,7 +302,7 @@ struct Launch {
 Launch launch_for(int64_t d, int chunk, int arrays, int per_row) {
   Launch l;
   l.g = group_for(d, chunk);
-  const int stride = l.g * (chunk + 1);
+  const int stride = l.g * (chunk + kPad);
   l.tile = std::max(1, std::min(kMaxTile, kSharedFloats / (arrays * stride + per_row)));
   l.shared_bytes = static_cast<size_t>(l.tile) * (arrays * stride + per_row) * sizeof(float);
   return l;

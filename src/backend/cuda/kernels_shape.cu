@@ -46,8 +46,12 @@ Dims row_major_strides(const Shape& s) {
 __global__ void reduce_kernel(const float* x, Dims in, Dims in_stride, Dims out, float* y,
                               int64_t nout, int64_t per_out) {
   GRID_STRIDE(o, nout) {
+    // The dim loops are unrolled over kMaxRank so that every index into the Dims is a
+    // constant: indexed by a variable, the kernel would copy them to local memory.
     int64_t base = 0, rem = o;
-    for (int d = in.rank - 1; d >= 0; --d) {
+#pragma unroll
+    for (int d = kMaxRank - 1; d >= 0; --d) {
+      if (d >= in.rank) continue;
       const int64_t c = rem % out.d[d];
       rem /= out.d[d];
       if (out.d[d] != 1) base += c * in_stride.d[d];
@@ -55,8 +59,9 @@ __global__ void reduce_kernel(const float* x, Dims in, Dims in_stride, Dims out,
     float s = 0;
     for (int64_t k = 0; k < per_out; ++k) {
       int64_t off = base, kr = k;
-      for (int d = in.rank - 1; d >= 0; --d) {
-        if (out.d[d] != 1 || in.d[d] == 1) continue;
+#pragma unroll
+      for (int d = kMaxRank - 1; d >= 0; --d) {
+        if (d >= in.rank || out.d[d] != 1 || in.d[d] == 1) continue;
         off += (kr % in.d[d]) * in_stride.d[d];
         kr /= in.d[d];
       }
@@ -141,7 +146,9 @@ template <typename T, typename I>
 __global__ void transpose_kernel(const T* x, T* y, Dims out, Dims src, int64_t n) {
   GRID_STRIDE(i, n) {
     I rem = static_cast<I>(i), off = 0;
-    for (int d = out.rank - 1; d >= 0; --d) {
+#pragma unroll  // constant indices into the Dims (see reduce_kernel)
+    for (int d = kMaxRank - 1; d >= 0; --d) {
+      if (d >= out.rank) continue;
       const I dim = static_cast<I>(out.d[d]);
       off += (rem % dim) * static_cast<I>(src.d[d]);
       rem /= dim;
