@@ -140,6 +140,7 @@ Status run_train(const TrainOptions& options) {
     o.seq = cfg.image_tokens();
   }
   TS_RETURN_IF_ERROR(check_train_options(o, cfg));
+  if (o.precision == "bf16") cfg.dtype = DType::bf16;  // a run option: checkpoints hold f32
   const bool automatic = o.plan == "auto";
   // `tessera launch` asks, in one process before it starts the ranks, whether the flags make a
   // plan for that many ranks: a mistake is then printed once, not once per rank.
@@ -278,6 +279,10 @@ void add_train_command(CLI::App& app, TrainOptions& o) {
                   "the cheap ops between matmuls and attention again: a few % more FLOPs). "
                   "Default: the plan's, or none");
   cmd->add_option("--recompute-layers", o.recompute_layers, kRecomputeLayersHelp);
+  cmd->add_option("--precision", o.precision,
+                  "fp32, or bf16: parameters, activations and gradients in bf16 with f32 master "
+                  "weights and AdamW state (one process; GPT and LLaMA)")
+      ->capture_default_str();
   cmd->add_option("--comm-timeout", o.comm_timeout,
                   "Seconds a collective waits for a peer before the run fails")
       ->capture_default_str();

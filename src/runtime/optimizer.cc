@@ -4,9 +4,32 @@
 #include <cmath>
 #include <cstring>
 
+#include "backend/cpu/cpu_backend.h"
 #include "backend/cpu/kernels.h"
+#include "base/check.h"
 
 namespace tessera {
+
+namespace {
+
+// A bf16/f16 gradient is read in chunks widened into this buffer (f32 needs none).
+constexpr int64_t kWidenChunk = int64_t{1} << 16;
+
+// Calls f(offset, f32 pointer, count) over the slot's gradient, widened chunk by chunk.
+template <typename F>
+void widened_chunks(const ParamSlot& p, F f) {
+  if (p.grad_dtype == DType::f32) return f(0, p.grad, p.size);
+  std::vector<float> buf(static_cast<size_t>(std::min(p.size, kWidenChunk)));
+  const size_t width = dtype_size(p.grad_dtype);
+  for (int64_t at = 0; at < p.size; at += kWidenChunk) {
+    const int64_t n = std::min(kWidenChunk, p.size - at);
+    convert_elements(reinterpret_cast<const char*>(p.grad) + at * static_cast<int64_t>(width),
+                     p.grad_dtype, buf.data(), DType::f32, n);
+    f(at, buf.data(), n);
+  }
+}
+
+}  // namespace
 
 AdamW::AdamW(std::vector<ParamSlot> params, AdamWConfig cfg)
     : params_(std::move(params)), cfg_(cfg) {
@@ -21,12 +44,20 @@ AdamW::AdamW(std::vector<ParamSlot> params, AdamWConfig cfg)
 double AdamW::grad_norm() const { return std::sqrt(grad_sq_sum()); }
 
 void AdamW::scale_grads(float c) {
-  for (const ParamSlot& p : params_) cpu::scale_inplace(p.grad, p.size, c);
+  for (const ParamSlot& p : params_) {
+    TS_CHECK(p.grad_dtype == DType::f32) << "scale_grads on a " << dtype_name(p.grad_dtype)
+                                         << " gradient (accumulate micro-batches in f32)";
+    cpu::scale_inplace(p.grad, p.size, c);
+  }
 }
 
 double AdamW::grad_sq_sum() const {
   double total = 0;
-  for (const ParamSlot& p : params_) total += p.norm_weight * cpu::sum_squares(p.grad, p.size);
+  for (const ParamSlot& p : params_) {
+    double sum = 0;
+    widened_chunks(p, [&](int64_t, const float* g, int64_t n) { sum += cpu::sum_squares(g, n); });
+    total += p.norm_weight * sum;
+  }
   return total;
 }
 
@@ -60,13 +91,24 @@ void AdamW::step(double lr, float grad_scale) {
     u.step_size = step_size;
     u.bc2_sqrt = bc2_sqrt;
     u.eps = eps;
-    cpu::adamw_update(u, p.param, p.grad, m_[k].data(), v_[k].data(), p.size);
+    widened_chunks(p, [&](int64_t at, const float* g, int64_t n) {
+      cpu::adamw_update(u, p.param + at, g, m_[k].data() + at, v_[k].data() + at, n);
+    });
   }
 }
 
 void accumulate_grad(float* dst, const float* src, int64_t n, bool first) {
   if (first) return cpu::copy_floats(dst, src, n);
   cpu::add_inplace(dst, src, n);
+}
+
+void accumulate_grad(float* dst, const void* src, DType src_dtype, int64_t n, bool first) {
+  if (src_dtype == DType::f32)
+    return accumulate_grad(dst, static_cast<const float*>(src), n, first);
+  if (first) return convert_elements(src, src_dtype, dst, DType::f32, n);
+  ParamSlot view{"", nullptr, static_cast<float*>(const_cast<void*>(src)), src_dtype, n};
+  widened_chunks(view,
+                 [&](int64_t at, const float* g, int64_t k) { cpu::add_inplace(dst + at, g, k); });
 }
 
 double lr_at(int64_t step, int64_t warmup, int64_t total, double max_lr, double min_lr) {

@@ -11,6 +11,8 @@
 #include <string>
 #include <vector>
 
+#include "ir/dtype.h"
+
 namespace tessera {
 
 struct AdamWConfig {
@@ -21,11 +23,13 @@ struct AdamWConfig {
   double weight_decay = 0.1;  // applied to tensors of rank >= 2 (matrices and embeddings)
 };
 
-// One parameter tensor as the optimizer sees it (f32 master weights and gradient).
+// One parameter tensor as the optimizer sees it: f32 master weights and the gradient, stored
+// as grad_dtype (bf16/f16 gradients of a mixed-precision graph are read widened to f32).
 struct ParamSlot {
   std::string name;
   float* param = nullptr;
-  float* grad = nullptr;
+  float* grad = nullptr;  // grad_dtype elements
+  DType grad_dtype = DType::f32;
   int64_t size = 0;
   bool decay = true;
   // The share of this slot's squares the gradient norm counts on this rank: 1 / the number of
@@ -67,8 +71,10 @@ class AdamW {
   int64_t t_ = 0;
 };
 
-// Gradient accumulation over micro-batches: dst = src on the first, dst += src after.
+// Gradient accumulation over micro-batches: dst = src on the first, dst += src after (src
+// of dtype src_dtype, widened to f32).
 void accumulate_grad(float* dst, const float* src, int64_t n, bool first);
+void accumulate_grad(float* dst, const void* src, DType src_dtype, int64_t n, bool first);
 
 // Linear warmup to max_lr over warmup steps, then cosine decay to min_lr at total steps.
 double lr_at(int64_t step, int64_t warmup, int64_t total, double max_lr, double min_lr);

@@ -5,6 +5,7 @@
 #include <cmath>
 #include <cstring>
 
+#include "backend/cpu/cpu_backend.h"
 #include "base/check.h"
 #include "comm/local_comm.h"
 #include "parallel/pipeline_program.h"
@@ -79,9 +80,12 @@ Result<std::unique_ptr<StepRunner>> StepRunner::create(const Graph& global, cons
                  "build the model in ModelMode::train; a loss-only graph is evaluated with "
                  "add_evaluation");
   for (ValueId p : global.params())
-    if (global.type(p).dtype != DType::f32)
+    if (global.type(p).dtype != DType::f32 && comms.world().size() > 1)
       return error("parameter " + global.name_of(p) + " is " +
-                   std::string(dtype_name(global.type(p).dtype)) + "; parameters are kept in f32");
+                       std::string(dtype_name(global.type(p).dtype)) +
+                       ": mixed precision trains on one process for now (the collectives and "
+                       "parameter syncs move f32)",
+                   "train in f32 on several ranks, or in bf16/f16 on one");
   TS_ASSIGN_OR_RETURN(Program prog, lower(global, plan));
   return std::unique_ptr<StepRunner>(new StepRunner(global, std::move(prog), backend, comms, opt));
 }
@@ -90,9 +94,14 @@ Result<std::unique_ptr<StepRunner>> StepRunner::create_chunk(const Graph& model,
                                                              const ChunkProgram& chunk,
                                                              Backend& backend, MeshComms& comms,
                                                              AdamWConfig opt, SharedArena arena) {
-  for (const ParamLayout& pl : chunk.program.part.params)
+  for (const ParamLayout& pl : chunk.program.part.params) {
     if (model.find_param(pl.name) < 0)
       return error("pipeline chunk parameter " + pl.name + " is not in the model");
+    if (model.type(model.find_param(pl.name)).dtype != DType::f32)
+      return error("pipeline stages keep f32 parameters; " + pl.name + " is " +
+                       dtype_name(model.type(model.find_param(pl.name)).dtype),
+                   "train pipelines in f32");
+  }
   return std::unique_ptr<StepRunner>(
       new StepRunner(model, chunk.program, backend, comms, opt, &chunk, std::move(arena)));
 }
@@ -115,10 +124,16 @@ StepRunner::StepRunner(const Graph& global, Program prog, Backend& backend, Mesh
     model_index_.push_back(static_cast<size_t>(
         std::find(all.begin(), all.end(), global_.find_param(pl.name)) - all.begin()));
   }
+  masters_.resize(prog_.part.params.size());
+  for (size_t i = 0; i < masters_.size(); ++i) {
+    const TensorType& t = exec_->graph().type(param_value(i));
+    if (t.dtype != DType::f32) masters_[i].assign(static_cast<size_t>(t.shape.numel()), 0.0f);
+  }
   std::vector<ParamSlot> slots;
   size_t scratch = 0;
   for (size_t i = 0; i < prog_.part.params.size(); ++i) {
     const ParamLayout& pl = prog_.part.params[i];
+    DType grad_dtype = DType::f32;
     // The optimizer reads the reduced gradient where the micro-step leaves it, or (several
     // micro-batches) from its accumulator.
     float* grad = nullptr;
@@ -126,14 +141,16 @@ StepRunner::StepRunner(const Graph& global, Program prog, Backend& backend, Mesh
       const Shape& gs = prog_.local().type(pl.local_grad).shape;
       grads_.emplace_back(static_cast<size_t>(gs.numel()), 0.0f);
       grad = grads_.back().data();
-    } else {
+    } else {  // as stored: bf16/f16 in a mixed-precision graph, widened by the optimizer
       grad = exec_->data<float>(pl.local_grad);
+      grad_dtype = prog_.local().type(pl.local_grad).dtype;
     }
     LocalPiece o = optim_piece(i);
     LocalPiece pp = param_piece(i);
     const int64_t grad_base = pl.grads_sharded ? block_of(i).offset : 0;
     slots.push_back(ParamSlot{pl.name, param_data(i) + (o.offset - pp.offset),
-                              grad + (o.offset - grad_base), o.count, pl.global_shape.rank() >= 2});
+                              grad + (o.offset - grad_base), grad_dtype, o.count,
+                              pl.global_shape.rank() >= 2});
     // Elements replicated over a tensor axis are counted once over the norm's group.
     int64_t copies = 1;
     for (const std::string& t : replicated_tensor_axes(i)) copies *= prog_.plan.mesh.axis_size(t);
@@ -178,7 +195,18 @@ ValueId StepRunner::param_value(size_t i) const {
   return chunk_ ? chunk_->phases.value_of[0][static_cast<size_t>(local)] : local;
 }
 
-float* StepRunner::param_data(size_t i) { return exec_->data<float>(param_value(i)); }
+float* StepRunner::param_data(size_t i) {
+  return masters_[i].empty() ? exec_->data<float>(param_value(i)) : masters_[i].data();
+}
+
+void StepRunner::refresh_working_params() {
+  for (size_t i = 0; i < masters_.size(); ++i) {
+    if (masters_[i].empty()) continue;
+    const ValueId v = param_value(i);
+    convert_elements(masters_[i].data(), DType::f32, exec_->raw(v), exec_->graph().type(v).dtype,
+                     static_cast<int64_t>(masters_[i].size()));
+  }
+}
 
 Box StepRunner::param_box(size_t i) const {
   return prog_.part.params[i].layout.local_box(prog_.plan.mesh, rank_);
@@ -233,6 +261,7 @@ void StepRunner::init_params(uint64_t seed) {
       k += run;
     }
   }
+  refresh_working_params();
 }
 
 Status StepRunner::start(const Node& n, Executor& ex) {
@@ -311,7 +340,8 @@ Result<float> StepRunner::forward_backward(const Feed& feed) {
   TS_RETURN_IF_ERROR(feed.bind(*exec_));
   TS_RETURN_IF_ERROR(run_instructions(prog_.micro_step, *exec_));
   for (size_t i = 0; i < grads_.size(); ++i)
-    accumulate_grad(grads_[i].data(), exec_->data<float>(prog_.part.params[i].local_grad),
+    accumulate_grad(grads_[i].data(), exec_->raw(prog_.part.params[i].local_grad),
+                    prog_.local().type(prog_.part.params[i].local_grad).dtype,
                     static_cast<int64_t>(grads_[i].size()), accumulated_ == 0);
   ++accumulated_;
   return *exec_->data<float>(prog_.part.loss);
@@ -428,6 +458,7 @@ Status StepRunner::step(double lr, double clip_coefficient) {
   // Clipping folded into the update (one pass over the gradients fewer); every slot is this
   // rank's block or piece.
   opt_->step(lr, static_cast<float>(clip_coefficient));
+  refresh_working_params();
   for (const Instruction& s : prog_.optimizer)
     if (s.kind == Instruction::param_sync)
       TS_RETURN_IF_ERROR(sync_param(static_cast<size_t>(s.param)));
@@ -483,6 +514,7 @@ Status StepRunner::gather_params(std::vector<std::vector<float>>* whole) {
 int64_t StepRunner::state_bytes_allocated() {
   int64_t bytes = exec_->plan().param_bytes;
   for (const std::vector<float>& g : grads_) bytes += 4 * static_cast<int64_t>(g.size());
+  for (const std::vector<float>& m : masters_) bytes += 4 * static_cast<int64_t>(m.size());
   for (size_t i = 0; i < opt_->params().size(); ++i)
     bytes += 4 * static_cast<int64_t>(opt_->m(i).size() + opt_->v(i).size());
   return bytes;

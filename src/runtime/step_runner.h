@@ -122,8 +122,12 @@ class StepRunner {
   Result<float> evaluate(const Feed& feed);
   Executor* eval_executor() { return eval_exec_.get(); }
 
-  // Parameter i as stored here: pointer to its local piece and where that piece lies.
+  // Parameter i as stored here: pointer to its local piece (f32: the master weights of a
+  // bf16/f16 graph, whose working copy refresh_working_params() writes) and where it lies.
   float* param_data(size_t i);
+  // After writing master weights through param_data (a checkpoint read): updates the graph's
+  // bf16/f16 working copy of every parameter (nothing for f32 graphs).
+  void refresh_working_params();
   LocalPiece param_piece(size_t i) const;
   // AdamW moments of parameter i cover optim_piece(i).
   LocalPiece optim_piece(size_t i) const;
@@ -174,6 +178,9 @@ class StepRunner {
   // Accumulated reduced gradients (whole or block); none with one micro-batch per step unless
   // a chunk runner.
   std::vector<std::vector<float>> grads_;
+  // Mixed precision (bf16/f16 parameters): the f32 master weights of parameter i (empty for
+  // f32 parameters, which the optimizer updates in place).
+  std::vector<std::vector<float>> masters_;
   std::map<NodeId, Request> inflight_;
   std::vector<float> scratch_;  // padded all-gather staging for ZeRO-1/2 parameter sync
   int accumulated_ = 0;

@@ -29,6 +29,9 @@ GroupLayout group_layout(const Mesh& mesh, const std::vector<std::string>& axes,
 
 // The run's element size over f32's: activations, collectives and low-precision copies scale by it.
 double precision_scale(const SimOptions& opt);
+// The same for one Program: 1 for a program built in the low precision (bf16/f16 parameters:
+// its bytes, master weights included, are counted as they are); f32 programs scale.
+double precision_scale(const Program& prog, const SimOptions& opt);
 
 // One Program's persistent bytes per rank at the run's precision (`scale`: its element size over
 // f32's): as planned in f32; under mixed precision the parameters in the low precision plus an

@@ -31,7 +31,7 @@ class Schedule {
  public:
   Schedule(const Program& prog, const ClusterSpec& c, const SimOptions& opt, SimResult* r)
       : prog_(prog), c_(c), opt_(opt), r_(r), g_(prog.local()) {
-    scale_ = precision_scale(opt);
+    scale_ = precision_scale(prog, opt);
     node_cost_.assign(g_.nodes().size(), OpTime{-1.0});
   }
 
@@ -324,6 +324,12 @@ double precision_scale(const SimOptions& opt) {
   return static_cast<double>(dtype_size(opt.precision)) / 4.0;
 }
 
+double precision_scale(const Program& prog, const SimOptions& opt) {
+  for (const ParamLayout& pl : prog.part.params)
+    if (prog.local().type(pl.local).dtype != DType::f32) return 1.0;
+  return precision_scale(opt);
+}
+
 double persistent_bytes_at(const Program& prog, double scale) {
   if (scale >= 1) return static_cast<double>(prog.persistent_bytes());
   const double master = static_cast<double>(prog.optim_bytes) / 2.0;  // 4 of AdamW's 8 bytes
@@ -397,7 +403,7 @@ Result<SimResult> simulate(const Program& prog, const ClusterSpec& cluster, cons
     r.hfu = r.hardware_tflops_per_device * 1e12 / peak;
   }
   // Memory: the state (persistent_bytes_at), and the activation arena at the run's precision.
-  const double scale = precision_scale(opt);
+  const double scale = precision_scale(prog, opt);
   r.persistent_bytes = persistent_bytes_at(prog, scale);
   r.arena_bytes = static_cast<double>(prog.memory.arena_bytes) * scale;
   r.peak_memory_bytes = r.persistent_bytes + r.arena_bytes;

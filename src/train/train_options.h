@@ -53,6 +53,9 @@ struct TrainOptions {
   int recompute_layers = -1;  // --recompute-layers: the first N blocks; -1: the plan's
   double comm_timeout = 30;   // seconds a collective waits for a peer before failing
   double peak_flops = 0;      // per rank, for MFU (0: measured with a GEMM at the start)
+  // --precision: "fp32", or "bf16" (parameters, activations and gradients in bf16; f32 master
+  // weights and AdamW state; one process, GPT and LLaMA models).
+  std::string precision = "fp32";
 };
 
 // Checks every number against its range and the model (--seq against max_seq_len, the

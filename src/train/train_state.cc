@@ -112,8 +112,10 @@ std::string TrainState::describe_memory() const {
                    static_cast<double>(opts.batch * tokens_per_example(cfg, opts.seq))) +
          " FLOPs/token (train)\nplanned memory: arena " + b(runner->executor().plan().arena_bytes) +
          " (activations, gradients), parameters " + b(prog.param_bytes) + ", gradients " + grads +
-         ", optimizer " + b(prog.optim_bytes) + " (AdamW's two moments), evaluation arena " +
-         eval_arena + "\n";
+         ", optimizer " + b(prog.optim_bytes) +
+         (cfg.dtype == DType::f32 ? " (AdamW's two moments)"
+                                  : " (AdamW's two moments and the f32 master weights)") +
+         ", evaluation arena " + eval_arena + "\n";
 }
 
 nlohmann::json TrainState::manifest(int64_t completed, const BatchStream& train) const {
@@ -300,6 +302,7 @@ Status TrainState::read_held(const ShardedCheckpoint& ck, bool with_moments) {
     const LocalPiece pp = r.param_piece(i), op = r.optim_piece(i);
     const Box box = r.param_box(i);
     TS_RETURN_IF_ERROR(ck.read_box(name, box.lo, box.hi, pp.offset, pp.count, r.param_data(i)));
+    r.refresh_working_params();  // bf16 runs: the working copy of the f32 weights just read
     if (!with_moments) continue;
     AdamW& opt = r.optimizer();
     TS_RETURN_IF_ERROR(
@@ -323,6 +326,12 @@ Feed feed_of(const HostBatch& batch) {
 
 namespace {
 
+// The model in f32: accuracy and samples read the gathered f32 (master) weights.
+ModelConfig in_f32(ModelConfig c) {
+  c.dtype = DType::f32;
+  return c;
+}
+
 // An executor of `gen` holding the whole parameters of `model` (the same names).
 void load_whole(Executor& ex, const ModelGraph& gen, const Graph& model,
                 const std::vector<std::vector<float>>& whole) {
@@ -337,7 +346,7 @@ void load_whole(Executor& ex, const ModelGraph& gen, const Graph& model,
 
 double TrainState::accuracy(const std::vector<std::vector<float>>& whole, BatchStream& stream,
                             int64_t batches) {
-  ModelGraph gen = build_model(cfg, opts.batch, opts.seq, ModelMode::logits);
+  ModelGraph gen = build_model(in_f32(cfg), opts.batch, opts.seq, ModelMode::logits);
   Executor ex(gen.graph, backend);
   load_whole(ex, gen, model.graph, whole);
   std::string labels_name;  // the training graph's target input
@@ -367,7 +376,7 @@ double TrainState::accuracy(const std::vector<std::vector<float>>& whole, BatchS
 std::string TrainState::sample(const std::vector<std::vector<float>>& whole,
                                const std::vector<int32_t>& prompt, int tokens, uint64_t seed,
                                const Gpt2Tokenizer& tok) {
-  ModelGraph gen = build_model(cfg, 1, opts.seq, ModelMode::logits);
+  ModelGraph gen = build_model(in_f32(cfg), 1, opts.seq, ModelMode::logits);
   Executor ex(gen.graph, backend);
   load_whole(ex, gen, model.graph, whole);
   std::mt19937_64 rng(seed);
