@@ -87,17 +87,18 @@ __device__ void store_chunk(float* x, int64_t d, int part, const float* r, float
 // r . staged chunk, and acc += p * staged chunk (16-byte shared-memory reads).
 template <int kC>
 __device__ float dot_chunk(const float* r, const float* staged) {
+  // Four independent sums: a chain of kC dependent FMAs would stall each warp on latency.
   const float4* p = reinterpret_cast<const float4*>(staged);
-  float s = 0;
+  float s0 = 0, s1 = 0, s2 = 0, s3 = 0;
 #pragma unroll
   for (int e = 0; e < kC / 4; ++e) {
     const float4 t = p[e];
-    s += r[4 * e] * t.x;
-    s += r[4 * e + 1] * t.y;
-    s += r[4 * e + 2] * t.z;
-    s += r[4 * e + 3] * t.w;
+    s0 += r[4 * e] * t.x;
+    s1 += r[4 * e + 1] * t.y;
+    s2 += r[4 * e + 2] * t.z;
+    s3 += r[4 * e + 3] * t.w;
   }
-  return s;
+  return (s0 + s1) + (s2 + s3);
 }
 
 template <int kC>

@@ -1,6 +1,8 @@
 // Elementwise kernels: fill, the binary ops with numpy broadcasting, the unary ops, the
 // activation gradients, broadcast_to and dtype conversion. One thread per element with a grid
-// stride; broadcast operands are read through per-dimension strides (0 where broadcast).
+// stride; broadcast operands are read through per-dimension strides (0 where broadcast). The
+// binary and unary ops and the activation gradients read and write bf16/f16 as stored
+// (f32 arithmetic, one rounding of the result).
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 
@@ -64,14 +66,33 @@ bool fits_32(int64_t n) { return n < (int64_t{1} << 31); }
   for (int64_t i = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; i < (n); \
        i += int64_t{gridDim.x} * blockDim.x)
 
-template <typename Op>
-__global__ void binary_same(const float* x, const float* y, float* z, int64_t n, Op op) {
-  GRID_STRIDE(i, n) z[i] = op(x[i], y[i]);
+// Elements of the storage types as f32 and back (the binary ops run on bf16/f16 as stored:
+// one pass instead of widening both inputs and narrowing the output).
+__device__ float as_f32(float x) { return x; }
+__device__ float as_f32(__nv_bfloat16 x) { return __bfloat162float(x); }
+__device__ float as_f32(__half x) { return __half2float(x); }
+template <typename T>
+__device__ T from_f32(float x);
+template <>
+__device__ float from_f32<float>(float x) {
+  return x;
+}
+template <>
+__device__ __nv_bfloat16 from_f32<__nv_bfloat16>(float x) {
+  return __float2bfloat16_rn(x);
+}
+template <>
+__device__ __half from_f32<__half>(float x) {
+  return __float2half_rn(x);
 }
 
-template <typename I, typename Op>
-__global__ void binary_bcast(const float* x, const float* y, float* z, int64_t n, Strides s,
-                             Op op) {
+template <typename T, typename Op>
+__global__ void binary_same(const T* x, const T* y, T* z, int64_t n, Op op) {
+  GRID_STRIDE(i, n) z[i] = from_f32<T>(op(as_f32(x[i]), as_f32(y[i])));
+}
+
+template <typename T, typename I, typename Op>
+__global__ void binary_bcast(const T* x, const T* y, T* z, int64_t n, Strides s, Op op) {
   GRID_STRIDE(i, n) {
     I rem = static_cast<I>(i), ox = 0, oy = 0;
     for (int d = s.rank - 1; d >= 0; --d) {
@@ -80,27 +101,47 @@ __global__ void binary_bcast(const float* x, const float* y, float* z, int64_t n
       ox += c * static_cast<I>(s.x[d]);
       oy += c * static_cast<I>(s.y[d]);
     }
-    z[i] = op(x[ox], y[oy]);
+    z[i] = from_f32<T>(op(as_f32(x[ox]), as_f32(y[oy])));
+  }
+}
+
+template <typename T, typename Op>
+void binary_typed(const Args& a, Op op) {
+  const Shape &sx = a.in_shape(0), &sy = a.in_shape(1), &sz = a.out_shape(0);
+  const int64_t n = sz.numel();
+  const T *x = static_cast<const T*>(a.in[0]), *y = static_cast<const T*>(a.in[1]);
+  T* z = static_cast<T*>(a.out[0]);
+  if (sx == sz && sy == sz) {
+    binary_same<<<blocks_for(n), 256, 0, a.stream>>>(x, y, z, n, op);
+  } else {
+    const Strides st = strides_of(sx, sy, sz);
+    if (fits_32(n))
+      binary_bcast<T, int32_t><<<blocks_for(n), 256, 0, a.stream>>>(x, y, z, n, st, op);
+    else
+      binary_bcast<T, int64_t><<<blocks_for(n), 256, 0, a.stream>>>(x, y, z, n, st, op);
+  }
+  TS_CUDA_LAUNCH();
+}
+
+// Calls f with a null pointer of the element type that stores dt (f32, bf16, f16).
+template <typename F>
+void with_storage(DType dt, F f) {
+  switch (dt) {
+    case DType::bf16:
+      return f(static_cast<__nv_bfloat16*>(nullptr));
+    case DType::f16:
+      return f(static_cast<__half*>(nullptr));
+    default:
+      return f(static_cast<float*>(nullptr));
   }
 }
 
 template <typename Op>
 void binary_impl(const Args& a, Op op) {
-  const Shape &sx = a.in_shape(0), &sy = a.in_shape(1), &sz = a.out_shape(0);
-  const int64_t n = sz.numel();
-  if (n == 0) return;
-  if (sx == sz && sy == sz) {
-    binary_same<<<blocks_for(n), 256, 0, a.stream>>>(a.fin(0), a.fin(1), a.fout(0), n, op);
-  } else {
-    const Strides st = strides_of(sx, sy, sz);
-    if (fits_32(n))
-      binary_bcast<int32_t>
-          <<<blocks_for(n), 256, 0, a.stream>>>(a.fin(0), a.fin(1), a.fout(0), n, st, op);
-    else
-      binary_bcast<int64_t>
-          <<<blocks_for(n), 256, 0, a.stream>>>(a.fin(0), a.fin(1), a.fout(0), n, st, op);
-  }
-  TS_CUDA_LAUNCH();
+  if (a.out_shape(0).numel() == 0) return;
+  // The IR gives both inputs the output's dtype.
+  with_storage(a.out_types[0].dtype,
+               [&](auto* tag) { binary_typed<std::remove_pointer_t<decltype(tag)>>(a, op); });
 }
 
 struct Add {
@@ -143,9 +184,10 @@ __device__ float gelu_grad(float x) {
   return 0.5f * (1.0f + t) + 0.5f * x * (1.0f - t * t) * du;
 }
 
-__global__ void unary_kernel(OpKind op, const float* x, float* y, int64_t n, float s) {
+template <typename T>
+__global__ void unary_kernel(OpKind op, const T* x, T* y, int64_t n, float s) {
   GRID_STRIDE(i, n) {
-    const float v = x[i];
+    const float v = as_f32(x[i]);
     float r = 0;
     switch (op) {
       case OpKind::scale:
@@ -181,15 +223,19 @@ __global__ void unary_kernel(OpKind op, const float* x, float* y, int64_t n, flo
       default:
         r = __int_as_float(0x7fc00000);  // not a unary op: NaN
     }
-    y[i] = r;
+    y[i] = from_f32<T>(r);
   }
 }
 
 void unary(OpKind op, const Args& a) {
   const int64_t n = a.out_shape(0).numel();
   if (n == 0) return;
-  unary_kernel<<<blocks_for(n), 256, 0, a.stream>>>(op, a.fin(0), a.fout(0), n,
-                                                    static_cast<float>(a.attrs.scalar));
+  const float sc = static_cast<float>(a.attrs.scalar);
+  with_storage(a.out_types[0].dtype, [&](auto* tag) {
+    using T = std::remove_pointer_t<decltype(tag)>;
+    unary_kernel<<<blocks_for(n), 256, 0, a.stream>>>(op, static_cast<const T*>(a.in[0]),
+                                                      static_cast<T*>(a.out[0]), n, sc);
+  });
   TS_CUDA_LAUNCH();
 }
 
@@ -209,17 +255,20 @@ void fill(OpKind, const Args& a) {
 }
 
 // gelu_grad / silu_grad / relu_grad: dx = dy * f'(x). swiglu: y = silu(g) * u. swiglu_grad: dg, du.
-__global__ void act_grad(OpKind op, const float* x, const float* dy, float* dx, int64_t n) {
+template <typename T>
+__global__ void act_grad(OpKind op, const T* x, const T* dy, T* dx, int64_t n) {
   GRID_STRIDE(i, n) {
-    const float v = x[i];
+    const float v = as_f32(x[i]), d = as_f32(dy[i]);
+    float r;
     if (op == OpKind::gelu_grad) {
-      dx[i] = dy[i] * gelu_grad(v);
+      r = d * gelu_grad(v);
     } else if (op == OpKind::relu_grad) {
-      dx[i] = v > 0.0f ? dy[i] : 0.0f;
+      r = v > 0.0f ? d : 0.0f;
     } else {
       const float s = sigmoid(v);
-      dx[i] = dy[i] * s * (1.0f + v * (1.0f - s));
+      r = d * s * (1.0f + v * (1.0f - s));
     }
+    dx[i] = from_f32<T>(r);
   }
 }
 
@@ -239,7 +288,12 @@ __global__ void swiglu_grad_kernel(const float* g, const float* u, const float* 
 void activation_grad(OpKind op, const Args& a) {
   const int64_t n = a.out_shape(0).numel();
   if (n == 0) return;
-  act_grad<<<blocks_for(n), 256, 0, a.stream>>>(op, a.fin(0), a.fin(1), a.fout(0), n);
+  with_storage(a.out_types[0].dtype, [&](auto* tag) {
+    using T = std::remove_pointer_t<decltype(tag)>;
+    act_grad<<<blocks_for(n), 256, 0, a.stream>>>(op, static_cast<const T*>(a.in[0]),
+                                                  static_cast<const T*>(a.in[1]),
+                                                  static_cast<T*>(a.out[0]), n);
+  });
   TS_CUDA_LAUNCH();
 }
 
@@ -326,13 +380,13 @@ void convert(const void* src, DType from, void* dst, DType to, int64_t n, cudaSt
 
 void register_elementwise_kernels(KernelTable& t) {
   t.add(OpKind::fill, fill);
-  for (OpKind op : {OpKind::add, OpKind::sub, OpKind::mul, OpKind::div}) t.add(op, binary);
+  for (OpKind op : {OpKind::add, OpKind::sub, OpKind::mul, OpKind::div})
+    t.add(op, binary, /*low_precision=*/true);
   for (OpKind op : {OpKind::scale, OpKind::add_scalar, OpKind::exp, OpKind::log, OpKind::sqrt,
                     OpKind::rsqrt, OpKind::tanh, OpKind::gelu, OpKind::silu, OpKind::relu})
-    t.add(op, unary);
-  t.add(OpKind::gelu_grad, activation_grad);
-  t.add(OpKind::silu_grad, activation_grad);
-  t.add(OpKind::relu_grad, activation_grad);
+    t.add(op, unary, /*low_precision=*/true);
+  for (OpKind op : {OpKind::gelu_grad, OpKind::silu_grad, OpKind::relu_grad})
+    t.add(op, activation_grad, /*low_precision=*/true);
   t.add(OpKind::swiglu, swiglu);
   t.add(OpKind::swiglu_grad, swiglu_grad);
   t.add(OpKind::broadcast_to, broadcast_to);

@@ -238,8 +238,9 @@ TEST(CudaBackend, RunsTheVocabParallelOpsOfATensorParallelRank) {
   print(report);
 }
 
-// bf16 and f16 storage: matmul reads them as stored (cuBLASLt, f32 accumulation); the other
-// kernels see them widened. Both sides round their results to the storage type once.
+// bf16 and f16 storage: matmul, the binary and unary ops and the activation gradients read
+// them as stored (f32 arithmetic); the other kernels see them widened. Both sides round their
+// results to the storage type once.
 TEST(CudaBackend, MatmulAndActivationsInBf16AndF16) {
   REQUIRE_DEVICE();
   for (DType dt : {DType::bf16, DType::f16}) {
@@ -251,13 +252,19 @@ TEST(CudaBackend, MatmulAndActivationsInBf16AndF16) {
     Var y = b.gelu(b.matmul(a, w, false, true));                     // [4,96,80], shared weight
     Var z = b.matmul(b.matmul(a, v, false, false), v, false, true);  // batched, B transposed
     Var s = b.matmul(a, a, true, false);                             // batched, A transposed
+    // The binary ops run on the stored dtype: same-shape and broadcast operands.
+    Var bias = b.parameter("bias", Shape{80}, Init::zeros, 0.0, dt);
+    Var e = b.gelu_grad(b.scale((y + bias) * y - y, 0.5), y);
     g.mark_output(y.id);
     g.mark_output(z.id);
     g.mark_output(s.id);
+    g.mark_output(e.id);
     std::map<std::string, OpReport> report;
     std::set<std::string> missing = check_graph(g, 1, &report);
     EXPECT_TRUE(missing.empty()) << joined(missing);
     EXPECT_EQ(report["matmul"].nodes, 4);
+    for (const char* op : {"add", "mul", "sub", "scale", "gelu_grad"})
+      EXPECT_EQ(report[op].nodes, 1) << op;
     print(report);
   }
 }
