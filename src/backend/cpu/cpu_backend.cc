@@ -44,112 +44,18 @@ void store(void* p, DType t, int64_t i, float v) {
   }
 }
 
-void dispatch(OpKind op, const cpu::Args& a) {
-  switch (op) {
-    case OpKind::parameter:
-    case OpKind::input:
-      TS_CHECK(false) << op_name(op) << " nodes are bound by the executor, not run";
-      return;
-    case OpKind::fill:
-      return cpu::fill(a);
-    case OpKind::add:
-    case OpKind::sub:
-    case OpKind::mul:
-    case OpKind::div:
-      return cpu::binary(op, a);
-    case OpKind::scale:
-    case OpKind::add_scalar:
-    case OpKind::exp:
-    case OpKind::log:
-    case OpKind::sqrt:
-    case OpKind::rsqrt:
-    case OpKind::tanh:
-    case OpKind::gelu:
-    case OpKind::silu:
-    case OpKind::relu:
-      return cpu::unary(op, a);
-    case OpKind::gelu_grad:
-      return cpu::gelu_grad(a);
-    case OpKind::silu_grad:
-      return cpu::silu_grad(a);
-    case OpKind::relu_grad:
-      return cpu::relu_grad(a);
-    case OpKind::swiglu:
-      return cpu::swiglu(a);
-    case OpKind::swiglu_grad:
-      return cpu::swiglu_grad(a);
-    case OpKind::reduce_sum:
-      return cpu::reduce_sum(a);
-    case OpKind::sum_to:
-      return cpu::sum_to(a);
-    case OpKind::broadcast_to:
-      return cpu::broadcast_to(a);
-    case OpKind::reshape:
-      return cpu::copy(a);
-    case OpKind::transpose:
-      return cpu::transpose(a);
-    case OpKind::slice:
-      return cpu::slice(a);
-    case OpKind::shard_slice:
-      return cpu::shard_slice(a);
-    case OpKind::concat:
-      return cpu::concat(a);
-    case OpKind::matmul:
-      return cpu::matmul(a);
-    case OpKind::embedding:
-      return cpu::embedding(a);
-    case OpKind::embedding_grad:
-      return cpu::embedding_grad(a);
-    case OpKind::layernorm:
-      return cpu::layernorm(a);
-    case OpKind::layernorm_grad:
-      return cpu::layernorm_grad(a);
-    case OpKind::rmsnorm:
-      return cpu::rmsnorm(a);
-    case OpKind::rmsnorm_grad:
-      return cpu::rmsnorm_grad(a);
-    case OpKind::rope:
-      return cpu::rope(a);
-    case OpKind::softmax:
-      return cpu::softmax(a);
-    case OpKind::softmax_grad:
-      return cpu::softmax_grad(a);
-    case OpKind::causal_mask:
-      return cpu::causal_mask(a);
-    case OpKind::position_buckets:
-      return cpu::position_buckets(a);
-    case OpKind::attention:
-      return cpu::attention(a);
-    case OpKind::attention_grad:
-      return cpu::attention_grad(a);
-    case OpKind::cross_entropy:
-      return cpu::cross_entropy(a);
-    case OpKind::cross_entropy_grad:
-      return cpu::cross_entropy_grad(a);
-    case OpKind::logsumexp:
-      return cpu::logsumexp(a);
-    case OpKind::vocab_logsumexp:
-      return cpu::vocab_logsumexp(a);
-    case OpKind::vocab_embedding:
-      return cpu::vocab_embedding(a);
-    case OpKind::vocab_embedding_grad:
-      return cpu::vocab_embedding_grad(a);
-    case OpKind::vocab_pick:
-      return cpu::vocab_pick(a);
-    case OpKind::vocab_cross_entropy_grad:
-      return cpu::vocab_cross_entropy_grad(a);
-    case OpKind::cast:
-      TS_CHECK(false) << "cast is handled by the dispatcher";
-      return;
-    case OpKind::all_reduce:
-    case OpKind::reduce_scatter:
-    case OpKind::all_gather:
-      TS_CHECK(false) << op_name(op) << " runs on a Communicator (runtime/step_runner.h)";
-      return;
-    case OpKind::axis_index:
-      TS_CHECK(false) << "axis_index is the rank's coordinate: the distributed runtime writes it";
-      return;
-  }
+// Every kernel file's registrations, once.
+const cpu::KernelTable& kernels() {
+  static const cpu::KernelTable table = [] {
+    cpu::KernelTable t;
+    cpu::register_elementwise_kernels(t);
+    cpu::register_shape_kernels(t);
+    cpu::register_matmul_kernels(t);
+    cpu::register_nn_kernels(t);
+    cpu::register_attention_kernels(t);
+    return t;
+  }();
+  return table;
 }
 
 bool is_low_precision(DType t) { return t == DType::bf16 || t == DType::f16; }
@@ -193,7 +99,11 @@ void convert_elements(const void* src, DType from, void* dst, DType to, int64_t 
   });
 }
 
-bool CpuBackend::supports(OpKind op) const { return !is_collective(op); }
+// Not kernels: parameters and inputs are bound by the executor, collectives run on a
+// Communicator, axis_index is written by the distributed runtime.
+bool CpuBackend::supports(OpKind op) const {
+  return op == OpKind::cast || kernels().at(op) != nullptr;
+}
 
 void CpuBackend::run(const Graph& g, const Node& node, std::span<const void* const> inputs,
                      std::span<void* const> outputs) {
@@ -233,7 +143,10 @@ void CpuBackend::run(const Graph& g, const Node& node, std::span<const void* con
       args.out.push_back(outputs[i]);
     }
   }
-  dispatch(node.op, args);
+  const cpu::KernelFn fn = kernels().at(node.op);
+  TS_CHECK(fn != nullptr) << "the CPU backend has no kernel for " << op_name(node.op)
+                          << " (parameters, inputs, collectives and axis_index are not kernels)";
+  fn(node.op, args);
   for (auto& [i, buf] : narrowed) {
     const TensorType& t = g.type(node.outputs[i]);
     convert_elements(buf, DType::f32, outputs[i], t.dtype, t.shape.numel());

@@ -1,7 +1,13 @@
-// CPU kernels (f32 compute; i32 for ids/targets). One function per op family; the dispatcher in
-// cpu_backend.cc maps each OpKind to one of them and converts bf16/f16 storage to f32.
+// CPU kernels (f32 compute; i32 for ids/targets). One function per op family; each
+// kernels_*.cc file registers its kernels for their ops in a KernelTable (no central dispatch
+// switch: adding an op's kernel touches its kernel file alone), and cpu_backend.cc runs the
+// table's entry, converting bf16/f16 storage to f32 around it.
+//
+//   void register_my_kernels(KernelTable& t) { t.add(OpKind::my_op, [](OpKind, const Args& a)
+//   {...}); }
 #pragma once
 
+#include <array>
 #include <span>
 #include <vector>
 
@@ -11,6 +17,19 @@
 namespace tessera::cpu {
 
 using Args = KernelArgs;  // backend/backend.h
+
+// Which kernel runs each op (null: none; CpuBackend::supports says no).
+using KernelFn = void (*)(OpKind op, const Args& a);
+struct KernelTable {
+  std::array<KernelFn, kNumOps> fns{};
+  void add(OpKind op, KernelFn fn) { fns[static_cast<size_t>(op)] = fn; }
+  KernelFn at(OpKind op) const { return fns[static_cast<size_t>(op)]; }
+};
+void register_elementwise_kernels(KernelTable& t);  // kernels_elementwise.cc
+void register_shape_kernels(KernelTable& t);        // kernels_shape.cc
+void register_matmul_kernels(KernelTable& t);       // kernels_matmul.cc
+void register_nn_kernels(KernelTable& t);           // kernels_nn.cc
+void register_attention_kernels(KernelTable& t);    // kernels_attention.cc
 
 // kernels_elementwise.cc
 void fill(const Args& a);

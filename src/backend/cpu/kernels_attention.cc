@@ -197,4 +197,11 @@ void attention_grad(const Args& a) {
   });
 }
 
+// Registers this file's kernels (cpu_backend.cc builds the table once).
+void register_attention_kernels(KernelTable& t) {
+  t.add(OpKind::position_buckets, [](OpKind, const Args& a) { position_buckets(a); });
+  t.add(OpKind::attention, [](OpKind, const Args& a) { attention(a); });
+  t.add(OpKind::attention_grad, [](OpKind, const Args& a) { attention_grad(a); });
+}
+
 }  // namespace tessera::cpu

@@ -200,4 +200,19 @@ void broadcast_to(const Args& a) {
   for_each_broadcast(a.in_shape(0), a.out_shape(0), [&](int64_t i, int64_t off) { y[i] = x[off]; });
 }
 
+// Registers this file's kernels (cpu_backend.cc builds the table once).
+void register_elementwise_kernels(KernelTable& t) {
+  t.add(OpKind::fill, [](OpKind, const Args& a) { fill(a); });
+  for (OpKind op : {OpKind::add, OpKind::sub, OpKind::mul, OpKind::div}) t.add(op, binary);
+  for (OpKind op : {OpKind::scale, OpKind::add_scalar, OpKind::exp, OpKind::log, OpKind::sqrt,
+                    OpKind::rsqrt, OpKind::tanh, OpKind::gelu, OpKind::silu, OpKind::relu})
+    t.add(op, unary);
+  t.add(OpKind::gelu_grad, [](OpKind, const Args& a) { gelu_grad(a); });
+  t.add(OpKind::silu_grad, [](OpKind, const Args& a) { silu_grad(a); });
+  t.add(OpKind::relu_grad, [](OpKind, const Args& a) { relu_grad(a); });
+  t.add(OpKind::swiglu, [](OpKind, const Args& a) { swiglu(a); });
+  t.add(OpKind::swiglu_grad, [](OpKind, const Args& a) { swiglu_grad(a); });
+  t.add(OpKind::broadcast_to, [](OpKind, const Args& a) { broadcast_to(a); });
+}
+
 }  // namespace tessera::cpu

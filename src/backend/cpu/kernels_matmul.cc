@@ -100,4 +100,9 @@ void matmul(const Args& a) {
                });
 }
 
+// Registers this file's kernels (cpu_backend.cc builds the table once).
+void register_matmul_kernels(KernelTable& t) {
+  t.add(OpKind::matmul, [](OpKind, const Args& a) { matmul(a); });
+}
+
 }  // namespace tessera::cpu

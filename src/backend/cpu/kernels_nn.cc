@@ -382,4 +382,27 @@ void vocab_pick(const Args& a) {
   }
 }
 
+// Registers this file's kernels (cpu_backend.cc builds the table once).
+void register_nn_kernels(KernelTable& t) {
+  t.add(OpKind::embedding, [](OpKind, const Args& a) { embedding(a); });
+  t.add(OpKind::embedding_grad, [](OpKind, const Args& a) { embedding_grad(a); });
+  t.add(OpKind::vocab_embedding, [](OpKind, const Args& a) { vocab_embedding(a); });
+  t.add(OpKind::vocab_embedding_grad, [](OpKind, const Args& a) { vocab_embedding_grad(a); });
+  t.add(OpKind::layernorm, [](OpKind, const Args& a) { layernorm(a); });
+  t.add(OpKind::layernorm_grad, [](OpKind, const Args& a) { layernorm_grad(a); });
+  t.add(OpKind::rmsnorm, [](OpKind, const Args& a) { rmsnorm(a); });
+  t.add(OpKind::rmsnorm_grad, [](OpKind, const Args& a) { rmsnorm_grad(a); });
+  t.add(OpKind::rope, [](OpKind, const Args& a) { rope(a); });
+  t.add(OpKind::softmax, [](OpKind, const Args& a) { softmax(a); });
+  t.add(OpKind::softmax_grad, [](OpKind, const Args& a) { softmax_grad(a); });
+  t.add(OpKind::causal_mask, [](OpKind, const Args& a) { causal_mask(a); });
+  t.add(OpKind::cross_entropy, [](OpKind, const Args& a) { cross_entropy(a); });
+  t.add(OpKind::cross_entropy_grad, [](OpKind, const Args& a) { cross_entropy_grad(a); });
+  t.add(OpKind::logsumexp, [](OpKind, const Args& a) { logsumexp(a); });
+  t.add(OpKind::vocab_logsumexp, [](OpKind, const Args& a) { vocab_logsumexp(a); });
+  t.add(OpKind::vocab_pick, [](OpKind, const Args& a) { vocab_pick(a); });
+  t.add(OpKind::vocab_cross_entropy_grad,
+        [](OpKind, const Args& a) { vocab_cross_entropy_grad(a); });
+}
+
 }  // namespace tessera::cpu

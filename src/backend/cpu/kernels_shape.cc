@@ -189,4 +189,15 @@ void concat(const Args& a) {
                });
 }
 
+// Registers this file's kernels (cpu_backend.cc builds the table once).
+void register_shape_kernels(KernelTable& t) {
+  t.add(OpKind::reduce_sum, [](OpKind, const Args& a) { reduce_sum(a); });
+  t.add(OpKind::sum_to, [](OpKind, const Args& a) { sum_to(a); });
+  t.add(OpKind::reshape, [](OpKind, const Args& a) { copy(a); });
+  t.add(OpKind::transpose, [](OpKind, const Args& a) { transpose(a); });
+  t.add(OpKind::slice, [](OpKind, const Args& a) { slice(a); });
+  t.add(OpKind::shard_slice, [](OpKind, const Args& a) { shard_slice(a); });
+  t.add(OpKind::concat, [](OpKind, const Args& a) { concat(a); });
+}
+
 }  // namespace tessera::cpu

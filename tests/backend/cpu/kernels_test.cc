@@ -1,6 +1,6 @@
 // The CPU backend's building blocks against naive references: the thread pool, the split
 // SGEMM, the vectorized exp/tanh, and blocked causal attention (several query blocks, a ragged
-// last one, grouped KV heads), forward and backward.
+// last one, grouped KV heads), forward and backward; and the kernel table covering every op.
 #include "backend/cpu/kernels.h"
 
 #include <gtest/gtest.h>
@@ -11,6 +11,7 @@
 #include <stdexcept>
 #include <vector>
 
+#include "backend/cpu/cpu_backend.h"
 #include "backend/cpu/thread_pool.h"
 #include "backend/cpu/vec_math.h"
 
@@ -29,6 +30,17 @@ double max_abs_diff(const std::vector<float>& a, const std::vector<double>& b) {
   double m = 0;
   for (size_t i = 0; i < a.size(); ++i) m = std::max(m, std::fabs(a[i] - b[i]));
   return m;
+}
+
+// Kernels register themselves (kernels_*.cc): every op that is a computation has one, and the
+// ops the runtime handles itself (sources, collectives, the rank's coordinate) have none.
+TEST(CpuBackend, EveryComputeOpHasARegisteredKernel) {
+  CpuBackend cpu;
+  for (OpKind op : all_ops()) {
+    const bool runtime_op = op == OpKind::parameter || op == OpKind::input || is_collective(op) ||
+                            op == OpKind::axis_index;
+    EXPECT_EQ(cpu.supports(op), !runtime_op) << op_name(op);
+  }
 }
 
 TEST(ThreadPool, ParallelForCoversEveryIndexOnce) {
