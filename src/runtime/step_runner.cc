@@ -79,13 +79,6 @@ Result<std::unique_ptr<StepRunner>> StepRunner::create(const Graph& global, cons
     return error("the step runner needs a training graph (loss and gradients)",
                  "build the model in ModelMode::train; a loss-only graph is evaluated with "
                  "add_evaluation");
-  for (ValueId p : global.params())
-    if (global.type(p).dtype != DType::f32 && comms.world().size() > 1)
-      return error("parameter " + global.name_of(p) + " is " +
-                       std::string(dtype_name(global.type(p).dtype)) +
-                       ": mixed precision trains on one process for now (the collectives and "
-                       "parameter syncs move f32)",
-                   "train in f32 on several ranks, or in bf16/f16 on one");
   TS_ASSIGN_OR_RETURN(Program prog, lower(global, plan));
   return std::unique_ptr<StepRunner>(new StepRunner(global, std::move(prog), backend, comms, opt));
 }
@@ -148,9 +141,11 @@ StepRunner::StepRunner(const Graph& global, Program prog, Backend& backend, Mesh
     LocalPiece o = optim_piece(i);
     LocalPiece pp = param_piece(i);
     const int64_t grad_base = pl.grads_sharded ? block_of(i).offset : 0;
-    slots.push_back(ParamSlot{pl.name, param_data(i) + (o.offset - pp.offset),
-                              grad + (o.offset - grad_base), grad_dtype, o.count,
-                              pl.global_shape.rank() >= 2});
+    // The gradient's elements are grad_dtype's size (bf16: 2 bytes), not a float's.
+    float* grad_at = reinterpret_cast<float*>(reinterpret_cast<char*>(grad) +
+                                              (o.offset - grad_base) * dtype_size(grad_dtype));
+    slots.push_back(ParamSlot{pl.name, param_data(i) + (o.offset - pp.offset), grad_at, grad_dtype,
+                              o.count, pl.global_shape.rank() >= 2});
     // Elements replicated over a tensor axis are counted once over the norm's group.
     int64_t copies = 1;
     for (const std::string& t : replicated_tensor_axes(i)) copies *= prog_.plan.mesh.axis_size(t);
@@ -268,30 +263,46 @@ Status StepRunner::start(const Node& n, Executor& ex) {
   Communicator& c = comms_.group(n.attrs.name);
   const Graph& g = ex.graph();
   const std::string what = std::string(op_name(n.op)) + " " + n.scope;
+  const DType dt = g.type(n.inputs[0]).dtype;
+  // A bf16/f16 value travels as f32 (the transport reduces f32): staged in f32 buffers,
+  // narrowed into the output when the wait completes.
+  Staged staged;
   float* in = ex.data<float>(n.inputs[0]);
   float* out = ex.data<float>(n.outputs[0]);
+  const int64_t in_count = g.type(n.inputs[0]).shape.numel();
+  const int64_t out_count = g.type(n.outputs[0]).shape.numel();
+  if (dt != DType::f32) {
+    const int64_t in_room = n.op == OpKind::reduce_scatter ? out_count * n.attrs.count : in_count;
+    staged.in.assign(static_cast<size_t>(in_room), 0.0f);
+    staged.out.assign(static_cast<size_t>(out_count), 0.0f);
+    convert_elements(ex.raw(n.inputs[0]), dt, staged.in.data(), DType::f32, in_count);
+    staged.dst = ex.raw(n.outputs[0]);
+    staged.dtype = dt;
+    in = staged.in.data();
+    out = staged.out.data();
+  }
   Request r;
   switch (n.op) {
     case OpKind::all_reduce: {
-      const int64_t count = g.type(n.inputs[0]).shape.numel();
-      std::memcpy(out, in, static_cast<size_t>(count) * sizeof(float));
-      r = c.all_reduce(out, count, what);
+      std::memcpy(out, in, static_cast<size_t>(in_count) * sizeof(float));
+      r = c.all_reduce(out, in_count, what);
       break;
     }
     case OpKind::reduce_scatter: {
-      const int64_t block = g.type(n.outputs[0]).shape.numel();
-      const int64_t numel = g.type(n.inputs[0]).shape.numel();
-      std::fill(in + numel, in + block * n.attrs.count, 0.0f);  // the planned padding
-      r = c.reduce_scatter(in, out, block, what);
+      if (dt == DType::f32)  // the planned padding (staged buffers come zeroed)
+        std::fill(in + in_count, in + out_count * n.attrs.count, 0.0f);
+      r = c.reduce_scatter(in, out, out_count, what);
       break;
     }
     case OpKind::all_gather:
-      r = c.all_gather(in, out, g.type(n.inputs[0]).shape.numel(), what);
+      r = c.all_gather(in, out, in_count, what);
       break;
     default:
       return error("not a collective: " + std::string(op_name(n.op)));
   }
-  inflight_[g.value(n.outputs[0]).producer] = std::move(r);
+  const NodeId id = g.value(n.outputs[0]).producer;
+  inflight_[id] = std::move(r);
+  if (dt != DType::f32) staged_[id] = std::move(staged);
   return Status();
 }
 
@@ -325,6 +336,11 @@ Status StepRunner::run_instructions(const std::vector<Instruction>& list, Execut
         Status s = comms_.group(g.node(in.node).attrs.name).wait(it->second);
         inflight_.erase(it);
         TS_RETURN_IF_ERROR(s);
+        if (auto st = staged_.find(in.node); st != staged_.end()) {  // narrow the f32 result
+          convert_elements(st->second.out.data(), DType::f32, st->second.dst, st->second.dtype,
+                           static_cast<int64_t>(st->second.out.size()));
+          staged_.erase(st);
+        }
         break;
       }
       default:
@@ -458,10 +474,10 @@ Status StepRunner::step(double lr, double clip_coefficient) {
   // Clipping folded into the update (one pass over the gradients fewer); every slot is this
   // rank's block or piece.
   opt_->step(lr, static_cast<float>(clip_coefficient));
-  refresh_working_params();
   for (const Instruction& s : prog_.optimizer)
     if (s.kind == Instruction::param_sync)
       TS_RETURN_IF_ERROR(sync_param(static_cast<size_t>(s.param)));
+  refresh_working_params();  // from the synced master weights
   return Status();
 }
 

@@ -182,6 +182,13 @@ class StepRunner {
   // f32 parameters, which the optimizer updates in place).
   std::vector<std::vector<float>> masters_;
   std::map<NodeId, Request> inflight_;
+  // Collectives of bf16/f16 values in flight: their f32 staging and where the result goes.
+  struct Staged {
+    std::vector<float> in, out;
+    void* dst = nullptr;
+    DType dtype = DType::f32;
+  };
+  std::map<NodeId, Staged> staged_;
   std::vector<float> scratch_;  // padded all-gather staging for ZeRO-1/2 parameter sync
   int accumulated_ = 0;
   std::vector<char> grad_started_;  // chunk runners: parameter i has a gradient this step
