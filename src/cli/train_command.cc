@@ -281,7 +281,7 @@ void add_train_command(CLI::App& app, TrainOptions& o) {
   cmd->add_option("--recompute-layers", o.recompute_layers, kRecomputeLayersHelp);
   cmd->add_option("--precision", o.precision,
                   "fp32, or bf16: parameters, activations and gradients in bf16 with f32 master "
-                  "weights and AdamW state (one process; GPT and LLaMA)")
+                  "weights and AdamW state (GPT and LLaMA; not with --pp)")
       ->capture_default_str();
   cmd->add_option("--comm-timeout", o.comm_timeout,
                   "Seconds a collective waits for a peer before the run fails")

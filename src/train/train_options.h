@@ -54,7 +54,7 @@ struct TrainOptions {
   double comm_timeout = 30;   // seconds a collective waits for a peer before failing
   double peak_flops = 0;      // per rank, for MFU (0: measured with a GEMM at the start)
   // --precision: "fp32", or "bf16" (parameters, activations and gradients in bf16; f32 master
-  // weights and AdamW state; one process, GPT and LLaMA models).
+  // weights and AdamW state; GPT and LLaMA models, any plan but pipelines).
   std::string precision = "fp32";
 };
 
