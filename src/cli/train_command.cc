@@ -140,7 +140,9 @@ Status run_train(const TrainOptions& options) {
     o.seq = cfg.image_tokens();
   }
   TS_RETURN_IF_ERROR(check_train_options(o, cfg));
-  if (o.precision == "bf16") cfg.dtype = DType::bf16;  // a run option: checkpoints hold f32
+  // A run option, not the model's: checkpoints hold the f32 master weights.
+  if (o.precision == "bf16") cfg.dtype = DType::bf16;
+  if (o.precision == "fp16") cfg.dtype = DType::f16;
   const bool automatic = o.plan == "auto";
   // `tessera launch` asks, in one process before it starts the ranks, whether the flags make a
   // plan for that many ranks: a mistake is then printed once, not once per rank.
@@ -280,8 +282,9 @@ void add_train_command(CLI::App& app, TrainOptions& o) {
                   "Default: the plan's, or none");
   cmd->add_option("--recompute-layers", o.recompute_layers, kRecomputeLayersHelp);
   cmd->add_option("--precision", o.precision,
-                  "fp32, or bf16: parameters, activations and gradients in bf16 with f32 master "
-                  "weights and AdamW state (GPT and LLaMA; not with --pp)")
+                  "fp32; bf16 or fp16: parameters, activations and gradients in it with f32 "
+                  "master weights and AdamW state (fp16 with dynamic loss scaling; GPT and "
+                  "LLaMA; not with --pp)")
       ->capture_default_str();
   cmd->add_option("--comm-timeout", o.comm_timeout,
                   "Seconds a collective waits for a peer before the run fails")

@@ -84,7 +84,10 @@ std::vector<ValueId> append_backward(Builder& b, Var loss, const std::vector<Gra
   const std::string saved_scope = b.current_scope();
   b.set_backward(true);
   b.set_position("", -1);
-  if (loss.valid()) grad[static_cast<size_t>(loss.id)] = b.fill(loss.shape(), 1.0, loss.dtype());
+  if (loss.valid()) {
+    grad[static_cast<size_t>(loss.id)] = b.fill(loss.shape(), 1.0, loss.dtype());
+    g.set_loss_seed(grad[static_cast<size_t>(loss.id)].id);
+  }
   for (const GradSeed& s : seeds) accumulate(s.value, b.var(s.grad));
 
   for (size_t i = num_forward_nodes; i-- > 0;) {

@@ -71,6 +71,10 @@ class Graph {
   const std::vector<ValueId>& outputs() const { return outputs_; }
   ValueId loss() const { return loss_; }
   void set_loss(ValueId v);
+  // The backward pass's seed, d loss / d loss = 1 (a fill; append_backward sets it): the
+  // value a runtime scales for fp16 loss scaling.
+  ValueId loss_seed() const { return loss_seed_; }
+  void set_loss_seed(ValueId v) { loss_seed_ = v; }
   // Gradient of the loss w.r.t. each parameter, filled by append_backward (autodiff.h).
   const std::map<ValueId, ValueId>& param_grads() const { return param_grads_; }
   void set_param_grad(ValueId param, ValueId grad);
@@ -88,6 +92,7 @@ class Graph {
   std::map<std::string, ValueId> param_by_name_, input_by_name_;
   std::map<ValueId, ValueId> param_grads_;
   ValueId loss_ = -1;
+  ValueId loss_seed_ = -1;
 };
 
 // FLOPs of one node of g (op_flops on its value types).

@@ -438,6 +438,7 @@ Status Pass::visit(NodeId id) {
     TS_ASSIGN_OR_RETURN(Shape ls, local_shape(g_.type(n.inputs[i]).shape, lazy[i], n.scope));
     fa.ints = std::vector<int64_t>(ls.dims().begin(), ls.dims().end());
     TS_ASSIGN_OR_RETURN(ins[i], emit(OpKind::fill, fa, {}, n, {lazy[i]}, {ls}));
+    if (n.inputs[i] == g_.loss_seed()) out_.loss_seeds.push_back(ins[i]);
   }
 
   const std::vector<size_t> vocab = vocab_axes(n, ins, &out_pl);

@@ -59,9 +59,12 @@ struct ParamLayout {
 
 struct Partitioned {
   Graph local;
-  std::vector<ParamLayout> params;                 // in global parameter order
-  std::vector<ValueId> global_to_local;            // indexed by global ValueId, -1 if none
-  ValueId loss = -1;                               // local, replicated (all-reduced) loss
+  std::vector<ParamLayout> params;       // in global parameter order
+  std::vector<ValueId> global_to_local;  // indexed by global ValueId, -1 if none
+  ValueId loss = -1;                     // local, replicated (all-reduced) loss
+  // The local fills of the global graph's backward seed (Graph::loss_seed; a fill is emitted
+  // at each reader, so there may be several): what fp16 loss scaling overwrites.
+  std::vector<ValueId> loss_seeds;
   std::vector<std::string> fallbacks;              // nodes that needed a non-free conversion
   std::vector<std::vector<NodeId>> buckets;        // gradient collectives issued together, in order
   std::vector<std::vector<Placement>> placements;  // per local value, per mesh axis

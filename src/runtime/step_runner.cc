@@ -121,6 +121,7 @@ StepRunner::StepRunner(const Graph& global, Program prog, Backend& backend, Mesh
   for (size_t i = 0; i < masters_.size(); ++i) {
     const TensorType& t = exec_->graph().type(param_value(i));
     if (t.dtype != DType::f32) masters_[i].assign(static_cast<size_t>(t.shape.numel()), 0.0f);
+    if (t.dtype == DType::f16 && !chunk_) loss_scale_ = 65536.0;
   }
   std::vector<ParamSlot> slots;
   size_t scratch = 0;
@@ -326,6 +327,15 @@ Status StepRunner::run_instructions(const std::vector<Instruction>& list, Execut
         } else {
           ex.run_node(g.node(in.node));
         }
+        if (loss_scale_ > 0 && &ex == exec_.get()) {
+          const ValueId out = g.node(in.node).outputs[0];
+          const std::vector<ValueId>& seeds = prog_.part.loss_seeds;
+          if (std::find(seeds.begin(), seeds.end(), out) != seeds.end()) {
+            const float scale = static_cast<float>(loss_scale_);  // d (scale loss) / d loss
+            convert_elements(&scale, DType::f32, ex.raw(out), g.type(out).dtype,
+                             g.type(out).shape.numel());
+          }
+        }
         break;
       case Instruction::start:
         TS_RETURN_IF_ERROR(start(g.node(in.node), ex));
@@ -483,6 +493,22 @@ Status StepRunner::step(double lr, double clip_coefficient) {
 
 Result<double> StepRunner::apply(double lr, double clip) {
   TS_ASSIGN_OR_RETURN(const double sq, grad_sq_sum());
+  if (loss_scale_ > 0) {  // fp16: the gradients carry the scale
+    skipped_ = !std::isfinite(sq);
+    if (skipped_) {  // overflow: no update (every rank saw the same all-reduced sum)
+      loss_scale_ /= 2;
+      good_steps_ = 0;
+      return 0.0;
+    }
+    const double norm = std::sqrt(sq) / loss_scale_;
+    const double coef = clip > 0 ? AdamW::clip_coefficient(norm, clip) : 1.0;
+    TS_RETURN_IF_ERROR(step(lr, coef / loss_scale_));
+    if (++good_steps_ == kLossScaleGrowth) {
+      loss_scale_ *= 2;
+      good_steps_ = 0;
+    }
+    return norm;
+  }
   const double norm = std::sqrt(sq);
   TS_RETURN_IF_ERROR(step(lr, clip > 0 ? AdamW::clip_coefficient(norm, clip) : 1.0));
   return norm;

@@ -91,6 +91,19 @@ class StepRunner {
   // to `clip` (<= 0: no clipping) and steps AdamW with lr. Returns the pre-clip norm.
   Result<double> apply(double lr, double clip);
 
+  // fp16 graphs: dynamic loss scaling. The backward pass's seed is the scale (2^16 to start),
+  // the optimizer divides it out; a step whose gradients overflow is skipped (no update,
+  // apply() returns 0) and halves the scale, and kLossScaleGrowth good steps in a row double
+  // it. loss_scale() is 0 for f32 and bf16 graphs.
+  static constexpr int64_t kLossScaleGrowth = 2000;
+  double loss_scale() const { return loss_scale_; }
+  int64_t loss_scale_good_steps() const { return good_steps_; }
+  bool step_skipped() const { return skipped_; }
+  void set_loss_scale(double scale, int64_t good_steps) {
+    loss_scale_ = scale;
+    good_steps_ = good_steps;
+  }
+
   // Chunk runners: phase ph's instructions on its executor; then, after the phase computing
   // them, this micro-batch's gradients added to the accumulators; then finish_micro_batch().
   Status run_phase(int ph);
@@ -191,6 +204,9 @@ class StepRunner {
   std::map<NodeId, Staged> staged_;
   std::vector<float> scratch_;  // padded all-gather staging for ZeRO-1/2 parameter sync
   int accumulated_ = 0;
+  double loss_scale_ = 0;   // fp16 only
+  int64_t good_steps_ = 0;  // steps since the scale last changed
+  bool skipped_ = false;
   std::vector<char> grad_started_;  // chunk runners: parameter i has a gradient this step
   // Chunk runners: per stash entry into the reduce phase, its sum over this step's
   // micro-batches (empty for other entries), and whether a micro-batch has written it.

@@ -25,18 +25,16 @@ Status check_train_options(const TrainOptions& o, const ModelConfig& cfg) {
   TS_RETURN_IF_ERROR(positive("--steps", o.steps));
   TS_RETURN_IF_ERROR(positive("--grad-accum", o.grad_accum));
   TS_RETURN_IF_ERROR(positive("--tp", o.tp));
-  if (o.precision == "fp16")
-    return error("--precision fp16 needs dynamic loss scaling, which is not implemented yet",
-                 "use --precision bf16 (the same range as f32, no loss scaling)");
-  if (o.precision != "fp32" && o.precision != "bf16")
-    return error("--precision must be fp32 or bf16, got '" + o.precision + "'");
-  if (o.precision == "bf16" && cfg.family != "gpt" && cfg.family != "llama")
-    return error("--precision bf16 trains GPT and LLaMA models; " + cfg.name + " is a " +
-                     cfg.family + " model",
+  if (o.precision != "fp32" && o.precision != "bf16" && o.precision != "fp16")
+    return error("--precision must be fp32, bf16 or fp16, got '" + o.precision + "'");
+  if (o.precision != "fp32" && cfg.family != "gpt" && cfg.family != "llama")
+    return error("--precision " + o.precision + " trains GPT and LLaMA models; " + cfg.name +
+                     " is a " + cfg.family + " model",
                  "train it with --precision fp32");
-  if (o.precision == "bf16" && o.pp > 1)
-    return error("--precision bf16 does not run pipelines yet (stages keep f32 parameters)",
-                 "drop --pp, or train the pipeline in --precision fp32");
+  if (o.precision != "fp32" && o.pp > 1)
+    return error(
+        "--precision " + o.precision + " does not run pipelines yet (stages keep f32 parameters)",
+        "drop --pp, or train the pipeline in --precision fp32");
   if (o.seq > cfg.max_seq_len)
     return error("--seq " + std::to_string(o.seq) + " exceeds max_seq_len " +
                      std::to_string(cfg.max_seq_len) + " of model " + cfg.name,

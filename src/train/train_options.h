@@ -53,8 +53,9 @@ struct TrainOptions {
   int recompute_layers = -1;  // --recompute-layers: the first N blocks; -1: the plan's
   double comm_timeout = 30;   // seconds a collective waits for a peer before failing
   double peak_flops = 0;      // per rank, for MFU (0: measured with a GEMM at the start)
-  // --precision: "fp32", or "bf16" (parameters, activations and gradients in bf16; f32 master
-  // weights and AdamW state; GPT and LLaMA models, any plan but pipelines).
+  // --precision: "fp32", "bf16" or "fp16" (parameters, activations and gradients in it; f32
+  // master weights and AdamW state; fp16 with dynamic loss scaling; GPT and LLaMA models, any
+  // plan but pipelines).
   std::string precision = "fp32";
 };
 

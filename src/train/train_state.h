@@ -55,6 +55,10 @@ class TrainState {
   Result<double> apply(double lr, double clip) {
     return pipelined() ? pipe->apply(lr, clip) : runner->apply(lr, clip);
   }
+  // fp16 runs (StepRunner's loss scaling): the scale, and whether the last apply() skipped
+  // its update because the gradients overflowed. 0 and false otherwise.
+  double loss_scale() const { return pipelined() ? 0.0 : runner->loss_scale(); }
+  bool step_skipped() const { return !pipelined() && runner->step_skipped(); }
   void init_params(uint64_t seed) {
     if (pipelined()) {
       pipe->init_params(seed);

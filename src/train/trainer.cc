@@ -360,6 +360,7 @@ Status train(const TrainOptions& o, const TrainJob& job) {
     }
     loss /= static_cast<double>(o.grad_accum);
     TS_ASSIGN_OR_RETURN(double norm, st.apply(lr, o.clip));
+    const bool skipped = st.step_skipped();  // fp16: the gradients overflowed, no update
     double dt = std::chrono::duration<double>(Clock::now() - t0).count();
     ++steps_this_run;
     step_secs += dt;
@@ -372,6 +373,11 @@ Status train(const TrainOptions& o, const TrainJob& job) {
                           {"mfu", model_flops_per_step / dt / ranks / peak},
                           {"peak_flops_per_rank", peak},
                           {"step_s", dt}};
+    if (st.loss_scale() > 0) rec["loss_scale"] = st.loss_scale();
+    if (skipped) {
+      rec["grad_norm"] = nullptr;
+      rec["skipped"] = true;
+    }
     if (leader) {
       metrics << rec.dump() << "\n";
       metrics.flush();
@@ -381,6 +387,8 @@ Status train(const TrainOptions& o, const TrainJob& job) {
     // The loss and norm are the same on every rank (all-reduced), so all stop together.
     if (!std::isfinite(loss) || !std::isfinite(norm))
       return diverged(step, std::isfinite(loss) ? "gradient norm" : "loss", last_saved, o);
+    if (skipped && st.loss_scale() < 1)  // halved from 2^16 on every step since: not overflow
+      return diverged(step, "fp16 gradients (at every loss scale down to 1)", last_saved, o);
     // A stop signal on any rank stops every rank after this step, with a checkpoint.
     int signal = pending_stop_signal();
     if (world) {

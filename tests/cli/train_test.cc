@@ -156,42 +156,45 @@ TEST_F(TrainTest, TokenIdsBeyondTheVocabularyAreRejected) {
   EXPECT_NE(s.message().find("train.bin"), std::string::npos) << s.message();
 }
 
-// --precision bf16: the losses follow fp32's, a bf16 run resumes exactly (checkpoints hold the
-// f32 master weights and moments), and what is not supported yet (pipelines, fp16) is one
-// clear error.
-TEST_F(TrainTest, Bf16FollowsFp32ResumesExactlyAndRefusesWhatItCannotRun) {
+// --precision bf16 / fp16: the losses follow fp32's, a run resumes exactly (checkpoints hold
+// the f32 master weights and moments, and fp16's loss scale), and pipelines are one clear
+// error.
+TEST_F(TrainTest, LowPrecisionFollowsFp32ResumesExactlyAndRefusesPipelines) {
   ASSERT_TRUE(run_train(options("fp32")).ok());
-  TrainOptions bf16 = options("bf16");
-  bf16.precision = "bf16";
-  Status s = run_train(bf16);
-  ASSERT_TRUE(s.ok()) << s.to_string();
-  const std::vector<std::string> a = losses(dir_ / "fp32/metrics.jsonl"),
-                                 b = losses(dir_ / "bf16/metrics.jsonl");
+  const std::vector<std::string> a = losses(dir_ / "fp32/metrics.jsonl");
   ASSERT_EQ(a.size(), 20u);
-  ASSERT_EQ(b.size(), 20u);
-  for (size_t k = 0; k < a.size(); ++k)
-    EXPECT_NEAR(std::stod(b[k].substr(7)), std::stod(a[k].substr(7)),
-                0.02 * std::stod(a[k].substr(7)))
-        << "step " << k;
-  TrainOptions half = options("bf16_resumed");
-  half.precision = "bf16";
-  half.stop_after = 10;
-  ASSERT_TRUE(run_train(half).ok());
-  half.stop_after = 0;
-  half.resume = true;
-  s = run_train(half);
-  ASSERT_TRUE(s.ok()) << s.to_string();
-  EXPECT_EQ(losses(dir_ / "bf16_resumed/metrics.jsonl"), b);
+  for (const char* precision : {"bf16", "fp16"}) {
+    SCOPED_TRACE(precision);
+    const std::string name = precision;
+    TrainOptions low = options(name);
+    low.precision = precision;
+    Status s = run_train(low);
+    ASSERT_TRUE(s.ok()) << s.to_string();
+    const std::vector<std::string> b = losses(dir_ / name / "metrics.jsonl");
+    ASSERT_EQ(b.size(), 20u);
+    for (size_t k = 0; k < a.size(); ++k)
+      EXPECT_NEAR(std::stod(b[k].substr(7)), std::stod(a[k].substr(7)),
+                  0.02 * std::stod(a[k].substr(7)))
+          << "step " << k;
+    TrainOptions half = options(name + "_resumed");
+    half.precision = precision;
+    half.stop_after = 10;
+    ASSERT_TRUE(run_train(half).ok());
+    half.stop_after = 0;
+    half.resume = true;
+    s = run_train(half);
+    ASSERT_TRUE(s.ok()) << s.to_string();
+    EXPECT_EQ(losses(dir_ / (name + "_resumed") / "metrics.jsonl"), b);
+  }
+  std::ifstream fp16(dir_ / "fp16/metrics.jsonl");
+  std::string first;
+  std::getline(fp16, first);
+  EXPECT_NE(first.find("\"loss_scale\":65536"), std::string::npos) << first;
 
-  TrainOptions fp16 = options("fp16");
-  fp16.precision = "fp16";
-  s = run_train(fp16);
-  ASSERT_FALSE(s.ok());
-  EXPECT_NE(s.message().find("loss scaling"), std::string::npos) << s.message();
   TrainOptions pp = options("pp");
   pp.precision = "bf16";
   pp.pp = 2;
-  s = run_train(pp);
+  Status s = run_train(pp);
   ASSERT_FALSE(s.ok());
   EXPECT_NE(s.message().find("pipelines"), std::string::npos) << s.message();
 }

@@ -1,11 +1,13 @@
-// Mixed-precision training on the CPU: a bf16 graph (ModelConfig::dtype) trains through the
-// step runner with f32 master weights and AdamW state; its losses follow f32's, its arena is
-// about half, the planned arena is the measured high-water mark, and the state the runner
-// holds is what the Program and the simulator count, byte for byte.
+// Mixed-precision training on the CPU: a bf16 or fp16 graph (ModelConfig::dtype) trains
+// through the step runner with f32 master weights and AdamW state (fp16 with dynamic loss
+// scaling); its losses follow f32's, its arena is about half, the planned arena is the
+// measured high-water mark, and the state the runner holds is what the Program and the
+// simulator count, byte for byte.
 #include <gtest/gtest.h>
 
 #include <cmath>
 #include <cstdio>
+#include <string>
 #include <vector>
 
 #include "backend/cpu/cpu_backend.h"
@@ -70,30 +72,78 @@ Trained train(DType dtype, int micro_batches, int steps) {
   return r;
 }
 
-TEST(MixedPrecision, Bf16TrainsLikeF32WithHalfTheArenaAndExactState) {
-  for (int mb : {1, 2}) {
-    const Trained f32 = train(DType::f32, mb, 12), bf16 = train(DType::bf16, mb, 12);
-    for (size_t s = 0; s < f32.losses.size(); ++s) {
-      std::printf("micro-batches %d step %zu: loss f32 %.5f bf16 %.5f\n", mb, s, f32.losses[s],
-                  bf16.losses[s]);
-      EXPECT_NEAR(bf16.losses[s], f32.losses[s], 0.02 * f32.losses[s]) << "step " << s;
+// bf16, and fp16 with its loss scaling, against f32.
+TEST(MixedPrecision, LowPrecisionTrainsLikeF32WithHalfTheArenaAndExactState) {
+  for (DType low : {DType::bf16, DType::f16}) {
+    for (int mb : {1, 2}) {
+      SCOPED_TRACE(std::string(dtype_name(low)) + ", micro-batches " + std::to_string(mb));
+      const Trained f32 = train(DType::f32, mb, 12), lp = train(low, mb, 12);
+      for (size_t s = 0; s < f32.losses.size(); ++s) {
+        std::printf("%s micro-batches %d step %zu: loss f32 %.5f %.5f\n", dtype_name(low), mb, s,
+                    f32.losses[s], lp.losses[s]);
+        EXPECT_NEAR(lp.losses[s], f32.losses[s], 0.02 * f32.losses[s]) << "step " << s;
+      }
+      EXPECT_LT(lp.losses.back(), lp.losses.front() - 0.5) << "did not learn";
+      std::printf("arena f32 %lld %s %lld; state f32 %lld %s %lld\n",
+                  static_cast<long long>(f32.arena), dtype_name(low),
+                  static_cast<long long>(lp.arena), static_cast<long long>(f32.state),
+                  dtype_name(low), static_cast<long long>(lp.state));
+      EXPECT_LT(lp.arena, 0.6 * static_cast<double>(f32.arena));
+      for (const Trained* r : {&f32, &lp}) {
+        EXPECT_EQ(r->measured, r->arena);  // the plan is the high-water mark
+        EXPECT_EQ(r->state, r->program_state);
+        EXPECT_EQ(r->sim_state, static_cast<double>(r->state));
+        EXPECT_EQ(r->sim_arena, static_cast<double>(r->arena));
+      }
+      // Per parameter: 2-byte copy + f32 master 4 + m, v 8 (+ an f32 accumulator 4 with
+      // several micro-batches), against f32's 4 + 8 (+ 4).
+      const double ratio = static_cast<double>(lp.state) / static_cast<double>(f32.state);
+      EXPECT_NEAR(ratio, mb == 1 ? 14.0 / 12.0 : 18.0 / 16.0, 1e-9);
     }
-    EXPECT_LT(bf16.losses.back(), bf16.losses.front() - 0.5) << "bf16 did not learn";
-    std::printf("arena f32 %lld bf16 %lld; state f32 %lld bf16 %lld\n",
-                static_cast<long long>(f32.arena), static_cast<long long>(bf16.arena),
-                static_cast<long long>(f32.state), static_cast<long long>(bf16.state));
-    EXPECT_LT(bf16.arena, 0.6 * static_cast<double>(f32.arena));
-    for (const Trained* r : {&f32, &bf16}) {
-      EXPECT_EQ(r->measured, r->arena);  // the plan is the high-water mark
-      EXPECT_EQ(r->state, r->program_state);
-      EXPECT_EQ(r->sim_state, static_cast<double>(r->state));
-      EXPECT_EQ(r->sim_arena, static_cast<double>(r->arena));
-    }
-    // Per parameter: bf16 copy 2 + f32 master 4 + m, v 8 (+ an f32 accumulator 4 with
-    // several micro-batches), against f32's 4 + 8 (+ 4).
-    const double ratio = static_cast<double>(bf16.state) / static_cast<double>(f32.state);
-    EXPECT_NEAR(ratio, mb == 1 ? 14.0 / 12.0 : 18.0 / 16.0, 1e-9);
   }
+}
+
+// fp16's dynamic loss scaling: gradients that overflow skip the update and halve the scale;
+// kLossScaleGrowth good steps double it; f32 and bf16 runs have none.
+TEST(MixedPrecision, Fp16OverflowSkipsTheStepAndHalvesTheScale) {
+  ModelConfig c = testing_equivalence::tiny_gpt();
+  c.dtype = DType::f16;
+  ModelGraph m = build_model(c, kRows, kLen, ModelMode::train);
+  CpuBackend cpu;
+  const Plan plan = Plan::data_parallel(1);
+  Result<MeshComms> comms = MeshComms::single(plan);
+  ASSERT_TRUE(comms.ok());
+  auto made = StepRunner::create(m.graph, plan, cpu, comms.value(), AdamWConfig{.lr = 3e-3});
+  ASSERT_TRUE(made.ok()) << made.status().to_string();
+  StepRunner& step = **made;
+  step.init_params(5);
+  EXPECT_EQ(step.loss_scale(), 65536.0);
+  std::vector<int32_t> x(static_cast<size_t>(kRows * kLen)), y(x.size());
+  for (size_t i = 0; i < x.size(); ++i) {
+    x[i] = static_cast<int32_t>((i * 5 + 1) % c.vocab_size);
+    y[i] = static_cast<int32_t>((i * 5 + 6) % c.vocab_size);
+  }
+  auto one_step = [&] {
+    EXPECT_TRUE(step.forward_backward(Feed(m, {x.data(), y.data()})).ok());
+    Result<double> norm = step.apply(3e-3, 1.0);
+    EXPECT_TRUE(norm.ok());
+    return norm.ok() ? *norm : -1.0;
+  };
+  const std::vector<float> before(step.param_data(0), step.param_data(0) + 64);
+  step.set_loss_scale(std::ldexp(1.0, 40), 0);  // 2^40: the fp16 gradients overflow
+  EXPECT_EQ(one_step(), 0.0);
+  EXPECT_TRUE(step.step_skipped());
+  EXPECT_EQ(step.loss_scale(), std::ldexp(1.0, 39));
+  EXPECT_EQ(std::vector<float>(step.param_data(0), step.param_data(0) + 64), before)
+      << "a skipped step changed the parameters";
+  step.set_loss_scale(1024, StepRunner::kLossScaleGrowth - 1);
+  const double norm = one_step();
+  EXPECT_FALSE(step.step_skipped());
+  EXPECT_GT(norm, 0.1);  // the true norm: the scale divided out
+  EXPECT_LT(norm, 100.0);
+  EXPECT_EQ(step.loss_scale(), 2048.0) << "the growth interval's last good step doubles it";
+  EXPECT_EQ(step.loss_scale_good_steps(), 0);
+  EXPECT_NE(std::vector<float>(step.param_data(0), step.param_data(0) + 64), before);
 }
 
 }  // namespace

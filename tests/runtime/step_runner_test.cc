@@ -173,44 +173,48 @@ TEST(TensorParallel, KvHeadsThatDoNotSplitAreAnErrorNamingTheDegrees) {
   EXPECT_NE(p.status().message().find("cannot be split 4 ways over tp"), std::string::npos);
 }
 
-// bf16 under data, ZeRO and tensor parallelism: collectives of bf16 values travel as f32 and
-// are rounded once; the f32 master weights are synced by ZeRO-1/2. N ranks follow one bf16
-// rank within bf16's rounding (sums split over ranks round differently), not bitwise.
-TEST(StepRunner, Bf16RanksFollowOneBf16Rank) {
-  ModelConfig cfg = tiny_gpt();
-  cfg.dtype = DType::bf16;
-  const RunResult ref = run_single(6, 1, cfg);
-  for (const Plan& plan :
-       {Plan::data_parallel(2), Plan::data_parallel(2, 1), Plan::data_parallel(2, 2),
-        Plan::data_parallel(2, 3), with_searched_layout(Plan::tensor_parallel(1, 2), cfg),
-        with_searched_layout(Plan::tensor_parallel(2, 2, 3), cfg)}) {
-    SCOPED_TRACE(plan.describe());
-    std::vector<RunResult> ranks = run_threads(plan, 6, cfg);
-    for (const RunResult& r : ranks) {
-      ASSERT_EQ(r.losses.size(), ref.losses.size());
-      for (size_t s = 0; s < ref.losses.size(); ++s)
-        EXPECT_NEAR(r.losses[s], ref.losses[s], 5e-3 * ref.losses[s]) << "step " << s;
-      EXPECT_NEAR(r.eval_loss, ref.eval_loss, 5e-3 * ref.eval_loss);
-      double worst = 0, sum = 0;
-      int64_t n = 0;
-      for (size_t i = 0; i < ref.params.size(); ++i)
-        for (size_t k = 0; k < ref.params[i].size(); ++k) {
-          const double d = std::abs(r.params[i][k] - ref.params[i][k]);
-          worst = std::max(worst, d);
-          sum += d;
-          ++n;
-        }
-      if (std::getenv("TESSERA_VERBOSE"))
-        std::printf(
-            "%s: largest parameter difference %.3g, mean %.3g; bytes sent %.0f, "
-            "planned %.0f\n",
-            plan.describe().c_str(), worst, sum / static_cast<double>(n), r.comm_bytes_measured,
-            r.comm_bytes_planned);
-      EXPECT_LE(sum / static_cast<double>(n), 2e-4) << "mean parameter difference";
-      // An element whose bf16 gradient rounds to the other sign moves the other way: at most
-      // one lr-sized AdamW step apart per step each way.
-      EXPECT_LE(worst, 12 * kLr) << "a parameter moved further than six steps of lr each way";
-      EXPECT_EQ(r.arena_measured, r.arena_planned);
+// bf16 and fp16 (loss-scaled) under data, ZeRO and tensor parallelism: collectives of
+// low-precision values travel as f32 and are rounded once; the f32 master weights are synced
+// by ZeRO-1/2. N ranks follow one rank of the same precision within its rounding (sums split
+// over ranks round differently), not bitwise.
+TEST(StepRunner, LowPrecisionRanksFollowOneRank) {
+  for (DType low : {DType::bf16, DType::f16}) {
+    SCOPED_TRACE(dtype_name(low));
+    ModelConfig cfg = tiny_gpt();
+    cfg.dtype = low;
+    const RunResult ref = run_single(6, 1, cfg);
+    for (const Plan& plan :
+         {Plan::data_parallel(2), Plan::data_parallel(2, 1), Plan::data_parallel(2, 2),
+          Plan::data_parallel(2, 3), with_searched_layout(Plan::tensor_parallel(1, 2), cfg),
+          with_searched_layout(Plan::tensor_parallel(2, 2, 3), cfg)}) {
+      SCOPED_TRACE(plan.describe());
+      std::vector<RunResult> ranks = run_threads(plan, 6, cfg);
+      for (const RunResult& r : ranks) {
+        ASSERT_EQ(r.losses.size(), ref.losses.size());
+        for (size_t s = 0; s < ref.losses.size(); ++s)
+          EXPECT_NEAR(r.losses[s], ref.losses[s], 5e-3 * ref.losses[s]) << "step " << s;
+        EXPECT_NEAR(r.eval_loss, ref.eval_loss, 5e-3 * ref.eval_loss);
+        double worst = 0, sum = 0;
+        int64_t n = 0;
+        for (size_t i = 0; i < ref.params.size(); ++i)
+          for (size_t k = 0; k < ref.params[i].size(); ++k) {
+            const double d = std::abs(r.params[i][k] - ref.params[i][k]);
+            worst = std::max(worst, d);
+            sum += d;
+            ++n;
+          }
+        if (std::getenv("TESSERA_VERBOSE"))
+          std::printf(
+              "%s: largest parameter difference %.3g, mean %.3g; bytes sent %.0f, "
+              "planned %.0f\n",
+              plan.describe().c_str(), worst, sum / static_cast<double>(n), r.comm_bytes_measured,
+              r.comm_bytes_planned);
+        EXPECT_LE(sum / static_cast<double>(n), 2e-4) << "mean parameter difference";
+        // An element whose bf16 gradient rounds to the other sign moves the other way: at most
+        // one lr-sized AdamW step apart per step each way.
+        EXPECT_LE(worst, 12 * kLr) << "a parameter moved further than six steps of lr each way";
+        EXPECT_EQ(r.arena_measured, r.arena_planned);
+      }
     }
   }
 }
