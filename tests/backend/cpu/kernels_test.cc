@@ -7,6 +7,7 @@
 
 #include <atomic>
 #include <cmath>
+#include <cstring>
 #include <random>
 #include <stdexcept>
 #include <vector>
@@ -30,6 +31,31 @@ double max_abs_diff(const std::vector<float>& a, const std::vector<double>& b) {
   double m = 0;
   for (size_t i = 0; i < a.size(); ++i) m = std::max(m, std::fabs(a[i] - b[i]));
   return m;
+}
+
+// The converter's fast paths (vectorized bf16, the F16C instructions for f16) give the
+// reference conversions' bits on normal, subnormal, huge, infinite and rounding-tie values.
+TEST(CpuBackend, ConversionsMatchTheReferenceBitForBit) {
+  std::vector<float> f = {0.0f,     -0.0f,    1.0f,  -2.5f, 65504.0f,        65520.0f,
+                          1e6f,     -1e-7f,   6e-8f, 3e-5f, 1.0f + 0x1p-11f, 1.0f + 0x1p-8f,
+                          INFINITY, -INFINITY};
+  std::mt19937 rng(3);
+  std::normal_distribution<float> n(0.0f, 100.0f);
+  while (f.size() < 1000) f.push_back(n(rng) * (f.size() % 3 == 0 ? 1e-6f : 1.0f));
+  const int64_t count = static_cast<int64_t>(f.size());
+  for (DType dt : {DType::bf16, DType::f16}) {
+    std::vector<uint16_t> fast(f.size()), ref(f.size());
+    convert_elements(f.data(), DType::f32, fast.data(), dt, count);
+    for (size_t i = 0; i < f.size(); ++i)
+      ref[i] = dt == DType::bf16 ? f32_to_bf16(f[i]) : f32_to_f16(f[i]);
+    EXPECT_EQ(fast, ref) << dtype_name(dt) << " narrowing";
+    std::vector<float> wide(f.size());
+    convert_elements(ref.data(), dt, wide.data(), DType::f32, count);
+    for (size_t i = 0; i < f.size(); ++i) {
+      const float want = dt == DType::bf16 ? bf16_to_f32(ref[i]) : f16_to_f32(ref[i]);
+      EXPECT_EQ(std::memcmp(&wide[i], &want, 4), 0) << dtype_name(dt) << " widening " << i;
+    }
+  }
 }
 
 // Kernels register themselves (kernels_*.cc): every op that is a computation has one, and the
