@@ -15,6 +15,7 @@
 #include <chrono>
 #include <cstdio>
 #include <cstring>
+#include <exception>
 #include <random>
 #include <string>
 #include <vector>
@@ -31,26 +32,41 @@ int main(int argc, char** argv) {
   std::string precision = "fp32";
   double peak_tflops = 989;
   bool profile = false;
+  if (argc % 2 == 0) {
+    std::fprintf(stderr, "error: option %s has no value\n", argv[argc - 1]);
+    return 2;
+  }
   for (int i = 1; i + 1 < argc; i += 2) {
     const std::string k = argv[i], v = argv[i + 1];
-    if (k == "--batch")
-      batch = std::stoll(v);
-    else if (k == "--seq")
-      seq = std::stoll(v);
-    else if (k == "--steps")
-      steps = std::max(1, std::stoi(v));
-    else if (k == "--warmup")
-      warmup = std::max(0, std::stoi(v));
-    else if (k == "--precision")
-      precision = v;
-    else if (k == "--profile")
-      profile = v == "1";
-    else if (k == "--peak-tflops")
-      peak_tflops = std::stod(v);
-    else {
-      std::fprintf(stderr, "error: unknown option %s\n", k.c_str());
+    try {
+      if (k == "--batch")
+        batch = std::stoll(v);
+      else if (k == "--seq")
+        seq = std::stoll(v);
+      else if (k == "--steps")
+        steps = std::max(1, std::stoi(v));
+      else if (k == "--warmup")
+        warmup = std::max(0, std::stoi(v));
+      else if (k == "--precision")
+        precision = v;
+      else if (k == "--profile")
+        profile = v == "1";
+      else if (k == "--peak-tflops")
+        peak_tflops = std::stod(v);
+      else {
+        std::fprintf(stderr, "error: unknown option %s\n", k.c_str());
+        return 2;
+      }
+    } catch (const std::exception&) {
+      std::fprintf(stderr, "error: %s takes a number, got '%s'\n", k.c_str(), v.c_str());
       return 2;
     }
+  }
+  if (batch <= 0 || seq <= 0 || seq > 1024) {
+    std::fprintf(stderr,
+                 "error: --batch must be positive and --seq in 1..1024 (GPT-2's "
+                 "context)\n");
+    return 2;
   }
   if (precision != "fp32" && precision != "bf16") {
     std::fprintf(stderr, "error: --precision must be fp32 or bf16, got '%s'\n", precision.c_str());
