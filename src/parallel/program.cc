@@ -82,15 +82,15 @@ void count_bytes(Program& p) {
   for (const ParamLayout& pl : p.part.params) {
     const int64_t numel = pl.local_shape.numel();
     const int64_t block = FlatShard{group, 0, numel}.block();
-    const int64_t elem = dtype_size(g.type(pl.local).dtype);
-    p.param_bytes += elem * (pl.params_sharded ? block : numel);
+    const DType dtype = g.type(pl.local).dtype;
+    p.param_bytes += static_cast<int64_t>(dtype_size(dtype)) * (pl.params_sharded ? block : numel);
     // The accumulated, reduced gradient (f32 whatever the parameters' dtype); with one
     // micro-batch the optimizer reads it in the arena (the memory plan keeps it live to the
     // end of the micro-step).
     if (p.plan.micro_batches > 1) p.grad_bytes += 4 * (pl.grads_sharded ? block : numel);
     // AdamW's f32 m and v, and for bf16/f16 parameters their f32 master weights, which the
     // optimizer updates (held like its moments).
-    const int64_t state = elem == 4 ? 2 * 4 : 3 * 4;
+    const int64_t state = dtype == DType::f32 ? 2 * 4 : 3 * 4;
     p.optim_bytes += state * (pl.optim_sharded ? block : numel);
   }
   double micro = 0;

@@ -15,17 +15,16 @@ namespace {
 // A bf16/f16 gradient is read in chunks widened into this buffer (f32 needs none).
 constexpr int64_t kWidenChunk = int64_t{1} << 16;
 
-// Calls f(offset, f32 pointer, count) over the slot's gradient, widened chunk by chunk.
+// Calls f(offset, f32 pointer, count) over n elements of dtype dt at x, widened chunk by chunk.
 template <typename F>
-void widened_chunks(const ParamSlot& p, F f) {
-  if (p.grad_dtype == DType::f32) return f(0, p.grad, p.size);
-  std::vector<float> buf(static_cast<size_t>(std::min(p.size, kWidenChunk)));
-  const size_t width = dtype_size(p.grad_dtype);
-  for (int64_t at = 0; at < p.size; at += kWidenChunk) {
-    const int64_t n = std::min(kWidenChunk, p.size - at);
-    convert_elements(reinterpret_cast<const char*>(p.grad) + at * static_cast<int64_t>(width),
-                     p.grad_dtype, buf.data(), DType::f32, n);
-    f(at, buf.data(), n);
+void widened_chunks(const void* x, DType dt, int64_t n, F f) {
+  if (dt == DType::f32) return f(0, static_cast<const float*>(x), n);
+  std::vector<float> buf(static_cast<size_t>(std::min(n, kWidenChunk)));
+  const int64_t width = static_cast<int64_t>(dtype_size(dt));
+  for (int64_t at = 0; at < n; at += kWidenChunk) {
+    const int64_t k = std::min(kWidenChunk, n - at);
+    convert_elements(static_cast<const char*>(x) + at * width, dt, buf.data(), DType::f32, k);
+    f(at, buf.data(), k);
   }
 }
 
@@ -55,7 +54,8 @@ double AdamW::grad_sq_sum() const {
   double total = 0;
   for (const ParamSlot& p : params_) {
     double sum = 0;
-    widened_chunks(p, [&](int64_t, const float* g, int64_t n) { sum += cpu::sum_squares(g, n); });
+    widened_chunks(p.grad, p.grad_dtype, p.size,
+                   [&](int64_t, const float* g, int64_t n) { sum += cpu::sum_squares(g, n); });
     total += p.norm_weight * sum;
   }
   return total;
@@ -91,7 +91,7 @@ void AdamW::step(double lr, float grad_scale) {
     u.step_size = step_size;
     u.bc2_sqrt = bc2_sqrt;
     u.eps = eps;
-    widened_chunks(p, [&](int64_t at, const float* g, int64_t n) {
+    widened_chunks(p.grad, p.grad_dtype, p.size, [&](int64_t at, const float* g, int64_t n) {
       cpu::adamw_update(u, p.param + at, g, m_[k].data() + at, v_[k].data() + at, n);
     });
   }
@@ -106,8 +106,7 @@ void accumulate_grad(float* dst, const void* src, DType src_dtype, int64_t n, bo
   if (src_dtype == DType::f32)
     return accumulate_grad(dst, static_cast<const float*>(src), n, first);
   if (first) return convert_elements(src, src_dtype, dst, DType::f32, n);
-  ParamSlot view{"", nullptr, static_cast<float*>(const_cast<void*>(src)), src_dtype, n};
-  widened_chunks(view,
+  widened_chunks(src, src_dtype, n,
                  [&](int64_t at, const float* g, int64_t k) { cpu::add_inplace(dst + at, g, k); });
 }
 

@@ -273,19 +273,23 @@ Status StepRunner::start(const Node& n, Executor& ex) {
   const int64_t in_count = g.type(n.inputs[0]).shape.numel();
   const int64_t out_count = g.type(n.outputs[0]).shape.numel();
   if (dt != DType::f32) {
-    const int64_t in_room = n.op == OpKind::reduce_scatter ? out_count * n.attrs.count : in_count;
-    staged.in.assign(static_cast<size_t>(in_room), 0.0f);
     staged.out.assign(static_cast<size_t>(out_count), 0.0f);
-    convert_elements(ex.raw(n.inputs[0]), dt, staged.in.data(), DType::f32, in_count);
+    out = staged.out.data();
+    if (n.op == OpKind::all_reduce) {  // reduced in place: widened straight into the output
+      in = out;
+    } else {
+      const int64_t room = n.op == OpKind::reduce_scatter ? out_count * n.attrs.count : in_count;
+      staged.in.assign(static_cast<size_t>(room), 0.0f);
+      in = staged.in.data();
+    }
+    convert_elements(ex.raw(n.inputs[0]), dt, in, DType::f32, in_count);
     staged.dst = ex.raw(n.outputs[0]);
     staged.dtype = dt;
-    in = staged.in.data();
-    out = staged.out.data();
   }
   Request r;
   switch (n.op) {
     case OpKind::all_reduce: {
-      std::memcpy(out, in, static_cast<size_t>(in_count) * sizeof(float));
+      if (in != out) std::memcpy(out, in, static_cast<size_t>(in_count) * sizeof(float));
       r = c.all_reduce(out, in_count, what);
       break;
     }

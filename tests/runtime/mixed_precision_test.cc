@@ -7,6 +7,7 @@
 
 #include <cmath>
 #include <cstdio>
+#include <memory>
 #include <string>
 #include <vector>
 
@@ -26,31 +27,49 @@ struct Trained {
   double sim_state = 0, sim_arena = 0;
 };
 
-Trained train(DType dtype, int micro_batches, int steps) {
-  ModelConfig c = testing_equivalence::tiny_gpt();
-  c.dtype = dtype;
-  ModelGraph m = build_model(c, kRows / micro_batches, kLen, ModelMode::train);
+// One process training tiny_gpt in `dtype` on a fixed learnable batch of kRows x kLen tokens,
+// split into micro_batches.
+struct OneRank {
+  ModelConfig cfg = testing_equivalence::tiny_gpt();
+  ModelGraph m;
   CpuBackend cpu;
   Plan plan = Plan::data_parallel(1);
-  plan.micro_batches = micro_batches;
-  Result<MeshComms> comms = MeshComms::single(plan);
-  EXPECT_TRUE(comms.ok());
-  auto made = StepRunner::create(m.graph, plan, cpu, comms.value(), AdamWConfig{.lr = 3e-3});
-  EXPECT_TRUE(made.ok()) << made.status().to_string();
-  StepRunner& step = **made;
-  step.init_params(5);
-  Trained r;
-  std::vector<int32_t> x(static_cast<size_t>(kRows * kLen)), y(x.size());
-  for (size_t i = 0; i < x.size(); ++i) {
-    x[i] = static_cast<int32_t>((i * 5 + 1) % c.vocab_size);
-    y[i] = static_cast<int32_t>((i * 5 + 6) % c.vocab_size);
+  std::unique_ptr<MeshComms> comms;
+  std::unique_ptr<StepRunner> step;
+  std::vector<int32_t> x, y;
+
+  OneRank(DType dtype, int micro_batches) {
+    cfg.dtype = dtype;
+    m = build_model(cfg, kRows / micro_batches, kLen, ModelMode::train);
+    plan.micro_batches = micro_batches;
+    Result<MeshComms> made_comms = MeshComms::single(plan);
+    EXPECT_TRUE(made_comms.ok());
+    comms = std::make_unique<MeshComms>(std::move(*made_comms));
+    auto made = StepRunner::create(m.graph, plan, cpu, *comms, AdamWConfig{.lr = 3e-3});
+    EXPECT_TRUE(made.ok()) << made.status().to_string();
+    step = std::move(*made);
+    step->init_params(5);
+    x.resize(static_cast<size_t>(kRows * kLen));
+    y.resize(x.size());
+    for (size_t i = 0; i < x.size(); ++i) {
+      x[i] = static_cast<int32_t>((i * 5 + 1) % cfg.vocab_size);
+      y[i] = static_cast<int32_t>((i * 5 + 6) % cfg.vocab_size);
+    }
   }
+};
+
+Trained train(DType dtype, int micro_batches, int steps) {
+  OneRank one(dtype, micro_batches);
+  StepRunner& step = *one.step;
+  const std::vector<int32_t>&x = one.x, &y = one.y;
+  Trained r;
   const int64_t rows = kRows / micro_batches * kLen;
   for (int s = 0; s < steps; ++s) {
     float loss = 0;
     for (int k = 0; k < micro_batches; ++k) {
       if (s == 0 && k == 0) step.executor().paint_arena();
-      Result<float> l = step.forward_backward(Feed(m, {x.data() + k * rows, y.data() + k * rows}));
+      Result<float> l =
+          step.forward_backward(Feed(one.m, {x.data() + k * rows, y.data() + k * rows}));
       EXPECT_TRUE(l.ok()) << l.status().to_string();
       loss += *l / static_cast<float>(micro_batches);
     }
@@ -106,25 +125,12 @@ TEST(MixedPrecision, LowPrecisionTrainsLikeF32WithHalfTheArenaAndExactState) {
 // fp16's dynamic loss scaling: gradients that overflow skip the update and halve the scale;
 // kLossScaleGrowth good steps double it; f32 and bf16 runs have none.
 TEST(MixedPrecision, Fp16OverflowSkipsTheStepAndHalvesTheScale) {
-  ModelConfig c = testing_equivalence::tiny_gpt();
-  c.dtype = DType::f16;
-  ModelGraph m = build_model(c, kRows, kLen, ModelMode::train);
-  CpuBackend cpu;
-  const Plan plan = Plan::data_parallel(1);
-  Result<MeshComms> comms = MeshComms::single(plan);
-  ASSERT_TRUE(comms.ok());
-  auto made = StepRunner::create(m.graph, plan, cpu, comms.value(), AdamWConfig{.lr = 3e-3});
-  ASSERT_TRUE(made.ok()) << made.status().to_string();
-  StepRunner& step = **made;
-  step.init_params(5);
+  OneRank one(DType::f16, 1);
+  ASSERT_TRUE(one.step != nullptr);
+  StepRunner& step = *one.step;
   EXPECT_EQ(step.loss_scale(), 65536.0);
-  std::vector<int32_t> x(static_cast<size_t>(kRows * kLen)), y(x.size());
-  for (size_t i = 0; i < x.size(); ++i) {
-    x[i] = static_cast<int32_t>((i * 5 + 1) % c.vocab_size);
-    y[i] = static_cast<int32_t>((i * 5 + 6) % c.vocab_size);
-  }
   auto one_step = [&] {
-    EXPECT_TRUE(step.forward_backward(Feed(m, {x.data(), y.data()})).ok());
+    EXPECT_TRUE(step.forward_backward(Feed(one.m, {one.x.data(), one.y.data()})).ok());
     Result<double> norm = step.apply(3e-3, 1.0);
     EXPECT_TRUE(norm.ok());
     return norm.ok() ? *norm : -1.0;
