@@ -5,7 +5,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/install_deps.sh clang-format
-files=$(git ls-files '*.cc' '*.h' '*.cu')
+files=$(git ls-files '*.cc' '*.h' '*.cu' '*.cuh')
 status=0
 if ! clang-format --dry-run --Werror $files 2>/tmp/tessera_format.$$; then
   grep -E "error:" /tmp/tessera_format.$$ | sed 's/:[0-9]*:[0-9]*: error:.*//' | sort -u | sed 's/^/not clang-formatted: /'

@@ -21,6 +21,47 @@ void check_cuda(cudaError_t e, const char* what, const char* file, int line) {
                cudaGetErrorString(e), what);
   std::abort();
 }
+
+void run_in_f32(OpKind op, const Args& a, KernelFn fn) {
+  std::vector<TensorType> in_types(a.in_types.begin(), a.in_types.end());
+  std::vector<TensorType> out_types(a.out_types.begin(), a.out_types.end());
+  Args w{{a.attrs, in_types, out_types, {}, {}}, a.stream, a.ctx};
+  std::vector<void*> scratch;
+  auto widened = [&](int64_t n) {
+    void* p = nullptr;
+    TS_CUDA(cudaMallocAsync(&p, static_cast<size_t>(std::max<int64_t>(n, 1)) * sizeof(float),
+                            a.stream));
+    scratch.push_back(p);
+    return p;
+  };
+  for (size_t i = 0; i < a.in.size(); ++i) {
+    TensorType& t = in_types[i];
+    if (t.dtype == DType::bf16 || t.dtype == DType::f16) {
+      void* p = widened(t.shape.numel());
+      convert(a.in[i], t.dtype, p, DType::f32, t.shape.numel(), a.stream);
+      w.in.push_back(p);
+      t.dtype = DType::f32;
+    } else {
+      w.in.push_back(a.in[i]);
+    }
+  }
+  std::vector<size_t> narrowed;
+  for (size_t i = 0; i < a.out.size(); ++i) {
+    TensorType& t = out_types[i];
+    if (t.dtype == DType::bf16 || t.dtype == DType::f16) {
+      w.out.push_back(widened(t.shape.numel()));
+      narrowed.push_back(i);
+      t.dtype = DType::f32;
+    } else {
+      w.out.push_back(a.out[i]);
+    }
+  }
+  fn(op, w);
+  for (size_t i : narrowed)
+    convert(w.out[i], DType::f32, a.out[i], a.out_types[i].dtype, a.out_types[i].shape.numel(),
+            a.stream);
+  for (void* p : scratch) TS_CUDA(cudaFreeAsync(p, a.stream));
+}
 }  // namespace cuda
 
 namespace {
@@ -109,43 +150,16 @@ void CudaBackend::run(const Graph& g, const Node& node, std::span<const void* co
   for (ValueId v : node.inputs) in_types.push_back(g.type(v));
   for (ValueId v : node.outputs) out_types.push_back(g.type(v));
   cuda::Args args{{node.attrs, in_types, out_types, {}, {}}, s, &impl_->ctx};
-  // Low-precision storage for an f32 kernel: widen into stream-ordered scratch, narrow after.
-  std::vector<void*> scratch;
-  auto widened = [&](int64_t n) {
-    void* p = nullptr;
-    TS_CUDA(cudaMallocAsync(&p, static_cast<size_t>(std::max<int64_t>(n, 1)) * sizeof(float), s));
-    scratch.push_back(p);
-    return p;
-  };
-  for (size_t i = 0; i < inputs.size(); ++i) {
-    TensorType& t = in_types[i];
-    if (!k.low_precision && is_low_precision(t.dtype)) {
-      void* w = widened(t.shape.numel());
-      cuda::convert(inputs[i], t.dtype, w, DType::f32, t.shape.numel(), s);
-      args.in.push_back(w);
-      t.dtype = DType::f32;
-    } else {
-      args.in.push_back(inputs[i]);
-    }
-  }
-  std::vector<std::pair<size_t, void*>> narrowed;
-  for (size_t i = 0; i < outputs.size(); ++i) {
-    TensorType& t = out_types[i];
-    if (!k.low_precision && is_low_precision(t.dtype)) {
-      void* w = widened(t.shape.numel());
-      narrowed.emplace_back(i, w);
-      args.out.push_back(w);
-      t.dtype = DType::f32;
-    } else {
-      args.out.push_back(outputs[i]);
-    }
-  }
-  k.fn(node.op, args);
-  for (auto& [i, w] : narrowed) {
-    const TensorType& t = g.type(node.outputs[i]);
-    cuda::convert(w, DType::f32, outputs[i], t.dtype, t.shape.numel(), s);
-  }
-  for (void* p : scratch) TS_CUDA(cudaFreeAsync(p, s));
+  args.in.assign(inputs.begin(), inputs.end());
+  args.out.assign(outputs.begin(), outputs.end());
+  const bool low = std::any_of(in_types.begin(), in_types.end(),
+                               [](const TensorType& t) { return is_low_precision(t.dtype); }) ||
+                   std::any_of(out_types.begin(), out_types.end(),
+                               [](const TensorType& t) { return is_low_precision(t.dtype); });
+  if (low && !k.low_precision)
+    cuda::run_in_f32(node.op, args, k.fn);
+  else
+    k.fn(node.op, args);
 }
 
 void* CudaBackend::alloc(int64_t bytes) {

@@ -52,6 +52,17 @@ void register_attention_kernels(KernelTable& t);    // kernels_attention.cu
 // only to i32.
 void convert(const void* src, DType from, void* dst, DType to, int64_t n, cudaStream_t stream);
 
+// Runs fn, an f32 kernel, on bf16/f16 storage: the low-precision inputs widened into
+// stream-ordered scratch, the low-precision outputs computed there and narrowed after
+// (cuda_backend.cc; what the backend does for every kernel registered without low_precision).
+void run_in_f32(OpKind op, const Args& a, KernelFn fn);
+
+// Attention on the tensor cores (kernels_attention_tc.cu), for bf16/f16 q, k, v without a
+// score bias and head dims that are multiples of 8 up to 128; false (nothing enqueued) for
+// anything else.
+bool attention_tensor_cores(const Args& a);
+bool attention_grad_tensor_cores(const Args& a);
+
 // The cuBLASLt handle and its workspace (cuda_backend.cc).
 struct Context {
   void* lt = nullptr;  // cublasLtHandle_t

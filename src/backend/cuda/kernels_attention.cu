@@ -309,7 +309,7 @@ Launch launch_for(int64_t d, int chunk, int arrays, int per_row) {
   return l;
 }
 
-void attention(OpKind, const Args& a) {
+void attention_f32(OpKind, const Args& a) {
   const Dims z = dims_of(a);
   if (z.b * z.h * z.tq == 0) return;
   const float* bias = a.num_inputs() == 4 ? a.fin(3) : nullptr;
@@ -320,7 +320,7 @@ void attention(OpKind, const Args& a) {
   TS_CUDA_LAUNCH();
 }
 
-void attention_grad(OpKind, const Args& a) {
+void attention_grad_f32(OpKind, const Args& a) {
   const Dims z = dims_of(a);
   if (z.b * z.h * z.tq == 0) return;
   const float scale = static_cast<float>(a.attrs.scalar);
@@ -347,6 +347,24 @@ void attention_grad(OpKind, const Args& a) {
   TS_CUDA(cudaFreeAsync(delta, a.stream));
 }
 
+bool low_precision(const Args& a) {
+  return a.in_types[0].dtype == DType::bf16 || a.in_types[0].dtype == DType::f16;
+}
+
+// bf16/f16 attention goes to the tensor cores where it can (kernels_attention_tc.cu), else to
+// the f32 kernels on widened copies.
+void attention(OpKind op, const Args& a) {
+  if (attention_tensor_cores(a)) return;
+  if (low_precision(a)) return run_in_f32(op, a, attention_f32);
+  attention_f32(op, a);
+}
+
+void attention_grad(OpKind op, const Args& a) {
+  if (attention_grad_tensor_cores(a)) return;
+  if (low_precision(a)) return run_in_f32(op, a, attention_grad_f32);
+  attention_grad_f32(op, a);
+}
+
 __global__ void buckets_kernel(int32_t* out, int64_t tq, int64_t tk, bool bidirectional,
                                int64_t num_buckets, int64_t max_distance) {
   const int64_t x = blockIdx.x * int64_t{blockDim.x} + threadIdx.x;
@@ -367,8 +385,8 @@ void position_buckets(OpKind, const Args& a) {
 
 void register_attention_kernels(KernelTable& t) {
   t.add(OpKind::position_buckets, position_buckets);
-  t.add(OpKind::attention, attention);
-  t.add(OpKind::attention_grad, attention_grad);
+  t.add(OpKind::attention, attention, /*low_precision=*/true);
+  t.add(OpKind::attention_grad, attention_grad, /*low_precision=*/true);
 }
 
 }  // namespace tessera::cuda

@@ -3,10 +3,8 @@
 // stride; broadcast operands are read through per-dimension strides (0 where broadcast). The
 // binary and unary ops and the activation gradients read and write bf16/f16 as stored
 // (f32 arithmetic, one rounding of the result).
-#include <cuda_bf16.h>
-#include <cuda_fp16.h>
-
 #include "backend/cuda/kernels.h"
+#include "backend/cuda/storage.cuh"
 #include "base/check.h"
 
 namespace tessera::cuda {
@@ -66,26 +64,6 @@ bool fits_32(int64_t n) { return n < (int64_t{1} << 31); }
   for (int64_t i = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; i < (n); \
        i += int64_t{gridDim.x} * blockDim.x)
 
-// Elements of the storage types as f32 and back (the binary ops run on bf16/f16 as stored:
-// one pass instead of widening both inputs and narrowing the output).
-__device__ float as_f32(float x) { return x; }
-__device__ float as_f32(__nv_bfloat16 x) { return __bfloat162float(x); }
-__device__ float as_f32(__half x) { return __half2float(x); }
-template <typename T>
-__device__ T from_f32(float x);
-template <>
-__device__ float from_f32<float>(float x) {
-  return x;
-}
-template <>
-__device__ __nv_bfloat16 from_f32<__nv_bfloat16>(float x) {
-  return __float2bfloat16_rn(x);
-}
-template <>
-__device__ __half from_f32<__half>(float x) {
-  return __float2half_rn(x);
-}
-
 template <typename T, typename Op>
 __global__ void binary_same(const T* x, const T* y, T* z, int64_t n, Op op) {
   GRID_STRIDE(i, n) z[i] = from_f32<T>(op(as_f32(x[i]), as_f32(y[i])));
@@ -121,19 +99,6 @@ void binary_typed(const Args& a, Op op) {
       binary_bcast<T, int64_t><<<blocks_for(n), 256, 0, a.stream>>>(x, y, z, n, st, op);
   }
   TS_CUDA_LAUNCH();
-}
-
-// Calls f with a null pointer of the element type that stores dt (f32, bf16, f16).
-template <typename F>
-void with_storage(DType dt, F f) {
-  switch (dt) {
-    case DType::bf16:
-      return f(static_cast<__nv_bfloat16*>(nullptr));
-    case DType::f16:
-      return f(static_cast<__half*>(nullptr));
-    default:
-      return f(static_cast<float*>(nullptr));
-  }
 }
 
 template <typename Op>

@@ -9,6 +9,7 @@
 #include <cub/device/device_radix_sort.cuh>
 
 #include "backend/cuda/kernels.h"
+#include "backend/cuda/storage.cuh"
 
 namespace tessera::cuda {
 
@@ -157,21 +158,28 @@ void vocab_embedding_grad(OpKind, const Args& a) { embedding_grad_impl(a, a.iin(
 
 // ---- norms -------------------------------------------------------------------------------
 
-__global__ void layernorm_kernel(const float* __restrict__ x, const float* __restrict__ w,
-                                 const float* __restrict__ b, float* __restrict__ y,
+// The norms read and write their storage type T (x, w, b, y, dy, dx, dw, db) as stored, with
+// the row statistics (mean, rstd) in f32.
+template <typename T>
+__global__ void layernorm_kernel(const T* __restrict__ x, const T* __restrict__ w,
+                                 const T* __restrict__ b, T* __restrict__ y,
                                  float* __restrict__ mean, float* __restrict__ rstd, int64_t rows,
                                  int64_t c, float eps) {
   for (int64_t r = blockIdx.x; r < rows; r += gridDim.x) {
-    const float* xr = x + r * c;
-    float* yr = y + r * c;
+    const T* xr = x + r * c;
+    T* yr = y + r * c;
     float s = 0.0f;
-    for (int64_t j = threadIdx.x; j < c; j += blockDim.x) s += xr[j];
+    for (int64_t j = threadIdx.x; j < c; j += blockDim.x) s += as_f32(xr[j]);
     const float m = block_reduce(s, Sum()) / static_cast<float>(c);
     float v = 0.0f;
-    for (int64_t j = threadIdx.x; j < c; j += blockDim.x) v += (xr[j] - m) * (xr[j] - m);
+    for (int64_t j = threadIdx.x; j < c; j += blockDim.x) {
+      const float d = as_f32(xr[j]) - m;
+      v += d * d;
+    }
     const float var = block_reduce(v, Sum()) / static_cast<float>(c);
     const float rs = 1.0f / sqrtf(var + eps);
-    for (int64_t j = threadIdx.x; j < c; j += blockDim.x) yr[j] = (xr[j] - m) * rs * w[j] + b[j];
+    for (int64_t j = threadIdx.x; j < c; j += blockDim.x)
+      yr[j] = from_f32<T>((as_f32(xr[j]) - m) * rs * as_f32(w[j]) + as_f32(b[j]));
     if (threadIdx.x == 0) {
       mean[r] = m;
       rstd[r] = rs;
@@ -179,55 +187,59 @@ __global__ void layernorm_kernel(const float* __restrict__ x, const float* __res
   }
 }
 
-__global__ void layernorm_grad_kernel(const float* __restrict__ dy, const float* __restrict__ x,
-                                      const float* __restrict__ w, const float* __restrict__ mean,
-                                      const float* __restrict__ rstd, float* __restrict__ dx,
+template <typename T>
+__global__ void layernorm_grad_kernel(const T* __restrict__ dy, const T* __restrict__ x,
+                                      const T* __restrict__ w, const float* __restrict__ mean,
+                                      const float* __restrict__ rstd, T* __restrict__ dx,
                                       int64_t rows, int64_t c) {
   for (int64_t r = blockIdx.x; r < rows; r += gridDim.x) {
-    const float *xr = x + r * c, *dyr = dy + r * c;
+    const T *xr = x + r * c, *dyr = dy + r * c;
     const float m = mean[r], s = rstd[r];
     float sd = 0.0f, sdx = 0.0f;
     for (int64_t j = threadIdx.x; j < c; j += blockDim.x) {
-      const float xh = (xr[j] - m) * s, d = dyr[j] * w[j];
+      const float xh = (as_f32(xr[j]) - m) * s, d = as_f32(dyr[j]) * as_f32(w[j]);
       sd += d;
       sdx += d * xh;
     }
     const float mean_d = block_reduce(sd, Sum()) / static_cast<float>(c);
     const float mean_dx = block_reduce(sdx, Sum()) / static_cast<float>(c);
-    float* dxr = dx + r * c;
+    T* dxr = dx + r * c;
     for (int64_t j = threadIdx.x; j < c; j += blockDim.x) {
-      const float xh = (xr[j] - m) * s;
-      dxr[j] = s * (dyr[j] * w[j] - mean_d - xh * mean_dx);
+      const float xh = (as_f32(xr[j]) - m) * s;
+      dxr[j] = from_f32<T>(s * (as_f32(dyr[j]) * as_f32(w[j]) - mean_d - xh * mean_dx));
     }
   }
 }
 
-__global__ void rmsnorm_kernel(const float* __restrict__ x, const float* __restrict__ w,
-                               float* __restrict__ y, float* __restrict__ rstd, int64_t rows,
-                               int64_t c, float eps) {
+template <typename T>
+__global__ void rmsnorm_kernel(const T* __restrict__ x, const T* __restrict__ w, T* __restrict__ y,
+                               float* __restrict__ rstd, int64_t rows, int64_t c, float eps) {
   for (int64_t r = blockIdx.x; r < rows; r += gridDim.x) {
-    const float* xr = x + r * c;
-    float* yr = y + r * c;
+    const T* xr = x + r * c;
+    T* yr = y + r * c;
     float ss = 0.0f;
-    for (int64_t j = threadIdx.x; j < c; j += blockDim.x) ss += xr[j] * xr[j];
+    for (int64_t j = threadIdx.x; j < c; j += blockDim.x) ss += as_f32(xr[j]) * as_f32(xr[j]);
     const float s = 1.0f / sqrtf(block_reduce(ss, Sum()) / static_cast<float>(c) + eps);
-    for (int64_t j = threadIdx.x; j < c; j += blockDim.x) yr[j] = xr[j] * s * w[j];
+    for (int64_t j = threadIdx.x; j < c; j += blockDim.x)
+      yr[j] = from_f32<T>(as_f32(xr[j]) * s * as_f32(w[j]));
     if (threadIdx.x == 0) rstd[r] = s;
   }
 }
 
-__global__ void rmsnorm_grad_kernel(const float* __restrict__ dy, const float* __restrict__ x,
-                                    const float* __restrict__ w, const float* __restrict__ rstd,
-                                    float* __restrict__ dx, int64_t rows, int64_t c) {
+template <typename T>
+__global__ void rmsnorm_grad_kernel(const T* __restrict__ dy, const T* __restrict__ x,
+                                    const T* __restrict__ w, const float* __restrict__ rstd,
+                                    T* __restrict__ dx, int64_t rows, int64_t c) {
   for (int64_t r = blockIdx.x; r < rows; r += gridDim.x) {
-    const float *xr = x + r * c, *dyr = dy + r * c;
+    const T *xr = x + r * c, *dyr = dy + r * c;
     const float s = rstd[r];
     float acc = 0.0f;
-    for (int64_t j = threadIdx.x; j < c; j += blockDim.x) acc += dyr[j] * w[j] * (xr[j] * s);
-    const float mean_dx = block_reduce(acc, Sum()) / static_cast<float>(c);
-    float* dxr = dx + r * c;
     for (int64_t j = threadIdx.x; j < c; j += blockDim.x)
-      dxr[j] = s * (dyr[j] * w[j] - xr[j] * s * mean_dx);
+      acc += as_f32(dyr[j]) * as_f32(w[j]) * (as_f32(xr[j]) * s);
+    const float mean_dx = block_reduce(acc, Sum()) / static_cast<float>(c);
+    T* dxr = dx + r * c;
+    for (int64_t j = threadIdx.x; j < c; j += blockDim.x)
+      dxr[j] = from_f32<T>(s * (as_f32(dyr[j]) * as_f32(w[j]) - as_f32(xr[j]) * s * mean_dx));
   }
 }
 
@@ -235,17 +247,18 @@ __global__ void rmsnorm_grad_kernel(const float* __restrict__ dy, const float* _
 // rstd[r], db[j] = sum_r dy[r,j] (mean null for rmsnorm, db null to skip). A 32x32 block owns
 // 32 columns: row lane y sums rows y, y + 32, ... in order, then lane 0 adds the 32 lanes in
 // order, so the sums are deterministic.
-__global__ void norm_weight_grad_kernel(const float* __restrict__ dy, const float* __restrict__ x,
+template <typename T>
+__global__ void norm_weight_grad_kernel(const T* __restrict__ dy, const T* __restrict__ x,
                                         const float* __restrict__ mean,
-                                        const float* __restrict__ rstd, float* __restrict__ dw,
-                                        float* __restrict__ db, int64_t rows, int64_t c) {
+                                        const float* __restrict__ rstd, T* __restrict__ dw,
+                                        T* __restrict__ db, int64_t rows, int64_t c) {
   __shared__ float pw[32][33], pb[32][33];
   const int64_t j = static_cast<int64_t>(blockIdx.x) * 32 + threadIdx.x;
   float aw = 0.0f, ab = 0.0f;
   if (j < c)
     for (int64_t r = threadIdx.y; r < rows; r += 32) {
-      const float g = dy[r * c + j];
-      aw += g * ((x[r * c + j] - (mean ? mean[r] : 0.0f)) * rstd[r]);
+      const float g = as_f32(dy[r * c + j]);
+      aw += g * ((as_f32(x[r * c + j]) - (mean ? mean[r] : 0.0f)) * rstd[r]);
       ab += g;
     }
   pw[threadIdx.y][threadIdx.x] = aw;
@@ -256,58 +269,86 @@ __global__ void norm_weight_grad_kernel(const float* __restrict__ dy, const floa
     aw += pw[l][threadIdx.x];
     ab += pb[l][threadIdx.x];
   }
-  dw[j] = aw;
-  if (db) db[j] = ab;
+  dw[j] = from_f32<T>(aw);
+  if (db) db[j] = from_f32<T>(ab);
 }
 
-void norm_weight_grad(const Args& a, const float* mean, const float* rstd, float* db, int64_t rows,
+template <typename T>
+const T* in(const Args& a, int i) {
+  return static_cast<const T*>(a.in[static_cast<size_t>(i)]);
+}
+template <typename T>
+T* out(const Args& a, int i) {
+  return static_cast<T*>(a.out[static_cast<size_t>(i)]);
+}
+
+template <typename T>
+void norm_weight_grad(const Args& a, const float* mean, const float* rstd, T* db, int64_t rows,
                       int64_t c) {
-  norm_weight_grad_kernel<<<static_cast<unsigned>((c + 31) / 32), dim3(32, 32), 0, a.stream>>>(
-      a.fin(0), a.fin(1), mean, rstd, a.fout(1), db, rows, c);
+  norm_weight_grad_kernel<T><<<static_cast<unsigned>((c + 31) / 32), dim3(32, 32), 0, a.stream>>>(
+      in<T>(a, 0), in<T>(a, 1), mean, rstd, out<T>(a, 1), db, rows, c);
   TS_CUDA_LAUNCH();
 }
 
-void layernorm(OpKind, const Args& a) {
+// Each norm takes its operands as stored where they share one dtype, else widened.
+void layernorm(OpKind op, const Args& a) {
+  if (!one_storage(a, {0, 1, 2}, {0})) return run_in_f32(op, a, layernorm);
   const int64_t c = a.in_shape(0)[-1], numel = a.in_shape(0).numel();
   if (numel == 0) return;
   const int64_t rows = numel / c;
-  layernorm_kernel<<<row_grid(rows), row_threads(c), 0, a.stream>>>(
-      a.fin(0), a.fin(1), a.fin(2), a.fout(0), a.fout(1), a.fout(2), rows, c,
-      static_cast<float>(a.attrs.eps));
+  with_storage(a.in_types[0].dtype, [&](auto* tag) {
+    using T = std::remove_pointer_t<decltype(tag)>;
+    layernorm_kernel<T><<<row_grid(rows), row_threads(c), 0, a.stream>>>(
+        in<T>(a, 0), in<T>(a, 1), in<T>(a, 2), out<T>(a, 0), a.fout(1), a.fout(2), rows, c,
+        static_cast<float>(a.attrs.eps));
+  });
   TS_CUDA_LAUNCH();
 }
 
-void layernorm_grad(OpKind, const Args& a) {
+void layernorm_grad(OpKind op, const Args& a) {
+  if (!one_storage(a, {0, 1, 2}, {0, 1, 2})) return run_in_f32(op, a, layernorm_grad);
   const int64_t c = a.in_shape(1)[-1], numel = a.in_shape(1).numel();
   if (c == 0) return;
   const int64_t rows = numel / c;
-  if (rows > 0) {
-    layernorm_grad_kernel<<<row_grid(rows), row_threads(c), 0, a.stream>>>(
-        a.fin(0), a.fin(1), a.fin(2), a.fin(3), a.fin(4), a.fout(0), rows, c);
-    TS_CUDA_LAUNCH();
-  }
-  norm_weight_grad(a, a.fin(3), a.fin(4), a.fout(2), rows, c);  // zeros when rows == 0
+  with_storage(a.in_types[0].dtype, [&](auto* tag) {
+    using T = std::remove_pointer_t<decltype(tag)>;
+    if (rows > 0) {
+      layernorm_grad_kernel<T><<<row_grid(rows), row_threads(c), 0, a.stream>>>(
+          in<T>(a, 0), in<T>(a, 1), in<T>(a, 2), a.fin(3), a.fin(4), out<T>(a, 0), rows, c);
+      TS_CUDA_LAUNCH();
+    }
+    norm_weight_grad<T>(a, a.fin(3), a.fin(4), out<T>(a, 2), rows, c);  // zeros when rows == 0
+  });
 }
 
-void rmsnorm(OpKind, const Args& a) {
+void rmsnorm(OpKind op, const Args& a) {
+  if (!one_storage(a, {0, 1}, {0})) return run_in_f32(op, a, rmsnorm);
   const int64_t c = a.in_shape(0)[-1], numel = a.in_shape(0).numel();
   if (numel == 0) return;
   const int64_t rows = numel / c;
-  rmsnorm_kernel<<<row_grid(rows), row_threads(c), 0, a.stream>>>(
-      a.fin(0), a.fin(1), a.fout(0), a.fout(1), rows, c, static_cast<float>(a.attrs.eps));
+  with_storage(a.in_types[0].dtype, [&](auto* tag) {
+    using T = std::remove_pointer_t<decltype(tag)>;
+    rmsnorm_kernel<T><<<row_grid(rows), row_threads(c), 0, a.stream>>>(
+        in<T>(a, 0), in<T>(a, 1), out<T>(a, 0), a.fout(1), rows, c,
+        static_cast<float>(a.attrs.eps));
+  });
   TS_CUDA_LAUNCH();
 }
 
-void rmsnorm_grad(OpKind, const Args& a) {
+void rmsnorm_grad(OpKind op, const Args& a) {
+  if (!one_storage(a, {0, 1, 2}, {0, 1})) return run_in_f32(op, a, rmsnorm_grad);
   const int64_t c = a.in_shape(1)[-1], numel = a.in_shape(1).numel();
   if (c == 0) return;
   const int64_t rows = numel / c;
-  if (rows > 0) {
-    rmsnorm_grad_kernel<<<row_grid(rows), row_threads(c), 0, a.stream>>>(
-        a.fin(0), a.fin(1), a.fin(2), a.fin(3), a.fout(0), rows, c);
-    TS_CUDA_LAUNCH();
-  }
-  norm_weight_grad(a, nullptr, a.fin(3), nullptr, rows, c);
+  with_storage(a.in_types[0].dtype, [&](auto* tag) {
+    using T = std::remove_pointer_t<decltype(tag)>;
+    if (rows > 0) {
+      rmsnorm_grad_kernel<T><<<row_grid(rows), row_threads(c), 0, a.stream>>>(
+          in<T>(a, 0), in<T>(a, 1), in<T>(a, 2), a.fin(3), out<T>(a, 0), rows, c);
+      TS_CUDA_LAUNCH();
+    }
+    norm_weight_grad<T>(a, nullptr, a.fin(3), nullptr, rows, c);
+  });
 }
 
 // ---- rope, softmax, mask -----------------------------------------------------------------
@@ -412,18 +453,20 @@ void causal_mask(OpKind, const Args& a) {
 
 // log(sum_j exp(row[j])) over a row of v elements, by the whole block: max, then the sum of
 // exp(row - max). -inf for v == 0, as the CPU's log_sum_exp.
-__device__ float block_log_sum_exp(const float* row, int64_t v) {
+template <typename T>
+__device__ float block_log_sum_exp(const T* row, int64_t v) {
   float m = -INFINITY;
-  for (int64_t j = threadIdx.x; j < v; j += blockDim.x) m = fmaxf(m, row[j]);
+  for (int64_t j = threadIdx.x; j < v; j += blockDim.x) m = fmaxf(m, as_f32(row[j]));
   m = block_reduce(m, Max());
   float s = 0.0f;
-  for (int64_t j = threadIdx.x; j < v; j += blockDim.x) s += expf(row[j] - m);
+  for (int64_t j = threadIdx.x; j < v; j += blockDim.x) s += expf(as_f32(row[j]) - m);
   return m + logf(block_reduce(s, Sum()));
 }
 
 // y[i] = logsumexp of the class columns of row i (block_cols; -inf when there are none). With
 // vocab == 0 and no shard: all v columns (logsumexp).
-__global__ void lse_kernel(const float* __restrict__ x, const int32_t* __restrict__ shard,
+template <typename T>
+__global__ void lse_kernel(const T* __restrict__ x, const int32_t* __restrict__ shard,
                            float* __restrict__ y, int64_t n, int64_t v, int64_t vocab) {
   const int64_t k = block_cols(shard, v, vocab).k;
   for (int64_t i = blockIdx.x; i < n; i += gridDim.x) {
@@ -432,79 +475,97 @@ __global__ void lse_kernel(const float* __restrict__ x, const int32_t* __restric
   }
 }
 
+template <typename T>
 void launch_lse(const Args& a, const int32_t* shard, float* y, int64_t n, int64_t v,
                 int64_t vocab) {
   if (n == 0) return;
-  lse_kernel<<<row_grid(n), row_threads(v), 0, a.stream>>>(a.fin(0), shard, y, n, v, vocab);
+  lse_kernel<T><<<row_grid(n), row_threads(v), 0, a.stream>>>(in<T>(a, 0), shard, y, n, v, vocab);
   TS_CUDA_LAUNCH();
 }
 
 // loss = sum_i (lse[i] - logits[i, target[i]]) / rows, in double by one block in a fixed order.
 // The CPU kernel rejects targets outside [0, k); here such a row makes the loss NaN.
-__global__ void ce_loss_kernel(const float* __restrict__ logits, const int32_t* __restrict__ tgt,
+template <typename T>
+__global__ void ce_loss_kernel(const T* __restrict__ logits, const int32_t* __restrict__ tgt,
                                const float* __restrict__ lse, float* __restrict__ loss, int64_t n,
                                int64_t v, int64_t k, int64_t rows) {
   double s = 0.0;
   for (int64_t i = threadIdx.x; i < n; i += blockDim.x) {
     const int64_t t = tgt[i];
-    s += t >= 0 && t < k ? static_cast<double>(lse[i]) - logits[i * v + t] : NAN;
+    s += t >= 0 && t < k ? static_cast<double>(lse[i]) - as_f32(logits[i * v + t]) : NAN;
   }
   s = block_reduce(s, Sum());
   if (threadIdx.x == 0) loss[0] = static_cast<float>(s / static_cast<double>(rows));
 }
 
-void cross_entropy(OpKind, const Args& a) {
+// The logits as stored (f32, bf16, f16); the loss and the log-sum-exps are f32.
+void cross_entropy(OpKind op, const Args& a) {
+  if (!one_storage(a, {0}, {})) return run_in_f32(op, a, cross_entropy);
   const int64_t n = a.in_shape(0)[0], v = a.in_shape(0)[1];
   const int64_t k = a.attrs.vocab > 0 ? a.attrs.vocab : v;
-  launch_lse(a, nullptr, a.fout(1), n, v, a.attrs.vocab);
   // attrs.count: the global row count when the rows are split across ranks. Launched for n == 0
   // too, so that the scalar loss is written (0 / rows, as the CPU kernel).
   const int64_t rows = a.attrs.count > 0 ? a.attrs.count : n;
-  ce_loss_kernel<<<1, 512, 0, a.stream>>>(a.fin(0), a.iin(1), a.fout(1), a.fout(0), n, v, k, rows);
+  with_storage(a.in_types[0].dtype, [&](auto* tag) {
+    using T = std::remove_pointer_t<decltype(tag)>;
+    launch_lse<T>(a, nullptr, a.fout(1), n, v, a.attrs.vocab);
+    ce_loss_kernel<T>
+        <<<1, 512, 0, a.stream>>>(in<T>(a, 0), a.iin(1), a.fout(1), a.fout(0), n, v, k, rows);
+  });
   TS_CUDA_LAUNCH();
 }
 
 // d logits = (softmax - onehot(target)) * dloss / rows on the block's columns [first, first + v)
 // (first = shard[0] * v, 0 without a shard); padding columns get 0, a target outside the block
 // adds no one-hot term. One block per row.
-__global__ void ce_grad_kernel(const float* __restrict__ logits, const int32_t* __restrict__ tgt,
+template <typename T>
+__global__ void ce_grad_kernel(const T* __restrict__ logits, const int32_t* __restrict__ tgt,
                                const float* __restrict__ lse, const float* __restrict__ dloss,
-                               const int32_t* __restrict__ shard, float* __restrict__ dl, int64_t n,
+                               const int32_t* __restrict__ shard, T* __restrict__ dl, int64_t n,
                                int64_t v, int64_t vocab, int64_t rows) {
   const Cols b = block_cols(shard, v, vocab);
   const float scale = dloss[0] / static_cast<float>(rows);
   for (int64_t i = blockIdx.x; i < n; i += gridDim.x) {
-    const float* row = logits + i * v;
-    float* d = dl + i * v;
+    const T* row = logits + i * v;
+    T* d = dl + i * v;
     const float l = lse[i];
     const int64_t t = tgt[i] - b.first;
     for (int64_t j = threadIdx.x; j < v; j += blockDim.x) {
       // Rounded before the one-hot subtraction, as the CPU's two steps (no fused multiply-add).
-      float g = j < b.k ? __fmul_rn(expf(row[j] - l), scale) : 0.0f;
+      float g = j < b.k ? __fmul_rn(expf(as_f32(row[j]) - l), scale) : 0.0f;
       if (j == t) g -= scale;
-      d[j] = g;
+      d[j] = from_f32<T>(g);
     }
   }
 }
 
-void ce_grad_impl(const Args& a, const int32_t* shard) {
+// The logits and their gradient as stored; the log-sum-exps and the loss gradient f32.
+void ce_grad_impl(OpKind op, const Args& a, const int32_t* shard, KernelFn self) {
+  if (!one_storage(a, {0}, {0})) return run_in_f32(op, a, self);
   const int64_t n = a.in_shape(0)[0], v = a.in_shape(0)[1];
   if (n == 0 || v == 0) return;
   const int64_t rows = a.attrs.count > 0 ? a.attrs.count : n;
-  ce_grad_kernel<<<row_grid(n), row_threads(v), 0, a.stream>>>(
-      a.fin(0), a.iin(1), a.fin(2), a.fin(3), shard, a.fout(0), n, v, a.attrs.vocab, rows);
+  with_storage(a.in_types[0].dtype, [&](auto* tag) {
+    using T = std::remove_pointer_t<decltype(tag)>;
+    ce_grad_kernel<T><<<row_grid(n), row_threads(v), 0, a.stream>>>(
+        in<T>(a, 0), a.iin(1), a.fin(2), a.fin(3), shard, out<T>(a, 0), n, v, a.attrs.vocab, rows);
+  });
   TS_CUDA_LAUNCH();
 }
 
-void cross_entropy_grad(OpKind, const Args& a) { ce_grad_impl(a, nullptr); }
-void vocab_cross_entropy_grad(OpKind, const Args& a) { ce_grad_impl(a, a.iin(4)); }
+void cross_entropy_grad(OpKind op, const Args& a) {
+  ce_grad_impl(op, a, nullptr, cross_entropy_grad);
+}
+void vocab_cross_entropy_grad(OpKind op, const Args& a) {
+  ce_grad_impl(op, a, a.iin(4), vocab_cross_entropy_grad);
+}
 
 void logsumexp(OpKind, const Args& a) {
-  launch_lse(a, nullptr, a.fout(0), a.out_shape(0).numel(), a.in_shape(0)[-1], 0);
+  launch_lse<float>(a, nullptr, a.fout(0), a.out_shape(0).numel(), a.in_shape(0)[-1], 0);
 }
 
 void vocab_logsumexp(OpKind, const Args& a) {
-  launch_lse(a, a.iin(1), a.fout(0), a.in_shape(0)[0], a.in_shape(0)[1], a.attrs.vocab);
+  launch_lse<float>(a, a.iin(1), a.fout(0), a.in_shape(0)[0], a.in_shape(0)[1], a.attrs.vocab);
 }
 
 // y[i] = logits[i, target[i] - first] where the target is in the block, else 0.
@@ -534,20 +595,20 @@ void register_nn_kernels(KernelTable& t) {
   t.add(OpKind::embedding_grad, embedding_grad);
   t.add(OpKind::vocab_embedding, vocab_embedding);
   t.add(OpKind::vocab_embedding_grad, vocab_embedding_grad);
-  t.add(OpKind::layernorm, layernorm);
-  t.add(OpKind::layernorm_grad, layernorm_grad);
-  t.add(OpKind::rmsnorm, rmsnorm);
-  t.add(OpKind::rmsnorm_grad, rmsnorm_grad);
+  t.add(OpKind::layernorm, layernorm, /*low_precision=*/true);
+  t.add(OpKind::layernorm_grad, layernorm_grad, /*low_precision=*/true);
+  t.add(OpKind::rmsnorm, rmsnorm, /*low_precision=*/true);
+  t.add(OpKind::rmsnorm_grad, rmsnorm_grad, /*low_precision=*/true);
   t.add(OpKind::rope, rope);
   t.add(OpKind::softmax, softmax);
   t.add(OpKind::softmax_grad, softmax_grad);
   t.add(OpKind::causal_mask, causal_mask);
-  t.add(OpKind::cross_entropy, cross_entropy);
-  t.add(OpKind::cross_entropy_grad, cross_entropy_grad);
+  t.add(OpKind::cross_entropy, cross_entropy, /*low_precision=*/true);
+  t.add(OpKind::cross_entropy_grad, cross_entropy_grad, /*low_precision=*/true);
   t.add(OpKind::logsumexp, logsumexp);
   t.add(OpKind::vocab_logsumexp, vocab_logsumexp);
   t.add(OpKind::vocab_pick, vocab_pick);
-  t.add(OpKind::vocab_cross_entropy_grad, vocab_cross_entropy_grad);
+  t.add(OpKind::vocab_cross_entropy_grad, vocab_cross_entropy_grad, /*low_precision=*/true);
 }
 
 }  // namespace tessera::cuda

@@ -1,4 +1,4 @@
-// Shape kernels: reduce_sum and sum_to (f32: bf16/f16 are widened by the backend), and the
+// Shape kernels: reduce_sum and sum_to (f32 sums of f32, bf16 or f16 as stored), and the
 // data movers reshape (a copy unless planned as a view), transpose (a strided gather), slice
 // and concat, which take 2- and 4-byte elements as stored. Reductions are deterministic: a
 // fixed order of additions whatever the launch.
@@ -6,6 +6,7 @@
 #include <cstdint>
 
 #include "backend/cuda/kernels.h"
+#include "backend/cuda/storage.cuh"
 #include "base/check.h"
 
 namespace tessera::cuda {
@@ -43,8 +44,9 @@ Dims row_major_strides(const Shape& s) {
        i += int64_t{gridDim.x} * blockDim.x)
 
 // y (shape `out`, rank of `in`, 1 where reduced) = sum of x over the reduced dimensions.
-__global__ void reduce_kernel(const float* x, Dims in, Dims in_stride, Dims out, float* y,
-                              int64_t nout, int64_t per_out) {
+template <typename T>
+__global__ void reduce_kernel(const T* x, Dims in, Dims in_stride, Dims out, T* y, int64_t nout,
+                              int64_t per_out) {
   GRID_STRIDE(o, nout) {
     // The dim loops are unrolled over kMaxRank so that every index into the Dims is a
     // constant: indexed by a variable, the kernel would copy them to local memory.
@@ -65,46 +67,53 @@ __global__ void reduce_kernel(const float* x, Dims in, Dims in_stride, Dims out,
         off += (kr % in.d[d]) * in_stride.d[d];
         kr /= in.d[d];
       }
-      s += x[off];
+      s += as_f32(x[off]);
     }
-    y[o] = s;
+    y[o] = from_f32<T>(s);
   }
 }
 
 // [R, C] -> [C] (leading rows reduced, trailing block kept), the bias gradients' shape: stage
 // one sums `chunk` rows per block row of the grid into partial[y][c], stage two adds the
 // partials in order. Coalesced reads, many blocks.
-__global__ void rows_partial(const float* x, int64_t rows, int64_t cols, int64_t chunk,
+template <typename T>
+__global__ void rows_partial(const T* x, int64_t rows, int64_t cols, int64_t chunk,
                              float* partial) {
   const int64_t c = blockIdx.x * int64_t{blockDim.x} + threadIdx.x;
   if (c >= cols) return;
   const int64_t r0 = blockIdx.y * chunk, r1 = min(rows, r0 + chunk);
   float s = 0;
-  for (int64_t r = r0; r < r1; ++r) s += x[r * cols + c];
+  for (int64_t r = r0; r < r1; ++r) s += as_f32(x[r * cols + c]);
   partial[blockIdx.y * cols + c] = s;
 }
 
-__global__ void rows_total(const float* partial, int64_t parts, int64_t cols, float* y) {
+template <typename T>
+__global__ void rows_total(const float* partial, int64_t parts, int64_t cols, T* y) {
   GRID_STRIDE(c, cols) {
     float s = 0;
     for (int64_t p = 0; p < parts; ++p) s += partial[p * cols + c];
-    y[c] = s;
+    y[c] = from_f32<T>(s);
   }
 }
 
+template <typename T>
 void reduce_leading_rows(const Args& a, int64_t rows, int64_t cols) {
   const int64_t parts = std::min<int64_t>(rows, 64), chunk = (rows + parts - 1) / parts;
   float* partial = nullptr;
   TS_CUDA(cudaMallocAsync(reinterpret_cast<void**>(&partial),
                           static_cast<size_t>(parts * cols) * sizeof(float), a.stream));
   const dim3 grid(static_cast<unsigned>((cols + 255) / 256), static_cast<unsigned>(parts));
-  rows_partial<<<grid, 256, 0, a.stream>>>(a.fin(0), rows, cols, chunk, partial);
+  rows_partial<<<grid, 256, 0, a.stream>>>(static_cast<const T*>(a.in[0]), rows, cols, chunk,
+                                           partial);
   TS_CUDA_LAUNCH();
-  rows_total<<<blocks_for(cols), 256, 0, a.stream>>>(partial, parts, cols, a.fout(0));
+  rows_total<<<blocks_for(cols), 256, 0, a.stream>>>(partial, parts, cols,
+                                                     static_cast<T*>(a.out[0]));
   TS_CUDA_LAUNCH();
   TS_CUDA(cudaFreeAsync(partial, a.stream));
 }
 
+// The sums read and write their storage type as stored (f32 partial sums).
+template <typename T>
 void reduce_into(const Args& a, const Shape& kept) {
   const Shape& in = a.in_shape(0);
   const int64_t nout = kept.numel();
@@ -113,24 +122,30 @@ void reduce_into(const Args& a, const Shape& kept) {
   while (lead < in.rank() && kept[lead] == 1 && in[lead] != 1) ++lead;
   bool trailing_kept = lead > 0;
   for (int d = lead; d < in.rank(); ++d) trailing_kept = trailing_kept && kept[d] == in[d];
-  if (trailing_kept) return reduce_leading_rows(a, in.numel() / nout, nout);
-  reduce_kernel<<<blocks_for(nout), 256, 0, a.stream>>>(a.fin(0), dims_of(in),
-                                                        row_major_strides(in), dims_of(kept),
-                                                        a.fout(0), nout, in.numel() / nout);
+  if (trailing_kept) return reduce_leading_rows<T>(a, in.numel() / nout, nout);
+  reduce_kernel<<<blocks_for(nout), 256, 0, a.stream>>>(
+      static_cast<const T*>(a.in[0]), dims_of(in), row_major_strides(in), dims_of(kept),
+      static_cast<T*>(a.out[0]), nout, in.numel() / nout);
   TS_CUDA_LAUNCH();
 }
 
-void reduce_sum(OpKind, const Args& a) {
-  Shape kept = a.in_shape(0);
-  for (int64_t ax : a.attrs.ints) kept = kept.with_dim(static_cast<int>(ax), 1);
-  reduce_into(a, kept);
+void reduce_in_storage(OpKind op, const Args& a, const Shape& kept, KernelFn self) {
+  if (!one_storage(a, {0}, {0})) return run_in_f32(op, a, self);
+  with_storage(a.in_types[0].dtype,
+               [&](auto* tag) { reduce_into<std::remove_pointer_t<decltype(tag)>>(a, kept); });
 }
 
-void sum_to(OpKind, const Args& a) {
+void reduce_sum(OpKind op, const Args& a) {
+  Shape kept = a.in_shape(0);
+  for (int64_t ax : a.attrs.ints) kept = kept.with_dim(static_cast<int>(ax), 1);
+  reduce_in_storage(op, a, kept, reduce_sum);
+}
+
+void sum_to(OpKind op, const Args& a) {
   const Shape &in = a.in_shape(0), &target = a.out_shape(0);
   std::vector<int64_t> d(static_cast<size_t>(in.rank() - target.rank()), 1);
   d.insert(d.end(), target.dims().begin(), target.dims().end());
-  reduce_into(a, Shape(d));
+  reduce_in_storage(op, a, Shape(d), sum_to);
 }
 
 // A reshape whose output the memory planner placed on its input (a view) copies nothing.
@@ -261,8 +276,8 @@ void concat(OpKind, const Args& a) {
 }  // namespace
 
 void register_shape_kernels(KernelTable& t) {
-  t.add(OpKind::reduce_sum, reduce_sum);
-  t.add(OpKind::sum_to, sum_to);
+  t.add(OpKind::reduce_sum, reduce_sum, /*low_precision=*/true);
+  t.add(OpKind::sum_to, sum_to, true);
   // Data movers take bf16/f16 as stored (no widening copies).
   t.add(OpKind::reshape, reshape, /*low_precision=*/true);
   t.add(OpKind::transpose, transpose, true);
