@@ -1,15 +1,17 @@
 // GPT-2 124M training speed on one GPU through Tessera's CUDA trainer (runtime/cuda_trainer.h:
 // the training graph node by node on the CUDA backend, one device arena from the static
-// memory plan, gradient norm, clipping and AdamW on the device). Random tokens, --warmup steps
+// memory plan, gradient norm, clipping and AdamW on the device, the step replayed as a CUDA
+// graph unless --graph 0). Random tokens, --warmup steps
 // untimed, then the median of --steps timed steps; each step ends by reading the loss, so its
 // wall time is device time. bench/pytorch_gpt2.py --device cuda is the anchor
 // (scripts/gpu_check.sh runs both in one call and prints them together).
 //
 //   tessera_cuda_train_bench [--batch 8] [--seq 1024] [--steps 10] [--warmup 3]
 //                            [--precision fp32|bf16] [--peak-tflops 989] [--profile 1]
+//                            [--graph 1]
 //
-// Prints `tessera B=.. T=.. precision=.. s_per_step=.. tokens_per_s=.. mfu=..`: MFU is the
-// graph's FLOPs per step (Graph::total_flops: matmuls, attention with its causal half, the
+// Prints `tessera B=.. T=.. precision=.. cuda_graph=.. s_per_step=.. tokens_per_s=.. mfu=..`: MFU
+// is the graph's FLOPs per step (Graph::total_flops: matmuls, attention with its causal half, the
 // rest) over the step time and --peak-tflops (dense bf16 of an H100/H200 SXM by default).
 #include <algorithm>
 #include <chrono>
@@ -31,7 +33,7 @@ int main(int argc, char** argv) {
   int steps = 10, warmup = 3;
   std::string precision = "fp32";
   double peak_tflops = 989;
-  bool profile = false;
+  bool profile = false, graph = true;
   if (argc % 2 == 0) {
     std::fprintf(stderr, "error: option %s has no value\n", argv[argc - 1]);
     return 2;
@@ -51,6 +53,8 @@ int main(int argc, char** argv) {
         precision = v;
       else if (k == "--profile")
         profile = v == "1";
+      else if (k == "--graph")
+        graph = v == "1";
       else if (k == "--peak-tflops")
         peak_tflops = std::stod(v);
       else {
@@ -81,7 +85,7 @@ int main(int argc, char** argv) {
   c.dtype = precision == "bf16" ? DType::bf16 : DType::f32;
   ModelGraph m = build_model(c, batch, seq, ModelMode::train);
   CudaBackend gpu;
-  CudaTrainer t(m.graph, gpu, {.adamw = {.lr = 6e-4}, .max_grad_norm = 1.0});
+  CudaTrainer t(m.graph, gpu, {.adamw = {.lr = 6e-4}, .max_grad_norm = 1.0, .cuda_graph = graph});
   t.init_params(1);
   std::printf("device: %s; %zu nodes; arena %.2f GiB, persistent %.2f GiB\n",
               gpu.device_name().c_str(), m.graph.nodes().size(),
@@ -105,14 +109,16 @@ int main(int argc, char** argv) {
   const double sec = times[times.size() / 2];
   const double flops = m.graph.total_flops();
   std::printf(
-      "tessera B=%lld T=%lld precision=%s steps=%d s_per_step=%.4f tokens_per_s=%.2f "
-      "mfu=%.3f loss=%.4f (graph %.3g FLOP/step)\n",
-      static_cast<long long>(batch), static_cast<long long>(seq), precision.c_str(), steps, sec,
-      static_cast<double>(batch * seq) / sec, flops / sec / (peak_tflops * 1e12), loss, flops);
-  if (profile) {  // one more step, each node waited for and timed
+      "tessera B=%lld T=%lld precision=%s cuda_graph=%d steps=%d s_per_step=%.4f "
+      "tokens_per_s=%.2f mfu=%.3f loss=%.4f (graph %.3g FLOP/step)\n",
+      static_cast<long long>(batch), static_cast<long long>(seq), precision.c_str(),
+      static_cast<int>(graph), steps, sec, static_cast<double>(batch * seq) / sec,
+      flops / sec / (peak_tflops * 1e12), loss, flops);
+  if (profile) {  // one more step, enqueued node by node, each timed on the device
     t.set_profiling(true);
     t.step(6e-4);
-    std::printf("profile of one step (each node synchronized):\n%s", t.profile().c_str());
+    std::printf("profile of one eager step (device time between the nodes' events):\n%s",
+                t.profile().c_str());
   }
   return 0;
 }

@@ -44,9 +44,12 @@ T=${T:-1024}
 STEPS=${STEPS:-10}
 if [[ -x "$BIN_DIR/tessera_cuda_train_bench" ]] && ! skipped tessera; then
   for p in ${PRECISIONS:-fp32 bf16}; do
-    step "GPT-2 124M training, Tessera CUDA, $p, B=$B T=$T"
+    step "GPT-2 124M training, Tessera CUDA, $p, B=$B T=$T (CUDA graph; profile of an eager step)"
     timeout 180 "$BIN_DIR/tessera_cuda_train_bench" --batch "$B" --seq "$T" --steps "$STEPS" \
-      --precision "$p" --profile 1 2>&1 | tee -a "$OUT/train.log" | grep -v OpenBLAS | head -16
+      --precision "$p" --profile 1 2>&1 | tee -a "$OUT/train.log" | grep -v OpenBLAS | head -20
+    step "GPT-2 124M training, Tessera CUDA, $p, B=$B T=$T, eager (no CUDA graph)"
+    timeout 180 "$BIN_DIR/tessera_cuda_train_bench" --batch "$B" --seq "$T" --steps "$STEPS" \
+      --precision "$p" --graph 0 2>&1 | tee -a "$OUT/train.log" | grep "^tessera"
   done
 fi
 if ! skipped torch; then

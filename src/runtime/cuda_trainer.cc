@@ -20,7 +20,7 @@ CudaTrainer::CudaTrainer(const Graph& g, CudaBackend& gpu, CudaTrainerOptions op
     : g_(g), gpu_(gpu), opt_(options), plan_(plan_memory(g)) {
   TS_CHECK_GE(g.loss(), 0) << "CudaTrainer needs a training graph (a loss and gradients)";
   // One persistent block: each parameter, its master copy (low precision only), m, v; then
-  // the norm's partial sums, the clipping coefficient and the norm.
+  // the norm's partial sums, the clipping coefficient, the norm and the AdamW step's values.
   param_ptr_.assign(g.values().size(), nullptr);
   std::vector<int64_t> offsets;
   int64_t at = 0;
@@ -64,10 +64,12 @@ CudaTrainer::CudaTrainer(const Graph& g, CudaBackend& gpu, CudaTrainerOptions op
   norm_parts_ = reinterpret_cast<double*>(persistent_ + parts_at);
   norm_ = reinterpret_cast<double*>(persistent_ + scalars_at);
   coef_ = reinterpret_cast<float*>(persistent_ + scalars_at + 8);
+  step_values_ = reinterpret_cast<cuda::AdamWStep*>(persistent_ + scalars_at + 16);
 }
 
 CudaTrainer::~CudaTrainer() {
   for (void* e : events_) cudaEventDestroy(static_cast<cudaEvent_t>(e));
+  if (graph_exec_ != nullptr) cudaGraphExecDestroy(static_cast<cudaGraphExec_t>(graph_exec_));
   gpu_.free(arena_);
   gpu_.free(persistent_);
 }
@@ -108,13 +110,42 @@ void CudaTrainer::set_input(const std::string& name, const void* host) {
 }
 
 float CudaTrainer::step(double lr) {
+  write_step_values(lr);
+  cudaStream_t s = gpu_.stream();
+  if (profiling_ || !opt_.cuda_graph) {
+    enqueue_step();
+  } else if (graph_exec_ != nullptr) {
+    TS_CUDA(cudaGraphLaunch(static_cast<cudaGraphExec_t>(graph_exec_), s));
+  } else if (eager_steps_ == 0) {  // the first step runs as it is: libraries initialize
+    enqueue_step();
+    ++eager_steps_;
+  } else {  // the second is captured once, then replayed
+    cudaGraph_t graph = nullptr;
+    cudaGraphExec_t exec = nullptr;
+    TS_CUDA(cudaStreamBeginCapture(s, cudaStreamCaptureModeRelaxed));
+    enqueue_step();
+    TS_CUDA(cudaStreamEndCapture(s, &graph));
+    TS_CUDA(cudaGraphInstantiate(&exec, graph, 0));
+    TS_CUDA(cudaGraphDestroy(graph));
+    graph_exec_ = exec;
+    TS_CUDA(cudaGraphLaunch(exec, s));
+  }
+  const TensorType& lt = g_.type(g_.loss());
+  std::vector<char> bytes(static_cast<size_t>(lt.bytes()));
+  gpu_.to_host(bytes.data(), value(g_.loss()), lt.bytes());
+  float loss = 0;
+  convert_elements(bytes.data(), lt.dtype, &loss, DType::f32, 1);
+  return loss;
+}
+
+void CudaTrainer::enqueue_step() {
   std::vector<const void*> in;
   std::vector<void*> out;
   // Profiling records an event on the stream before each node (and after the optimizer) and
   // reads the intervals after the step: each node's device time, with any idle gap while the
   // host enqueued it, without serializing host and device.
-  std::vector<size_t> buckets;
-  auto mark = [&](size_t bucket) {
+  std::vector<const Node*> buckets;  // null: the optimizer
+  auto mark = [&](const Node* bucket) {
     if (!profiling_) return;
     if (events_.size() <= buckets.size()) {
       cudaEvent_t e = nullptr;
@@ -130,39 +161,28 @@ float CudaTrainer::step(double lr) {
     out.clear();
     for (ValueId v : n.inputs) in.push_back(value(v));
     for (ValueId v : n.outputs) out.push_back(value(v));
-    mark(static_cast<size_t>(n.op));
+    mark(&n);
     gpu_.run(g_, n, in, out);
   }
-  mark(kNumOps);
-  update(lr);
-  mark(kNumOps);
-  if (profiling_) {
-    gpu_.synchronize();
-    for (size_t k = 0; k + 1 < buckets.size(); ++k) {
-      float ms = 0;
-      TS_CUDA(cudaEventElapsedTime(&ms, static_cast<cudaEvent_t>(events_[k]),
-                                   static_cast<cudaEvent_t>(events_[k + 1])));
-      op_seconds_[buckets[k]] += 1e-3 * ms;
-      op_nodes_[buckets[k]]++;
-    }
+  mark(nullptr);
+  enqueue_update();
+  mark(nullptr);
+  if (!profiling_) return;
+  gpu_.synchronize();
+  for (size_t k = 0; k + 1 < buckets.size(); ++k) {
+    float ms = 0;
+    TS_CUDA(cudaEventElapsedTime(&ms, static_cast<cudaEvent_t>(events_[k]),
+                                 static_cast<cudaEvent_t>(events_[k + 1])));
+    const size_t op = buckets[k] ? static_cast<size_t>(buckets[k]->op) : kNumOps;
+    op_seconds_[op] += 1e-3 * ms;
+    op_nodes_[op]++;
+    Timing& kind = kinds_[buckets[k] ? signature(*buckets[k]) : "optimizer"];
+    kind.seconds += 1e-3 * ms;
+    kind.nodes++;
   }
-  const TensorType& lt = g_.type(g_.loss());
-  std::vector<char> bytes(static_cast<size_t>(lt.bytes()));
-  gpu_.to_host(bytes.data(), value(g_.loss()), lt.bytes());
-  float loss = 0;
-  convert_elements(bytes.data(), lt.dtype, &loss, DType::f32, 1);
-  return loss;
 }
 
-void CudaTrainer::update(double lr) {
-  cudaStream_t s = gpu_.stream();
-  for (size_t k = 0; k < slots_.size(); ++k) {
-    const Slot& sl = slots_[k];
-    cuda::sum_squares(value(sl.grad), g_.type(sl.grad).dtype, sl.size,
-                      norm_parts_ + k * cuda::kNormParts, s);
-  }
-  cuda::clip_coefficient(norm_parts_, static_cast<int64_t>(slots_.size()) * cuda::kNormParts,
-                         opt_.max_grad_norm, coef_, norm_, s);
+void CudaTrainer::write_step_values(double lr) {
   ++t_;
   const AdamWConfig& c = opt_.adamw;
   cuda::AdamWStep u;
@@ -171,11 +191,22 @@ void CudaTrainer::update(double lr) {
   u.step_size = static_cast<float>(lr / (1.0 - std::pow(c.beta1, static_cast<double>(t_))));
   u.bc2_sqrt = static_cast<float>(std::sqrt(1.0 - std::pow(c.beta2, static_cast<double>(t_))));
   u.eps = static_cast<float>(c.eps);
-  for (const Slot& sl : slots_) {
-    u.shrink = sl.decay ? static_cast<float>(1.0 - lr * c.weight_decay) : 1.0f;
-    cuda::adamw(u, coef_, sl.master, value(sl.grad), g_.type(sl.grad).dtype, sl.m, sl.v, sl.data,
-                g_.type(sl.param).dtype, sl.size, s);
+  u.shrink = static_cast<float>(1.0 - lr * c.weight_decay);
+  gpu_.to_device(step_values_, &u, sizeof u);  // staged before the call returns
+}
+
+void CudaTrainer::enqueue_update() {
+  cudaStream_t s = gpu_.stream();
+  for (size_t k = 0; k < slots_.size(); ++k) {
+    const Slot& sl = slots_[k];
+    cuda::sum_squares(value(sl.grad), g_.type(sl.grad).dtype, sl.size,
+                      norm_parts_ + k * cuda::kNormParts, s);
   }
+  cuda::clip_coefficient(norm_parts_, static_cast<int64_t>(slots_.size()) * cuda::kNormParts,
+                         opt_.max_grad_norm, coef_, norm_, s);
+  for (const Slot& sl : slots_)
+    cuda::adamw(step_values_, sl.decay, coef_, sl.master, value(sl.grad), g_.type(sl.grad).dtype,
+                sl.m, sl.v, sl.data, g_.type(sl.param).dtype, sl.size, s);
 }
 
 std::string CudaTrainer::profile() const {
@@ -196,7 +227,26 @@ std::string CudaTrainer::profile() const {
                   100.0 * op_seconds_[k] / std::max(total, 1e-30));
     r += line;
   }
+  std::vector<std::pair<std::string, Timing>> kinds(kinds_.begin(), kinds_.end());
+  std::sort(kinds.begin(), kinds.end(),
+            [](const auto& a, const auto& b) { return a.second.seconds > b.second.seconds; });
+  r += "largest node kinds (op, operand types):\n";
+  for (size_t k = 0; k < std::min<size_t>(kinds.size(), 16); ++k) {
+    const Timing& t = kinds[k].second;
+    std::snprintf(line, sizeof line, "  %8.2f ms %5lld x %8.1f us  ", 1e3 * t.seconds,
+                  static_cast<long long>(t.nodes), 1e6 * t.seconds / static_cast<double>(t.nodes));
+    r += line + kinds[k].first + "\n";
+  }
   return r;
+}
+
+// An op with its operand types (and a matmul's transposes): the nodes that run one kernel.
+std::string CudaTrainer::signature(const Node& n) const {
+  std::string s = op_name(n.op);
+  if (n.op == OpKind::matmul)
+    s += std::string(n.attrs.transpose_a ? " Ta" : "") + (n.attrs.transpose_b ? " Tb" : "");
+  for (ValueId v : n.inputs) s += " " + g_.type(v).to_string();
+  return s;
 }
 
 double CudaTrainer::last_grad_norm() {

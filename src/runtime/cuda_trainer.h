@@ -3,7 +3,8 @@
 // value lives at its offset in one device arena sized by the static memory plan, so a step
 // allocates nothing. A step enqueues every node in order on the backend's stream, then the
 // global gradient norm, the clipping coefficient and a fused AdamW (backend/cuda/optim.h), all
-// on the device; it waits once, to read the loss.
+// on the device; it waits once, to read the loss. From the third step on, a step is one CUDA
+// graph launch (CudaTrainerOptions::cuda_graph).
 //
 //   CudaBackend gpu;
 //   CudaTrainer t(model.graph, gpu, {.adamw = {.lr = 6e-4}, .max_grad_norm = 1.0});
@@ -16,10 +17,12 @@
 #pragma once
 
 #include <cstdint>
+#include <map>
 #include <string>
 #include <vector>
 
 #include "backend/cuda/cuda_backend.h"
+#include "backend/cuda/optim.h"
 #include "ir/graph.h"
 #include "parallel/memory_plan.h"
 #include "runtime/optimizer.h"
@@ -29,6 +32,11 @@ namespace tessera {
 struct CudaTrainerOptions {
   AdamWConfig adamw;
   double max_grad_norm = 1.0;  // <= 0: no clipping
+  // Replay the step as a CUDA graph: the second step is captured (nodes, norm, clipping and
+  // AdamW, whose learning-rate values are read from device memory) and every later one is
+  // one launch, so no host time goes into launching a step's ~1,000 kernels. The graph holds
+  // the arena's addresses; shapes are the graph's, static.
+  bool cuda_graph = true;
 };
 
 class CudaTrainer {
@@ -52,7 +60,8 @@ class CudaTrainer {
 
   // Profiling: with it on, step() times every node on the device (CUDA events between the
   // nodes, read after the step) and adds it to its op's total; profile() prints the totals,
-  // largest first, with the optimizer's device passes as "optimizer".
+  // largest first, with the optimizer's device passes as "optimizer", then the largest node
+  // kinds (an op on given operand types).
   void set_profiling(bool on) { profiling_ = on; }
   std::string profile() const;
 
@@ -62,7 +71,9 @@ class CudaTrainer {
 
  private:
   void* value(ValueId v);
-  void update(double lr);  // the gradient norm, clipping and AdamW, enqueued
+  void write_step_values(double lr);  // AdamW's values of this step, copied to the device
+  void enqueue_step();                // every node, then enqueue_update()
+  void enqueue_update();              // the gradient norm, clipping and AdamW
 
   const Graph& g_;
   CudaBackend& gpu_;
@@ -84,11 +95,20 @@ class CudaTrainer {
   double* norm_parts_ = nullptr;
   float* coef_ = nullptr;
   double* norm_ = nullptr;
+  cuda::AdamWStep* step_values_ = nullptr;
+  void* graph_exec_ = nullptr;  // cudaGraphExec_t of the captured step
+  int eager_steps_ = 0;
   int64_t t_ = 0;
   bool profiling_ = false;
   std::vector<void*> events_;  // cudaEvent_t, one per node boundary
   std::vector<double> op_seconds_ = std::vector<double>(kNumOps + 1, 0.0);  // + optimizer
   std::vector<int64_t> op_nodes_ = std::vector<int64_t>(kNumOps + 1, 0);
+  struct Timing {
+    double seconds = 0;
+    int64_t nodes = 0;
+  };
+  std::map<std::string, Timing> kinds_;  // by signature()
+  std::string signature(const Node& n) const;
 };
 
 }  // namespace tessera

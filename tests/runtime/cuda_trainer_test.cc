@@ -41,10 +41,13 @@ struct Losses {
   std::vector<double> norms;
 };
 
-Losses train_on_gpu(const ModelConfig& c, int steps, int64_t* arena = nullptr) {
+// Trains c for `steps` steps at kLr (with varying_lr, a rate that changes every step), steps
+// replayed as a CUDA graph from the third on unless graph is false.
+Losses train_on_gpu(const ModelConfig& c, int steps, int64_t* arena = nullptr, bool graph = true,
+                    bool varying_lr = false, std::vector<float>* first_param = nullptr) {
   ModelGraph m = build_model(c, kBatch, kSeq, ModelMode::train);
   CudaBackend gpu;
-  CudaTrainer t(m.graph, gpu, {.adamw = {.lr = kLr}, .max_grad_norm = 1.0});
+  CudaTrainer t(m.graph, gpu, {.adamw = {.lr = kLr}, .max_grad_norm = 1.0, .cuda_graph = graph});
   t.init_params(7);
   if (arena != nullptr) *arena = t.plan().arena_bytes;
   Losses r;
@@ -53,9 +56,10 @@ Losses train_on_gpu(const ModelConfig& c, int steps, int64_t* arena = nullptr) {
                          y = tokens(static_cast<int32_t>(c.vocab_size), s % 2 + 1);
     t.set_input("tokens", x.data());
     t.set_input("targets", y.data());
-    r.losses.push_back(t.step(kLr));
+    r.losses.push_back(t.step(varying_lr ? kLr * (1 + s % 3) : kLr));
     r.norms.push_back(t.last_grad_norm());
   }
+  if (first_param != nullptr) *first_param = t.master(0);
   return r;
 }
 
@@ -102,6 +106,24 @@ TEST(CudaTrainer, Bf16MixedPrecisionFollowsF32) {
   std::printf("arena: f32 %lld bytes, bf16 %lld bytes\n", static_cast<long long>(arena32),
               static_cast<long long>(arena16));
   EXPECT_LT(arena16, 0.6 * static_cast<double>(arena32));
+}
+
+// A step replayed from a captured CUDA graph is the eager step: the same kernels on the same
+// addresses, with each step's learning rate read from device memory. Losses, gradient norms
+// and parameters agree bit for bit over steps whose rate changes.
+TEST(CudaTrainer, GraphReplayIsTheEagerStep) {
+  REQUIRE_DEVICE();
+  for (DType dt : {DType::f32, DType::bf16}) {
+    std::vector<float> p_graph, p_eager;
+    const Losses graph = train_on_gpu(tiny(dt), 7, nullptr, true, true, &p_graph);
+    const Losses eager = train_on_gpu(tiny(dt), 7, nullptr, false, true, &p_eager);
+    for (size_t s = 0; s < graph.losses.size(); ++s) {
+      EXPECT_EQ(graph.losses[s], eager.losses[s]) << dtype_name(dt) << " step " << s;
+      EXPECT_EQ(graph.norms[s], eager.norms[s]) << dtype_name(dt) << " step " << s;
+    }
+    EXPECT_EQ(p_graph, p_eager) << dtype_name(dt);
+    EXPECT_LT(graph.losses.back(), graph.losses.front()) << dtype_name(dt);
+  }
 }
 
 }  // namespace

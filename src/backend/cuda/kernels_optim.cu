@@ -79,13 +79,16 @@ __global__ void clip_kernel(const double* parts, int64_t count, double max_norm,
 }
 
 template <typename G, typename P>
-__global__ void adamw_kernel(AdamWStep u, const float* coef, float* master, const G* grad, float* m,
-                             float* v, P* param, bool write_param, int64_t n) {
+__global__ void adamw_kernel(const AdamWStep* step, bool decay, const float* coef, float* master,
+                             const G* grad, float* m, float* v, P* param, bool write_param,
+                             int64_t n) {
+  const AdamWStep u = *step;
+  const float shrink = decay ? u.shrink : 1.0f;
   const float gs = *coef;
   for (int64_t i = blockIdx.x * int64_t{kThreads} + threadIdx.x; i < n;
        i += int64_t{kThreads} * gridDim.x) {
     const float g = load(grad, i) * gs;
-    const float p = master[i] * u.shrink;
+    const float p = master[i] * shrink;
     const float mi = u.beta1 * m[i] + (1.0f - u.beta1) * g;
     const float vi = u.beta2 * v[i] + (1.0f - u.beta2) * g * g;
     m[i] = mi;
@@ -125,15 +128,16 @@ void clip_coefficient(const double* parts, int64_t count, double max_norm, float
   TS_CUDA_LAUNCH();
 }
 
-void adamw(const AdamWStep& u, const float* coef, float* master, const void* grad, DType grad_dt,
-           float* m, float* v, void* param, DType param_dt, int64_t n, cudaStream_t stream) {
+void adamw(const AdamWStep* u, bool decay, const float* coef, float* master, const void* grad,
+           DType grad_dt, float* m, float* v, void* param, DType param_dt, int64_t n,
+           cudaStream_t stream) {
   if (n == 0) return;
   const bool write_param = param != master;
   with_type(grad_dt, grad, [&](auto* g) {
     with_type(param_dt, param, [&](auto* p) {
       using P = std::remove_const_t<std::remove_pointer_t<decltype(p)>>;
       adamw_kernel<<<blocks_for(n, kThreads), kThreads, 0, stream>>>(
-          u, coef, master, g, m, v, const_cast<P*>(p), write_param, n);
+          u, decay, coef, master, g, m, v, const_cast<P*>(p), write_param, n);
     });
   });
   TS_CUDA_LAUNCH();

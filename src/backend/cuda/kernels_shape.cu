@@ -4,6 +4,7 @@
 // fixed order of additions whatever the launch.
 #include <algorithm>
 #include <cstdint>
+#include <initializer_list>
 
 #include "backend/cuda/kernels.h"
 #include "backend/cuda/storage.cuh"
@@ -42,6 +43,33 @@ Dims row_major_strides(const Shape& s) {
 #define GRID_STRIDE(i, n)                                                   \
   for (int64_t i = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; i < (n); \
        i += int64_t{gridDim.x} * blockDim.x)
+
+// The data movers copy whole words: the widest of 16, 8, 4 and 2 bytes that divides every
+// byte count and pointer given (a [B,T,H,64] bf16 transpose moves 16-byte words, 8 elements).
+int word_bytes(std::initializer_list<int64_t> bytes, std::initializer_list<const void*> ptrs) {
+  for (int w : {16, 8, 4}) {
+    bool ok = true;
+    for (int64_t b : bytes) ok = ok && b % w == 0;
+    for (const void* p : ptrs) ok = ok && reinterpret_cast<uintptr_t>(p) % w == 0;
+    if (ok) return w;
+  }
+  return 2;
+}
+
+// Calls f with a null pointer of the w-byte word type.
+template <typename F>
+void with_word(int w, F f) {
+  switch (w) {
+    case 16:
+      return f(static_cast<uint4*>(nullptr));
+    case 8:
+      return f(static_cast<uint2*>(nullptr));
+    case 4:
+      return f(static_cast<uint32_t*>(nullptr));
+    default:
+      return f(static_cast<uint16_t*>(nullptr));
+  }
+}
 
 // y (shape `out`, rank of `in`, 1 where reduced) = sum of x over the reduced dimensions.
 template <typename T>
@@ -187,22 +215,33 @@ void transpose(OpKind, const Args& a) {
   const Shape &in = a.in_shape(0), &out = a.out_shape(0);
   const int64_t n = out.numel();
   if (n == 0) return;
-  Dims in_stride = row_major_strides(in), src = dims_of(out);
+  Dims in_stride = row_major_strides(in), src = dims_of(out), dims = dims_of(out);
   for (int d = 0; d < out.rank(); ++d) src.d[d] = in_stride.d[a.attrs.ints[static_cast<size_t>(d)]];
-  if (dtype_size(a.in_types[0].dtype) == 2)
-    launch_transpose<uint16_t>(a.in[0], a.out[0], dims_of(out), src, n, a.stream);
-  else
-    launch_transpose<uint32_t>(a.in[0], a.out[0], dims_of(out), src, n, a.stream);
+  const int64_t elem = dtype_size(a.in_types[0].dtype);
+  int w = static_cast<int>(elem);
+  const int last = out.rank() - 1;
+  // Where the last dim stays last, its rows move as words: every other stride is a multiple
+  // of its length.
+  if (last >= 0 && a.attrs.ints[static_cast<size_t>(last)] == last) {
+    w = std::max<int>(w, word_bytes({out[last] * elem}, {a.in[0], a.out[0]}));
+    const int64_t k = w / elem;
+    dims.d[last] /= k;
+    for (int d = 0; d < last; ++d) src.d[d] /= k;
+  }
+  with_word(w, [&](auto* tag) {
+    launch_transpose<std::remove_pointer_t<decltype(tag)>>(a.in[0], a.out[0], dims, src,
+                                                           n * elem / w, a.stream);
+  });
   TS_CUDA_LAUNCH();
 }
 
 // Copies `outer` rows of `piece` elements from x (row stride x_row, offset x_off) to y (row
 // stride y_row, offset y_off).
-template <typename T>
-__global__ void rows_kernel(const T* x, int64_t x_row, int64_t x_off, T* y, int64_t y_row,
-                            int64_t y_off, int64_t outer, int64_t piece) {
-  GRID_STRIDE(i, outer * piece) {
-    const int64_t o = i / piece, j = i % piece;
+template <typename T, typename I>
+__global__ void rows_kernel(const T* x, I x_row, I x_off, T* y, I y_row, I y_off, I outer,
+                            I piece) {
+  GRID_STRIDE(i, int64_t{outer} * piece) {
+    const I o = static_cast<I>(i) / piece, j = static_cast<I>(i) % piece;
     y[o * y_row + y_off + j] = x[o * x_row + x_off + j];
   }
 }
@@ -210,15 +249,24 @@ __global__ void rows_kernel(const T* x, int64_t x_row, int64_t x_off, T* y, int6
 void copy_rows(const Args& a, const void* x, int64_t x_row, int64_t x_off, void* y, int64_t y_row,
                int64_t y_off, int64_t outer, int64_t piece) {
   if (outer * piece == 0) return;
-  if (dtype_size(a.out_types[0].dtype) == 2) {
-    rows_kernel<<<blocks_for(outer * piece), 256, 0, a.stream>>>(
-        static_cast<const uint16_t*>(x), x_row, x_off, static_cast<uint16_t*>(y), y_row, y_off,
-        outer, piece);
-  } else {
-    rows_kernel<<<blocks_for(outer * piece), 256, 0, a.stream>>>(
-        static_cast<const uint32_t*>(x), x_row, x_off, static_cast<uint32_t*>(y), y_row, y_off,
-        outer, piece);
-  }
+  const int64_t elem = dtype_size(a.out_types[0].dtype);
+  const int w = std::max<int>(
+      static_cast<int>(elem),
+      word_bytes({x_row * elem, x_off * elem, y_row * elem, y_off * elem, piece * elem}, {x, y}));
+  const int64_t k = w / elem, n = outer * piece / k;
+  with_word(w, [&](auto* tag) {
+    using T = std::remove_pointer_t<decltype(tag)>;
+    auto px = static_cast<const T*>(x);
+    auto py = static_cast<T*>(y);
+    if (outer * std::max(x_row, y_row) < (int64_t{1} << 31) * k)
+      rows_kernel<T, int32_t><<<blocks_for(n), 256, 0, a.stream>>>(
+          px, static_cast<int32_t>(x_row / k), static_cast<int32_t>(x_off / k), py,
+          static_cast<int32_t>(y_row / k), static_cast<int32_t>(y_off / k),
+          static_cast<int32_t>(outer), static_cast<int32_t>(piece / k));
+    else
+      rows_kernel<T, int64_t><<<blocks_for(n), 256, 0, a.stream>>>(
+          px, x_row / k, x_off / k, py, y_row / k, y_off / k, outer, piece / k);
+  });
   TS_CUDA_LAUNCH();
 }
 

@@ -5,7 +5,7 @@
 //
 //   cuda::sum_squares(grad, DType::bf16, n, parts + k * cuda::kNormParts, stream);  // per tensor
 //   cuda::clip_coefficient(parts, tensors * cuda::kNormParts, 1.0, coef, norm, stream);
-//   cuda::adamw(u, coef, master, grad, DType::bf16, m, v, param, DType::bf16, n, stream);
+//   cuda::adamw(u, decay, coef, master, grad, DType::bf16, m, v, param, DType::bf16, n, stream);
 #pragma once
 
 #include <cuda_runtime.h>
@@ -28,15 +28,18 @@ void clip_coefficient(const double* parts, int64_t count, double max_norm, float
                       double* norm, cudaStream_t stream);
 
 // One AdamW step (cpu::AdamWUpdate's arithmetic) with g = grad * *coef: m, v and master
-// updated in place, and param = master in param_dt (skipped when param is master).
+// updated in place, and param = master in param_dt (skipped when param is master). The step's
+// values are read from device memory (u), as the coefficient is, so that a step captured in a
+// CUDA graph replays with each step's learning rate.
 struct AdamWStep {
-  float shrink = 1.0f;  // 1 - lr * weight_decay for decayed tensors
+  float shrink = 1.0f;  // 1 - lr * weight_decay, for tensors with decay set
   float beta1 = 0.9f, beta2 = 0.95f;
   float step_size = 0.0f;  // lr / (1 - beta1^t)
   float bc2_sqrt = 1.0f;   // sqrt(1 - beta2^t)
   float eps = 1e-8f;
 };
-void adamw(const AdamWStep& u, const float* coef, float* master, const void* grad, DType grad_dt,
-           float* m, float* v, void* param, DType param_dt, int64_t n, cudaStream_t stream);
+void adamw(const AdamWStep* u, bool decay, const float* coef, float* master, const void* grad,
+           DType grad_dt, float* m, float* v, void* param, DType param_dt, int64_t n,
+           cudaStream_t stream);
 
 }  // namespace tessera::cuda

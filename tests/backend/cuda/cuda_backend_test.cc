@@ -40,10 +40,12 @@ struct OpReport {
 
 double tolerance(OpKind op, DType dt) {
   // Low-precision attention on the tensor cores rounds the probabilities (and the backward's
-  // dS) to the storage type before their products, as FlashAttention does: two roundings more.
+  // dS) to the storage type before their products, as FlashAttention does: two roundings more,
+  // and in f16 the unscaled gradients of a model graph are subnormal (dS of 1e-6 keeps a few
+  // bits; fp16 training scales the loss so that they are not).
   const bool attention = op == OpKind::attention || op == OpKind::attention_grad;
   if (dt == DType::bf16) return attention ? 0x1p-6 : 0x1p-7;  // a rounding of either result
-  if (dt == DType::f16) return attention ? 0x1p-9 : 0x1p-10;
+  if (dt == DType::f16) return attention ? 0x1p-7 : 0x1p-10;
   // f32: sums in a different order (GEMMs, reductions over rows of thousands).
   return op == OpKind::matmul || op == OpKind::attention_grad || op == OpKind::layernorm_grad ||
                  op == OpKind::rmsnorm_grad || op == OpKind::embedding_grad ||
