@@ -8,11 +8,16 @@
 //
 //   tessera_cuda_train_bench [--batch 8] [--seq 1024] [--steps 10] [--warmup 3]
 //                            [--precision fp32|bf16] [--peak-tflops 989] [--profile 1]
-//                            [--graph 1]
+//                            [--graph 1] [--vocab-rows 50304]
 //
-// Prints `tessera B=.. T=.. precision=.. cuda_graph=.. s_per_step=.. tokens_per_s=.. mfu=..`: MFU
-// is the graph's FLOPs per step (Graph::total_flops: matmuls, attention with its causal half, the
-// rest) over the step time and --peak-tflops (dense bf16 of an H100/H200 SXM by default).
+// --vocab-rows pads the token table and LM head to that many rows (ModelConfig::
+// padded_vocab_size; the loss is over the 50,257 classes), 50304 by default as llm.c does:
+// 50,257-element rows are not 16-byte aligned and cuBLASLt's GEMMs on them run 4-6x slower.
+//
+// Prints `tessera B=.. T=.. precision=.. vocab_rows=.. cuda_graph=.. s_per_step=.. tokens_per_s=..
+// mfu=..`: MFU is the graph's FLOPs per step (Graph::total_flops: matmuls, attention with its
+// causal half, the rest) over the step time and --peak-tflops (dense bf16 of an H100/H200 SXM by
+// default).
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
@@ -34,6 +39,7 @@ int main(int argc, char** argv) {
   std::string precision = "fp32";
   double peak_tflops = 989;
   bool profile = false, graph = true;
+  int64_t vocab_rows = 50304;
   if (argc % 2 == 0) {
     std::fprintf(stderr, "error: option %s has no value\n", argv[argc - 1]);
     return 2;
@@ -55,6 +61,8 @@ int main(int argc, char** argv) {
         profile = v == "1";
       else if (k == "--graph")
         graph = v == "1";
+      else if (k == "--vocab-rows")
+        vocab_rows = std::stoll(v);
       else if (k == "--peak-tflops")
         peak_tflops = std::stod(v);
       else {
@@ -83,6 +91,12 @@ int main(int argc, char** argv) {
   }
   ModelConfig c = *find_preset("gpt2-small");
   c.dtype = precision == "bf16" ? DType::bf16 : DType::f32;
+  if (vocab_rows < c.vocab_size) {
+    std::fprintf(stderr, "error: --vocab-rows must be at least the vocabulary, %lld\n",
+                 static_cast<long long>(c.vocab_size));
+    return 2;
+  }
+  c.padded_vocab_size = vocab_rows;
   ModelGraph m = build_model(c, batch, seq, ModelMode::train);
   CudaBackend gpu;
   CudaTrainer t(m.graph, gpu, {.adamw = {.lr = 6e-4}, .max_grad_norm = 1.0, .cuda_graph = graph});
@@ -109,11 +123,11 @@ int main(int argc, char** argv) {
   const double sec = times[times.size() / 2];
   const double flops = m.graph.total_flops();
   std::printf(
-      "tessera B=%lld T=%lld precision=%s cuda_graph=%d steps=%d s_per_step=%.4f "
-      "tokens_per_s=%.2f mfu=%.3f loss=%.4f (graph %.3g FLOP/step)\n",
+      "tessera B=%lld T=%lld precision=%s vocab_rows=%lld cuda_graph=%d steps=%d "
+      "s_per_step=%.4f tokens_per_s=%.2f mfu=%.3f loss=%.4f (graph %.3g FLOP/step)\n",
       static_cast<long long>(batch), static_cast<long long>(seq), precision.c_str(),
-      static_cast<int>(graph), steps, sec, static_cast<double>(batch * seq) / sec,
-      flops / sec / (peak_tflops * 1e12), loss, flops);
+      static_cast<long long>(vocab_rows), static_cast<int>(graph), steps, sec,
+      static_cast<double>(batch * seq) / sec, flops / sec / (peak_tflops * 1e12), loss, flops);
   if (profile) {  // one more step, enqueued node by node, each timed on the device
     t.set_profiling(true);
     t.step(6e-4);

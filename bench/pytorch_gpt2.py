@@ -14,7 +14,11 @@ On CUDA the attention is F.scaled_dot_product_attention (flash), AdamW is the fu
 bf16 runs under autocast (fp32 master weights), as llm.c's train_gpt2.py does; f32 matrix
 products stay f32 (no TF32: Tessera's f32 GEMMs are full f32, so both sides do the same math).
 
-Prints one line: `pytorch B=4 T=64 steps=3 s_per_step=... tokens_per_s=...`.
+--vocab-rows 50304 pads the token embedding (and the LM head) to a multiple of 64 rows, as
+llm.c does; the loss is still over the 50,257 classes (the padding logits are sliced off), the
+model Tessera builds with ModelConfig::padded_vocab_size.
+
+Prints one line: `pytorch B=4 T=64 vocab_rows=50257 steps=3 s_per_step=... tokens_per_s=...`.
 """
 import argparse
 import contextlib
@@ -55,9 +59,10 @@ class Block(nn.Module):
 
 
 class GPT(nn.Module):
-    def __init__(self, vocab=50257, ctx=1024, c=768, layers=12, heads=12):
+    def __init__(self, vocab=50257, rows=50257, ctx=1024, c=768, layers=12, heads=12):
         super().__init__()
-        self.wte = nn.Embedding(vocab, c)
+        self.vocab = vocab
+        self.wte = nn.Embedding(rows, c)
         self.wpe = nn.Embedding(ctx, c)
         self.blocks = nn.ModuleList(Block(c, heads) for _ in range(layers))
         self.ln_f = nn.LayerNorm(c, eps=1e-5)
@@ -73,6 +78,8 @@ class GPT(nn.Module):
         for blk in self.blocks:
             x = blk(x)
         logits = self.ln_f(x).view(-1, x.shape[-1]) @ self.wte.weight.t()  # tied head
+        if logits.shape[-1] != self.vocab:  # padded rows: not classes
+            logits = logits[:, :self.vocab]
         return F.cross_entropy(logits, targets.view(-1))
 
 
@@ -86,6 +93,7 @@ def main():
     ap.add_argument("--device", default="cpu")
     ap.add_argument("--precision", default="fp32", choices=["fp32", "bf16"])
     ap.add_argument("--compile", action="store_true")
+    ap.add_argument("--vocab-rows", type=int, default=50257)
     a = ap.parse_args()
     torch.set_num_threads(a.threads)
     torch.manual_seed(0)
@@ -94,7 +102,9 @@ def main():
     if cuda:
         torch.backends.cuda.matmul.allow_tf32 = False
         torch.backends.cudnn.allow_tf32 = False
-    model = GPT().to(dev)
+    if a.vocab_rows < 50257:
+        ap.error("--vocab-rows must be at least the vocabulary, 50257")
+    model = GPT(rows=a.vocab_rows).to(dev)
     fwd = torch.compile(model) if a.compile else model
     decay = [p for p in model.parameters() if p.dim() >= 2]
     no_decay = [p for p in model.parameters() if p.dim() < 2]
@@ -126,7 +136,8 @@ def main():
         step()
         times.append(time.perf_counter() - t0)
     dt = sorted(times)[len(times) // 2]  # median
-    print(f"pytorch B={a.batch} T={a.seq} steps={a.steps} s_per_step={dt:.4f} "
+    print(f"pytorch B={a.batch} T={a.seq} vocab_rows={a.vocab_rows} steps={a.steps} "
+          f"s_per_step={dt:.4f} "
           f"tokens_per_s={a.batch * a.seq / dt:.2f}", flush=True)
 
 

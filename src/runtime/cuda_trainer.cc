@@ -20,7 +20,8 @@ CudaTrainer::CudaTrainer(const Graph& g, CudaBackend& gpu, CudaTrainerOptions op
     : g_(g), gpu_(gpu), opt_(options), plan_(plan_memory(g)) {
   TS_CHECK_GE(g.loss(), 0) << "CudaTrainer needs a training graph (a loss and gradients)";
   // One persistent block: each parameter, its master copy (low precision only), m, v; then
-  // the norm's partial sums, the clipping coefficient, the norm and the AdamW step's values.
+  // the norm's partial sums (one per optimizer chunk), the clipping coefficient, the norm and
+  // the AdamW step's values, and the optimizer's tensor descriptors.
   param_ptr_.assign(g.values().size(), nullptr);
   std::vector<int64_t> offsets;
   int64_t at = 0;
@@ -38,10 +39,18 @@ CudaTrainer::CudaTrainer(const Graph& g, CudaBackend& gpu, CudaTrainerOptions op
     offsets.push_back(at);
     at += aligned(t.bytes()) + (t.dtype == DType::f32 ? 0 : f32) + 2 * f32;
   }
+  std::vector<cuda::OptimTensor> tensors(slots_.size());
+  int64_t chunks = 0;
+  for (size_t k = 0; k < slots_.size(); ++k) {
+    tensors[k].n = slots_[k].size;
+    chunks += (slots_[k].size + cuda::kChunk - 1) / cuda::kChunk;
+  }
   const int64_t parts_at = at;
-  at += aligned(static_cast<int64_t>(slots_.size()) * cuda::kNormParts * 8);
+  at += aligned(chunks * 8);
   const int64_t scalars_at = at;
   at += kAlign;
+  const int64_t described_at = at;
+  at += aligned(cuda::describe_bytes(tensors));
   persistent_bytes_ = at;
   persistent_ = static_cast<uint8_t*>(gpu_.alloc(persistent_bytes_));
   arena_ = static_cast<uint8_t*>(gpu_.alloc(plan_.arena_bytes));
@@ -60,7 +69,10 @@ CudaTrainer::CudaTrainer(const Graph& g, CudaBackend& gpu, CudaTrainerOptions op
     s.m = reinterpret_cast<float*>(p);
     s.v = reinterpret_cast<float*>(p + aligned(s.size * 4));
     param_ptr_[static_cast<size_t>(s.param)] = s.data;
+    tensors[k] = {s.data, s.master, value(s.grad),        s.m,    s.v,
+                  s.size, t.dtype,  g.type(s.grad).dtype, s.decay};
   }
+  optim_ = cuda::describe(tensors, persistent_ + described_at);
   norm_parts_ = reinterpret_cast<double*>(persistent_ + parts_at);
   norm_ = reinterpret_cast<double*>(persistent_ + scalars_at);
   coef_ = reinterpret_cast<float*>(persistent_ + scalars_at + 8);
@@ -197,16 +209,9 @@ void CudaTrainer::write_step_values(double lr) {
 
 void CudaTrainer::enqueue_update() {
   cudaStream_t s = gpu_.stream();
-  for (size_t k = 0; k < slots_.size(); ++k) {
-    const Slot& sl = slots_[k];
-    cuda::sum_squares(value(sl.grad), g_.type(sl.grad).dtype, sl.size,
-                      norm_parts_ + k * cuda::kNormParts, s);
-  }
-  cuda::clip_coefficient(norm_parts_, static_cast<int64_t>(slots_.size()) * cuda::kNormParts,
-                         opt_.max_grad_norm, coef_, norm_, s);
-  for (const Slot& sl : slots_)
-    cuda::adamw(step_values_, sl.decay, coef_, sl.master, value(sl.grad), g_.type(sl.grad).dtype,
-                sl.m, sl.v, sl.data, g_.type(sl.param).dtype, sl.size, s);
+  cuda::sum_squares(optim_, norm_parts_, s);
+  cuda::clip_coefficient(norm_parts_, optim_.chunks, opt_.max_grad_norm, coef_, norm_, s);
+  cuda::adamw(optim_, step_values_, coef_, s);
 }
 
 std::string CudaTrainer::profile() const {

@@ -96,6 +96,7 @@ class CudaTrainer {
   float* coef_ = nullptr;
   double* norm_ = nullptr;
   cuda::AdamWStep* step_values_ = nullptr;
+  cuda::OptimTensors optim_;    // every parameter, for the one-launch optimizer passes
   void* graph_exec_ = nullptr;  // cudaGraphExec_t of the captured step
   int eager_steps_ = 0;
   int64_t t_ = 0;

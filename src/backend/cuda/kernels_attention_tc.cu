@@ -1,25 +1,28 @@
 // Attention on the tensor cores: bf16/f16 q, k, v [B,H,T,D] (kv heads grouped as in
 // kernels_attention.cu), no score bias, head dims that are multiples of 8 up to 128 (padded
 // with zeros to 64 or 128 in shared memory). What the f32 kernels compute, with the products
-// on the tensor cores (WMMA 16x16x16, f32 accumulation) and the softmax in f32 registers.
+// on the tensor cores (mma.sync m16n8k16, f32 accumulation) and the softmax in f32 registers.
 //
 // A block is 4 warps; each warp owns 16 rows of the block's 64 (queries in the forward and dq
-// passes, keys in the dk/dv pass), so a warp's rows of the score tile, of the probabilities
-// and of the forward's output accumulator are touched by that warp alone and only the staged
-// tiles of the other side need the whole block. Two lanes share a row: each takes half its
-// columns and they combine with one shuffle.
+// passes, keys in the dk/dv pass) and keeps its scores, probabilities and accumulators in
+// registers, in the PTX ISA's fragment layouts: lane l holds rows l/4 and l/4 + 8 of a 16-row
+// tile, columns 2(l%4) and 2(l%4) + 1 of each 8-column block. An accumulator tile of scores
+// is, packed to 16 bits, the left operand of the next product (FlashAttention-2's register
+// reuse); only the staged tiles of the other side live in shared memory, read with 32-bit
+// loads and, where a product needs them transposed, ldmatrix.trans.
 //
 // - forward: per query tile, walks the key tiles (causal: those at or before it), S = Q K^T,
-//   the online softmax (running max and sum per row, the output accumulator rescaled in
-//   shared memory), O += P V with P rounded to the storage type, as FlashAttention-2 does.
+//   the online softmax (running max and sum per row, the output accumulators rescaled),
+//   O += P V with P rounded to the storage type.
 // - backward, deterministic (no atomics): a dq pass per query tile (S and dP = dO V^T
-//   recomputed, dS = P (dP - D), dq += dS K kept in registers; D_i = dO_i . O_i is written for
-//   the second pass) and a dk/dv pass per key tile over the query tiles of every head in its
-//   group (dv += P^T dO, dk += dS^T Q).
+//   recomputed, dS = P (dP - D), dq += dS K; D_i = dO_i . O_i is written for the second
+//   pass) and a dk/dv pass per key tile over the query tiles of every head in its group
+//   (S^T and dP^T recomputed, dv += P^T dO, dk += dS^T Q).
 #include <mma.h>
 
 #include <algorithm>
 #include <cmath>
+#include <cstdint>
 
 #include "backend/cuda/kernels.h"
 #include "backend/cuda/storage.cuh"
@@ -28,173 +31,262 @@ namespace tessera::cuda {
 
 namespace {
 
-using namespace nvcuda;
-
 constexpr int kWarps = 4;
 constexpr int kRows = 16 * kWarps;  // rows of a block's tile (queries or keys)
 constexpr int kCols = 64;           // rows of the other side per staged tile
-constexpr int kSPad = 4;            // f32 row padding (keeps rows 16-byte aligned)
-constexpr int kTPad = 8;            // 16-bit row padding
+constexpr int kPad = 8;             // 16-bit row padding: rows stay 16-byte aligned, and the
+                                    // 8 rows a fragment load touches start in distinct banks
 
 struct Dims {
   int b, h, tq, tk, d, hkv, group;
   bool causal;
 };
 
+// Two f32 values as a 16-bit pair (the low half first), the operand register of mma.sync.
 template <typename T>
-using FragA = wmma::fragment<wmma::matrix_a, 16, 16, 16, T, wmma::row_major>;
+__device__ inline uint32_t pack2(float lo, float hi);
+template <>
+__device__ inline uint32_t pack2<__nv_bfloat16>(float lo, float hi) {
+  const __nv_bfloat162 v = __floats2bfloat162_rn(lo, hi);
+  return *reinterpret_cast<const uint32_t*>(&v);
+}
+template <>
+__device__ inline uint32_t pack2<__half>(float lo, float hi) {
+  const __half2 v = __floats2half2_rn(lo, hi);
+  return *reinterpret_cast<const uint32_t*>(&v);
+}
+
+// c (16x8, f32) += a (16x16) b (16x8).
 template <typename T>
-using FragAT = wmma::fragment<wmma::matrix_a, 16, 16, 16, T, wmma::col_major>;
+__device__ inline void mma(float (&c)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1);
+template <>
+__device__ inline void mma<__nv_bfloat16>(float (&c)[4], const uint32_t (&a)[4], uint32_t b0,
+                                          uint32_t b1) {
+  asm volatile(
+      "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, "
+      "{%8,%9}, {%0,%1,%2,%3};\n"
+      : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+}
+template <>
+__device__ inline void mma<__half>(float (&c)[4], const uint32_t (&a)[4], uint32_t b0,
+                                   uint32_t b1) {
+  asm volatile(
+      "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, "
+      "{%8,%9}, {%0,%1,%2,%3};\n"
+      : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+}
+
 template <typename T>
-using FragB = wmma::fragment<wmma::matrix_b, 16, 16, 16, T, wmma::row_major>;
+__device__ inline uint32_t ld32(const T* p) {
+  return *reinterpret_cast<const uint32_t*>(p);
+}
+
+// The lane's coordinates in a fragment: g = lane / 4 (its rows g and g + 8), t = lane % 4 (its
+// columns 2t, 2t + 1 of each 8-column block).
+struct Lane {
+  int g, t, lane;
+  __device__ Lane() : g((threadIdx.x % 32) / 4), t(threadIdx.x % 4), lane(threadIdx.x % 32) {}
+};
+
+// The left operand for rows [m0, m0 + 16) and columns [k0, k0 + 16) of x (row-major, stride ld).
 template <typename T>
-using FragBT = wmma::fragment<wmma::matrix_b, 16, 16, 16, T, wmma::col_major>;
-using Acc = wmma::fragment<wmma::accumulator, 16, 16, 16, float>;
+__device__ inline void load_a(uint32_t (&a)[4], const T* x, int ld, int m0, int k0, const Lane& l) {
+  a[0] = ld32(x + (m0 + l.g) * ld + k0 + 2 * l.t);
+  a[1] = ld32(x + (m0 + l.g + 8) * ld + k0 + 2 * l.t);
+  a[2] = ld32(x + (m0 + l.g) * ld + k0 + 2 * l.t + 8);
+  a[3] = ld32(x + (m0 + l.g + 8) * ld + k0 + 2 * l.t + 8);
+}
+
+// c[nb] += A . y^T over columns [n0 + 8 nb) of the product, for y's rows as the product's
+// columns (a staged K or Q tile, row-major [n][k]): S = Q K^T and its kin.
+template <typename T, int kN, int kK>
+__device__ inline void gemm_abt(float (&c)[kN][4], const uint32_t (&a)[kK][4], const T* y, int ld,
+                                const Lane& l) {
+#pragma unroll
+  for (int nb = 0; nb < kN; ++nb)
+#pragma unroll
+    for (int kk = 0; kk < kK; ++kk) {
+      const T* row = y + (nb * 8 + l.g) * ld + kk * 16 + 2 * l.t;
+      mma<T>(c[nb], a[kk], ld32(row), ld32(row + 8));
+    }
+}
+
+// The 16-bit left operand of columns [16 kk, 16 kk + 16) of accumulator tiles c (the
+// accumulator layout of two 8-column blocks is the operand layout of one 16-column slice).
+template <typename T, int kN>
+__device__ inline void as_operand(uint32_t (&a)[4], const float (&c)[kN][4], int kk) {
+  a[0] = pack2<T>(c[2 * kk][0], c[2 * kk][1]);
+  a[1] = pack2<T>(c[2 * kk][2], c[2 * kk][3]);
+  a[2] = pack2<T>(c[2 * kk + 1][0], c[2 * kk + 1][1]);
+  a[3] = pack2<T>(c[2 * kk + 1][2], c[2 * kk + 1][3]);
+}
+
+// acc[nb] += P . x, P the 16 x kCols accumulator tiles p (packed to T), x a staged row-major
+// [kCols][DP] tile read transposed by ldmatrix (O += P V, dq += dS K, dv += P^T dO, ...).
+template <typename T, int DP>
+__device__ inline void gemm_px(float (&acc)[DP / 8][4], const float (&p)[kCols / 8][4], const T* x,
+                               int ld, const Lane& l) {
+  const int r = l.lane % 8, k_half = (l.lane / 8) % 2, n_half = l.lane / 16;
+#pragma unroll
+  for (int kk = 0; kk < kCols / 16; ++kk) {
+    uint32_t a[4];
+    as_operand<T>(a, p, kk);
+#pragma unroll
+    for (int nb2 = 0; nb2 < DP / 16; ++nb2) {
+      const T* at = x + (kk * 16 + r + 8 * k_half) * ld + nb2 * 16 + 8 * n_half;
+      const uint32_t addr = static_cast<uint32_t>(__cvta_generic_to_shared(at));
+      uint32_t b[4];
+      asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];\n"
+                   : "=r"(b[0]), "=r"(b[1]), "=r"(b[2]), "=r"(b[3])
+                   : "r"(addr));
+      mma<T>(acc[2 * nb2], a, b[0], b[1]);
+      mma<T>(acc[2 * nb2 + 1], a, b[2], b[3]);
+    }
+  }
+}
 
 // Stages rows [r0, r0 + kRows) of x (rows of d elements, d a multiple of 8) as a [kRows][DP]
-// tile with row stride ld; rows past `rows` and columns past d are zero.
+// tile with row stride DP + kPad; rows past `rows` and columns past d are zero.
 template <typename T, int DP>
-__device__ void stage(T* s, int ld, const T* x, int64_t r0, int64_t rows, int d) {
+__device__ void stage(T* s, const T* x, int64_t r0, int64_t rows, int d) {
   constexpr int kVecs = DP / 8;  // 16-byte vectors per staged row
   for (int idx = threadIdx.x; idx < kRows * kVecs; idx += blockDim.x) {
     const int row = idx / kVecs, c = (idx % kVecs) * 8;
     uint4 v = make_uint4(0, 0, 0, 0);
     if (r0 + row < rows && c < d) v = *reinterpret_cast<const uint4*>(x + (r0 + row) * d + c);
-    *reinterpret_cast<uint4*>(s + row * ld + c) = v;
+    *reinterpret_cast<uint4*>(s + row * (DP + kPad) + c) = v;
   }
 }
 
-// out (16 x 16 x n_blocks, f32 staged at `acc` with stride lda) = A (16 x K) . B, over
-// K = 16 k_blocks: A row-major at a (stride lda_), B row-major or, with BT, B^T row-major.
-template <typename T, bool kBTransposed>
-__device__ void warp_gemm(float* out, int ldo, const T* a, int lda, const T* b, int ldb,
-                          int n_blocks, int k_blocks) {
-  for (int nb = 0; nb < n_blocks; ++nb) {
-    Acc acc;
-    wmma::fill_fragment(acc, 0.0f);
-    for (int kb = 0; kb < k_blocks; ++kb) {
-      FragA<T> fa;
-      wmma::load_matrix_sync(fa, a + kb * 16, lda);
-      if constexpr (kBTransposed) {  // b holds the n x k matrix row-major: B col-major
-        FragBT<T> fb;
-        wmma::load_matrix_sync(fb, b + nb * 16 * ldb + kb * 16, ldb);
-        wmma::mma_sync(acc, fa, fb, acc);
-      } else {
-        FragB<T> fb;
-        wmma::load_matrix_sync(fb, b + kb * 16 * ldb + nb * 16, ldb);
-        wmma::mma_sync(acc, fa, fb, acc);
-      }
-    }
-    wmma::store_matrix_sync(out + nb * 16, acc, ldo, wmma::mem_row_major);
-  }
-}
-
-// Writes a warp's 16 x DP accumulators (times `scale`) to rows [r0, r0 + 16) of x (rows of d
-// elements, `rows` of them), through a 16 x 16 f32 scratch at sc (stride kCols + kSPad).
+// Writes accumulator tiles acc (16 rows from r0, times scale) to x (rows of d elements).
 template <typename T, int DP>
-__device__ void store_rows(T* x, int64_t r0, int64_t rows, int d, Acc (&acc)[DP / 16], float* sc,
-                           float scale) {
-  constexpr int ld = kCols + kSPad;
-  const int lane = threadIdx.x % 32, r = lane / 2, c0 = (lane % 2) * 8;
+__device__ void store_rows(T* x, int64_t r0, int64_t rows, int d, const float (&acc)[DP / 8][4],
+                           float scale0, float scale1, const Lane& l) {
 #pragma unroll
-  for (int nb = 0; nb < DP / 16; ++nb) {
-    wmma::store_matrix_sync(sc, acc[nb], ld, wmma::mem_row_major);
-    __syncwarp();
-    if (r0 + r < rows)
-      for (int e = 0; e < 8; ++e) {
-        const int c = nb * 16 + c0 + e;
-        if (c < d) x[(r0 + r) * d + c] = from_f32<T>(sc[r * ld + c0 + e] * scale);
-      }
-    __syncwarp();
+  for (int nb = 0; nb < DP / 8; ++nb) {
+    const int c = nb * 8 + 2 * l.t;
+    if (c >= d) continue;
+    if (r0 + l.g < rows)
+      *reinterpret_cast<uint32_t*>(x + (r0 + l.g) * d + c) =
+          pack2<T>(acc[nb][0] * scale0, acc[nb][1] * scale0);
+    if (r0 + l.g + 8 < rows)
+      *reinterpret_cast<uint32_t*>(x + (r0 + l.g + 8) * d + c) =
+          pack2<T>(acc[nb][2] * scale1, acc[nb][3] * scale1);
   }
 }
 
-template <typename T, int DP>
+// Shared memory of the kernels (16-bit elements): staged tiles of kRows rows, and the
+// backward's per-row terms.
+template <int DP>
 struct Smem {
-  static constexpr int ld = DP + kTPad;      // 16-bit staged rows
-  static constexpr int lds = kCols + kSPad;  // f32 score rows
-  static constexpr int ldp = kCols + kTPad;  // 16-bit probability rows
-  static constexpr int ldo = DP + kSPad;     // f32 output rows
-  static constexpr size_t tile = size_t{kRows} * ld * sizeof(T);
-  static constexpr size_t scores = size_t{kRows} * lds * sizeof(float);
-  static constexpr size_t probs = size_t{kRows} * ldp * sizeof(T);
-  static constexpr size_t forward = 3 * tile + scores + probs + size_t{kRows} * ldo * 4;
-  static constexpr size_t backward = 4 * tile + 2 * scores + 2 * probs + 2 * kCols * 4;
+  static constexpr int ld = DP + kPad;
+  static constexpr size_t tile = size_t{kRows} * ld * 2;
+  static constexpr size_t forward = 3 * tile;
+  static constexpr size_t backward = 4 * tile + 2 * kRows * sizeof(float);
 };
+
+// The block's (batch x head, first row) for a grid of ceil(rows / kRows) tiles per head.
+struct Tile {
+  int bh, first;
+};
+__device__ Tile tile_of(int rows) {
+  const int tiles = (rows + kRows - 1) / kRows;
+  return {static_cast<int>(blockIdx.x) / tiles, static_cast<int>(blockIdx.x) % tiles * kRows};
+}
 
 template <typename T, int DP>
 __global__ void __launch_bounds__(kWarps * 32)
     forward_kernel(const T* q, const T* k, const T* v, T* out, float* lse, Dims z, float scale) {
-  using S = Smem<T, DP>;
-  extern __shared__ float4 sm4[];
-  char* sm = reinterpret_cast<char*>(sm4);
-  T *qs = reinterpret_cast<T*>(sm), *ks = reinterpret_cast<T*>(sm + S::tile),
-    *vs = reinterpret_cast<T*>(sm + 2 * S::tile);
-  float* ss = reinterpret_cast<float*>(sm + 3 * S::tile);
-  T* ps = reinterpret_cast<T*>(sm + 3 * S::tile + S::scores);
-  float* os = reinterpret_cast<float*>(sm + 3 * S::tile + S::scores + S::probs);
-  const int tiles = (z.tq + kRows - 1) / kRows;
-  const int bh = blockIdx.x / tiles, q0 = (blockIdx.x % tiles) * kRows;
-  const int b = bh / z.h, h = bh % z.h;
-  const int64_t qbase = int64_t{bh} * z.tq, kvbase = (int64_t{b} * z.hkv + h / z.group) * z.tk;
-  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
-  const int r = warp * 16 + lane / 2, half = lane % 2;  // this lane's row and half of it
-  const int64_t i = q0 + r;
-  stage<T, DP>(qs, S::ld, q + qbase * z.d, q0, z.tq, z.d);
-  for (int c = half * DP / 2; c < (half + 1) * DP / 2; ++c) os[r * S::ldo + c] = 0.0f;
-  float m = -INFINITY, l = 0.0f;
+  constexpr int ld = Smem<DP>::ld;
+  extern __shared__ uint4 sm[];
+  T *qs = reinterpret_cast<T*>(sm), *ks = qs + kRows * ld, *vs = ks + kCols * ld;
+  const Tile tile = tile_of(z.tq);
+  const int q0 = tile.first, b = tile.bh / z.h, h = tile.bh % z.h;
+  const int64_t qbase = int64_t{tile.bh} * z.tq, kvbase = (int64_t{b} * z.hkv + h / z.group) * z.tk;
+  const Lane l;
+  const int m0 = threadIdx.x / 32 * 16;                   // the warp's first row in the tile
+  const int row[2] = {q0 + m0 + l.g, q0 + m0 + l.g + 8};  // this lane's two rows
+  stage<T, DP>(qs, q + qbase * z.d, q0, z.tq, z.d);
+  __syncthreads();
+  uint32_t qa[DP / 16][4];
+#pragma unroll
+  for (int kk = 0; kk < DP / 16; ++kk) load_a(qa[kk], qs, ld, m0, kk * 16, l);
+  float o[DP / 8][4] = {};
+  float m[2] = {-INFINITY, -INFINITY}, sum[2] = {0.0f, 0.0f};
   const int keys = z.causal ? min(z.tk, q0 + kRows) : z.tk;
   for (int j0 = 0; j0 < keys; j0 += kCols) {
     __syncthreads();
-    stage<T, DP>(ks, S::ld, k + kvbase * z.d, j0, z.tk, z.d);
-    stage<T, DP>(vs, S::ld, v + kvbase * z.d, j0, z.tk, z.d);
+    stage<T, DP>(ks, k + kvbase * z.d, j0, z.tk, z.d);
+    stage<T, DP>(vs, v + kvbase * z.d, j0, z.tk, z.d);
     __syncthreads();
-    warp_gemm<T, true>(ss + warp * 16 * S::lds, S::lds, qs + warp * 16 * S::ld, S::ld, ks, S::ld,
-                       kCols / 16, DP / 16);
-    __syncwarp();
-    float* srow = ss + r * S::lds;
-    float mx = -INFINITY;
-    for (int c = half * 32; c < half * 32 + 32; ++c) {
-      const int j = j0 + c;
-      if (j < z.tk && !(z.causal && j > i)) mx = fmaxf(mx, srow[c] * scale);
-    }
-    mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
-    const float m_new = fmaxf(m, mx);
-    const float corr = m == -INFINITY ? 0.0f : expf(m - m_new);
-    float sum = 0.0f;
-    for (int c = half * 32; c < half * 32 + 32; ++c) {
-      const int j = j0 + c;
-      const bool ok = j < z.tk && !(z.causal && j > i);
-      const float p = ok ? expf(srow[c] * scale - m_new) : 0.0f;
-      ps[r * S::ldp + c] = from_f32<T>(p);
-      sum += p;  // unrounded: the log-sum-exp is f32's
-    }
-    sum += __shfl_xor_sync(0xffffffffu, sum, 1);
-    l = l * corr + sum;
-    m = m_new;
-    for (int c = half * DP / 2; c < (half + 1) * DP / 2; ++c) os[r * S::ldo + c] *= corr;
-    __syncwarp();
-    // O += P V, the accumulators loaded from and stored back to the warp's rows of os.
-    for (int nb = 0; nb < DP / 16; ++nb) {
-      Acc acc;
-      float* o = os + warp * 16 * S::ldo + nb * 16;
-      wmma::load_matrix_sync(acc, o, S::ldo, wmma::mem_row_major);
-      for (int kb = 0; kb < kCols / 16; ++kb) {
-        FragA<T> fa;
-        FragB<T> fb;
-        wmma::load_matrix_sync(fa, ps + warp * 16 * S::ldp + kb * 16, S::ldp);
-        wmma::load_matrix_sync(fb, vs + kb * 16 * S::ld + nb * 16, S::ld);
-        wmma::mma_sync(acc, fa, fb, acc);
+    float s[kCols / 8][4] = {};
+    gemm_abt<T, kCols / 8, DP / 16>(s, qa, ks, ld, l);
+    float mx[2] = {-INFINITY, -INFINITY};
+#pragma unroll
+    for (int nb = 0; nb < kCols / 8; ++nb)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        const int j = j0 + nb * 8 + 2 * l.t + (e & 1), r = e / 2;
+        const bool ok = j < z.tk && !(z.causal && j > row[r]);
+        s[nb][e] = ok ? s[nb][e] * scale : -INFINITY;
+        mx[r] = fmaxf(mx[r], s[nb][e]);
       }
-      wmma::store_matrix_sync(o, acc, S::ldo, wmma::mem_row_major);
+    float corr[2], add[2] = {0.0f, 0.0f};
+#pragma unroll
+    for (int r = 0; r < 2; ++r) {  // the four lanes of a row hold its 64 columns
+      mx[r] = fmaxf(mx[r], __shfl_xor_sync(0xffffffffu, mx[r], 1));
+      mx[r] = fmaxf(mx[r], __shfl_xor_sync(0xffffffffu, mx[r], 2));
+      const float m_new = fmaxf(m[r], mx[r]);  // finite: key 0 is in every row's first tile
+      corr[r] = expf(m[r] - m_new);            // 0 on the first tile (m = -inf)
+      m[r] = m_new;
     }
-    __syncwarp();
+#pragma unroll
+    for (int nb = 0; nb < kCols / 8; ++nb)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        s[nb][e] = expf(s[nb][e] - m[e / 2]);  // masked: exp(-inf) = 0
+        add[e / 2] += s[nb][e];                // unrounded: the log-sum-exp is f32's
+      }
+#pragma unroll
+    for (int r = 0; r < 2; ++r) {
+      add[r] += __shfl_xor_sync(0xffffffffu, add[r], 1);
+      add[r] += __shfl_xor_sync(0xffffffffu, add[r], 2);
+      sum[r] = sum[r] * corr[r] + add[r];
+    }
+#pragma unroll
+    for (int nb = 0; nb < DP / 8; ++nb) {
+      o[nb][0] *= corr[0];
+      o[nb][1] *= corr[0];
+      o[nb][2] *= corr[1];
+      o[nb][3] *= corr[1];
+    }
+    gemm_px<T, DP>(o, s, vs, ld, l);
   }
-  if (i >= z.tq) return;
-  const float inv = 1.0f / l;
-  for (int c = half * DP / 2; c < (half + 1) * DP / 2 && c < z.d; ++c)
-    out[(qbase + i) * z.d + c] = from_f32<T>(os[r * S::ldo + c] * inv);
-  if (half == 0) lse[qbase + i] = m + logf(l);
+  store_rows<T, DP>(out + qbase * z.d, q0 + m0, z.tq, z.d, o, 1.0f / sum[0], 1.0f / sum[1], l);
+  if (l.t == 0)
+    for (int r = 0; r < 2; ++r)
+      if (row[r] < z.tq) lse[qbase + row[r]] = m[r] + logf(sum[r]);
+}
+
+// Each lane's two rows: D_i = dO_i . O_i (from global memory, two lanes a row) into
+// delta_s[kRows], and the saved log-sum-exps into lse_s[kRows].
+template <typename T>
+__device__ void row_terms(const T* out, const T* dout, const float* lse, int64_t base, int r0,
+                          int rows, int d, float* delta_s, float* lse_s) {
+  for (int r = threadIdx.x / 2; r < kRows; r += blockDim.x / 2) {
+    const int64_t i = r0 + r;
+    float di = 0.0f;
+    if (i < rows)
+      for (int c = threadIdx.x % 2; c < d; c += 2)
+        di += as_f32(dout[(base + i) * d + c]) * as_f32(out[(base + i) * d + c]);
+    di += __shfl_xor_sync(0xffffffffu, di, 1);
+    if (threadIdx.x % 2 == 0) {
+      delta_s[r] = di;
+      lse_s[r] = i < rows ? lse[base + i] : 0.0f;
+    }
+  }
 }
 
 // dq of a tile of query rows and D_i = dO_i . O_i.
@@ -202,65 +294,54 @@ template <typename T, int DP>
 __global__ void __launch_bounds__(kWarps * 32)
     dq_kernel(const T* q, const T* k, const T* v, const T* out, const float* lse, const T* dout,
               T* dq, float* delta, Dims z, float scale) {
-  using S = Smem<T, DP>;
-  extern __shared__ float4 sm4[];
-  char* sm = reinterpret_cast<char*>(sm4);
-  T *qs = reinterpret_cast<T*>(sm), *dos = reinterpret_cast<T*>(sm + S::tile),
-    *ks = reinterpret_cast<T*>(sm + 2 * S::tile), *vs = reinterpret_cast<T*>(sm + 3 * S::tile);
-  float* ss = reinterpret_cast<float*>(sm + 4 * S::tile);
-  float* dps = ss + kRows * S::lds;
-  T* dss = reinterpret_cast<T*>(sm + 4 * S::tile + 2 * S::scores);
-  const int tiles = (z.tq + kRows - 1) / kRows;
-  const int bh = blockIdx.x / tiles, q0 = (blockIdx.x % tiles) * kRows;
-  const int b = bh / z.h, h = bh % z.h;
-  const int64_t qbase = int64_t{bh} * z.tq, kvbase = (int64_t{b} * z.hkv + h / z.group) * z.tk;
-  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
-  const int r = warp * 16 + lane / 2, half = lane % 2;
-  const int64_t i = q0 + r;
-  const bool row_ok = i < z.tq;
-  stage<T, DP>(qs, S::ld, q + qbase * z.d, q0, z.tq, z.d);
-  stage<T, DP>(dos, S::ld, dout + qbase * z.d, q0, z.tq, z.d);
-  float di = 0.0f;
-  if (row_ok)
-    for (int c = half * DP / 2; c < (half + 1) * DP / 2 && c < z.d; ++c)
-      di += as_f32(dout[(qbase + i) * z.d + c]) * as_f32(out[(qbase + i) * z.d + c]);
-  di += __shfl_xor_sync(0xffffffffu, di, 1);
-  const float li = row_ok ? lse[qbase + i] : 0.0f;
-  Acc acc[DP / 16];
+  constexpr int ld = Smem<DP>::ld;
+  extern __shared__ uint4 sm[];
+  T *qs = reinterpret_cast<T*>(sm), *dos = qs + kRows * ld, *ks = dos + kRows * ld,
+    *vs = ks + kCols * ld;
+  float* delta_s = reinterpret_cast<float*>(vs + kCols * ld);
+  float* lse_s = delta_s + kRows;
+  const Tile tile = tile_of(z.tq);
+  const int q0 = tile.first, b = tile.bh / z.h, h = tile.bh % z.h;
+  const int64_t qbase = int64_t{tile.bh} * z.tq, kvbase = (int64_t{b} * z.hkv + h / z.group) * z.tk;
+  const Lane l;
+  const int m0 = threadIdx.x / 32 * 16;
+  const int row[2] = {q0 + m0 + l.g, q0 + m0 + l.g + 8};
+  stage<T, DP>(qs, q + qbase * z.d, q0, z.tq, z.d);
+  stage<T, DP>(dos, dout + qbase * z.d, q0, z.tq, z.d);
+  row_terms(out, dout, lse, qbase, q0, z.tq, z.d, delta_s, lse_s);
+  __syncthreads();
+  uint32_t qa[DP / 16][4], da[DP / 16][4];
 #pragma unroll
-  for (int nb = 0; nb < DP / 16; ++nb) wmma::fill_fragment(acc[nb], 0.0f);
+  for (int kk = 0; kk < DP / 16; ++kk) {
+    load_a(qa[kk], qs, ld, m0, kk * 16, l);
+    load_a(da[kk], dos, ld, m0, kk * 16, l);
+  }
+  const float li[2] = {lse_s[m0 + l.g], lse_s[m0 + l.g + 8]};
+  const float di[2] = {delta_s[m0 + l.g], delta_s[m0 + l.g + 8]};
+  float acc[DP / 8][4] = {};
   const int keys = z.causal ? min(z.tk, q0 + kRows) : z.tk;
   for (int j0 = 0; j0 < keys; j0 += kCols) {
     __syncthreads();
-    stage<T, DP>(ks, S::ld, k + kvbase * z.d, j0, z.tk, z.d);
-    stage<T, DP>(vs, S::ld, v + kvbase * z.d, j0, z.tk, z.d);
+    stage<T, DP>(ks, k + kvbase * z.d, j0, z.tk, z.d);
+    stage<T, DP>(vs, v + kvbase * z.d, j0, z.tk, z.d);
     __syncthreads();
-    warp_gemm<T, true>(ss + warp * 16 * S::lds, S::lds, qs + warp * 16 * S::ld, S::ld, ks, S::ld,
-                       kCols / 16, DP / 16);
-    warp_gemm<T, true>(dps + warp * 16 * S::lds, S::lds, dos + warp * 16 * S::ld, S::ld, vs, S::ld,
-                       kCols / 16, DP / 16);
-    __syncwarp();
-    for (int c = half * 32; c < half * 32 + 32; ++c) {
-      const int j = j0 + c;
-      const bool ok = row_ok && j < z.tk && !(z.causal && j > i);
-      const float p = ok ? expf(ss[r * S::lds + c] * scale - li) : 0.0f;
-      dss[r * S::ldp + c] = from_f32<T>(p * (dps[r * S::lds + c] - di));
-    }
-    __syncwarp();
+    float s[kCols / 8][4] = {}, dp[kCols / 8][4] = {};
+    gemm_abt<T, kCols / 8, DP / 16>(s, qa, ks, ld, l);
+    gemm_abt<T, kCols / 8, DP / 16>(dp, da, vs, ld, l);
 #pragma unroll
-    for (int nb = 0; nb < DP / 16; ++nb)
-      for (int kb = 0; kb < kCols / 16; ++kb) {
-        FragA<T> fa;
-        FragB<T> fb;
-        wmma::load_matrix_sync(fa, dss + warp * 16 * S::ldp + kb * 16, S::ldp);
-        wmma::load_matrix_sync(fb, ks + kb * 16 * S::ld + nb * 16, S::ld);
-        wmma::mma_sync(acc[nb], fa, fb, acc[nb]);
+    for (int nb = 0; nb < kCols / 8; ++nb)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        const int j = j0 + nb * 8 + 2 * l.t + (e & 1), r = e / 2;
+        const bool ok = row[r] < z.tq && j < z.tk && !(z.causal && j > row[r]);
+        const float p = ok ? expf(s[nb][e] * scale - li[r]) : 0.0f;
+        s[nb][e] = p * (dp[nb][e] - di[r]);  // dS
       }
+    gemm_px<T, DP>(acc, s, ks, ld, l);
   }
-  if (row_ok && half == 0) delta[qbase + i] = di;
-  __syncthreads();
-  store_rows<T, DP>(dq + qbase * z.d, q0 + warp * 16, z.tq, z.d, acc, ss + warp * 16 * S::lds,
-                    scale);
+  store_rows<T, DP>(dq + qbase * z.d, q0 + m0, z.tq, z.d, acc, scale, scale, l);
+  for (int r = threadIdx.x; r < kRows; r += blockDim.x)
+    if (q0 + r < z.tq) delta[qbase + q0 + r] = delta_s[r];
 }
 
 // dk, dv of a tile of key rows (one batch and kv head), over the query rows of every head in
@@ -269,75 +350,59 @@ template <typename T, int DP>
 __global__ void __launch_bounds__(kWarps * 32)
     dkv_kernel(const T* q, const T* k, const T* v, const float* lse, const T* dout,
                const float* delta, T* dk, T* dv, Dims z, float scale) {
-  using S = Smem<T, DP>;
-  extern __shared__ float4 sm4[];
-  char* sm = reinterpret_cast<char*>(sm4);
-  T *ks = reinterpret_cast<T*>(sm), *vs = reinterpret_cast<T*>(sm + S::tile),
-    *qs = reinterpret_cast<T*>(sm + 2 * S::tile), *dos = reinterpret_cast<T*>(sm + 3 * S::tile);
-  float* sts = reinterpret_cast<float*>(sm + 4 * S::tile);  // S^T: keys x queries
-  float* dpts = sts + kRows * S::lds;
-  T* pts = reinterpret_cast<T*>(sm + 4 * S::tile + 2 * S::scores);
-  T* dsts = pts + kRows * S::ldp;
-  float* ls = reinterpret_cast<float*>(sm + 4 * S::tile + 2 * S::scores + 2 * S::probs);
-  float* ds = ls + kCols;
-  const int tiles = (z.tk + kRows - 1) / kRows;
-  const int bkv = blockIdx.x / tiles, j0 = (blockIdx.x % tiles) * kRows;
-  const int b = bkv / z.hkv, kvh = bkv % z.hkv;
-  const int64_t kvbase = int64_t{bkv} * z.tk;
-  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
-  const int r = warp * 16 + lane / 2, half = lane % 2;
-  const int64_t j = j0 + r;
-  stage<T, DP>(ks, S::ld, k + kvbase * z.d, j0, z.tk, z.d);
-  stage<T, DP>(vs, S::ld, v + kvbase * z.d, j0, z.tk, z.d);
-  Acc dka[DP / 16], dva[DP / 16];
+  constexpr int ld = Smem<DP>::ld;
+  extern __shared__ uint4 sm[];
+  T *ks = reinterpret_cast<T*>(sm), *vs = ks + kRows * ld, *qs = vs + kRows * ld,
+    *dos = qs + kCols * ld;
+  float* lse_s = reinterpret_cast<float*>(dos + kCols * ld);
+  float* delta_s = lse_s + kCols;
+  const Tile tile = tile_of(z.tk);
+  const int j0 = tile.first, b = tile.bh / z.hkv, kvh = tile.bh % z.hkv;
+  const int64_t kvbase = int64_t{tile.bh} * z.tk;
+  const Lane l;
+  const int m0 = threadIdx.x / 32 * 16;
+  const int key[2] = {j0 + m0 + l.g, j0 + m0 + l.g + 8};
+  stage<T, DP>(ks, k + kvbase * z.d, j0, z.tk, z.d);
+  stage<T, DP>(vs, v + kvbase * z.d, j0, z.tk, z.d);
+  __syncthreads();
+  uint32_t ka[DP / 16][4], va[DP / 16][4];
 #pragma unroll
-  for (int nb = 0; nb < DP / 16; ++nb) {
-    wmma::fill_fragment(dka[nb], 0.0f);
-    wmma::fill_fragment(dva[nb], 0.0f);
+  for (int kk = 0; kk < DP / 16; ++kk) {
+    load_a(ka[kk], ks, ld, m0, kk * 16, l);
+    load_a(va[kk], vs, ld, m0, kk * 16, l);
   }
+  float dka[DP / 8][4] = {}, dva[DP / 8][4] = {};
   for (int gi = 0; gi < z.group; ++gi) {
     const int64_t qbase = (int64_t{b} * z.h + kvh * z.group + gi) * z.tq;
     for (int i0 = z.causal ? j0 : 0; i0 < z.tq; i0 += kCols) {
       __syncthreads();
-      stage<T, DP>(qs, S::ld, q + qbase * z.d, i0, z.tq, z.d);
-      stage<T, DP>(dos, S::ld, dout + qbase * z.d, i0, z.tq, z.d);
+      stage<T, DP>(qs, q + qbase * z.d, i0, z.tq, z.d);
+      stage<T, DP>(dos, dout + qbase * z.d, i0, z.tq, z.d);
       for (int x = threadIdx.x; x < kCols; x += blockDim.x) {
         const bool ok = i0 + x < z.tq;
-        ls[x] = ok ? lse[qbase + i0 + x] : 0.0f;
-        ds[x] = ok ? delta[qbase + i0 + x] : 0.0f;
+        lse_s[x] = ok ? lse[qbase + i0 + x] : 0.0f;
+        delta_s[x] = ok ? delta[qbase + i0 + x] : 0.0f;
       }
       __syncthreads();
-      warp_gemm<T, true>(sts + warp * 16 * S::lds, S::lds, ks + warp * 16 * S::ld, S::ld, qs, S::ld,
-                         kCols / 16, DP / 16);
-      warp_gemm<T, true>(dpts + warp * 16 * S::lds, S::lds, vs + warp * 16 * S::ld, S::ld, dos,
-                         S::ld, kCols / 16, DP / 16);
-      __syncwarp();
-      for (int c = half * 32; c < half * 32 + 32; ++c) {
-        const int64_t i = i0 + c;
-        const bool ok = j < z.tk && i < z.tq && !(z.causal && i < j);
-        const float p = ok ? expf(sts[r * S::lds + c] * scale - ls[c]) : 0.0f;
-        pts[r * S::ldp + c] = from_f32<T>(p);
-        dsts[r * S::ldp + c] = from_f32<T>(p * (dpts[r * S::lds + c] - ds[c]));
-      }
-      __syncwarp();
+      float st[kCols / 8][4] = {}, dpt[kCols / 8][4] = {};  // S^T, dP^T: keys x queries
+      gemm_abt<T, kCols / 8, DP / 16>(st, ka, qs, ld, l);
+      gemm_abt<T, kCols / 8, DP / 16>(dpt, va, dos, ld, l);
 #pragma unroll
-      for (int nb = 0; nb < DP / 16; ++nb)
-        for (int kb = 0; kb < kCols / 16; ++kb) {
-          FragA<T> fp, fs;
-          FragB<T> fdo, fq;
-          wmma::load_matrix_sync(fp, pts + warp * 16 * S::ldp + kb * 16, S::ldp);
-          wmma::load_matrix_sync(fdo, dos + kb * 16 * S::ld + nb * 16, S::ld);
-          wmma::mma_sync(dva[nb], fp, fdo, dva[nb]);
-          wmma::load_matrix_sync(fs, dsts + warp * 16 * S::ldp + kb * 16, S::ldp);
-          wmma::load_matrix_sync(fq, qs + kb * 16 * S::ld + nb * 16, S::ld);
-          wmma::mma_sync(dka[nb], fs, fq, dka[nb]);
+      for (int nb = 0; nb < kCols / 8; ++nb)
+#pragma unroll
+        for (int e = 0; e < 4; ++e) {
+          const int c = nb * 8 + 2 * l.t + (e & 1), i = i0 + c, r = e / 2;
+          const bool ok = key[r] < z.tk && i < z.tq && !(z.causal && i < key[r]);
+          const float p = ok ? expf(st[nb][e] * scale - lse_s[c]) : 0.0f;
+          st[nb][e] = p;
+          dpt[nb][e] = p * (dpt[nb][e] - delta_s[c]);  // dS^T
         }
+      gemm_px<T, DP>(dva, st, dos, ld, l);
+      gemm_px<T, DP>(dka, dpt, qs, ld, l);
     }
   }
-  __syncthreads();
-  float* sc = sts + warp * 16 * S::lds;
-  store_rows<T, DP>(dk + kvbase * z.d, j0 + warp * 16, z.tk, z.d, dka, sc, scale);
-  store_rows<T, DP>(dv + kvbase * z.d, j0 + warp * 16, z.tk, z.d, dva, sc, 1.0f);
+  store_rows<T, DP>(dk + kvbase * z.d, j0 + m0, z.tk, z.d, dka, scale, scale, l);
+  store_rows<T, DP>(dv + kvbase * z.d, j0 + m0, z.tk, z.d, dva, 1.0f, 1.0f, l);
 }
 
 // The tensor-core path takes the op when its operands are 16-bit, it has no bias, and the head
@@ -370,9 +435,9 @@ template <typename T, int DP>
 void forward(const Args& a, const Dims& z) {
   const float scale = static_cast<float>(a.attrs.scalar);
   const int64_t blocks = int64_t{z.b} * z.h * ((z.tq + kRows - 1) / kRows);
-  launch(forward_kernel<T, DP>, blocks, Smem<T, DP>::forward, a.stream,
-         static_cast<const T*>(a.in[0]), static_cast<const T*>(a.in[1]),
-         static_cast<const T*>(a.in[2]), static_cast<T*>(a.out[0]), a.fout(1), z, scale);
+  launch(forward_kernel<T, DP>, blocks, Smem<DP>::forward, a.stream, static_cast<const T*>(a.in[0]),
+         static_cast<const T*>(a.in[1]), static_cast<const T*>(a.in[2]), static_cast<T*>(a.out[0]),
+         a.fout(1), z, scale);
 }
 
 template <typename T, int DP>
@@ -383,11 +448,10 @@ void backward(const Args& a, const Dims& z) {
                           static_cast<size_t>(z.b) * z.h * z.tq * sizeof(float), a.stream));
   auto in = [&](int i) { return static_cast<const T*>(a.in[static_cast<size_t>(i)]); };
   auto out = [&](int i) { return static_cast<T*>(a.out[static_cast<size_t>(i)]); };
-  launch(dq_kernel<T, DP>, int64_t{z.b} * z.h * ((z.tq + kRows - 1) / kRows), Smem<T, DP>::backward,
+  launch(dq_kernel<T, DP>, int64_t{z.b} * z.h * ((z.tq + kRows - 1) / kRows), Smem<DP>::backward,
          a.stream, in(0), in(1), in(2), in(3), a.fin(4), in(5), out(0), delta, z, scale);
-  launch(dkv_kernel<T, DP>, int64_t{z.b} * z.hkv * ((z.tk + kRows - 1) / kRows),
-         Smem<T, DP>::backward, a.stream, in(0), in(1), in(2), a.fin(4), in(5), delta, out(1),
-         out(2), z, scale);
+  launch(dkv_kernel<T, DP>, int64_t{z.b} * z.hkv * ((z.tk + kRows - 1) / kRows), Smem<DP>::backward,
+         a.stream, in(0), in(1), in(2), a.fin(4), in(5), delta, out(1), out(2), z, scale);
   TS_CUDA(cudaFreeAsync(delta, a.stream));
 }
 

@@ -11,34 +11,19 @@ namespace {
 
 constexpr int kThreads = 256;
 
-template <typename T>
-__device__ float load(const T* p, int64_t i);
-template <>
-__device__ float load(const float* p, int64_t i) {
-  return p[i];
+// Element i of a gradient or parameter stored as dt, as f32, and back.
+__device__ float load(const void* p, DType dt, int64_t i) {
+  if (dt == DType::bf16) return __bfloat162float(static_cast<const __nv_bfloat16*>(p)[i]);
+  if (dt == DType::f16) return __half2float(static_cast<const __half*>(p)[i]);
+  return static_cast<const float*>(p)[i];
 }
-template <>
-__device__ float load(const __nv_bfloat16* p, int64_t i) {
-  return __bfloat162float(p[i]);
-}
-template <>
-__device__ float load(const __half* p, int64_t i) {
-  return __half2float(p[i]);
-}
-
-template <typename T>
-__device__ void store(T* p, int64_t i, float x);
-template <>
-__device__ void store(float* p, int64_t i, float x) {
-  p[i] = x;
-}
-template <>
-__device__ void store(__nv_bfloat16* p, int64_t i, float x) {
-  p[i] = __float2bfloat16_rn(x);
-}
-template <>
-__device__ void store(__half* p, int64_t i, float x) {
-  p[i] = __float2half_rn(x);
+__device__ void store(void* p, DType dt, int64_t i, float x) {
+  if (dt == DType::bf16)
+    static_cast<__nv_bfloat16*>(p)[i] = __float2bfloat16_rn(x);
+  else if (dt == DType::f16)
+    static_cast<__half*>(p)[i] = __float2half_rn(x);
+  else
+    static_cast<float*>(p)[i] = x;
 }
 
 // Sums a block's values in a fixed tree order; thread 0 gets the total.
@@ -53,12 +38,23 @@ __device__ double block_sum(double x) {
   return s[0];
 }
 
-template <typename T>
-__global__ void sum_squares_kernel(const T* x, int64_t n, double* parts) {
+// Block c's chunk: its tensor and element range [first, end).
+struct Chunk {
+  const OptimTensor* t;
+  int64_t first, end;
+};
+__device__ Chunk chunk_of(const OptimTensors& l) {
+  const OptimTensor* t = l.tensors + l.chunk_tensor[blockIdx.x];
+  const int64_t first = l.chunk_first[blockIdx.x];
+  return {t, first, min(t->n, first + kChunk)};
+}
+
+__global__ void sum_squares_kernel(OptimTensors l, double* parts) {
+  const Chunk c = chunk_of(l);
+  const DType dt = c.t->grad_dt;  // the same for the whole block: no divergence
   double acc = 0;
-  for (int64_t i = blockIdx.x * int64_t{kThreads} + threadIdx.x; i < n;
-       i += int64_t{kThreads} * gridDim.x) {
-    const double v = load(x, i);
+  for (int64_t i = c.first + threadIdx.x; i < c.end; i += kThreads) {
+    const double v = load(c.t->grad, dt, i);
     acc += v * v;
   }
   const double total = block_sum(acc);
@@ -78,47 +74,62 @@ __global__ void clip_kernel(const double* parts, int64_t count, double max_norm,
   }
 }
 
-template <typename G, typename P>
-__global__ void adamw_kernel(const AdamWStep* step, bool decay, const float* coef, float* master,
-                             const G* grad, float* m, float* v, P* param, bool write_param,
-                             int64_t n) {
+__global__ void adamw_kernel(OptimTensors l, const AdamWStep* step, const float* coef) {
+  const Chunk c = chunk_of(l);
+  const OptimTensor& t = *c.t;
   const AdamWStep u = *step;
-  const float shrink = decay ? u.shrink : 1.0f;
-  const float gs = *coef;
-  for (int64_t i = blockIdx.x * int64_t{kThreads} + threadIdx.x; i < n;
-       i += int64_t{kThreads} * gridDim.x) {
-    const float g = load(grad, i) * gs;
-    const float p = master[i] * shrink;
-    const float mi = u.beta1 * m[i] + (1.0f - u.beta1) * g;
-    const float vi = u.beta2 * v[i] + (1.0f - u.beta2) * g * g;
-    m[i] = mi;
-    v[i] = vi;
+  const float shrink = t.decay ? u.shrink : 1.0f, gs = *coef;
+  const bool write_param = t.param != t.master;
+  for (int64_t i = c.first + threadIdx.x; i < c.end; i += kThreads) {
+    const float g = load(t.grad, t.grad_dt, i) * gs;
+    const float p = t.master[i] * shrink;
+    const float mi = u.beta1 * t.m[i] + (1.0f - u.beta1) * g;
+    const float vi = u.beta2 * t.v[i] + (1.0f - u.beta2) * g * g;
+    t.m[i] = mi;
+    t.v[i] = vi;
     const float next = p - u.step_size * mi / (sqrtf(vi) / u.bc2_sqrt + u.eps);
-    master[i] = next;
-    if (write_param) store(param, i, next);
-  }
-}
-
-// Calls f(T*) with the pointer cast to dt's element type.
-template <typename F>
-void with_type(DType dt, const void* p, F f) {
-  switch (dt) {
-    case DType::f32:
-      return f(static_cast<const float*>(p));
-    case DType::bf16:
-      return f(static_cast<const __nv_bfloat16*>(p));
-    case DType::f16:
-      return f(static_cast<const __half*>(p));
-    default:
-      TS_CHECK(false) << "optimizer tensors are f32, bf16 or f16, not " << dtype_name(dt);
+    t.master[i] = next;
+    if (write_param) store(t.param, t.param_dt, i, next);
   }
 }
 
 }  // namespace
 
-void sum_squares(const void* x, DType dt, int64_t n, double* parts, cudaStream_t stream) {
-  with_type(dt, x,
-            [&](auto* p) { sum_squares_kernel<<<kNormParts, kThreads, 0, stream>>>(p, n, parts); });
+int64_t describe_bytes(const std::vector<OptimTensor>& tensors) {
+  int64_t chunks = 0;
+  for (const OptimTensor& t : tensors) chunks += (t.n + kChunk - 1) / kChunk;
+  auto up16 = [](int64_t b) { return (b + 15) / 16 * 16; };
+  return up16(static_cast<int64_t>(tensors.size() * sizeof(OptimTensor))) + up16(chunks * 4) +
+         chunks * 8;
+}
+
+OptimTensors describe(const std::vector<OptimTensor>& tensors, void* device) {
+  std::vector<int32_t> owner;
+  std::vector<int64_t> first;
+  for (size_t k = 0; k < tensors.size(); ++k)
+    for (int64_t f = 0; f < tensors[k].n; f += kChunk) {
+      owner.push_back(static_cast<int32_t>(k));
+      first.push_back(f);
+    }
+  auto up16 = [](size_t b) { return (b + 15) / 16 * 16; };
+  char* p = static_cast<char*>(device);
+  const size_t desc = up16(tensors.size() * sizeof(OptimTensor)), own = up16(owner.size() * 4);
+  // Synchronous copies: the host vectors go out of scope, and this runs once, before a step.
+  TS_CUDA(
+      cudaMemcpy(p, tensors.data(), tensors.size() * sizeof(OptimTensor), cudaMemcpyHostToDevice));
+  TS_CUDA(cudaMemcpy(p + desc, owner.data(), owner.size() * 4, cudaMemcpyHostToDevice));
+  TS_CUDA(cudaMemcpy(p + desc + own, first.data(), first.size() * 8, cudaMemcpyHostToDevice));
+  OptimTensors l;
+  l.tensors = reinterpret_cast<const OptimTensor*>(p);
+  l.chunk_tensor = reinterpret_cast<const int32_t*>(p + desc);
+  l.chunk_first = reinterpret_cast<const int64_t*>(p + desc + own);
+  l.chunks = static_cast<int64_t>(owner.size());
+  return l;
+}
+
+void sum_squares(const OptimTensors& list, double* parts, cudaStream_t stream) {
+  if (list.chunks == 0) return;
+  sum_squares_kernel<<<static_cast<unsigned>(list.chunks), kThreads, 0, stream>>>(list, parts);
   TS_CUDA_LAUNCH();
 }
 
@@ -128,18 +139,9 @@ void clip_coefficient(const double* parts, int64_t count, double max_norm, float
   TS_CUDA_LAUNCH();
 }
 
-void adamw(const AdamWStep* u, bool decay, const float* coef, float* master, const void* grad,
-           DType grad_dt, float* m, float* v, void* param, DType param_dt, int64_t n,
-           cudaStream_t stream) {
-  if (n == 0) return;
-  const bool write_param = param != master;
-  with_type(grad_dt, grad, [&](auto* g) {
-    with_type(param_dt, param, [&](auto* p) {
-      using P = std::remove_const_t<std::remove_pointer_t<decltype(p)>>;
-      adamw_kernel<<<blocks_for(n, kThreads), kThreads, 0, stream>>>(
-          u, decay, coef, master, g, m, v, const_cast<P*>(p), write_param, n);
-    });
-  });
+void adamw(const OptimTensors& list, const AdamWStep* u, const float* coef, cudaStream_t stream) {
+  if (list.chunks == 0) return;
+  adamw_kernel<<<static_cast<unsigned>(list.chunks), kThreads, 0, stream>>>(list, u, coef);
   TS_CUDA_LAUNCH();
 }
 

@@ -1,36 +1,66 @@
-// The optimizer's device passes (kernels_optim.cu): the global gradient norm in a fixed order
-// of additions (the same on every run), the clipping coefficient computed on the device (no
-// host round trip inside a step), and a fused AdamW over f32 master weights that reads the
-// gradient and writes the working copy in their own dtypes (f32, bf16, f16).
+// The optimizer's device passes (kernels_optim.cu), each one launch over all parameters (a
+// multi-tensor pass: the tensors are cut into chunks of kChunk elements, one block each):
+// the global gradient norm in a fixed order of additions (the same on every run), the
+// clipping coefficient computed on the device (no host round trip inside a step), and a fused
+// AdamW over f32 master weights that reads the gradient and writes the working copy in their
+// own dtypes (f32, bf16, f16).
 //
-//   cuda::sum_squares(grad, DType::bf16, n, parts + k * cuda::kNormParts, stream);  // per tensor
-//   cuda::clip_coefficient(parts, tensors * cuda::kNormParts, 1.0, coef, norm, stream);
-//   cuda::adamw(u, decay, coef, master, grad, DType::bf16, m, v, param, DType::bf16, n, stream);
+//   cuda::OptimTensors list = cuda::describe(tensors, device_block);  // once
+//   cuda::sum_squares(list, parts, stream);                            // parts[list.chunks]
+//   cuda::clip_coefficient(parts, list.chunks, 1.0, coef, norm, stream);
+//   cuda::adamw(list, step_values, coef, stream);
 #pragma once
 
 #include <cuda_runtime.h>
 
 #include <cstdint>
+#include <vector>
 
 #include "ir/dtype.h"
 
 namespace tessera::cuda {
 
-// Partial sums one sum_squares call writes (one per block of its fixed grid).
-constexpr int kNormParts = 128;
+// Elements per block of the multi-tensor passes.
+constexpr int64_t kChunk = 8192;
 
-// parts[0..kNormParts) = partial sums of x^2 (in double) over n elements of dtype dt.
-void sum_squares(const void* x, DType dt, int64_t n, double* parts, cudaStream_t stream);
+// One parameter: its working copy (param, in param_dt), f32 master weights (== param for f32
+// parameters), gradient (grad_dt), AdamW moments, and whether weight decay applies.
+struct OptimTensor {
+  void* param = nullptr;
+  float* master = nullptr;
+  const void* grad = nullptr;
+  float *m = nullptr, *v = nullptr;
+  int64_t n = 0;
+  DType param_dt = DType::f32, grad_dt = DType::f32;
+  bool decay = true;
+};
+
+// The tensors' descriptors and chunk table in device memory (describe()).
+struct OptimTensors {
+  const OptimTensor* tensors = nullptr;
+  const int32_t* chunk_tensor = nullptr;  // chunk -> tensor
+  const int64_t* chunk_first = nullptr;   // chunk -> its first element
+  int64_t chunks = 0;
+};
+
+// Device bytes describe() needs for these tensors.
+int64_t describe_bytes(const std::vector<OptimTensor>& tensors);
+// Copies the descriptors and chunk table into `device` (describe_bytes() of device memory,
+// 16-byte aligned); synchronous, once before the steps.
+OptimTensors describe(const std::vector<OptimTensor>& tensors, void* device);
+
+// parts[c] = the sum of squares (in double) of chunk c's gradient elements.
+void sum_squares(const OptimTensors& list, double* parts, cudaStream_t stream);
 
 // Adds `count` partial sums in order: *norm = sqrt(sum), *coef = min(1, max_norm / (norm +
 // 1e-6)) (torch's clip_grad_norm_); max_norm <= 0 leaves *coef = 1.
 void clip_coefficient(const double* parts, int64_t count, double max_norm, float* coef,
                       double* norm, cudaStream_t stream);
 
-// One AdamW step (cpu::AdamWUpdate's arithmetic) with g = grad * *coef: m, v and master
-// updated in place, and param = master in param_dt (skipped when param is master). The step's
-// values are read from device memory (u), as the coefficient is, so that a step captured in a
-// CUDA graph replays with each step's learning rate.
+// One AdamW step (cpu::AdamWUpdate's arithmetic) with g = grad * *coef over every tensor: m, v
+// and master updated in place, and param = master in param_dt (skipped when param is master).
+// The step's values are read from device memory (u), as the coefficient is, so that a step
+// captured in a CUDA graph replays with each step's learning rate.
 struct AdamWStep {
   float shrink = 1.0f;  // 1 - lr * weight_decay, for tensors with decay set
   float beta1 = 0.9f, beta2 = 0.95f;
@@ -38,8 +68,6 @@ struct AdamWStep {
   float bc2_sqrt = 1.0f;   // sqrt(1 - beta2^t)
   float eps = 1e-8f;
 };
-void adamw(const AdamWStep* u, bool decay, const float* coef, float* master, const void* grad,
-           DType grad_dt, float* m, float* v, void* param, DType param_dt, int64_t n,
-           cudaStream_t stream);
+void adamw(const OptimTensors& list, const AdamWStep* u, const float* coef, cudaStream_t stream);
 
 }  // namespace tessera::cuda
