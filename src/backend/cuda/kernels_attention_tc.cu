@@ -160,6 +160,29 @@ __device__ void stage(T* s, const T* x, int64_t r0, int64_t rows, int d) {
   }
 }
 
+// stage() without waiting: 16-byte cp.async copies (zeros where the row or column is past the
+// end), committed as one group. The kernels stage the next tile of the other side this way
+// while they compute on the current one (two buffers), and wait for it with wait_staged().
+template <typename T, int DP>
+__device__ void stage_async(T* s, const T* x, int64_t r0, int64_t rows, int d) {
+  constexpr int kVecs = DP / 8;
+  for (int idx = threadIdx.x; idx < kRows * kVecs; idx += blockDim.x) {
+    const int row = idx / kVecs, c = (idx % kVecs) * 8;
+    const bool ok = r0 + row < rows && c < d;
+    const T* src = ok ? x + (r0 + row) * d + c : x;  // any valid address; 0 bytes read
+    const uint32_t dst = static_cast<uint32_t>(__cvta_generic_to_shared(s + row * (DP + kPad) + c));
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(src),
+                 "r"(ok ? 16 : 0));
+  }
+}
+__device__ inline void commit_staged() { asm volatile("cp.async.commit_group;\n" ::); }
+// Waits until at most `pending` committed groups are still in flight, then for the block.
+template <int kPending>
+__device__ inline void wait_staged() {
+  asm volatile("cp.async.wait_group %0;\n" ::"n"(kPending));
+  __syncthreads();
+}
+
 // Writes accumulator tiles acc (16 rows from r0, times scale) to x (rows of d elements).
 template <typename T, int DP>
 __device__ void store_rows(T* x, int64_t r0, int64_t rows, int d, const float (&acc)[DP / 8][4],
@@ -177,14 +200,14 @@ __device__ void store_rows(T* x, int64_t r0, int64_t rows, int d, const float (&
   }
 }
 
-// Shared memory of the kernels (16-bit elements): staged tiles of kRows rows, and the
-// backward's per-row terms.
+// Shared memory of the kernels (16-bit elements): staged tiles of kRows rows (the other
+// side's in two buffers), and the backward's per-row terms.
 template <int DP>
 struct Smem {
   static constexpr int ld = DP + kPad;
   static constexpr size_t tile = size_t{kRows} * ld * 2;
-  static constexpr size_t forward = 3 * tile;
-  static constexpr size_t backward = 4 * tile + 2 * kRows * sizeof(float);
+  static constexpr size_t forward = 5 * tile;  // q; k, v twice
+  static constexpr size_t backward = 6 * tile + 4 * kRows * sizeof(float);
 };
 
 // The block's (batch x head, first row) for a grid of ceil(rows / kRows) tiles per head.
@@ -201,7 +224,8 @@ __global__ void __launch_bounds__(kWarps * 32)
     forward_kernel(const T* q, const T* k, const T* v, T* out, float* lse, Dims z, float scale) {
   constexpr int ld = Smem<DP>::ld;
   extern __shared__ uint4 sm[];
-  T *qs = reinterpret_cast<T*>(sm), *ks = qs + kRows * ld, *vs = ks + kCols * ld;
+  T* qs = reinterpret_cast<T*>(sm);  // then k, v of buffer 0, k, v of buffer 1
+  auto kv = [&](int buf, int which) { return qs + (1 + 2 * buf + which) * kCols * ld; };
   const Tile tile = tile_of(z.tq);
   const int q0 = tile.first, b = tile.bh / z.h, h = tile.bh % z.h;
   const int64_t qbase = int64_t{tile.bh} * z.tq, kvbase = (int64_t{b} * z.hkv + h / z.group) * z.tk;
@@ -216,11 +240,17 @@ __global__ void __launch_bounds__(kWarps * 32)
   float o[DP / 8][4] = {};
   float m[2] = {-INFINITY, -INFINITY}, sum[2] = {0.0f, 0.0f};
   const int keys = z.causal ? min(z.tk, q0 + kRows) : z.tk;
-  for (int j0 = 0; j0 < keys; j0 += kCols) {
-    __syncthreads();
-    stage<T, DP>(ks, k + kvbase * z.d, j0, z.tk, z.d);
-    stage<T, DP>(vs, v + kvbase * z.d, j0, z.tk, z.d);
-    __syncthreads();
+  stage_async<T, DP>(kv(0, 0), k + kvbase * z.d, 0, z.tk, z.d);
+  stage_async<T, DP>(kv(0, 1), v + kvbase * z.d, 0, z.tk, z.d);
+  commit_staged();
+  for (int j0 = 0, buf = 0; j0 < keys; j0 += kCols, buf ^= 1) {
+    if (j0 + kCols < keys) {  // the next tile, into the other buffer
+      stage_async<T, DP>(kv(buf ^ 1, 0), k + kvbase * z.d, j0 + kCols, z.tk, z.d);
+      stage_async<T, DP>(kv(buf ^ 1, 1), v + kvbase * z.d, j0 + kCols, z.tk, z.d);
+    }
+    commit_staged();
+    wait_staged<1>();  // this tile's group has landed
+    const T *ks = kv(buf, 0), *vs = kv(buf, 1);
     float s[kCols / 8][4] = {};
     gemm_abt<T, kCols / 8, DP / 16>(s, qa, ks, ld, l);
     float mx[2] = {-INFINITY, -INFINITY};
@@ -263,6 +293,7 @@ __global__ void __launch_bounds__(kWarps * 32)
       o[nb][3] *= corr[1];
     }
     gemm_px<T, DP>(o, s, vs, ld, l);
+    __syncthreads();  // every warp is done with this buffer before it is staged again
   }
   store_rows<T, DP>(out + qbase * z.d, q0 + m0, z.tq, z.d, o, 1.0f / sum[0], 1.0f / sum[1], l);
   if (l.t == 0)
@@ -296,9 +327,9 @@ __global__ void __launch_bounds__(kWarps * 32)
               T* dq, float* delta, Dims z, float scale) {
   constexpr int ld = Smem<DP>::ld;
   extern __shared__ uint4 sm[];
-  T *qs = reinterpret_cast<T*>(sm), *dos = qs + kRows * ld, *ks = dos + kRows * ld,
-    *vs = ks + kCols * ld;
-  float* delta_s = reinterpret_cast<float*>(vs + kCols * ld);
+  T *qs = reinterpret_cast<T*>(sm), *dos = qs + kRows * ld;  // then k, v twice
+  auto kv = [&](int buf, int which) { return qs + (2 + 2 * buf + which) * kCols * ld; };
+  float* delta_s = reinterpret_cast<float*>(qs + 6 * kCols * ld);
   float* lse_s = delta_s + kRows;
   const Tile tile = tile_of(z.tq);
   const int q0 = tile.first, b = tile.bh / z.h, h = tile.bh % z.h;
@@ -320,11 +351,17 @@ __global__ void __launch_bounds__(kWarps * 32)
   const float di[2] = {delta_s[m0 + l.g], delta_s[m0 + l.g + 8]};
   float acc[DP / 8][4] = {};
   const int keys = z.causal ? min(z.tk, q0 + kRows) : z.tk;
-  for (int j0 = 0; j0 < keys; j0 += kCols) {
-    __syncthreads();
-    stage<T, DP>(ks, k + kvbase * z.d, j0, z.tk, z.d);
-    stage<T, DP>(vs, v + kvbase * z.d, j0, z.tk, z.d);
-    __syncthreads();
+  stage_async<T, DP>(kv(0, 0), k + kvbase * z.d, 0, z.tk, z.d);
+  stage_async<T, DP>(kv(0, 1), v + kvbase * z.d, 0, z.tk, z.d);
+  commit_staged();
+  for (int j0 = 0, buf = 0; j0 < keys; j0 += kCols, buf ^= 1) {
+    if (j0 + kCols < keys) {
+      stage_async<T, DP>(kv(buf ^ 1, 0), k + kvbase * z.d, j0 + kCols, z.tk, z.d);
+      stage_async<T, DP>(kv(buf ^ 1, 1), v + kvbase * z.d, j0 + kCols, z.tk, z.d);
+    }
+    commit_staged();
+    wait_staged<1>();
+    const T *ks = kv(buf, 0), *vs = kv(buf, 1);
     float s[kCols / 8][4] = {}, dp[kCols / 8][4] = {};
     gemm_abt<T, kCols / 8, DP / 16>(s, qa, ks, ld, l);
     gemm_abt<T, kCols / 8, DP / 16>(dp, da, vs, ld, l);
@@ -338,6 +375,7 @@ __global__ void __launch_bounds__(kWarps * 32)
         s[nb][e] = p * (dp[nb][e] - di[r]);  // dS
       }
     gemm_px<T, DP>(acc, s, ks, ld, l);
+    __syncthreads();
   }
   store_rows<T, DP>(dq + qbase * z.d, q0 + m0, z.tq, z.d, acc, scale, scale, l);
   for (int r = threadIdx.x; r < kRows; r += blockDim.x)
@@ -352,10 +390,10 @@ __global__ void __launch_bounds__(kWarps * 32)
                const float* delta, T* dk, T* dv, Dims z, float scale) {
   constexpr int ld = Smem<DP>::ld;
   extern __shared__ uint4 sm[];
-  T *ks = reinterpret_cast<T*>(sm), *vs = ks + kRows * ld, *qs = vs + kRows * ld,
-    *dos = qs + kCols * ld;
-  float* lse_s = reinterpret_cast<float*>(dos + kCols * ld);
-  float* delta_s = lse_s + kCols;
+  T *ks = reinterpret_cast<T*>(sm), *vs = ks + kRows * ld;  // then q, dO twice
+  auto qd = [&](int buf, int which) { return ks + (2 + 2 * buf + which) * kCols * ld; };
+  float* terms = reinterpret_cast<float*>(ks + 6 * kCols * ld);  // lse, D of each buffer
+  auto term = [&](int buf, int which) { return terms + (2 * buf + which) * kCols; };
   const Tile tile = tile_of(z.tk);
   const int j0 = tile.first, b = tile.bh / z.hkv, kvh = tile.bh % z.hkv;
   const int64_t kvbase = int64_t{tile.bh} * z.tk;
@@ -372,18 +410,31 @@ __global__ void __launch_bounds__(kWarps * 32)
     load_a(va[kk], vs, ld, m0, kk * 16, l);
   }
   float dka[DP / 8][4] = {}, dva[DP / 8][4] = {};
-  for (int gi = 0; gi < z.group; ++gi) {
-    const int64_t qbase = (int64_t{b} * z.h + kvh * z.group + gi) * z.tq;
-    for (int i0 = z.causal ? j0 : 0; i0 < z.tq; i0 += kCols) {
-      __syncthreads();
-      stage<T, DP>(qs, q + qbase * z.d, i0, z.tq, z.d);
-      stage<T, DP>(dos, dout + qbase * z.d, i0, z.tq, z.d);
-      for (int x = threadIdx.x; x < kCols; x += blockDim.x) {
-        const bool ok = i0 + x < z.tq;
-        lse_s[x] = ok ? lse[qbase + i0 + x] : 0.0f;
-        delta_s[x] = ok ? delta[qbase + i0 + x] : 0.0f;
-      }
-      __syncthreads();
+  // The (head of the group, query tile) pairs this key tile sees, in order: pair p is head
+  // p / tiles, tile first + p % tiles.
+  const int first = z.causal ? j0 / kCols : 0, tiles = (z.tq + kCols - 1) / kCols - first;
+  auto stage_pair = [&](int p, int buf) {
+    const int64_t qbase = (int64_t{b} * z.h + kvh * z.group + p / tiles) * z.tq;
+    const int i0 = (first + p % tiles) * kCols;
+    stage_async<T, DP>(qd(buf, 0), q + qbase * z.d, i0, z.tq, z.d);
+    stage_async<T, DP>(qd(buf, 1), dout + qbase * z.d, i0, z.tq, z.d);
+    for (int x = threadIdx.x; x < kCols; x += blockDim.x) {
+      const bool ok = i0 + x < z.tq;
+      term(buf, 0)[x] = ok ? lse[qbase + i0 + x] : 0.0f;
+      term(buf, 1)[x] = ok ? delta[qbase + i0 + x] : 0.0f;
+    }
+  };
+  const int pairs = z.group * max(tiles, 0);
+  if (pairs > 0) stage_pair(0, 0);
+  commit_staged();
+  for (int p = 0, buf = 0; p < pairs; ++p, buf ^= 1) {
+    if (p + 1 < pairs) stage_pair(p + 1, buf ^ 1);
+    commit_staged();
+    wait_staged<1>();
+    const int i0 = (first + p % tiles) * kCols;
+    const T *qs = qd(buf, 0), *dos = qd(buf, 1);
+    const float *lse_s = term(buf, 0), *delta_s = term(buf, 1);
+    {
       float st[kCols / 8][4] = {}, dpt[kCols / 8][4] = {};  // S^T, dP^T: keys x queries
       gemm_abt<T, kCols / 8, DP / 16>(st, ka, qs, ld, l);
       gemm_abt<T, kCols / 8, DP / 16>(dpt, va, dos, ld, l);
@@ -400,6 +451,7 @@ __global__ void __launch_bounds__(kWarps * 32)
       gemm_px<T, DP>(dva, st, dos, ld, l);
       gemm_px<T, DP>(dka, dpt, qs, ld, l);
     }
+    __syncthreads();
   }
   store_rows<T, DP>(dk + kvbase * z.d, j0 + m0, z.tk, z.d, dka, scale, scale, l);
   store_rows<T, DP>(dv + kvbase * z.d, j0 + m0, z.tk, z.d, dva, 1.0f, 1.0f, l);

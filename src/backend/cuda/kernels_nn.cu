@@ -7,6 +7,7 @@
 #include <cmath>
 #include <cstdint>
 #include <cub/device/device_radix_sort.cuh>
+#include <type_traits>
 
 #include "backend/cuda/kernels.h"
 #include "backend/cuda/storage.cuh"
@@ -244,33 +245,138 @@ __global__ void rmsnorm_grad_kernel(const T* __restrict__ dy, const T* __restric
 }
 
 // The weight (and bias) gradients of the norms: dw[j] = sum_r dy[r,j] * (x[r,j] - mean[r]) *
-// rstd[r], db[j] = sum_r dy[r,j] (mean null for rmsnorm, db null to skip). A 32x32 block owns
-// 32 columns: row lane y sums rows y, y + 32, ... in order, then lane 0 adds the 32 lanes in
-// order, so the sums are deterministic.
+// rstd[r], db[j] = sum_r dy[r,j] (mean null for rmsnorm, db null to skip), in two passes with
+// a fixed order of additions: block (bx, by), 32x32 threads, owns columns [32 bx, 32 bx + 32)
+// of rows [kWeightChunk by, ...): row lane y sums rows y, y + 32, ... of the chunk, lane 0
+// adds the 32 lanes into partial[by][j]; the second pass adds the chunks' partials in order.
+constexpr int64_t kWeightChunk = 256;
+
 template <typename T>
-__global__ void norm_weight_grad_kernel(const T* __restrict__ dy, const T* __restrict__ x,
-                                        const float* __restrict__ mean,
-                                        const float* __restrict__ rstd, T* __restrict__ dw,
-                                        T* __restrict__ db, int64_t rows, int64_t c) {
-  __shared__ float pw[32][33], pb[32][33];
+__global__ void norm_weight_partial(const T* __restrict__ dy, const T* __restrict__ x,
+                                    const float* __restrict__ mean, const float* __restrict__ rstd,
+                                    float* __restrict__ pw, float* __restrict__ pb, int64_t rows,
+                                    int64_t c) {
+  __shared__ float sw[32][33], sb[32][33];
   const int64_t j = static_cast<int64_t>(blockIdx.x) * 32 + threadIdx.x;
+  const int64_t r0 = blockIdx.y * kWeightChunk, r1 = min(rows, r0 + kWeightChunk);
   float aw = 0.0f, ab = 0.0f;
   if (j < c)
-    for (int64_t r = threadIdx.y; r < rows; r += 32) {
+    for (int64_t r = r0 + threadIdx.y; r < r1; r += 32) {
       const float g = as_f32(dy[r * c + j]);
       aw += g * ((as_f32(x[r * c + j]) - (mean ? mean[r] : 0.0f)) * rstd[r]);
       ab += g;
     }
-  pw[threadIdx.y][threadIdx.x] = aw;
-  pb[threadIdx.y][threadIdx.x] = ab;
+  sw[threadIdx.y][threadIdx.x] = aw;
+  sb[threadIdx.y][threadIdx.x] = ab;
   __syncthreads();
   if (threadIdx.y != 0 || j >= c) return;
   for (int l = 1; l < 32; ++l) {
-    aw += pw[l][threadIdx.x];
-    ab += pb[l][threadIdx.x];
+    aw += sw[l][threadIdx.x];
+    ab += sb[l][threadIdx.x];
+  }
+  pw[blockIdx.y * c + j] = aw;
+  pb[blockIdx.y * c + j] = ab;
+}
+
+template <typename T>
+__global__ void norm_weight_total(const float* __restrict__ pw, const float* __restrict__ pb,
+                                  int64_t parts, int64_t c, T* __restrict__ dw,
+                                  T* __restrict__ db) {
+  const int64_t j = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (j >= c) return;
+  float aw = 0.0f, ab = 0.0f;
+  for (int64_t p = 0; p < parts; ++p) {
+    aw += pw[p * c + j];
+    ab += pb[p * c + j];
   }
   dw[j] = from_f32<T>(aw);
   if (db) db[j] = from_f32<T>(ab);
+}
+
+// Row-wise norms with a warp per row for rows of up to 32 kPer elements, held in registers:
+// one read of each operand (the block-per-row kernels above read them two or three times).
+__device__ float warp_sum(float v) {
+  for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+  return v;
+}
+
+template <typename T, int kPer>
+__global__ void layernorm_warp(const T* __restrict__ x, const T* __restrict__ w,
+                               const T* __restrict__ b, T* __restrict__ y, float* __restrict__ mean,
+                               float* __restrict__ rstd, int64_t rows, int c, float eps) {
+  const int lane = threadIdx.x % 32;
+  const int64_t r = (static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x) / 32;
+  if (r >= rows) return;
+  const T* xr = x + r * c;
+  float v[kPer];
+  float s = 0.0f;
+#pragma unroll
+  for (int i = 0; i < kPer; ++i) {
+    const int j = lane + 32 * i;
+    v[i] = j < c ? as_f32(xr[j]) : 0.0f;
+    s += v[i];
+  }
+  const float m = warp_sum(s) / static_cast<float>(c);
+  float q = 0.0f;
+#pragma unroll
+  for (int i = 0; i < kPer; ++i)
+    if (lane + 32 * i < c) q += (v[i] - m) * (v[i] - m);
+  const float rs = 1.0f / sqrtf(warp_sum(q) / static_cast<float>(c) + eps);
+  T* yr = y + r * c;
+#pragma unroll
+  for (int i = 0; i < kPer; ++i) {
+    const int j = lane + 32 * i;
+    if (j < c) yr[j] = from_f32<T>((v[i] - m) * rs * as_f32(w[j]) + as_f32(b[j]));
+  }
+  if (lane == 0) {
+    mean[r] = m;
+    rstd[r] = rs;
+  }
+}
+
+template <typename T, int kPer>
+__global__ void layernorm_grad_warp(const T* __restrict__ dy, const T* __restrict__ x,
+                                    const T* __restrict__ w, const float* __restrict__ mean,
+                                    const float* __restrict__ rstd, T* __restrict__ dx,
+                                    int64_t rows, int c) {
+  const int lane = threadIdx.x % 32;
+  const int64_t r = (static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x) / 32;
+  if (r >= rows) return;
+  const T *xr = x + r * c, *dyr = dy + r * c;
+  const float m = mean[r], s = rstd[r];
+  float xh[kPer], d[kPer], sd = 0.0f, sdx = 0.0f;
+#pragma unroll
+  for (int i = 0; i < kPer; ++i) {
+    const int j = lane + 32 * i;
+    xh[i] = j < c ? (as_f32(xr[j]) - m) * s : 0.0f;
+    d[i] = j < c ? as_f32(dyr[j]) * as_f32(w[j]) : 0.0f;
+    sd += d[i];
+    sdx += d[i] * xh[i];
+  }
+  const float mean_d = warp_sum(sd) / static_cast<float>(c);
+  const float mean_dx = warp_sum(sdx) / static_cast<float>(c);
+  T* dxr = dx + r * c;
+#pragma unroll
+  for (int i = 0; i < kPer; ++i) {
+    const int j = lane + 32 * i;
+    if (j < c) dxr[j] = from_f32<T>(s * (d[i] - mean_d - xh[i] * mean_dx));
+  }
+}
+
+// Calls f with kPer (an integral_constant) for rows of c elements, or returns false for rows
+// over 1,024 (the block-per-row kernels take them).
+template <typename F>
+bool with_row_registers(int64_t c, F f) {
+  if (c <= 256) return f(std::integral_constant<int, 8>()), true;
+  if (c <= 512) return f(std::integral_constant<int, 16>()), true;
+  if (c <= 1024) return f(std::integral_constant<int, 32>()), true;
+  return false;
+}
+
+// Warps per block of the warp-per-row kernels, and their grid for `rows` rows.
+constexpr int kRowWarps = 8;
+unsigned warp_rows_grid(int64_t rows) {
+  return static_cast<unsigned>((rows + kRowWarps - 1) / kRowWarps);
 }
 
 template <typename T>
@@ -285,9 +391,18 @@ T* out(const Args& a, int i) {
 template <typename T>
 void norm_weight_grad(const Args& a, const float* mean, const float* rstd, T* db, int64_t rows,
                       int64_t c) {
-  norm_weight_grad_kernel<T><<<static_cast<unsigned>((c + 31) / 32), dim3(32, 32), 0, a.stream>>>(
-      in<T>(a, 0), in<T>(a, 1), mean, rstd, out<T>(a, 1), db, rows, c);
+  const int64_t parts = std::max<int64_t>(1, (rows + kWeightChunk - 1) / kWeightChunk);
+  float* partial = nullptr;
+  TS_CUDA(cudaMallocAsync(reinterpret_cast<void**>(&partial),
+                          static_cast<size_t>(2 * parts * c) * sizeof(float), a.stream));
+  norm_weight_partial<T>
+      <<<dim3(static_cast<unsigned>((c + 31) / 32), static_cast<unsigned>(parts)), dim3(32, 32), 0,
+         a.stream>>>(in<T>(a, 0), in<T>(a, 1), mean, rstd, partial, partial + parts * c, rows, c);
   TS_CUDA_LAUNCH();
+  norm_weight_total<T><<<static_cast<unsigned>((c + 255) / 256), 256, 0, a.stream>>>(
+      partial, partial + parts * c, parts, c, out<T>(a, 1), db);
+  TS_CUDA_LAUNCH();
+  TS_CUDA(cudaFreeAsync(partial, a.stream));
 }
 
 // Each norm takes its operands as stored where they share one dtype, else widened.
@@ -298,9 +413,16 @@ void layernorm(OpKind op, const Args& a) {
   const int64_t rows = numel / c;
   with_storage(a.in_types[0].dtype, [&](auto* tag) {
     using T = std::remove_pointer_t<decltype(tag)>;
-    layernorm_kernel<T><<<row_grid(rows), row_threads(c), 0, a.stream>>>(
-        in<T>(a, 0), in<T>(a, 1), in<T>(a, 2), out<T>(a, 0), a.fout(1), a.fout(2), rows, c,
-        static_cast<float>(a.attrs.eps));
+    const float eps = static_cast<float>(a.attrs.eps);
+    const bool warps = with_row_registers(c, [&](auto per) {
+      layernorm_warp<T, decltype(per)::value>
+          <<<warp_rows_grid(rows), kRowWarps * 32, 0, a.stream>>>(
+              in<T>(a, 0), in<T>(a, 1), in<T>(a, 2), out<T>(a, 0), a.fout(1), a.fout(2), rows,
+              static_cast<int>(c), eps);
+    });
+    if (!warps)
+      layernorm_kernel<T><<<row_grid(rows), row_threads(c), 0, a.stream>>>(
+          in<T>(a, 0), in<T>(a, 1), in<T>(a, 2), out<T>(a, 0), a.fout(1), a.fout(2), rows, c, eps);
   });
   TS_CUDA_LAUNCH();
 }
@@ -313,8 +435,15 @@ void layernorm_grad(OpKind op, const Args& a) {
   with_storage(a.in_types[0].dtype, [&](auto* tag) {
     using T = std::remove_pointer_t<decltype(tag)>;
     if (rows > 0) {
-      layernorm_grad_kernel<T><<<row_grid(rows), row_threads(c), 0, a.stream>>>(
-          in<T>(a, 0), in<T>(a, 1), in<T>(a, 2), a.fin(3), a.fin(4), out<T>(a, 0), rows, c);
+      const bool warps = with_row_registers(c, [&](auto per) {
+        layernorm_grad_warp<T, decltype(per)::value>
+            <<<warp_rows_grid(rows), kRowWarps * 32, 0, a.stream>>>(
+                in<T>(a, 0), in<T>(a, 1), in<T>(a, 2), a.fin(3), a.fin(4), out<T>(a, 0), rows,
+                static_cast<int>(c));
+      });
+      if (!warps)
+        layernorm_grad_kernel<T><<<row_grid(rows), row_threads(c), 0, a.stream>>>(
+            in<T>(a, 0), in<T>(a, 1), in<T>(a, 2), a.fin(3), a.fin(4), out<T>(a, 0), rows, c);
       TS_CUDA_LAUNCH();
     }
     norm_weight_grad<T>(a, a.fin(3), a.fin(4), out<T>(a, 2), rows, c);  // zeros when rows == 0
