@@ -5,7 +5,8 @@
 # Binaries come from a build with -DTESSERA_CUDA=ON; BIN_DIR holds them (default build/), and
 # LIBS, if set, a tar.xz of the shared libraries they need that the machine lacks (OpenBLAS).
 # Logs go to $OUT (default /tmp/gpu_check). SKIP names parts to leave out (a list of
-# tests, matmul, tessera, torch), PRECISIONS the Tessera runs (default "fp32 bf16").
+# tests, matmul, tessera, torch, unpadded), PRECISIONS the Tessera runs (default "fp32 bf16"),
+# VOCAB_ROWS the token-table rows of both trainers (default 50304).
 #
 #   BIN_DIR=build bash scripts/gpu_check.sh
 set -uo pipefail
@@ -42,21 +43,36 @@ fi
 B=${B:-8}
 T=${T:-1024}
 STEPS=${STEPS:-10}
+# Rows of the token table (and LM head): 50304 pads GPT-2's 50,257 to a multiple of 64, as
+# llm.c does (same model and loss; aligned GEMMs). Both sides run with the same rows; the
+# unpadded section repeats bf16 at 50,257 rows for both.
+ROWS=${VOCAB_ROWS:-50304}
+tessera() {  # precision, vocab rows, extra flags
+  timeout 180 "$BIN_DIR/tessera_cuda_train_bench" --batch "$B" --seq "$T" --steps "$STEPS" \
+    --precision "$1" --vocab-rows "$2" "${@:3}" 2>&1 | tee -a "$OUT/train.log"
+}
+torch() {  # precision, vocab rows, extra flags
+  timeout 240 python3 bench/pytorch_gpt2.py --device cuda --precision "$1" --vocab-rows "$2" \
+    "${@:3}" --batch "$B" --seq "$T" --steps "$STEPS" --warmup 3 2>&1 | tee -a "$OUT/train.log" |
+    tail -3
+}
 if [[ -x "$BIN_DIR/tessera_cuda_train_bench" ]] && ! skipped tessera; then
   for p in ${PRECISIONS:-fp32 bf16}; do
-    step "GPT-2 124M training, Tessera CUDA, $p, B=$B T=$T (CUDA graph; profile of an eager step)"
-    timeout 180 "$BIN_DIR/tessera_cuda_train_bench" --batch "$B" --seq "$T" --steps "$STEPS" \
-      --precision "$p" --profile 1 2>&1 | tee -a "$OUT/train.log" | grep -v OpenBLAS | head -20
-    step "GPT-2 124M training, Tessera CUDA, $p, B=$B T=$T, eager (no CUDA graph)"
-    timeout 180 "$BIN_DIR/tessera_cuda_train_bench" --batch "$B" --seq "$T" --steps "$STEPS" \
-      --precision "$p" --graph 0 2>&1 | tee -a "$OUT/train.log" | grep "^tessera"
+    step "GPT-2 124M training, Tessera CUDA, $p, $ROWS rows (CUDA graph; profile of an eager step)"
+    tessera "$p" "$ROWS" --profile 1 | grep -v OpenBLAS | head -40
+    step "GPT-2 124M training, Tessera CUDA, $p, $ROWS rows, eager (no CUDA graph)"
+    tessera "$p" "$ROWS" --graph 0 | grep "^tessera"
   done
 fi
 if ! skipped torch; then
   for cfg in "fp32" "bf16" "bf16 --compile"; do
-    step "GPT-2 124M training, PyTorch $cfg, B=$B T=$T"
+    step "GPT-2 124M training, PyTorch $cfg, $ROWS rows"
     set -- $cfg
-    timeout 240 python3 bench/pytorch_gpt2.py --device cuda --precision "$@" --batch "$B" \
-      --seq "$T" --steps "$STEPS" --warmup 3 2>&1 | tee -a "$OUT/train.log" | tail -3
+    torch "$1" "$ROWS" "${@:2}"
   done
+fi
+if ! skipped unpadded; then
+  step "unpadded vocabulary: bf16 at 50257 rows, Tessera (CUDA graph) and PyTorch eager"
+  ! skipped tessera && tessera bf16 50257 | grep "^tessera"
+  ! skipped torch && torch bf16 50257
 fi

@@ -66,21 +66,6 @@ bool fits_32(int64_t n) { return n < (int64_t{1} << 31); }
   for (int64_t i = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; i < (n); \
        i += int64_t{gridDim.x} * blockDim.x)
 
-// 16 bytes of elements (8 bf16/f16, 4 f32): where every operand is 16-byte aligned and the
-// element counts divide, the kernels move whole packs (one 16-byte load per operand).
-template <typename T>
-struct alignas(16) Pack {
-  static constexpr int kN = 16 / sizeof(T);
-  T v[kN];
-};
-
-template <typename T>
-bool packs_fit(int64_t n, std::initializer_list<const void*> ptrs) {
-  bool ok = n % Pack<T>::kN == 0;
-  for (const void* p : ptrs) ok = ok && reinterpret_cast<uintptr_t>(p) % 16 == 0;
-  return ok;
-}
-
 template <typename T, typename Op>
 __global__ void binary_packs(const Pack<T>* x, const Pack<T>* y, Pack<T>* z, int64_t n, Op op) {
   GRID_STRIDE(i, n) {

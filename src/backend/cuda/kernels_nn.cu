@@ -580,16 +580,56 @@ void causal_mask(OpKind, const Args& a) {
 
 // ---- cross-entropy and logsumexp ---------------------------------------------------------
 
-// log(sum_j exp(row[j])) over a row of v elements, by the whole block: max, then the sum of
-// exp(row - max). -inf for v == 0, as the CPU's log_sum_exp.
+// Folds x into a running (max m, sum s of exp(. - m)), and merges two such pairs.
+__device__ inline void lse_take(float& m, float& s, float x) {
+  if (x == -INFINITY) return;
+  if (x > m) {
+    s = s * expf(m - x) + 1.0f;
+    m = x;
+  } else {
+    s += expf(x - m);
+  }
+}
+__device__ inline void lse_merge(float& m, float& s, float m2, float s2) {
+  const float top = fmaxf(m, m2);
+  if (top == -INFINITY) return;
+  s = s * expf(m - top) + s2 * expf(m2 - top);
+  m = top;
+}
+
+// log(sum_j exp(row[j])) over a row of v elements, by the whole block in one read (an online
+// max and sum per thread, 16-byte packs where the row is aligned, merged over the warps in a
+// fixed order). -inf for v == 0, as the CPU's log_sum_exp.
 template <typename T>
 __device__ float block_log_sum_exp(const T* row, int64_t v) {
-  float m = -INFINITY;
-  for (int64_t j = threadIdx.x; j < v; j += blockDim.x) m = fmaxf(m, as_f32(row[j]));
-  m = block_reduce(m, Max());
-  float s = 0.0f;
-  for (int64_t j = threadIdx.x; j < v; j += blockDim.x) s += expf(as_f32(row[j]) - m);
-  return m + logf(block_reduce(s, Sum()));
+  float m = -INFINITY, s = 0.0f;
+  int64_t j0 = 0;
+  if (reinterpret_cast<uintptr_t>(row) % 16 == 0) {
+    using P = Pack<T>;
+    const int64_t packs = v / P::kN;
+    for (int64_t p = threadIdx.x; p < packs; p += blockDim.x) {
+      const P x = reinterpret_cast<const P*>(row)[p];
+#pragma unroll
+      for (int e = 0; e < P::kN; ++e) lse_take(m, s, as_f32(x.v[e]));
+    }
+    j0 = packs * P::kN;
+  }
+  for (int64_t j = j0 + threadIdx.x; j < v; j += blockDim.x) lse_take(m, s, as_f32(row[j]));
+  for (int o = 16; o > 0; o >>= 1) {
+    const float m2 = __shfl_xor_sync(0xffffffffu, m, o), s2 = __shfl_xor_sync(0xffffffffu, s, o);
+    lse_merge(m, s, m2, s2);
+  }
+  __shared__ float pm[32], ps[32];
+  __syncthreads();  // the previous row's readers are done
+  if (threadIdx.x % 32 == 0) {
+    pm[threadIdx.x / 32] = m;
+    ps[threadIdx.x / 32] = s;
+  }
+  __syncthreads();
+  m = pm[0];
+  s = ps[0];
+  for (int w = 1; w < static_cast<int>(blockDim.x / 32); ++w) lse_merge(m, s, pm[w], ps[w]);
+  return m + logf(s);
 }
 
 // y[i] = logsumexp of the class columns of row i (block_cols; -inf when there are none). With
@@ -659,12 +699,26 @@ __global__ void ce_grad_kernel(const T* __restrict__ logits, const int32_t* __re
     T* d = dl + i * v;
     const float l = lse[i];
     const int64_t t = tgt[i] - b.first;
-    for (int64_t j = threadIdx.x; j < v; j += blockDim.x) {
-      // Rounded before the one-hot subtraction, as the CPU's two steps (no fused multiply-add).
-      float g = j < b.k ? __fmul_rn(expf(as_f32(row[j]) - l), scale) : 0.0f;
-      if (j == t) g -= scale;
-      d[j] = from_f32<T>(g);
+    // Rounded before the one-hot subtraction, as the CPU's two steps (no fused multiply-add).
+    auto grad = [&](int64_t j, float x) {
+      float g = j < b.k ? __fmul_rn(expf(x - l), scale) : 0.0f;
+      return j == t ? g - scale : g;
+    };
+    using P = Pack<T>;
+    int64_t j0 = 0;
+    if (v % P::kN == 0 && reinterpret_cast<uintptr_t>(row) % 16 == 0 &&
+        reinterpret_cast<uintptr_t>(d) % 16 == 0) {
+      for (int64_t p = threadIdx.x; p < v / P::kN; p += blockDim.x) {
+        const P x = reinterpret_cast<const P*>(row)[p];
+        P g;
+#pragma unroll
+        for (int e = 0; e < P::kN; ++e) g.v[e] = from_f32<T>(grad(p * P::kN + e, as_f32(x.v[e])));
+        reinterpret_cast<P*>(d)[p] = g;
+      }
+      j0 = v;
     }
+    for (int64_t j = j0 + threadIdx.x; j < v; j += blockDim.x)
+      d[j] = from_f32<T>(grad(j, as_f32(row[j])));
   }
 }
 

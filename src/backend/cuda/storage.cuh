@@ -11,6 +11,7 @@
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 
+#include <cstdint>
 #include <initializer_list>
 
 #include "backend/cuda/kernels.h"
@@ -34,6 +35,21 @@ __device__ inline __nv_bfloat16 from_f32<__nv_bfloat16>(float x) {
 template <>
 __device__ inline __half from_f32<__half>(float x) {
   return __float2half_rn(x);
+}
+
+// 16 bytes of elements (8 bf16/f16, 4 f32): where every operand is 16-byte aligned and the
+// element counts divide, the kernels move whole packs (one 16-byte load per operand).
+template <typename T>
+struct alignas(16) Pack {
+  static constexpr int kN = 16 / sizeof(T);
+  T v[kN];
+};
+
+template <typename T>
+bool packs_fit(int64_t n, std::initializer_list<const void*> ptrs) {
+  bool ok = n % Pack<T>::kN == 0;
+  for (const void* p : ptrs) ok = ok && reinterpret_cast<uintptr_t>(p) % 16 == 0;
+  return ok;
 }
 
 // Calls f with a null pointer of the element type that stores dt (f32, bf16, f16).
