@@ -109,7 +109,9 @@ void count_bytes(Program& p) {
   p.comm_bytes_per_step = step;
 }
 
-const char* kind_name(Instruction::Kind k) {
+}  // namespace
+
+const char* instruction_name(Instruction::Kind k) {
   switch (k) {
     case Instruction::compute:
       return "compute";
@@ -127,7 +129,15 @@ const char* kind_name(Instruction::Kind k) {
   return "?";
 }
 
-}  // namespace
+Status check_order(const std::vector<Instruction>& list) {
+  for (size_t i = 0; i < list.size(); ++i)
+    for (int d : list[i].deps)
+      if (d < 0 || static_cast<size_t>(d) >= i)
+        return error("instruction " + std::to_string(i) + " (" + instruction_name(list[i].kind) +
+                     ") depends on instruction " + std::to_string(d) +
+                     ", which does not come before it");
+  return Status();
+}
 
 Result<Program> lower(const Graph& g, const Plan& plan, TokenShape tokens) {
   Program p;
@@ -164,7 +174,7 @@ std::string print_program(const Program& p, size_t max_lines) {
                      : i < 1000 ? " "
                                 : "") +
                     std::to_string(i) + (in.stream == Stream::comm ? " comm    " : " compute ") +
-                    kind_name(in.kind);
+                    instruction_name(in.kind);
     if (in.node >= 0) {
       const Node& n = g.node(in.node);
       l += std::string(" ") + op_name(n.op) + " %" + std::to_string(n.outputs[0]);

@@ -71,6 +71,13 @@ Result<Program> lower(const Graph& g, const Plan& plan, TokenShape tokens = {});
 std::vector<Instruction> lower_instructions(const Graph& g,
                                             const std::vector<std::vector<NodeId>>& buckets);
 
+// "compute", "start", "wait", "grad_norm", "adamw", "param_sync".
+const char* instruction_name(Instruction::Kind k);
+
+// Whether every dependency of the list points at an earlier instruction: the list's order is
+// then a valid schedule for a runner that executes it in order on one stream (StepRunner).
+Status check_order(const std::vector<Instruction>& list);
+
 // One line per instruction: "  12 comm  start  all_reduce %88 (h.1 grads, bucket 3) <- 11".
 std::string print_program(const Program& p, size_t max_lines = 200);
 

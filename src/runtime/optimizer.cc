@@ -74,27 +74,30 @@ double AdamW::clip_grad_norm(double max_norm) {
 }
 
 void AdamW::step(double lr, float grad_scale) {
+  begin_step(lr);
+  for (size_t k = 0; k < params_.size(); ++k) update(k, grad_scale);
+}
+
+void AdamW::begin_step(double lr) {
   ++t_;
-  const float b1 = static_cast<float>(cfg_.beta1), b2 = static_cast<float>(cfg_.beta2);
   const double bc1 = 1.0 - std::pow(cfg_.beta1, static_cast<double>(t_));
   const double bc2 = 1.0 - std::pow(cfg_.beta2, static_cast<double>(t_));
-  const float step_size = static_cast<float>(lr / bc1);
-  const float bc2_sqrt = static_cast<float>(std::sqrt(bc2));
-  const float eps = static_cast<float>(cfg_.eps);
-  for (size_t k = 0; k < params_.size(); ++k) {
-    const ParamSlot& p = params_[k];
-    cpu::AdamWUpdate u;
-    u.grad_scale = grad_scale;
-    u.shrink = p.decay ? static_cast<float>(1.0 - lr * cfg_.weight_decay) : 1.0f;
-    u.beta1 = b1;
-    u.beta2 = b2;
-    u.step_size = step_size;
-    u.bc2_sqrt = bc2_sqrt;
-    u.eps = eps;
-    widened_chunks(p.grad, p.grad_dtype, p.size, [&](int64_t at, const float* g, int64_t n) {
-      cpu::adamw_update(u, p.param + at, g, m_[k].data() + at, v_[k].data() + at, n);
-    });
-  }
+  cur_ = {lr, static_cast<float>(lr / bc1), static_cast<float>(std::sqrt(bc2))};
+}
+
+void AdamW::update(size_t k, float grad_scale) {
+  const ParamSlot& p = params_.at(k);
+  cpu::AdamWUpdate u;
+  u.grad_scale = grad_scale;
+  u.shrink = p.decay ? static_cast<float>(1.0 - cur_.lr * cfg_.weight_decay) : 1.0f;
+  u.beta1 = static_cast<float>(cfg_.beta1);
+  u.beta2 = static_cast<float>(cfg_.beta2);
+  u.step_size = cur_.step_size;
+  u.bc2_sqrt = cur_.bc2_sqrt;
+  u.eps = static_cast<float>(cfg_.eps);
+  widened_chunks(p.grad, p.grad_dtype, p.size, [&](int64_t at, const float* g, int64_t n) {
+    cpu::adamw_update(u, p.param + at, g, m_[k].data() + at, v_[k].data() + at, n);
+  });
 }
 
 void accumulate_grad(float* dst, const float* src, int64_t n, bool first) {

@@ -53,6 +53,11 @@ class AdamW {
   // One AdamW step on gradients times grad_scale (a clipping coefficient folded into the
   // update, the same floats as scale_grads(grad_scale) then step(lr)).
   void step(double lr, float grad_scale = 1.0f);
+  // The same step in parts, as a Program's optimizer list runs it: begin_step(lr) once (the
+  // step count and bias corrections), then update(k, grad_scale) once for each slot k, in
+  // any order.
+  void begin_step(double lr);
+  void update(size_t k, float grad_scale);
 
   int64_t steps() const { return t_; }
   void set_steps(int64_t t) { t_ = t; }
@@ -69,6 +74,10 @@ class AdamW {
   AdamWConfig cfg_;
   std::vector<std::vector<float>> m_, v_;
   int64_t t_ = 0;
+  struct StepValues {
+    double lr = 0;
+    float step_size = 0, bc2_sqrt = 1;
+  } cur_;  // of the step begin_step() began
 };
 
 // Gradient accumulation over micro-batches: dst = src on the first, dst += src after (src

@@ -71,6 +71,18 @@ void MeshComms::set_timeout(double seconds) {
 
 // ---- StepRunner ---------------------------------------------------------------------
 
+namespace {
+// The runner executes each list in order on one stream: every dependency must come first, and
+// the optimizer list starts with its gradient norm (apply() needs the norm before AdamW).
+Status check_runnable(const Program& p) {
+  TS_RETURN_IF_ERROR(check_order(p.micro_step));
+  TS_RETURN_IF_ERROR(check_order(p.optimizer));
+  if (p.optimizer.empty() || p.optimizer.front().kind != Instruction::grad_norm)
+    return error("the Program's optimizer list does not start with its gradient norm");
+  return Status();
+}
+}  // namespace
+
 Result<std::unique_ptr<StepRunner>> StepRunner::create(const Graph& global, const Plan& plan,
                                                        Backend& backend, MeshComms& comms,
                                                        AdamWConfig opt) {
@@ -80,6 +92,7 @@ Result<std::unique_ptr<StepRunner>> StepRunner::create(const Graph& global, cons
                  "build the model in ModelMode::train; a loss-only graph is evaluated with "
                  "add_evaluation");
   TS_ASSIGN_OR_RETURN(Program prog, lower(global, plan));
+  TS_RETURN_IF_ERROR(check_runnable(prog));
   return std::unique_ptr<StepRunner>(new StepRunner(global, std::move(prog), backend, comms, opt));
 }
 
@@ -95,6 +108,7 @@ Result<std::unique_ptr<StepRunner>> StepRunner::create_chunk(const Graph& model,
                        dtype_name(model.type(model.find_param(pl.name)).dtype),
                    "train pipelines in f32");
   }
+  TS_RETURN_IF_ERROR(check_runnable(chunk.program));
   return std::unique_ptr<StepRunner>(
       new StepRunner(model, chunk.program, backend, comms, opt, &chunk, std::move(arena)));
 }
@@ -485,12 +499,20 @@ Result<double> StepRunner::grad_sq_sum() {
 }
 
 Status StepRunner::step(double lr, double clip_coefficient) {
-  // Clipping folded into the update (one pass over the gradients fewer); every slot is this
-  // rank's block or piece.
-  opt_->step(lr, static_cast<float>(clip_coefficient));
-  for (const Instruction& s : prog_.optimizer)
-    if (s.kind == Instruction::param_sync)
+  // The Program's optimizer list after its grad_norm (grad_sq_sum ran it): AdamW on each
+  // parameter's block or piece, clipping folded into the update (one pass over the gradients
+  // fewer), and each ZeRO-1/2 parameter's sync after its update, in the list's order.
+  opt_->begin_step(lr);
+  for (size_t k = 1; k < prog_.optimizer.size(); ++k) {
+    const Instruction& s = prog_.optimizer[k];
+    if (s.kind == Instruction::optimizer)
+      opt_->update(static_cast<size_t>(s.param), static_cast<float>(clip_coefficient));
+    else if (s.kind == Instruction::param_sync)
       TS_RETURN_IF_ERROR(sync_param(static_cast<size_t>(s.param)));
+    else
+      return error("optimizer list: a " + std::string(instruction_name(s.kind)) +
+                   " instruction after its first");
+  }
   refresh_working_params();  // from the synced master weights
   return Status();
 }

@@ -264,5 +264,49 @@ TEST(Program, PrefetchLimitBoundsGathersInFlight) {
   }
 }
 
+// The step runner executes a Program's lists in order on one stream (review R7): lower()
+// orders every dependency before its instruction, the optimizer list starts with the gradient
+// norm and then has one AdamW per parameter, each ZeRO-1/2 parameter sync right after its
+// update; a list whose dependency points forward is named.
+TEST(Program, ListsAreInDependencyOrderAndTheOptimizerListIsOnePassPerParameter) {
+  ModelGraph m = tiny("gpt-tiny");
+  for (Plan plan : {Plan::data_parallel(1), Plan::data_parallel(4, 1), Plan::data_parallel(4, 3),
+                    Plan::tensor_parallel(2, 2)}) {
+    SCOPED_TRACE(plan.describe());
+    Result<Program> r = lower(m.graph, plan);
+    ASSERT_TRUE(r.ok()) << r.status().to_string();
+    const Program& p = r.value();
+    EXPECT_TRUE(check_order(p.micro_step).ok()) << check_order(p.micro_step).to_string();
+    EXPECT_TRUE(check_order(p.optimizer).ok()) << check_order(p.optimizer).to_string();
+    ASSERT_FALSE(p.optimizer.empty());
+    EXPECT_EQ(p.optimizer.front().kind, Instruction::grad_norm);
+    std::vector<int> updates(p.part.params.size(), 0), syncs(p.part.params.size(), 0);
+    for (size_t k = 1; k < p.optimizer.size(); ++k) {
+      const Instruction& in = p.optimizer[k];
+      ASSERT_GE(in.param, 0);
+      if (in.kind == Instruction::optimizer) {
+        updates[static_cast<size_t>(in.param)]++;
+      } else {
+        ASSERT_EQ(in.kind, Instruction::param_sync);
+        syncs[static_cast<size_t>(in.param)]++;
+        ASSERT_EQ(in.deps.size(), 1u);
+        EXPECT_EQ(p.optimizer[static_cast<size_t>(in.deps[0])].param, in.param);
+      }
+    }
+    for (size_t i = 0; i < updates.size(); ++i) {
+      EXPECT_EQ(updates[i], 1) << p.part.params[i].name;
+      const bool synced = p.part.params[i].optim_sharded && !p.part.params[i].params_sharded;
+      EXPECT_EQ(syncs[i], synced ? 1 : 0) << p.part.params[i].name;
+    }
+  }
+  std::vector<Instruction> bad(2);
+  bad[0].deps = {1};
+  const Status s = check_order(bad);
+  ASSERT_FALSE(s.ok());
+  EXPECT_NE(s.to_string().find("instruction 0 (compute) depends on instruction 1"),
+            std::string::npos)
+      << s.to_string();
+}
+
 }  // namespace
 }  // namespace tessera
