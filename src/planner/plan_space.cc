@@ -418,7 +418,8 @@ Result<std::unique_ptr<PlanSpace>> PlanSpace::create(const ModelConfig& cfg,
       continue;
     }
     c.time_bound = plan_time_bound(c.plan, mb->time, num_blocks(s.cfg),
-                                   optimizer_time_bound(s.cfg, s.cluster, c.plan));
+                                   optimizer_time_bound(s.cfg, s.cluster, c.plan),
+                                   data_comm_time_bound(s.cfg, s.cluster, c.plan, o.precision));
     s.alive.push_back(std::move(c));
   }
   std::stable_sort(

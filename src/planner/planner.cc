@@ -84,8 +84,39 @@ double optimizer_time_bound(const ModelConfig& cfg, const ClusterSpec& cluster, 
   return 7.0 * 4.0 * elems / (cluster.device.memory_bandwidth * cluster.device.memory_efficiency);
 }
 
+double data_comm_time_bound(const ModelConfig& cfg, const ClusterSpec& cluster, const Plan& plan,
+                            DType precision) {
+  const std::vector<std::string>& axes = plan.shards_grads() ? plan.zero_axes : plan.data_axes;
+  const GroupLayout group = group_layout(plan.mesh, axes, cluster.node.devices);
+  if (group.size <= 1) return 0;
+  // This rank's share of the parameters, in the run's precision (the collectives' element):
+  // the average over tensor and pipeline ranks, which the busiest rank holds at least.
+  const double bytes = static_cast<double>(count_params(cfg)) /
+                       static_cast<double>(plan.tensor_group() * plan.stages()) *
+                       static_cast<double>(dtype_size(precision));
+  // The bandwidth part of one collective of all the bytes, by the algorithm that moves them
+  // fastest: the bucketed collectives each pay latencies on top, whichever algorithm they
+  // take.
+  auto moving = [&](OpKind kind) {
+    double best = 1e300;
+    for (CollAlgo a : {CollAlgo::ring, CollAlgo::tree, CollAlgo::hierarchical}) {
+      if (a == CollAlgo::tree && kind != OpKind::all_reduce) continue;
+      const double t = collective_time(kind, bytes, group, cluster, a).seconds -
+                       collective_time(kind, 0.0, group, cluster, a).seconds;
+      best = std::min(best, std::max(t, 0.0));
+    }
+    return best;
+  };
+  // Each micro-batch reduces its gradients (ZeRO-2/3: reduce-scatter) and ZeRO-3 gathers the
+  // parameters at least once; a pipeline may reduce once per step, so count one there.
+  const double micro = plan.stages() > 1 ? 1.0 : static_cast<double>(plan.micro_batches);
+  double t = micro * moving(plan.shards_grads() ? OpKind::reduce_scatter : OpKind::all_reduce);
+  if (plan.shards_params()) t += micro * moving(OpKind::all_gather);
+  return t;
+}
+
 double plan_time_bound(const Plan& plan, const MicroBatchTime& t, int64_t blocks,
-                       double optimizer_seconds) {
+                       double optimizer_seconds, double comm_seconds) {
   const double p = static_cast<double>(plan.stages()), m = plan.micro_batches;
   double step = t.seconds * m;
   if (plan.stages() > 1) {
@@ -104,7 +135,8 @@ double plan_time_bound(const Plan& plan, const MicroBatchTime& t, int64_t blocks
     const int64_t most = (blocks + plan.stages() - 1) / plan.stages();
     step = std::max(t.seconds / p * (m + idle), t.block_seconds * static_cast<double>(most) * m);
   }
-  return kShapeMargin * (step + optimizer_seconds);
+  // The data-parallel comm stream overlaps compute but is busy for at least comm_seconds.
+  return kShapeMargin * std::max(step + optimizer_seconds, comm_seconds);
 }
 
 Result<PlanSearch> search_plans(const ModelConfig& cfg, const ClusterSpec& cluster,

@@ -152,7 +152,15 @@ double optimizer_time_bound(const ModelConfig& cfg, const ClusterSpec& cluster, 
 struct MicroBatchTime {
   double seconds = 0, forward_seconds = 0, block_seconds = 0;
 };
+// A lower bound on the seconds per step the data-parallel comm stream is busy: every
+// micro-batch's gradient reduction (all-reduce, or reduce-scatter under ZeRO-2/3) and ZeRO-3's
+// parameter gather, as one collective of the rank's average share of the parameters by the
+// algorithm with the fastest bandwidth term (no latencies). 0 without data parallelism.
+double data_comm_time_bound(const ModelConfig& cfg, const ClusterSpec& cluster, const Plan& plan,
+                            DType precision);
+// The step's bound: the compute of its micro-batches with the pipeline's idle share and the
+// optimizer, or the data-parallel comm stream's busy time, whichever is larger.
 double plan_time_bound(const Plan& plan, const MicroBatchTime& t, int64_t blocks,
-                       double optimizer_seconds);
+                       double optimizer_seconds, double comm_seconds = 0);
 
 }  // namespace tessera

@@ -23,10 +23,6 @@ struct ChunkSim {
   std::map<std::string, double> seconds_by_op;  // per micro-batch and the optimizer
 };
 
-// Where the members of rank 0's group over `axes` sit: how many share a node.
-GroupLayout group_layout(const Mesh& mesh, const std::vector<std::string>& axes,
-                         int devices_per_node);
-
 // The run's element size over f32's: activations, collectives and low-precision copies scale by it.
 double precision_scale(const SimOptions& opt);
 // The same for one Program: 1 for a program built in the low precision (bf16/f16 parameters:

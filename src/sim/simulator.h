@@ -108,4 +108,9 @@ std::string chrome_trace(const SimResult& r, const std::string& title);
 // Multi-line summary: step time and breakdown, tokens/s, TFLOP/s, MFU, HFU, memory.
 std::string format_sim_result(const SimResult& r, const ClusterSpec& cluster);
 
+// Where the members of rank 0's group over `axes` sit: how many share a node (the layout
+// collective_time takes).
+GroupLayout group_layout(const Mesh& mesh, const std::vector<std::string>& axes,
+                         int devices_per_node);
+
 }  // namespace tessera
