@@ -39,7 +39,12 @@ const std::vector<Knob>& knobs() {
          if (c.plan.virtual_stages > 1) s += " v=" + std::to_string(c.plan.virtual_stages);
          return s;
        }},
-      {"ZeRO stage", [](const PlanCandidate& c) { return "ZeRO-" + std::to_string(c.plan.zero); }},
+      {"ZeRO stage",
+       [](const PlanCandidate& c) {
+         if (!c.plan.replica_axes().empty())
+           return "HSDP (ZeRO-3 in groups of " + std::to_string(c.plan.zero_group()) + ")";
+         return "ZeRO-" + std::to_string(c.plan.zero);
+       }},
       {"micro-batch",
        [](const PlanCandidate& c) {
          return std::to_string(c.micro_batch) + " sequences x " +

@@ -36,6 +36,8 @@ std::vector<int> divisors(int64_t n) {
 
 bool power_of_two(int n) { return n > 0 && (n & (n - 1)) == 0; }
 
+constexpr int kHsdp = -1;  // the enumeration's "ZeRO stage" of an HSDP plan
+
 // Every plan of the search space for `gpus` devices (bounds not yet computed).
 std::vector<PlanCandidate> enumerate(const ModelConfig& cfg, const ClusterSpec& cluster,
                                      const PlannerOptions& o, int64_t batch) {
@@ -63,15 +65,23 @@ std::vector<PlanCandidate> enumerate(const ModelConfig& cfg, const ClusterSpec& 
           if (m % pp == 0 && 2 * pp <= cfg.n_layer)
             scheds.push_back({ScheduleKind::interleaved, 2});
         }
+        // Data-parallel sharding: ZeRO-1/2/3 over all data ranks (pipelines: ZeRO-1), and
+        // HSDP: ZeRO-3 within the data ranks of a node, replicated across nodes (the
+        // parameter gathers stay on NVLink; the replicas all-reduce the gradient blocks).
+        const int node_shards = per_node / tp;
+        const bool hsdp = pp == 1 && node_shards > 1 && dp > node_shards && dp % node_shards == 0;
+        std::vector<int> zeros = pp > 1 ? std::vector<int>{1} : std::vector<int>{1, 2, 3};
+        if (hsdp) zeros.push_back(kHsdp);
         for (const Sched& s : scheds)
-          for (int zero : pp > 1 ? std::vector<int>{1} : std::vector<int>{1, 3})
+          for (int zero : zeros)
             for (bool sp : tp > 1 ? std::vector<bool>{false, true} : std::vector<bool>{false})
               for (RecomputePolicy rc :
                    {RecomputePolicy::none, RecomputePolicy::selective, RecomputePolicy::full}) {
                 PlanCandidate c;
-                c.plan = pp > 1   ? Plan::pipeline_parallel(pp, dp, tp, zero)
-                         : tp > 1 ? Plan::tensor_parallel(dp, tp, zero)
-                                  : Plan::data_parallel(dp, zero);
+                c.plan = zero == kHsdp ? Plan::hybrid_sharded(dp / node_shards, node_shards, tp)
+                         : pp > 1      ? Plan::pipeline_parallel(pp, dp, tp, zero)
+                         : tp > 1      ? Plan::tensor_parallel(dp, tp, zero)
+                                       : Plan::data_parallel(dp, zero);
                 c.plan.micro_batches = m;
                 c.plan.recompute = rc;
                 c.plan.sequence_parallel = sp;

@@ -21,7 +21,9 @@ constexpr double kShapeMargin = 0.95;
 std::string PlanCandidate::describe() const {
   const Plan& p = plan;
   std::string s = "tp=" + std::to_string(p.tensor_group()) + " pp=" + std::to_string(p.stages()) +
-                  " dp=" + std::to_string(p.data_group()) + " zero=" + std::to_string(p.zero) +
+                  " dp=" + std::to_string(p.data_group()) +
+                  (p.replica_axes().empty() ? " zero=" + std::to_string(p.zero)
+                                            : " hsdp=" + std::to_string(p.zero_group())) +
                   " mb=" + std::to_string(micro_batch) + "x" + std::to_string(p.micro_batches);
   if (p.stages() > 1) {
     s += std::string(" ") + schedule_name(p.schedule);
@@ -86,33 +88,37 @@ double optimizer_time_bound(const ModelConfig& cfg, const ClusterSpec& cluster, 
 
 double data_comm_time_bound(const ModelConfig& cfg, const ClusterSpec& cluster, const Plan& plan,
                             DType precision) {
-  const std::vector<std::string>& axes = plan.shards_grads() ? plan.zero_axes : plan.data_axes;
-  const GroupLayout group = group_layout(plan.mesh, axes, cluster.node.devices);
-  if (group.size <= 1) return 0;
   // This rank's share of the parameters, in the run's precision (the collectives' element):
   // the average over tensor and pipeline ranks, which the busiest rank holds at least.
   const double bytes = static_cast<double>(count_params(cfg)) /
                        static_cast<double>(plan.tensor_group() * plan.stages()) *
                        static_cast<double>(dtype_size(precision));
-  // The bandwidth part of one collective of all the bytes, by the algorithm that moves them
-  // fastest: the bucketed collectives each pay latencies on top, whichever algorithm they
-  // take.
-  auto moving = [&](OpKind kind) {
+  // The bandwidth part of one collective of `b` bytes over `axes`, by the algorithm that moves
+  // them fastest: the bucketed collectives each pay latencies on top, whichever algorithm
+  // they take.
+  auto moving = [&](OpKind kind, double b, const std::vector<std::string>& axes) {
+    const GroupLayout group = group_layout(plan.mesh, axes, cluster.node.devices);
+    if (group.size <= 1) return 0.0;
     double best = 1e300;
     for (CollAlgo a : {CollAlgo::ring, CollAlgo::tree, CollAlgo::hierarchical}) {
       if (a == CollAlgo::tree && kind != OpKind::all_reduce) continue;
-      const double t = collective_time(kind, bytes, group, cluster, a).seconds -
+      const double t = collective_time(kind, b, group, cluster, a).seconds -
                        collective_time(kind, 0.0, group, cluster, a).seconds;
       best = std::min(best, std::max(t, 0.0));
     }
     return best;
   };
-  // Each micro-batch reduces its gradients (ZeRO-2/3: reduce-scatter) and ZeRO-3 gathers the
-  // parameters at least once; a pipeline may reduce once per step, so count one there.
+  // Each micro-batch reduces its gradients (ZeRO-2/3: reduce-scatter over the ZeRO axes, then
+  // HSDP's all-reduce of the blocks over the replica axes, on that group's own stream) and
+  // ZeRO-3 gathers the parameters at least once; a pipeline may reduce once per step, so
+  // count one there. Streams of different groups overlap: the busiest one bounds the step.
   const double micro = plan.stages() > 1 ? 1.0 : static_cast<double>(plan.micro_batches);
-  double t = micro * moving(plan.shards_grads() ? OpKind::reduce_scatter : OpKind::all_reduce);
-  if (plan.shards_params()) t += micro * moving(OpKind::all_gather);
-  return t;
+  if (!plan.shards_grads()) return micro * moving(OpKind::all_reduce, bytes, plan.data_axes);
+  double sharded = micro * moving(OpKind::reduce_scatter, bytes, plan.zero_axes);
+  if (plan.shards_params()) sharded += micro * moving(OpKind::all_gather, bytes, plan.zero_axes);
+  const double replicas =
+      micro * moving(OpKind::all_reduce, bytes / plan.zero_group(), plan.replica_axes());
+  return std::max(sharded, replicas);
 }
 
 double plan_time_bound(const Plan& plan, const MicroBatchTime& t, int64_t blocks,

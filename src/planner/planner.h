@@ -152,10 +152,11 @@ double optimizer_time_bound(const ModelConfig& cfg, const ClusterSpec& cluster, 
 struct MicroBatchTime {
   double seconds = 0, forward_seconds = 0, block_seconds = 0;
 };
-// A lower bound on the seconds per step the data-parallel comm stream is busy: every
-// micro-batch's gradient reduction (all-reduce, or reduce-scatter under ZeRO-2/3) and ZeRO-3's
-// parameter gather, as one collective of the rank's average share of the parameters by the
-// algorithm with the fastest bandwidth term (no latencies). 0 without data parallelism.
+// A lower bound on the seconds per step the busiest data-parallel comm stream is busy: every
+// micro-batch's gradient reduction (all-reduce, or reduce-scatter under ZeRO-2/3 and HSDP's
+// replica all-reduce of the blocks) and ZeRO-3's parameter gather, as one collective of the
+// rank's average share of the parameters by the algorithm with the fastest bandwidth term
+// (no latencies). 0 without data parallelism.
 double data_comm_time_bound(const ModelConfig& cfg, const ClusterSpec& cluster, const Plan& plan,
                             DType precision);
 // The step's bound: the compute of its micro-batches with the pipeline's idle share and the

@@ -28,7 +28,7 @@ PlannerOptions options(int gpus, int64_t batch, int64_t seq, int top) {
 }
 
 // The bounds the search prunes with are below what the simulator finds, on every plan it
-// simulated, and the plans it returns fit, fastest first.
+// simulated (ZeRO-1/2/3 and HSDP among them), and the plans it returns fit, fastest first.
 TEST(Planner, BoundsStayBelowTheSimulatedFiguresAndTheBestFitFastestFirst) {
   const ModelConfig cfg = preset("gpt2-medium");
   const ClusterSpec c = cluster("dgx-a100");
@@ -36,12 +36,17 @@ TEST(Planner, BoundsStayBelowTheSimulatedFiguresAndTheBestFitFastestFirst) {
   ASSERT_TRUE(s.ok()) << s.status().to_string();
   EXPECT_GT(s->simulated, 20);
   EXPECT_EQ(s->simulated + s->pruned_by_memory + s->failed, s->enumerated);
+  int zero2 = 0, hsdp = 0;  // the sharding choices besides ZeRO-1 and ZeRO-3
   for (const PlanCandidate& p : s->all) {
+    zero2 += p.plan.zero == 2;
+    hsdp += !p.plan.replica_axes().empty();
     EXPECT_LE(p.time_bound, p.sim.step_seconds) << p.describe();
     EXPECT_LE(p.memory_bound, p.sim.peak_memory_bytes) << p.describe();
     EXPECT_EQ(p.plan.mesh.size(), 16) << p.describe();
     EXPECT_EQ(p.micro_batch * p.plan.micro_batches * p.plan.data_group(), 64) << p.describe();
   }
+  EXPECT_GT(zero2, 0);
+  EXPECT_GT(hsdp, 0);  // 16 devices on two nodes: ZeRO-3 within each, replicated across
   ASSERT_FALSE(s->best.empty());
   for (size_t i = 0; i < s->best.size(); ++i) {
     EXPECT_TRUE(s->best[i].fits(c.device.memory_bytes));
