@@ -23,6 +23,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
+#include <type_traits>
 
 #include "backend/cuda/kernels.h"
 #include "backend/cuda/storage.cuh"
@@ -507,30 +508,38 @@ void backward(const Args& a, const Dims& z) {
   TS_CUDA(cudaFreeAsync(delta, a.stream));
 }
 
-}  // namespace
-
-bool attention_tensor_cores(const Args& a) {
+// Runs run(T*, integral_constant DP, dims) for an eligible op (the score bias, if any, at input
+// bias_input): T its 16-bit type, DP its head dim padded to 64 or 128. False if not eligible.
+template <typename F>
+bool on_tensor_cores(const Args& a, int bias_input, F run) {
   Dims z;
-  if (!eligible(a, 3, &z)) return false;
+  if (!eligible(a, bias_input, &z)) return false;
   if (int64_t{z.b} * z.h * z.tq == 0) return true;
-  const bool bf = a.in_types[0].dtype == DType::bf16;
-  if (z.d <= 64)
-    bf ? forward<__nv_bfloat16, 64>(a, z) : forward<__half, 64>(a, z);
+  auto padded = [&](auto* tag) {
+    if (z.d <= 64)
+      run(tag, std::integral_constant<int, 64>(), z);
+    else
+      run(tag, std::integral_constant<int, 128>(), z);
+  };
+  if (a.in_types[0].dtype == DType::bf16)
+    padded(static_cast<__nv_bfloat16*>(nullptr));
   else
-    bf ? forward<__nv_bfloat16, 128>(a, z) : forward<__half, 128>(a, z);
+    padded(static_cast<__half*>(nullptr));
   return true;
 }
 
+}  // namespace
+
+bool attention_tensor_cores(const Args& a) {
+  return on_tensor_cores(a, 3, [&](auto* tag, auto dp, const Dims& z) {
+    forward<std::remove_pointer_t<decltype(tag)>, decltype(dp)::value>(a, z);
+  });
+}
+
 bool attention_grad_tensor_cores(const Args& a) {
-  Dims z;
-  if (!eligible(a, 6, &z)) return false;
-  if (int64_t{z.b} * z.h * z.tq == 0) return true;
-  const bool bf = a.in_types[0].dtype == DType::bf16;
-  if (z.d <= 64)
-    bf ? backward<__nv_bfloat16, 64>(a, z) : backward<__half, 64>(a, z);
-  else
-    bf ? backward<__nv_bfloat16, 128>(a, z) : backward<__half, 128>(a, z);
-  return true;
+  return on_tensor_cores(a, 6, [&](auto* tag, auto dp, const Dims& z) {
+    backward<std::remove_pointer_t<decltype(tag)>, decltype(dp)::value>(a, z);
+  });
 }
 
 }  // namespace tessera::cuda

@@ -66,15 +66,18 @@ bool fits_32(int64_t n) { return n < (int64_t{1} << 31); }
   for (int64_t i = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; i < (n); \
        i += int64_t{gridDim.x} * blockDim.x)
 
+// op on each pair of elements of two packs.
+template <typename T, typename Op>
+__device__ Pack<T> pack_op(const Pack<T>& a, const Pack<T>& b, Op op) {
+  Pack<T> c;
+#pragma unroll
+  for (int e = 0; e < Pack<T>::kN; ++e) c.v[e] = from_f32<T>(op(as_f32(a.v[e]), as_f32(b.v[e])));
+  return c;
+}
+
 template <typename T, typename Op>
 __global__ void binary_packs(const Pack<T>* x, const Pack<T>* y, Pack<T>* z, int64_t n, Op op) {
-  GRID_STRIDE(i, n) {
-    const Pack<T> a = x[i], b = y[i];
-    Pack<T> c;
-#pragma unroll
-    for (int e = 0; e < Pack<T>::kN; ++e) c.v[e] = from_f32<T>(op(as_f32(a.v[e]), as_f32(b.v[e])));
-    z[i] = c;
-  }
+  GRID_STRIDE(i, n) z[i] = pack_op(x[i], y[i], op);
 }
 
 // Broadcast in packs: both operands walk the innermost dim contiguously (a bias add).
@@ -89,11 +92,7 @@ __global__ void binary_bcast_packs(const Pack<T>* x, const Pack<T>* y, Pack<T>* 
       ox += c * static_cast<int32_t>(s.x[d]);
       oy += c * static_cast<int32_t>(s.y[d]);
     }
-    const Pack<T> a = x[ox], b = y[oy];
-    Pack<T> r;
-#pragma unroll
-    for (int e = 0; e < Pack<T>::kN; ++e) r.v[e] = from_f32<T>(op(as_f32(a.v[e]), as_f32(b.v[e])));
-    z[i] = r;
+    z[i] = pack_op(x[ox], y[oy], op);
   }
 }
 
