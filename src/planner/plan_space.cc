@@ -244,10 +244,31 @@ class MicroBatchCosts {
     const size_t boundary = static_cast<size_t>(
         std::find_if(nodes.begin(), nodes.end(), in_backward_pass) - nodes.begin());
     Measured out;
+    const double scale = static_cast<double>(dtype_size(precision_)) / 4.0;
     for (size_t i = 0; i < nodes.size(); ++i) {
-      if (is_collective(nodes[i].op)) continue;
+      const Node& n = nodes[i];
+      if (is_collective(n.op)) {
+        // A forward-pass collective whose output the next node reads stalls the compute
+        // stream for all of it (nothing runs between its start and its wait): a tensor-
+        // parallel all-reduce before the residual add, as the simulator times it.
+        const bool exposed = i < boundary && i + 1 < nodes.size() &&
+                             std::find(nodes[i + 1].inputs.begin(), nodes[i + 1].inputs.end(),
+                                       n.outputs[0]) != nodes[i + 1].inputs.end();
+        if (!exposed) continue;
+        const TensorType &in = local.type(n.inputs[0]), &res = local.type(n.outputs[0]);
+        double bytes = static_cast<double>(n.op == OpKind::all_gather ? res.bytes() : in.bytes());
+        if (in.shape.numel() > 1) bytes *= scale;
+        const double t =
+            collective_time(n.op, bytes,
+                            group_layout(p.mesh, axes_of_key(n.attrs.name), cluster_.node.devices),
+                            cluster_)
+                .seconds;
+        out.seconds += t;
+        out.forward_seconds += t;
+        continue;
+      }
       const double t =
-          op_time(local, nodes[i], cluster_.device, cluster_.op_efficiency, precision_).seconds;
+          op_time(local, n, cluster_.device, cluster_.op_efficiency, precision_).seconds;
       out.seconds += t;
       if (i < boundary) out.forward_seconds += t;
     }
