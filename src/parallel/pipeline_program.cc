@@ -7,6 +7,7 @@
 
 #include "parallel/pipeline_split.h"
 #include "parallel/pipeline_stages.h"
+#include "parallel/recompute.h"
 
 namespace tessera {
 
@@ -98,9 +99,45 @@ std::vector<char> gradient_reduction_nodes(const Graph& g,
 
 }  // namespace
 
-Result<PipelineProgram> lower_pipeline(const Graph& g, const Plan& plan,
-                                       const std::function<double(const Node&)>& cost,
-                                       int only_stage) {
+Result<LayerCosts> rank_layer_flops(const Graph& g, const Plan& plan) {
+  // One rank of the tensor group: the plan's tensor axes alone, with its placements,
+  // sequence parallelism and recomputation.
+  Plan t;
+  std::vector<MeshAxis> axes{{"dp", 1}};
+  std::vector<size_t> kept;  // the plan's mesh axes t keeps, after its dp of 1
+  for (size_t i = 0; i < plan.mesh.axes().size(); ++i) {
+    const MeshAxis& a = plan.mesh.axes()[i];
+    if (std::find(plan.tensor_axes.begin(), plan.tensor_axes.end(), a.name) !=
+        plan.tensor_axes.end()) {
+      axes.push_back(a);
+      kept.push_back(i);
+    }
+  }
+  if (kept.empty() && plan.recompute == RecomputePolicy::none)
+    return layer_costs(g, [&](const Node& n) { return node_flops(g, n); });
+  t.mesh = Mesh(axes);
+  t.tensor_axes = plan.tensor_axes;
+  for (const auto& [name, placements] : plan.params) {  // one placement per axis of t
+    std::vector<Placement>& p = t.params[name];
+    p.push_back(Placement{});  // Replicate on dp
+    for (size_t i : kept) p.push_back(i < placements.size() ? placements[i] : Placement{});
+  }
+  t.sequence_parallel = plan.sequence_parallel;
+  t.recompute = plan.recompute;
+  t.recompute_layers = plan.recompute_layers;
+  t.zero = 0;
+  Graph recomputed;
+  if (t.recompute != RecomputePolicy::none) {
+    TS_ASSIGN_OR_RETURN(recomputed, apply_recompute(g, t.recompute, nullptr, t.recompute_layers));
+  }
+  TS_ASSIGN_OR_RETURN(
+      Partitioned part,
+      partition(t.recompute == RecomputePolicy::none ? g : recomputed, t, token_shape(g)));
+  const Graph& local = part.local;
+  return layer_costs(local, [&](const Node& n) { return node_flops(local, n); });
+}
+
+Result<PipelineProgram> lower_pipeline(const Graph& g, const Plan& plan, int only_stage) {
   TS_RETURN_IF_ERROR(validate(plan));
   if (plan.stages() < 2)
     return error("pipeline: the plan has " + std::to_string(plan.stages()) + " stage",
@@ -112,9 +149,9 @@ Result<PipelineProgram> lower_pipeline(const Graph& g, const Plan& plan,
   int blocks = 0;
   for (const Node& n : g.nodes()) blocks = std::max(blocks, n.layer + 1);
   if (plan.stage_layers.empty()) {
-    auto flops = [&](const Node& n) { return node_flops(g, n); };
-    LayerCosts c = cost ? layer_costs(g, cost) : layer_costs(g, flops);
-    TS_ASSIGN_OR_RETURN(out.per_chunk, balance_stages(c, plan.chunks()));
+    Result<LayerCosts> c = rank_layer_flops(g, plan);
+    if (!c.ok()) return c.status().with_context("pipeline: costing the blocks on one rank");
+    TS_ASSIGN_OR_RETURN(out.per_chunk, balance_stages(c.value(), plan.chunks()));
   } else {
     const int total = std::accumulate(plan.stage_layers.begin(), plan.stage_layers.end(), 0);
     if (total != blocks || std::any_of(plan.stage_layers.begin(), plan.stage_layers.end(),

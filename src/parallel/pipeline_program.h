@@ -15,11 +15,11 @@
 // each chunk's gradient collectives form a phase of their own (ChunkProgram::reduce_phase).
 #pragma once
 
-#include <functional>
 #include <vector>
 
 #include "parallel/pipeline_schedule.h"
 #include "parallel/pipeline_split.h"
+#include "parallel/pipeline_stages.h"
 #include "parallel/program.h"
 
 namespace tessera {
@@ -85,14 +85,19 @@ struct PipelineProgram {
   std::vector<int64_t> stage_p2p_bytes;                    // per stage: both pools' bytes
 };
 
-// plan.stages() must be > 1. Chunks are cut at plan.stage_layers, or balanced by `cost` (per
-// node; FLOPs when empty). Errors: more chunks than blocks, stage_layers that do not sum to the
-// blocks, and the schedule's own (micro-batches for interleaved).
+// plan.stages() must be > 1. Chunks are cut at plan.stage_layers, or balanced by the FLOPs one
+// rank of a stage runs (rank_layer_flops): the runtime and the simulator cut the same way.
+// Errors: more chunks than blocks, stage_layers that do not sum to the blocks, and the
+// schedule's own (micro-batches for interleaved).
 // `only_stage` >= 0 lowers that stage's chunks alone (the others stay empty, and only that
 // stage's figures are filled): its memory costs a fraction of the whole pipeline's lowering.
-Result<PipelineProgram> lower_pipeline(const Graph& g, const Plan& plan,
-                                       const std::function<double(const Node&)>& cost = {},
-                                       int only_stage = -1);
+Result<PipelineProgram> lower_pipeline(const Graph& g, const Plan& plan, int only_stage = -1);
+
+// The FLOPs of each block, and of what comes before and after the blocks, on one rank of the
+// plan's tensor group with its recomputation: g partitioned over the tensor axes, so that what
+// the ranks replicate weighs in full (an LM head whose vocabulary does not divide the group is
+// computed whole on every rank) and recomputed forward nodes count in their block.
+Result<LayerCosts> rank_layer_flops(const Graph& g, const Plan& plan);
 
 // The chunk of a model chunk index: its stage.
 inline int stage_of_chunk(const PipelineProgram& p, int chunk) { return chunk % p.schedule.stages; }

@@ -11,6 +11,7 @@
 #include "cost/op_cost.h"
 #include "parallel/memory_plan.h"
 #include "parallel/partition.h"
+#include "parallel/pipeline_program.h"
 #include "parallel/pipeline_schedule.h"
 #include "parallel/recompute.h"
 #include "parallel/sharding_search.h"
@@ -220,7 +221,7 @@ class MicroBatchCosts {
   // Compute seconds (all, and the forward pass's) and kept bytes of the ops of a model of
   // `blocks` blocks lowered for key k.
   struct Measured {
-    double seconds = 0, forward_seconds = 0, kept = 0;
+    double seconds = 0, forward_seconds = 0, kept = 0, exposed_comm = 0;
   };
   Result<Measured> measure(const Key& k, int64_t blocks) {
     const auto [rows, rc, tp, sp] = k;
@@ -263,8 +264,7 @@ class MicroBatchCosts {
                             group_layout(p.mesh, axes_of_key(n.attrs.name), cluster_.node.devices),
                             cluster_)
                 .seconds;
-        out.seconds += t;
-        out.forward_seconds += t;
+        out.exposed_comm += t;
         continue;
       }
       const double t =
@@ -298,6 +298,7 @@ class MicroBatchCosts {
     const double more = static_cast<double>(cfg_.n_layer - 1);
     const double scale = static_cast<double>(dtype_size(precision_)) / 4.0;
     MicroBatchCost c;
+    c.time.exposed_comm_seconds = one.exposed_comm + (two.exposed_comm - one.exposed_comm) * more;
     c.time.block_seconds = two.seconds - one.seconds;
     c.time.seconds = one.seconds + c.time.block_seconds * more;
     c.time.forward_seconds =
@@ -329,6 +330,25 @@ struct GraphCache {
     std::lock_guard<std::mutex> l(mu);
     return graphs.emplace(batch, g).first->second;
   }
+
+  // The blocks' costs on one tensor rank that cut a pipeline (rank_layer_flops: the whole
+  // graph partitioned), once per (micro-batch graph, tp, sp, recomputation): the candidates
+  // sharing them differ only in stages, schedule and micro-batch count.
+  using CostKey = std::tuple<int64_t, int, bool, int, int>;
+  std::map<CostKey, std::shared_ptr<const Result<LayerCosts>>> costs;
+  std::shared_ptr<const Result<LayerCosts>> rank_costs(int64_t batch, const Graph& g,
+                                                       const Plan& plan) {
+    const CostKey key{batch, plan.tensor_group(), plan.sequence_parallel,
+                      static_cast<int>(plan.recompute), plan.recompute_layers};
+    {
+      std::lock_guard<std::mutex> l(mu);
+      auto it = costs.find(key);
+      if (it != costs.end()) return it->second;
+    }
+    auto c = std::make_shared<const Result<LayerCosts>>(rank_layer_flops(g, plan));
+    std::lock_guard<std::mutex> l(mu);
+    return costs.emplace(key, c).first->second;
+  }
 };
 
 // Lowers and times candidate c (its parameters placed by `placements`). A pipeline's first stage
@@ -347,6 +367,16 @@ void simulate_candidate(const ModelConfig& cfg, const ClusterSpec& cluster, cons
   SimOptions so;
   so.precision = o.precision;
   if (c->plan.stages() > 1) {
+    // The cut lower_pipeline would make (as the runtime does), from the shared block costs.
+    std::shared_ptr<const Result<LayerCosts>> costs =
+        cache.rank_costs(global_mb, m->graph, c->plan);
+    Result<std::vector<int>> cut =
+        costs->ok() ? balance_stages(costs->value(), c->plan.chunks()) : costs->status();
+    if (!cut.ok()) {
+      c->error = cut.status().message();
+      return;
+    }
+    c->plan.stage_layers = cut.value();
     Result<double> first = simulate_stage_memory(m->graph, c->plan, cluster, so, 0);
     if (!first.ok()) {
       c->error = first.status().message();

@@ -124,7 +124,7 @@ double data_comm_time_bound(const ModelConfig& cfg, const ClusterSpec& cluster, 
 double plan_time_bound(const Plan& plan, const MicroBatchTime& t, int64_t blocks,
                        double optimizer_seconds, double comm_seconds) {
   const double p = static_cast<double>(plan.stages()), m = plan.micro_batches;
-  double step = t.seconds * m;
+  double step = (t.seconds + (plan.stages() == 1 ? t.exposed_comm_seconds : 0.0)) * m;
   if (plan.stages() > 1) {
     double idle = p - 1;
     if (plan.schedule == ScheduleKind::interleaved) idle /= plan.virtual_stages;

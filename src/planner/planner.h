@@ -148,9 +148,11 @@ double with_activations(const Plan& plan, double state_bound, double state_per_b
                         double saved_per_block, int64_t blocks);
 double optimizer_time_bound(const ModelConfig& cfg, const ClusterSpec& cluster, const Plan& plan);
 // A tensor-parallel rank's compute for one micro-batch of the whole model: all of it, the
-// forward pass's part (zb-h1's bubble), and one block's (0 when the blocks differ, as T5's).
+// forward pass's part (zb-h1's bubble), and one block's (0 when the blocks differ, as T5's);
+// and the forward pass's tensor-parallel collectives that stall the compute stream (counted
+// without pipeline stages only: a stage's sends and schedule may overlap them).
 struct MicroBatchTime {
-  double seconds = 0, forward_seconds = 0, block_seconds = 0;
+  double seconds = 0, forward_seconds = 0, block_seconds = 0, exposed_comm_seconds = 0;
 };
 // A lower bound on the seconds per step the busiest data-parallel comm stream is busy: every
 // micro-batch's gradient reduction (all-reduce, or reduce-scatter under ZeRO-2/3 and HSDP's

@@ -45,13 +45,6 @@ std::pair<double, double> stage_memory(const PipelineProgram& pp, int s, double 
   return {persistent, arena};
 }
 
-std::function<double(const Node&)> op_seconds(const Graph& g, const ClusterSpec& cluster,
-                                              const SimOptions& opt) {
-  return [&g, &cluster, &opt](const Node& n) {
-    return op_time(g, n, cluster.device, cluster.op_efficiency, opt.precision).seconds;
-  };
-}
-
 }  // namespace
 
 Result<SimResult> simulate(const PipelineProgram& pp, const ClusterSpec& cluster,
@@ -175,7 +168,7 @@ Result<SimResult> simulate_plan(const Graph& g, const Plan& plan, const ClusterS
     TS_ASSIGN_OR_RETURN(Program prog, lower(g, plan));
     return simulate(prog, cluster, opt);
   }
-  TS_ASSIGN_OR_RETURN(PipelineProgram pp, lower_pipeline(g, plan, op_seconds(g, cluster, opt)));
+  TS_ASSIGN_OR_RETURN(PipelineProgram pp, lower_pipeline(g, plan));
   return simulate(pp, cluster, opt);
 }
 
@@ -185,8 +178,7 @@ Result<double> simulate_stage_memory(const Graph& g, const Plan& plan, const Clu
   if (stage < 0 || stage >= plan.stages())
     return error("simulate_stage_memory: no stage " + std::to_string(stage) + " of " +
                  std::to_string(plan.stages()));
-  TS_ASSIGN_OR_RETURN(PipelineProgram pp,
-                      lower_pipeline(g, plan, op_seconds(g, cluster, opt), stage));
+  TS_ASSIGN_OR_RETURN(PipelineProgram pp, lower_pipeline(g, plan, stage));
   const auto [persistent, arena] = stage_memory(pp, stage, precision_scale(opt));
   return persistent + arena;
 }

@@ -8,6 +8,7 @@
 #include <numeric>
 
 #include "models/model.h"
+#include "parallel/sharding_search.h"
 
 namespace tessera {
 namespace {
@@ -224,6 +225,39 @@ TEST(PipelinePlan, JsonRoundTripAndRefusals) {
   Result<Plan> bad = plan_from_json(j);
   ASSERT_FALSE(bad.ok());
   EXPECT_NE(bad.status().message().find("key 'schedule'"), std::string::npos);
+}
+
+// Stages are balanced by what one rank of the tensor group computes: a block's FLOPs split
+// over the tensor ranks, and an LM head whose vocabulary the group does not divide computed
+// whole on every rank (vocab 97 over tp 2), but split once the vocabulary is padded (98).
+TEST(PipelineProgram, StagesAreCostedOnOneRankOfTheTensorGroup) {
+  for (int64_t rows : {int64_t{97}, int64_t{98}}) {
+    ModelConfig c = tiny("gpt-tiny", 4);
+    c.vocab_size = 97;
+    c.padded_vocab_size = rows == 97 ? 0 : rows;
+    ModelGraph m = build_model(c, 2, 8, ModelMode::train);
+    Plan plan = Plan::pipeline_parallel(2, 1, 2, 0);
+    plan.micro_batches = 2;
+    ASSERT_TRUE(place_tensor_parallel(c, 2, 8, m.graph, SearchCost{0}, &plan).ok());
+    const LayerCosts global =
+        layer_costs(m.graph, [&](const Node& n) { return node_flops(m.graph, n); });
+    Result<LayerCosts> rank = rank_layer_flops(m.graph, plan);
+    ASSERT_TRUE(rank.ok()) << rank.status().to_string();
+    ASSERT_EQ(rank->block.size(), global.block.size());
+    for (size_t b = 0; b < global.block.size(); ++b)
+      EXPECT_NEAR(rank->block[b] / global.block[b], 0.5, 0.1) << "block " << b;
+    // The head and loss: mostly whole on each rank (the norm and loss ops around the head
+    // matmul split partly), or half with the padded vocabulary.
+    const double after = rank->after / global.after;
+    if (rows == 97) {
+      EXPECT_GT(after, 0.8) << "the replicated head";
+    } else {
+      EXPECT_NEAR(after, 0.5, 0.1) << "the vocab-parallel head";
+    }
+    Result<PipelineProgram> pp = lower_pipeline(m.graph, plan);
+    ASSERT_TRUE(pp.ok()) << pp.status().to_string();
+    EXPECT_EQ(pp->per_chunk, balance_stages(rank.value(), 2).value());
+  }
 }
 
 }  // namespace
