@@ -18,7 +18,6 @@
 //   recomputed, dS = P (dP - D), dq += dS K; D_i = dO_i . O_i is written for the second
 //   pass) and a dk/dv pass per key tile over the query tiles of every head in its group
 //   (S^T and dP^T recomputed, dv += P^T dO, dk += dS^T Q).
-#include <mma.h>
 
 #include <algorithm>
 #include <cmath>
