@@ -63,8 +63,11 @@ std::vector<PlanCandidate> enumerate(const ModelConfig& cfg, const ClusterSpec& 
         std::vector<Sched> scheds = {{ScheduleKind::one_f_one_b, 1}};
         if (pp > 1) {
           scheds.push_back({ScheduleKind::zb_h1, 1});
-          if (m % pp == 0 && 2 * pp <= cfg.n_layer)
-            scheds.push_back({ScheduleKind::interleaved, 2});
+          // Interleaved with 2 or 4 model chunks per stage (its micro-batches a multiple of
+          // the stages, each chunk at least one block).
+          for (int v : {2, 4})
+            if (m % pp == 0 && v * pp <= cfg.n_layer)
+              scheds.push_back({ScheduleKind::interleaved, v});
         }
         // Data-parallel sharding: ZeRO-1/2/3 over all data ranks (pipelines: ZeRO-1), and
         // HSDP: ZeRO-3 within the data ranks of a node, replicated across nodes (the
