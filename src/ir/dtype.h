@@ -43,6 +43,8 @@ inline const char* dtype_name(DType t) {
 }
 
 inline bool dtype_is_float(DType t) { return t != DType::i32; }
+// bf16 or f16: stored in 16 bits, computed in f32 (master weights, accumulators).
+inline bool is_low_precision(DType t) { return t == DType::bf16 || t == DType::f16; }
 
 // Accepts "f32"/"float32", "bf16"/"bfloat16", "f16"/"float16", "i32"/"int32".
 std::optional<DType> parse_dtype(std::string_view name);

@@ -259,11 +259,8 @@ class MicroBatchCosts {
                              std::find(nodes[i + 1].inputs.begin(), nodes[i + 1].inputs.end(),
                                        n.outputs[0]) != nodes[i + 1].inputs.end();
         if (!exposed) continue;
-        const TensorType &in = local.type(n.inputs[0]), &res = local.type(n.outputs[0]);
-        double bytes = static_cast<double>(n.op == OpKind::all_gather ? res.bytes() : in.bytes());
-        if (in.shape.numel() > 1) bytes *= scale;
         const double t =
-            collective_time(n.op, bytes,
+            collective_time(n.op, collective_bytes(local, n, scale),
                             group_layout(p.mesh, axes_of_key(n.attrs.name), cluster_.node.devices),
                             cluster_)
                 .seconds;

@@ -39,14 +39,10 @@ CudaTrainer::CudaTrainer(const Graph& g, CudaBackend& gpu, CudaTrainerOptions op
     offsets.push_back(at);
     at += aligned(t.bytes()) + (t.dtype == DType::f32 ? 0 : f32) + 2 * f32;
   }
-  std::vector<cuda::OptimTensor> tensors(slots_.size());
-  int64_t chunks = 0;
-  for (size_t k = 0; k < slots_.size(); ++k) {
-    tensors[k].n = slots_[k].size;
-    chunks += (slots_[k].size + cuda::kChunk - 1) / cuda::kChunk;
-  }
+  std::vector<cuda::OptimTensor> tensors(slots_.size());  // sizes now, pointers below
+  for (size_t k = 0; k < slots_.size(); ++k) tensors[k].n = slots_[k].size;
   const int64_t parts_at = at;
-  at += aligned(chunks * 8);
+  at += aligned(cuda::chunks_of(tensors) * 8);
   const int64_t scalars_at = at;
   at += kAlign;
   const int64_t described_at = at;

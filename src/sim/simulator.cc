@@ -81,11 +81,7 @@ class Schedule {
     if (t.seconds < 0) {
       const Node& n = g_.node(id);
       if (is_collective(n.op)) {
-        const TensorType& in = g_.type(n.inputs[0]);
-        const TensorType& out = g_.type(n.outputs[0]);
-        double whole = n.op == OpKind::all_gather ? out.bytes() : in.bytes();
-        if (in.shape.numel() > 1) whole *= scale_;  // the loss scalar stays f32
-        t = OpTime{collective(n.op, whole, axes_of_key(n.attrs.name))};
+        t = OpTime{collective(n.op, collective_bytes(g_, n, scale_), axes_of_key(n.attrs.name))};
       } else {
         t = op_time(g_, n, c_.device, c_.op_efficiency, opt_.precision);
       }
@@ -302,6 +298,13 @@ MicroBatchCounts micro_batch_counts(const Program& p) {
       break;
     }
   return c;
+}
+
+double collective_bytes(const Graph& g, const Node& n, double scale) {
+  const TensorType& in = g.type(n.inputs[0]);
+  const double whole =
+      static_cast<double>(n.op == OpKind::all_gather ? g.type(n.outputs[0]).bytes() : in.bytes());
+  return in.shape.numel() > 1 ? whole * scale : whole;
 }
 
 // Where the members of rank 0's group over `axes` sit: how many share a node.

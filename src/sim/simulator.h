@@ -108,6 +108,11 @@ std::string chrome_trace(const SimResult& r, const std::string& title);
 // Multi-line summary: step time and breakdown, tokens/s, TFLOP/s, MFU, HFU, memory.
 std::string format_sim_result(const SimResult& r, const ClusterSpec& cluster);
 
+// The bytes a collective node moves, as collective_time takes them (all_gather: its gathered
+// output; the others: their input), at the run's element size over f32 (`scale`; the loss
+// scalar stays f32).
+double collective_bytes(const Graph& g, const Node& n, double scale);
+
 // Where the members of rank 0's group over `axes` sit: how many share a node (the layout
 // collective_time takes).
 GroupLayout group_layout(const Mesh& mesh, const std::vector<std::string>& axes,

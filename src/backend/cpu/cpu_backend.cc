@@ -61,8 +61,6 @@ const cpu::KernelTable& kernels() {
   return table;
 }
 
-bool is_low_precision(DType t) { return t == DType::bf16 || t == DType::f16; }
-
 // f32 buffers that widen a low-precision kernel's inputs and outputs, kept per thread between
 // calls: a fresh allocation per node costs page faults on every byte (5x slower steps).
 class WidenPool {

@@ -36,7 +36,7 @@ void run_in_f32(OpKind op, const Args& a, KernelFn fn) {
   };
   for (size_t i = 0; i < a.in.size(); ++i) {
     TensorType& t = in_types[i];
-    if (t.dtype == DType::bf16 || t.dtype == DType::f16) {
+    if (is_low_precision(t.dtype)) {
       void* p = widened(t.shape.numel());
       convert(a.in[i], t.dtype, p, DType::f32, t.shape.numel(), a.stream);
       w.in.push_back(p);
@@ -48,7 +48,7 @@ void run_in_f32(OpKind op, const Args& a, KernelFn fn) {
   std::vector<size_t> narrowed;
   for (size_t i = 0; i < a.out.size(); ++i) {
     TensorType& t = out_types[i];
-    if (t.dtype == DType::bf16 || t.dtype == DType::f16) {
+    if (is_low_precision(t.dtype)) {
       w.out.push_back(widened(t.shape.numel()));
       narrowed.push_back(i);
       t.dtype = DType::f32;
@@ -65,7 +65,6 @@ void run_in_f32(OpKind op, const Args& a, KernelFn fn) {
 }  // namespace cuda
 
 namespace {
-bool is_low_precision(DType t) { return t == DType::bf16 || t == DType::f16; }
 
 // cuBLASLt picks among its algorithms with this much scratch (Hopper's recommended size).
 constexpr size_t kWorkspaceBytes = 32u << 20;

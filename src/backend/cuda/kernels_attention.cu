@@ -123,6 +123,27 @@ __device__ Tile tile_of(int64_t rows, int per_block) {
   return {blockIdx.x / tiles, (blockIdx.x % tiles) * per_block};
 }
 
+// A query row of the block's tile, for the forward and dq passes: the thread's part of it,
+// its head and index, its flat row, its kv head's first element, the keys any row of the tile
+// sees (the same for the whole block), and whether the row exists.
+struct QueryRow {
+  int part;
+  int64_t h, i, row, kv, keys;
+  bool ok;
+};
+__device__ QueryRow query_row(const Dims& z, int g) {
+  const int per_block = blockDim.x / g;
+  const Tile t = tile_of(z.tq, per_block);
+  const int64_t b = t.bh / z.h, h = t.bh % z.h, i = t.first + threadIdx.x / g;
+  return {static_cast<int>(threadIdx.x % g),
+          h,
+          i,
+          t.bh * z.tq + i,
+          (b * z.hkv + h / z.group) * z.tk * z.d,
+          z.causal ? std::min<int64_t>(z.tk, t.first + per_block) : z.tk,
+          i < z.tq};
+}
+
 template <int kC>
 __global__ void forward_kernel(const float* q, const float* k, const float* v, const float* bias,
                                float* out, float* lse, Dims z, float scale, int g, int tile) {
@@ -130,18 +151,12 @@ __global__ void forward_kernel(const float* q, const float* k, const float* v, c
   float* sm = reinterpret_cast<float*>(sm4);
   const Layout lay{g, kC, g * (kC + kPad)};
   float *ks = sm, *vs = sm + tile * lay.stride;
-  const int per_block = blockDim.x / g, part = threadIdx.x % g;
-  const Tile t = tile_of(z.tq, per_block);
-  const int64_t b = t.bh / z.h, h = t.bh % z.h, i = t.first + threadIdx.x / g;
-  const bool row_ok = i < z.tq;
-  const int64_t row = t.bh * z.tq + i, kv = (b * z.hkv + h / z.group) * z.tk * z.d;
+  const auto [part, h, i, row, kv, keys, row_ok] = query_row(z, g);
   float qr[kC], acc[kC];
   load_chunk<kC>(q + row * z.d, z.d, part, row_ok, qr);
 #pragma unroll
   for (int e = 0; e < kC; ++e) acc[e] = 0.0f;
   float m = -INFINITY, l = 0;
-  // Keys any row of the tile sees (the same for the whole block).
-  const int64_t keys = z.causal ? std::min<int64_t>(z.tk, t.first + per_block) : z.tk;
   for (int64_t j0 = 0; j0 < keys; j0 += tile) {
     const int n = static_cast<int>(std::min<int64_t>(tile, keys - j0));
     __syncthreads();
@@ -181,11 +196,7 @@ __global__ void dq_kernel(const float* q, const float* k, const float* v, const 
   float* sm = reinterpret_cast<float*>(sm4);
   const Layout lay{g, kC, g * (kC + kPad)};
   float *ks = sm, *vs = sm + tile * lay.stride;
-  const int per_block = blockDim.x / g, part = threadIdx.x % g;
-  const Tile t = tile_of(z.tq, per_block);
-  const int64_t b = t.bh / z.h, h = t.bh % z.h, i = t.first + threadIdx.x / g;
-  const bool row_ok = i < z.tq;
-  const int64_t row = t.bh * z.tq + i, kv = (b * z.hkv + h / z.group) * z.tk * z.d;
+  const auto [part, h, i, row, kv, keys, row_ok] = query_row(z, g);
   float qr[kC], dor[kC], acc[kC], o[kC];
   load_chunk<kC>(q + row * z.d, z.d, part, row_ok, qr);
   load_chunk<kC>(dout + row * z.d, z.d, part, row_ok, dor);
@@ -198,7 +209,6 @@ __global__ void dq_kernel(const float* q, const float* k, const float* v, const 
   }
   di = group_sum(di, g);
   const float l = row_ok ? lse[row] : 0.0f;
-  const int64_t keys = z.causal ? std::min<int64_t>(z.tk, t.first + per_block) : z.tk;
   for (int64_t j0 = 0; j0 < keys; j0 += tile) {
     const int n = static_cast<int>(std::min<int64_t>(tile, keys - j0));
     __syncthreads();
@@ -347,21 +357,17 @@ void attention_grad_f32(OpKind, const Args& a) {
   TS_CUDA(cudaFreeAsync(delta, a.stream));
 }
 
-bool low_precision(const Args& a) {
-  return a.in_types[0].dtype == DType::bf16 || a.in_types[0].dtype == DType::f16;
-}
-
 // bf16/f16 attention goes to the tensor cores where it can (kernels_attention_tc.cu), else to
 // the f32 kernels on widened copies.
 void attention(OpKind op, const Args& a) {
   if (attention_tensor_cores(a)) return;
-  if (low_precision(a)) return run_in_f32(op, a, attention_f32);
+  if (is_low_precision(a.in_types[0].dtype)) return run_in_f32(op, a, attention_f32);
   attention_f32(op, a);
 }
 
 void attention_grad(OpKind op, const Args& a) {
   if (attention_grad_tensor_cores(a)) return;
-  if (low_precision(a)) return run_in_f32(op, a, attention_grad_f32);
+  if (is_low_precision(a.in_types[0].dtype)) return run_in_f32(op, a, attention_grad_f32);
   attention_grad_f32(op, a);
 }
 

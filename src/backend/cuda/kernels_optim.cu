@@ -95,13 +95,30 @@ __global__ void adamw_kernel(OptimTensors l, const AdamWStep* step, const float*
 
 }  // namespace
 
-int64_t describe_bytes(const std::vector<OptimTensor>& tensors) {
+int64_t chunks_of(const std::vector<OptimTensor>& tensors) {
   int64_t chunks = 0;
   for (const OptimTensor& t : tensors) chunks += (t.n + kChunk - 1) / kChunk;
-  auto up16 = [](int64_t b) { return (b + 15) / 16 * 16; };
-  return up16(static_cast<int64_t>(tensors.size() * sizeof(OptimTensor))) + up16(chunks * 4) +
-         chunks * 8;
+  return chunks;
 }
+
+namespace {
+// Where describe() puts the descriptors, the chunk -> tensor table and the chunk -> first
+// element table (each 16-byte aligned), and their bytes.
+struct Described {
+  int64_t owner_at, first_at, bytes;
+};
+Described described(const std::vector<OptimTensor>& tensors) {
+  auto up16 = [](int64_t b) { return (b + 15) / 16 * 16; };
+  const int64_t chunks = chunks_of(tensors);
+  Described d;
+  d.owner_at = up16(static_cast<int64_t>(tensors.size() * sizeof(OptimTensor)));
+  d.first_at = d.owner_at + up16(chunks * 4);
+  d.bytes = d.first_at + chunks * 8;
+  return d;
+}
+}  // namespace
+
+int64_t describe_bytes(const std::vector<OptimTensor>& tensors) { return described(tensors).bytes; }
 
 OptimTensors describe(const std::vector<OptimTensor>& tensors, void* device) {
   std::vector<int32_t> owner;
@@ -111,18 +128,17 @@ OptimTensors describe(const std::vector<OptimTensor>& tensors, void* device) {
       owner.push_back(static_cast<int32_t>(k));
       first.push_back(f);
     }
-  auto up16 = [](size_t b) { return (b + 15) / 16 * 16; };
+  const Described d = described(tensors);
   char* p = static_cast<char*>(device);
-  const size_t desc = up16(tensors.size() * sizeof(OptimTensor)), own = up16(owner.size() * 4);
   // Synchronous copies: the host vectors go out of scope, and this runs once, before a step.
   TS_CUDA(
       cudaMemcpy(p, tensors.data(), tensors.size() * sizeof(OptimTensor), cudaMemcpyHostToDevice));
-  TS_CUDA(cudaMemcpy(p + desc, owner.data(), owner.size() * 4, cudaMemcpyHostToDevice));
-  TS_CUDA(cudaMemcpy(p + desc + own, first.data(), first.size() * 8, cudaMemcpyHostToDevice));
+  TS_CUDA(cudaMemcpy(p + d.owner_at, owner.data(), owner.size() * 4, cudaMemcpyHostToDevice));
+  TS_CUDA(cudaMemcpy(p + d.first_at, first.data(), first.size() * 8, cudaMemcpyHostToDevice));
   OptimTensors l;
   l.tensors = reinterpret_cast<const OptimTensor*>(p);
-  l.chunk_tensor = reinterpret_cast<const int32_t*>(p + desc);
-  l.chunk_first = reinterpret_cast<const int64_t*>(p + desc + own);
+  l.chunk_tensor = reinterpret_cast<const int32_t*>(p + d.owner_at);
+  l.chunk_first = reinterpret_cast<const int64_t*>(p + d.first_at);
   l.chunks = static_cast<int64_t>(owner.size());
   return l;
 }

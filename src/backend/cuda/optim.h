@@ -43,6 +43,8 @@ struct OptimTensors {
   int64_t chunks = 0;
 };
 
+// Chunks (blocks of the passes) of these tensors: sum_squares writes one partial sum each.
+int64_t chunks_of(const std::vector<OptimTensor>& tensors);
 // Device bytes describe() needs for these tensors.
 int64_t describe_bytes(const std::vector<OptimTensor>& tensors);
 // Copies the descriptors and chunk table into `device` (describe_bytes() of device memory,
