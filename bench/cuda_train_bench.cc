@@ -57,11 +57,13 @@ int main(int argc, char** argv) {
         warmup = std::max(0, std::stoi(v));
       else if (k == "--precision")
         precision = v;
-      else if (k == "--profile")
-        profile = v == "1";
-      else if (k == "--graph")
-        graph = v == "1";
-      else if (k == "--vocab-rows")
+      else if (k == "--profile" || k == "--graph") {
+        if (v != "0" && v != "1") {
+          std::fprintf(stderr, "error: %s takes 0 or 1, got '%s'\n", k.c_str(), v.c_str());
+          return 2;
+        }
+        (k == "--profile" ? profile : graph) = v == "1";
+      } else if (k == "--vocab-rows")
         vocab_rows = std::stoll(v);
       else if (k == "--peak-tflops")
         peak_tflops = std::stod(v);
@@ -84,11 +86,6 @@ int main(int argc, char** argv) {
     std::fprintf(stderr, "error: --precision must be fp32 or bf16, got '%s'\n", precision.c_str());
     return 2;
   }
-  std::string why;
-  if (!cuda_device_present(&why)) {
-    std::fprintf(stderr, "error: no usable CUDA device (%s)\n", why.c_str());
-    return 1;
-  }
   ModelConfig c = *find_preset("gpt2-small");
   c.dtype = precision == "bf16" ? DType::bf16 : DType::f32;
   if (vocab_rows < c.vocab_size) {
@@ -97,6 +94,11 @@ int main(int argc, char** argv) {
     return 2;
   }
   c.padded_vocab_size = vocab_rows;
+  std::string why;
+  if (!cuda_device_present(&why)) {
+    std::fprintf(stderr, "error: no usable CUDA device (%s)\n", why.c_str());
+    return 1;
+  }
   ModelGraph m = build_model(c, batch, seq, ModelMode::train);
   CudaBackend gpu;
   CudaTrainer t(m.graph, gpu, {.adamw = {.lr = 6e-4}, .max_grad_norm = 1.0, .cuda_graph = graph});
