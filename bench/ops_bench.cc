@@ -207,7 +207,7 @@ void BM_adamw(benchmark::State& st) {
   const int64_t n = st.range(0);
   std::vector<float> p = random_floats(n), g = random_floats(n, 1e-3f, 2),
                      m(static_cast<size_t>(n)), v(static_cast<size_t>(n));
-  cpu::AdamWUpdate u;
+  AdamWUpdate u;
   u.shrink = 1.0f - 6e-5f;
   u.step_size = 6e-4f;
   const int64_t bytes = 7 * n * 4;  // reads p, g, m, v; writes p, m, v

@@ -1,11 +1,20 @@
-// The Backend interface: buffers and kernels of one kind of device. The runtime executes a graph
-// node by node through it; a backend that cannot run an op says so via supports() so that the
-// caller can fall back or report it.
+// The Backend interface: one kind of device's memory and kernels. The runtime allocates its
+// buffers through it (one arena sized by the static memory plan, the parameters), copies
+// inputs in and results out through it, and executes a graph node by node on it; a backend
+// that cannot run an op says so via supports() so that the caller can fall back or report it.
 //
 //   CpuBackend cpu;
-//   cpu.run(graph, node, {x_ptr, w_ptr}, {y_ptr});
+//   Buffer x = cpu.allocate(bytes);              // zero-filled, released with the Buffer
+//   cpu.to_device(x.data(), host_x, bytes);
+//   cpu.run(graph, node, {x.data(), w.data()}, {y.data()});
+//   cpu.to_host(host_y, y.data(), bytes);        // waits for the work before it
+//
+// Three backends: CpuBackend (host memory), CudaBackend (-DTESSERA_CUDA=ON, device memory and
+// one stream) and NullBackend (backend/null_backend.h: hands out addresses that are never
+// read and runs nothing, for planning tests of full-size models).
 #pragma once
 
+#include <cstdint>
 #include <span>
 #include <vector>
 
@@ -32,15 +41,88 @@ struct KernelArgs {
   const Shape& out_shape(int i) const { return out_types[static_cast<size_t>(i)].shape; }
 };
 
+// Where a backend's buffers live: host memory (the runtime may read them in place), device
+// memory (only to_host reads them) or nowhere (NullBackend: addresses that must not be read).
+enum class MemSpace : uint8_t { host, device, none };
+
+class Backend;
+
+// Memory of one backend, released to it when the Buffer is destroyed. Move-only.
+class Buffer {
+ public:
+  Buffer() = default;
+  Buffer(Backend* owner, void* data, int64_t bytes) : owner_(owner), data_(data), bytes_(bytes) {}
+  Buffer(Buffer&& o) noexcept { *this = std::move(o); }
+  Buffer& operator=(Buffer&& o) noexcept;
+  Buffer(const Buffer&) = delete;
+  Buffer& operator=(const Buffer&) = delete;
+  ~Buffer() { reset(); }
+
+  void* data() const { return data_; }
+  uint8_t* bytes_at(int64_t offset) const { return static_cast<uint8_t*>(data_) + offset; }
+  int64_t bytes() const { return bytes_; }
+  Backend* backend() const { return owner_; }
+  explicit operator bool() const { return data_ != nullptr; }
+  void reset();
+
+ private:
+  Backend* owner_ = nullptr;
+  void* data_ = nullptr;
+  int64_t bytes_ = 0;
+};
+
+// One AdamW update of a tensor's elements (torch.optim.AdamW's arithmetic, bias corrections
+// folded into step_size and bc2_sqrt), with g = grad * grad_scale:
+//   m = b1 m + (1-b1) g;  v = b2 v + (1-b2) g^2;  p = p*shrink - step_size m / (sqrt(v)/bc2_sqrt +
+//   eps)
+struct AdamWUpdate {
+  float grad_scale = 1.0f;  // clipping (and loss-scale) coefficient
+  float shrink = 1.0f;      // decoupled weight decay: 1 - lr * weight_decay, or 1
+  float beta1 = 0.9f, beta2 = 0.95f;
+  float step_size = 0.0f;  // lr / (1 - beta1^t)
+  float bc2_sqrt = 1.0f;   // sqrt(1 - beta2^t)
+  float eps = 1e-8f;
+};
+
 class Backend {
  public:
   virtual ~Backend() = default;
   virtual const char* name() const = 0;
   virtual bool supports(OpKind op) const = 0;
-  // Runs one node. inputs/outputs point at buffers of the node's value types, densely packed
-  // row-major. Outputs never alias inputs.
+  // Runs one node (enqueues it, on a device). inputs/outputs point at this backend's buffers
+  // of the node's value types, densely packed row-major. Outputs never alias inputs.
   virtual void run(const Graph& g, const Node& node, std::span<const void* const> inputs,
                    std::span<void* const> outputs) = 0;
+
+  // Memory: allocate() is alloc() owned by the returned Buffer. alloc gives zero-filled
+  // memory (or fails as operator new does); free waits for the work that may still use it.
+  virtual MemSpace memory() const = 0;
+  Buffer allocate(int64_t bytes);
+  virtual void* alloc(int64_t bytes) = 0;
+  virtual void free(void* p) = 0;
+  // Copies between host memory and this backend's memory, and within it, and byte fills, in
+  // order with run(); to_host waits for everything before it, so `dst` is ready on return.
+  virtual void to_device(void* dst, const void* host_src, int64_t bytes) = 0;
+  virtual void to_host(void* host_dst, const void* src, int64_t bytes) = 0;
+  virtual void copy(void* dst, const void* src, int64_t bytes) = 0;
+  virtual void fill(void* dst, uint8_t byte, int64_t bytes) = 0;
+  // Waits until all work enqueued on this backend has finished.
+  virtual void synchronize() {}
+
+  // The optimizer's flat passes over this backend's buffers of n elements: f32 unless a dtype
+  // is named (a bf16/f16 gradient is read widened to f32).
+  // The sum of squares in double, added in an order fixed for n (the same on every run); waits,
+  // the result is on the host.
+  virtual double sum_squares(const void* x, DType dtype, int64_t n) = 0;
+  virtual void scale(float* x, int64_t n, float c) = 0;
+  // Gradient accumulation: dst = src when `first`, else dst += src.
+  virtual void accumulate(float* dst, const void* src, DType src_dtype, int64_t n, bool first) = 0;
+  // AdamW on f32 parameters and moments.
+  virtual void adamw(const AdamWUpdate& u, float* param, const void* grad, DType grad_dtype,
+                     float* m, float* v, int64_t n) = 0;
+  // Elementwise dtype conversion (f32/bf16/f16 to any of them; i32 to i32), within this
+  // backend's memory: master weights to a low-precision working copy.
+  virtual void convert(const void* src, DType from, void* dst, DType to, int64_t n) = 0;
 };
 
 }  // namespace tessera

@@ -17,18 +17,27 @@ constexpr uint8_t kPaint = 0xA5;
 int64_t align64(int64_t x) { return (x + 63) / 64 * 64; }
 }  // namespace
 
-SharedArena SharedArena::make(int64_t bytes) {
+SharedArena SharedArena::make(Backend& backend, int64_t bytes) {
   SharedArena a;
   a.bytes = bytes;
-  a.data.reset(new uint8_t[static_cast<size_t>(std::max<int64_t>(bytes, 64))]);
+  a.buffer = std::make_shared<Buffer>(backend.allocate(std::max<int64_t>(bytes, 64)));
   return a;
 }
 
-void SharedArena::paint() { std::memset(data.get(), kPaint, static_cast<size_t>(bytes)); }
+void SharedArena::paint() { buffer->backend()->fill(data(), kPaint, bytes); }
 
 int64_t SharedArena::high_water() const {
+  Backend& b = *buffer->backend();
+  if (b.memory() == MemSpace::none) return 0;
+  std::vector<uint8_t> copy;
+  const uint8_t* p = data();
+  if (b.memory() == MemSpace::device) {
+    copy.resize(static_cast<size_t>(bytes));
+    b.to_host(copy.data(), p, bytes);
+    p = copy.data();
+  }
   for (int64_t i = bytes; i > 0; --i)
-    if (data[static_cast<size_t>(i - 1)] != kPaint) return i;
+    if (p[i - 1] != kPaint) return i;
   return 0;
 }
 
@@ -36,15 +45,17 @@ void Executor::own_params() {
   param_ptr_.assign(g_.values().size(), nullptr);
   int64_t total = 0;
   for (ValueId p : g_.params()) total += align64(g_.type(p).bytes());
-  params_.reset(new uint8_t[static_cast<size_t>(std::max<int64_t>(total, 64))]());
+  params_ = backend_.allocate(std::max<int64_t>(total, 64));
   int64_t off = 0;
   for (ValueId p : g_.params()) {
-    param_ptr_[static_cast<size_t>(p)] = params_.get() + off;
+    param_ptr_[static_cast<size_t>(p)] = params_.bytes_at(off);
     off += align64(g_.type(p).bytes());
   }
 }
 
 void Executor::share_params(Executor& params_of) {
+  TS_CHECK(&params_of.backend() == &backend_)
+      << "executors sharing parameters must use the same backend";
   plan_.param_bytes = 0;  // the other executor's
   param_ptr_.assign(g_.values().size(), nullptr);
   const Graph& other = params_of.graph();
@@ -60,14 +71,14 @@ void Executor::share_params(Executor& params_of) {
 Executor::Executor(const Graph& g, Backend& backend) : g_(g), backend_(backend) {
   plan_ = plan_memory(g);
   own_params();
-  arena_.reset(new uint8_t[static_cast<size_t>(std::max<int64_t>(plan_.arena_bytes, 64))]);
+  arena_ = SharedArena::make(backend_, plan_.arena_bytes);
 }
 
 Executor::Executor(const Graph& g, Backend& backend, Executor& params_of)
     : g_(g), backend_(backend) {
   plan_ = plan_memory(g);
   share_params(params_of);
-  arena_.reset(new uint8_t[static_cast<size_t>(std::max<int64_t>(plan_.arena_bytes, 64))]);
+  arena_ = SharedArena::make(backend_, plan_.arena_bytes);
 }
 
 Executor::Executor(const Graph& g, Backend& backend, Executor* params_of, SharedArena arena)
@@ -79,7 +90,8 @@ Executor::Executor(const Graph& g, Backend& backend, Executor* params_of, Shared
     own_params();
   }
   TS_CHECK_LE(plan_.arena_bytes, arena.bytes) << "shared arena too small";
-  arena_ = std::move(arena.data);
+  TS_CHECK(arena.buffer->backend() == &backend_) << "shared arena of another backend";
+  arena_ = std::move(arena);
 }
 
 namespace {
@@ -134,11 +146,15 @@ void fill_initial_values(const Graph& g, size_t param, uint64_t seed, int64_t fi
 
 void Executor::init_params(uint64_t seed) {
   std::vector<float> v;
+  std::vector<uint8_t> stored;  // in the parameter's dtype
   for (size_t i = 0; i < g_.params().size(); ++i) {
     const ValueId p = g_.params()[i];
-    v.resize(static_cast<size_t>(g_.type(p).shape.numel()));
+    const TensorType& t = g_.type(p);
+    v.resize(static_cast<size_t>(t.shape.numel()));
     fill_initial_values(g_, i, seed, 0, static_cast<int64_t>(v.size()), v.data());
-    convert_elements(v.data(), DType::f32, raw(p), g_.type(p).dtype, g_.type(p).shape.numel());
+    stored.resize(static_cast<size_t>(t.bytes()));
+    convert_elements(v.data(), DType::f32, stored.data(), t.dtype, t.shape.numel());
+    backend_.to_device(raw(p), stored.data(), t.bytes());
   }
 }
 
@@ -153,14 +169,32 @@ void Executor::run_node(const Node& n) {
 void Executor::set_input(const std::string& name, const void* data) {
   ValueId v = g_.find_input(name);
   TS_CHECK_GE(v, 0) << "no input named '" << name << "'";
-  std::memcpy(raw(v), data, static_cast<size_t>(g_.type(v).bytes()));
+  backend_.to_device(raw(v), data, g_.type(v).bytes());
+}
+
+void Executor::read(ValueId v, void* host_dst) {
+  backend_.to_host(host_dst, raw(v), g_.type(v).bytes());
+}
+
+float Executor::read_scalar(ValueId v) {
+  TS_CHECK(g_.type(v).dtype == DType::f32 && g_.type(v).shape.numel() == 1)
+      << "value %" << v << " is not an f32 scalar";
+  float x = 0;
+  backend_.to_host(&x, raw(v), sizeof(float));
+  return x;
+}
+
+void Executor::check_host() const {
+  TS_CHECK(backend_.memory() == MemSpace::host)
+      << "host pointer into the " << backend_.name()
+      << " backend's memory: read values with Executor::read";
 }
 
 void* Executor::raw(ValueId v) {
   if (uint8_t* p = param_ptr_[static_cast<size_t>(v)]) return p;
   int64_t off = plan_.offset(v);
   TS_CHECK_GE(off, 0) << "value %" << v << " has no storage";
-  return arena_.get() + off;
+  return arena_.data() + off;
 }
 
 void Executor::run() {
@@ -186,10 +220,10 @@ void Executor::run() {
   }
 }
 
-void Executor::paint_arena() { SharedArena{arena_, plan_.arena_bytes}.paint(); }
+void Executor::paint_arena() { SharedArena{arena_.buffer, plan_.arena_bytes}.paint(); }
 
 int64_t Executor::measured_high_water() const {
-  return SharedArena{arena_, plan_.arena_bytes}.high_water();
+  return SharedArena{arena_.buffer, plan_.arena_bytes}.high_water();
 }
 
 }  // namespace tessera

@@ -5,7 +5,10 @@
 //   ex.init_params(seed);
 //   ex.set_input("tokens", tokens.data());
 //   ex.run();
-//   float loss = *ex.data<float>(model.loss);
+//   float loss = ex.read_scalar(model.loss);
+//
+// Its memory comes from the backend (Backend::allocate): host memory on the CPU backend,
+// device memory on CUDA, none on the NULL backend (planning tests run it on full-size models).
 //
 // The arena high-water mark can be measured by painting it before a run and scanning after:
 //   ex.paint_arena(); ...set inputs...; ex.run(); ex.measured_high_water() == plan.arena_bytes
@@ -33,12 +36,15 @@ void fill_initial_values(const Graph& g, size_t param, uint64_t seed, int64_t fi
                          float* dst);
 
 // Arena storage that several executors use in turn (the phases of a pipeline stage, which
-// never run at once): at least each sharer's planned arena. paint()/high_water() measure the
-// most any of them used, as Executor's do for one.
+// never run at once): one buffer of the backend, at least each sharer's planned arena.
+// paint()/high_water() measure the most any of them used, as Executor's do for one (on a
+// device backend high_water() copies the arena to the host to scan it; on the NULL backend,
+// which writes nothing, it is 0).
 struct SharedArena {
-  std::shared_ptr<uint8_t[]> data;
+  std::shared_ptr<Buffer> buffer;
   int64_t bytes = 0;
-  static SharedArena make(int64_t bytes);
+  static SharedArena make(Backend& backend, int64_t bytes);
+  uint8_t* data() const { return buffer->bytes_at(0); }
   void paint();
   int64_t high_water() const;
 };
@@ -69,13 +75,20 @@ class Executor {
   // Runs one node on the backend (StepRunner drives a Program's nodes one by one).
   void run_node(const Node& n);
 
-  // Storage of any value: persistent for parameters, the arena slot otherwise (valid until the
-  // next run overwrites it).
+  // Storage of any value in the backend's memory: persistent for parameters, the arena slot
+  // otherwise (valid until the next run overwrites it).
   void* raw(ValueId v);
+  // The same as a host pointer, for code that reads values in place: host backends only
+  // (read() copies a value out of any backend).
   template <typename T>
   T* data(ValueId v) {
+    check_host();
     return static_cast<T*>(raw(v));
   }
+  // Copies value v's bytes to host memory (waits for the backend's work before it).
+  void read(ValueId v, void* host_dst);
+  // An f32 scalar (the loss), read from any backend.
+  float read_scalar(ValueId v);
 
   // Arena high-water measurement (see the header comment).
   void paint_arena();
@@ -86,10 +99,11 @@ class Executor {
   Backend& backend_;
   MemoryPlan plan_;
   std::vector<uint8_t*> param_ptr_;  // indexed by ValueId, null for non-parameters
-  std::unique_ptr<uint8_t[]> params_;
+  Buffer params_;
   void own_params();
   void share_params(Executor& params_of);
-  std::shared_ptr<uint8_t[]> arena_;
+  void check_host() const;
+  SharedArena arena_;
   std::vector<const void*> in_;  // run_node's operand pointers, reused
   std::vector<void*> out_;
 };

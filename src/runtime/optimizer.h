@@ -2,7 +2,7 @@
 // learning-rate schedule. Matches torch.optim.AdamW (1.13): p *= 1 - lr*wd, then
 // p -= lr/(1-b1^t) * m / (sqrt(v)/sqrt(1-b2^t) + eps).
 //
-//   AdamW opt(params, {.lr = 6e-4, .weight_decay = 0.1});
+//   AdamW opt(params, {.lr = 6e-4, .weight_decay = 0.1}, cpu);   // moments in cpu's memory
 //   float norm = opt.clip_grad_norm(1.0);   // before the step
 //   opt.step(lr);
 #pragma once
@@ -11,6 +11,7 @@
 #include <string>
 #include <vector>
 
+#include "backend/backend.h"
 #include "ir/dtype.h"
 
 namespace tessera {
@@ -39,7 +40,9 @@ struct ParamSlot {
 
 class AdamW {
  public:
-  AdamW(std::vector<ParamSlot> params, AdamWConfig cfg);
+  // The slots' pointers are `backend`'s memory; the moments are its buffers (zero to start)
+  // and every pass runs on it (Backend::sum_squares, scale, adamw).
+  AdamW(std::vector<ParamSlot> params, AdamWConfig cfg, Backend& backend);
   // Scales gradients so their global L2 norm is at most max_norm (coefficient
   // max_norm / (norm + 1e-6), as torch); returns the norm before clipping.
   double clip_grad_norm(double max_norm);
@@ -64,26 +67,24 @@ class AdamW {
   const std::vector<ParamSlot>& params() const { return params_; }
   // The slots, to point a gradient at another buffer.
   std::vector<ParamSlot>& slots() { return params_; }
-  // First and second moments per parameter (for checkpoints).
-  std::vector<float>& m(size_t i) { return m_[i]; }
-  std::vector<float>& v(size_t i) { return v_[i]; }
+  // First and second moments of slot i (params()[i].size floats each, for checkpoints).
+  float* m(size_t i) const { return static_cast<float*>(m_[i].data()); }
+  float* v(size_t i) const { return static_cast<float*>(v_[i].data()); }
+  // Bytes of the moments' buffers.
+  int64_t state_bytes() const;
   const AdamWConfig& config() const { return cfg_; }
 
  private:
   std::vector<ParamSlot> params_;
   AdamWConfig cfg_;
-  std::vector<std::vector<float>> m_, v_;
+  std::vector<Buffer> m_, v_;
+  Backend& backend_;
   int64_t t_ = 0;
   struct StepValues {
     double lr = 0;
     float step_size = 0, bc2_sqrt = 1;
   } cur_;  // of the step begin_step() began
 };
-
-// Gradient accumulation over micro-batches: dst = src on the first, dst += src after (src
-// of dtype src_dtype, widened to f32).
-void accumulate_grad(float* dst, const float* src, int64_t n, bool first);
-void accumulate_grad(float* dst, const void* src, DType src_dtype, int64_t n, bool first);
 
 // Linear warmup to max_lr over warmup steps, then cosine decay to min_lr at total steps.
 double lr_at(int64_t step, int64_t warmup, int64_t total, double max_lr, double min_lr);

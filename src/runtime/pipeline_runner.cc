@@ -99,7 +99,7 @@ Result<std::unique_ptr<PipelineRunner>> PipelineRunner::create(const Graph& mode
                        "activations and gradients");
       }
   }
-  r->arena_ = SharedArena::make(arena);
+  r->arena_ = SharedArena::make(backend, arena);
   for (int v = 0; v < program.schedule.virtual_stages; ++v) {
     const ChunkProgram& c = program.chunks[static_cast<size_t>(v * stages + r->stage_)];
     TS_ASSIGN_OR_RETURN(std::unique_ptr<StepRunner> chunk,
@@ -300,7 +300,7 @@ Status PipelineRunner::run_action(const PipeAction& a) {
       const int slot = take_slot(free_slots_);
       slot_of_[key] = slot;
       save(kForwardPhase, ex, slots_[size_t(slot)]);
-      if (g.loss() >= 0) loss_sum_ += *ex.data<float>(g.loss());
+      if (g.loss() >= 0) loss_sum_ += ex.read_scalar(g.loss());
       if (!c.send.empty()) TS_RETURN_IF_ERROR(send(a, ex, in_phase(c, 0, c.send), kForwardPhase));
       return Status();
     }
@@ -411,7 +411,7 @@ Result<float> PipelineRunner::evaluate(const Feed& feed) {
     const PipeAction a{PipeOp::forward, 0, v};
     TS_RETURN_IF_ERROR(feed_forward(a, ex));
     TS_RETURN_IF_ERROR(chunk(v).run_phase(kForwardPhase));
-    if (ex.graph().loss() >= 0) loss += *ex.data<float>(ex.graph().loss());
+    if (ex.graph().loss() >= 0) loss += ex.read_scalar(ex.graph().loss());
     if (!c.send.empty()) TS_RETURN_IF_ERROR(send(a, ex, in_phase(c, 0, c.send), kForwardPhase));
   }
   TS_RETURN_IF_ERROR(reap_sends(true));

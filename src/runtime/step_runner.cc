@@ -134,11 +134,11 @@ StepRunner::StepRunner(const Graph& global, Program prog, Backend& backend, Mesh
   masters_.resize(prog_.part.params.size());
   for (size_t i = 0; i < masters_.size(); ++i) {
     const TensorType& t = exec_->graph().type(param_value(i));
-    if (t.dtype != DType::f32) masters_[i].assign(static_cast<size_t>(t.shape.numel()), 0.0f);
+    if (t.dtype != DType::f32)
+      masters_[i] = backend.allocate(t.shape.numel() * static_cast<int64_t>(sizeof(float)));
     if (t.dtype == DType::f16 && !chunk_) loss_scale_ = 65536.0;
   }
   std::vector<ParamSlot> slots;
-  size_t scratch = 0;
   for (size_t i = 0; i < prog_.part.params.size(); ++i) {
     const ParamLayout& pl = prog_.part.params[i];
     DType grad_dtype = DType::f32;
@@ -147,10 +147,10 @@ StepRunner::StepRunner(const Graph& global, Program prog, Backend& backend, Mesh
     float* grad = nullptr;
     if (prog_.plan.micro_batches > 1 || chunk_) {
       const Shape& gs = prog_.local().type(pl.local_grad).shape;
-      grads_.emplace_back(static_cast<size_t>(gs.numel()), 0.0f);
-      grad = grads_.back().data();
+      grads_.push_back(backend.allocate(gs.numel() * static_cast<int64_t>(sizeof(float))));
+      grad = static_cast<float*>(grads_.back().data());
     } else {  // as stored: bf16/f16 in a mixed-precision graph, widened by the optimizer
-      grad = exec_->data<float>(pl.local_grad);
+      grad = static_cast<float*>(exec_->raw(pl.local_grad));
       grad_dtype = prog_.local().type(pl.local_grad).dtype;
     }
     LocalPiece o = optim_piece(i);
@@ -159,19 +159,13 @@ StepRunner::StepRunner(const Graph& global, Program prog, Backend& backend, Mesh
     // The gradient's elements are grad_dtype's size (bf16: 2 bytes), not a float's.
     float* grad_at = reinterpret_cast<float*>(reinterpret_cast<char*>(grad) +
                                               (o.offset - grad_base) * dtype_size(grad_dtype));
-    slots.push_back(ParamSlot{pl.name, param_data(i) + (o.offset - pp.offset), grad_at, grad_dtype,
-                              o.count, pl.global_shape.rank() >= 2});
+    slots.push_back(ParamSlot{pl.name, param_storage(i) + (o.offset - pp.offset), grad_at,
+                              grad_dtype, o.count, pl.global_shape.rank() >= 2});
     // Elements replicated over a tensor axis are counted once over the norm's group.
     int64_t copies = 1;
     for (const std::string& t : replicated_tensor_axes(i)) copies *= prog_.plan.mesh.axis_size(t);
     slots.back().norm_weight = 1.0 / static_cast<double>(copies);
-    if (pl.optim_sharded && !pl.params_sharded)
-      scratch = std::max(scratch,
-                         static_cast<size_t>(
-                             FlatShard{prog_.plan.zero_group(), 0, pl.local_shape.numel()}.block() *
-                             prog_.plan.zero_group()));
   }
-  scratch_.assign(scratch, 0.0f);
   grad_started_.assign(grads_.size(), 0);
   if (chunk_) {
     const Phases& ph = chunk_->phases;
@@ -179,10 +173,10 @@ StepRunner::StepRunner(const Graph& global, Program prog, Backend& backend, Mesh
     unreduced_started_.assign(ph.stash.size(), 0);
     for (size_t e = 0; e < ph.stash.size(); ++e)
       if (ph.stash[e].to == chunk_->reduce_phase)
-        unreduced_[e].resize(static_cast<size_t>(
-            ph.graphs[static_cast<size_t>(ph.stash[e].from)].type(ph.stash[e].out).shape.numel()));
+        unreduced_[e] = backend.allocate(
+            ph.graphs[static_cast<size_t>(ph.stash[e].from)].type(ph.stash[e].out).bytes());
   }
-  opt_ = std::make_unique<AdamW>(std::move(slots), opt);
+  opt_ = std::make_unique<AdamW>(std::move(slots), opt, backend);
 }
 
 LocalPiece StepRunner::block_of(size_t i) const {
@@ -205,16 +199,29 @@ ValueId StepRunner::param_value(size_t i) const {
   return chunk_ ? chunk_->phases.value_of[0][static_cast<size_t>(local)] : local;
 }
 
+float* StepRunner::param_storage(size_t i) {
+  return static_cast<float*>(masters_[i] ? masters_[i].data() : exec_->raw(param_value(i)));
+}
+
 float* StepRunner::param_data(size_t i) {
-  return masters_[i].empty() ? exec_->data<float>(param_value(i)) : masters_[i].data();
+  if (!masters_[i]) return exec_->data<float>(param_value(i));  // checks for host memory
+  return param_storage(i);
+}
+
+std::vector<float> StepRunner::read_param(size_t i) {
+  std::vector<float> out(static_cast<size_t>(param_piece(i).count));
+  exec_->backend().to_host(out.data(), param_storage(i),
+                           static_cast<int64_t>(out.size() * sizeof(float)));
+  return out;
 }
 
 void StepRunner::refresh_working_params() {
   for (size_t i = 0; i < masters_.size(); ++i) {
-    if (masters_[i].empty()) continue;
+    if (!masters_[i]) continue;
     const ValueId v = param_value(i);
-    convert_elements(masters_[i].data(), DType::f32, exec_->raw(v), exec_->graph().type(v).dtype,
-                     static_cast<int64_t>(masters_[i].size()));
+    exec_->backend().convert(masters_[i].data(), DType::f32, exec_->raw(v),
+                             exec_->graph().type(v).dtype,
+                             masters_[i].bytes() / static_cast<int64_t>(sizeof(float)));
   }
 }
 
@@ -247,8 +254,8 @@ void StepRunner::init_params(uint64_t seed) {
     const ParamLayout& pl = prog_.part.params[i];
     const LocalPiece pc = param_piece(i);
     const int64_t stored = exec_->graph().type(param_value(i)).shape.numel();
-    float* dst = param_data(i);
-    std::fill(dst, dst + stored, 0.0f);
+    std::vector<float> host(static_cast<size_t>(stored), 0.0f);  // copied to the backend below
+    float* dst = host.data();
     const Box box = param_box(i);
     const Shape& gs = pl.global_shape;
     const int r = gs.rank();
@@ -270,6 +277,7 @@ void StepRunner::init_params(uint64_t seed) {
       fill_initial_values(global_, model_index_[i], seed, global, run, dst + k);
       k += run;
     }
+    exec_->backend().to_device(param_storage(i), dst, stored * static_cast<int64_t>(sizeof(float)));
   }
   refresh_working_params();
 }
@@ -335,8 +343,8 @@ Status StepRunner::run_instructions(const std::vector<Instruction>& list, Execut
       case Instruction::compute:
         if (g.node(in.node).op == OpKind::axis_index) {  // this rank's coordinate
           const Node& n = g.node(in.node);
-          *ex.data<int32_t>(n.outputs[0]) =
-              prog_.plan.mesh.group_index(rank_, axes_of_key(n.attrs.name));
+          const int32_t index = prog_.plan.mesh.group_index(rank_, axes_of_key(n.attrs.name));
+          ex.backend().to_device(ex.raw(n.outputs[0]), &index, sizeof(index));
         } else if (timed) {
           auto t0 = std::chrono::steady_clock::now();
           ex.run_node(g.node(in.node));
@@ -349,9 +357,13 @@ Status StepRunner::run_instructions(const std::vector<Instruction>& list, Execut
           const ValueId out = g.node(in.node).outputs[0];
           const std::vector<ValueId>& seeds = prog_.part.loss_seeds;
           if (std::find(seeds.begin(), seeds.end(), out) != seeds.end()) {
-            const float scale = static_cast<float>(loss_scale_);  // d (scale loss) / d loss
-            convert_elements(&scale, DType::f32, ex.raw(out), g.type(out).dtype,
-                             g.type(out).shape.numel());
+            // d (scale loss) / d loss, in the seed's dtype
+            const TensorType& t = g.type(out);
+            const std::vector<float> scale(static_cast<size_t>(t.shape.numel()),
+                                           static_cast<float>(loss_scale_));
+            std::vector<uint8_t> stored(static_cast<size_t>(t.bytes()));
+            convert_elements(scale.data(), DType::f32, stored.data(), t.dtype, t.shape.numel());
+            ex.backend().to_device(ex.raw(out), stored.data(), t.bytes());
           }
         }
         break;
@@ -384,11 +396,11 @@ Result<float> StepRunner::forward_backward(const Feed& feed) {
   TS_RETURN_IF_ERROR(feed.bind(*exec_));
   TS_RETURN_IF_ERROR(run_instructions(prog_.micro_step, *exec_));
   for (size_t i = 0; i < grads_.size(); ++i)
-    accumulate_grad(grads_[i].data(), exec_->raw(prog_.part.params[i].local_grad),
-                    prog_.local().type(prog_.part.params[i].local_grad).dtype,
-                    static_cast<int64_t>(grads_[i].size()), accumulated_ == 0);
+    exec_->backend().accumulate(grad_data(i), exec_->raw(prog_.part.params[i].local_grad),
+                                prog_.local().type(prog_.part.params[i].local_grad).dtype,
+                                grad_count(i), accumulated_ == 0);
   ++accumulated_;
-  return *exec_->data<float>(prog_.part.loss);
+  return exec_->read_scalar(prog_.part.loss);
 }
 
 Status StepRunner::run_phase(int ph) {
@@ -406,15 +418,14 @@ void StepRunner::accumulate_phase_grads(int ph) {
     if (v < 0 || ex.graph().producer(v).op == OpKind::input) continue;
     // Phases of different micro-batches interleave (zb-h1 runs B of the next before W of
     // this one): the first gradient of the step is the one that overwrites.
-    accumulate_grad(grads_[i].data(), ex.data<float>(v), static_cast<int64_t>(grads_[i].size()),
-                    !grad_started_[i]);
+    ex.backend().accumulate(grad_data(i), ex.raw(v), DType::f32, grad_count(i), !grad_started_[i]);
     grad_started_[i] = 1;
   }
   const std::vector<Phases::Stash>& stash = chunk_->phases.stash;
   for (size_t e = 0; e < stash.size(); ++e) {
     if (stash[e].from != ph || stash[e].to != chunk_->reduce_phase) continue;
-    accumulate_grad(unreduced_[e].data(), ex.data<float>(stash[e].out),
-                    static_cast<int64_t>(unreduced_[e].size()), !unreduced_started_[e]);
+    ex.backend().accumulate(static_cast<float*>(unreduced_[e].data()), ex.raw(stash[e].out),
+                            DType::f32, unreduced_[e].bytes() / 4, !unreduced_started_[e]);
     unreduced_started_[e] = 1;
   }
 }
@@ -428,7 +439,7 @@ Status StepRunner::reduce_grads() {
   for (size_t e = 0; e < stash.size(); ++e) {
     if (stash[e].to != rp) continue;
     TS_CHECK(unreduced_started_[e]) << "reduce phase input " << e << " has no gradient this step";
-    std::memcpy(ex.raw(stash[e].in), unreduced_[e].data(), unreduced_[e].size() * sizeof(float));
+    ex.backend().copy(ex.raw(stash[e].in), unreduced_[e].data(), unreduced_[e].bytes());
     unreduced_started_[e] = 0;
   }
   TS_RETURN_IF_ERROR(run_phase(rp));
@@ -436,7 +447,7 @@ Status StepRunner::reduce_grads() {
   for (size_t i = 0; i < grads_.size(); ++i) {
     const ValueId v = in_phase[static_cast<size_t>(prog_.part.params[i].local_grad)];
     if (v < 0 || ex.graph().producer(v).op == OpKind::input) continue;
-    std::memcpy(grads_[i].data(), ex.data<float>(v), grads_[i].size() * sizeof(float));
+    ex.backend().copy(grad_data(i), ex.raw(v), grads_[i].bytes());
     grad_started_[i] = 1;
   }
   return Status();
@@ -463,7 +474,7 @@ Result<float> StepRunner::evaluate(const Feed& feed) {
   TS_CHECK(eval_exec_ != nullptr) << "evaluate() before add_evaluation()";
   TS_RETURN_IF_ERROR(feed.bind(*eval_exec_));
   TS_RETURN_IF_ERROR(run_instructions(eval_prog_->micro_step, *eval_exec_));
-  return *eval_exec_->data<float>(eval_prog_->part.loss);
+  return eval_exec_->read_scalar(eval_prog_->part.loss);
 }
 
 Status StepRunner::sync_param(size_t i) {
@@ -475,6 +486,9 @@ Status StepRunner::sync_param(size_t i) {
   float* p = param_data(i);
   std::vector<float> own(static_cast<size_t>(block), 0.0f);
   std::memcpy(own.data(), p + mine.offset, static_cast<size_t>(mine.count) * sizeof(float));
+  // Host staging, sized at the first sync by the largest parameter (kept between steps).
+  if (scratch_.size() < static_cast<size_t>(block * group))
+    scratch_.resize(static_cast<size_t>(block * group));
   Communicator& c = comms_.group(axes_key(prog_.plan.zero_axes));
   Request r = c.all_gather(own.data(), scratch_.data(), block, "parameter sync " + pl.name);
   TS_RETURN_IF_ERROR(c.wait(r));
@@ -580,11 +594,9 @@ Status StepRunner::gather_params(std::vector<std::vector<float>>* whole) {
 }
 
 int64_t StepRunner::state_bytes_allocated() {
-  int64_t bytes = exec_->plan().param_bytes;
-  for (const std::vector<float>& g : grads_) bytes += 4 * static_cast<int64_t>(g.size());
-  for (const std::vector<float>& m : masters_) bytes += 4 * static_cast<int64_t>(m.size());
-  for (size_t i = 0; i < opt_->params().size(); ++i)
-    bytes += 4 * static_cast<int64_t>(opt_->m(i).size() + opt_->v(i).size());
+  int64_t bytes = exec_->plan().param_bytes + opt_->state_bytes();
+  for (const Buffer& g : grads_) bytes += g.bytes();
+  for (const Buffer& m : masters_) bytes += m.bytes();
   return bytes;
 }
 

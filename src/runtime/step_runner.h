@@ -116,7 +116,7 @@ class StepRunner {
   void finish_micro_batch() { ++accumulated_; }
   // The accumulated gradient of parameter i (its local piece; chunk runners and plans with
   // several micro-batches).
-  float* grad_data(size_t i) { return grads_[i].data(); }
+  float* grad_data(size_t i) { return static_cast<float*>(grads_[i].data()); }
   // apply() in two parts, for a pipeline stage whose gradient norm spans its chunks: the
   // gradients averaged over the micro-batches and their squared sum (all-reduced over
   // Plan::grad_norm_axes()); then AdamW with the gradients scaled by clip_coefficient, and the
@@ -138,6 +138,9 @@ class StepRunner {
   // Parameter i as stored here: pointer to its local piece (f32: the master weights of a
   // bf16/f16 graph, whose working copy refresh_working_params() writes) and where it lies.
   float* param_data(size_t i);
+  // Parameter i's local piece (param_piece(i).count f32 values, the master weights of a
+  // bf16/f16 graph) copied to the host: any backend.
+  std::vector<float> read_param(size_t i);
   // After writing master weights through param_data (a checkpoint read): updates the graph's
   // bf16/f16 working copy of every parameter (nothing for f32 graphs).
   void refresh_working_params();
@@ -166,6 +169,11 @@ class StepRunner {
              const ChunkProgram* chunk = nullptr, SharedArena arena = {});
   // The value holding parameter i in the forward executor's graph.
   ValueId param_value(size_t i) const;
+  // param_data without the host check: an address in the backend's memory.
+  float* param_storage(size_t i);
+  int64_t grad_count(size_t i) const {
+    return grads_[i].bytes() / static_cast<int64_t>(sizeof(float));
+  }
   // Runs `list` (instructions of ex's graph) on ex.
   Status run_instructions(const std::vector<Instruction>& list, Executor& ex);
   Status start(const Node& n, Executor& ex);
@@ -188,12 +196,12 @@ class StepRunner {
   std::unique_ptr<AdamW> opt_;
   std::unique_ptr<Program> eval_prog_;  // add_evaluation's
   std::unique_ptr<Executor> eval_exec_;
-  // Accumulated reduced gradients (whole or block); none with one micro-batch per step unless
-  // a chunk runner.
-  std::vector<std::vector<float>> grads_;
+  // Persistent state in the backend's memory. Accumulated reduced gradients (f32, whole or
+  // block); none with one micro-batch per step unless a chunk runner.
+  std::vector<Buffer> grads_;
   // Mixed precision (bf16/f16 parameters): the f32 master weights of parameter i (empty for
   // f32 parameters, which the optimizer updates in place).
-  std::vector<std::vector<float>> masters_;
+  std::vector<Buffer> masters_;
   std::map<NodeId, Request> inflight_;
   // Collectives of bf16/f16 values in flight: their f32 staging and where the result goes.
   struct Staged {
@@ -210,7 +218,7 @@ class StepRunner {
   std::vector<char> grad_started_;  // chunk runners: parameter i has a gradient this step
   // Chunk runners: per stash entry into the reduce phase, its sum over this step's
   // micro-batches (empty for other entries), and whether a micro-batch has written it.
-  std::vector<std::vector<float>> unreduced_;
+  std::vector<Buffer> unreduced_;
   std::vector<char> unreduced_started_;
   std::vector<double>* instruction_seconds_ = nullptr;
 };

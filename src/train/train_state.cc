@@ -174,8 +174,8 @@ Status TrainState::save(const std::string& root, int64_t completed,
     const std::string& name = g.name_of(p);
     std::vector<int64_t> shape = g.type(p).shape.dims();
     params.push_back({name, TensorRef{DType::f32, shape, runner->param_data(i)}});
-    moments.push_back({"adam.m." + name, TensorRef{DType::f32, shape, opt.m(i).data()}});
-    moments.push_back({"adam.v." + name, TensorRef{DType::f32, shape, opt.v(i).data()}});
+    moments.push_back({"adam.m." + name, TensorRef{DType::f32, shape, opt.m(i)}});
+    moments.push_back({"adam.v." + name, TensorRef{DType::f32, shape, opt.v(i)}});
   }
   CheckpointWriter w(root, checkpoint_name(completed));
   TS_RETURN_IF_ERROR(w.add_tensors("model.safetensors", params));
@@ -203,9 +203,9 @@ Status TrainState::save_sharded(const std::string& root, int64_t completed,
                         box.lo, box.hi});
     if (h.writes_optim) {
       shards.push_back({"adam.m." + pl.name, DType::f32, pl.global_shape, op.offset, op.count,
-                        d.optimizer().m(i).data(), box.lo, box.hi});
+                        d.optimizer().m(i), box.lo, box.hi});
       shards.push_back({"adam.v." + pl.name, DType::f32, pl.global_shape, op.offset, op.count,
-                        d.optimizer().v(i).data(), box.lo, box.hi});
+                        d.optimizer().v(i), box.lo, box.hi});
     }
   }
   Communicator& world = comms().world();
@@ -311,9 +311,9 @@ Status TrainState::read_held(const ShardedCheckpoint& ck, bool with_moments) {
     if (!with_moments) continue;
     AdamW& opt = r.optimizer();
     TS_RETURN_IF_ERROR(
-        ck.read_box("adam.m." + name, box.lo, box.hi, op.offset, op.count, opt.m(i).data()));
+        ck.read_box("adam.m." + name, box.lo, box.hi, op.offset, op.count, opt.m(i)));
     TS_RETURN_IF_ERROR(
-        ck.read_box("adam.v." + name, box.lo, box.hi, op.offset, op.count, opt.v(i).data()));
+        ck.read_box("adam.v." + name, box.lo, box.hi, op.offset, op.count, opt.v(i)));
   }
   return Status();
 }

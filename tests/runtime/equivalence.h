@@ -132,8 +132,9 @@ inline void evaluate_held_out(StepRunner& step, int data_rank, int data_ranks, i
   r->eval_arena_planned = step.eval_executor()->plan().arena_bytes;
 }
 
-// One process: the step runner on a plan of one rank.
-inline RunResult run_single(int steps, int micro_batches, const ModelConfig& cfg = tiny_gpt()) {
+// One process: the step runner on a plan of one rank (on `backend`; null: the CPU backend).
+inline RunResult run_single(int steps, int micro_batches, const ModelConfig& cfg = tiny_gpt(),
+                            Backend* backend = nullptr) {
   CpuBackend cpu;
   ModelGraph m = build_model(cfg, kBatch, kSeq, ModelMode::train);
   ModelGraph em = build_model(cfg, kBatch, kSeq, ModelMode::loss);
@@ -141,7 +142,7 @@ inline RunResult run_single(int steps, int micro_batches, const ModelConfig& cfg
   plan.micro_batches = micro_batches;
   Result<MeshComms> comms = MeshComms::single(plan);
   EXPECT_TRUE(comms.ok()) << comms.status().to_string();
-  auto made = StepRunner::create(m.graph, plan, cpu, comms.value(), adamw());
+  auto made = StepRunner::create(m.graph, plan, backend ? *backend : cpu, comms.value(), adamw());
   EXPECT_TRUE(made.ok()) << made.status().to_string();
   RunResult r;
   if (!made.ok()) return r;
@@ -163,10 +164,7 @@ inline RunResult run_single(int steps, int micro_batches, const ModelConfig& cfg
   for (const Instruction& in : step.program().micro_step)
     EXPECT_EQ(in.kind, Instruction::compute) << "one rank: no collectives";
   evaluate_held_out(step, 0, 1, cfg.vocab_size, &r);
-  for (size_t i = 0; i < m.graph.params().size(); ++i) {
-    const float* d = step.param_data(i);
-    r.params.emplace_back(d, d + step.param_piece(i).count);
-  }
+  for (size_t i = 0; i < m.graph.params().size(); ++i) r.params.push_back(step.read_param(i));
   return r;
 }
 

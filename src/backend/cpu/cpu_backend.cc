@@ -2,10 +2,13 @@
 
 #include <cblas.h>
 
+#include <algorithm>
+#include <cstdlib>
 #include <cstring>
 #if defined(__F16C__)
 #include <immintrin.h>
 #endif
+#include <new>
 #include <vector>
 
 #include "backend/cpu/kernels.h"
@@ -170,6 +173,79 @@ void CpuBackend::run(const Graph& g, const Node& node, std::span<const void* con
     const TensorType& t = g.type(node.outputs[i]);
     convert_elements(buf, DType::f32, outputs[i], t.dtype, t.shape.numel());
   }
+}
+
+void* CpuBackend::alloc(int64_t bytes) {
+  // calloc: large blocks come straight from mmap as zero pages, so memory the run never
+  // touches is never committed. At least one byte, so that an empty arena has an address.
+  void* p = std::calloc(static_cast<size_t>(std::max<int64_t>(bytes, 1)), 1);
+  // As operator new: the caller (the CLI's main) reports it as "error: out of memory".
+  if (p == nullptr) throw std::bad_alloc();
+  return p;
+}
+
+void CpuBackend::free(void* p) { std::free(p); }
+
+void CpuBackend::to_device(void* dst, const void* host_src, int64_t bytes) {
+  std::memcpy(dst, host_src, static_cast<size_t>(bytes));
+}
+
+void CpuBackend::to_host(void* host_dst, const void* src, int64_t bytes) {
+  std::memcpy(host_dst, src, static_cast<size_t>(bytes));
+}
+
+void CpuBackend::copy(void* dst, const void* src, int64_t bytes) {
+  std::memmove(dst, src, static_cast<size_t>(bytes));
+}
+
+void CpuBackend::fill(void* dst, uint8_t byte, int64_t bytes) {
+  std::memset(dst, byte, static_cast<size_t>(bytes));
+}
+
+namespace {
+
+// A bf16/f16 input is read in chunks widened into a buffer of this many floats (f32 needs none).
+constexpr int64_t kWidenChunk = int64_t{1} << 16;
+
+// Calls f(offset, f32 pointer, count) over n elements of dtype dt at x, widened chunk by chunk.
+template <typename F>
+void widened_chunks(const void* x, DType dt, int64_t n, F f) {
+  if (dt == DType::f32) return f(0, static_cast<const float*>(x), n);
+  std::vector<float> buf(static_cast<size_t>(std::min(n, kWidenChunk)));
+  const int64_t width = static_cast<int64_t>(dtype_size(dt));
+  for (int64_t at = 0; at < n; at += kWidenChunk) {
+    const int64_t k = std::min(kWidenChunk, n - at);
+    convert_elements(static_cast<const char*>(x) + at * width, dt, buf.data(), DType::f32, k);
+    f(at, buf.data(), k);
+  }
+}
+
+}  // namespace
+
+double CpuBackend::sum_squares(const void* x, DType dtype, int64_t n) {
+  double sum = 0;
+  widened_chunks(x, dtype, n,
+                 [&](int64_t, const float* g, int64_t k) { sum += cpu::sum_squares(g, k); });
+  return sum;
+}
+
+void CpuBackend::scale(float* x, int64_t n, float c) { cpu::scale_inplace(x, n, c); }
+
+void CpuBackend::accumulate(float* dst, const void* src, DType src_dtype, int64_t n, bool first) {
+  if (src_dtype == DType::f32) {
+    if (first) return cpu::copy_floats(dst, static_cast<const float*>(src), n);
+    return cpu::add_inplace(dst, static_cast<const float*>(src), n);
+  }
+  if (first) return convert_elements(src, src_dtype, dst, DType::f32, n);
+  widened_chunks(src, src_dtype, n,
+                 [&](int64_t at, const float* g, int64_t k) { cpu::add_inplace(dst + at, g, k); });
+}
+
+void CpuBackend::adamw(const AdamWUpdate& u, float* param, const void* grad, DType grad_dtype,
+                       float* m, float* v, int64_t n) {
+  widened_chunks(grad, grad_dtype, n, [&](int64_t at, const float* g, int64_t k) {
+    cpu::adamw_update(u, param + at, g, m + at, v + at, k);
+  });
 }
 
 const char* openblas_better_coretype() {

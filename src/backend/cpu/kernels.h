@@ -84,16 +84,8 @@ void position_buckets(const Args& a);
 void attention(const Args& a);
 void attention_grad(const Args& a);
 
-// kernels_optim.cc: flat f32 passes of the optimizer (runtime/optimizer.cc).
-struct AdamWUpdate {
-  float grad_scale = 1.0f;  // g = grad * grad_scale (clipping)
-  float shrink = 1.0f;      // decoupled weight decay: p *= shrink
-  float beta1 = 0.9f, beta2 = 0.95f;
-  float step_size = 0.0f;  // lr / (1 - beta1^t)
-  float bc2_sqrt = 1.0f;   // sqrt(1 - beta2^t)
-  float eps = 1e-8f;
-};
-// m = b1 m + (1-b1) g; v = b2 v + (1-b2) g^2; p = p*shrink - step_size m / (sqrt(v)/bc2_sqrt + eps)
+// kernels_optim.cc: flat f32 passes of the optimizer (CpuBackend's sum_squares, adamw, ...).
+// AdamWUpdate (backend/backend.h):
 void adamw_update(const AdamWUpdate& u, float* param, const float* grad, float* m, float* v,
                   int64_t n);
 // Sum of x^2 in double over fixed chunks added in order (the same whatever the thread count).

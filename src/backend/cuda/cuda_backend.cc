@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "backend/cuda/kernels.h"
+#include "backend/cuda/optim.h"
 #include "base/check.h"
 
 namespace tessera {
@@ -165,6 +166,10 @@ void* CudaBackend::alloc(int64_t bytes) {
   TS_CUDA(cudaSetDevice(impl_->device));
   void* p = nullptr;
   TS_CUDA(cudaMalloc(&p, static_cast<size_t>(bytes > 0 ? bytes : 1)));
+  // Zeroed before it is returned: a caller may write it from another stream (cudaMemcpy on
+  // the legacy stream does not wait for the backend's non-blocking one). Never inside a step.
+  TS_CUDA(cudaMemsetAsync(p, 0, static_cast<size_t>(bytes > 0 ? bytes : 1), impl_->stream));
+  synchronize();
   return p;
 }
 
@@ -185,6 +190,43 @@ void CudaBackend::to_host(void* dst, const void* src, int64_t bytes) {
   TS_CUDA(
       cudaMemcpyAsync(dst, src, static_cast<size_t>(bytes), cudaMemcpyDeviceToHost, impl_->stream));
   synchronize();
+}
+
+void CudaBackend::copy(void* dst, const void* src, int64_t bytes) {
+  TS_CUDA(cudaSetDevice(impl_->device));
+  TS_CUDA(cudaMemcpyAsync(dst, src, static_cast<size_t>(bytes), cudaMemcpyDeviceToDevice,
+                          impl_->stream));
+}
+
+void CudaBackend::fill(void* dst, uint8_t byte, int64_t bytes) {
+  TS_CUDA(cudaSetDevice(impl_->device));
+  TS_CUDA(cudaMemsetAsync(dst, byte, static_cast<size_t>(bytes), impl_->stream));
+}
+
+double CudaBackend::sum_squares(const void* x, DType dtype, int64_t n) {
+  TS_CUDA(cudaSetDevice(impl_->device));
+  return cuda::sum_squares(x, dtype, n, impl_->stream);
+}
+
+void CudaBackend::scale(float* x, int64_t n, float c) {
+  TS_CUDA(cudaSetDevice(impl_->device));
+  cuda::scale(x, n, c, impl_->stream);
+}
+
+void CudaBackend::accumulate(float* dst, const void* src, DType src_dtype, int64_t n, bool first) {
+  TS_CUDA(cudaSetDevice(impl_->device));
+  cuda::accumulate(dst, src, src_dtype, n, first, impl_->stream);
+}
+
+void CudaBackend::adamw(const AdamWUpdate& u, float* param, const void* grad, DType grad_dtype,
+                        float* m, float* v, int64_t n) {
+  TS_CUDA(cudaSetDevice(impl_->device));
+  cuda::adamw(u, param, grad, grad_dtype, m, v, n, impl_->stream);
+}
+
+void CudaBackend::convert(const void* src, DType from, void* dst, DType to, int64_t n) {
+  TS_CUDA(cudaSetDevice(impl_->device));
+  cuda::convert(src, from, dst, to, n, impl_->stream);
 }
 
 void CudaBackend::synchronize() {

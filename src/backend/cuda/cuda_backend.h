@@ -35,12 +35,23 @@ class CudaBackend final : public Backend {
   void run(const Graph& g, const Node& node, std::span<const void* const> inputs,
            std::span<void* const> outputs) override;
 
-  // Device buffers and copies (to_host and synchronize wait for the stream).
-  void* alloc(int64_t bytes);
-  void free(void* p);
-  void to_device(void* dst, const void* src, int64_t bytes);
-  void to_host(void* dst, const void* src, int64_t bytes);
-  void synchronize();
+  // Device memory; copies and fills are enqueued on the backend's stream (to_host waits).
+  MemSpace memory() const override { return MemSpace::device; }
+  void* alloc(int64_t bytes) override;
+  void free(void* p) override;
+  void to_device(void* dst, const void* host_src, int64_t bytes) override;
+  void to_host(void* host_dst, const void* src, int64_t bytes) override;
+  void copy(void* dst, const void* src, int64_t bytes) override;
+  void fill(void* dst, uint8_t byte, int64_t bytes) override;
+  void synchronize() override;
+
+  // The optimizer's passes, one tensor per launch (backend/cuda/optim.h), on the stream.
+  double sum_squares(const void* x, DType dtype, int64_t n) override;
+  void scale(float* x, int64_t n, float c) override;
+  void accumulate(float* dst, const void* src, DType src_dtype, int64_t n, bool first) override;
+  void adamw(const AdamWUpdate& u, float* param, const void* grad, DType grad_dtype, float* m,
+             float* v, int64_t n) override;
+  void convert(const void* src, DType from, void* dst, DType to, int64_t n) override;
   // The stream run() enqueues on (callers' own kernels go after the nodes on it).
   cudaStream_t stream() const;
   // The device's name and compute capability, e.g. "NVIDIA H100 80GB HBM3 (sm_90)".

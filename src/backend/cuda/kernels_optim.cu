@@ -2,6 +2,8 @@
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 
+#include <algorithm>
+
 #include "backend/cuda/kernels.h"
 #include "backend/cuda/optim.h"
 #include "base/check.h"
@@ -116,6 +118,57 @@ Described described(const std::vector<OptimTensor>& tensors) {
   d.bytes = d.first_at + chunks * 8;
   return d;
 }
+// One tensor's flat passes (CudaBackend's sum_squares, scale, accumulate, adamw): a grid of
+// blocks striding over the elements.
+__global__ void chunk_squares_kernel(const void* x, DType dt, int64_t n, double* parts) {
+  const int64_t first = static_cast<int64_t>(blockIdx.x) * kChunk;
+  const int64_t end = min(n, first + kChunk);
+  double acc = 0;
+  for (int64_t i = first + threadIdx.x; i < end; i += kThreads) {
+    const double v = load(x, dt, i);
+    acc += v * v;
+  }
+  const double total = block_sum(acc);
+  if (threadIdx.x == 0) parts[blockIdx.x] = total;
+}
+
+__global__ void sum_parts_kernel(const double* parts, int64_t count, double* total) {
+  double acc = 0;
+  for (int64_t i = threadIdx.x; i < count; i += kThreads) acc += parts[i];
+  const double t = block_sum(acc);
+  if (threadIdx.x == 0) *total = t;
+}
+
+__global__ void scale_kernel(float* x, int64_t n, float c) {
+  for (int64_t i = blockIdx.x * static_cast<int64_t>(kThreads) + threadIdx.x; i < n;
+       i += static_cast<int64_t>(gridDim.x) * kThreads)
+    x[i] *= c;
+}
+
+__global__ void accumulate_kernel(float* dst, const void* src, DType dt, int64_t n, bool first) {
+  for (int64_t i = blockIdx.x * static_cast<int64_t>(kThreads) + threadIdx.x; i < n;
+       i += static_cast<int64_t>(gridDim.x) * kThreads)
+    dst[i] = first ? load(src, dt, i) : dst[i] + load(src, dt, i);
+}
+
+__global__ void adamw_one_kernel(AdamWUpdate u, float* param, const void* grad, DType dt, float* m,
+                                 float* v, int64_t n) {
+  for (int64_t i = blockIdx.x * static_cast<int64_t>(kThreads) + threadIdx.x; i < n;
+       i += static_cast<int64_t>(gridDim.x) * kThreads) {
+    const float g = load(grad, dt, i) * u.grad_scale;
+    const float p = param[i] * u.shrink;
+    const float mi = u.beta1 * m[i] + (1.0f - u.beta1) * g;
+    const float vi = u.beta2 * v[i] + (1.0f - u.beta2) * g * g;
+    m[i] = mi;
+    v[i] = vi;
+    param[i] = p - u.step_size * mi / (sqrtf(vi) / u.bc2_sqrt + u.eps);
+  }
+}
+
+unsigned strided_blocks(int64_t n) {
+  return static_cast<unsigned>(std::min<int64_t>((n + kThreads - 1) / kThreads, 65536));
+}
+
 }  // namespace
 
 int64_t describe_bytes(const std::vector<OptimTensor>& tensors) { return described(tensors).bytes; }
@@ -152,6 +205,41 @@ void sum_squares(const OptimTensors& list, double* parts, cudaStream_t stream) {
 void clip_coefficient(const double* parts, int64_t count, double max_norm, float* coef,
                       double* norm, cudaStream_t stream) {
   clip_kernel<<<1, kThreads, 0, stream>>>(parts, count, max_norm, coef, norm);
+  TS_CUDA_LAUNCH();
+}
+
+double sum_squares(const void* x, DType dt, int64_t n, cudaStream_t stream) {
+  if (n == 0) return 0;
+  const int64_t chunks = (n + kChunk - 1) / kChunk;
+  double* parts = nullptr;  // the chunks' sums, then the total at parts[chunks]
+  TS_CUDA(cudaMallocAsync(&parts, static_cast<size_t>(chunks + 1) * sizeof(double), stream));
+  chunk_squares_kernel<<<static_cast<unsigned>(chunks), kThreads, 0, stream>>>(x, dt, n, parts);
+  TS_CUDA_LAUNCH();
+  sum_parts_kernel<<<1, kThreads, 0, stream>>>(parts, chunks, parts + chunks);
+  TS_CUDA_LAUNCH();
+  double total = 0;
+  TS_CUDA(cudaMemcpyAsync(&total, parts + chunks, sizeof(double), cudaMemcpyDeviceToHost, stream));
+  TS_CUDA(cudaFreeAsync(parts, stream));
+  TS_CUDA(cudaStreamSynchronize(stream));
+  return total;
+}
+
+void scale(float* x, int64_t n, float c, cudaStream_t stream) {
+  if (n == 0) return;
+  scale_kernel<<<strided_blocks(n), kThreads, 0, stream>>>(x, n, c);
+  TS_CUDA_LAUNCH();
+}
+
+void accumulate(float* dst, const void* src, DType dt, int64_t n, bool first, cudaStream_t stream) {
+  if (n == 0) return;
+  accumulate_kernel<<<strided_blocks(n), kThreads, 0, stream>>>(dst, src, dt, n, first);
+  TS_CUDA_LAUNCH();
+}
+
+void adamw(const AdamWUpdate& u, float* param, const void* grad, DType dt, float* m, float* v,
+           int64_t n, cudaStream_t stream) {
+  if (n == 0) return;
+  adamw_one_kernel<<<strided_blocks(n), kThreads, 0, stream>>>(u, param, grad, dt, m, v, n);
   TS_CUDA_LAUNCH();
 }
 

@@ -16,6 +16,7 @@
 #include <cstdint>
 #include <vector>
 
+#include "backend/backend.h"
 #include "ir/dtype.h"
 
 namespace tessera::cuda {
@@ -59,9 +60,9 @@ void sum_squares(const OptimTensors& list, double* parts, cudaStream_t stream);
 void clip_coefficient(const double* parts, int64_t count, double max_norm, float* coef,
                       double* norm, cudaStream_t stream);
 
-// One AdamW step (cpu::AdamWUpdate's arithmetic) with g = grad * *coef over every tensor: m, v
-// and master updated in place, and param = master in param_dt (skipped when param is master).
-// The step's values are read from device memory (u), as the coefficient is, so that a step
+// One AdamW step (AdamWUpdate's arithmetic, backend/backend.h) with g = grad * *coef over every
+// tensor: m, v and master updated in place, and param = master in param_dt (skipped when param is
+// master). The step's values are read from device memory (u), as the coefficient is, so that a step
 // captured in a CUDA graph replays with each step's learning rate.
 struct AdamWStep {
   float shrink = 1.0f;  // 1 - lr * weight_decay, for tensors with decay set
@@ -71,5 +72,14 @@ struct AdamWStep {
   float eps = 1e-8f;
 };
 void adamw(const OptimTensors& list, const AdamWStep* u, const float* coef, cudaStream_t stream);
+
+// One tensor's passes (CudaBackend's Backend::sum_squares, scale, accumulate, adamw: the
+// StepRunner's optimizer, one launch per parameter). x, grad and src are f32, bf16 or f16 (dt).
+// sum_squares adds chunks of kChunk elements in a fixed order and waits for the stream.
+double sum_squares(const void* x, DType dt, int64_t n, cudaStream_t stream);
+void scale(float* x, int64_t n, float c, cudaStream_t stream);
+void accumulate(float* dst, const void* src, DType dt, int64_t n, bool first, cudaStream_t stream);
+void adamw(const AdamWUpdate& u, float* param, const void* grad, DType dt, float* m, float* v,
+           int64_t n, cudaStream_t stream);
 
 }  // namespace tessera::cuda
