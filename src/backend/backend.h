@@ -15,7 +15,12 @@
 #pragma once
 
 #include <cstdint>
+#include <deque>
+#include <new>
 #include <span>
+#include <string>
+#include <tuple>
+#include <utility>
 #include <vector>
 
 #include "ir/graph.h"
@@ -39,6 +44,17 @@ struct KernelArgs {
   const Shape& in_shape(int i) const { return in_types[static_cast<size_t>(i)].shape; }
   int num_inputs() const { return static_cast<int>(in.size()); }
   const Shape& out_shape(int i) const { return out_types[static_cast<size_t>(i)].shape; }
+};
+
+// What a device backend's alloc throws when the device has no room (a std::bad_alloc, as
+// operator new throws for host memory); what() names the device and the bytes.
+class OutOfDeviceMemory : public std::bad_alloc {
+ public:
+  explicit OutOfDeviceMemory(std::string what) : what_(std::move(what)) {}
+  const char* what() const noexcept override { return what_.c_str(); }
+
+ private:
+  std::string what_;
 };
 
 // Where a backend's buffers live: host memory (the runtime may read them in place), device
@@ -108,6 +124,10 @@ class Backend {
   virtual void fill(void* dst, uint8_t byte, int64_t bytes) = 0;
   // Waits until all work enqueued on this backend has finished.
   virtual void synchronize() {}
+  // Bytes alloc can still hand out (a device's free memory), or -1 where that is not known
+  // (host memory, which the OS overcommits): the runtime refuses a plan larger than this
+  // before allocating any of it.
+  virtual int64_t free_memory() const { return -1; }
 
   // The optimizer's flat passes over this backend's buffers of n elements: f32 unless a dtype
   // is named (a bf16/f16 gradient is read widened to f32).
@@ -123,6 +143,46 @@ class Backend {
   // Elementwise dtype conversion (f32/bf16/f16 to any of them; i32 to i32), within this
   // backend's memory: master weights to a low-precision working copy.
   virtual void convert(const void* src, DType from, void* dst, DType to, int64_t n) = 0;
+};
+
+// Host views of a backend's f32 buffers, for host code that reads or writes values in place
+// (checkpoints, a sample's logits): on a host backend the memory itself; otherwise a host
+// copy (read: copied out now; write: copied in at flush(), which the destructor does).
+// Views stay valid while the staging lives.
+//
+//   HostStaging host(backend);
+//   writer.add(name, host.read(runner.param_storage(i), n));
+//   reader.read(name, host.write(runner.param_storage(i), n));  host.flush();
+class HostStaging {
+ public:
+  explicit HostStaging(Backend& backend) : b_(backend) {}
+  HostStaging(const HostStaging&) = delete;
+  HostStaging& operator=(const HostStaging&) = delete;
+  ~HostStaging() { flush(); }
+
+  const float* read(const void* p, int64_t n) {
+    if (b_.memory() == MemSpace::host) return static_cast<const float*>(p);
+    std::vector<float>& v = copies_.emplace_back(static_cast<size_t>(n));
+    b_.to_host(v.data(), p, n * static_cast<int64_t>(sizeof(float)));
+    return v.data();
+  }
+  // The view starts with the buffer's values (a partial write keeps the rest).
+  float* write(void* p, int64_t n) {
+    if (b_.memory() == MemSpace::host) return static_cast<float*>(p);
+    float* v = const_cast<float*>(read(p, n));
+    pending_.emplace_back(p, v, n);
+    return v;
+  }
+  void flush() {
+    for (const auto& [dst, src, n] : pending_)
+      b_.to_device(dst, src, n * static_cast<int64_t>(sizeof(float)));
+    pending_.clear();
+  }
+
+ private:
+  Backend& b_;
+  std::deque<std::vector<float>> copies_;  // a deque: views stay put as copies are added
+  std::vector<std::tuple<void*, const float*, int64_t>> pending_;
 };
 
 }  // namespace tessera

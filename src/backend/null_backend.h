@@ -17,6 +17,9 @@ namespace tessera {
 
 class NullBackend final : public Backend {
  public:
+  // capacity: the bytes it pretends to have (free_memory() falls as buffers are taken); -1:
+  // unbounded.
+  explicit NullBackend(int64_t capacity = -1) : capacity_(capacity) {}
   const char* name() const override { return "null"; }
   bool supports(OpKind) const override { return true; }
   void run(const Graph&, const Node&, std::span<const void* const>,
@@ -25,6 +28,7 @@ class NullBackend final : public Backend {
   }
 
   MemSpace memory() const override { return MemSpace::none; }
+  int64_t free_memory() const override { return capacity_ < 0 ? -1 : capacity_ - in_use_; }
   void* alloc(int64_t bytes) override;
   void free(void* p) override;
   // Copies and fills do nothing; to_host writes zeros (there is nothing to read).
@@ -48,7 +52,7 @@ class NullBackend final : public Backend {
  private:
   std::map<uintptr_t, int64_t> live_;    // address -> bytes
   uintptr_t next_ = uintptr_t{1} << 62;  // outside 48- and 57-bit virtual address spaces
-  int64_t in_use_ = 0, peak_ = 0, nodes_run_ = 0;
+  int64_t capacity_ = -1, in_use_ = 0, peak_ = 0, nodes_run_ = 0;
 };
 
 }  // namespace tessera

@@ -8,6 +8,7 @@
 #include <string>
 #include <vector>
 
+#include "backend/backend.h"
 #include "backend/cpu/cpu_backend.h"
 #include "cli/commands.h"
 #include "io/toml_config.h"
@@ -87,6 +88,13 @@ int main(int argc, char** argv) {
     return app.exit(e);
   } catch (const CLI::CallForVersion& e) {
     return app.exit(e);
+  } catch (const tessera::OutOfDeviceMemory& e) {
+    std::fprintf(stderr,
+                 "error: out of device memory: %s\nHINT: `tessera plan MODEL --batch B --seq T` "
+                 "prints the bytes a run needs per rank; try a smaller --batch or --seq, "
+                 "--recompute full or --precision bf16\n",
+                 e.what());
+    return 1;
   } catch (const std::bad_alloc&) {
     std::fprintf(stderr,
                  "error: out of memory: this machine (or `ulimit -v`) cannot hold what the command "

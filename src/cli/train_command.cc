@@ -5,6 +5,9 @@
 #include <cstdlib>
 
 #include "base/check.h"
+#if TESSERA_HAVE_CUDA
+#include "backend/cuda/cuda_backend.h"
+#endif
 #include "base/format.h"
 #include "cli/commands.h"
 #include "cli/common.h"
@@ -102,6 +105,30 @@ Result<Plan> auto_plan(TrainOptions* o, const ModelConfig& cfg, int ranks, bool 
   return best.plan;
 }
 
+// The backend --device names: null for cpu (the trainer's own CPU backend), a CUDA backend on
+// GPU 0 for cuda where this build has one and a device is present; otherwise why not.
+Result<std::unique_ptr<Backend>> open_device(const std::string& device, bool distributed) {
+  if (device == "cpu") return std::unique_ptr<Backend>();
+  if (device != "cuda")
+    return error("--device '" + device + "' is not a device", "use --device cpu or --device cuda");
+#if TESSERA_HAVE_CUDA
+  if (distributed)
+    return error("--device cuda trains on one GPU in one process",
+                 "drop --dp/--tp/--pp and `launch`: collectives over device memory need NCCL, "
+                 "which the runtime does not use yet; several ranks train on CPUs");
+  std::string why;
+  if (!cuda_device_present(&why))
+    return error("--device cuda: " + why,
+                 "run on a machine with an NVIDIA GPU (sm_80 or newer), or use --device cpu");
+  return std::unique_ptr<Backend>(std::make_unique<CudaBackend>(0));
+#else
+  (void)distributed;
+  return error("--device cuda: this tessera was built without the CUDA backend",
+               "build where the CUDA toolkit is installed (scripts/build.sh builds it when "
+               "/usr/local/cuda/bin/nvcc exists), or use --device cpu");
+#endif
+}
+
 }  // namespace
 
 // The model a run trains: --model, or with --init-from the checkpoint's (and --model, if
@@ -178,15 +205,16 @@ Status run_train(const TrainOptions& options) {
   }
   const bool distributed = world && (world->size() > 1 || wants_ranks);
   const int ranks = world ? world->size() : 1;
+  TS_ASSIGN_OR_RETURN(std::unique_ptr<Backend> device, open_device(o.device, distributed));
   if (automatic) {
     TS_ASSIGN_OR_RETURN(Plan plan,
                         auto_plan(&o, cfg, distributed ? ranks : 1, !world || world->rank() == 0));
-    return train(o, TrainJob{cfg, std::move(plan), world.get(), default_data_dir()});
+    return train(o, TrainJob{cfg, std::move(plan), world.get(), default_data_dir(), device.get()});
   }
   std::string placed;
   TS_ASSIGN_OR_RETURN(Plan plan, train_plan(o, cfg, distributed ? ranks : 1, &placed));
   if (distributed && world->rank() == 0 && !placed.empty()) std::fputs(placed.c_str(), stderr);
-  return train(o, TrainJob{cfg, std::move(plan), world.get(), default_data_dir()});
+  return train(o, TrainJob{cfg, std::move(plan), world.get(), default_data_dir(), device.get()});
 }
 
 void add_train_command(CLI::App& app, TrainOptions& o) {
@@ -285,6 +313,10 @@ void add_train_command(CLI::App& app, TrainOptions& o) {
                   "fp32; bf16 or fp16: parameters, activations and gradients in it with f32 "
                   "master weights and AdamW state (fp16 with dynamic loss scaling; GPT and "
                   "LLaMA; not with --pp)")
+      ->capture_default_str();
+  cmd->add_option("--device", o.device,
+                  "cpu; or cuda: the step on one NVIDIA GPU (sm_80 or newer; one process) through "
+                  "the same step runner, in device memory")
       ->capture_default_str();
   cmd->add_option("--comm-timeout", o.comm_timeout,
                   "Seconds a collective waits for a peer before the run fails")

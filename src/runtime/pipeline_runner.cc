@@ -108,11 +108,11 @@ Result<std::unique_ptr<PipelineRunner>> PipelineRunner::create(const Graph& mode
     r->offsets_.push_back(slot_offsets(c.phases, c.reduce_phase));
   }
   for (int i = 0; i < program.in_flight[st]; ++i) {
-    r->slots_.emplace_back(static_cast<size_t>(stash));
+    r->slots_.push_back(backend.allocate(stash));
     r->free_slots_.push_back(i);
   }
   for (int i = 0; i < program.weight_in_flight[st]; ++i) {
-    r->wslots_.emplace_back(static_cast<size_t>(wstash));
+    r->wslots_.push_back(backend.allocate(wstash));
     r->free_wslots_.push_back(i);
   }
   const PipelineProgram::SendPool pools[2] = {program.activation_sends[st],
@@ -193,7 +193,7 @@ Status PipelineRunner::take_recv(const PipeAction& a, Executor& ex,
   const uint8_t* src = reinterpret_cast<const uint8_t*>(m->data.data());
   for (ValueId v : into) {
     const int64_t b = ex.graph().type(v).bytes();
-    std::memcpy(ex.raw(v), src, static_cast<size_t>(b));
+    ex.backend().to_device(ex.raw(v), src, b);
     src += b;
   }
   return Status();
@@ -223,7 +223,7 @@ Status PipelineRunner::send(const PipeAction& a, Executor& ex, const std::vector
   uint8_t* dst = reinterpret_cast<uint8_t*>(data.data());
   for (ValueId v : from) {
     const int64_t b = ex.graph().type(v).bytes();
-    std::memcpy(dst, ex.raw(v), static_cast<size_t>(b));
+    ex.backend().to_host(dst, ex.raw(v), b);
     dst += b;
   }
   const std::string what = std::string(fwd ? "activations into chunk " : "gradients into chunk ") +
@@ -270,9 +270,8 @@ void PipelineRunner::load_stash(int v, int ph, Executor& ex, int slot, int wslot
   for (size_t e = 0; e < phases.stash.size(); ++e) {
     const Phases::Stash& st = phases.stash[e];
     if (st.to != ph) continue;
-    const uint8_t* src =
-        st.from == kForwardPhase ? slots_[size_t(slot)].data() : wslots_[size_t(wslot)].data();
-    std::memcpy(ex.raw(st.in), src + off[e], static_cast<size_t>(ex.graph().type(st.in).bytes()));
+    const Buffer& src = st.from == kForwardPhase ? slots_[size_t(slot)] : wslots_[size_t(wslot)];
+    ex.backend().copy(ex.raw(st.in), src.bytes_at(off[e]), ex.graph().type(st.in).bytes());
   }
 }
 
@@ -282,13 +281,12 @@ Status PipelineRunner::run_action(const PipeAction& a) {
   StepRunner& r = chunk(v);
   const auto key = std::make_pair(v, j);
   // Saves phase `from`'s stash entries (its distinct outputs) into `slot`.
-  auto save = [&](int from, Executor& ex, std::vector<uint8_t>& slot) {
+  auto save = [&](int from, Executor& ex, const Buffer& slot) {
     const std::vector<int64_t>& off = offsets_[static_cast<size_t>(v)];
     for (size_t e = 0; e < c.phases.stash.size(); ++e) {
       const Phases::Stash& st = c.phases.stash[e];
       if (st.from != from || off[e] < 0) continue;
-      std::memcpy(slot.data() + off[e], ex.raw(st.out),
-                  static_cast<size_t>(ex.graph().type(st.out).bytes()));
+      ex.backend().copy(slot.bytes_at(off[e]), ex.raw(st.out), ex.graph().type(st.out).bytes());
     }
   };
   switch (a.op) {
@@ -364,7 +362,11 @@ Status PipelineRunner::sum_tied_grads() {
     StepRunner& r = chunk(t.v);
     const int64_t count = static_cast<int64_t>(
         r.program().local().type(r.program().part.params[t.param].local_grad).shape.numel());
-    float* g = r.grad_data(t.param);
+    // The gradient in host memory, the transport's (copied back below).
+    Backend& b = r.executor().backend();
+    std::vector<float> host(static_cast<size_t>(count));
+    b.to_host(host.data(), r.grad_data(t.param), count * static_cast<int64_t>(sizeof(float)));
+    float* g = host.data();
     const std::string what = "tied gradient " + r.program().part.params[t.param].name;
     if (t.holders[0] == model_chunk(t.v)) {  // the owner sums in holder order and sends back
       std::vector<std::vector<float>> other(t.holders.size() - 1,
@@ -384,6 +386,7 @@ Status PipelineRunner::sum_tied_grads() {
       TS_RETURN_IF_ERROR(pipe_->wait(up));
       TS_RETURN_IF_ERROR(pipe_->wait(pipe_->recv(g, count, owner, kTiedDownTag, what)));
     }
+    b.to_device(r.grad_data(t.param), g, count * static_cast<int64_t>(sizeof(float)));
   }
   return Status();
 }
@@ -481,8 +484,8 @@ Status PipelineRunner::gather_params(std::vector<std::vector<float>>* whole) {
 
 int64_t PipelineRunner::measured_arena_bytes() const {
   int64_t slots = 0;
-  for (const auto& s : slots_) slots += static_cast<int64_t>(s.size());
-  for (const auto& s : wslots_) slots += static_cast<int64_t>(s.size());
+  for (const Buffer& s : slots_) slots += s.bytes();
+  for (const Buffer& s : wslots_) slots += s.bytes();
   return arena_.high_water() + slots;
 }
 

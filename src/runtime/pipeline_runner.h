@@ -107,7 +107,7 @@ class PipelineRunner {
   std::vector<std::unique_ptr<StepRunner>> chunks_;
   // Stash slots: stage_stash_bytes split into in_flight forward slots and weight_in_flight
   // weight slots; (v, micro-batch) -> slot while in flight.
-  std::vector<std::vector<uint8_t>> slots_, wslots_;
+  std::vector<Buffer> slots_, wslots_;  // stash slots in the backend's memory
   std::vector<int> free_slots_, free_wslots_;
   std::map<std::pair<int, int>, int> slot_of_, wslot_of_;
   std::vector<std::vector<int64_t>> offsets_;  // per local chunk: each stash entry's slot offset

@@ -16,13 +16,18 @@ std::vector<int32_t> sample_tokens(Executor& ex, const ModelGraph& m, std::vecto
   const int64_t V = m.classes > 0 ? m.classes : stride;
   std::vector<int32_t> context = std::move(prompt), out, window(static_cast<size_t>(T), 0);
   std::vector<std::pair<float, int32_t>> ranked(static_cast<size_t>(V));
+  std::vector<float> row(static_cast<size_t>(stride));
   for (int i = 0; i < count; ++i) {
     int64_t len = std::min<int64_t>(static_cast<int64_t>(context.size()), T);
     std::fill(window.begin(), window.end(), 0);
     std::copy(context.end() - len, context.end(), window.begin());
     ex.set_input("tokens", window.data());
     ex.run();
-    const float* logits = ex.data<float>(m.logits) + (len - 1) * stride;
+    // The last position's row of logits, copied out of the backend's memory.
+    ex.backend().to_host(row.data(),
+                         static_cast<const float*>(ex.raw(m.logits)) + (len - 1) * stride,
+                         stride * static_cast<int64_t>(sizeof(float)));
+    const float* logits = row.data();
     int32_t next = 0;
     if (opt.temperature <= 0) {
       next = static_cast<int32_t>(std::max_element(logits, logits + V) - logits);

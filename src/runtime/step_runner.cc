@@ -7,6 +7,7 @@
 
 #include "backend/cpu/cpu_backend.h"
 #include "base/check.h"
+#include "base/format.h"
 #include "comm/local_comm.h"
 #include "parallel/pipeline_program.h"
 
@@ -83,6 +84,27 @@ Status check_runnable(const Program& p) {
 }
 }  // namespace
 
+namespace {
+
+// A device that cannot hold the Program's memory (what the runner allocates: the NULL-backend
+// test holds it to the byte) is an error before any allocation, with the planned parts.
+Status check_fits(const Program& p, const Backend& backend) {
+  const int64_t free = backend.free_memory();
+  const int64_t need = p.persistent_bytes() + p.memory.arena_bytes;
+  if (free < 0 || need <= free) return Status();
+  return error("this rank needs " + format_bytes(static_cast<double>(need)) + " of " +
+                   backend.name() + " memory (parameters " +
+                   format_bytes(static_cast<double>(p.param_bytes)) + ", gradients " +
+                   format_bytes(static_cast<double>(p.grad_bytes)) + ", optimizer state " +
+                   format_bytes(static_cast<double>(p.optim_bytes)) + ", activations " +
+                   format_bytes(static_cast<double>(p.memory.arena_bytes)) +
+                   ") and the device has " + format_bytes(static_cast<double>(free)) + " free",
+               "a smaller --batch or --seq, --recompute full or --precision bf16 (`tessera plan "
+               "MODEL --batch B --seq T` prints the bytes per rank of a plan)");
+}
+
+}  // namespace
+
 Result<std::unique_ptr<StepRunner>> StepRunner::create(const Graph& global, const Plan& plan,
                                                        Backend& backend, MeshComms& comms,
                                                        AdamWConfig opt) {
@@ -93,6 +115,7 @@ Result<std::unique_ptr<StepRunner>> StepRunner::create(const Graph& global, cons
                  "add_evaluation");
   TS_ASSIGN_OR_RETURN(Program prog, lower(global, plan));
   TS_RETURN_IF_ERROR(check_runnable(prog));
+  TS_RETURN_IF_ERROR(check_fits(prog, backend));
   return std::unique_ptr<StepRunner>(new StepRunner(global, std::move(prog), backend, comms, opt));
 }
 
@@ -204,7 +227,9 @@ float* StepRunner::param_storage(size_t i) {
 }
 
 float* StepRunner::param_data(size_t i) {
-  if (!masters_[i]) return exec_->data<float>(param_value(i));  // checks for host memory
+  TS_CHECK(exec_->backend().memory() == MemSpace::host)
+      << "param_data: parameters in the " << exec_->backend().name()
+      << " backend's memory (use param_storage, read_param)";
   return param_storage(i);
 }
 
@@ -282,19 +307,42 @@ void StepRunner::init_params(uint64_t seed) {
   refresh_working_params();
 }
 
+namespace {
+
+// n elements of dtype dt in the backend's memory, as f32 in host memory, and back.
+void read_as_f32(Backend& b, const void* src, DType dt, float* dst, int64_t n) {
+  if (b.memory() == MemSpace::host) return convert_elements(src, dt, dst, DType::f32, n);
+  if (dt == DType::f32) return b.to_host(dst, src, n * static_cast<int64_t>(sizeof(float)));
+  std::vector<uint8_t> stored(static_cast<size_t>(n * dtype_size(dt)));
+  b.to_host(stored.data(), src, static_cast<int64_t>(stored.size()));
+  convert_elements(stored.data(), dt, dst, DType::f32, n);
+}
+
+void write_from_f32(Backend& b, const float* src, void* dst, DType dt, int64_t n) {
+  if (b.memory() == MemSpace::host) return convert_elements(src, DType::f32, dst, dt, n);
+  if (dt == DType::f32) return b.to_device(dst, src, n * static_cast<int64_t>(sizeof(float)));
+  std::vector<uint8_t> stored(static_cast<size_t>(n * dtype_size(dt)));
+  convert_elements(src, DType::f32, stored.data(), dt, n);
+  b.to_device(dst, stored.data(), static_cast<int64_t>(stored.size()));
+}
+
+}  // namespace
+
 Status StepRunner::start(const Node& n, Executor& ex) {
   Communicator& c = comms_.group(n.attrs.name);
   const Graph& g = ex.graph();
   const std::string what = std::string(op_name(n.op)) + " " + n.scope;
   const DType dt = g.type(n.inputs[0]).dtype;
-  // A bf16/f16 value travels as f32 (the transport reduces f32): staged in f32 buffers,
-  // narrowed into the output when the wait completes.
+  // The transport reduces f32 in host memory: a bf16/f16 value, or any value in a device's
+  // memory, is staged in host f32 buffers and written into the output (narrowed, copied to
+  // the device) when the wait completes. An f32 value in host memory travels in place.
   Staged staged;
-  float* in = ex.data<float>(n.inputs[0]);
-  float* out = ex.data<float>(n.outputs[0]);
+  const bool in_place = dt == DType::f32 && ex.backend().memory() == MemSpace::host;
+  float* in = in_place ? ex.data<float>(n.inputs[0]) : nullptr;
+  float* out = in_place ? ex.data<float>(n.outputs[0]) : nullptr;
   const int64_t in_count = g.type(n.inputs[0]).shape.numel();
   const int64_t out_count = g.type(n.outputs[0]).shape.numel();
-  if (dt != DType::f32) {
+  if (!in_place) {
     staged.out.assign(static_cast<size_t>(out_count), 0.0f);
     out = staged.out.data();
     if (n.op == OpKind::all_reduce) {  // reduced in place: widened straight into the output
@@ -304,7 +352,7 @@ Status StepRunner::start(const Node& n, Executor& ex) {
       staged.in.assign(static_cast<size_t>(room), 0.0f);
       in = staged.in.data();
     }
-    convert_elements(ex.raw(n.inputs[0]), dt, in, DType::f32, in_count);
+    read_as_f32(ex.backend(), ex.raw(n.inputs[0]), dt, in, in_count);
     staged.dst = ex.raw(n.outputs[0]);
     staged.dtype = dt;
   }
@@ -316,7 +364,7 @@ Status StepRunner::start(const Node& n, Executor& ex) {
       break;
     }
     case OpKind::reduce_scatter: {
-      if (dt == DType::f32)  // the planned padding (staged buffers come zeroed)
+      if (in_place)  // the planned padding (staged buffers come zeroed)
         std::fill(in + in_count, in + out_count * n.attrs.count, 0.0f);
       r = c.reduce_scatter(in, out, out_count, what);
       break;
@@ -329,7 +377,7 @@ Status StepRunner::start(const Node& n, Executor& ex) {
   }
   const NodeId id = g.value(n.outputs[0]).producer;
   inflight_[id] = std::move(r);
-  if (dt != DType::f32) staged_[id] = std::move(staged);
+  if (!in_place) staged_[id] = std::move(staged);
   return Status();
 }
 
@@ -376,9 +424,9 @@ Status StepRunner::run_instructions(const std::vector<Instruction>& list, Execut
         Status s = comms_.group(g.node(in.node).attrs.name).wait(it->second);
         inflight_.erase(it);
         TS_RETURN_IF_ERROR(s);
-        if (auto st = staged_.find(in.node); st != staged_.end()) {  // narrow the f32 result
-          convert_elements(st->second.out.data(), DType::f32, st->second.dst, st->second.dtype,
-                           static_cast<int64_t>(st->second.out.size()));
+        if (auto st = staged_.find(in.node); st != staged_.end()) {  // the f32 result, home
+          write_from_f32(ex.backend(), st->second.out.data(), st->second.dst, st->second.dtype,
+                         static_cast<int64_t>(st->second.out.size()));
           staged_.erase(st);
         }
         break;
@@ -483,16 +531,17 @@ Status StepRunner::sync_param(size_t i) {
   const int64_t numel = pl.local_shape.numel();
   const int64_t block = FlatShard{group, 0, numel}.block();
   const LocalPiece mine = block_of(i);
-  float* p = param_data(i);
+  Backend& b = exec_->backend();
+  float* p = param_storage(i);  // the backend's memory; the transport's buffers are the host's
   std::vector<float> own(static_cast<size_t>(block), 0.0f);
-  std::memcpy(own.data(), p + mine.offset, static_cast<size_t>(mine.count) * sizeof(float));
+  b.to_host(own.data(), p + mine.offset, mine.count * static_cast<int64_t>(sizeof(float)));
   // Host staging, sized at the first sync by the largest parameter (kept between steps).
   if (scratch_.size() < static_cast<size_t>(block * group))
     scratch_.resize(static_cast<size_t>(block * group));
   Communicator& c = comms_.group(axes_key(prog_.plan.zero_axes));
   Request r = c.all_gather(own.data(), scratch_.data(), block, "parameter sync " + pl.name);
   TS_RETURN_IF_ERROR(c.wait(r));
-  std::memcpy(p, scratch_.data(), static_cast<size_t>(numel) * sizeof(float));
+  b.to_device(p, scratch_.data(), numel * static_cast<int64_t>(sizeof(float)));
   return Status();
 }
 
@@ -563,13 +612,15 @@ Status StepRunner::gather_params(std::vector<std::vector<float>>* whole) {
     std::vector<float>& w = (*whole)[i];
     std::vector<float> piece;
     if (!pl.params_sharded) {
-      piece.assign(param_data(i), param_data(i) + local);
+      piece = read_param(i);
     } else {  // the ZeRO-3 blocks of this rank's piece
       const int group = plan.zero_group();
       const int64_t block = FlatShard{group, 0, local}.block();
       piece.assign(static_cast<size_t>(block * group), 0.0f);
       Communicator& c = comms_.group(axes_key(plan.zero_axes));
-      Request r = c.all_gather(param_data(i), piece.data(), block, "gather " + pl.name);
+      std::vector<float> mine = read_param(i);        // host memory: the communicator's
+      mine.resize(static_cast<size_t>(block), 0.0f);  // the last block's padding
+      Request r = c.all_gather(mine.data(), piece.data(), block, "gather " + pl.name);
       TS_RETURN_IF_ERROR(c.wait(r));
       piece.resize(static_cast<size_t>(local));
     }

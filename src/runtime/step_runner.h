@@ -114,8 +114,8 @@ class StepRunner {
   // takes its reduced gradients as the step's. Collective over the data and tensor axes.
   Status reduce_grads();
   void finish_micro_batch() { ++accumulated_; }
-  // The accumulated gradient of parameter i (its local piece; chunk runners and plans with
-  // several micro-batches).
+  // The accumulated gradient of parameter i in the backend's memory (its local piece; chunk
+  // runners and plans with several micro-batches).
   float* grad_data(size_t i) { return static_cast<float*>(grads_[i].data()); }
   // apply() in two parts, for a pipeline stage whose gradient norm spans its chunks: the
   // gradients averaged over the micro-batches and their squared sum (all-reduced over
@@ -138,6 +138,8 @@ class StepRunner {
   // Parameter i as stored here: pointer to its local piece (f32: the master weights of a
   // bf16/f16 graph, whose working copy refresh_working_params() writes) and where it lies.
   float* param_data(size_t i);
+  // The same in the backend's memory, for any backend (HostStaging gives host views of it).
+  float* param_storage(size_t i);
   // Parameter i's local piece (param_piece(i).count f32 values, the master weights of a
   // bf16/f16 graph) copied to the host: any backend.
   std::vector<float> read_param(size_t i);
@@ -169,8 +171,6 @@ class StepRunner {
              const ChunkProgram* chunk = nullptr, SharedArena arena = {});
   // The value holding parameter i in the forward executor's graph.
   ValueId param_value(size_t i) const;
-  // param_data without the host check: an address in the backend's memory.
-  float* param_storage(size_t i);
   int64_t grad_count(size_t i) const {
     return grads_[i].bytes() / static_cast<int64_t>(sizeof(float));
   }

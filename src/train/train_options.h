@@ -57,6 +57,7 @@ struct TrainOptions {
   // master weights and AdamW state; fp16 with dynamic loss scaling; GPT and LLaMA models, any
   // plan but pipelines).
   std::string precision = "fp32";
+  std::string device = "cpu";  // --device: cpu, or cuda (one GPU, one process)
 };
 
 // Checks every number against its range and the model (--seq against max_seq_len, the

@@ -155,8 +155,11 @@ Result<bool> TrainState::params_finite() const {
     return ok;
   };
   bool ok = true;
-  for (const HeldParam& h : held_params())
-    ok = ok && finite(h.runner->param_data(h.index), h.runner->param_piece(h.index).count);
+  HostStaging host(backend);
+  for (const HeldParam& h : held_params()) {
+    const int64_t n = h.runner->param_piece(h.index).count;
+    ok = ok && finite(host.read(h.runner->param_storage(h.index), n), n);
+  }
   TS_ASSIGN_OR_RETURN(double bad, comms().world().all_reduce_scalar(ok ? 0.0 : 1.0, /*max=*/true,
                                                                     "parameters finite"));
   return bad == 0;
@@ -169,13 +172,15 @@ Status TrainState::save(const std::string& root, int64_t completed,
   const Graph& g = model.graph;
   AdamW& opt = runner->optimizer();
   NamedTensorRefs params, moments;
+  HostStaging host(backend);  // device state: host copies, alive until the files are written
   for (size_t i = 0; i < g.params().size(); ++i) {
     ValueId p = g.params()[i];
     const std::string& name = g.name_of(p);
     std::vector<int64_t> shape = g.type(p).shape.dims();
-    params.push_back({name, TensorRef{DType::f32, shape, runner->param_data(i)}});
-    moments.push_back({"adam.m." + name, TensorRef{DType::f32, shape, opt.m(i)}});
-    moments.push_back({"adam.v." + name, TensorRef{DType::f32, shape, opt.v(i)}});
+    const int64_t n = g.type(p).shape.numel();
+    params.push_back({name, TensorRef{DType::f32, shape, host.read(runner->param_storage(i), n)}});
+    moments.push_back({"adam.m." + name, TensorRef{DType::f32, shape, host.read(opt.m(i), n)}});
+    moments.push_back({"adam.v." + name, TensorRef{DType::f32, shape, host.read(opt.v(i), n)}});
   }
   CheckpointWriter w(root, checkpoint_name(completed));
   TS_RETURN_IF_ERROR(w.add_tensors("model.safetensors", params));
@@ -192,6 +197,7 @@ Status TrainState::save(const std::string& root, int64_t completed,
 Status TrainState::save_sharded(const std::string& root, int64_t completed,
                                 const nlohmann::json& man) const {
   std::vector<TensorShard> shards;
+  HostStaging host(backend);  // device state: host copies, alive until the shards are written
   for (const HeldParam& h : held_params()) {
     StepRunner& d = *h.runner;
     const size_t i = h.index;
@@ -199,13 +205,13 @@ Status TrainState::save_sharded(const std::string& root, int64_t completed,
     const LocalPiece pp = d.param_piece(i), op = d.optim_piece(i);
     const Box box = d.param_box(i);  // this rank's tensor-parallel piece of the global tensor
     if (h.writes_param)
-      shards.push_back({pl.name, DType::f32, pl.global_shape, pp.offset, pp.count, d.param_data(i),
-                        box.lo, box.hi});
+      shards.push_back({pl.name, DType::f32, pl.global_shape, pp.offset, pp.count,
+                        host.read(d.param_storage(i), pp.count), box.lo, box.hi});
     if (h.writes_optim) {
       shards.push_back({"adam.m." + pl.name, DType::f32, pl.global_shape, op.offset, op.count,
-                        d.optimizer().m(i), box.lo, box.hi});
+                        host.read(d.optimizer().m(i), op.count), box.lo, box.hi});
       shards.push_back({"adam.v." + pl.name, DType::f32, pl.global_shape, op.offset, op.count,
-                        d.optimizer().v(i), box.lo, box.hi});
+                        host.read(d.optimizer().v(i), op.count), box.lo, box.hi});
     }
   }
   Communicator& world = comms().world();
@@ -306,14 +312,18 @@ Status TrainState::read_held(const ShardedCheckpoint& ck, bool with_moments) {
                    pl.global_shape.to_string());
     const LocalPiece pp = r.param_piece(i), op = r.optim_piece(i);
     const Box box = r.param_box(i);
-    TS_RETURN_IF_ERROR(ck.read_box(name, box.lo, box.hi, pp.offset, pp.count, r.param_data(i)));
+    HostStaging host(backend);  // device state: read into host copies, then copied in
+    TS_RETURN_IF_ERROR(ck.read_box(name, box.lo, box.hi, pp.offset, pp.count,
+                                   host.write(r.param_storage(i), pp.count)));
+    if (with_moments) {
+      AdamW& opt = r.optimizer();
+      TS_RETURN_IF_ERROR(ck.read_box("adam.m." + name, box.lo, box.hi, op.offset, op.count,
+                                     host.write(opt.m(i), op.count)));
+      TS_RETURN_IF_ERROR(ck.read_box("adam.v." + name, box.lo, box.hi, op.offset, op.count,
+                                     host.write(opt.v(i), op.count)));
+    }
+    host.flush();
     r.refresh_working_params();  // bf16 runs: the working copy of the f32 weights just read
-    if (!with_moments) continue;
-    AdamW& opt = r.optimizer();
-    TS_RETURN_IF_ERROR(
-        ck.read_box("adam.m." + name, box.lo, box.hi, op.offset, op.count, opt.m(i)));
-    TS_RETURN_IF_ERROR(
-        ck.read_box("adam.v." + name, box.lo, box.hi, op.offset, op.count, opt.v(i)));
   }
   return Status();
 }
@@ -343,7 +353,8 @@ void load_whole(Executor& ex, const ModelGraph& gen, const Graph& model,
   for (size_t i = 0; i < model.params().size(); ++i) {
     const ValueId q = gen.graph.find_param(model.name_of(model.params()[i]));
     TS_CHECK_GE(q, 0) << model.name_of(model.params()[i]);
-    std::memcpy(ex.raw(q), whole[i].data(), whole[i].size() * sizeof(float));
+    ex.backend().to_device(ex.raw(q), whole[i].data(),
+                           static_cast<int64_t>(whole[i].size() * sizeof(float)));
   }
 }
 
@@ -359,13 +370,15 @@ double TrainState::accuracy(const std::vector<std::vector<float>>& whole, BatchS
     if (in.target) labels_name = in.name;
   int64_t right = 0, seen = 0;
   HostBatch batch;
+  std::vector<float> logits_host(static_cast<size_t>(gen.graph.type(gen.logits).shape.numel()));
   for (int64_t b = 0; b < batches; ++b) {
     batch.clear();
     stream.next(&batch);
     Status s = feed_of(batch).bind(ex);
     TS_CHECK(s.ok()) << s.to_string();
     ex.run();
-    const float* logits = ex.data<float>(gen.logits);
+    ex.read(gen.logits, logits_host.data());
+    const float* logits = logits_host.data();
     const auto* labels = reinterpret_cast<const int32_t*>(batch.buffer(labels_name).data());
     const int64_t rows = gen.graph.type(gen.logits).shape[0], cols = gen.classes,
                   stride = gen.graph.type(gen.logits).shape[1];

@@ -9,6 +9,7 @@
 
 #include <string>
 
+#include "backend/backend.h"
 #include "comm/communicator.h"
 #include "models/model.h"
 #include "parallel/plan.h"
@@ -21,6 +22,7 @@ struct TrainJob {
   Plan plan;                      // placements settled; a plan of one rank for one process
   Communicator* world = nullptr;  // this process's MPI world; null: one process
   std::string shipped_data_dir;   // the tokenizer and the corpus used without --data
+  Backend* backend = nullptr;     // where the step runs; null: the CPU backend
 };
 
 // --out against --resume: a checkpoint to continue from when resuming, none otherwise.

@@ -55,6 +55,20 @@ TEST_F(BadInputs, DataThatIsAFileAndShardsTokenizeWouldReplace) {
   expect("tokenize --input text.txt --out shards --val-fraction 0.2 --force", 0, {"wrote"});
 }
 
+// --device: a name that is not a device; cuda where this machine has no GPU (or the build no
+// CUDA backend) says why, with the way on, before any step.
+TEST_F(BadInputs, DevicesThatAreNotThereAreNamed) {
+  const std::string run = "train --model gpt-tiny --seq 16 --steps 1 --data data --out run ";
+  expect(run + "--device tpu", 1, {"--device 'tpu' is not a device", "--device cpu"});
+  std::string out;
+  run_command("cd " + dir_.string() + " && " + TESSERA_BINARY + " " + run + "--device cuda", &out);
+  if (out.find("error:") != std::string::npos) {  // no GPU here (else it trains)
+    EXPECT_NE(out.find("error: --device cuda: "), std::string::npos) << out;
+    EXPECT_NE(out.find("--device cpu"), std::string::npos) << out;
+    EXPECT_EQ(out.find("internal error"), std::string::npos) << out;
+  }
+}
+
 TEST_F(BadInputs, LaunchNamesAWrongCommandOnceBeforeStartingRanks) {
   expect("launch -n 2 -- frobnicate", 2, {"unknown command 'frobnicate'"});
   expect("launch -n 2 train --model gpt-tiny", 2,

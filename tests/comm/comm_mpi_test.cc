@@ -161,7 +161,13 @@ int run_failure(Communicator& world, bool kill) {
   std::fflush(stdout);
   std::fflush(stderr);
   if (world.rank() == 1) {
-    if (kill) raise(SIGKILL);
+    // The others leave the barrier and wait in the all_reduce within microseconds; a second
+    // here keeps the launcher's SIGTERM from reaching one of them still in the barrier on a
+    // loaded machine (the collective gives rank 1 no point at which it knows they are in).
+    if (kill) {
+      sleep(1);
+      raise(SIGKILL);
+    }
     sleep(60);
   }
   std::vector<float> x(1 << 16, 1.f);

@@ -168,9 +168,10 @@ inline RunResult run_single(int steps, int micro_batches, const ModelConfig& cfg
   return r;
 }
 
-// Runs on one rank of `world`; every rank returns the same losses and whole parameters.
+// Runs on one rank of `world` (on `backend`; null: the CPU backend); every rank returns the
+// same losses and whole parameters.
 inline RunResult run_rank(Communicator& world, const Plan& plan, int steps,
-                          const ModelConfig& cfg = tiny_gpt()) {
+                          const ModelConfig& cfg = tiny_gpt(), Backend* backend = nullptr) {
   RunResult r;
   CpuBackend cpu;
   ModelGraph m = build_model(cfg, kBatch, kSeq, ModelMode::train);
@@ -178,7 +179,7 @@ inline RunResult run_rank(Communicator& world, const Plan& plan, int steps,
   Result<MeshComms> comms = MeshComms::create(world, plan);
   EXPECT_TRUE(comms.ok()) << comms.status().to_string();
   if (!comms.ok()) return r;
-  auto made = StepRunner::create(m.graph, plan, cpu, comms.value(), adamw());
+  auto made = StepRunner::create(m.graph, plan, backend ? *backend : cpu, comms.value(), adamw());
   EXPECT_TRUE(made.ok()) << made.status().to_string();
   if (!made.ok()) return r;
   StepRunner& step = *made.value();

@@ -20,8 +20,9 @@ struct PipeResult {
   Status status;
 };
 
+// One rank of a pipeline plan (on `backend`; null: the CPU backend).
 inline PipeResult run_pipeline_rank(Communicator& world, const Plan& plan, int steps,
-                                    const ModelConfig& cfg) {
+                                    const ModelConfig& cfg, Backend* backend = nullptr) {
   PipeResult out;
   CpuBackend cpu;
   ModelGraph m = build_model(cfg, kBatch, kSeq, ModelMode::train);
@@ -35,7 +36,7 @@ inline PipeResult run_pipeline_rank(Communicator& world, const Plan& plan, int s
     out.status = comms.status();
     return out;
   }
-  auto made = PipelineRunner::create(m.graph, *pp, cpu, *comms, adamw());
+  auto made = PipelineRunner::create(m.graph, *pp, backend ? *backend : cpu, *comms, adamw());
   if (!made.ok()) {
     out.status = made.status();
     return out;

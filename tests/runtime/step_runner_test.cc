@@ -287,6 +287,65 @@ TEST(StepRunner, OneRankRunsOnMemoryTheHostCannotAddress) {
   }
 }
 
+// Every rank on memory the host cannot address: collectives stage their values through host
+// memory (the transport's), ZeRO-1/2 syncs and ZeRO-3 gathers copy through the backend, and
+// each rank computes what it computes on the CPU backend, bit for bit (f32 and bf16; data,
+// ZeRO-1/2/3, HSDP and tensor parallelism, with gradient accumulation).
+TEST(StepRunner, RanksRunOnMemoryTheHostCannotAddress) {
+  for (DType dt : {DType::f32, DType::bf16}) {
+    ModelConfig cfg = tiny_gpt();
+    cfg.dtype = dt;
+    for (const Plan& plan : {with_micro(Plan::data_parallel(2, 1), 2), Plan::data_parallel(2, 2),
+                             Plan::data_parallel(2, 3), Plan::hybrid_sharded(2, 2),
+                             with_searched_layout(Plan::tensor_parallel(2, 2, 1), cfg)}) {
+      SCOPED_TRACE(std::string(dtype_name(dt)) + " " + plan.describe());
+      const int n = plan.mesh.size();
+      const std::vector<RunResult> want = run_threads(plan, 3, cfg);
+      std::vector<std::unique_ptr<Communicator>> comms = make_local_comms(n);
+      std::vector<RunResult> got(static_cast<size_t>(n));
+      std::vector<std::thread> threads;
+      for (int r = 0; r < n; ++r)
+        threads.emplace_back([&, r] {
+          OpaqueBackend opaque;
+          got[static_cast<size_t>(r)] =
+              run_rank(*comms[static_cast<size_t>(r)], plan, 3, cfg, &opaque);
+        });
+      for (std::thread& t : threads) t.join();
+      for (int r = 0; r < n; ++r) {
+        SCOPED_TRACE("rank " + std::to_string(r));
+        EXPECT_EQ(got[static_cast<size_t>(r)].losses, want[static_cast<size_t>(r)].losses);
+        EXPECT_EQ(got[static_cast<size_t>(r)].params, want[static_cast<size_t>(r)].params);
+        EXPECT_EQ(got[static_cast<size_t>(r)].eval_loss, want[static_cast<size_t>(r)].eval_loss);
+        EXPECT_EQ(got[static_cast<size_t>(r)].arena_measured,
+                  want[static_cast<size_t>(r)].arena_measured);
+      }
+    }
+  }
+}
+
+// A device that cannot hold the plan is refused before anything is allocated, naming the
+// planned parts; one that holds exactly the plan is enough.
+TEST(StepRunner, APlanLargerThanTheDeviceIsAnErrorBeforeAllocating) {
+  ModelGraph m = build_model(*find_preset("gpt2-xl"), 4, 1024, ModelMode::train);
+  const Plan plan = Plan::data_parallel(1);
+  MeshComms comms = MeshComms::single(plan).value();
+  NullBackend small(int64_t{16} << 30);  // 16 GiB
+  auto made = StepRunner::create(m.graph, plan, small, comms, adamw());
+  ASSERT_FALSE(made.ok());
+  const std::string msg = made.status().message();
+  EXPECT_NE(msg.find("this rank needs"), std::string::npos) << msg;
+  EXPECT_NE(msg.find("optimizer state"), std::string::npos) << msg;
+  EXPECT_NE(msg.find("16.00 GiB free"), std::string::npos) << msg;
+  EXPECT_NE(made.status().hint().find("--recompute full"), std::string::npos);
+  EXPECT_EQ(small.bytes_in_use(), 0);
+
+  const Program prog = lower(m.graph, plan).value();
+  NullBackend exact(prog.persistent_bytes() + prog.memory.arena_bytes);
+  auto fits = StepRunner::create(m.graph, plan, exact, comms, adamw());
+  ASSERT_TRUE(fits.ok()) << fits.status().to_string();
+  EXPECT_EQ(exact.free_memory(), 0);
+}
+
 // A loss-only graph is evaluated (add_evaluation), not stepped: create names what it needs.
 TEST(StepRunner, LossOnlyGraphIsAnErrorNamingTrainingMode) {
   CpuBackend cpu;

@@ -165,7 +165,13 @@ void CudaBackend::run(const Graph& g, const Node& node, std::span<const void* co
 void* CudaBackend::alloc(int64_t bytes) {
   TS_CUDA(cudaSetDevice(impl_->device));
   void* p = nullptr;
-  TS_CUDA(cudaMalloc(&p, static_cast<size_t>(bytes > 0 ? bytes : 1)));
+  const cudaError_t e = cudaMalloc(&p, static_cast<size_t>(bytes > 0 ? bytes : 1));
+  if (e == cudaErrorMemoryAllocation) {
+    cudaGetLastError();  // not sticky: clear it
+    throw OutOfDeviceMemory(device_name() + " cannot allocate " + std::to_string(bytes) +
+                            " more bytes (" + std::to_string(free_memory()) + " free)");
+  }
+  TS_CUDA(e);
   // Zeroed before it is returned: a caller may write it from another stream (cudaMemcpy on
   // the legacy stream does not wait for the backend's non-blocking one). Never inside a step.
   TS_CUDA(cudaMemsetAsync(p, 0, static_cast<size_t>(bytes > 0 ? bytes : 1), impl_->stream));
@@ -227,6 +233,13 @@ void CudaBackend::adamw(const AdamWUpdate& u, float* param, const void* grad, DT
 void CudaBackend::convert(const void* src, DType from, void* dst, DType to, int64_t n) {
   TS_CUDA(cudaSetDevice(impl_->device));
   cuda::convert(src, from, dst, to, n, impl_->stream);
+}
+
+int64_t CudaBackend::free_memory() const {
+  TS_CUDA(cudaSetDevice(impl_->device));
+  size_t free = 0, total = 0;
+  TS_CUDA(cudaMemGetInfo(&free, &total));
+  return static_cast<int64_t>(free);
 }
 
 void CudaBackend::synchronize() {

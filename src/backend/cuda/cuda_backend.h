@@ -44,6 +44,7 @@ class CudaBackend final : public Backend {
   void copy(void* dst, const void* src, int64_t bytes) override;
   void fill(void* dst, uint8_t byte, int64_t bytes) override;
   void synchronize() override;
+  int64_t free_memory() const override;  // cudaMemGetInfo's free bytes
 
   // The optimizer's passes, one tensor per launch (backend/cuda/optim.h), on the stream.
   double sum_squares(const void* x, DType dtype, int64_t n) override;

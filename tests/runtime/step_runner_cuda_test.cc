@@ -1,0 +1,82 @@
+// The step runner on the GPU (CudaBackend: parameters, arena, accumulators and AdamW state in
+// device memory, the optimizer's passes as device kernels) against the same runner on the CPU,
+// as `tessera train --device cuda` runs it (label gpu: skipped, and reported as skipped, where
+// no CUDA device is present).
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <string>
+#include <vector>
+
+#include "backend/cpu/cpu_backend.h"
+#include "backend/cuda/cuda_backend.h"
+#include "models/model.h"
+#include "runtime/step_runner.h"
+
+namespace tessera {
+namespace {
+
+constexpr int64_t kBatch = 2, kSeq = 32;
+
+struct Trace {
+  std::vector<float> losses;
+  std::vector<double> norms;
+  float eval = 0;
+};
+
+// gpt-tiny in `dtype` for 4 steps of `micro` micro-batches on `backend`, then one evaluation.
+Trace train(Backend& backend, DType dtype, int micro) {
+  ModelConfig c = *find_preset("gpt-tiny");
+  c.dtype = dtype;
+  ModelGraph m = build_model(c, kBatch, kSeq, ModelMode::train);
+  ModelGraph e = build_model(c, kBatch, kSeq, ModelMode::loss);
+  Plan plan = Plan::data_parallel(1);
+  plan.micro_batches = micro;
+  MeshComms comms = MeshComms::single(plan).value();
+  auto made = StepRunner::create(m.graph, plan, backend, comms, AdamWConfig{.lr = 1e-3});
+  EXPECT_TRUE(made.ok()) << made.status().to_string();
+  Trace t;
+  if (!made.ok()) return t;
+  StepRunner& step = **made;
+  EXPECT_TRUE(step.add_evaluation(e.graph).ok());
+  step.init_params(7);
+  std::vector<int32_t> x(kBatch * kSeq), y(kBatch * kSeq);
+  for (int s = 0; s < 4; ++s) {
+    float loss = 0;
+    for (int k = 0; k < micro; ++k) {
+      for (size_t i = 0; i < x.size(); ++i) {
+        x[i] = static_cast<int32_t>((i * 7 + static_cast<size_t>(s + k) * 13) % 97);
+        y[i] = static_cast<int32_t>((i * 5 + static_cast<size_t>(s) * 3 + 1) % 97);
+      }
+      loss += step.forward_backward(token_feed(x.data(), y.data())).value();
+    }
+    t.losses.push_back(loss / static_cast<float>(micro));
+    t.norms.push_back(step.apply(1e-3, 1.0).value());
+  }
+  t.eval = step.evaluate(token_feed(x.data(), y.data())).value();
+  return t;
+}
+
+TEST(StepRunnerOnCuda, FollowsTheCpuStepRunner) {
+  std::string why;
+  if (!cuda_device_present(&why)) GTEST_SKIP() << why;
+  for (DType dt : {DType::f32, DType::bf16, DType::f16}) {
+    for (int micro : {1, 2}) {
+      SCOPED_TRACE(std::string(dtype_name(dt)) + ", micro-batches " + std::to_string(micro));
+      CpuBackend cpu;
+      CudaBackend gpu;
+      const Trace want = train(cpu, dt, micro), got = train(gpu, dt, micro);
+      // f32: sums in another order; bf16/f16: a rounding of either side's activations.
+      const double tol = dt == DType::f32 ? 1e-4 : 2e-2;
+      ASSERT_EQ(got.losses.size(), want.losses.size());
+      for (size_t s = 0; s < want.losses.size(); ++s) {
+        EXPECT_NEAR(got.losses[s], want.losses[s], tol * want.losses[s]) << "step " << s;
+        EXPECT_NEAR(got.norms[s], want.norms[s], 10 * tol * want.norms[s]) << "step " << s;
+      }
+      EXPECT_NEAR(got.eval, want.eval, tol * want.eval);
+    }
+  }
+}
+
+}  // namespace
+}  // namespace tessera
