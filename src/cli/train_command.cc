@@ -105,10 +105,10 @@ Result<Plan> auto_plan(TrainOptions* o, const ModelConfig& cfg, int ranks, bool 
   return best.plan;
 }
 
-// The backend --device names: null for cpu (the trainer's own CPU backend), a CUDA backend on
-// GPU 0 for cuda where this build has one and a device is present; otherwise why not.
-Result<std::unique_ptr<Backend>> open_device(const std::string& device, bool distributed) {
-  if (device == "cpu") return std::unique_ptr<Backend>();
+// --device against this build, this machine and the run: a name that is not a device, cuda
+// without the CUDA backend or a device, or cuda for several ranks is an error.
+Status check_device(const std::string& device, bool distributed) {
+  if (device == "cpu") return Status();
   if (device != "cuda")
     return error("--device '" + device + "' is not a device", "use --device cpu or --device cuda");
 #if TESSERA_HAVE_CUDA
@@ -120,12 +120,24 @@ Result<std::unique_ptr<Backend>> open_device(const std::string& device, bool dis
   if (!cuda_device_present(&why))
     return error("--device cuda: " + why,
                  "run on a machine with an NVIDIA GPU (sm_80 or newer), or use --device cpu");
-  return std::unique_ptr<Backend>(std::make_unique<CudaBackend>(0));
+  return Status();
 #else
   (void)distributed;
   return error("--device cuda: this tessera was built without the CUDA backend",
                "build where the CUDA toolkit is installed (scripts/build.sh builds it when "
                "/usr/local/cuda/bin/nvcc exists), or use --device cpu");
+#endif
+}
+
+// The backend --device names: null for cpu (the trainer's own CPU backend), the CUDA backend
+// on GPU 0 for cuda.
+Result<std::unique_ptr<Backend>> open_device(const std::string& device, bool distributed) {
+  TS_RETURN_IF_ERROR(check_device(device, distributed));
+  if (device == "cpu") return std::unique_ptr<Backend>();
+#if TESSERA_HAVE_CUDA
+  return std::unique_ptr<Backend>(std::make_unique<CudaBackend>(0));
+#else
+  return error("unreachable: --device " + device);
 #endif
 }
 
@@ -176,6 +188,7 @@ Status run_train(const TrainOptions& options) {
   if (const char* n = std::getenv("TESSERA_LAUNCH_CHECK")) {
     const int ranks = std::atoi(n);
     TS_RETURN_IF_ERROR(check_run_dir(o));
+    TS_RETURN_IF_ERROR(check_device(o.device, ranks > 1));
     if (automatic) {
       TS_RETURN_IF_ERROR(auto_plan(&o, cfg, std::max(ranks, 1), false).status());
     } else if (o.plan.empty() || ranks > 0) {

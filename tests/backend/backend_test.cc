@@ -64,6 +64,30 @@ TEST(Buffer, IsReleasedOnceWhenMovedAndDestroyed) {
   EXPECT_EQ(null.peak_bytes(), 150);
 }
 
+// HostStaging: on host memory the views are the buffers themselves; elsewhere copies, read
+// now and written back at flush.
+TEST(HostStaging, ViewsHostMemoryInPlaceAndCopiesDeviceMemory) {
+  CpuBackend cpu;
+  Buffer b = cpu.allocate(16);
+  {
+    HostStaging host(cpu);
+    EXPECT_EQ(host.read(b.data(), 4), b.data());
+    host.write(b.data(), 4)[2] = 5.0f;
+  }
+  EXPECT_EQ(static_cast<float*>(b.data())[2], 5.0f);
+
+  NullBackend null;  // reads zeros, takes writes without storing them
+  Buffer d = null.allocate(16);
+  HostStaging staged(null);
+  const float* r = staged.read(d.data(), 4);
+  EXPECT_NE(static_cast<const void*>(r), d.data());
+  EXPECT_EQ(r[3], 0.0f);
+  float* w = staged.write(d.data(), 4);
+  EXPECT_NE(static_cast<void*>(w), d.data());
+  w[0] = 1.0f;
+  staged.flush();
+}
+
 // The CPU backend's optimizer passes are the host loops' arithmetic (FMA contraction may move
 // a result by an ulp).
 TEST(CpuBackend, OptimizerPassesMatchHostLoops) {

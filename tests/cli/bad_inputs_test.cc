@@ -60,6 +60,8 @@ TEST_F(BadInputs, DataThatIsAFileAndShardsTokenizeWouldReplace) {
 TEST_F(BadInputs, DevicesThatAreNotThereAreNamed) {
   const std::string run = "train --model gpt-tiny --seq 16 --steps 1 --data data --out run ";
   expect(run + "--device tpu", 1, {"--device 'tpu' is not a device", "--device cpu"});
+  // Under launch, checked once before any rank starts.
+  expect("launch -n 2 -- " + run + "--device tpu", 1, {"--device 'tpu' is not a device"});
   std::string out;
   run_command("cd " + dir_.string() + " && " + TESSERA_BINARY + " " + run + "--device cuda", &out);
   if (out.find("error:") != std::string::npos) {  // no GPU here (else it trains)

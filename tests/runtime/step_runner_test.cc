@@ -262,6 +262,10 @@ TEST(StepRunner, AllocatesWhatTheSimulatorPredictsForAFullSizeModel) {
       EXPECT_EQ(in_use[static_cast<size_t>(r)], predicted[static_cast<size_t>(r)]) << "rank " << r;
     }
     EXPECT_GT(in_use[0], int64_t{1} << 30);  // gigabytes that were never allocated
+    if (std::getenv("TESSERA_VERBOSE"))
+      std::printf("%s: rank 0 allocates %lld bytes, the simulator predicts %lld\n",
+                  plan.describe().c_str(), static_cast<long long>(in_use[0]),
+                  static_cast<long long>(predicted[0]));
   }
 }
 
