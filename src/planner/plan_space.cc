@@ -39,6 +39,19 @@ bool power_of_two(int n) { return n > 0 && (n & (n - 1)) == 0; }
 
 constexpr int kHsdp = -1;  // the enumeration's "ZeRO stage" of an HSDP plan
 
+// Model chunks per stage an interleaved schedule of `pp` stages tries on `layers` blocks: 2
+// and 4 (uneven cuts allowed), and each divisor of the blocks per stage from 3 to 8.
+std::vector<int> interleavings(int64_t layers, int pp) {
+  std::vector<int> out;
+  for (int v : {2, 4})
+    if (v * pp <= layers) out.push_back(v);
+  if (layers % pp == 0)
+    for (int v = 3; v <= 8; ++v)
+      if (v != 4 && (layers / pp) % v == 0) out.push_back(v);
+  std::sort(out.begin(), out.end());
+  return out;
+}
+
 // Every plan of the search space for `gpus` devices (bounds not yet computed).
 std::vector<PlanCandidate> enumerate(const ModelConfig& cfg, const ClusterSpec& cluster,
                                      const PlannerOptions& o, int64_t batch) {
@@ -63,11 +76,12 @@ std::vector<PlanCandidate> enumerate(const ModelConfig& cfg, const ClusterSpec& 
         std::vector<Sched> scheds = {{ScheduleKind::one_f_one_b, 1}};
         if (pp > 1) {
           scheds.push_back({ScheduleKind::zb_h1, 1});
-          // Interleaved with 2 or 4 model chunks per stage (its micro-batches a multiple of
-          // the stages, each chunk at least one block).
-          for (int v : {2, 4})
-            if (m % pp == 0 && v * pp <= cfg.n_layer)
-              scheds.push_back({ScheduleKind::interleaved, v});
+          // Interleaved (its micro-batches a multiple of the stages, each chunk at least one
+          // block) with 2 or 4 model chunks per stage, and with every chunk count up to 8
+          // that cuts each stage's blocks evenly (Megatron's rule: 105 blocks over 35 stages
+          // interleave 3 ways).
+          for (int v : interleavings(cfg.n_layer, pp))
+            if (m % pp == 0) scheds.push_back({ScheduleKind::interleaved, v});
         }
         // Data-parallel sharding: ZeRO-1/2/3 over all data ranks (pipelines: ZeRO-1), and
         // HSDP: ZeRO-3 within the data ranks of a node, replicated across nodes (the

@@ -2,6 +2,10 @@
 
 #include <gtest/gtest.h>
 
+#include <set>
+#include <utility>
+#include <vector>
+
 namespace tessera {
 namespace {
 
@@ -104,6 +108,26 @@ TEST(Planner, NothingFittingIsOneErrorWithTheSmallestNeed) {
   s = search_plans(preset("gpt2-small"), cluster("dgx-a100"), options(8, 0, 1024, 0));
   ASSERT_FALSE(s.ok());
   EXPECT_EQ(s.status().message(), "--top must be at least 1, got 0");
+}
+
+// Interleaved schedules are searched with 2 and 4 chunks per stage and with every chunk count
+// up to 8 that cuts a stage's blocks evenly (Megatron's 530B: 105 blocks over 35 stages, 3
+// chunks each): 12 blocks over 2 stages try 2, 3, 4 and 6; 10 blocks over 2 stages 2, 4 and 5.
+TEST(Planner, InterleavingsCutEachStagesBlocksEvenly) {
+  for (const auto& [layers, want] :
+       std::vector<std::pair<int, std::set<int>>>{{12, {2, 3, 4, 6}}, {10, {2, 4, 5}}}) {
+    ModelConfig c = preset("gpt2-small");
+    c.n_layer = layers;
+    PlannerOptions o = options(2, 8, 256, 1);
+    o.max_micro_batch = 1;  // 8 micro-batches per step: the stages (2) divide them
+    Result<std::unique_ptr<PlanSpace>> space = PlanSpace::create(c, cluster("dgx-a100"), o);
+    ASSERT_TRUE(space.ok()) << space.status().to_string();
+    std::set<int> got;
+    for (const PlanCandidate& p : (*space)->candidates())
+      if (p.plan.stages() == 2 && p.plan.schedule == ScheduleKind::interleaved)
+        got.insert(p.plan.virtual_stages);
+    EXPECT_EQ(got, want) << layers << " blocks";
+  }
 }
 
 }  // namespace
