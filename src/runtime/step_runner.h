@@ -137,6 +137,7 @@ class StepRunner {
 
   // Parameter i as stored here: pointer to its local piece (f32: the master weights of a
   // bf16/f16 graph, whose working copy refresh_working_params() writes) and where it lies.
+  // A host pointer: host backends only (it checks).
   float* param_data(size_t i);
   // The same in the backend's memory, for any backend (HostStaging gives host views of it).
   float* param_storage(size_t i);
