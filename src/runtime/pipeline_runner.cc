@@ -362,11 +362,10 @@ Status PipelineRunner::sum_tied_grads() {
     StepRunner& r = chunk(t.v);
     const int64_t count = static_cast<int64_t>(
         r.program().local().type(r.program().part.params[t.param].local_grad).shape.numel());
-    // The gradient in host memory, the transport's (copied back below).
-    Backend& b = r.executor().backend();
-    std::vector<float> host(static_cast<size_t>(count));
-    b.to_host(host.data(), r.grad_data(t.param), count * static_cast<int64_t>(sizeof(float)));
-    float* g = host.data();
+    // The gradient where the transport reads it: in place on a host backend, else a host copy
+    // written back when `host` goes.
+    HostStaging host(r.executor().backend());
+    float* g = host.write(r.grad_data(t.param), count);
     const std::string what = "tied gradient " + r.program().part.params[t.param].name;
     if (t.holders[0] == model_chunk(t.v)) {  // the owner sums in holder order and sends back
       std::vector<std::vector<float>> other(t.holders.size() - 1,
@@ -386,7 +385,6 @@ Status PipelineRunner::sum_tied_grads() {
       TS_RETURN_IF_ERROR(pipe_->wait(up));
       TS_RETURN_IF_ERROR(pipe_->wait(pipe_->recv(g, count, owner, kTiedDownTag, what)));
     }
-    b.to_device(r.grad_data(t.param), g, count * static_cast<int64_t>(sizeof(float)));
   }
   return Status();
 }

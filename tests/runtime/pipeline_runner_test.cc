@@ -57,6 +57,8 @@ TEST(PipelineRunner, EveryScheduleMatchesOneRank) {
   expect_pipeline_matches(pipeline(2, 1, 1, ScheduleKind::one_f_one_b, 4), gpt);
   expect_pipeline_matches(pipeline(2, 1, 1, ScheduleKind::zb_h1, 4), gpt);
   expect_pipeline_matches(pipeline(2, 1, 1, ScheduleKind::interleaved, 4, 2), gpt);
+  // Three chunks per stage (the planner tries every count that cuts a stage's blocks evenly).
+  expect_pipeline_matches(pipeline(2, 1, 1, ScheduleKind::interleaved, 4, 3), layers(gpt, 6));
 }
 
 // Stages on memory the host cannot address: activations and gradients cross stages through
