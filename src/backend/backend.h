@@ -16,6 +16,7 @@
 
 #include <cstdint>
 #include <deque>
+#include <memory>
 #include <new>
 #include <span>
 #include <string>
@@ -100,6 +101,33 @@ struct AdamWUpdate {
   float eps = 1e-8f;
 };
 
+// One tensor the optimizer updates every step, in a backend's memory: f32 master weights, the
+// gradient (grad_dtype), the AdamW moments, and optionally a working copy (a bf16/f16
+// graph's parameter) written with the updated weights after each update.
+struct OptimizerTensor {
+  float* master = nullptr;
+  const void* grad = nullptr;
+  DType grad_dtype = DType::f32;
+  float *m = nullptr, *v = nullptr;
+  int64_t n = 0;
+  bool decay = true;  // AdamWUpdate::shrink applies (1 for the others)
+  void* working = nullptr;
+  DType working_dtype = DType::f32;
+};
+
+// The optimizer's passes over a fixed list of tensors (Backend::optimizer_group): each pass
+// over all of them at once (one launch and at most one wait on a device), with the single-
+// tensor passes' arithmetic.
+class OptimizerGroup {
+ public:
+  virtual ~OptimizerGroup() = default;
+  // Each tensor's gradient sum of squares, equal to Backend::sum_squares of it; one wait.
+  virtual std::vector<double> sum_squares() = 0;
+  // Backend::adamw on every tensor (u.shrink where decay is set, 1 elsewhere), then each
+  // working copy set to the master weights in its dtype (Backend::convert).
+  virtual void adamw(const AdamWUpdate& u) = 0;
+};
+
 class Backend {
  public:
   virtual ~Backend() = default;
@@ -143,6 +171,9 @@ class Backend {
   // Elementwise dtype conversion (f32/bf16/f16 to any of them; i32 to i32), within this
   // backend's memory: master weights to a low-precision working copy.
   virtual void convert(const void* src, DType from, void* dst, DType to, int64_t n) = 0;
+  // The passes above over a list of tensors described once (pointers fixed for the group's
+  // life). This default runs them tensor by tensor; a device runs each as one launch.
+  virtual std::unique_ptr<OptimizerGroup> optimizer_group(std::vector<OptimizerTensor> tensors);
 };
 
 // Host views of a backend's f32 buffers, for host code that reads or writes values in place

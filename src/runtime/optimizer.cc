@@ -14,6 +14,13 @@ AdamW::AdamW(std::vector<ParamSlot> params, AdamWConfig cfg, Backend& backend)
     m_.push_back(backend.allocate(p.size * static_cast<int64_t>(sizeof(float))));
     v_.push_back(backend.allocate(p.size * static_cast<int64_t>(sizeof(float))));
   }
+  std::vector<OptimizerTensor> tensors;
+  for (size_t k = 0; k < params_.size(); ++k) {
+    const ParamSlot& p = params_[k];
+    tensors.push_back(
+        {p.param, p.grad, p.grad_dtype, m(k), v(k), p.size, p.decay, p.working, p.working_dtype});
+  }
+  group_ = backend.optimizer_group(std::move(tensors));
 }
 
 int64_t AdamW::state_bytes() const {
@@ -35,9 +42,9 @@ void AdamW::scale_grads(float c) {
 }
 
 double AdamW::grad_sq_sum() const {
+  const std::vector<double> sums = group_->sum_squares();
   double total = 0;
-  for (const ParamSlot& p : params_)
-    total += p.norm_weight * backend_.sum_squares(p.grad, p.grad_dtype, p.size);
+  for (size_t k = 0; k < params_.size(); ++k) total += params_[k].norm_weight * sums[k];
   return total;
 }
 
@@ -55,7 +62,7 @@ double AdamW::clip_grad_norm(double max_norm) {
 
 void AdamW::step(double lr, float grad_scale) {
   begin_step(lr);
-  for (size_t k = 0; k < params_.size(); ++k) update(k, grad_scale);
+  update_all(grad_scale);
 }
 
 void AdamW::begin_step(double lr) {
@@ -65,18 +72,28 @@ void AdamW::begin_step(double lr) {
   cur_ = {lr, static_cast<float>(lr / bc1), static_cast<float>(std::sqrt(bc2))};
 }
 
-void AdamW::update(size_t k, float grad_scale) {
-  const ParamSlot& p = params_.at(k);
+AdamWUpdate AdamW::current_update(float grad_scale) const {
   AdamWUpdate u;
   u.grad_scale = grad_scale;
-  u.shrink = p.decay ? static_cast<float>(1.0 - cur_.lr * cfg_.weight_decay) : 1.0f;
+  u.shrink = static_cast<float>(1.0 - cur_.lr * cfg_.weight_decay);
   u.beta1 = static_cast<float>(cfg_.beta1);
   u.beta2 = static_cast<float>(cfg_.beta2);
   u.step_size = cur_.step_size;
   u.bc2_sqrt = cur_.bc2_sqrt;
   u.eps = static_cast<float>(cfg_.eps);
-  backend_.adamw(u, p.param, p.grad, p.grad_dtype, m(k), v(k), p.size);
+  return u;
 }
+
+void AdamW::update(size_t k, float grad_scale) {
+  const ParamSlot& p = params_.at(k);
+  AdamWUpdate u = current_update(grad_scale);
+  if (!p.decay) u.shrink = 1.0f;
+  backend_.adamw(u, p.param, p.grad, p.grad_dtype, m(k), v(k), p.size);
+  if (p.working != nullptr)
+    backend_.convert(p.param, DType::f32, p.working, p.working_dtype, p.size);
+}
+
+void AdamW::update_all(float grad_scale) { group_->adamw(current_update(grad_scale)); }
 
 double lr_at(int64_t step, int64_t warmup, int64_t total, double max_lr, double min_lr) {
   if (warmup > 0 && step < warmup)

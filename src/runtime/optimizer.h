@@ -8,6 +8,7 @@
 #pragma once
 
 #include <cstdint>
+#include <memory>
 #include <string>
 #include <vector>
 
@@ -36,12 +37,17 @@ struct ParamSlot {
   // The share of this slot's squares the gradient norm counts on this rank: 1 / the number of
   // ranks of the norm's reduction group holding the same elements (tensor-axis replicas).
   double norm_weight = 1.0;
+  // A low-precision working copy of these elements (a bf16/f16 graph's parameter), written
+  // with the updated weights by every update of the slot; null when there is none.
+  void* working = nullptr;
+  DType working_dtype = DType::f32;
 };
 
 class AdamW {
  public:
-  // The slots' pointers are `backend`'s memory; the moments are its buffers (zero to start)
-  // and every pass runs on it (Backend::sum_squares, scale, adamw).
+  // The slots' pointers are `backend`'s memory (fixed from here on); the moments are its
+  // buffers (zero to start) and every pass runs on it: the norm and step() over all slots as
+  // one Backend::optimizer_group (one launch each on a device), update(k) slot by slot.
   AdamW(std::vector<ParamSlot> params, AdamWConfig cfg, Backend& backend);
   // Scales gradients so their global L2 norm is at most max_norm (coefficient
   // max_norm / (norm + 1e-6), as torch); returns the norm before clipping.
@@ -61,12 +67,14 @@ class AdamW {
   // any order.
   void begin_step(double lr);
   void update(size_t k, float grad_scale);
+  // update(k, grad_scale) for every slot, as one pass.
+  void update_all(float grad_scale);
 
   int64_t steps() const { return t_; }
   void set_steps(int64_t t) { t_ = t; }
   const std::vector<ParamSlot>& params() const { return params_; }
-  // The slots, to point a gradient at another buffer.
-  std::vector<ParamSlot>& slots() { return params_; }
+  // Counts slot k's squares with weight w in the gradient norm (0: not at all).
+  void set_norm_weight(size_t k, double w) { params_.at(k).norm_weight = w; }
   // First and second moments of slot i (params()[i].size floats each, for checkpoints).
   float* m(size_t i) const { return static_cast<float*>(m_[i].data()); }
   float* v(size_t i) const { return static_cast<float*>(v_[i].data()); }
@@ -79,7 +87,9 @@ class AdamW {
   AdamWConfig cfg_;
   std::vector<Buffer> m_, v_;
   Backend& backend_;
+  std::unique_ptr<OptimizerGroup> group_;  // every slot, for the passes over all of them
   int64_t t_ = 0;
+  AdamWUpdate current_update(float grad_scale) const;  // begin_step's values, shrink for decay
   struct StepValues {
     double lr = 0;
     float step_size = 0, bc2_sqrt = 1;

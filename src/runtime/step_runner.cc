@@ -184,6 +184,12 @@ StepRunner::StepRunner(const Graph& global, Program prog, Backend& backend, Mesh
                                               (o.offset - grad_base) * dtype_size(grad_dtype));
     slots.push_back(ParamSlot{pl.name, param_storage(i) + (o.offset - pp.offset), grad_at,
                               grad_dtype, o.count, pl.global_shape.rank() >= 2});
+    // The update writes a bf16/f16 working copy where it covers the whole local piece (else,
+    // ZeRO-1/2, step() converts the master weights after their sync).
+    if (masters_[i] && o.offset == pp.offset && o.count == pp.count) {
+      slots.back().working = exec_->raw(param_value(i));
+      slots.back().working_dtype = exec_->graph().type(param_value(i)).dtype;
+    }
     // Elements replicated over a tensor axis are counted once over the norm's group.
     int64_t copies = 1;
     for (const std::string& t : replicated_tensor_axes(i)) copies *= prog_.plan.mesh.axis_size(t);
@@ -200,6 +206,14 @@ StepRunner::StepRunner(const Graph& global, Program prog, Backend& backend, Mesh
             ph.graphs[static_cast<size_t>(ph.stash[e].from)].type(ph.stash[e].out).bytes());
   }
   opt_ = std::make_unique<AdamW>(std::move(slots), opt, backend);
+  // A list of one update per parameter and nothing else (no ZeRO-1/2 syncs) runs as one pass.
+  std::vector<char> seen(opt_->params().size(), 0);
+  one_pass_update_ = prog_.optimizer.size() == seen.size() + 1;
+  for (size_t k = 1; k < prog_.optimizer.size() && one_pass_update_; ++k) {
+    const Instruction& s = prog_.optimizer[k];
+    one_pass_update_ = s.kind == Instruction::optimizer && s.param >= 0 &&
+                       static_cast<size_t>(s.param) < seen.size() && !seen[s.param]++;
+  }
 }
 
 LocalPiece StepRunner::block_of(size_t i) const {
@@ -240,9 +254,9 @@ std::vector<float> StepRunner::read_param(size_t i) {
   return out;
 }
 
-void StepRunner::refresh_working_params() {
+void StepRunner::refresh_working_params(bool all) {
   for (size_t i = 0; i < masters_.size(); ++i) {
-    if (!masters_[i]) continue;
+    if (!masters_[i] || (!all && opt_->params()[i].working != nullptr)) continue;
     const ValueId v = param_value(i);
     exec_->backend().convert(masters_[i].data(), DType::f32, exec_->raw(v),
                              exec_->graph().type(v).dtype,
@@ -566,6 +580,11 @@ Status StepRunner::step(double lr, double clip_coefficient) {
   // parameter's block or piece, clipping folded into the update (one pass over the gradients
   // fewer), and each ZeRO-1/2 parameter's sync after its update, in the list's order.
   opt_->begin_step(lr);
+  if (one_pass_update_) {
+    opt_->update_all(static_cast<float>(clip_coefficient));
+    refresh_working_params(/*all=*/false);
+    return Status();
+  }
   for (size_t k = 1; k < prog_.optimizer.size(); ++k) {
     const Instruction& s = prog_.optimizer[k];
     if (s.kind == Instruction::optimizer)
@@ -576,7 +595,7 @@ Status StepRunner::step(double lr, double clip_coefficient) {
       return error("optimizer list: a " + std::string(instruction_name(s.kind)) +
                    " instruction after its first");
   }
-  refresh_working_params();  // from the synced master weights
+  refresh_working_params(/*all=*/false);  // from the synced master weights
   return Status();
 }
 

@@ -124,7 +124,7 @@ class StepRunner {
   Result<double> grad_sq_sum();
   Status step(double lr, double clip_coefficient);
   // Parameter i's gradient is not counted in the norm (a tied copy counted by another stage).
-  void exclude_from_norm(size_t i) { opt_->slots()[i].norm_weight = 0; }
+  void exclude_from_norm(size_t i) { opt_->set_norm_weight(i, 0); }
 
   // Evaluation under the same plan: `eval_global` (the loss-mode graph of the same model and
   // global batch; it must outlive the runner) is lowered like the training graph, and its
@@ -145,8 +145,9 @@ class StepRunner {
   // bf16/f16 graph) copied to the host: any backend.
   std::vector<float> read_param(size_t i);
   // After writing master weights through param_data (a checkpoint read): updates the graph's
-  // bf16/f16 working copy of every parameter (nothing for f32 graphs).
-  void refresh_working_params();
+  // bf16/f16 working copy of every parameter (nothing for f32 graphs). With all = false only
+  // those the optimizer's update does not write itself (after a step's parameter syncs).
+  void refresh_working_params(bool all = true);
   LocalPiece param_piece(size_t i) const;
   // AdamW moments of parameter i cover optim_piece(i).
   LocalPiece optim_piece(size_t i) const;
@@ -195,6 +196,7 @@ class StepRunner {
   std::vector<std::unique_ptr<Executor>> phase_execs_;  // chunk runners: the later phases
   std::vector<size_t> model_index_;  // parameter i is the model's parameter model_index_[i]
   std::unique_ptr<AdamW> opt_;
+  bool one_pass_update_ = false;        // the optimizer list is AdamW::update_all
   std::unique_ptr<Program> eval_prog_;  // add_evaluation's
   std::unique_ptr<Executor> eval_exec_;
   // Persistent state in the backend's memory. Accumulated reduced gradients (f32, whole or

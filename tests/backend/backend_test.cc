@@ -95,5 +95,10 @@ TEST(CpuBackend, OptimizerPassesMatchHostLoops) {
   testing_passes::check_optimizer_passes(cpu, 1e-6);
 }
 
+TEST(CpuBackend, OptimizerGroupIsTheSingleTensorPasses) {
+  CpuBackend cpu;
+  testing_passes::check_optimizer_group(cpu, 0);  // the same passes: bit for bit
+}
+
 }  // namespace
 }  // namespace tessera

@@ -7,7 +7,9 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <memory>
 #include <random>
+#include <string>
 #include <vector>
 
 #include "backend/backend.h"
@@ -105,6 +107,86 @@ inline void check_optimizer_passes(Backend& b, double rel) {
     std::vector<float> rounded;  // the backend's parameters rounded on the host
     upload(b, download(b, pb, n), gdt, &rounded);
     expect_close(download(b, wide, n), rounded, 0, "convert");
+  }
+}
+
+// Backend::optimizer_group against the single-tensor passes on copies of the same state: three
+// tensors (f32 gradient into f32 weights; bf16 and f16 gradients with a working copy, one
+// without weight decay), sizes of one element, exactly one 8 Ki chunk and several chunks.
+// The sums must equal sum_squares bit for bit; the updates agree within rel.
+inline void check_optimizer_group(Backend& b, double rel) {
+  struct Case {
+    int64_t n;
+    DType grad_dt, working_dt;
+    bool decay;
+  };
+  const std::vector<Case> cases = {{70001, DType::f32, DType::f32, true},
+                                   {8192, DType::bf16, DType::bf16, true},
+                                   {1, DType::f16, DType::f16, false}};
+  struct State {
+    Buffer grad, master, m, v, working;
+  };
+  auto make = [&](const Case& c, uint32_t seed) {
+    State st;
+    st.grad = upload(b, random_floats(c.n, seed), c.grad_dt);
+    st.master = upload(b, random_floats(c.n, seed + 1), DType::f32);
+    st.m = upload(b, random_floats(c.n, seed + 2, -0.1f, 0.1f), DType::f32);
+    st.v = upload(b, random_floats(c.n, seed + 3, 0.0f, 0.01f), DType::f32);
+    if (c.working_dt != DType::f32) st.working = b.allocate(c.n * dtype_size(c.working_dt));
+    return st;
+  };
+  std::vector<State> group_state, single_state;
+  std::vector<OptimizerTensor> tensors;
+  for (size_t k = 0; k < cases.size(); ++k) {
+    const Case& c = cases[k];
+    group_state.push_back(make(c, 10 * static_cast<uint32_t>(k)));
+    single_state.push_back(make(c, 10 * static_cast<uint32_t>(k)));
+    State& st = group_state.back();
+    tensors.push_back({static_cast<float*>(st.master.data()), st.grad.data(), c.grad_dt,
+                       static_cast<float*>(st.m.data()), static_cast<float*>(st.v.data()), c.n,
+                       c.decay, st.working.data(), c.working_dt});
+  }
+  std::unique_ptr<OptimizerGroup> group = b.optimizer_group(tensors);
+  const std::vector<double> sums = group->sum_squares();
+  ASSERT_EQ(sums.size(), cases.size());
+  for (size_t k = 0; k < cases.size(); ++k)
+    EXPECT_EQ(sums[k], b.sum_squares(single_state[k].grad.data(), cases[k].grad_dt, cases[k].n))
+        << "tensor " << k;
+
+  AdamWUpdate u;
+  u.grad_scale = 0.75f;
+  u.shrink = 1.0f - 1e-3f * 0.1f;
+  u.step_size = 1e-3f / (1.0f - 0.9f);
+  u.bc2_sqrt = std::sqrt(1.0f - 0.95f);
+  for (int step = 0; step < 2; ++step) {
+    group->adamw(u);
+    for (size_t k = 0; k < cases.size(); ++k) {
+      State& st = single_state[k];
+      AdamWUpdate uk = u;
+      if (!cases[k].decay) uk.shrink = 1.0f;
+      b.adamw(uk, static_cast<float*>(st.master.data()), st.grad.data(), cases[k].grad_dt,
+              static_cast<float*>(st.m.data()), static_cast<float*>(st.v.data()), cases[k].n);
+      if (st.working)
+        b.convert(st.master.data(), DType::f32, st.working.data(), cases[k].working_dt, cases[k].n);
+    }
+  }
+  auto widened = [&](const Buffer& buf, DType dt, int64_t n) {
+    Buffer wide = b.allocate(n * 4);
+    b.convert(buf.data(), dt, wide.data(), DType::f32, n);
+    return download(b, wide, n);
+  };
+  for (size_t k = 0; k < cases.size(); ++k) {
+    SCOPED_TRACE("tensor " + std::to_string(k));
+    const int64_t n = cases[k].n;
+    const State &g = group_state[k], &s1 = single_state[k];
+    expect_close(download(b, g.master, n), download(b, s1.master, n), rel, "master weights");
+    expect_close(download(b, g.m, n), download(b, s1.m, n), rel, "m");
+    expect_close(download(b, g.v, n), download(b, s1.v, n), rel, "v");
+    if (g.working) {  // one rounding of nearly equal weights: within a bf16/f16 ulp
+      const double ulp = cases[k].working_dt == DType::bf16 ? 1.0 / 128 : 1.0 / 1024;
+      expect_close(widened(g.working, cases[k].working_dt, n),
+                   widened(s1.working, cases[k].working_dt, n), rel == 0 ? 0 : ulp, "working copy");
+    }
   }
 }
 

@@ -4,6 +4,7 @@
 #include <cuda_runtime.h>
 
 #include <algorithm>
+#include <cstddef>
 #include <cstdint>
 #include <cstdio>
 #include <cstdlib>
@@ -233,6 +234,73 @@ void CudaBackend::adamw(const AdamWUpdate& u, float* param, const void* grad, DT
 void CudaBackend::convert(const void* src, DType from, void* dst, DType to, int64_t n) {
   TS_CUDA(cudaSetDevice(impl_->device));
   cuda::convert(src, from, dst, to, n, impl_->stream);
+}
+
+namespace {
+
+// The multi-tensor passes of backend/cuda/optim.h over the group's tensors: one device buffer
+// holds the descriptors, the chunk sums, each tensor's total and first chunk, and the AdamW
+// step's values with the clipping coefficient (copied in before each update, in stream order).
+class CudaOptimizerGroup final : public OptimizerGroup {
+ public:
+  CudaOptimizerGroup(CudaBackend& b, const std::vector<OptimizerTensor>& tensors) : b_(b) {
+    std::vector<cuda::OptimTensor> list;
+    std::vector<int64_t> first_chunk{0};
+    for (const OptimizerTensor& t : tensors) {
+      const bool working = t.working != nullptr;
+      list.push_back({working ? t.working : t.master, t.master, t.grad, t.m, t.v, t.n,
+                      working ? t.working_dtype : DType::f32, t.grad_dtype, t.decay});
+      first_chunk.push_back(first_chunk.back() + (t.n + cuda::kChunk - 1) / cuda::kChunk);
+    }
+    count_ = static_cast<int64_t>(list.size());
+    const int64_t chunks = first_chunk.back();
+    auto up = [](int64_t bytes) { return (bytes + 255) / 256 * 256; };
+    const int64_t parts_at = 0, totals_at = up(chunks * 8), first_at = totals_at + up(count_ * 8),
+                  step_at = first_at + up((count_ + 1) * 8), list_at = step_at + 256;
+    mem_ = b.allocate(list_at + cuda::describe_bytes(list));
+    parts_ = reinterpret_cast<double*>(mem_.bytes_at(parts_at));
+    totals_ = reinterpret_cast<double*>(mem_.bytes_at(totals_at));
+    first_chunk_ = reinterpret_cast<int64_t*>(mem_.bytes_at(first_at));
+    step_ = mem_.bytes_at(step_at);
+    b.to_device(first_chunk_, first_chunk.data(), (count_ + 1) * 8);
+    b.synchronize();  // before describe()'s copies on the legacy stream, and first_chunk's
+    list_ = cuda::describe(list, mem_.bytes_at(list_at));
+  }
+
+  std::vector<double> sum_squares() override {
+    cuda::sum_squares(list_, parts_, b_.stream());
+    cuda::tensor_sums(parts_, first_chunk_, count_, totals_, b_.stream());
+    std::vector<double> out(static_cast<size_t>(count_));
+    b_.to_host(out.data(), totals_, count_ * 8);
+    return out;
+  }
+
+  void adamw(const AdamWUpdate& u) override {
+    struct {
+      cuda::AdamWStep step;
+      float coef;
+    } values{{u.shrink, u.beta1, u.beta2, u.step_size, u.bc2_sqrt, u.eps}, u.grad_scale};
+    b_.to_device(step_, &values, sizeof(values));  // staged before the call returns
+    cuda::adamw(list_, reinterpret_cast<const cuda::AdamWStep*>(step_),
+                reinterpret_cast<const float*>(step_ + offsetof(decltype(values), coef)),
+                b_.stream());
+  }
+
+ private:
+  CudaBackend& b_;
+  Buffer mem_;
+  cuda::OptimTensors list_;
+  int64_t count_ = 0;
+  double *parts_ = nullptr, *totals_ = nullptr;
+  int64_t* first_chunk_ = nullptr;
+  uint8_t* step_ = nullptr;
+};
+
+}  // namespace
+
+std::unique_ptr<OptimizerGroup> CudaBackend::optimizer_group(std::vector<OptimizerTensor> tensors) {
+  TS_CUDA(cudaSetDevice(impl_->device));
+  return std::make_unique<CudaOptimizerGroup>(*this, tensors);
 }
 
 int64_t CudaBackend::free_memory() const {

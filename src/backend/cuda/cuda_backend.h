@@ -53,6 +53,8 @@ class CudaBackend final : public Backend {
   void adamw(const AdamWUpdate& u, float* param, const void* grad, DType grad_dtype, float* m,
              float* v, int64_t n) override;
   void convert(const void* src, DType from, void* dst, DType to, int64_t n) override;
+  // The group's passes as one launch each over all its tensors (multi-tensor kernels).
+  std::unique_ptr<OptimizerGroup> optimizer_group(std::vector<OptimizerTensor> tensors) override;
   // The stream run() enqueues on (callers' own kernels go after the nodes on it).
   cudaStream_t stream() const;
   // The device's name and compute capability, e.g. "NVIDIA H100 80GB HBM3 (sm_90)".

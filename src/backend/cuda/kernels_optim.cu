@@ -40,6 +40,24 @@ __device__ double block_sum(double x) {
   return s[0];
 }
 
+// The sum of squares of x[first, end) (dt elements) in double, in a fixed order; every thread
+// gets it. The single-tensor and multi-tensor passes use this one function for a chunk.
+__device__ double chunk_squares(const void* x, DType dt, int64_t first, int64_t end) {
+  double acc = 0;
+  for (int64_t i = first + threadIdx.x; i < end; i += kThreads) {
+    const double v = load(x, dt, i);
+    acc += v * v;
+  }
+  return block_sum(acc);
+}
+
+// parts[0] + ... + parts[count - 1] in a fixed order (threads stride, then the block's tree).
+__device__ double ordered_sum(const double* parts, int64_t count) {
+  double acc = 0;
+  for (int64_t i = threadIdx.x; i < count; i += kThreads) acc += parts[i];
+  return block_sum(acc);
+}
+
 // Block c's chunk: its tensor and element range [first, end).
 struct Chunk {
   const OptimTensor* t;
@@ -53,21 +71,21 @@ __device__ Chunk chunk_of(const OptimTensors& l) {
 
 __global__ void sum_squares_kernel(OptimTensors l, double* parts) {
   const Chunk c = chunk_of(l);
-  const DType dt = c.t->grad_dt;  // the same for the whole block: no divergence
-  double acc = 0;
-  for (int64_t i = c.first + threadIdx.x; i < c.end; i += kThreads) {
-    const double v = load(c.t->grad, dt, i);
-    acc += v * v;
-  }
-  const double total = block_sum(acc);
+  const double total = chunk_squares(c.t->grad, c.t->grad_dt, c.first, c.end);
   if (threadIdx.x == 0) parts[blockIdx.x] = total;
+}
+
+// Block k: totals[k] = the sum of tensor k's chunks' parts.
+__global__ void tensor_sums_kernel(const double* parts, const int64_t* first_chunk,
+                                   double* totals) {
+  const int64_t first = first_chunk[blockIdx.x];
+  const double total = ordered_sum(parts + first, first_chunk[blockIdx.x + 1] - first);
+  if (threadIdx.x == 0) totals[blockIdx.x] = total;
 }
 
 __global__ void clip_kernel(const double* parts, int64_t count, double max_norm, float* coef,
                             double* norm) {
-  double acc = 0;
-  for (int64_t i = threadIdx.x; i < count; i += kThreads) acc += parts[i];
-  const double total = block_sum(acc);
+  const double total = ordered_sum(parts, count);
   if (threadIdx.x == 0) {
     const double r = sqrt(total);
     *norm = r;
@@ -122,20 +140,12 @@ Described described(const std::vector<OptimTensor>& tensors) {
 // blocks striding over the elements.
 __global__ void chunk_squares_kernel(const void* x, DType dt, int64_t n, double* parts) {
   const int64_t first = static_cast<int64_t>(blockIdx.x) * kChunk;
-  const int64_t end = min(n, first + kChunk);
-  double acc = 0;
-  for (int64_t i = first + threadIdx.x; i < end; i += kThreads) {
-    const double v = load(x, dt, i);
-    acc += v * v;
-  }
-  const double total = block_sum(acc);
+  const double total = chunk_squares(x, dt, first, min(n, first + kChunk));
   if (threadIdx.x == 0) parts[blockIdx.x] = total;
 }
 
 __global__ void sum_parts_kernel(const double* parts, int64_t count, double* total) {
-  double acc = 0;
-  for (int64_t i = threadIdx.x; i < count; i += kThreads) acc += parts[i];
-  const double t = block_sum(acc);
+  const double t = ordered_sum(parts, count);
   if (threadIdx.x == 0) *total = t;
 }
 
@@ -205,6 +215,14 @@ void sum_squares(const OptimTensors& list, double* parts, cudaStream_t stream) {
 void clip_coefficient(const double* parts, int64_t count, double max_norm, float* coef,
                       double* norm, cudaStream_t stream) {
   clip_kernel<<<1, kThreads, 0, stream>>>(parts, count, max_norm, coef, norm);
+  TS_CUDA_LAUNCH();
+}
+
+void tensor_sums(const double* parts, const int64_t* first_chunk, int64_t count, double* totals,
+                 cudaStream_t stream) {
+  if (count == 0) return;
+  tensor_sums_kernel<<<static_cast<unsigned>(count), kThreads, 0, stream>>>(parts, first_chunk,
+                                                                            totals);
   TS_CUDA_LAUNCH();
 }
 

@@ -55,6 +55,12 @@ OptimTensors describe(const std::vector<OptimTensor>& tensors, void* device);
 // parts[c] = the sum of squares (in double) of chunk c's gradient elements.
 void sum_squares(const OptimTensors& list, double* parts, cudaStream_t stream);
 
+// totals[k] = the sum of tensor k's chunk sums, for each of `count` tensors: first_chunk (device
+// memory, count + 1 entries) holds each tensor's first chunk and, last, list.chunks. The parts
+// are added in the order the single-tensor sum_squares adds them, so totals[k] equals it.
+void tensor_sums(const double* parts, const int64_t* first_chunk, int64_t count, double* totals,
+                 cudaStream_t stream);
+
 // Adds `count` partial sums in order: *norm = sqrt(sum), *coef = min(1, max_norm / (norm +
 // 1e-6)) (torch's clip_grad_norm_); max_norm <= 0 leaves *coef = 1.
 void clip_coefficient(const double* parts, int64_t count, double max_norm, float* coef,

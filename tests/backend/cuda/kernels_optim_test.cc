@@ -19,5 +19,13 @@ TEST(CudaBackend, OptimizerPassesMatchHostLoops) {
   testing_passes::check_optimizer_passes(gpu, 1e-5);
 }
 
+TEST(CudaBackend, OptimizerGroupFollowsTheSingleTensorPasses) {
+  std::string why;
+  if (!cuda_device_present(&why)) GTEST_SKIP() << why;
+  CudaBackend gpu;
+  // The multi-tensor kernels: the same sums bit for bit; updates within an ulp or two.
+  testing_passes::check_optimizer_group(gpu, 1e-6);
+}
+
 }  // namespace
 }  // namespace tessera
