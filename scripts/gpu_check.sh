@@ -1,17 +1,25 @@
 #!/usr/bin/env bash
 # The GPU checks in one run, for a machine with an NVIDIA GPU (sm_80+) and CUDA PyTorch:
 # the CUDA backend's tests (label gpu), its GEMMs against PyTorch's, and GPT-2 124M training
-# speed (Tessera's CUDA trainer where built, PyTorch eager and torch.compile, fp32 and bf16).
-# Binaries come from a build with -DTESSERA_CUDA=ON; BIN_DIR holds them (default build/), and
+# speed (Tessera's CUDA trainer where built, `tessera train --device cuda` where the CLI is in
+# BIN_DIR, PyTorch eager and torch.compile, fp32 and bf16).
+# Binaries come from a build with -DTESSERA_CUDA=ON; BIN_DIR holds them, side by side or where
+# the build puts them (default build/), and
 # LIBS, if set, a tar.xz of the shared libraries they need that the machine lacks (OpenBLAS).
 # Logs go to $OUT (default /tmp/gpu_check). SKIP names parts to leave out (a list of
-# tests, matmul, tessera, torch, unpadded), PRECISIONS the Tessera runs (default "fp32 bf16"),
+# tests, matmul, tessera, train, torch, unpadded), PRECISIONS the Tessera runs (default "fp32 bf16"),
 # VOCAB_ROWS the token-table rows of both trainers (default 50304).
 #
 #   BIN_DIR=build bash scripts/gpu_check.sh
 set -uo pipefail
 cd "$(dirname "$0")/.."
 BIN_DIR=${BIN_DIR:-build}
+bin() {  # a binary in BIN_DIR, or in the build tree's folder for it
+  for d in "" bench/ src/cli/ tests/backend/cuda/ tests/runtime/; do
+    [[ -x "$BIN_DIR/$d$1" ]] && { echo "$BIN_DIR/$d$1"; return; }
+  done
+  echo "$BIN_DIR/$1"
+}
 OUT=${OUT:-/tmp/gpu_check}
 mkdir -p "$OUT"
 if [[ -n "${LIBS:-}" ]]; then
@@ -30,12 +38,12 @@ skipped() { [[ "$SKIP" == *" $1 "* ]]; }
 skipped tests ||
 for t in backend_cuda_test runtime_cuda_test; do  # the tests of label gpu
   step "$t"
-  timeout 300 "$BIN_DIR/$t" 2>&1 | tee -a "$OUT/gpu_test.log" | tail -40
+  timeout 300 "$(bin "$t")" 2>&1 | tee -a "$OUT/gpu_test.log" | tail -40
 done
 
-if [[ -x "$BIN_DIR/tessera_cuda_matmul_bench" ]] && ! skipped matmul; then
+if [[ -x "$(bin tessera_cuda_matmul_bench)" ]] && ! skipped matmul; then
   step "GEMMs: Tessera (cuBLASLt) / PyTorch"
-  BIN=$BIN_DIR/tessera_cuda_matmul_bench REPS=10 timeout 180 bash bench/run_cuda_matmul.sh \
+  BIN=$(bin tessera_cuda_matmul_bench) REPS=10 timeout 180 bash bench/run_cuda_matmul.sh \
     >"$OUT/matmul.log" 2>&1
   grep -E "ratio|rror" "$OUT/matmul.log"
 fi
@@ -48,7 +56,7 @@ STEPS=${STEPS:-10}
 # unpadded section repeats bf16 at 50,257 rows for both.
 ROWS=${VOCAB_ROWS:-50304}
 tessera() {  # precision, vocab rows, extra flags
-  timeout 180 "$BIN_DIR/tessera_cuda_train_bench" --batch "$B" --seq "$T" --steps "$STEPS" \
+  timeout 180 "$(bin tessera_cuda_train_bench)" --batch "$B" --seq "$T" --steps "$STEPS" \
     --precision "$1" --vocab-rows "$2" "${@:3}" 2>&1 | tee -a "$OUT/train.log"
 }
 torch() {  # precision, vocab rows, extra flags
@@ -56,7 +64,7 @@ torch() {  # precision, vocab rows, extra flags
     "${@:3}" --batch "$B" --seq "$T" --steps "$STEPS" --warmup 3 2>&1 | tee -a "$OUT/train.log" |
     tail -3
 }
-if [[ -x "$BIN_DIR/tessera_cuda_train_bench" ]] && ! skipped tessera; then
+if [[ -x "$(bin tessera_cuda_train_bench)" ]] && ! skipped tessera; then
   for p in ${PRECISIONS:-fp32 bf16}; do
     step "GPT-2 124M training, Tessera CUDA, $p, $ROWS rows (CUDA graph; profile of an eager step)"
     tessera "$p" "$ROWS" --profile 1 | grep -v OpenBLAS | head -40
@@ -75,4 +83,15 @@ if ! skipped unpadded; then
   step "unpadded vocabulary: bf16 at 50257 rows, Tessera (CUDA graph) and PyTorch eager"
   ! skipped tessera && tessera bf16 50257 | grep "^tessera"
   ! skipped torch && torch bf16 50257
+fi
+if [[ -x "$(bin tessera)" ]] && ! skipped train; then
+  # The general step runner on the GPU (the shipped corpus, tokenized on first use).
+  printf '[model]\npreset = "gpt2-small"\npadded_vocab_size = %s\n' "$ROWS" >"$OUT/gpt2.toml"
+  for p in ${PRECISIONS:-fp32 bf16}; do
+    step "GPT-2 124M, tessera train --device cuda, $p, $ROWS rows (steps 3-8)"
+    rm -rf "$OUT/train_$p"
+    timeout 180 "$(bin tessera)" train --device cuda --model "$OUT/gpt2.toml" --precision "$p" \
+      --batch "$B" --seq "$T" --steps 8 --eval-every 0 --ckpt-every 0 --sample-tokens 0 \
+      --log-every 1 --out "$OUT/train_$p" 2>&1 | tee -a "$OUT/train.log" | grep -E "^step [3-8]/|rror"
+  done
 fi

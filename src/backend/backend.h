@@ -16,6 +16,7 @@
 
 #include <cstdint>
 #include <deque>
+#include <functional>
 #include <memory>
 #include <new>
 #include <span>
@@ -128,6 +129,14 @@ class OptimizerGroup {
   virtual void adamw(const AdamWUpdate& u) = 0;
 };
 
+// Backend work recorded once (Backend::record) and enqueued again by replay(): on a device one
+// launch of the whole sequence (a CUDA graph), on the same buffers.
+class Recording {
+ public:
+  virtual ~Recording() = default;
+  virtual void replay() = 0;
+};
+
 class Backend {
  public:
   virtual ~Backend() = default;
@@ -174,6 +183,15 @@ class Backend {
   // The passes above over a list of tensors described once (pointers fixed for the group's
   // life). This default runs them tensor by tensor; a device runs each as one launch.
   virtual std::unique_ptr<OptimizerGroup> optimizer_group(std::vector<OptimizerTensor> tensors);
+
+  // Records the work `enqueue` enqueues (run(), copy() and fill() within this backend's memory;
+  // no waits, no host copies) for replay: the work is recorded, not done, and replay() does it
+  // on the same pointers, whose buffers must outlive the recording. Null where the backend does
+  // not record (then run the work itself again); the default.
+  virtual std::unique_ptr<Recording> record(const std::function<void()>& enqueue) {
+    (void)enqueue;
+    return nullptr;
+  }
 };
 
 // Host views of a backend's f32 buffers, for host code that reads or writes values in place

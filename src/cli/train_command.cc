@@ -324,8 +324,8 @@ void add_train_command(CLI::App& app, TrainOptions& o) {
   cmd->add_option("--recompute-layers", o.recompute_layers, kRecomputeLayersHelp);
   cmd->add_option("--precision", o.precision,
                   "fp32; bf16 or fp16: parameters, activations and gradients in it with f32 "
-                  "master weights and AdamW state (fp16 with dynamic loss scaling; GPT and "
-                  "LLaMA; not with --pp)")
+                  "master weights and AdamW state (fp16 with dynamic loss scaling, not with "
+                  "--pp; GPT and LLaMA)")
       ->capture_default_str();
   cmd->add_option("--device", o.device,
                   "cpu; or cuda: the step on one NVIDIA GPU (sm_80 or newer; one process) through "

@@ -91,6 +91,10 @@ const FloatField<DeviceSpec> kDeviceFloats[] = {
      "fixed cost of one kernel in microseconds, e.g. 4"},
     {"gemm_efficiency", &DeviceSpec::gemm_efficiency, 1, false, Range::fraction, false,
      "fraction of peak the best-shaped GEMM reaches, e.g. 0.8"},
+    {"unaligned_gemm_efficiency", &DeviceSpec::unaligned_gemm_efficiency, 1, false, Range::fraction,
+     false,
+     "fraction of a GEMM's rate left when a bf16/f16 dimension is not a multiple of 8, e.g. "
+     "0.15 on an H100 (1: no penalty)"},
     {"memory_efficiency", &DeviceSpec::memory_efficiency, 1, false, Range::fraction, false,
      "fraction of memory bandwidth streaming kernels reach, e.g. 0.8"},
     {"attention_efficiency", &DeviceSpec::attention_efficiency, 1, false, Range::fraction, false,

@@ -43,6 +43,10 @@ struct DeviceSpec {
   // kernels, and of peak for fused attention. Shape effects (tile and wave quantization) are
   // applied on top by cost/op_cost.h.
   double gemm_efficiency = 0.8;
+  // The fraction of that rate a bf16/f16 GEMM keeps when one of its dimensions is not a
+  // multiple of 8 elements (16 bytes: the tensor-core kernels' vector loads), e.g. GPT-2's
+  // 50,257-row LM head; 1 where alignment does not matter.
+  double unaligned_gemm_efficiency = 1.0;
   double memory_efficiency = 0.8;
   double attention_efficiency = 0.5;
   // Fraction of memory_bandwidth the optimizer's passes reach (AdamW over the local blocks,

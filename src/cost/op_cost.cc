@@ -66,6 +66,9 @@ OpTime op_time(const Graph& g, const Node& n, const DeviceSpec& dev,
     if (in[1].shape.rank() == 2) rows *= batch, batch = 1;
     double eff = efficiency_or(op_efficiency, n.op, dev.gemm_efficiency) *
                  gemm_shape_efficiency(rows * batch, cols, k, dev);
+    auto aligned = [](double d) { return std::fmod(d, 8.0) == 0; };
+    if (dtype_size(compute) == 2 && !(aligned(rows) && aligned(cols) && aligned(k)))
+      eff *= dev.unaligned_gemm_efficiency;
     compute_s = t.flops / (peak * std::max(eff, 1e-6));
     memory_s = t.bytes / (bw * dev.memory_efficiency);
   } else if (n.op == OpKind::attention || n.op == OpKind::attention_grad) {

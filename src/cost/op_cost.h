@@ -9,6 +9,8 @@
 //   tile_util = (m*n) / (ceil(m/tm)*tm * ceil(n/tn)*tn)   (partial edge tiles do full work)
 //   wave_util = tiles / (ceil(tiles / sm_count) * sm_count)  (the last wave is partly idle)
 //   k_util    = k / (k + 128)                               (prologue/epilogue per tile)
+// times device.unaligned_gemm_efficiency for a bf16/f16 GEMM with a dimension that is not a
+// multiple of 8 (an unpadded 50,257-row vocabulary: ~0.15 of the rate on an H100).
 // Fused attention uses device.attention_efficiency; everything else is memory-bound work at
 // device.memory_bandwidth * memory_efficiency (bytes from op_bytes, scaled to the compute
 // dtype: activations move in bf16 under mixed precision). An entry in `op_efficiency` (op

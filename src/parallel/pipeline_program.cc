@@ -220,12 +220,13 @@ Result<PipelineProgram> lower_pipeline(const Graph& g, const Plan& plan, int onl
       if (st.to != c.reduce_phase) continue;
       const TensorType& t = c.phases.graphs[static_cast<size_t>(st.from)].type(st.out);
       // Summing over micro-batches before reducing is exact only for gradients (linear in the
-      // micro-batch), which come from the backward phases; the runtime sums f32.
-      if (st.from == kForwardPhase || t.dtype != DType::f32)
-        return error("pipeline chunk " + std::to_string(k) + ": the gradient reduction reads a " +
-                     (st.from == kForwardPhase ? "forward value" : "non-f32 value") +
-                     ", which cannot be summed over the micro-batches first");
-      c.reduce_accum_bytes += t.bytes();
+      // micro-batch), which come from the backward phases; the runtime sums in f32 (a bf16
+      // gradient's sum too), rounded to the value's dtype once before the reduction.
+      if (st.from == kForwardPhase)
+        return error("pipeline chunk " + std::to_string(k) +
+                     ": the gradient reduction reads a forward value, which cannot be summed "
+                     "over the micro-batches first");
+      c.reduce_accum_bytes += 4 * t.shape.numel();
     }
     for (size_t ph = 0; ph < c.phases.graphs.size(); ++ph) {
       const Graph& pg = c.phases.graphs[ph];

@@ -54,6 +54,10 @@ std::vector<int64_t> slot_offsets(const Phases& ph, int reduce_phase) {
   return off;
 }
 
+// The float-sized words a message of `bytes` travels in (bf16 values: two to a word, the last
+// word padded).
+int64_t floats(int64_t bytes) { return (bytes + 3) / 4; }
+
 }  // namespace
 
 struct PipelineRunner::Message {
@@ -119,7 +123,7 @@ Result<std::unique_ptr<PipelineRunner>> PipelineRunner::create(const Graph& mode
                                               program.gradient_sends[st]};
   for (int p = 0; p < 2; ++p)
     for (int i = 0; i < pools[p].slots; ++i) {
-      r->send_pools_[p].buffers.emplace_back(static_cast<size_t>(pools[p].slot_bytes / 4));
+      r->send_pools_[p].buffers.emplace_back(static_cast<size_t>(floats(pools[p].slot_bytes)));
       r->send_pools_[p].free.push_back(i);
     }
 
@@ -173,11 +177,11 @@ void PipelineRunner::post_recv(const PipeAction& a) {
   const int64_t bytes =
       bytes_of(c.phases.graphs[size_t(ph)], in_phase(c, ph, fwd ? c.recv : c.send_grads));
   auto m = std::make_unique<Message>();
-  m->data.resize(static_cast<size_t>(bytes / 4));
+  m->data.resize(static_cast<size_t>(floats(bytes)));
   const int peer = (fwd ? k - 1 : k + 1) % stages;
   const std::string what = std::string(fwd ? "activations into chunk " : "gradients into chunk ") +
                            std::to_string(k) + ", micro-batch " + std::to_string(a.micro_batch);
-  m->req = pipe_->recv(m->data.data(), bytes / 4, peer, fwd ? 2 * k : 2 * k + 1, what);
+  m->req = pipe_->recv(m->data.data(), floats(bytes), peer, fwd ? 2 * k : 2 * k + 1, what);
   recvs_[key] = std::move(m);
 }
 
@@ -228,7 +232,8 @@ Status PipelineRunner::send(const PipeAction& a, Executor& ex, const std::vector
   }
   const std::string what = std::string(fwd ? "activations into chunk " : "gradients into chunk ") +
                            std::to_string(to) + ", micro-batch " + std::to_string(a.micro_batch);
-  Request req = pipe_->send(data.data(), bytes / 4, to % stages, fwd ? 2 * to : 2 * to + 1, what);
+  Request req =
+      pipe_->send(data.data(), floats(bytes), to % stages, fwd ? 2 * to : 2 * to + 1, what);
   sends_.push_back({fwd ? 0 : 1, buffer, bytes, std::move(req)});
   p2p_bytes_ += bytes;
   p2p_high_water_ = std::max(p2p_high_water_, p2p_bytes_);

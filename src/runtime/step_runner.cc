@@ -126,10 +126,10 @@ Result<std::unique_ptr<StepRunner>> StepRunner::create_chunk(const Graph& model,
   for (const ParamLayout& pl : chunk.program.part.params) {
     if (model.find_param(pl.name) < 0)
       return error("pipeline chunk parameter " + pl.name + " is not in the model");
-    if (model.type(model.find_param(pl.name)).dtype != DType::f32)
-      return error("pipeline stages keep f32 parameters; " + pl.name + " is " +
-                       dtype_name(model.type(model.find_param(pl.name)).dtype),
-                   "train pipelines in f32");
+    if (model.type(model.find_param(pl.name)).dtype == DType::f16)
+      return error("pipeline stages train f32 or bf16 parameters; " + pl.name +
+                       " is f16, whose loss scaling the stages do not share",
+                   "train pipelines in bf16 or f32");
   }
   TS_RETURN_IF_ERROR(check_runnable(chunk.program));
   return std::unique_ptr<StepRunner>(
@@ -201,11 +201,17 @@ StepRunner::StepRunner(const Graph& global, Program prog, Backend& backend, Mesh
     unreduced_.resize(ph.stash.size());
     unreduced_started_.assign(ph.stash.size(), 0);
     for (size_t e = 0; e < ph.stash.size(); ++e)
-      if (ph.stash[e].to == chunk_->reduce_phase)
+      if (ph.stash[e].to == chunk_->reduce_phase)  // an f32 sum, whatever the gradient's dtype
         unreduced_[e] = backend.allocate(
-            ph.graphs[static_cast<size_t>(ph.stash[e].from)].type(ph.stash[e].out).bytes());
+            4 *
+            ph.graphs[static_cast<size_t>(ph.stash[e].from)].type(ph.stash[e].out).shape.numel());
   }
   opt_ = std::make_unique<AdamW>(std::move(slots), opt, backend);
+  // A micro-step of compute nodes alone, none writing from the host, can be recorded.
+  recordable_ = !chunk_ && loss_scale_ == 0 && exec_->backend().memory() == MemSpace::device;
+  for (const Instruction& in : prog_.micro_step)
+    recordable_ = recordable_ && in.kind == Instruction::compute &&
+                  exec_->graph().node(in.node).op != OpKind::axis_index;
   // A list of one update per parameter and nothing else (no ZeRO-1/2 syncs) runs as one pass.
   std::vector<char> seen(opt_->params().size(), 0);
   one_pass_update_ = prog_.optimizer.size() == seen.size() + 1;
@@ -452,11 +458,26 @@ Status StepRunner::run_instructions(const std::vector<Instruction>& list, Execut
   return Status();
 }
 
+Status StepRunner::run_micro_step() {
+  if (!recordable_ || !record_steps_ || instruction_seconds_ != nullptr)
+    return run_instructions(prog_.micro_step, *exec_);
+  if (!recorded_step_ && eager_steps_++ > 0) {  // the first ran eagerly: libraries initialized
+    Status s;
+    recorded_step_ =
+        exec_->backend().record([&] { s = run_instructions(prog_.micro_step, *exec_); });
+    TS_RETURN_IF_ERROR(s);
+    if (!recorded_step_) recordable_ = false;  // the backend does not record
+  }
+  if (!recorded_step_) return run_instructions(prog_.micro_step, *exec_);
+  recorded_step_->replay();
+  return Status();
+}
+
 Result<float> StepRunner::forward_backward(const Feed& feed) {
   TS_CHECK_LT(accumulated_, prog_.plan.micro_batches)
       << "forward_backward called more often than the plan's micro_batches before apply()";
   TS_RETURN_IF_ERROR(feed.bind(*exec_));
-  TS_RETURN_IF_ERROR(run_instructions(prog_.micro_step, *exec_));
+  TS_RETURN_IF_ERROR(run_micro_step());
   for (size_t i = 0; i < grads_.size(); ++i)
     exec_->backend().accumulate(grad_data(i), exec_->raw(prog_.part.params[i].local_grad),
                                 prog_.local().type(prog_.part.params[i].local_grad).dtype,
@@ -480,14 +501,16 @@ void StepRunner::accumulate_phase_grads(int ph) {
     if (v < 0 || ex.graph().producer(v).op == OpKind::input) continue;
     // Phases of different micro-batches interleave (zb-h1 runs B of the next before W of
     // this one): the first gradient of the step is the one that overwrites.
-    ex.backend().accumulate(grad_data(i), ex.raw(v), DType::f32, grad_count(i), !grad_started_[i]);
+    ex.backend().accumulate(grad_data(i), ex.raw(v), ex.graph().type(v).dtype, grad_count(i),
+                            !grad_started_[i]);
     grad_started_[i] = 1;
   }
   const std::vector<Phases::Stash>& stash = chunk_->phases.stash;
   for (size_t e = 0; e < stash.size(); ++e) {
     if (stash[e].from != ph || stash[e].to != chunk_->reduce_phase) continue;
     ex.backend().accumulate(static_cast<float*>(unreduced_[e].data()), ex.raw(stash[e].out),
-                            DType::f32, unreduced_[e].bytes() / 4, !unreduced_started_[e]);
+                            ex.graph().type(stash[e].out).dtype, unreduced_[e].bytes() / 4,
+                            !unreduced_started_[e]);
     unreduced_started_[e] = 1;
   }
 }
@@ -501,7 +524,9 @@ Status StepRunner::reduce_grads() {
   for (size_t e = 0; e < stash.size(); ++e) {
     if (stash[e].to != rp) continue;
     TS_CHECK(unreduced_started_[e]) << "reduce phase input " << e << " has no gradient this step";
-    ex.backend().copy(ex.raw(stash[e].in), unreduced_[e].data(), unreduced_[e].bytes());
+    // The f32 sum in the phase's dtype (one rounding for a bf16 gradient).
+    ex.backend().convert(unreduced_[e].data(), DType::f32, ex.raw(stash[e].in),
+                         ex.graph().type(stash[e].in).dtype, unreduced_[e].bytes() / 4);
     unreduced_started_[e] = 0;
   }
   TS_RETURN_IF_ERROR(run_phase(rp));
@@ -509,7 +534,8 @@ Status StepRunner::reduce_grads() {
   for (size_t i = 0; i < grads_.size(); ++i) {
     const ValueId v = in_phase[static_cast<size_t>(prog_.part.params[i].local_grad)];
     if (v < 0 || ex.graph().producer(v).op == OpKind::input) continue;
-    ex.backend().copy(grad_data(i), ex.raw(v), grads_[i].bytes());
+    ex.backend().convert(ex.raw(v), ex.graph().type(v).dtype, grad_data(i), DType::f32,
+                         grad_count(i));
     grad_started_[i] = 1;
   }
   return Status();

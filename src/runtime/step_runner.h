@@ -85,8 +85,12 @@ class StepRunner {
   int rank() const { return rank_; }
 
   void init_params(uint64_t seed);
-  // `feed`: this rank's rows of the global micro-batch of every model input.
+  // `feed`: this rank's rows of the global micro-batch of every model input. A micro-step of
+  // compute alone (one rank, no collectives; not fp16) on a backend that records
+  // (Backend::record: a CUDA graph) runs eagerly once, is recorded the second time and
+  // replayed from then on, unless set_record_steps(false).
   Result<float> forward_backward(const Feed& feed);
+  void set_record_steps(bool on) { record_steps_ = on; }
   // After plan.micro_batches forward_backward calls: averages the gradients over them, clips
   // to `clip` (<= 0: no clipping) and steps AdamW with lr. Returns the pre-clip norm.
   Result<double> apply(double lr, double clip);
@@ -178,6 +182,8 @@ class StepRunner {
   }
   // Runs `list` (instructions of ex's graph) on ex.
   Status run_instructions(const std::vector<Instruction>& list, Executor& ex);
+  // The micro-step's instructions, eagerly or replayed (forward_backward).
+  Status run_micro_step();
   Status start(const Node& n, Executor& ex);
   Status sync_param(size_t i);
   LocalPiece block_of(size_t i) const;  // this rank's block in the ZeRO group
@@ -224,6 +230,11 @@ class StepRunner {
   std::vector<Buffer> unreduced_;
   std::vector<char> unreduced_started_;
   std::vector<double>* instruction_seconds_ = nullptr;
+  // The micro-step as one Recording (see forward_backward), after eager_steps_ eager ones.
+  bool record_steps_ = true;
+  bool recordable_ = false;  // compute instructions only, no host writes between them
+  int eager_steps_ = 0;
+  std::unique_ptr<Recording> recorded_step_;
 };
 
 }  // namespace tessera

@@ -296,6 +296,18 @@ Result<RunSetup> setup_run(const PublishedRun& r, const std::string& cluster_dir
     return error("ZeRO-R (partitioned activations with MP) is not modeled");
 
   TS_ASSIGN_OR_RETURN(s.model, model_for(r, &s));
+  // The rows list the tokenizer's vocabulary; the frameworks train a padded table (Megatron-LM
+  // and Megatron-DeepSpeed to a multiple of 128 x tp, llm.c GPT-2's 50,257 to 50,304). Where a
+  // tensor rank's rows would not be a multiple of 8 (GEMMs off the tensor cores' alignment:
+  // DeviceSpec::unaligned_gemm_efficiency), pad as Megatron-LM does; aligned sizes stay as
+  // published (llm-foundry's 50,368, LLaMA's 32,000).
+  const int64_t tp_ranks = static_cast<int64_t>(tp), rows = s.model.vocab_rows();
+  if (rows % tp_ranks != 0 || (rows / tp_ranks) % 8 != 0) {
+    const int64_t multiple = 128 * tp_ranks;
+    s.model.padded_vocab_size = (rows + multiple - 1) / multiple * multiple;
+    s.assumptions.push_back("vocabulary padded to " + std::to_string(s.model.padded_vocab_size) +
+                            " rows (a multiple of 128 x tp, as Megatron-LM and llm.c pad it)");
+  }
   double seq;
   TS_RETURN_IF_ERROR(need(r, "seq_len", &seq));
   s.seq = static_cast<int64_t>(seq);

@@ -3,7 +3,7 @@
 // loss, and a rank killed mid-step ends the job within 60 s with a message naming the rank and the
 // operation; --plan auto trains the plan the planner picks; `launch --elastic` finishes a run
 // whose rank died on the ranks left, with the losses of an uninterrupted run; ViT and T5 train
-// under every plan like one rank.
+// under every plan like one rank; bf16 pipelines follow one bf16 rank.
 #include <gtest/gtest.h>
 
 #include <chrono>
@@ -277,6 +277,27 @@ TEST_F(DistributedTrainTest, PipelineRunsMatchOneRankAndCheckpointsReshardAcross
   }
   EXPECT_NEAR(loss_at(dir_ / "pp2/metrics.jsonl", 1), loss_at(straight, 1),
               1e-5 * loss_at(straight, 1));
+}
+
+// bf16 pipelines (f32 master weights on each stage, bf16 activations and gradients between
+// them): a pp 2 run stopped after 3 steps and resumed follows one bf16 rank, each stage's
+// measured arena equal to its plan.
+TEST_F(DistributedTrainTest, Bf16PipelineResumesAndFollowsOneRank) {
+  const fs::path model = dir_ / "gpt-tiny4.toml";
+  std::ofstream(model) << "[model]\npreset = \"gpt-tiny\"\nname = \"gpt-tiny4\"\nn_layer = 4\n";
+  model_ = model.string();
+  const std::string flags = "--batch 4 --grad-accum 4 --steps 6 --precision bf16 ";
+  std::string log;
+  ASSERT_EQ(train(1, "straight", flags, &log), 0) << log;
+  ASSERT_EQ(train(2, "pp2", flags + "--pp 2 --stop-after 3", &log), 0) << log;
+  EXPECT_NE(log.find("stage 1: measured arena high-water"), std::string::npos) << log;
+  EXPECT_EQ(log.find("MISMATCH"), std::string::npos) << log;
+  ASSERT_EQ(train(2, "pp2", flags + "--pp 2 --resume", &log), 0) << log;
+  EXPECT_NE(log.find("resumed from step 3"), std::string::npos) << log;
+  const fs::path straight = dir_ / "straight/metrics.jsonl", pp = dir_ / "pp2/metrics.jsonl";
+  for (size_t i = 0; i < 6; ++i)
+    EXPECT_NEAR(loss_at(pp, i), loss_at(straight, i), 1e-3 * loss_at(straight, i)) << "step " << i;
+  EXPECT_NEAR(last_val_loss(pp), last_val_loss(straight), 1e-3 * last_val_loss(straight));
 }
 
 // --plan auto: the planner picks a plan for the job's ranks, prints why, and the run it trains

@@ -126,7 +126,9 @@ TEST(ClusterSpec, OtherPresetHeadlineNumbers) {
   EXPECT_DOUBLE_EQ(load_ok("dgx-a100-40gb").device.memory_bandwidth, 1555e9);
   ClusterSpec h = load_ok("dgx-h100");
   EXPECT_DOUBLE_EQ(h.device.peak_flops(DType::bf16), 989e12);
-  EXPECT_DOUBLE_EQ(h.network.nic_bandwidth, 50e9);  // NDR 400 Gb/s
+  EXPECT_DOUBLE_EQ(h.network.nic_bandwidth, 50e9);             // NDR 400 Gb/s
+  EXPECT_DOUBLE_EQ(h.device.unaligned_gemm_efficiency, 0.15);  // measured on an H100
+  EXPECT_DOUBLE_EQ(load_ok("dgx-a100").device.unaligned_gemm_efficiency, 1.0);  // not measured
   ClusterSpec f = load_ok("frontier");
   EXPECT_DOUBLE_EQ(f.device.peak_flops(DType::bf16), 191.5e12);  // 383 / 2 GCDs
   EXPECT_DOUBLE_EQ(f.network.node_bandwidth(), 4 * 25e9 * f.network.efficiency);
@@ -168,7 +170,7 @@ TEST(ClusterSpec, ToTomlRoundTripsEveryField) {
   c.name = "calibrated \"lab\" box";
   c.description = "two\\three\nlines";
   c.price_per_device_hour = 1.2345;
-  c.device = {"cpu", 8.123456789e10, 1.7e11, 1.9e11, 3.3e10, 1.23456789e10, 4.7e-6, 0.91, 0.83,
+  c.device = {"cpu", 8.123456789e10, 1.7e11, 1.9e11, 3.3e10, 1.23456789e10, 4.7e-6, 0.91, 0.5, 0.83,
               0.37,  0.66,           7,      64,     32};
   c.node = {3, 2.2e9, 1.3e-5, 0.77, 0.4};
   c.network = {5, 1.25e10, 7.1e-6, 0.65, "torus", 2.5};

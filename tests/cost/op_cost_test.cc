@@ -2,6 +2,8 @@
 
 #include <gtest/gtest.h>
 
+#include <tuple>
+
 #include "ir/builder.h"
 #include "test_cluster.h"
 
@@ -53,6 +55,30 @@ TEST(OpTime, LargeMatmulIsComputeBoundAtShapeEfficiency) {
   // In f32 the same GEMM runs at the f32 peak: twice as long, give or take the launch.
   OpTime t32 = op_time(o.g, o.g.node(o.node), c.device, {}, DType::f32);
   EXPECT_NEAR(t32.seconds - 5e-6, 2 * (t.seconds - 5e-6), 1e-12);
+}
+
+// A bf16 GEMM with a dimension that is not a multiple of 8 runs at unaligned_gemm_efficiency
+// of the aligned rate (GPT-2's 50,257-row LM head); f32 and aligned shapes keep theirs.
+TEST(OpTime, UnalignedLowPrecisionGemmsRunAtTheUnalignedEfficiency) {
+  ClusterSpec c = round_cluster();
+  c.device.unaligned_gemm_efficiency = 0.25;
+  auto compute_s = [&](int64_t m, int64_t k, int64_t n, DType dt) {
+    OneOp o = matmul_graph(m, k, n);
+    return op_time(o.g, o.g.node(o.node), c.device, {}, dt).seconds - 5e-6;
+  };
+  auto plain = [&](int64_t m, int64_t k, int64_t n, DType dt) {
+    ClusterSpec aligned_only = c;
+    aligned_only.device.unaligned_gemm_efficiency = 1;
+    OneOp o = matmul_graph(m, k, n);
+    return op_time(o.g, o.g.node(o.node), aligned_only.device, {}, dt).seconds - 5e-6;
+  };
+  for (auto [m, k, n] : {std::tuple{8192L, 768L, 50257L}, std::tuple{8192L, 50257L, 768L},
+                         std::tuple{8193L, 768L, 768L}}) {
+    EXPECT_NEAR(compute_s(m, k, n, DType::bf16), 4 * plain(m, k, n, DType::bf16), 1e-12) << n;
+    EXPECT_NEAR(compute_s(m, k, n, DType::f32), plain(m, k, n, DType::f32), 1e-12) << n;
+  }
+  EXPECT_NEAR(compute_s(8192, 768, 50304, DType::bf16), plain(8192, 768, 50304, DType::bf16),
+              1e-12);
 }
 
 TEST(OpTime, ElementwiseIsMemoryBoundAndHalvesInBf16) {

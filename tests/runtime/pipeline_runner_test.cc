@@ -1,6 +1,9 @@
 // Pipeline plans on in-process ranks (threads over the local transport) against one rank: every
 // schedule, uneven cuts, virtual stages, GPT (tied embeddings across the first and last stage)
-// and LLaMA, with data and tensor parallelism beside; planned = measured stage memory.
+// and LLaMA, with data and tensor parallelism beside, in f32 and bf16; planned = measured stage
+// memory.
+#include <cstdio>
+#include <cstdlib>
 #include <map>
 #include <thread>
 
@@ -124,6 +127,70 @@ TEST(PipelineRunner, SequenceParallelStagesMatchOneRank) {
   Plan sp3d = with_megatron_llama(pipeline(2, 2, 2, ScheduleKind::one_f_one_b, 2), llama);
   sp3d.sequence_parallel = true;
   expect_pipeline_matches(sp3d, llama, 4);
+}
+
+// Runs every rank of `plan` on in-process threads.
+std::vector<PipeResult> run_pipeline(const Plan& plan, const ModelConfig& cfg, int steps) {
+  const int n = plan.mesh.size();
+  std::vector<std::unique_ptr<Communicator>> comms = make_local_comms(n);
+  std::vector<PipeResult> ranks(static_cast<size_t>(n));
+  std::vector<std::thread> threads;
+  for (int r = 0; r < n; ++r)
+    threads.emplace_back([&, r] {
+      comms[r]->set_timeout(60);
+      ranks[size_t(r)] = run_pipeline_rank(*comms[r], plan, steps, cfg);
+    });
+  for (std::thread& t : threads) t.join();
+  return ranks;
+}
+
+// bf16 stages: bf16 parameters, activations and gradients (sent between stages as stored), f32
+// master weights and AdamW state on each stage, each micro-batch's gradients summed in f32
+// (rounded to bf16 once before a data- or tensor-parallel reduction). The losses and norms
+// follow the one-rank bf16 run (the same arithmetic but for where the tied embedding's two
+// gradients and the micro-batches' sums are rounded), the stage arena is planned to the
+// byte and is about half the f32 stage's.
+TEST(PipelineRunner, Bf16StagesFollowOneRankBf16) {
+  ModelConfig gpt = layers(tiny_gpt(), 4);
+  ModelConfig llama = layers(tiny_llama(), 2);
+  gpt.dtype = llama.dtype = DType::bf16;
+  const int steps = 6;
+  struct Case {
+    Plan plan;
+    ModelConfig cfg;
+  };
+  const std::vector<Case> cases = {
+      {pipeline(2, 1, 1, ScheduleKind::one_f_one_b, 4), gpt},
+      {pipeline(2, 1, 1, ScheduleKind::interleaved, 4, 2), gpt},
+      {pipeline(2, 2, 1, ScheduleKind::zb_h1, 2), gpt},  // ZeRO-1: the masters synced
+      {with_megatron_llama(pipeline(2, 1, 2, ScheduleKind::one_f_one_b, 2), llama), llama}};
+  for (const Case& c : cases) {
+    SCOPED_TRACE(c.plan.describe() + " " + c.cfg.family);
+    const RunResult ref = run_single(steps, c.plan.micro_batches, c.cfg);
+    ModelConfig f32 = c.cfg;
+    f32.dtype = DType::f32;
+    const std::vector<PipeResult> full = run_pipeline(c.plan, f32, 1);
+    const std::vector<PipeResult> got = run_pipeline(c.plan, c.cfg, steps);
+    double worst_loss = 0, worst_norm = 0;
+    for (size_t r = 0; r < got.size(); ++r) {
+      SCOPED_TRACE("rank " + std::to_string(r));
+      const PipeResult& g = got[r];
+      ASSERT_TRUE(g.status.ok()) << g.status.to_string();
+      ASSERT_EQ(g.losses.size(), ref.losses.size());
+      for (size_t i = 0; i < ref.losses.size(); ++i) {
+        worst_loss = std::max(worst_loss, std::abs(g.losses[i] / ref.losses[i] - 1.0));
+        worst_norm = std::max(worst_norm, std::abs(g.norms[i] / ref.norms[i] - 1.0));
+      }
+      EXPECT_EQ(g.arena_measured, g.arena_planned) << "stage arena and stash";
+      EXPECT_LE(g.p2p_buffer_bytes, g.p2p_planned);
+      EXPECT_LT(g.arena_planned, 0.6 * full[r].arena_planned) << "bf16 against f32 stage arena";
+    }
+    if (std::getenv("TESSERA_VERBOSE"))
+      std::printf("%s: losses within %.2e, norms within %.2e of one rank\n",
+                  c.plan.describe().c_str(), worst_loss, worst_norm);
+    EXPECT_LT(worst_loss, 2e-4) << "losses against the one-rank bf16 run";
+    EXPECT_LT(worst_norm, 5e-3) << "gradient norms against the one-rank bf16 run";
+  }
 }
 
 TEST(PipelineProgram, SequenceParallelStagesSendTheirSequencePiece) {

@@ -1,7 +1,7 @@
 // The step runner on the GPU (CudaBackend: parameters, arena, accumulators and AdamW state in
 // device memory, the optimizer's passes as device kernels) against the same runner on the CPU,
-// as `tessera train --device cuda` runs it (label gpu: skipped, and reported as skipped, where
-// no CUDA device is present).
+// as `tessera train --device cuda` runs it, its micro-step replayed as a CUDA graph (label gpu:
+// skipped, and reported as skipped, where no CUDA device is present).
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -25,7 +25,7 @@ struct Trace {
 };
 
 // gpt-tiny in `dtype` for 4 steps of `micro` micro-batches on `backend`, then one evaluation.
-Trace train(Backend& backend, DType dtype, int micro) {
+Trace train(Backend& backend, DType dtype, int micro, bool record = true) {
   ModelConfig c = *find_preset("gpt-tiny");
   c.dtype = dtype;
   ModelGraph m = build_model(c, kBatch, kSeq, ModelMode::train);
@@ -38,6 +38,7 @@ Trace train(Backend& backend, DType dtype, int micro) {
   Trace t;
   if (!made.ok()) return t;
   StepRunner& step = **made;
+  step.set_record_steps(record);
   EXPECT_TRUE(step.add_evaluation(e.graph).ok());
   step.init_params(7);
   std::vector<int32_t> x(kBatch * kSeq), y(kBatch * kSeq);
@@ -74,6 +75,23 @@ TEST(StepRunnerOnCuda, FollowsTheCpuStepRunner) {
         EXPECT_NEAR(got.norms[s], want.norms[s], 10 * tol * want.norms[s]) << "step " << s;
       }
       EXPECT_NEAR(got.eval, want.eval, tol * want.eval);
+    }
+  }
+}
+
+// From the second micro-step on, the runner replays a CUDA graph of it: the same losses,
+// norms and evaluation as eager steps, bit for bit.
+TEST(StepRunnerOnCuda, ReplayedStepsAreTheEagerSteps) {
+  std::string why;
+  if (!cuda_device_present(&why)) GTEST_SKIP() << why;
+  for (DType dt : {DType::f32, DType::bf16}) {
+    for (int micro : {1, 2}) {
+      SCOPED_TRACE(std::string(dtype_name(dt)) + ", micro-batches " + std::to_string(micro));
+      CudaBackend gpu;
+      const Trace eager = train(gpu, dt, micro, false), replayed = train(gpu, dt, micro, true);
+      EXPECT_EQ(replayed.losses, eager.losses);
+      EXPECT_EQ(replayed.norms, eager.norms);
+      EXPECT_EQ(replayed.eval, eager.eval);
     }
   }
 }

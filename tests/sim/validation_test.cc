@@ -96,6 +96,34 @@ TEST(SetupRun, TensorParallelRowsSplitTheGpusIntoDataAndTensorAxes) {
   EXPECT_EQ(s->plan.micro_batches, 16);  // 512 = 8 x 4 x 16
 }
 
+// The table the frameworks train: a vocabulary whose rows per tensor rank are not a multiple
+// of 8 is padded to a multiple of 128 x tp (Megatron-LM; llm.c's 50,304), an aligned one stays.
+TEST(SetupRun, PadsAnUnalignedVocabularyAsTheFrameworksDo) {
+  PublishedRun r = mosaic_like();
+  Result<RunSetup> s = setup_run(r);
+  ASSERT_TRUE(s.ok()) << s.status().to_string();
+  EXPECT_EQ(s->model.vocab_rows(), 50368);  // 8 | 50368: as published
+  r.fields["vocab"] = "50257";
+  s = setup_run(r);
+  ASSERT_TRUE(s.ok()) << s.status().to_string();
+  EXPECT_EQ(s->model.vocab_size, 50257);
+  EXPECT_EQ(s->model.vocab_rows(), 50304);
+  bool said = false;
+  for (const std::string& a : s->assumptions)
+    said |= a.find("padded to 50304") != std::string::npos;
+  EXPECT_TRUE(said);
+  r.fields["tp"] = "8";
+  r.fields["zero_or_fsdp"] = "none";
+  r.fields["vocab"] = "50368";  // 6,296 rows per rank: aligned
+  s = setup_run(r);
+  ASSERT_TRUE(s.ok()) << s.status().to_string();
+  EXPECT_EQ(s->model.vocab_rows(), 50368);
+  r.fields["vocab"] = "50257";
+  s = setup_run(r);
+  ASSERT_TRUE(s.ok()) << s.status().to_string();
+  EXPECT_EQ(s->model.vocab_rows(), 51200);  // 128 x 8 x 50
+}
+
 TEST(SetupRun, SaysWhyARowCannotBeModelled) {
   auto reason = [](std::map<std::string, std::string> changes) {
     PublishedRun r = mosaic_like();

@@ -303,6 +303,40 @@ std::unique_ptr<OptimizerGroup> CudaBackend::optimizer_group(std::vector<Optimiz
   return std::make_unique<CudaOptimizerGroup>(*this, tensors);
 }
 
+namespace {
+
+class CudaGraph final : public Recording {
+ public:
+  CudaGraph(cudaGraphExec_t exec, cudaStream_t stream) : exec_(exec), stream_(stream) {}
+  ~CudaGraph() override { cudaGraphExecDestroy(exec_); }
+  void replay() override { TS_CUDA(cudaGraphLaunch(exec_, stream_)); }
+
+ private:
+  cudaGraphExec_t exec_;
+  cudaStream_t stream_;
+};
+
+}  // namespace
+
+std::unique_ptr<Recording> CudaBackend::record(const std::function<void()>& enqueue) {
+  TS_CUDA(cudaSetDevice(impl_->device));
+  cudaStream_t s = impl_->stream;
+  TS_CUDA(cudaStreamBeginCapture(s, cudaStreamCaptureModeRelaxed));
+  cudaGraph_t graph = nullptr;
+  try {
+    enqueue();
+  } catch (...) {
+    cudaStreamEndCapture(s, &graph);  // leave the stream usable, then pass the error on
+    if (graph != nullptr) cudaGraphDestroy(graph);
+    throw;
+  }
+  TS_CUDA(cudaStreamEndCapture(s, &graph));
+  cudaGraphExec_t exec = nullptr;
+  TS_CUDA(cudaGraphInstantiate(&exec, graph, 0));
+  TS_CUDA(cudaGraphDestroy(graph));
+  return std::make_unique<CudaGraph>(exec, s);
+}
+
 int64_t CudaBackend::free_memory() const {
   TS_CUDA(cudaSetDevice(impl_->device));
   size_t free = 0, total = 0;

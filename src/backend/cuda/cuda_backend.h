@@ -55,6 +55,9 @@ class CudaBackend final : public Backend {
   void convert(const void* src, DType from, void* dst, DType to, int64_t n) override;
   // The group's passes as one launch each over all its tensors (multi-tensor kernels).
   std::unique_ptr<OptimizerGroup> optimizer_group(std::vector<OptimizerTensor> tensors) override;
+  // A CUDA graph of the work captured from the stream (relaxed mode: the kernels' own
+  // stream-ordered allocations are captured with them).
+  std::unique_ptr<Recording> record(const std::function<void()>& enqueue) override;
   // The stream run() enqueues on (callers' own kernels go after the nodes on it).
   cudaStream_t stream() const;
   // The device's name and compute capability, e.g. "NVIDIA H100 80GB HBM3 (sm_90)".
