@@ -1,9 +1,9 @@
-// GPT-2 124M training speed on one GPU through Tessera's CUDA trainer (runtime/cuda_trainer.h:
-// the training graph node by node on the CUDA backend, one device arena from the static
-// memory plan, gradient norm, clipping and AdamW on the device, the step replayed as a CUDA
-// graph unless --graph 0). Random tokens, --warmup steps
-// untimed, then the median of --steps timed steps; each step ends by reading the loss, so its
-// wall time is device time. bench/pytorch_gpt2.py --device cuda is the anchor
+// GPT-2 124M training speed on one GPU through Tessera's step runner on the CUDA backend (what
+// `tessera train --device cuda` runs: the training graph node by node, one device arena from
+// the static memory plan, the micro-step replayed as a CUDA graph unless --graph 0, gradient
+// norm, clipping and AdamW as multi-tensor device passes). Random tokens, --warmup steps
+// untimed, then the median of --steps timed steps; each step reads the loss and the gradient
+// norm, so its wall time is device time. bench/pytorch_gpt2.py --device cuda is the anchor
 // (scripts/gpu_check.sh runs both in one call and prints them together).
 //
 //   tessera_cuda_train_bench [--batch 8] [--seq 1024] [--steps 10] [--warmup 3]
@@ -17,21 +17,70 @@
 // Prints `tessera B=.. T=.. precision=.. vocab_rows=.. cuda_graph=.. s_per_step=.. tokens_per_s=..
 // mfu=..`: MFU is the graph's FLOPs per step (Graph::total_flops: matmuls, attention with its
 // causal half, the rest) over the step time and --peak-tflops (dense bf16 of an H100/H200 SXM by
-// default).
+// default). --profile 1 then runs one eager step with each node timed on the device (the
+// backend's WorkTimer: CUDA events) and prints the time per op and per node kind.
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
 #include <cstring>
 #include <exception>
+#include <map>
 #include <random>
 #include <string>
 #include <vector>
 
 #include "backend/cuda/cuda_backend.h"
 #include "models/model.h"
-#include "runtime/cuda_trainer.h"
+#include "runtime/feed.h"
+#include "runtime/step_runner.h"
 
 using namespace tessera;
+
+namespace {
+
+// The micro-step's device time per op and per node kind (op and operand types; a matmul's
+// transposes): the nodes that run one kernel.
+void print_profile(StepRunner& step, const std::vector<double>& seconds) {
+  const Graph& g = step.executor().graph();
+  const std::vector<Instruction>& list = step.program().micro_step;
+  std::map<std::string, std::pair<double, int64_t>> ops, kinds;
+  double total = 0;
+  for (size_t i = 0; i < list.size(); ++i) {
+    if (list[i].kind != Instruction::compute) continue;
+    const Node& n = g.node(list[i].node);
+    std::string kind = op_name(n.op);
+    if (n.op == OpKind::matmul)
+      kind += std::string(n.attrs.transpose_a ? " Ta" : "") + (n.attrs.transpose_b ? " Tb" : "");
+    for (ValueId v : n.inputs) kind += " " + g.type(v).to_string();
+    for (auto* table : {&ops, &kinds}) {
+      auto& [sec, count] = (*table)[table == &ops ? std::string(op_name(n.op)) : kind];
+      sec += seconds[i];
+      ++count;
+    }
+    total += seconds[i];
+  }
+  auto sorted = [](const std::map<std::string, std::pair<double, int64_t>>& t) {
+    std::vector<std::pair<std::string, std::pair<double, int64_t>>> v(t.begin(), t.end());
+    std::sort(v.begin(), v.end(),
+              [](const auto& a, const auto& b) { return a.second.first > b.second.first; });
+    return v;
+  };
+  std::printf("profile of one eager micro-step (device time between the nodes' events, %.2f ms):\n",
+              1e3 * total);
+  std::printf("%-26s %8s %10s %6s\n", "op", "nodes", "ms", "share");
+  for (const auto& [name, t] : sorted(ops))
+    std::printf("%-26s %8lld %10.2f %5.1f%%\n", name.c_str(), static_cast<long long>(t.second),
+                1e3 * t.first, 100.0 * t.first / std::max(total, 1e-30));
+  std::printf("largest node kinds (op, operand types):\n");
+  const auto k = sorted(kinds);
+  for (size_t i = 0; i < std::min<size_t>(k.size(), 16); ++i)
+    std::printf("  %8.2f ms %5lld x %8.1f us  %s\n", 1e3 * k[i].second.first,
+                static_cast<long long>(k[i].second.second),
+                1e6 * k[i].second.first / static_cast<double>(k[i].second.second),
+                k[i].first.c_str());
+}
+
+}  // namespace
 
 int main(int argc, char** argv) {
   int64_t batch = 8, seq = 1024;
@@ -101,23 +150,33 @@ int main(int argc, char** argv) {
   }
   ModelGraph m = build_model(c, batch, seq, ModelMode::train);
   CudaBackend gpu;
-  CudaTrainer t(m.graph, gpu, {.adamw = {.lr = 6e-4}, .max_grad_norm = 1.0, .cuda_graph = graph});
-  t.init_params(1);
+  const Plan plan = Plan::data_parallel(1);
+  MeshComms comms = MeshComms::single(plan).value();
+  auto made = StepRunner::create(m.graph, plan, gpu, comms, AdamWConfig{.lr = 6e-4});
+  if (!made.ok()) {
+    std::fprintf(stderr, "error: %s\n", made.status().to_string().c_str());
+    return 1;
+  }
+  StepRunner& step = **made;
+  step.set_record_steps(graph);
+  step.init_params(1);
   std::printf("device: %s; %zu nodes; arena %.2f GiB, persistent %.2f GiB\n",
               gpu.device_name().c_str(), m.graph.nodes().size(),
-              static_cast<double>(t.plan().arena_bytes) / (1 << 30),
-              static_cast<double>(t.persistent_bytes()) / (1 << 30));
+              static_cast<double>(step.executor().plan().arena_bytes) / (1 << 30),
+              static_cast<double>(step.state_bytes_allocated()) / (1 << 30));
   std::mt19937 rng(1);
   std::uniform_int_distribution<int32_t> id(0, static_cast<int32_t>(c.vocab_size) - 1);
   std::vector<int32_t> x(static_cast<size_t>(batch * seq)), y(x.size());
   std::vector<double> times;
   float loss = 0;
-  for (int s = 0; s < warmup + steps; ++s) {
+  auto train_step = [&] {
     for (size_t i = 0; i < x.size(); ++i) x[i] = id(rng), y[i] = id(rng);
+    loss = step.forward_backward(token_feed(x.data(), y.data())).value();
+    step.apply(6e-4, 1.0).value();
+  };
+  for (int s = 0; s < warmup + steps; ++s) {
     auto t0 = std::chrono::steady_clock::now();
-    t.set_input("tokens", x.data());
-    t.set_input("targets", y.data());
-    loss = t.step(6e-4);
+    train_step();
     const double dt = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
     if (s >= warmup) times.push_back(dt);
   }
@@ -130,11 +189,12 @@ int main(int argc, char** argv) {
       static_cast<long long>(batch), static_cast<long long>(seq), precision.c_str(),
       static_cast<long long>(vocab_rows), static_cast<int>(graph), steps, sec,
       static_cast<double>(batch * seq) / sec, flops / sec / (peak_tflops * 1e12), loss, flops);
-  if (profile) {  // one more step, enqueued node by node, each timed on the device
-    t.set_profiling(true);
-    t.step(6e-4);
-    std::printf("profile of one eager step (device time between the nodes' events):\n%s",
-                t.profile().c_str());
+  if (profile) {  // one more step, eager, each node timed on the device
+    std::vector<double> seconds;
+    step.time_instructions(&seconds);
+    train_step();
+    step.time_instructions(nullptr);
+    print_profile(step, seconds);
   }
   return 0;
 }

@@ -1,11 +1,12 @@
 #!/usr/bin/env bash
 # The GPU checks in one run, for a machine with an NVIDIA GPU (sm_80+) and CUDA PyTorch:
 # the CUDA backend's tests (label gpu), its GEMMs against PyTorch's, and GPT-2 124M training
-# speed (Tessera's CUDA trainer where built, `tessera train --device cuda` where the CLI is in
-# BIN_DIR, PyTorch eager and torch.compile, fp32 and bf16).
+# speed (Tessera's step runner on the CUDA backend: the bench and, where the CLI is in BIN_DIR,
+# `tessera train --device cuda`; PyTorch eager and torch.compile; fp32 and bf16).
 # Binaries come from a build with -DTESSERA_CUDA=ON; BIN_DIR holds them, side by side or where
 # the build puts them (default build/), and
-# LIBS, if set, a tar.xz of the shared libraries they need that the machine lacks (OpenBLAS).
+# LIBS, if set, tar.xz files (space-separated) of the shared libraries they need that the
+# machine lacks (OpenBLAS; OpenMPI and toml++ for the CLI).
 # Logs go to $OUT (default /tmp/gpu_check). SKIP names parts to leave out (a list of
 # tests, matmul, tessera, train, torch, unpadded), PRECISIONS the Tessera runs (default "fp32 bf16"),
 # VOCAB_ROWS the token-table rows of both trainers (default 50304).
@@ -23,7 +24,8 @@ bin() {  # a binary in BIN_DIR, or in the build tree's folder for it
 OUT=${OUT:-/tmp/gpu_check}
 mkdir -p "$OUT"
 if [[ -n "${LIBS:-}" ]]; then
-  mkdir -p /tmp/tessera_libs && tar -xJf "$LIBS" -C /tmp/tessera_libs
+  mkdir -p /tmp/tessera_libs
+  for l in $LIBS; do tar -xJf "$l" -C /tmp/tessera_libs; done
   export LD_LIBRARY_PATH=/tmp/tessera_libs:${LD_LIBRARY_PATH:-}
 fi
 if ! ldconfig -p | grep -q libcublasLt.so.13; then  # pip's nvidia-cublas, or the toolkit's
@@ -85,12 +87,13 @@ if ! skipped unpadded; then
   ! skipped torch && torch bf16 50257
 fi
 if [[ -x "$(bin tessera)" ]] && ! skipped train; then
-  # The general step runner on the GPU (the shipped corpus, tokenized on first use).
+  # `tessera train` on the GPU (the shipped corpus: data/corpus's shards, or tokenized on first use).
   printf '[model]\npreset = "gpt2-small"\npadded_vocab_size = %s\n' "$ROWS" >"$OUT/gpt2.toml"
   for p in ${PRECISIONS:-fp32 bf16}; do
     step "GPT-2 124M, tessera train --device cuda, $p, $ROWS rows (steps 3-8)"
     rm -rf "$OUT/train_$p"
-    timeout 180 "$(bin tessera)" train --device cuda --model "$OUT/gpt2.toml" --precision "$p" \
+    data=(); [[ -f data/corpus/train.bin ]] && data=(--data data/corpus)
+    timeout 180 "$(bin tessera)" train --device cuda --model "$OUT/gpt2.toml" --precision "$p" "${data[@]}" \
       --batch "$B" --seq "$T" --steps 8 --eval-every 0 --ckpt-every 0 --sample-tokens 0 \
       --log-every 1 --out "$OUT/train_$p" 2>&1 | tee -a "$OUT/train.log" | grep -E "^step [3-8]/|rror"
   done

@@ -1,5 +1,6 @@
 #include "backend/backend.h"
 
+#include <chrono>
 #include <utility>
 
 namespace tessera {
@@ -49,7 +50,25 @@ class EachTensor final : public OptimizerGroup {
   std::vector<OptimizerTensor> t_;
 };
 
+// Marks on the host clock.
+class HostClockTimer final : public WorkTimer {
+ public:
+  void mark() override { marks_.push_back(std::chrono::steady_clock::now()); }
+  std::vector<double> intervals() override {
+    std::vector<double> out;
+    for (size_t i = 1; i < marks_.size(); ++i)
+      out.push_back(std::chrono::duration<double>(marks_[i] - marks_[i - 1]).count());
+    marks_.clear();
+    return out;
+  }
+
+ private:
+  std::vector<std::chrono::steady_clock::time_point> marks_;
+};
+
 }  // namespace
+
+std::unique_ptr<WorkTimer> Backend::work_timer() { return std::make_unique<HostClockTimer>(); }
 
 std::unique_ptr<OptimizerGroup> Backend::optimizer_group(std::vector<OptimizerTensor> tensors) {
   return std::make_unique<EachTensor>(*this, std::move(tensors));

@@ -137,6 +137,18 @@ class Recording {
   virtual void replay() = 0;
 };
 
+// Time of a backend's work between marks: device time on a device (CUDA events in the
+// stream, idle gaps included), the host clock on a backend whose work is done when enqueued.
+class WorkTimer {
+ public:
+  virtual ~WorkTimer() = default;
+  // A mark after the work enqueued so far.
+  virtual void mark() = 0;
+  // Seconds between consecutive marks (one fewer than the marks; waits for the work), then
+  // forgets the marks.
+  virtual std::vector<double> intervals() = 0;
+};
+
 class Backend {
  public:
   virtual ~Backend() = default;
@@ -188,6 +200,9 @@ class Backend {
   // no waits, no host copies) for replay: the work is recorded, not done, and replay() does it
   // on the same pointers, whose buffers must outlive the recording. Null where the backend does
   // not record (then run the work itself again); the default.
+  // A timer of this backend's work; the default reads the host clock (work done when enqueued).
+  virtual std::unique_ptr<WorkTimer> work_timer();
+
   virtual std::unique_ptr<Recording> record(const std::function<void()>& enqueue) {
     (void)enqueue;
     return nullptr;

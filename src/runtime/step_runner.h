@@ -163,7 +163,8 @@ class StepRunner {
   bool writes_param(size_t i) const { return first_holder(i, prog_.part.params[i].params_sharded); }
   bool writes_optim(size_t i) const { return first_holder(i, prog_.part.params[i].optim_sharded); }
   // When set, forward_backward() records the seconds each compute instruction of the
-  // micro-step took, in place (indexed like program().micro_step; others stay 0).
+  // micro-step took, in place (indexed like program().micro_step; others stay 0): the
+  // backend's WorkTimer, device time on a device (the micro-step then runs eagerly).
   void time_instructions(std::vector<double>* seconds) { instruction_seconds_ = seconds; }
   // Bytes this rank allocated for parameters, accumulated gradients and AdamW moments (what
   // Program::persistent_bytes() predicts; counted from the buffers themselves).

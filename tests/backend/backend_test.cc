@@ -1,13 +1,16 @@
 // Backend memory (backend/backend.h): buffers are zero-filled, released once to their backend,
 // and the copies between host and backend memory move the bytes they name; the optimizer's
-// passes compute what host loops compute.
+// passes compute what host loops compute; the host work timer reads the clock.
 #include "backend/backend.h"
 
 #include <gtest/gtest.h>
 
+#include <chrono>
 #include <cstddef>
 #include <cstdint>
+#include <memory>
 #include <numeric>
+#include <thread>
 #include <utility>
 #include <vector>
 
@@ -93,6 +96,23 @@ TEST(HostStaging, ViewsHostMemoryInPlaceAndCopiesDeviceMemory) {
 TEST(CpuBackend, OptimizerPassesMatchHostLoops) {
   CpuBackend cpu;
   testing_passes::check_optimizer_passes(cpu, 1e-6);
+}
+
+// The host backend's work timer reads the host clock: one interval per pair of marks, each
+// at least the time slept between them, and the marks forgotten after.
+TEST(CpuBackend, WorkTimerMeasuresBetweenMarks) {
+  CpuBackend cpu;
+  std::unique_ptr<WorkTimer> t = cpu.work_timer();
+  t->mark();
+  std::this_thread::sleep_for(std::chrono::milliseconds(5));
+  t->mark();
+  t->mark();
+  const std::vector<double> s = t->intervals();
+  ASSERT_EQ(s.size(), 2u);
+  EXPECT_GE(s[0], 0.005);
+  EXPECT_GE(s[1], 0.0);
+  EXPECT_TRUE(t->intervals().empty());
+  EXPECT_EQ(cpu.record([] {}), nullptr) << "the CPU backend records nothing";
 }
 
 TEST(CpuBackend, OptimizerGroupIsTheSingleTensorPasses) {

@@ -22,6 +22,7 @@ struct Trace {
   std::vector<float> losses;
   std::vector<double> norms;
   float eval = 0;
+  int64_t arena = 0;
 };
 
 // gpt-tiny in `dtype` for 4 steps of `micro` micro-batches on `backend`, then one evaluation.
@@ -41,6 +42,7 @@ Trace train(Backend& backend, DType dtype, int micro, bool record = true) {
   step.set_record_steps(record);
   EXPECT_TRUE(step.add_evaluation(e.graph).ok());
   step.init_params(7);
+  t.arena = step.executor().plan().arena_bytes;
   std::vector<int32_t> x(kBatch * kSeq), y(kBatch * kSeq);
   for (int s = 0; s < 4; ++s) {
     float loss = 0;
@@ -77,6 +79,19 @@ TEST(StepRunnerOnCuda, FollowsTheCpuStepRunner) {
       EXPECT_NEAR(got.eval, want.eval, tol * want.eval);
     }
   }
+}
+
+// bf16 parameters, activations and gradients with f32 master weights on the device: the
+// losses follow f32's within bf16's rounding and the arena holds about half the bytes.
+TEST(StepRunnerOnCuda, Bf16FollowsF32InHalfTheArena) {
+  std::string why;
+  if (!cuda_device_present(&why)) GTEST_SKIP() << why;
+  CudaBackend gpu;
+  const Trace f32 = train(gpu, DType::f32, 1), bf16 = train(gpu, DType::bf16, 1);
+  ASSERT_EQ(bf16.losses.size(), f32.losses.size());
+  for (size_t s = 0; s < f32.losses.size(); ++s)
+    EXPECT_NEAR(bf16.losses[s], f32.losses[s], 0.02 * f32.losses[s]) << "step " << s;
+  EXPECT_LT(static_cast<double>(bf16.arena), 0.6 * static_cast<double>(f32.arena));
 }
 
 // From the second micro-step on, the runner replays a CUDA graph of it: the same losses,

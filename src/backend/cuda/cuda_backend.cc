@@ -316,7 +316,45 @@ class CudaGraph final : public Recording {
   cudaStream_t stream_;
 };
 
+// Events recorded on the stream, created as marks need them and reused.
+class EventTimer final : public WorkTimer {
+ public:
+  EventTimer(CudaBackend& b) : b_(b) {}
+  ~EventTimer() override {
+    for (cudaEvent_t e : events_) cudaEventDestroy(e);
+  }
+  void mark() override {
+    if (used_ == events_.size()) {
+      cudaEvent_t e = nullptr;
+      TS_CUDA(cudaEventCreate(&e));
+      events_.push_back(e);
+    }
+    TS_CUDA(cudaEventRecord(events_[used_++], b_.stream()));
+  }
+  std::vector<double> intervals() override {
+    b_.synchronize();
+    std::vector<double> out;
+    for (size_t i = 1; i < used_; ++i) {
+      float ms = 0;
+      TS_CUDA(cudaEventElapsedTime(&ms, events_[i - 1], events_[i]));
+      out.push_back(1e-3 * ms);
+    }
+    used_ = 0;
+    return out;
+  }
+
+ private:
+  CudaBackend& b_;
+  std::vector<cudaEvent_t> events_;
+  size_t used_ = 0;
+};
+
 }  // namespace
+
+std::unique_ptr<WorkTimer> CudaBackend::work_timer() {
+  TS_CUDA(cudaSetDevice(impl_->device));
+  return std::make_unique<EventTimer>(*this);
+}
 
 std::unique_ptr<Recording> CudaBackend::record(const std::function<void()>& enqueue) {
   TS_CUDA(cudaSetDevice(impl_->device));

@@ -58,6 +58,8 @@ class CudaBackend final : public Backend {
   // A CUDA graph of the work captured from the stream (relaxed mode: the kernels' own
   // stream-ordered allocations are captured with them).
   std::unique_ptr<Recording> record(const std::function<void()>& enqueue) override;
+  // CUDA events recorded on the stream.
+  std::unique_ptr<WorkTimer> work_timer() override;
   // The stream run() enqueues on (callers' own kernels go after the nodes on it).
   cudaStream_t stream() const;
   // The device's name and compute capability, e.g. "NVIDIA H100 80GB HBM3 (sm_90)".

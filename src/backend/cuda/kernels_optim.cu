@@ -83,17 +83,6 @@ __global__ void tensor_sums_kernel(const double* parts, const int64_t* first_chu
   if (threadIdx.x == 0) totals[blockIdx.x] = total;
 }
 
-__global__ void clip_kernel(const double* parts, int64_t count, double max_norm, float* coef,
-                            double* norm) {
-  const double total = ordered_sum(parts, count);
-  if (threadIdx.x == 0) {
-    const double r = sqrt(total);
-    *norm = r;
-    const double c = max_norm / (r + 1e-6);
-    *coef = max_norm > 0 && c < 1.0 ? static_cast<float>(c) : 1.0f;
-  }
-}
-
 __global__ void adamw_kernel(OptimTensors l, const AdamWStep* step, const float* coef) {
   const Chunk c = chunk_of(l);
   const OptimTensor& t = *c.t;
@@ -113,15 +102,12 @@ __global__ void adamw_kernel(OptimTensors l, const AdamWStep* step, const float*
   }
 }
 
-}  // namespace
-
 int64_t chunks_of(const std::vector<OptimTensor>& tensors) {
   int64_t chunks = 0;
   for (const OptimTensor& t : tensors) chunks += (t.n + kChunk - 1) / kChunk;
   return chunks;
 }
 
-namespace {
 // Where describe() puts the descriptors, the chunk -> tensor table and the chunk -> first
 // element table (each 16-byte aligned), and their bytes.
 struct Described {
@@ -209,12 +195,6 @@ OptimTensors describe(const std::vector<OptimTensor>& tensors, void* device) {
 void sum_squares(const OptimTensors& list, double* parts, cudaStream_t stream) {
   if (list.chunks == 0) return;
   sum_squares_kernel<<<static_cast<unsigned>(list.chunks), kThreads, 0, stream>>>(list, parts);
-  TS_CUDA_LAUNCH();
-}
-
-void clip_coefficient(const double* parts, int64_t count, double max_norm, float* coef,
-                      double* norm, cudaStream_t stream) {
-  clip_kernel<<<1, kThreads, 0, stream>>>(parts, count, max_norm, coef, norm);
   TS_CUDA_LAUNCH();
 }
 

@@ -1,14 +1,13 @@
 // The optimizer's device passes (kernels_optim.cu), each one launch over all parameters (a
-// multi-tensor pass: the tensors are cut into chunks of kChunk elements, one block each):
-// the global gradient norm in a fixed order of additions (the same on every run), the
-// clipping coefficient computed on the device (no host round trip inside a step), and a fused
-// AdamW over f32 master weights that reads the gradient and writes the working copy in their
-// own dtypes (f32, bf16, f16).
+// multi-tensor pass: the tensors are cut into chunks of kChunk elements, one block each): each
+// tensor's gradient sum of squares in a fixed order of additions (the same on every run), and
+// a fused AdamW over f32 master weights that reads the gradient and writes the working copy in
+// their own dtypes (f32, bf16, f16). CudaBackend::optimizer_group runs them:
 //
 //   cuda::OptimTensors list = cuda::describe(tensors, device_block);  // once
 //   cuda::sum_squares(list, parts, stream);                            // parts[list.chunks]
-//   cuda::clip_coefficient(parts, list.chunks, 1.0, coef, norm, stream);
-//   cuda::adamw(list, step_values, coef, stream);
+//   cuda::tensor_sums(parts, first_chunk, tensors.size(), totals, stream);
+//   cuda::adamw(list, step_values, coef, stream);                      // values in device memory
 #pragma once
 
 #include <cuda_runtime.h>
@@ -44,8 +43,6 @@ struct OptimTensors {
   int64_t chunks = 0;
 };
 
-// Chunks (blocks of the passes) of these tensors: sum_squares writes one partial sum each.
-int64_t chunks_of(const std::vector<OptimTensor>& tensors);
 // Device bytes describe() needs for these tensors.
 int64_t describe_bytes(const std::vector<OptimTensor>& tensors);
 // Copies the descriptors and chunk table into `device` (describe_bytes() of device memory,
@@ -60,11 +57,6 @@ void sum_squares(const OptimTensors& list, double* parts, cudaStream_t stream);
 // are added in the order the single-tensor sum_squares adds them, so totals[k] equals it.
 void tensor_sums(const double* parts, const int64_t* first_chunk, int64_t count, double* totals,
                  cudaStream_t stream);
-
-// Adds `count` partial sums in order: *norm = sqrt(sum), *coef = min(1, max_norm / (norm +
-// 1e-6)) (torch's clip_grad_norm_); max_norm <= 0 leaves *coef = 1.
-void clip_coefficient(const double* parts, int64_t count, double max_norm, float* coef,
-                      double* norm, cudaStream_t stream);
 
 // One AdamW step (AdamWUpdate's arithmetic, backend/backend.h) with g = grad * *coef over every
 // tensor: m, v and master updated in place, and param = master in param_dt (skipped when param is
