@@ -63,41 +63,47 @@ Result<double> mean(Communicator& world, double x, const std::string& what) {
   return sum / world.size();
 }
 
-// Seconds of one run of a graph holding a single op after its inputs (all ranks at once).
-Result<double> one_op_seconds(Communicator& world, Graph& g, int reps) {
-  CpuBackend cpu;
-  Executor ex(g, cpu);
-  ex.init_params(1);
+// Seconds of one run of a graph holding a single op after its inputs (all ranks at once), on
+// `b` (a device's: until the work is done). The inputs hold small numbers (bytes 0x3C: about
+// 0.0115 in f32 and bf16); the values do not change the speed.
+Result<double> one_op_seconds(Communicator& world, Graph& g, int reps, Backend& b) {
+  Executor ex(g, b);
   for (ValueId in : g.inputs()) {
-    std::vector<float> x(static_cast<size_t>(g.type(in).shape.numel()), 0.5f);
+    std::vector<uint8_t> x(static_cast<size_t>(g.type(in).bytes()), 0x3C);
     ex.set_input(g.name_of(in), x.data());
   }
-  ex.run();  // warm-up: page faults, thread start
+  ex.run();  // warm-up: page faults, thread start, library handles
+  b.synchronize();
   return timed(world, reps, [&] {
     ex.run();
+    b.synchronize();
     return Status();
   });
 }
 
-// The backend's GEMM throughput on a large square product, in FLOP/s.
-Result<double> gemm_peak(Communicator& world, int reps) {
-  const int64_t n = 1024;
+bool on_device(const Backend& b) { return b.memory() == MemSpace::device; }
+
+// The backend's GEMM throughput on a large square product in `dtype`, in FLOP/s; with
+// `unaligned`, on the same product with one more output column (a row of n + 1 elements, off
+// the 16-byte alignment tensor-core kernels load).
+Result<double> gemm_peak(Communicator& world, int reps, Backend& be, DType dtype,
+                         bool unaligned = false) {
+  const int64_t n = on_device(be) ? 4096 : 1024, cols = unaligned ? n + 1 : n;
   Graph g;
   Builder b(&g);
-  Var x = b.input("x", Shape{n, n});
-  Var w = b.parameter("w", Shape{n, n}, Init::normal, 0.02);
-  b.matmul(x, w);
-  TS_ASSIGN_OR_RETURN(double s, one_op_seconds(world, g, reps));
-  return 2.0 * n * n * n / s;
+  b.matmul(b.input("x", Shape{n, n}, dtype), b.input("w", Shape{n, cols}, dtype));
+  TS_ASSIGN_OR_RETURN(double s, one_op_seconds(world, g, reps, be));
+  return 2.0 * static_cast<double>(n * n * cols) / s;
 }
 
-// The backend's streaming bandwidth (read + write of 32 MiB), in bytes/s.
-Result<double> stream_bandwidth(Communicator& world, int reps) {
-  const int64_t n = 8 << 20;
+// The backend's streaming bandwidth (read + write of 32 MiB; 1 GiB on a device, beyond its
+// caches), in bytes/s.
+Result<double> stream_bandwidth(Communicator& world, int reps, Backend& be) {
+  const int64_t n = on_device(be) ? int64_t{256} << 20 : int64_t{8} << 20;
   Graph g;
   Builder b(&g);
   b.scale(b.input("x", Shape{n}), 0.5);
-  TS_ASSIGN_OR_RETURN(double s, one_op_seconds(world, g, reps));
+  TS_ASSIGN_OR_RETURN(double s, one_op_seconds(world, g, reps, be));
   return 2.0 * 4.0 * static_cast<double>(n) / s;
 }
 
@@ -139,28 +145,33 @@ Status fit_collectives(Communicator& world, int reps, ClusterSpec* spec,
 struct RealStep {
   ModelGraph model;
   MeshComms comms;
-  CpuBackend cpu;
+  Backend* backend = nullptr;
   std::unique_ptr<StepRunner> step;
   std::vector<int32_t> tokens, targets;
 
   Status run() {
     TS_RETURN_IF_ERROR(step->forward_backward(token_feed(tokens.data(), targets.data())).status());
-    return step->apply(1e-4, 1.0).status();
+    TS_RETURN_IF_ERROR(step->apply(1e-4, 1.0).status());
+    backend->synchronize();  // a device's optimizer passes are done
+    return Status();
   }
 };
 
-Result<std::unique_ptr<RealStep>> real_step(Communicator& world, const ModelConfig& cfg,
-                                            int64_t batch, int64_t seq, int zero) {
+Result<std::unique_ptr<RealStep>> real_step(Communicator& world, ModelConfig cfg, int64_t batch,
+                                            int64_t seq, int zero, Backend& backend,
+                                            DType precision) {
   const int ranks = world.size();
   if (batch % ranks != 0)
     return error("calibrate: batch " + std::to_string(batch) + " does not split over " +
                  std::to_string(ranks) + " ranks");
   if (seq > cfg.max_seq_len) return error("calibrate: --seq exceeds the model's max_seq_len");
   auto r = std::make_unique<RealStep>();
+  cfg.dtype = precision;
   r->model = build_model(cfg, batch, seq, ModelMode::train);
+  r->backend = &backend;
   Plan plan = Plan::data_parallel(ranks, zero);
   TS_ASSIGN_OR_RETURN(r->comms, MeshComms::create(world, plan));
-  TS_ASSIGN_OR_RETURN(r->step, StepRunner::create(r->model.graph, plan, r->cpu, r->comms, {}));
+  TS_ASSIGN_OR_RETURN(r->step, StepRunner::create(r->model.graph, plan, backend, r->comms, {}));
   r->step->init_params(1);
   r->tokens.resize(static_cast<size_t>(batch / ranks * seq));
   r->targets.resize(r->tokens.size());
@@ -193,39 +204,64 @@ Result<Calibration> calibrate(Communicator& world, const CalibrationOptions& o) 
   if (o.zero < 0 || o.zero > 3 || o.check_zero < -1 || o.check_zero > 3)
     return error("--zero and --check-zero take a ZeRO stage 0-3, got " + std::to_string(o.zero) +
                  " and " + std::to_string(o.check_zero));
+  if (o.precision == DType::i32) return error("calibrate: precision must be f32, bf16 or f16");
+  CpuBackend host_backend;
+  Backend& be = o.backend ? *o.backend : host_backend;
+  const bool device = on_device(be), low = is_low_precision(o.precision);
   Calibration c;
   ClusterSpec& spec = c.spec;
   const int ranks = world.size();
+  if (device && ranks > 1)
+    return error("calibrate measures one device in one process (no device collectives yet)");
   const int threads = cpu::num_threads();  // the backend's (TESSERA_NUM_THREADS, ...)
   char host[256] = "this machine";
   gethostname(host, sizeof host - 1);
-  spec.name = "cpu-local";
+  spec.name = device ? "device-local" : "cpu-local";
   spec.description =
-      format_string("calibrated by `tessera calibrate` on %s: %d rank(s) x %d thread(s), model %s",
-                    host, ranks, threads, o.model.c_str());
-  spec.device.name = format_string("CPU rank (%d threads)", threads);
+      format_string("calibrated by `tessera calibrate` on %s: %s, model %s in %s", host,
+                    device ? o.device_name.c_str()
+                           : format_string("%d rank(s) x %d thread(s)", ranks, threads).c_str(),
+                    o.model.c_str(), dtype_name(o.precision));
+  spec.device.name = device ? o.device_name : format_string("CPU rank (%d threads)", threads);
   // The ranks of this machine are one node (its links are fitted in step 3).
   spec.node.devices = ranks;
   spec.network.nics = 0;
 
   // 1. Peak and bandwidth of the backend, all ranks at once.
-  TS_ASSIGN_OR_RETURN(double peak, gemm_peak(world, o.reps));
+  TS_ASSIGN_OR_RETURN(double peak, gemm_peak(world, o.reps, be, DType::f32));
   TS_ASSIGN_OR_RETURN(peak, mean(world, peak, "calibrate peak"));
-  TS_ASSIGN_OR_RETURN(double bw, stream_bandwidth(world, o.reps));
+  double peak_low = 0, unaligned = 1;
+  if (low) {
+    TS_ASSIGN_OR_RETURN(peak_low, gemm_peak(world, o.reps, be, o.precision));
+    TS_ASSIGN_OR_RETURN(peak_low, mean(world, peak_low, "calibrate low-precision peak"));
+    TS_ASSIGN_OR_RETURN(unaligned, gemm_peak(world, o.reps, be, o.precision, true));
+    TS_ASSIGN_OR_RETURN(unaligned, mean(world, unaligned / peak_low, "calibrate unaligned"));
+    spec.device.unaligned_gemm_efficiency = std::clamp(unaligned, 1e-3, 1.0);
+  }
+  TS_ASSIGN_OR_RETURN(double bw, stream_bandwidth(world, o.reps, be));
   TS_ASSIGN_OR_RETURN(bw, mean(world, bw, "calibrate bandwidth"));
   spec.device.peak_flops_f32 = peak;
+  spec.device.peak_flops_bf16 = spec.device.peak_flops_f16 = peak_low;  // 0: the f32 peak
   spec.device.memory_bandwidth = bw;
-  spec.device.memory_bytes = static_cast<double>(sysconf(_SC_PHYS_PAGES)) *
-                             static_cast<double>(sysconf(_SC_PAGE_SIZE)) / ranks;
+  spec.device.memory_bytes = device ? static_cast<double>(be.free_memory())
+                                    : static_cast<double>(sysconf(_SC_PHYS_PAGES)) *
+                                          static_cast<double>(sysconf(_SC_PAGE_SIZE)) / ranks;
   spec.device.sm_count = 0;
   spec.device.gemm_tile_m = spec.device.gemm_tile_n = 1;
-  c.notes.push_back(format_string("GEMM 1024^3: %.1f GFLOP/s per rank; streaming: %s/s per rank",
-                                  peak / 1e9, format_bytes(bw).c_str()));
+  c.notes.push_back(
+      format_string("GEMM %s: %.1f GFLOP/s f32%s per rank; streaming: %s/s per rank",
+                    device ? "4096^3" : "1024^3", peak / 1e9,
+                    low ? format_string(", %.1f %s (%.2f of it with an unaligned row)",
+                                        peak_low / 1e9, dtype_name(o.precision), unaligned)
+                              .c_str()
+                        : "",
+                    format_bytes(bw).c_str()));
 
   // 2. Every compute instruction of the real Program, timed one by one.
   TS_ASSIGN_OR_RETURN(ModelConfig cfg, load_model_config(o.model));
   const int64_t batch = o.batch > 0 ? o.batch : 4 * ranks;
-  TS_ASSIGN_OR_RETURN(std::unique_ptr<RealStep> real, real_step(world, cfg, batch, o.seq, o.zero));
+  TS_ASSIGN_OR_RETURN(std::unique_ptr<RealStep> real,
+                      real_step(world, cfg, batch, o.seq, o.zero, be, o.precision));
   StepRunner* step = real->step.get();
 
   const Program& prog = step->program();
@@ -243,8 +279,10 @@ Result<Calibration> calibrate(Communicator& world, const CalibrationOptions& o) 
     TS_RETURN_IF_ERROR(
         step->forward_backward(token_feed(real->tokens.data(), real->targets.data())).status());
     for (size_t j = 0; j < compute.size(); ++j) t[j].push_back(seconds[compute[j]]);
+    be.synchronize();
     double t0 = now();
     TS_RETURN_IF_ERROR(step->apply(1e-4, 1.0).status());
+    be.synchronize();
     apply_seconds.push_back(now() - t0);
   }
   step->time_instructions(nullptr);
@@ -268,7 +306,7 @@ Result<Calibration> calibrate(Communicator& world, const CalibrationOptions& o) 
     std::vector<double> roof(compute.size()), tiny;
     for (size_t j = 0; j < compute.size(); ++j) {
       roof[j] =
-          op_time(g, g.node(prog.micro_step[compute[j]].node), ideal, costed, DType::f32).seconds;
+          op_time(g, g.node(prog.micro_step[compute[j]].node), ideal, costed, o.precision).seconds;
       if (roof[j] < 2e-7) tiny.push_back(meas[j]);
     }
     if (pass == 0) {
@@ -293,7 +331,8 @@ Result<Calibration> calibrate(Communicator& world, const CalibrationOptions& o) 
       if (op_from_name(name, &k) && is_compute_kind(k)) over_compute = std::max(over_compute, e);
     }
     if (over_compute <= 1.0001) break;
-    spec.device.peak_flops_f32 *= over_compute;
+    (low ? spec.device.peak_flops_bf16 : spec.device.peak_flops_f32) *= over_compute;
+    spec.device.peak_flops_f16 = spec.device.peak_flops_bf16;
   }
   for (auto& [name, e] : spec.op_efficiency) e = std::clamp(e, 1e-4, 100.0);
   spec.device.launch_overhead = launch;
@@ -312,13 +351,14 @@ Result<Calibration> calibrate(Communicator& world, const CalibrationOptions& o) 
                     prog.plan.describe().c_str(), o.reps, 1e6 * launch, spec.device.gemm_efficiency,
                     spec.device.memory_efficiency));
 
+  const SimOptions sim{.precision = o.precision};
   // The optimizer (AdamW over this rank's blocks, the gradient norm): its measured time
   // against the simulator's at efficiency 1.
   {
     TS_ASSIGN_OR_RETURN(double apply_s, mean(world, median(apply_seconds), "calibrate apply"));
     ClusterSpec probe = spec;
     probe.device.optimizer_efficiency = 1.0;
-    TS_ASSIGN_OR_RETURN(SimResult pr, simulate(prog, probe, SimOptions{}));
+    TS_ASSIGN_OR_RETURN(SimResult pr, simulate(prog, probe, sim));
     spec.device.optimizer_efficiency = std::clamp(pr.optimizer_seconds / apply_s, 1e-3, 1.0);
     c.notes.push_back(format_string("optimizer step %.2f ms: %.2f of the streaming bandwidth",
                                     1e3 * apply_s, spec.device.optimizer_efficiency));
@@ -332,7 +372,7 @@ Result<Calibration> calibrate(Communicator& world, const CalibrationOptions& o) 
     TS_ASSIGN_OR_RETURN(double step_s, timed(world, o.reps, [&] { return real->run(); }));
     TS_ASSIGN_OR_RETURN(step_s, mean(world, step_s, "calibrate overlap"));
     spec.node.comm_overlap = 1.0;
-    TS_ASSIGN_OR_RETURN(SimResult free_overlap, simulate(prog, spec, SimOptions{}));
+    TS_ASSIGN_OR_RETURN(SimResult free_overlap, simulate(prog, spec, sim));
     double gap = step_s - free_overlap.step_seconds;
     spec.node.comm_overlap = free_overlap.comm_seconds > 0
                                  ? std::clamp(1 - gap / free_overlap.comm_seconds, 0.0, 1.0)
@@ -350,7 +390,7 @@ Result<Calibration> calibrate(Communicator& world, const CalibrationOptions& o) 
     const int zero = o.check_zero >= 0 ? o.check_zero : o.zero;
     const int64_t check_batch = o.check_batch > 0 ? o.check_batch : batch;
     real.reset();
-    TS_ASSIGN_OR_RETURN(real, real_step(world, cfg, check_batch, o.seq, zero));
+    TS_ASSIGN_OR_RETURN(real, real_step(world, cfg, check_batch, o.seq, zero, be, o.precision));
     real->step->executor().paint_arena();
     std::vector<double> optimizer, steps;
     TS_ASSIGN_OR_RETURN(
@@ -359,8 +399,10 @@ Result<Calibration> calibrate(Communicator& world, const CalibrationOptions& o) 
           TS_RETURN_IF_ERROR(
               real->step->forward_backward(token_feed(real->tokens.data(), real->targets.data()))
                   .status());
+          be.synchronize();
           double t0 = now();
           TS_RETURN_IF_ERROR(real->step->apply(1e-4, 1.0).status());
+          be.synchronize();
           optimizer.push_back(now() - t0);
           steps.push_back(now() - s0);
           return Status();
@@ -372,7 +414,7 @@ Result<Calibration> calibrate(Communicator& world, const CalibrationOptions& o) 
         world.all_reduce_scalar((*slowest - *fastest) / median(steps), true, "calibrate noise"));
     TS_ASSIGN_OR_RETURN(c.measured_optimizer,
                         mean(world, median(optimizer), "calibrate optimizer"));
-    TS_ASSIGN_OR_RETURN(SimResult r, simulate(real->step->program(), spec, SimOptions{}));
+    TS_ASSIGN_OR_RETURN(SimResult r, simulate(real->step->program(), spec, sim));
     c.predicted_step = r.step_seconds;
     c.predicted_optimizer = r.optimizer_seconds;
     c.predicted_peak_memory = r.peak_memory_bytes;

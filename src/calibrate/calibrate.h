@@ -1,9 +1,11 @@
-// Calibration of the cost model against the real CPU runtime (DESIGN.md: the simulator times the
-// Program the runtime executes, so the two can be compared). Every rank of the job measures at
-// once — as in a real run, the ranks share cores and memory bandwidth:
+// Calibration of the cost model against the real runtime (DESIGN.md: the simulator times the
+// Program the runtime executes, so the two can be compared): the CPU ranks of this machine, or
+// one GPU (CalibrationOptions::backend). Every rank of the job measures at once — as in a real
+// run, the ranks share cores and memory bandwidth:
 //
-//   1. the backend's GEMM throughput (a 1024^3 matmul node) and streaming bandwidth (a 32 MiB
-//      scale node): the device's peak_flops_f32 and memory_bandwidth;
+//   1. the backend's GEMM throughput (a 1024^3 matmul node; 4096^3 on a device, also in the
+//      run's low precision) and streaming bandwidth (a 32 MiB scale node; 1 GiB on a device):
+//      the device's peak FLOP/s and memory_bandwidth;
 //   2. every compute instruction of the Program of `model` under the requested plan, timed one
 //      by one after warm-up steps: per op kind, efficiency = roofline time / measured time
 //      (written to [efficiency]), and the launch overhead from the tiniest ops;
@@ -20,12 +22,18 @@
 #include <string>
 #include <vector>
 
+#include "backend/backend.h"
 #include "comm/communicator.h"
 #include "cost/cluster_spec.h"
 
 namespace tessera {
 
 struct CalibrationOptions {
+  // What is measured: the CPU backend of each rank (null), or a device's backend for one rank
+  // (its name in words for the spec), at this precision (ModelConfig::dtype of the model).
+  Backend* backend = nullptr;
+  std::string device_name;
+  DType precision = DType::f32;
   std::string model = "gpt-mini";  // preset or config.toml measured (and checked)
   int64_t batch = 0;               // global micro-batch (0: 4 per rank)
   int64_t seq = 128;

@@ -1,7 +1,8 @@
 // `tessera calibrate`: measures this machine's ranks — backend GEMM and bandwidth, every op of a
 // real training step, MPI collectives — and writes a ClusterSpec TOML that `tessera simulate
-// --cluster FILE` uses. Run it with as many ranks as the runs it should predict:
+// --cluster FILE` uses. Run it with as many ranks as the runs it should predict, or on one GPU:
 //   tessera launch -n 2 -- calibrate --out cpu-local.toml --check 5
+//   tessera calibrate --device cuda --precision bf16 --batch 8 --seq 1024 --out gpu.toml
 #include <cstdio>
 #include <filesystem>
 
@@ -10,6 +11,7 @@
 #include "cli/commands.h"
 #include "cli/common.h"
 #include "comm/local_comm.h"
+#include "comm/mpi_comm.h"
 #include "io/fs.h"
 
 namespace tessera {
@@ -19,6 +21,8 @@ namespace {
 struct CalibrateCli {
   CalibrationOptions opts;
   std::string out = "cpu-local.toml";
+  std::string device = "cpu";
+  std::string precision = "fp32";
 };
 
 Status run_calibrate(const CalibrateCli& o) {
@@ -32,18 +36,33 @@ Status run_calibrate(const CalibrateCli& o) {
   if (!std::filesystem::is_directory(parent, ec))
     return error("--out '" + o.out + "': directory '" + parent.string() + "' does not exist",
                  "create it first, or write the spec elsewhere");
+  CalibrationOptions opts = o.opts;
+  if (o.precision == "fp32")
+    opts.precision = DType::f32;
+  else if (o.precision == "bf16")
+    opts.precision = DType::bf16;
+  else if (o.precision == "fp16")
+    opts.precision = DType::f16;
+  else
+    return error("--precision must be fp32, bf16 or fp16, got '" + o.precision + "'");
+  TS_RETURN_IF_ERROR(check_device(o.device, launched_by_mpirun()));
   TS_ASSIGN_OR_RETURN(std::unique_ptr<Communicator> world, join_mpi_job());
   std::vector<std::unique_ptr<Communicator>> local;
   if (!world) local = make_local_comms(1);
   Communicator& w = world ? *world : *local[0];
-  TS_ASSIGN_OR_RETURN(Calibration c, calibrate(w, o.opts));
+  TS_ASSIGN_OR_RETURN(std::unique_ptr<Backend> device, open_device(o.device, w.size() > 1));
+  if (device) {
+    opts.backend = device.get();
+    opts.device_name = device_description(*device);
+  }
+  TS_ASSIGN_OR_RETURN(Calibration c, calibrate(w, opts));
   if (w.rank() != 0) return Status();
   for (const std::string& n : c.notes) std::printf("measured   %s\n", n.c_str());
   std::string toml = "# " + c.spec.description + "\n" + cluster_spec_to_toml(c.spec);
   TS_RETURN_IF_ERROR(write_file_atomic(o.out, toml));
-  std::printf(
-      "wrote      %s (use: tessera simulate MODEL --cluster %s --gpus %d --precision f32)\n",
-      o.out.c_str(), o.out.c_str(), w.size());
+  std::printf("wrote      %s (use: tessera simulate MODEL --cluster %s --gpus %d --precision %s)\n",
+              o.out.c_str(), o.out.c_str(), w.size(),
+              opts.precision == DType::f32 ? "f32" : dtype_name(opts.precision));
   if (o.opts.check_steps > 0) {
     std::printf(
         "check      step time: predicted %.4f s, measured %.4f s (median of %d), error "
@@ -68,6 +87,13 @@ void add_calibrate_command(CLI::App& app) {
   CLI::App* cmd = app.add_subcommand(
       "calibrate", "Measure this machine's ranks and write a cluster spec for the simulator");
   cmd->add_option("--out", o->out, "Cluster spec TOML to write")->capture_default_str();
+  cmd->add_option("--device", o->device,
+                  "cpu (each rank of the job), or cuda: GPU 0 in one process")
+      ->capture_default_str();
+  cmd->add_option("--precision", o->precision,
+                  "fp32, bf16 or fp16: the dtype the model is stored and measured in (a low "
+                  "precision also measures its GEMM peak)")
+      ->capture_default_str();
   cmd->add_option("--model", o->opts.model, "Model whose ops are measured")->capture_default_str();
   cmd->add_option("--batch", o->opts.batch, "Global micro-batch (default: 4 per rank)");
   cmd->add_option("--seq", o->opts.seq, "Sequence length")->capture_default_str();

@@ -3,6 +3,9 @@
 #include <cstdio>
 
 #include "base/check.h"
+#if TESSERA_HAVE_CUDA
+#include "backend/cuda/cuda_backend.h"
+#endif
 #include "cli/commands.h"
 #include "comm/mpi_comm.h"
 
@@ -27,6 +30,45 @@ Result<std::unique_ptr<Communicator>> join_mpi_job() {
   install_termination_reporter();
   set_process_rank(world->rank());
   return world;
+}
+
+Status check_device(const std::string& device, bool distributed) {
+  if (device == "cpu") return Status();
+  if (device != "cuda")
+    return error("--device '" + device + "' is not a device", "use --device cpu or --device cuda");
+#if TESSERA_HAVE_CUDA
+  if (distributed)
+    return error("--device cuda trains on one GPU in one process",
+                 "drop --dp/--tp/--pp and `launch`: collectives over device memory need NCCL, "
+                 "which the runtime does not use yet; several ranks train on CPUs");
+  std::string why;
+  if (!cuda_device_present(&why))
+    return error("--device cuda: " + why,
+                 "run on a machine with an NVIDIA GPU (sm_80 or newer), or use --device cpu");
+  return Status();
+#else
+  (void)distributed;
+  return error("--device cuda: this tessera was built without the CUDA backend",
+               "build where the CUDA toolkit is installed (scripts/build.sh builds it when "
+               "/usr/local/cuda/bin/nvcc exists), or use --device cpu");
+#endif
+}
+
+Result<std::unique_ptr<Backend>> open_device(const std::string& device, bool distributed) {
+  TS_RETURN_IF_ERROR(check_device(device, distributed));
+  if (device == "cpu") return std::unique_ptr<Backend>();
+#if TESSERA_HAVE_CUDA
+  return std::unique_ptr<Backend>(std::make_unique<CudaBackend>(0));
+#else
+  return error("unreachable: --device " + device);
+#endif
+}
+
+std::string device_description(const Backend& b) {
+#if TESSERA_HAVE_CUDA
+  if (const auto* gpu = dynamic_cast<const CudaBackend*>(&b)) return gpu->device_name();
+#endif
+  return b.name();
 }
 
 }  // namespace tessera

@@ -5,9 +5,6 @@
 #include <cstdlib>
 
 #include "base/check.h"
-#if TESSERA_HAVE_CUDA
-#include "backend/cuda/cuda_backend.h"
-#endif
 #include "base/format.h"
 #include "cli/commands.h"
 #include "cli/common.h"
@@ -103,42 +100,6 @@ Result<Plan> auto_plan(TrainOptions* o, const ModelConfig& cfg, int ranks, bool 
                  best.describe().c_str(), (long long)o->batch, (long long)o->grad_accum);
   }
   return best.plan;
-}
-
-// --device against this build, this machine and the run: a name that is not a device, cuda
-// without the CUDA backend or a device, or cuda for several ranks is an error.
-Status check_device(const std::string& device, bool distributed) {
-  if (device == "cpu") return Status();
-  if (device != "cuda")
-    return error("--device '" + device + "' is not a device", "use --device cpu or --device cuda");
-#if TESSERA_HAVE_CUDA
-  if (distributed)
-    return error("--device cuda trains on one GPU in one process",
-                 "drop --dp/--tp/--pp and `launch`: collectives over device memory need NCCL, "
-                 "which the runtime does not use yet; several ranks train on CPUs");
-  std::string why;
-  if (!cuda_device_present(&why))
-    return error("--device cuda: " + why,
-                 "run on a machine with an NVIDIA GPU (sm_80 or newer), or use --device cpu");
-  return Status();
-#else
-  (void)distributed;
-  return error("--device cuda: this tessera was built without the CUDA backend",
-               "build where the CUDA toolkit is installed (scripts/build.sh builds it when "
-               "/usr/local/cuda/bin/nvcc exists), or use --device cpu");
-#endif
-}
-
-// The backend --device names: null for cpu (the trainer's own CPU backend), the CUDA backend
-// on GPU 0 for cuda.
-Result<std::unique_ptr<Backend>> open_device(const std::string& device, bool distributed) {
-  TS_RETURN_IF_ERROR(check_device(device, distributed));
-  if (device == "cpu") return std::unique_ptr<Backend>();
-#if TESSERA_HAVE_CUDA
-  return std::unique_ptr<Backend>(std::make_unique<CudaBackend>(0));
-#else
-  return error("unreachable: --device " + device);
-#endif
 }
 
 }  // namespace

@@ -49,7 +49,13 @@ OpTime op_time(const Graph& g, const Node& n, const DeviceSpec& dev,
   if (n.op == OpKind::reshape && !op_efficiency.count("reshape")) return t;
 
   t.flops = op_flops(n.op, n.attrs, in, out);
-  t.bytes = bytes_at(op_bytes(n.op, n.attrs, in, out), compute);
+  // An f32 Program's tensors move at the compute dtype; a graph already stored in bf16/f16
+  // (ModelConfig::dtype) is counted as stored.
+  auto low = [](const TensorType& x) { return is_low_precision(x.dtype); };
+  const bool stored_low =
+      std::any_of(in.begin(), in.end(), low) || std::any_of(out.begin(), out.end(), low);
+  const double stored = op_bytes(n.op, n.attrs, in, out);
+  t.bytes = stored_low ? stored : bytes_at(stored, compute);
   double peak = dev.peak_flops(compute);
   double bw = dev.memory_bandwidth;
   double compute_s = 0, memory_s = 0;

@@ -13,7 +13,8 @@
 // multiple of 8 (an unpadded 50,257-row vocabulary: ~0.15 of the rate on an H100).
 // Fused attention uses device.attention_efficiency; everything else is memory-bound work at
 // device.memory_bandwidth * memory_efficiency (bytes from op_bytes, scaled to the compute
-// dtype: activations move in bf16 under mixed precision). An entry in `op_efficiency` (op
+// dtype: activations move in bf16 under mixed precision; an op with bf16/f16 operands, from a
+// graph stored in low precision, counts its bytes as stored). An entry in `op_efficiency` (op
 // name -> fraction) replaces the default efficiency of that op kind — `tessera calibrate`
 // measures them.
 #pragma once

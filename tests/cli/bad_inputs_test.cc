@@ -8,6 +8,8 @@
 
 #include <filesystem>
 #include <fstream>
+#include <iterator>
+#include <string>
 
 #include "train_fixture.h"
 
@@ -103,6 +105,28 @@ TEST_F(BadInputs, CalibrateRefusesADirectoryBeforeMeasuring) {
   fs::create_directories(dir_ / "specs");
   expect("calibrate --out specs", 1, {"'specs' is a directory", "specs/cluster.toml"});
   expect("calibrate --out nowhere/spec.toml", 1, {"does not exist"});
+  expect("calibrate --out spec.toml --precision fp8", 1,
+         {"--precision must be fp32, bf16 or fp16, got 'fp8'"});
+  expect("calibrate --out spec.toml --device tpu", 1, {"--device 'tpu' is not a device"});
+}
+
+// calibrate --precision bf16 on the CPU: the spec carries the bf16 GEMM peak and its unaligned
+// share, and the check on it predicts the bf16 step (same Program as train --precision bf16).
+TEST_F(BadInputs, CalibrateMeasuresALowPrecisionRun) {
+  std::string out;
+  ASSERT_EQ(run_command("cd " + dir_.string() + " && " + TESSERA_BINARY +
+                            " calibrate --model gpt-tiny --seq 32 --reps 1 --check 1 --precision "
+                            "bf16 --out bf16.toml",
+                        &out),
+            0)
+      << out;
+  EXPECT_NE(out.find(" bf16 ("), std::string::npos) << out;
+  EXPECT_NE(out.find("--precision bf16"), std::string::npos) << out;
+  EXPECT_NE(out.find("peak memory per rank"), std::string::npos) << out;
+  std::ifstream in(dir_ / "bf16.toml");
+  const std::string spec((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  EXPECT_NE(spec.find("peak_tflops_bf16"), std::string::npos) << spec;
+  EXPECT_NE(spec.find("unaligned_gemm_efficiency"), std::string::npos) << spec;
 }
 
 TEST_F(BadInputs, ValidateTablesWithABomNoRowsOrNoGpus) {
