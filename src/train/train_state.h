@@ -88,6 +88,8 @@ class TrainState {
   int64_t planned_arena_bytes() const;
   // What memory the plan gives this run, printed before step 0 (per stage with a pipeline).
   std::string describe_memory() const;
+  // A line for a device run in bf16/f16 whose vocabulary rows are unaligned (else empty).
+  std::string unaligned_vocabulary_note() const;
 
   // Loss-mode graph of the global batch (evaluated under the training plan without stages).
   ModelGraph eval_model;

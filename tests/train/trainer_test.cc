@@ -33,7 +33,8 @@ class TrainerTest : public TrainDirTest {
     o.resume = resume;
     o.precision = precision;
     o.peak_flops = 1e12;  // no GEMM timing at the start
-    const ModelConfig cfg = *find_preset("gpt-tiny");
+    ModelConfig cfg = *find_preset("gpt-tiny");
+    if (precision == "bf16") cfg.dtype = DType::bf16;  // as `train --precision` sets it
     TrainJob job{cfg, Plan::data_parallel(1), nullptr, std::string(TESSERA_SOURCE_DIR) + "/data",
                  backend};
     Status s = train(o, job);
@@ -43,16 +44,36 @@ class TrainerTest : public TrainDirTest {
 };
 
 TEST_F(TrainerTest, TrainsEvaluatesCheckpointsAndResumesOnMemoryTheHostCannotAddress) {
+  std::vector<std::string> fp32;
   for (const std::string precision : {"fp32", "bf16"}) {
     SCOPED_TRACE(precision);
     const std::vector<std::string> cpu = run("cpu_" + precision, nullptr, 6, 0, false, precision);
     ASSERT_EQ(cpu.size(), 6u);
+    if (precision == "fp32")
+      fp32 = cpu;
+    else
+      EXPECT_NE(cpu, fp32) << "the bf16 run trains in bf16";
     OpaqueBackend opaque;
     EXPECT_EQ(run("opaque_" + precision, &opaque, 6, 0, false, precision), cpu);
     // Stopped after 3 steps (a checkpoint), resumed from it: the same 6 losses.
     run("resumed_" + precision, &opaque, 6, 3, false, precision);
     EXPECT_EQ(run("resumed_" + precision, &opaque, 6, 0, true, precision), cpu);
   }
+}
+
+// bf16 on a device with gpt-tiny's 50,257 token rows: the run says which padded size keeps the
+// LM head's GEMMs aligned; fp32 on a device, and bf16 on the CPU, say nothing.
+TEST_F(TrainerTest, AnUnalignedVocabularyInBf16OnADeviceGetsANote) {
+  const std::string note = "padded_vocab_size = 50304 in a model config";
+  auto printed = [&](const std::string& out, Backend* backend, const std::string& precision) {
+    ::testing::internal::CaptureStderr();
+    run(out, backend, 1, 0, false, precision);
+    return ::testing::internal::GetCapturedStderr();
+  };
+  OpaqueBackend opaque;
+  EXPECT_NE(printed("bf16_device", &opaque, "bf16").find(note), std::string::npos);
+  EXPECT_EQ(printed("fp32_device", &opaque, "fp32").find(note), std::string::npos);
+  EXPECT_EQ(printed("bf16_cpu", nullptr, "bf16").find(note), std::string::npos);
 }
 
 }  // namespace
