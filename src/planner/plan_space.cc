@@ -37,8 +37,6 @@ std::vector<int> divisors(int64_t n) {
 
 bool power_of_two(int n) { return n > 0 && (n & (n - 1)) == 0; }
 
-constexpr int kHsdp = -1;  // the enumeration's "ZeRO stage" of an HSDP plan
-
 // Model chunks per stage an interleaved schedule of `pp` stages tries on `layers` blocks: 2
 // and 4 (uneven cuts allowed), and each divisor of the blocks per stage from 3 to 8.
 std::vector<int> interleavings(int64_t layers, int pp) {
@@ -84,22 +82,25 @@ std::vector<PlanCandidate> enumerate(const ModelConfig& cfg, const ClusterSpec& 
             if (m % pp == 0) scheds.push_back({ScheduleKind::interleaved, v});
         }
         // Data-parallel sharding: ZeRO-1/2/3 over all data ranks (pipelines: ZeRO-1), and
-        // HSDP: ZeRO-3 within the data ranks of a node, replicated across nodes (the
-        // parameter gathers stay on NVLink; the replicas all-reduce the gradient blocks).
-        const int node_shards = per_node / tp;
-        const bool hsdp = pp == 1 && node_shards > 1 && dp > node_shards && dp % node_shards == 0;
+        // HSDP: ZeRO-3 within groups of the data ranks of 1, 2 or 4 nodes, replicated across
+        // the groups (one node: the parameter gathers stay on NVLink; more: the shards are
+        // smaller, for models one node's memory does not hold); the replicas all-reduce the
+        // gradient blocks. An HSDP entry is minus its shard group's size.
         std::vector<int> zeros = pp > 1 ? std::vector<int>{1} : std::vector<int>{1, 2, 3};
-        if (hsdp) zeros.push_back(kHsdp);
+        for (int nodes = 1; nodes <= 4 && pp == 1; nodes *= 2) {
+          const int shards = nodes * per_node / tp;
+          if (shards > 1 && dp > shards && dp % shards == 0) zeros.push_back(-shards);
+        }
         for (const Sched& s : scheds)
           for (int zero : zeros)
             for (bool sp : tp > 1 ? std::vector<bool>{false, true} : std::vector<bool>{false})
               for (RecomputePolicy rc :
                    {RecomputePolicy::none, RecomputePolicy::selective, RecomputePolicy::full}) {
                 PlanCandidate c;
-                c.plan = zero == kHsdp ? Plan::hybrid_sharded(dp / node_shards, node_shards, tp)
-                         : pp > 1      ? Plan::pipeline_parallel(pp, dp, tp, zero)
-                         : tp > 1      ? Plan::tensor_parallel(dp, tp, zero)
-                                       : Plan::data_parallel(dp, zero);
+                c.plan = zero < 0 ? Plan::hybrid_sharded(dp / -zero, -zero, tp)
+                         : pp > 1 ? Plan::pipeline_parallel(pp, dp, tp, zero)
+                         : tp > 1 ? Plan::tensor_parallel(dp, tp, zero)
+                                  : Plan::data_parallel(dp, zero);
                 c.plan.micro_batches = m;
                 c.plan.recompute = rc;
                 c.plan.sequence_parallel = sp;

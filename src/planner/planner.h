@@ -1,5 +1,6 @@
 // The planner: chooses the parallel configuration of a training run from the cost model. It
-// enumerates plans — data parallelism with ZeRO-1 or ZeRO-3, tensor parallelism within a node
+// enumerates plans — data parallelism with ZeRO-1, 2 or 3, or HSDP (ZeRO-3 within groups of 1,
+// 2 or 4 nodes, replicated across them), tensor parallelism within a node
 // (with or without sequence parallelism), pipeline stages with their schedules, the
 // micro-batch size and recomputation — for a model, a cluster, a device count and a global
 // batch; prunes those that cannot fit or cannot beat the best found (analytic bounds, below);

@@ -113,6 +113,30 @@ TEST(Planner, NothingFittingIsOneErrorWithTheSmallestNeed) {
 // Interleaved schedules are searched with 2 and 4 chunks per stage and with every chunk count
 // up to 8 that cuts a stage's blocks evenly (Megatron's 530B: 105 blocks over 35 stages, 3
 // chunks each): 12 blocks over 2 stages try 2, 3, 4 and 6; 10 blocks over 2 stages 2, 4 and 5.
+// HSDP shard groups of one, two and four nodes (ZeRO-3 within each, replicated across them):
+// 64 A100s (8 nodes) hold all three for gpt2-medium, each plan's mesh dp_rep x dp_shard, and
+// the fastest four-node one simulates and fits.
+TEST(Planner, HsdpShardsOverOneTwoOrFourNodes) {
+  Result<std::unique_ptr<PlanSpace>> space =
+      PlanSpace::create(preset("gpt2-medium"), cluster("dgx-a100"), options(64, 64, 1024, 5));
+  ASSERT_TRUE(space.ok()) << space.status().to_string();
+  auto hsdp = [](const PlanCandidate& p) {
+    return !p.plan.replica_axes().empty() && p.plan.tensor_group() == 1;
+  };
+  std::set<int> shard_groups;
+  for (const PlanCandidate& p : (*space)->candidates())
+    if (hsdp(p)) {
+      shard_groups.insert(p.plan.zero_group());
+      EXPECT_EQ(p.plan.zero, 3) << p.describe();
+      EXPECT_EQ(p.plan.zero_group() * p.plan.mesh.axis_size(p.plan.replica_axes()[0]), 64);
+    }
+  EXPECT_EQ(shard_groups, (std::set<int>{8, 16, 32}));
+  std::vector<const PlanCandidate*> four_nodes = (*space)->fastest(
+      1, [&](const PlanCandidate& p) { return hsdp(p) && p.plan.zero_group() == 32; });
+  ASSERT_EQ(four_nodes.size(), 1u);
+  EXPECT_GT(four_nodes[0]->sim.step_seconds, 0);
+}
+
 TEST(Planner, InterleavingsCutEachStagesBlocksEvenly) {
   for (const auto& [layers, want] :
        std::vector<std::pair<int, std::set<int>>>{{12, {2, 3, 4, 6}}, {10, {2, 4, 5}}}) {
