@@ -16,10 +16,8 @@ namespace {
 
 using namespace testing_equivalence;
 
-void expect_pipeline_matches(const Plan& plan, const ModelConfig& cfg, int steps = 8) {
-  SCOPED_TRACE(plan.describe());
-  RunResult ref = run_single(steps, plan.micro_batches, cfg);
-  ModelGraph m = build_model(cfg, kBatch, kSeq, ModelMode::train);
+// Runs every rank of `plan` on in-process threads.
+std::vector<PipeResult> run_pipeline(const Plan& plan, const ModelConfig& cfg, int steps) {
   const int n = plan.mesh.size();
   std::vector<std::unique_ptr<Communicator>> comms = make_local_comms(n);
   std::vector<PipeResult> ranks(static_cast<size_t>(n));
@@ -30,6 +28,14 @@ void expect_pipeline_matches(const Plan& plan, const ModelConfig& cfg, int steps
       ranks[size_t(r)] = run_pipeline_rank(*comms[r], plan, steps, cfg);
     });
   for (std::thread& t : threads) t.join();
+  return ranks;
+}
+
+void expect_pipeline_matches(const Plan& plan, const ModelConfig& cfg, int steps = 8) {
+  SCOPED_TRACE(plan.describe());
+  RunResult ref = run_single(steps, plan.micro_batches, cfg);
+  ModelGraph m = build_model(cfg, kBatch, kSeq, ModelMode::train);
+  const std::vector<PipeResult> ranks = run_pipeline(plan, cfg, steps);
   std::map<std::string, int> seen;
   for (size_t r = 0; r < ranks.size(); ++r) {
     SCOPED_TRACE("rank " + std::to_string(r));
@@ -127,21 +133,6 @@ TEST(PipelineRunner, SequenceParallelStagesMatchOneRank) {
   Plan sp3d = with_megatron_llama(pipeline(2, 2, 2, ScheduleKind::one_f_one_b, 2), llama);
   sp3d.sequence_parallel = true;
   expect_pipeline_matches(sp3d, llama, 4);
-}
-
-// Runs every rank of `plan` on in-process threads.
-std::vector<PipeResult> run_pipeline(const Plan& plan, const ModelConfig& cfg, int steps) {
-  const int n = plan.mesh.size();
-  std::vector<std::unique_ptr<Communicator>> comms = make_local_comms(n);
-  std::vector<PipeResult> ranks(static_cast<size_t>(n));
-  std::vector<std::thread> threads;
-  for (int r = 0; r < n; ++r)
-    threads.emplace_back([&, r] {
-      comms[r]->set_timeout(60);
-      ranks[size_t(r)] = run_pipeline_rank(*comms[r], plan, steps, cfg);
-    });
-  for (std::thread& t : threads) t.join();
-  return ranks;
 }
 
 // bf16 stages: bf16 parameters, activations and gradients (sent between stages as stored), f32
