@@ -196,13 +196,13 @@ class Backend {
   // life). This default runs them tensor by tensor; a device runs each as one launch.
   virtual std::unique_ptr<OptimizerGroup> optimizer_group(std::vector<OptimizerTensor> tensors);
 
+  // A timer of this backend's work; the default reads the host clock (work done when enqueued).
+  virtual std::unique_ptr<WorkTimer> work_timer();
+
   // Records the work `enqueue` enqueues (run(), copy() and fill() within this backend's memory;
   // no waits, no host copies) for replay: the work is recorded, not done, and replay() does it
   // on the same pointers, whose buffers must outlive the recording. Null where the backend does
   // not record (then run the work itself again); the default.
-  // A timer of this backend's work; the default reads the host clock (work done when enqueued).
-  virtual std::unique_ptr<WorkTimer> work_timer();
-
   virtual std::unique_ptr<Recording> record(const std::function<void()>& enqueue) {
     (void)enqueue;
     return nullptr;

@@ -234,8 +234,9 @@ Result<Calibration> calibrate(Communicator& world, const CalibrationOptions& o) 
   if (low) {
     TS_ASSIGN_OR_RETURN(peak_low, gemm_peak(world, o.reps, be, o.precision));
     TS_ASSIGN_OR_RETURN(peak_low, mean(world, peak_low, "calibrate low-precision peak"));
-    TS_ASSIGN_OR_RETURN(unaligned, gemm_peak(world, o.reps, be, o.precision, true));
-    TS_ASSIGN_OR_RETURN(unaligned, mean(world, unaligned / peak_low, "calibrate unaligned"));
+    TS_ASSIGN_OR_RETURN(const double unaligned_rate,
+                        gemm_peak(world, o.reps, be, o.precision, /*unaligned=*/true));
+    TS_ASSIGN_OR_RETURN(unaligned, mean(world, unaligned_rate / peak_low, "calibrate unaligned"));
     spec.device.unaligned_gemm_efficiency = std::clamp(unaligned, 1e-3, 1.0);
   }
   TS_ASSIGN_OR_RETURN(double bw, stream_bandwidth(world, o.reps, be));
@@ -279,8 +280,7 @@ Result<Calibration> calibrate(Communicator& world, const CalibrationOptions& o) 
     TS_RETURN_IF_ERROR(
         step->forward_backward(token_feed(real->tokens.data(), real->targets.data())).status());
     for (size_t j = 0; j < compute.size(); ++j) t[j].push_back(seconds[compute[j]]);
-    be.synchronize();
-    double t0 = now();
+    double t0 = now();  // forward_backward has waited for its work (it read the loss)
     TS_RETURN_IF_ERROR(step->apply(1e-4, 1.0).status());
     be.synchronize();
     apply_seconds.push_back(now() - t0);
@@ -399,7 +399,6 @@ Result<Calibration> calibrate(Communicator& world, const CalibrationOptions& o) 
           TS_RETURN_IF_ERROR(
               real->step->forward_backward(token_feed(real->tokens.data(), real->targets.data()))
                   .status());
-          be.synchronize();
           double t0 = now();
           TS_RETURN_IF_ERROR(real->step->apply(1e-4, 1.0).status());
           be.synchronize();

@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <utility>
 
 #include "backend/cpu/cpu_backend.h"
 #include "base/check.h"
@@ -468,7 +469,7 @@ Status StepRunner::run_instructions(const std::vector<Instruction>& list, Execut
 Status StepRunner::run_micro_step() {
   if (!recordable_ || !record_steps_ || instruction_seconds_ != nullptr)
     return run_instructions(prog_.micro_step, *exec_);
-  if (!recorded_step_ && eager_steps_++ > 0) {  // the first ran eagerly: libraries initialized
+  if (!recorded_step_ && std::exchange(ran_eagerly_, true)) {  // libraries initialized
     Status s;
     recorded_step_ =
         exec_->backend().record([&] { s = run_instructions(prog_.micro_step, *exec_); });

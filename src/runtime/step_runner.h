@@ -231,10 +231,10 @@ class StepRunner {
   std::vector<Buffer> unreduced_;
   std::vector<char> unreduced_started_;
   std::vector<double>* instruction_seconds_ = nullptr;
-  // The micro-step as one Recording (see forward_backward), after eager_steps_ eager ones.
+  // The micro-step as one Recording (see forward_backward), after one eager run.
   bool record_steps_ = true;
   bool recordable_ = false;  // compute instructions only, no host writes between them
-  int eager_steps_ = 0;
+  bool ran_eagerly_ = false;
   std::unique_ptr<Recording> recorded_step_;
 };
 

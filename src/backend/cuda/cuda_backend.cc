@@ -4,7 +4,6 @@
 #include <cuda_runtime.h>
 
 #include <algorithm>
-#include <cstddef>
 #include <cstdint>
 #include <cstdio>
 #include <cstdlib>
@@ -239,8 +238,7 @@ void CudaBackend::convert(const void* src, DType from, void* dst, DType to, int6
 namespace {
 
 // The multi-tensor passes of backend/cuda/optim.h over the group's tensors: one device buffer
-// holds the descriptors, the chunk sums, each tensor's total and first chunk, and the AdamW
-// step's values with the clipping coefficient (copied in before each update, in stream order).
+// holds the descriptors, the chunk sums, and each tensor's total and first chunk.
 class CudaOptimizerGroup final : public OptimizerGroup {
  public:
   CudaOptimizerGroup(CudaBackend& b, const std::vector<OptimizerTensor>& tensors) : b_(b) {
@@ -256,12 +254,11 @@ class CudaOptimizerGroup final : public OptimizerGroup {
     const int64_t chunks = first_chunk.back();
     auto up = [](int64_t bytes) { return (bytes + 255) / 256 * 256; };
     const int64_t parts_at = 0, totals_at = up(chunks * 8), first_at = totals_at + up(count_ * 8),
-                  step_at = first_at + up((count_ + 1) * 8), list_at = step_at + 256;
+                  list_at = first_at + up((count_ + 1) * 8);
     mem_ = b.allocate(list_at + cuda::describe_bytes(list));
     parts_ = reinterpret_cast<double*>(mem_.bytes_at(parts_at));
     totals_ = reinterpret_cast<double*>(mem_.bytes_at(totals_at));
     first_chunk_ = reinterpret_cast<int64_t*>(mem_.bytes_at(first_at));
-    step_ = mem_.bytes_at(step_at);
     b.to_device(first_chunk_, first_chunk.data(), (count_ + 1) * 8);
     b.synchronize();  // before describe()'s copies on the legacy stream, and first_chunk's
     list_ = cuda::describe(list, mem_.bytes_at(list_at));
@@ -275,16 +272,7 @@ class CudaOptimizerGroup final : public OptimizerGroup {
     return out;
   }
 
-  void adamw(const AdamWUpdate& u) override {
-    struct {
-      cuda::AdamWStep step;
-      float coef;
-    } values{{u.shrink, u.beta1, u.beta2, u.step_size, u.bc2_sqrt, u.eps}, u.grad_scale};
-    b_.to_device(step_, &values, sizeof(values));  // staged before the call returns
-    cuda::adamw(list_, reinterpret_cast<const cuda::AdamWStep*>(step_),
-                reinterpret_cast<const float*>(step_ + offsetof(decltype(values), coef)),
-                b_.stream());
-  }
+  void adamw(const AdamWUpdate& u) override { cuda::adamw(list_, u, b_.stream()); }
 
  private:
   CudaBackend& b_;
@@ -293,7 +281,6 @@ class CudaOptimizerGroup final : public OptimizerGroup {
   int64_t count_ = 0;
   double *parts_ = nullptr, *totals_ = nullptr;
   int64_t* first_chunk_ = nullptr;
-  uint8_t* step_ = nullptr;
 };
 
 }  // namespace

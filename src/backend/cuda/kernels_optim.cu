@@ -83,11 +83,10 @@ __global__ void tensor_sums_kernel(const double* parts, const int64_t* first_chu
   if (threadIdx.x == 0) totals[blockIdx.x] = total;
 }
 
-__global__ void adamw_kernel(OptimTensors l, const AdamWStep* step, const float* coef) {
+__global__ void adamw_kernel(OptimTensors l, AdamWUpdate u) {
   const Chunk c = chunk_of(l);
   const OptimTensor& t = *c.t;
-  const AdamWStep u = *step;
-  const float shrink = t.decay ? u.shrink : 1.0f, gs = *coef;
+  const float shrink = t.decay ? u.shrink : 1.0f, gs = u.grad_scale;
   const bool write_param = t.param != t.master;
   for (int64_t i = c.first + threadIdx.x; i < c.end; i += kThreads) {
     const float g = load(t.grad, t.grad_dt, i) * gs;
@@ -241,9 +240,9 @@ void adamw(const AdamWUpdate& u, float* param, const void* grad, DType dt, float
   TS_CUDA_LAUNCH();
 }
 
-void adamw(const OptimTensors& list, const AdamWStep* u, const float* coef, cudaStream_t stream) {
+void adamw(const OptimTensors& list, const AdamWUpdate& u, cudaStream_t stream) {
   if (list.chunks == 0) return;
-  adamw_kernel<<<static_cast<unsigned>(list.chunks), kThreads, 0, stream>>>(list, u, coef);
+  adamw_kernel<<<static_cast<unsigned>(list.chunks), kThreads, 0, stream>>>(list, u);
   TS_CUDA_LAUNCH();
 }
 

@@ -7,7 +7,7 @@
 //   cuda::OptimTensors list = cuda::describe(tensors, device_block);  // once
 //   cuda::sum_squares(list, parts, stream);                            // parts[list.chunks]
 //   cuda::tensor_sums(parts, first_chunk, tensors.size(), totals, stream);
-//   cuda::adamw(list, step_values, coef, stream);                      // values in device memory
+//   cuda::adamw(list, update, stream);
 #pragma once
 
 #include <cuda_runtime.h>
@@ -58,18 +58,10 @@ void sum_squares(const OptimTensors& list, double* parts, cudaStream_t stream);
 void tensor_sums(const double* parts, const int64_t* first_chunk, int64_t count, double* totals,
                  cudaStream_t stream);
 
-// One AdamW step (AdamWUpdate's arithmetic, backend/backend.h) with g = grad * *coef over every
-// tensor: m, v and master updated in place, and param = master in param_dt (skipped when param is
-// master). The step's values are read from device memory (u), as the coefficient is, so that a step
-// captured in a CUDA graph replays with each step's learning rate.
-struct AdamWStep {
-  float shrink = 1.0f;  // 1 - lr * weight_decay, for tensors with decay set
-  float beta1 = 0.9f, beta2 = 0.95f;
-  float step_size = 0.0f;  // lr / (1 - beta1^t)
-  float bc2_sqrt = 1.0f;   // sqrt(1 - beta2^t)
-  float eps = 1e-8f;
-};
-void adamw(const OptimTensors& list, const AdamWStep* u, const float* coef, cudaStream_t stream);
+// One AdamW step (AdamWUpdate's arithmetic, backend/backend.h, u.shrink for tensors with decay
+// set) over every tensor: m, v and master updated in place, and param = master in param_dt
+// (skipped when param is master).
+void adamw(const OptimTensors& list, const AdamWUpdate& u, cudaStream_t stream);
 
 // One tensor's passes (CudaBackend's Backend::sum_squares, scale, accumulate, adamw: the
 // StepRunner's optimizer, one launch per parameter). x, grad and src are f32, bf16 or f16 (dt).
