@@ -4,6 +4,7 @@
 //   tessera launch -n 2 -- calibrate --out cpu-local.toml --check 5
 //   tessera calibrate --device cuda --precision bf16 --batch 8 --seq 1024 --out gpu.toml
 #include <cstdio>
+#include <cstdlib>
 #include <filesystem>
 
 #include "base/format.h"
@@ -45,6 +46,9 @@ Status run_calibrate(const CalibrateCli& o) {
     opts.precision = DType::f16;
   else
     return error("--precision must be fp32, bf16 or fp16, got '" + o.precision + "'");
+  // `tessera launch` asks first, in one process, whether the flags suit that many ranks.
+  if (const char* n = std::getenv("TESSERA_LAUNCH_CHECK"))
+    return check_device(o.device, std::atoi(n) > 1);
   TS_RETURN_IF_ERROR(check_device(o.device, launched_by_mpirun()));
   TS_ASSIGN_OR_RETURN(std::unique_ptr<Communicator> world, join_mpi_job());
   std::vector<std::unique_ptr<Communicator>> local;

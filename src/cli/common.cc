@@ -38,7 +38,7 @@ Status check_device(const std::string& device, bool distributed) {
     return error("--device '" + device + "' is not a device", "use --device cpu or --device cuda");
 #if TESSERA_HAVE_CUDA
   if (distributed)
-    return error("--device cuda trains on one GPU in one process",
+    return error("--device cuda runs on one GPU in one process",
                  "drop --dp/--tp/--pp and `launch`: collectives over device memory need NCCL, "
                  "which the runtime does not use yet; several ranks train on CPUs");
   std::string why;

@@ -36,9 +36,9 @@ Status run_launch(const LaunchOptions& o) {
     TS_ASSIGN_OR_RETURN(int code, run_elastic(std::move(job), o.min_ranks));
     std::exit(code);
   }
-  // `train`'s flags are checked for N ranks in one process first: an impossible plan is one
-  // error, not one per rank and mpirun's paragraph.
-  if (o.args[0] == "train") {
+  // `train`'s and `calibrate`'s flags are checked for N ranks in one process first: an
+  // impossible plan or device is one error, not one per rank and mpirun's paragraph.
+  if (o.args[0] == "train" || o.args[0] == "calibrate") {
     if (const int code = check_train_plan(job, /*quiet=*/false); code != 0) std::exit(code);
   }
   return exec_mpirun(job);

@@ -24,8 +24,9 @@ struct LaunchJob {
   std::vector<std::string> args;  // the tessera command and its flags
 };
 
-// Runs `args` once on `ranks` ranks with `TESSERA_LAUNCH_CHECK` set: exit 0 when the train
-// flags make a plan for that many ranks. `quiet` discards what it prints.
+// Runs `args` once with `TESSERA_LAUNCH_CHECK` set to `ranks`: exit 0 when the command's flags
+// suit that many ranks (train: they make a plan; calibrate: its device). `quiet` discards
+// what it prints.
 int check_train_plan(const LaunchJob& job, bool quiet);
 
 // Replaces this process with mpirun running the job on `ranks` ranks; returns only on failure.

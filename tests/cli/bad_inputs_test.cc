@@ -108,6 +108,13 @@ TEST_F(BadInputs, CalibrateRefusesADirectoryBeforeMeasuring) {
   expect("calibrate --out spec.toml --precision fp8", 1,
          {"--precision must be fp32, bf16 or fp16, got 'fp8'"});
   expect("calibrate --out spec.toml --device tpu", 1, {"--device 'tpu' is not a device"});
+  // Under launch, a device several ranks cannot share is one error, before any rank starts.
+  std::string out;
+  run_command("cd " + dir_.string() + " && " + TESSERA_BINARY +
+                  " launch -n 2 -- calibrate --out spec.toml --device cuda",
+              &out);
+  EXPECT_NE(out.find("error: --device cuda"), std::string::npos) << out;
+  EXPECT_EQ(out.find("error:"), out.rfind("error:")) << "one error, not one per rank\n" << out;
 }
 
 // calibrate --precision bf16 on the CPU: the spec carries the bf16 GEMM peak and its unaligned
