@@ -401,9 +401,15 @@ Result<double> PipelineRunner::apply(double lr, double clip) {
     TS_ASSIGN_OR_RETURN(const double s, c->grad_sq_sum());
     sq += s;
   }
-  const double norm = std::sqrt(sq);
+  // fp16: every chunk's gradients carry the same loss scale, kept in step by the same sum
+  // (0: they overflowed somewhere in the pipeline; no stage updates).
+  double scale = 1.0;
+  if (loss_scale() > 0)
+    for (auto& c : chunks_) scale = c->take_loss_scale(sq);
+  if (scale == 0) return 0.0;
+  const double norm = std::sqrt(sq) / scale;
   const double coef = clip > 0 ? AdamW::clip_coefficient(norm, clip) : 1.0;
-  for (auto& c : chunks_) TS_RETURN_IF_ERROR(c->step(lr, coef));
+  for (auto& c : chunks_) TS_RETURN_IF_ERROR(c->step(lr, coef / scale));
   return norm;
 }
 

@@ -55,8 +55,15 @@ class PipelineRunner {
   // the other. Returns the mean loss over the micro-batches, the same on every rank.
   Result<float> forward_backward(const Feed& feed);
   // Clips to `clip` (<= 0: none) by the norm over every stage and steps AdamW. Returns the
-  // pre-clip norm, the same on every rank.
+  // pre-clip norm, the same on every rank. fp16: the stages share one dynamic loss scale
+  // (StepRunner::loss_scale); gradients that overflow on any stage skip the step on all.
   Result<double> apply(double lr, double clip);
+  double loss_scale() const { return chunks_[0]->loss_scale(); }
+  int64_t loss_scale_good_steps() const { return chunks_[0]->loss_scale_good_steps(); }
+  bool step_skipped() const { return chunks_[0]->step_skipped(); }
+  void set_loss_scale(double scale, int64_t good_steps) {
+    for (auto& c : chunks_) c->set_loss_scale(scale, good_steps);
+  }
 
   // The loss of one batch (`feed`: this rank's rows of one micro-batch), the forward phases
   // only, passed down the stages; the same on every rank. Collective. Between steps.

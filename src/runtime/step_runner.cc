@@ -126,10 +126,6 @@ Result<std::unique_ptr<StepRunner>> StepRunner::create_chunk(const Graph& model,
   for (const ParamLayout& pl : chunk.program.part.params) {
     if (model.find_param(pl.name) < 0)
       return error("pipeline chunk parameter " + pl.name + " is not in the model");
-    if (model.type(model.find_param(pl.name)).dtype == DType::f16)
-      return error("pipeline stages train f32 or bf16 parameters; " + pl.name +
-                       " is f16, whose loss scaling the stages do not share",
-                   "train pipelines in bf16 or f32");
   }
   TS_RETURN_IF_ERROR(check_runnable(chunk.program));
   return std::unique_ptr<StepRunner>(
@@ -159,7 +155,7 @@ StepRunner::StepRunner(const Graph& global, Program prog, Backend& backend, Mesh
     const TensorType& t = exec_->graph().type(param_value(i));
     if (t.dtype != DType::f32)
       masters_[i] = backend.allocate(t.shape.numel() * static_cast<int64_t>(sizeof(float)));
-    if (t.dtype == DType::f16 && !chunk_) loss_scale_ = 65536.0;
+    if (t.dtype == DType::f16) loss_scale_ = 65536.0;
   }
   std::vector<ParamSlot> slots;
   for (size_t i = 0; i < prog_.part.params.size(); ++i) {
@@ -424,10 +420,9 @@ Status StepRunner::run_instructions(const std::vector<Instruction>& list, Execut
         } else {
           ex.run_node(g.node(in.node));
         }
-        if (loss_scale_ > 0 && &ex == exec_.get()) {
+        if (loss_scale_ > 0) {
           const ValueId out = g.node(in.node).outputs[0];
-          const std::vector<ValueId>& seeds = prog_.part.loss_seeds;
-          if (std::find(seeds.begin(), seeds.end(), out) != seeds.end()) {
+          if (is_loss_seed(ex, out)) {
             // d (scale loss) / d loss, in the seed's dtype
             const TensorType& t = g.type(out);
             const std::vector<float> scale(static_cast<size_t>(t.shape.numel()),
@@ -633,26 +628,44 @@ Status StepRunner::step(double lr, double clip_coefficient) {
   return Status();
 }
 
+double StepRunner::take_loss_scale(double sq) {
+  const double carried = loss_scale_;
+  skipped_ = !std::isfinite(sq);
+  if (skipped_) {  // overflow: no update (every rank saw the same all-reduced sum)
+    loss_scale_ /= 2;
+    good_steps_ = 0;
+    return 0.0;
+  }
+  if (++good_steps_ == kLossScaleGrowth) {
+    loss_scale_ *= 2;
+    good_steps_ = 0;
+  }
+  return carried;
+}
+
+bool StepRunner::is_loss_seed(const Executor& ex, ValueId v) {
+  for (ValueId seed : prog_.part.loss_seeds) {
+    if (!chunk_) {
+      if (&ex == exec_.get() && v == seed) return true;
+      continue;
+    }
+    // A chunk's seed, in whichever phase computes it.
+    for (size_t ph = 0; ph < chunk_->phases.value_of.size(); ++ph)
+      if (&ex == &phase_executor(static_cast<int>(ph)) &&
+          chunk_->phases.value_of[ph][static_cast<size_t>(seed)] == v)
+        return true;
+  }
+  return false;
+}
+
 Result<double> StepRunner::apply(double lr, double clip) {
   TS_ASSIGN_OR_RETURN(const double sq, grad_sq_sum());
-  if (loss_scale_ > 0) {  // fp16: the gradients carry the scale
-    skipped_ = !std::isfinite(sq);
-    if (skipped_) {  // overflow: no update (every rank saw the same all-reduced sum)
-      loss_scale_ /= 2;
-      good_steps_ = 0;
-      return 0.0;
-    }
-    const double norm = std::sqrt(sq) / loss_scale_;
-    const double coef = clip > 0 ? AdamW::clip_coefficient(norm, clip) : 1.0;
-    TS_RETURN_IF_ERROR(step(lr, coef / loss_scale_));
-    if (++good_steps_ == kLossScaleGrowth) {
-      loss_scale_ *= 2;
-      good_steps_ = 0;
-    }
-    return norm;
-  }
-  const double norm = std::sqrt(sq);
-  TS_RETURN_IF_ERROR(step(lr, clip > 0 ? AdamW::clip_coefficient(norm, clip) : 1.0));
+  // fp16: the gradients carry the loss scale (0: they overflowed, no update).
+  const double scale = loss_scale_ > 0 ? take_loss_scale(sq) : 1.0;
+  if (scale == 0) return 0.0;
+  const double norm = std::sqrt(sq) / scale;
+  const double coef = clip > 0 ? AdamW::clip_coefficient(norm, clip) : 1.0;
+  TS_RETURN_IF_ERROR(step(lr, coef / scale));
   return norm;
 }
 

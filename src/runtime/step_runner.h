@@ -98,7 +98,8 @@ class StepRunner {
   // fp16 graphs: dynamic loss scaling. The backward pass's seed is the scale (2^16 to start),
   // the optimizer divides it out; a step whose gradients overflow is skipped (no update,
   // apply() returns 0) and halves the scale, and kLossScaleGrowth good steps in a row double
-  // it. loss_scale() is 0 for f32 and bf16 graphs.
+  // it. loss_scale() is 0 for f32 and bf16 graphs. A pipeline's chunks each seed their own
+  // loss with it and keep it in step: PipelineRunner::apply calls take_loss_scale on each.
   static constexpr int64_t kLossScaleGrowth = 2000;
   double loss_scale() const { return loss_scale_; }
   int64_t loss_scale_good_steps() const { return good_steps_; }
@@ -107,6 +108,10 @@ class StepRunner {
     loss_scale_ = scale;
     good_steps_ = good_steps;
   }
+  // fp16, once per step with the squared sum of the scaled gradients (the same on every
+  // rank): the scale they carry, or 0 when they overflowed (the step is skipped and the scale
+  // halved); the scale doubles for the next step after kLossScaleGrowth good ones.
+  double take_loss_scale(double sq);
 
   // Chunk runners: phase ph's instructions on its executor; then, after the phase computing
   // them, this micro-batch's gradients added to the accumulators; then finish_micro_batch().
@@ -183,6 +188,8 @@ class StepRunner {
   }
   // Runs `list` (instructions of ex's graph) on ex.
   Status run_instructions(const std::vector<Instruction>& list, Executor& ex);
+  // Whether v (computed on ex) is a loss seed: the value an fp16 backward pass starts from.
+  bool is_loss_seed(const Executor& ex, ValueId v);
   // The micro-step's instructions, eagerly or replayed (forward_backward).
   Status run_micro_step();
   Status start(const Node& n, Executor& ex);

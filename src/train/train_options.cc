@@ -31,11 +31,6 @@ Status check_train_options(const TrainOptions& o, const ModelConfig& cfg) {
     return error("--precision " + o.precision + " trains GPT and LLaMA models; " + cfg.name +
                      " is a " + cfg.family + " model",
                  "train it with --precision fp32");
-  if (o.precision == "fp16" && o.pp > 1)
-    return error(
-        "--precision fp16 does not run pipelines (its loss scaling is not shared "
-        "between the stages)",
-        "train the pipeline in --precision bf16, which needs no loss scaling");
   if (o.seq > cfg.max_seq_len)
     return error("--seq " + std::to_string(o.seq) + " exceeds max_seq_len " +
                      std::to_string(cfg.max_seq_len) + " of model " + cfg.name,

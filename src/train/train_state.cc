@@ -158,7 +158,7 @@ nlohmann::json TrainState::manifest(int64_t completed, const BatchStream& train)
                         {"clip", opts.clip}}}};
   m["plan"] = plan_to_json(plan());
   if (loss_scale() > 0)  // an fp16 run: where its loss scale is
-    m["loss_scale"] = {{"scale", loss_scale()}, {"good_steps", runner->loss_scale_good_steps()}};
+    m["loss_scale"] = {{"scale", loss_scale()}, {"good_steps", loss_scale_good_steps()}};
   return m;
 }
 
@@ -298,9 +298,9 @@ Result<int64_t> TrainState::load(const std::string& root, BatchStream* train) {
                    "the manifest was edited or damaged; resume from an earlier checkpoint");
     TS_RETURN_IF_ERROR(read_held(ck, /*with_moments=*/true));
     for (const HeldParam& h : held_params()) h.runner->optimizer().set_steps(adam_steps);
-    if (m.contains("loss_scale") && !pipelined())  // an fp16 run's scale, where it left it
-      runner->set_loss_scale(m.at("loss_scale").at("scale").get<double>(),
-                             m.at("loss_scale").at("good_steps").get<int64_t>());
+    if (m.contains("loss_scale"))  // an fp16 run's scale, where it left it
+      set_loss_scale(m.at("loss_scale").at("scale").get<double>(),
+                     m.at("loss_scale").at("good_steps").get<int64_t>());
     TS_ASSIGN_OR_RETURN(LoaderState ls, loader_state_from_json(m.at("loader")));
     Status s = train->restore(ls);
     if (!s.ok()) return s.with_context(where);

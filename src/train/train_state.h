@@ -57,8 +57,18 @@ class TrainState {
   }
   // fp16 runs (StepRunner's loss scaling): the scale, and whether the last apply() skipped
   // its update because the gradients overflowed. 0 and false otherwise.
-  double loss_scale() const { return pipelined() ? 0.0 : runner->loss_scale(); }
-  bool step_skipped() const { return !pipelined() && runner->step_skipped(); }
+  double loss_scale() const { return pipelined() ? pipe->loss_scale() : runner->loss_scale(); }
+  int64_t loss_scale_good_steps() const {
+    return pipelined() ? pipe->loss_scale_good_steps() : runner->loss_scale_good_steps();
+  }
+  bool step_skipped() const { return pipelined() ? pipe->step_skipped() : runner->step_skipped(); }
+  void set_loss_scale(double scale, int64_t good_steps) {
+    if (pipelined()) {
+      pipe->set_loss_scale(scale, good_steps);
+    } else {
+      runner->set_loss_scale(scale, good_steps);
+    }
+  }
   void init_params(uint64_t seed) {
     if (pipelined()) {
       pipe->init_params(seed);

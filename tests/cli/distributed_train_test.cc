@@ -282,22 +282,34 @@ TEST_F(DistributedTrainTest, PipelineRunsMatchOneRankAndCheckpointsReshardAcross
 // bf16 pipelines (f32 master weights on each stage, bf16 activations and gradients between
 // them): a pp 2 run stopped after 3 steps and resumed follows one bf16 rank, each stage's
 // measured arena equal to its plan.
-TEST_F(DistributedTrainTest, Bf16PipelineResumesAndFollowsOneRank) {
+TEST_F(DistributedTrainTest, LowPrecisionPipelinesResumeAndFollowOneRank) {
   const fs::path model = dir_ / "gpt-tiny4.toml";
   std::ofstream(model) << "[model]\npreset = \"gpt-tiny\"\nname = \"gpt-tiny4\"\nn_layer = 4\n";
   model_ = model.string();
-  const std::string flags = "--batch 4 --grad-accum 4 --steps 6 --precision bf16 ";
-  std::string log;
-  ASSERT_EQ(train(1, "straight", flags, &log), 0) << log;
-  ASSERT_EQ(train(2, "pp2", flags + "--pp 2 --stop-after 3", &log), 0) << log;
-  EXPECT_NE(log.find("stage 1: measured arena high-water"), std::string::npos) << log;
-  EXPECT_EQ(log.find("MISMATCH"), std::string::npos) << log;
-  ASSERT_EQ(train(2, "pp2", flags + "--pp 2 --resume", &log), 0) << log;
-  EXPECT_NE(log.find("resumed from step 3"), std::string::npos) << log;
-  const fs::path straight = dir_ / "straight/metrics.jsonl", pp = dir_ / "pp2/metrics.jsonl";
-  for (size_t i = 0; i < 6; ++i)
-    EXPECT_NEAR(loss_at(pp, i), loss_at(straight, i), 1e-3 * loss_at(straight, i)) << "step " << i;
-  EXPECT_NEAR(last_val_loss(pp), last_val_loss(straight), 1e-3 * last_val_loss(straight));
+  for (const std::string precision : {"bf16", "fp16"}) {
+    SCOPED_TRACE(precision);
+    const std::string flags = "--batch 4 --grad-accum 4 --steps 6 --precision " + precision + " ";
+    const std::string one = "straight_" + precision, two = "pp2_" + precision;
+    std::string log;
+    ASSERT_EQ(train(1, one, flags, &log), 0) << log;
+    ASSERT_EQ(train(2, two, flags + "--pp 2 --stop-after 3", &log), 0) << log;
+    EXPECT_NE(log.find("stage 1: measured arena high-water"), std::string::npos) << log;
+    EXPECT_EQ(log.find("MISMATCH"), std::string::npos) << log;
+    ASSERT_EQ(train(2, two, flags + "--pp 2 --resume", &log), 0) << log;
+    EXPECT_NE(log.find("resumed from step 3"), std::string::npos) << log;
+    const fs::path straight = dir_ / one / "metrics.jsonl", pp = dir_ / two / "metrics.jsonl";
+    for (size_t i = 0; i < 6; ++i)
+      EXPECT_NEAR(loss_at(pp, i), loss_at(straight, i), 1e-3 * loss_at(straight, i))
+          << "step " << i;
+    EXPECT_NEAR(last_val_loss(pp), last_val_loss(straight), 1e-3 * last_val_loss(straight));
+    // fp16: the stages' shared loss scale is recorded, and the resumed run goes on from it.
+    std::ifstream in(pp);
+    std::string line, last;
+    while (std::getline(in, line))
+      if (line.find("\"step\":5") != std::string::npos && line.find("grad_norm") != line.npos)
+        last = line;
+    EXPECT_EQ(last.find("\"loss_scale\":65536") != std::string::npos, precision == "fp16") << last;
+  }
 }
 
 // --plan auto: the planner picks a plan for the job's ranks, prints why, and the run it trains

@@ -156,10 +156,10 @@ TEST_F(TrainTest, TokenIdsBeyondTheVocabularyAreRejected) {
   EXPECT_NE(s.message().find("train.bin"), std::string::npos) << s.message();
 }
 
-// --precision bf16 / fp16: the losses follow fp32's, a run resumes exactly (checkpoints hold
-// the f32 master weights and moments, and fp16's loss scale), and fp16 pipelines are one
-// clear error (bf16 pipelines: tests/runtime/pipeline_runner_test.cc).
-TEST_F(TrainTest, LowPrecisionFollowsFp32ResumesExactlyAndRefusesFp16Pipelines) {
+// --precision bf16 / fp16: the losses follow fp32's, and a run resumes exactly (checkpoints
+// hold the f32 master weights and moments, and fp16's loss scale). Pipelines in bf16 and fp16:
+// tests/runtime/pipeline_runner_test.cc, tests/cli/distributed_train_test.cc.
+TEST_F(TrainTest, LowPrecisionFollowsFp32AndResumesExactly) {
   ASSERT_TRUE(run_train(options("fp32")).ok());
   const std::vector<std::string> a = losses(dir_ / "fp32/metrics.jsonl");
   ASSERT_EQ(a.size(), 20u);
@@ -190,14 +190,6 @@ TEST_F(TrainTest, LowPrecisionFollowsFp32ResumesExactlyAndRefusesFp16Pipelines) 
   std::string first;
   std::getline(fp16, first);
   EXPECT_NE(first.find("\"loss_scale\":65536"), std::string::npos) << first;
-
-  TrainOptions pp = options("pp");
-  pp.precision = "fp16";
-  pp.pp = 2;
-  Status s = run_train(pp);
-  ASSERT_FALSE(s.ok());
-  EXPECT_NE(s.message().find("--precision fp16 does not run pipelines"), std::string::npos)
-      << s.message();
 }
 
 // Runs the tessera binary with `args`; returns its exit code and puts stdout+stderr in *out.

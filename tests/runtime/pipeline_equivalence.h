@@ -14,15 +14,19 @@ namespace tessera::testing_equivalence {
 struct PipeResult {
   std::vector<float> losses;
   std::vector<double> norms;                         // pre-clip gradient norm per step
+  std::vector<double> loss_scales;                   // fp16: the scale after each step
+  std::vector<char> skipped;                         // fp16: the step overflowed, no update
   std::map<std::string, std::vector<float>> params;  // the whole tensors of this stage's chunks
   int64_t arena_planned = 0, arena_measured = 0;
   int64_t p2p_buffer_bytes = 0, p2p_planned = 0;
   Status status;
 };
 
-// One rank of a pipeline plan (on `backend`; null: the CPU backend).
+// One rank of a pipeline plan (on `backend`; null: the CPU backend; fp16: starting from
+// `loss_scale` where it is > 0).
 inline PipeResult run_pipeline_rank(Communicator& world, const Plan& plan, int steps,
-                                    const ModelConfig& cfg, Backend* backend = nullptr) {
+                                    const ModelConfig& cfg, Backend* backend = nullptr,
+                                    double loss_scale = 0) {
   PipeResult out;
   CpuBackend cpu;
   ModelGraph m = build_model(cfg, kBatch, kSeq, ModelMode::train);
@@ -43,6 +47,7 @@ inline PipeResult run_pipeline_rank(Communicator& world, const Plan& plan, int s
   }
   PipelineRunner& step = **made;
   step.init_params(kSeed);
+  if (loss_scale > 0) step.set_loss_scale(loss_scale, 0);
   const int dp = plan.data_group();
   const int idx = plan.mesh.group_index(world.rank(), plan.data_axes);
   const int64_t rows = kBatch / dp;
@@ -68,6 +73,8 @@ inline PipeResult run_pipeline_rank(Communicator& world, const Plan& plan, int s
     }
     out.losses.push_back(*loss);
     out.norms.push_back(*norm);
+    out.loss_scales.push_back(step.loss_scale());
+    out.skipped.push_back(step.step_skipped());
   }
   out.arena_measured = step.measured_arena_bytes();
   out.arena_planned = pp->stage_arena_bytes[static_cast<size_t>(step.stage())];

@@ -1,7 +1,8 @@
 // Pipeline plans on in-process ranks (threads over the local transport) against one rank: every
 // schedule, uneven cuts, virtual stages, GPT (tied embeddings across the first and last stage)
-// and LLaMA, with data and tensor parallelism beside, in f32 and bf16; planned = measured stage
-// memory.
+// and LLaMA, with data and tensor parallelism beside, in f32, bf16 and fp16; planned = measured
+// stage memory.
+#include <cmath>
 #include <cstdio>
 #include <cstdlib>
 #include <map>
@@ -16,8 +17,9 @@ namespace {
 
 using namespace testing_equivalence;
 
-// Runs every rank of `plan` on in-process threads.
-std::vector<PipeResult> run_pipeline(const Plan& plan, const ModelConfig& cfg, int steps) {
+// Runs every rank of `plan` on in-process threads (fp16: from `loss_scale` where > 0).
+std::vector<PipeResult> run_pipeline(const Plan& plan, const ModelConfig& cfg, int steps,
+                                     double loss_scale = 0) {
   const int n = plan.mesh.size();
   std::vector<std::unique_ptr<Communicator>> comms = make_local_comms(n);
   std::vector<PipeResult> ranks(static_cast<size_t>(n));
@@ -25,7 +27,7 @@ std::vector<PipeResult> run_pipeline(const Plan& plan, const ModelConfig& cfg, i
   for (int r = 0; r < n; ++r)
     threads.emplace_back([&, r] {
       comms[r]->set_timeout(60);
-      ranks[size_t(r)] = run_pipeline_rank(*comms[r], plan, steps, cfg);
+      ranks[size_t(r)] = run_pipeline_rank(*comms[r], plan, steps, cfg, nullptr, loss_scale);
     });
   for (std::thread& t : threads) t.join();
   return ranks;
@@ -181,6 +183,65 @@ TEST(PipelineRunner, Bf16StagesFollowOneRankBf16) {
                   c.plan.describe().c_str(), worst_loss, worst_norm);
     EXPECT_LT(worst_loss, 2e-4) << "losses against the one-rank bf16 run";
     EXPECT_LT(worst_norm, 5e-3) << "gradient norms against the one-rank bf16 run";
+  }
+}
+
+// fp16 stages: one dynamic loss scale for the whole pipeline. The last stage seeds its loss
+// with it, the gradients crossing stages carry it, and the norm over every stage decides: the
+// losses and norms follow one fp16 rank (whose scale they keep, 2^16). A scale too large for
+// the gradients overflows them on some stage and skips the step on every stage (no update, the
+// scale halved on each), and the run goes on from there.
+TEST(PipelineRunner, Fp16StagesShareOneLossScale) {
+  ModelConfig gpt = layers(tiny_gpt(), 4);
+  ModelConfig llama = layers(tiny_llama(), 2);
+  gpt.dtype = llama.dtype = DType::f16;
+  const int steps = 6;
+  struct Case {
+    Plan plan;
+    ModelConfig cfg;
+  };
+  const std::vector<Case> cases = {
+      {pipeline(2, 1, 1, ScheduleKind::one_f_one_b, 4), gpt},
+      {pipeline(2, 1, 1, ScheduleKind::interleaved, 4, 2), gpt},
+      {pipeline(2, 2, 1, ScheduleKind::zb_h1, 2), gpt},  // ZeRO-1: the masters synced
+      {with_megatron_llama(pipeline(2, 1, 2, ScheduleKind::one_f_one_b, 2), llama), llama}};
+  for (const Case& c : cases) {
+    SCOPED_TRACE(c.plan.describe() + " " + c.cfg.family);
+    const RunResult ref = run_single(steps, c.plan.micro_batches, c.cfg);
+    const std::vector<PipeResult> got = run_pipeline(c.plan, c.cfg, steps);
+    double worst_loss = 0, worst_norm = 0;
+    for (size_t r = 0; r < got.size(); ++r) {
+      SCOPED_TRACE("rank " + std::to_string(r));
+      const PipeResult& g = got[r];
+      ASSERT_TRUE(g.status.ok()) << g.status.to_string();
+      ASSERT_EQ(g.losses.size(), ref.losses.size());
+      for (size_t i = 0; i < ref.losses.size(); ++i) {
+        worst_loss = std::max(worst_loss, std::abs(g.losses[i] / ref.losses[i] - 1.0));
+        worst_norm = std::max(worst_norm, std::abs(g.norms[i] / ref.norms[i] - 1.0));
+        EXPECT_EQ(g.loss_scales[i], 65536.0) << "step " << i;
+        EXPECT_FALSE(g.skipped[i]) << "step " << i;
+      }
+      EXPECT_EQ(g.arena_measured, g.arena_planned) << "stage arena and stash";
+    }
+    if (std::getenv("TESSERA_VERBOSE"))
+      std::printf("%s: losses within %.2e, norms within %.2e of one rank\n",
+                  c.plan.describe().c_str(), worst_loss, worst_norm);
+    EXPECT_LT(worst_loss, 2e-4) << "losses against the one-rank fp16 run";
+    EXPECT_LT(worst_norm, 5e-3) << "gradient norms against the one-rank fp16 run";
+  }
+  // 2^40: the scaled gradients overflow fp16 (65,504), on the last stage first.
+  const Plan plan = pipeline(2, 1, 1, ScheduleKind::one_f_one_b, 4);
+  const std::vector<PipeResult> init = run_pipeline(plan, gpt, 0);
+  const std::vector<PipeResult> over = run_pipeline(plan, gpt, 2, std::ldexp(1.0, 40));
+  for (size_t r = 0; r < over.size(); ++r) {
+    SCOPED_TRACE("rank " + std::to_string(r));
+    ASSERT_TRUE(over[r].status.ok()) << over[r].status.to_string();
+    for (size_t i = 0; i < 2; ++i) {
+      EXPECT_TRUE(over[r].skipped[i]) << "step " << i;
+      EXPECT_EQ(over[r].norms[i], 0.0) << "step " << i;
+      EXPECT_EQ(over[r].loss_scales[i], std::ldexp(1.0, 39 - static_cast<int>(i))) << i;
+    }
+    EXPECT_EQ(over[r].params, init[r].params) << "no stage updated";
   }
 }
 
