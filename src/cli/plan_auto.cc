@@ -133,14 +133,14 @@ Status run_plan_auto(const PlanAutoOptions& o) {
     return error("--seq must be positive (or 0: max_seq_len), got " + std::to_string(o.seq));
   if (o.gpus < 1 || o.gpus > (1 << 20))
     return error("--gpus must be between 1 and 1048576, got " + std::to_string(o.gpus));
-  std::optional<DType> prec = parse_dtype(o.precision);
-  if (!prec || *prec == DType::i32)
-    return error("--precision '" + o.precision + "' is not one of f32, bf16, f16");
+  SimOptions precision;
+  TS_RETURN_IF_ERROR(parse_sim_precision(o.precision, &precision));
   PlannerOptions po;
   po.gpus = o.gpus;
   po.global_batch = o.batch;
   po.seq = o.seq;
-  po.precision = *prec;
+  po.precision = precision.precision;
+  po.fp8 = precision.fp8;
   po.top_k = o.top;
   po.threads = o.threads;
   if (!o.compare.empty()) {

@@ -141,7 +141,8 @@ void add_plan_command(CLI::App& app) {
       ->capture_default_str();
   cmd->add_option("--gpus", o->search.gpus, "With --auto: devices")->capture_default_str();
   cmd->add_option("--top", o->search.top, "With --auto: plans to list")->capture_default_str();
-  cmd->add_option("--precision", o->search.precision, "With --auto: bf16, f16 or f32")
+  cmd->add_option("--precision", o->search.precision,
+                  "With --auto: bf16, f16, f32 or fp8 (the blocks' GEMMs in FP8 beside bf16)")
       ->capture_default_str();
   cmd->add_option("--threads", o->search.threads,
                   "With --auto: candidates simulated at once (default: every core)");

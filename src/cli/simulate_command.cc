@@ -87,10 +87,7 @@ Status run_simulate(const SimulateOptions& o) {
   TS_ASSIGN_OR_RETURN(Plan plan, plan_from_flags(f, f.file.empty() ? o.gpus : 0));
   const int64_t batch = o.batch > 0 ? o.batch : plan.data_group();
   SimOptions so;
-  std::optional<DType> prec = parse_dtype(o.precision);
-  if (!prec || *prec == DType::i32)
-    return error("--precision '" + o.precision + "' is not one of f32, bf16, f16");
-  so.precision = *prec;
+  TS_RETURN_IF_ERROR(parse_sim_precision(o.precision, &so));
   if (!parse_coll_algo(o.algo, &so.algo))
     return error("--algo '" + o.algo + "' is not one of auto, ring, tree, hierarchical");
   so.trace = !o.trace.empty();
@@ -130,14 +127,14 @@ Status run_simulate(const SimulateOptions& o) {
         "common divisor\n",
         plan.mesh.size(), cluster.node.devices, plan.mesh.size() % cluster.node.devices);
   std::printf("plan             %s, %d micro-batch(es) per step, %s\n", plan.describe().c_str(),
-              plan.micro_batches, dtype_name(so.precision));
+              plan.micro_batches, sim_precision_name(so));
   std::fputs(format_sim_result(r, cluster).c_str(), stdout);
   // The counts published runs use, for comparing with them (cost/flops.h).
   TransformerShape ts{static_cast<double>(batch * plan.micro_batches), static_cast<double>(seq),
                       static_cast<double>(cfg.n_layer), static_cast<double>(cfg.n_embd),
                       static_cast<double>(cfg.vocab_size)};
   const double per_device_s = r.step_seconds * r.devices;
-  const double peak = cluster.device.peak_flops(so.precision);
+  const double peak = run_peak_flops(cluster.device, so);
   std::printf(
       "published-style  Megatron eq.(3) %.1f TFLOP/s per device; 6N+12lhs MFU %.1f%%\n",
       megatron_flops_with_recompute(ts) / per_device_s / 1e12,
@@ -169,7 +166,9 @@ void add_simulate_command(CLI::App& app) {
                   "Global micro-batch in sequences (default, or 0: one per data-parallel rank)");
   cmd->add_option("--seq", o->seq, "Sequence length (default, or 0: the model's max_seq_len)");
   add_plan_flags(cmd, &o->flags);
-  cmd->add_option("--precision", o->precision, "f32 | bf16 (mixed) | f16 (mixed)")
+  cmd->add_option("--precision", o->precision,
+                  "f32 | bf16 (mixed) | f16 (mixed) | fp8 (the blocks' GEMMs in FP8 beside bf16, "
+                  "as Transformer Engine runs them)")
       ->capture_default_str();
   cmd->add_option("--algo", o->algo, "Collective algorithm: auto|ring|tree|hierarchical")
       ->capture_default_str();

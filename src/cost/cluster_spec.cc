@@ -83,6 +83,8 @@ const FloatField<DeviceSpec> kDeviceFloats[] = {
      "dense bf16 peak in TFLOP/s, e.g. 312 for an A100 (0: use the f32 peak)"},
     {"peak_tflops_f16", &DeviceSpec::peak_flops_f16, kTera, false, Range::non_negative, false,
      "dense f16 peak in TFLOP/s, e.g. 312 for an A100 (0: use the f32 peak)"},
+    {"peak_tflops_fp8", &DeviceSpec::peak_flops_fp8, kTera, false, Range::non_negative, false,
+     "dense FP8 tensor-core peak in TFLOP/s, e.g. 1979 for an H100 SXM (0: no FP8)"},
     {"memory_gib", &DeviceSpec::memory_bytes, kGiB, false, Range::positive, true,
      "device memory in GiB, e.g. 80"},
     {"memory_bandwidth_gbs", &DeviceSpec::memory_bandwidth, kGiga, false, Range::positive, true,
@@ -95,6 +97,8 @@ const FloatField<DeviceSpec> kDeviceFloats[] = {
      false,
      "fraction of a GEMM's rate left when a bf16/f16 dimension is not a multiple of 8, e.g. "
      "0.15 on an H100 (1: no penalty)"},
+    {"fp8_gemm_efficiency", &DeviceSpec::fp8_gemm_efficiency, 1, false, Range::fraction, false,
+     "fraction of the FP8 peak the best-shaped FP8 GEMM reaches, e.g. 0.5"},
     {"memory_efficiency", &DeviceSpec::memory_efficiency, 1, false, Range::fraction, false,
      "fraction of memory bandwidth streaming kernels reach, e.g. 0.8"},
     {"attention_efficiency", &DeviceSpec::attention_efficiency, 1, false, Range::fraction, false,

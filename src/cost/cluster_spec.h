@@ -13,8 +13,9 @@
 //
 // The TOML layout (see clusters/dgx-a100.toml for a commented example):
 //   name = "dgx-a100"          description = "..."        price_per_device_hour = 0.0
-//   [device]  name, peak_tflops_f32, peak_tflops_bf16, peak_tflops_f16, memory_gib,
-//             memory_bandwidth_gbs, launch_overhead_us, gemm_efficiency, memory_efficiency,
+//   [device]  name, peak_tflops_f32, peak_tflops_bf16, peak_tflops_f16, peak_tflops_fp8,
+//             memory_gib, memory_bandwidth_gbs, launch_overhead_us, gemm_efficiency,
+//             unaligned_gemm_efficiency, fp8_gemm_efficiency, memory_efficiency,
 //             attention_efficiency, optimizer_efficiency, sm_count, gemm_tile_m, gemm_tile_n
 //   [node]    devices, intra_bandwidth_gbs, intra_latency_us, intra_efficiency, comm_overlap
 //   [network] nics, nic_gbits, latency_us, efficiency, topology, oversubscription
@@ -36,6 +37,7 @@ struct DeviceSpec {
   double peak_flops_f32 = 0;   // dense FLOP/s
   double peak_flops_bf16 = 0;  // dense FLOP/s (tensor cores / matrix cores)
   double peak_flops_f16 = 0;
+  double peak_flops_fp8 = 0;    // dense FP8 tensor-core FLOP/s (0: the device has none)
   double memory_bytes = 0;      // capacity
   double memory_bandwidth = 0;  // bytes/s
   double launch_overhead = 0;   // seconds per kernel (fixed cost of every compute op)
@@ -47,6 +49,9 @@ struct DeviceSpec {
   // multiple of 8 elements (16 bytes: the tensor-core kernels' vector loads), e.g. GPT-2's
   // 50,257-row LM head; 1 where alignment does not matter.
   double unaligned_gemm_efficiency = 1.0;
+  // Fraction of peak_flops_fp8 the best-shaped FP8 GEMM reaches (Transformer Engine's recipe:
+  // e4m3/e5m2 operands with per-tensor scales, bf16 output).
+  double fp8_gemm_efficiency = 0.5;
   double memory_efficiency = 0.8;
   double attention_efficiency = 0.5;
   // Fraction of memory_bandwidth the optimizer's passes reach (AdamW over the local blocks,

@@ -38,7 +38,7 @@ double gemm_shape_efficiency(double m, double n, double k, const DeviceSpec& dev
 }
 
 OpTime op_time(const Graph& g, const Node& n, const DeviceSpec& dev,
-               const std::map<std::string, double>& op_efficiency, DType compute) {
+               const std::map<std::string, double>& op_efficiency, DType compute, bool fp8_gemms) {
   std::vector<TensorType> in, out;
   for (ValueId v : n.inputs) in.push_back(g.type(v));
   for (ValueId v : n.outputs) out.push_back(g.type(v));
@@ -58,7 +58,7 @@ OpTime op_time(const Graph& g, const Node& n, const DeviceSpec& dev,
   t.bytes = stored_low ? stored : bytes_at(stored, compute);
   double peak = dev.peak_flops(compute);
   double bw = dev.memory_bandwidth;
-  double compute_s = 0, memory_s = 0;
+  double compute_s = 0, memory_s = 0, cast_s = 0;
 
   if (n.op == OpKind::matmul) {
     const Shape& os = out[0].shape;
@@ -70,13 +70,26 @@ OpTime op_time(const Graph& g, const Node& n, const DeviceSpec& dev,
     // A shared 2-D weight lets the batch fold into rows (one GEMM); otherwise a batched GEMM
     // whose tiles add up over the batch.
     if (in[1].shape.rank() == 2) rows *= batch, batch = 1;
-    double eff = efficiency_or(op_efficiency, n.op, dev.gemm_efficiency) *
-                 gemm_shape_efficiency(rows * batch, cols, k, dev);
+    const double shape = gemm_shape_efficiency(rows * batch, cols, k, dev);
     auto aligned = [](double d) { return std::fmod(d, 8.0) == 0; };
-    if (dtype_size(compute) == 2 && !(aligned(rows) && aligned(cols) && aligned(k)))
-      eff *= dev.unaligned_gemm_efficiency;
-    compute_s = t.flops / (peak * std::max(eff, 1e-6));
+    const double alignment =
+        dtype_size(compute) == 2 && !(aligned(rows) && aligned(cols) && aligned(k))
+            ? dev.unaligned_gemm_efficiency
+            : 1.0;
+    double eff = efficiency_or(op_efficiency, n.op, dev.gemm_efficiency) * shape * alignment;
     memory_s = t.bytes / (bw * dev.memory_efficiency);
+    if (fp8_gemms && n.layer >= 0 && dev.peak_flops_fp8 > 0) {
+      // A transformer block's GEMM: FP8 operands and a bf16 output; the left operand cast
+      // first (2 bytes read, 1 written). The LM head stays bf16, as Megatron-Core's does.
+      const double left = static_cast<double>(in[0].shape.numel());
+      const double gemm_bytes = left + static_cast<double>(in[1].shape.numel()) + 2.0 * numel;
+      peak = dev.peak_flops_fp8;
+      eff = dev.fp8_gemm_efficiency * shape * alignment;
+      memory_s = gemm_bytes / (bw * dev.memory_efficiency);
+      cast_s = 3.0 * left / (bw * dev.memory_efficiency) + dev.launch_overhead;
+      t.bytes = gemm_bytes + 3.0 * left;
+    }
+    compute_s = t.flops / (peak * std::max(eff, 1e-6));
   } else if (n.op == OpKind::attention || n.op == OpKind::attention_grad) {
     // FLOPs are counted as full attention (the MFU convention); a causal kernel skips the
     // masked half of the score matrix, a bidirectional one (encoders) computes all of it.
@@ -89,7 +102,7 @@ OpTime op_time(const Graph& g, const Node& n, const DeviceSpec& dev,
     // Elementwise arithmetic runs on the vector units (f32 peak), never on tensor cores.
     compute_s = t.flops / std::max(dev.peak_flops_f32, 1.0);
   }
-  t.seconds = std::max(compute_s, memory_s) + dev.launch_overhead;
+  t.seconds = std::max(compute_s, memory_s) + cast_s + dev.launch_overhead;
   t.bound = compute_s >= memory_s ? OpTime::compute : OpTime::memory;
   if (compute_s == 0 && memory_s == 0) t.bound = OpTime::overhead;
   return t;

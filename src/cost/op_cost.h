@@ -11,6 +11,11 @@
 //   k_util    = k / (k + 128)                               (prologue/epilogue per tile)
 // times device.unaligned_gemm_efficiency for a bf16/f16 GEMM with a dimension that is not a
 // multiple of 8 (an unpadded 50,257-row vocabulary: ~0.15 of the rate on an H100).
+// FP8 GEMMs (Transformer Engine's recipe, beside bf16: the GEMMs inside transformer blocks;
+// the LM head stays bf16) run at device.peak_flops_fp8 *
+// device.fp8_gemm_efficiency * the shape factors, read one byte per operand element, and first
+// cast their left (activation) operand in a pass of its own: 2 bytes read and 1 written per
+// element at memory bandwidth, not overlapped (weights keep an FP8 copy, cast once per step).
 // Fused attention uses device.attention_efficiency; everything else is memory-bound work at
 // device.memory_bandwidth * memory_efficiency (bytes from op_bytes, scaled to the compute
 // dtype: activations move in bf16 under mixed precision; an op with bf16/f16 operands, from a
@@ -35,9 +40,11 @@ struct OpTime {
   Bound bound = overhead;
 };
 
-// `compute` is the dtype arithmetic runs in (f32 on CPU; bf16 under mixed precision).
+// `compute` is the dtype arithmetic runs in (f32 on CPU; bf16 under mixed precision);
+// `fp8_gemms`: GEMMs in FP8 beside bf16 (see above).
 OpTime op_time(const Graph& g, const Node& n, const DeviceSpec& dev,
-               const std::map<std::string, double>& op_efficiency, DType compute);
+               const std::map<std::string, double>& op_efficiency, DType compute,
+               bool fp8_gemms = false);
 
 // Shape efficiency of an m x n x k GEMM on `dev` (the product of the factors above, without
 // device.gemm_efficiency).

@@ -209,8 +209,13 @@ struct MicroBatchCost {
 class MicroBatchCosts {
  public:
   MicroBatchCosts(const ModelConfig& cfg, const ClusterSpec& cluster, int64_t seq, DType precision,
-                  Placements& placements)
-      : cfg_(cfg), cluster_(cluster), seq_(seq), precision_(precision), placements_(placements) {}
+                  bool fp8, Placements& placements)
+      : cfg_(cfg),
+        cluster_(cluster),
+        seq_(seq),
+        precision_(precision),
+        fp8_(fp8),
+        placements_(placements) {}
 
   // Costs every (rows, recompute, tp, sequence parallel) the candidates need, on `threads`
   // threads.
@@ -283,7 +288,7 @@ class MicroBatchCosts {
         continue;
       }
       const double t =
-          op_time(local, n, cluster_.device, cluster_.op_efficiency, precision_).seconds;
+          op_time(local, n, cluster_.device, cluster_.op_efficiency, precision_, fp8_).seconds;
       out.seconds += t;
       if (i < boundary) out.forward_seconds += t;
     }
@@ -328,6 +333,7 @@ class MicroBatchCosts {
   const ClusterSpec& cluster_;
   int64_t seq_;
   DType precision_;
+  bool fp8_;
   Placements& placements_;
   std::map<Key, Result<MicroBatchCost>> cache_;
 };
@@ -381,6 +387,7 @@ void simulate_candidate(const ModelConfig& cfg, const ClusterSpec& cluster, cons
   }
   SimOptions so;
   so.precision = o.precision;
+  so.fp8 = o.fp8;
   if (c->plan.stages() > 1) {
     // The cut lower_pipeline would make (as the runtime does), from the shared block costs.
     std::shared_ptr<const Result<LayerCosts>> costs =
@@ -442,6 +449,10 @@ Result<std::unique_ptr<PlanSpace>> PlanSpace::create(const ModelConfig& cfg,
                  std::to_string(cfg.max_seq_len));
   if (o.seq <= 0) o.seq = cfg.max_seq_len;
   if (o.global_batch == 0) o.global_batch = o.gpus;
+  SimOptions so;
+  so.precision = o.precision;
+  so.fp8 = o.fp8;
+  TS_RETURN_IF_ERROR(check_precision(cluster, so));
   if (o.threads <= 0)
     o.threads = std::max(1, static_cast<int>(std::thread::hardware_concurrency()));
 
@@ -476,7 +487,7 @@ Result<std::unique_ptr<PlanSpace>> PlanSpace::create(const ModelConfig& cfg,
   one.n_layer = 1;
   two.n_layer = 2;
   const double params_per_block = static_cast<double>(count_params(two) - count_params(one));
-  MicroBatchCosts costs(s.cfg, s.cluster, o.seq, o.precision, *s.placements);
+  MicroBatchCosts costs(s.cfg, s.cluster, o.seq, o.precision, o.fp8, *s.placements);
   costs.prepare(within, o.threads);
   for (PlanCandidate& c : within) {
     const Result<MicroBatchCost>& mb = costs.of(c.plan, c.micro_batch);

@@ -57,6 +57,7 @@ struct PlannerOptions {
   int64_t global_batch = 0;  // sequences per optimizer step (0: one per device)
   int64_t seq = 0;           // tokens per sequence (0: the model's max_seq_len)
   DType precision = DType::bf16;
+  bool fp8 = false;  // with bf16: the blocks' GEMMs in FP8 (SimOptions::fp8)
   int top_k = 5;
   int threads = 0;           // candidates simulated at once (0: every core)
   int max_micro_batch = 16;  // sequences per rank per micro-batch, at most

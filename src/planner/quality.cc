@@ -29,6 +29,7 @@ PlannerRow search_row(const RunResult& r, int threads) {
   o.global_batch = s.batch * s.plan.micro_batches;  // sequences per optimizer step
   o.seq = s.seq;
   o.precision = s.sim.precision;
+  o.fp8 = s.sim.fp8;
   o.top_k = 1;
   o.threads = threads;
   o.max_micro_batch = std::max<int64_t>(o.max_micro_batch, published.micro_batch);

@@ -31,12 +31,14 @@ double p2p_seconds(const Plan& plan, const ClusterSpec& c, double bytes) {
 // Stage s's bytes per device: its chunks' persistent state (their Programs' at the run's
 // precision, persistent_bytes_at, and the pipeline's gradient buffers) and its arena (phase
 // arenas, stash slots and send buffers, at the run's precision).
-std::pair<double, double> stage_memory(const PipelineProgram& pp, int s, double scale) {
+std::pair<double, double> stage_memory(const PipelineProgram& pp, int s, const SimOptions& opt) {
+  const double scale = precision_scale(opt);
   const int stages = pp.schedule.stages, chunks = pp.schedule.chunks();
   double persistent = static_cast<double>(pp.stage_persistent_bytes[static_cast<size_t>(s)]);
   for (int k = s; k < chunks; k += stages) {
     const Program& p = pp.chunks[static_cast<size_t>(k)].program;
-    persistent += persistent_bytes_at(p, scale) - static_cast<double>(p.persistent_bytes());
+    persistent +=
+        persistent_bytes_at(p, scale, opt.fp8) - static_cast<double>(p.persistent_bytes());
   }
   // The arena, stash slots and send buffers hold activations and gradients: the run's precision.
   const double arena = static_cast<double>(pp.stage_arena_bytes[static_cast<size_t>(s)] +
@@ -124,7 +126,7 @@ Result<SimResult> simulate(const PipelineProgram& pp, const ClusterSpec& cluster
   const double per_stage = static_cast<double>(r.devices) / stages;
   for (const ChunkSim& c : cs) r.hardware_flops_per_step += c.hardware_flops * m * per_stage;
   r.model_flops_per_step = pp.model_flops * m;
-  const double peak = cluster.device.peak_flops(opt.precision);
+  const double peak = run_peak_flops(cluster.device, opt);
   if (step > 0) {
     r.model_tflops_per_device = r.model_flops_per_step / step / r.devices / 1e12;
     r.hardware_tflops_per_device = r.hardware_flops_per_step / step / r.devices / 1e12;
@@ -133,7 +135,7 @@ Result<SimResult> simulate(const PipelineProgram& pp, const ClusterSpec& cluster
   }
   // Memory: the fullest stage (the one with the most micro-batches in flight, usually 0).
   for (int s = 0; s < stages; ++s) {
-    const auto [persistent, arena] = stage_memory(pp, s, scale);
+    const auto [persistent, arena] = stage_memory(pp, s, opt);
     r.stage_peak_bytes.push_back(persistent + arena);
     if (persistent + arena > r.peak_memory_bytes) {
       r.peak_memory_bytes = persistent + arena;
@@ -179,7 +181,7 @@ Result<double> simulate_stage_memory(const Graph& g, const Plan& plan, const Clu
     return error("simulate_stage_memory: no stage " + std::to_string(stage) + " of " +
                  std::to_string(plan.stages()));
   TS_ASSIGN_OR_RETURN(PipelineProgram pp, lower_pipeline(g, plan, stage));
-  const auto [persistent, arena] = stage_memory(pp, stage, precision_scale(opt));
+  const auto [persistent, arena] = stage_memory(pp, stage, opt);
   return persistent + arena;
 }
 

@@ -33,7 +33,8 @@ double precision_scale(const Program& prog, const SimOptions& opt);
 // f32's): as planned in f32; under mixed precision the parameters in the low precision plus an
 // f32 master copy sharded like the optimizer state (ZeRO-1 and up shard it, as DeepSpeed's
 // ZeRO and Megatron's distributed optimizer do), the f32 gradients and AdamW moments as planned.
-double persistent_bytes_at(const Program& prog, double scale);
+// FP8 GEMMs (SimOptions::fp8) add a one-byte copy of each local parameter element.
+double persistent_bytes_at(const Program& prog, double scale, bool fp8);
 
 Status check_sim_inputs(const Plan& plan, const ClusterSpec& cluster, const SimOptions& opt);
 ChunkSim simulate_chunk(const Program& prog, const std::vector<char>& weight_grad,

@@ -5,6 +5,7 @@
 #include <map>
 #include <nlohmann/json.hpp>
 #include <numeric>
+#include <optional>
 
 #include "base/format.h"
 #include "cost/op_cost.h"
@@ -83,7 +84,7 @@ class Schedule {
       if (is_collective(n.op)) {
         t = OpTime{collective(n.op, collective_bytes(g_, n, scale_), axes_of_key(n.attrs.name))};
       } else {
-        t = op_time(g_, n, c_.device, c_.op_efficiency, opt_.precision);
+        t = op_time(g_, n, c_.device, c_.op_efficiency, opt_.precision, opt_.fp8);
       }
     }
     return t;
@@ -333,18 +334,56 @@ double precision_scale(const Program& prog, const SimOptions& opt) {
   return precision_scale(opt);
 }
 
-double persistent_bytes_at(const Program& prog, double scale) {
-  if (scale >= 1) return static_cast<double>(prog.persistent_bytes());
+double persistent_bytes_at(const Program& prog, double scale, bool fp8) {
+  double fp8_copies = 0;  // one byte per local parameter element
+  if (fp8)
+    for (const ParamLayout& pl : prog.part.params)
+      fp8_copies += static_cast<double>(prog.local().type(pl.local).shape.numel());
+  if (scale >= 1) return static_cast<double>(prog.persistent_bytes()) + fp8_copies;
   const double master = static_cast<double>(prog.optim_bytes) / 2.0;  // 4 of AdamW's 8 bytes
   return static_cast<double>(prog.param_bytes) * scale + master +
-         static_cast<double>(prog.grad_bytes + prog.optim_bytes);
+         static_cast<double>(prog.grad_bytes + prog.optim_bytes) + fp8_copies;
 }
 
-Status check_sim_inputs(const Plan& plan, const ClusterSpec& cluster, const SimOptions& opt) {
+Status parse_sim_precision(const std::string& name, SimOptions* opt) {
+  if (name == "fp8") {
+    opt->precision = DType::bf16;
+    opt->fp8 = true;
+    return Status();
+  }
+  std::optional<DType> d = parse_dtype(name);
+  if (!d || *d == DType::i32)
+    return error("--precision '" + name + "' is not one of f32, bf16, f16, fp8");
+  opt->precision = *d;
+  opt->fp8 = false;
+  return Status();
+}
+
+const char* sim_precision_name(const SimOptions& opt) {
+  return opt.fp8 ? "fp8" : dtype_name(opt.precision);
+}
+
+double run_peak_flops(const DeviceSpec& dev, const SimOptions& opt) {
+  return opt.fp8 ? dev.peak_flops_fp8 : dev.peak_flops(opt.precision);
+}
+
+Status check_precision(const ClusterSpec& cluster, const SimOptions& opt) {
   if (opt.precision == DType::i32) return error("simulate: precision must be f32, bf16 or f16");
+  if (opt.fp8 && opt.precision != DType::bf16)
+    return error("simulate: FP8 GEMMs run beside bf16 (the precision of everything else), not " +
+                 std::string(dtype_name(opt.precision)));
+  if (opt.fp8 && cluster.device.peak_flops_fp8 <= 0)
+    return error("cluster '" + cluster.name + "': " + cluster.device.name +
+                     " has no FP8 peak (peak_tflops_fp8 in its [device])",
+                 "simulate in bf16, or give the device's dense FP8 peak in a cluster spec file");
   if (cluster.device.peak_flops(opt.precision) <= 0 || cluster.device.memory_bandwidth <= 0)
     return error("cluster '" + cluster.name + "' has no peak FLOP/s or memory bandwidth for " +
                  dtype_name(opt.precision));
+  return Status();
+}
+
+Status check_sim_inputs(const Plan& plan, const ClusterSpec& cluster, const SimOptions& opt) {
+  TS_RETURN_IF_ERROR(check_precision(cluster, opt));
   const int devices = plan.mesh.size();
   if (devices > cluster.node.devices && cluster.network.node_bandwidth() <= 0)
     return error("cluster '" + cluster.name + "' is one node of " +
@@ -398,7 +437,7 @@ Result<SimResult> simulate(const Program& prog, const ClusterSpec& cluster, cons
   }
   const double replicas = local > 0 ? prog.model_flops / local : r.devices;
   r.model_flops_per_step = s.model_flops_ * replicas;
-  double peak = cluster.device.peak_flops(opt.precision);
+  const double peak = run_peak_flops(cluster.device, opt);
   if (r.step_seconds > 0) {
     r.model_tflops_per_device = r.model_flops_per_step / r.step_seconds / r.devices / 1e12;
     r.hardware_tflops_per_device = r.hardware_flops_per_step / r.step_seconds / r.devices / 1e12;
@@ -407,7 +446,7 @@ Result<SimResult> simulate(const Program& prog, const ClusterSpec& cluster, cons
   }
   // Memory: the state (persistent_bytes_at), and the activation arena at the run's precision.
   const double scale = precision_scale(prog, opt);
-  r.persistent_bytes = persistent_bytes_at(prog, scale);
+  r.persistent_bytes = persistent_bytes_at(prog, scale, opt.fp8);
   r.arena_bytes = static_cast<double>(prog.memory.arena_bytes) * scale;
   r.peak_memory_bytes = r.persistent_bytes + r.arena_bytes;
   return r;

@@ -44,9 +44,24 @@ namespace tessera {
 
 struct SimOptions {
   DType precision = DType::f32;  // f32, or bf16/f16 mixed precision
+  // With bf16: the GEMMs in FP8 as Transformer Engine runs them (e4m3/e5m2 operands with
+  // per-tensor scales, the activation operand cast in a pass of its own, bf16 output; an FP8
+  // copy of each weight kept beside it), at DeviceSpec::peak_flops_fp8. Attention, norms and
+  // everything else stay bf16.
+  bool fp8 = false;
   CollAlgo algo = CollAlgo::automatic;
   bool trace = false;  // record events for chrome_trace()
 };
+
+// --precision: "f32", "bf16", "f16" (and their long names) or "fp8" (FP8 GEMMs beside bf16)
+// into opt's precision and fp8; an error naming the choices otherwise.
+Status parse_sim_precision(const std::string& name, SimOptions* opt);
+// "fp8" for FP8 GEMMs, else the precision's dtype name.
+const char* sim_precision_name(const SimOptions& opt);
+// Whether the cluster's device runs opt's precision (a peak for it; FP8 beside bf16 only).
+Status check_precision(const ClusterSpec& cluster, const SimOptions& opt);
+// The peak the run's FLOPs are measured against (MFU): the FP8 peak for FP8 GEMMs.
+double run_peak_flops(const DeviceSpec& dev, const SimOptions& opt);
 
 struct TraceEvent {
   std::string name;                // "matmul h.3.mlp.fc", "all_gather h.4 params"

@@ -141,7 +141,12 @@ Result<ModelConfig> model_for(const PublishedRun& r, RunSetup* s) {
     TS_RETURN_IF_ERROR(need(r, "heads", &heads));
   }
   TS_RETURN_IF_ERROR(need(r, "seq_len", &seq));
-  TS_RETURN_IF_ERROR(need(r, "vocab", &vocab));
+  if (r.at("vocab").empty() && contains(name, "GPT3")) {
+    vocab = 50257;  // NeMo's GPT-3 configs train on the GPT-2 BPE
+    s->assumptions.push_back("vocabulary 50,257 (the GPT-2 BPE; not published)");
+  } else {
+    TS_RETURN_IF_ERROR(need(r, "vocab", &vocab));
+  }
   ModelConfig c;
   c.name = name;
   c.family = "gpt";
@@ -242,8 +247,11 @@ Result<RunSetup> setup_run(const PublishedRun& r, const std::string& cluster_dir
   }
 
   const std::string& prec = r.at("precision");
-  if (contains(prec, "fp8")) return error("FP8 training is not modeled (no FP8 peak in specs)");
-  if (contains(prec, "bf16") || prec.empty()) {
+  if (contains(prec, "fp8")) {
+    s.sim.precision = DType::bf16;
+    s.sim.fp8 = true;
+    s.assumptions.push_back("FP8 GEMMs in the blocks (Transformer Engine), bf16 elsewhere");
+  } else if (contains(prec, "bf16") || prec.empty()) {
     s.sim.precision = DType::bf16;
     if (prec.empty()) s.assumptions.push_back("bf16 mixed precision (not published)");
   } else if (contains(prec, "fp16") || contains(prec, "16-bit")) {
@@ -282,6 +290,10 @@ Result<RunSetup> setup_run(const PublishedRun& r, const std::string& cluster_dir
   }
 
   const std::string& z = r.at("zero_or_fsdp");
+  if (z.empty() && rc.empty())
+    return error(
+        "neither the ZeRO stage nor the recomputation is published (the plan's memory "
+        "and its optimizer traffic are unknown)");
   if (contains(z, "FULL_SHARD") || contains(z, "ZeRO-3") || z == "FSDP")
     s.plan.zero = 3;
   else if (contains(z, "SHARD_GRAD_OP") || contains(z, "ZeRO-2"))
@@ -346,6 +358,7 @@ Result<RunSetup> setup_run(const PublishedRun& r, const std::string& cluster_dir
     s.assumptions.push_back("network " + std::to_string(static_cast<int>(gbits)) +
                             " Gb/s per node (from the row)");
   }
+  TS_RETURN_IF_ERROR(check_precision(s.cluster, s.sim));  // FP8 on a device with an FP8 peak
 
   double v;
   if (s.scale_from_gpus > 0) {

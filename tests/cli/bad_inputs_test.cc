@@ -148,6 +148,18 @@ TEST_F(BadInputs, ValidateTablesWithABomNoRowsOrNoGpus) {
          {"num_gpus='-8' is not a positive integer", "0 rows simulated, 1 not modelled"});
 }
 
+// --precision fp8 (the blocks' GEMMs in FP8 beside bf16) where the device has FP8 tensor
+// cores; one error naming the missing peak where it has none, for simulate and plan --auto.
+TEST_F(BadInputs, Fp8NeedsADeviceWithAnFp8Peak) {
+  expect("simulate gpt2-small --gpus 8 --seq 1024 --cluster dgx-h100 --precision fp8", 0,
+         {", fp8\n", "MFU"});
+  for (const char* cmd : {"simulate gpt2-small --gpus 8 --cluster dgx-a100 --precision fp8",
+                          "plan gpt2-small --auto --gpus 8 --cluster dgx-a100 --precision fp8"})
+    expect(cmd, 1, {"A100-SXM4-80GB has no FP8 peak (peak_tflops_fp8 in its [device])"});
+  expect("simulate gpt2-small --precision fp4", 1,
+         {"--precision 'fp4' is not one of f32, bf16, f16, fp8"});
+}
+
 TEST_F(BadInputs, ATopologyTheSimulatorDoesNotModelIsSaid) {
   expect("simulate llama2-7b --gpus 16 --seq 2048 --cluster frontier", 0,
          {"the dragonfly network is timed as a fat tree"});

@@ -170,8 +170,23 @@ TEST(ClusterSpec, ToTomlRoundTripsEveryField) {
   c.name = "calibrated \"lab\" box";
   c.description = "two\\three\nlines";
   c.price_per_device_hour = 1.2345;
-  c.device = {"cpu", 8.123456789e10, 1.7e11, 1.9e11, 3.3e10, 1.23456789e10, 4.7e-6, 0.91, 0.5, 0.83,
-              0.37,  0.66,           7,      64,     32};
+  c.device = {.name = "cpu",
+              .peak_flops_f32 = 8.123456789e10,
+              .peak_flops_bf16 = 1.7e11,
+              .peak_flops_f16 = 1.9e11,
+              .peak_flops_fp8 = 3.7e11,
+              .memory_bytes = 3.3e10,
+              .memory_bandwidth = 1.23456789e10,
+              .launch_overhead = 4.7e-6,
+              .gemm_efficiency = 0.91,
+              .unaligned_gemm_efficiency = 0.5,
+              .fp8_gemm_efficiency = 0.57,
+              .memory_efficiency = 0.83,
+              .attention_efficiency = 0.37,
+              .optimizer_efficiency = 0.66,
+              .sm_count = 7,
+              .gemm_tile_m = 64,
+              .gemm_tile_n = 32};
   c.node = {3, 2.2e9, 1.3e-5, 0.77, 0.4};
   c.network = {5, 1.25e10, 7.1e-6, 0.65, "torus", 2.5};
   c.op_efficiency = {{"matmul", 0.71}, {"layernorm", 0.33}};

@@ -81,6 +81,39 @@ TEST(OpTime, UnalignedLowPrecisionGemmsRunAtTheUnalignedEfficiency) {
               1e-12);
 }
 
+// FP8 GEMMs (beside bf16): a transformer block's GEMM runs at the FP8 peak times
+// fp8_gemm_efficiency and the shape factors, after a cast of its left operand (2 bytes read and
+// 1 written per element, at memory bandwidth); a GEMM outside the blocks (the LM head) and a
+// device without an FP8 peak keep the bf16 time.
+TEST(OpTime, Fp8GemmsInTheBlocksRunAtTheFp8PeakAfterACast) {
+  ClusterSpec c = round_cluster();
+  c.device.peak_flops_fp8 = 400e12;
+  c.device.fp8_gemm_efficiency = 0.5;
+  const int64_t m = 4096, k = 4096, n = 4096;
+  OneOp head = matmul_graph(m, k, n);
+  OneOp block;
+  {
+    Builder b(&block.g);
+    b.set_layer(0);
+    Var x = b.input("x", Shape{m, k});
+    Var w = b.parameter("w", Shape{k, n}, Init::zeros, 0);
+    block.node = block.g.value(b.matmul(x, w).id).producer;
+  }
+  const OpTime bf = op_time(block.g, block.g.node(block.node), c.device, {}, DType::bf16);
+  const OpTime f8 = op_time(block.g, block.g.node(block.node), c.device, {}, DType::bf16, true);
+  const double flops = 2.0 * m * k * n, shape = gemm_shape_efficiency(m, n, k, c.device);
+  const double cast = 3.0 * m * k / (2e12 * 0.5) + 5e-6;
+  EXPECT_NEAR(f8.seconds, flops / (400e12 * 0.5 * shape) + cast + 5e-6, 1e-12);
+  EXPECT_DOUBLE_EQ(f8.bytes, m * k + k * n + 2.0 * m * n + 3.0 * m * k);
+  EXPECT_LT(f8.seconds, bf.seconds);
+  EXPECT_DOUBLE_EQ(op_time(head.g, head.g.node(head.node), c.device, {}, DType::bf16, true).seconds,
+                   op_time(head.g, head.g.node(head.node), c.device, {}, DType::bf16).seconds);
+  c.device.peak_flops_fp8 = 0;
+  EXPECT_DOUBLE_EQ(
+      op_time(block.g, block.g.node(block.node), c.device, {}, DType::bf16, true).seconds,
+      bf.seconds);
+}
+
 TEST(OpTime, ElementwiseIsMemoryBoundAndHalvesInBf16) {
   ClusterSpec c = round_cluster();
   Graph g;

@@ -142,6 +142,38 @@ TEST(Simulator, MixedPrecisionHalvesActivationsAndSpeedsUpGemms) {
                    static_cast<double>(p.persistent_bytes() + p.memory.arena_bytes));
 }
 
+// FP8 GEMMs: faster than bf16 on a device with an FP8 peak, an FP8 copy of every local
+// parameter element in memory, MFU against the FP8 peak; refused on a device without one and
+// beside a precision other than bf16.
+TEST(Simulator, Fp8GemmsRunFasterWithAnFp8CopyOfTheWeights) {
+  ClusterSpec c = round_cluster();
+  c.device.peak_flops_fp8 = 400e12;
+  c.device.fp8_gemm_efficiency = 0.6;
+  // 8 x 1024 tokens per rank: GEMMs large enough for FP8 to pay for its casts' launches.
+  Program p = lowered("gpt2-small", 64, 1024, Plan::data_parallel(8, 1));
+  SimOptions bf, f8;
+  ASSERT_TRUE(parse_sim_precision("bf16", &bf).ok());
+  ASSERT_TRUE(parse_sim_precision("fp8", &f8).ok());
+  EXPECT_EQ(f8.precision, DType::bf16);
+  EXPECT_STREQ(sim_precision_name(f8), "fp8");
+  SimResult a = *simulate(p, c, bf), b = *simulate(p, c, f8);
+  // (The casts of 768-wide activations cost about half the FP8 GEMM time at this device's
+  // bandwidth: OpTime.Fp8GemmsInTheBlocksRunAtTheFp8PeakAfterACast checks the formula.)
+  EXPECT_LT(b.step_seconds, a.step_seconds);
+  EXPECT_GT(b.seconds_by_op.at("matmul"), 0);
+  EXPECT_LT(b.seconds_by_op.at("matmul"), 0.95 * a.seconds_by_op.at("matmul"));
+  EXPECT_DOUBLE_EQ(b.persistent_bytes - a.persistent_bytes,
+                   static_cast<double>(p.param_bytes) / 4);  // one byte per f32 element
+  EXPECT_DOUBLE_EQ(b.arena_bytes, a.arena_bytes);
+  EXPECT_NEAR(b.mfu, b.model_tflops_per_device * 1e12 / 400e12, 1e-12);
+  c.device.peak_flops_fp8 = 0;
+  Result<SimResult> none = simulate(p, c, f8);
+  ASSERT_FALSE(none.ok());
+  EXPECT_NE(none.status().message().find("no FP8 peak"), std::string::npos)
+      << none.status().message();
+  EXPECT_FALSE(parse_sim_precision("fp4", &f8).ok());
+}
+
 // Under mixed precision the f32 master copy is optimizer state: ZeRO-1 shards it with the
 // moments (DeepSpeed's ZeRO, Megatron's distributed optimizer), and every rank keeps the
 // parameters in bf16.

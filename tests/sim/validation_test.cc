@@ -80,6 +80,16 @@ TEST(SetupRun, BuildsModelPlanAndClusterFromARow) {
   EXPECT_EQ(s->sim.precision, DType::bf16);
   EXPECT_EQ(s->metric, "tokens/s/GPU");
   EXPECT_EQ(s->published, 3000);
+  EXPECT_FALSE(s->sim.fp8);
+  // llm-foundry's amp_fp8 on H100s: the blocks' GEMMs in FP8 beside bf16.
+  PublishedRun f8 = mosaic_like();
+  f8.fields["gpu_type"] = "H100 80GB";
+  f8.fields["precision"] = "amp_fp8";
+  s = setup_run(f8);
+  ASSERT_TRUE(s.ok()) << s.status().to_string();
+  EXPECT_EQ(s->cluster.name, "dgx-h100");
+  EXPECT_EQ(s->sim.precision, DType::bf16);
+  EXPECT_TRUE(s->sim.fp8);
 }
 
 // A tensor-parallel row: dp = num_gpus / tp, the micro-batch split over dp only, and
@@ -143,7 +153,13 @@ TEST(SetupRun, SaysWhyARowCannotBeModelled) {
       reason({{"pp", "4"}, {"tp", "2"}, {"sequence_parallel", "yes"}, {"zero_or_fsdp", "ZeRO-1"}}),
       "ok");
   EXPECT_NE(reason({{"pp", "3"}}).find("does not divide num_gpus=32"), std::string::npos);
-  EXPECT_NE(reason({{"precision", "amp_fp8"}}).find("FP8"), std::string::npos);
+  // FP8 on an A100 (no FP8 tensor cores) is refused; on an H100 its GEMMs are FP8.
+  EXPECT_NE(reason({{"precision", "amp_fp8"}}).find("has no FP8 peak"), std::string::npos);
+  EXPECT_EQ(reason({{"precision", "amp_fp8"}, {"gpu_type", "H100 80GB"}}), "ok");
+  EXPECT_NE(reason({{"zero_or_fsdp", ""}, {"activation_recompute", ""}})
+                .find("neither the ZeRO stage nor the recomputation is published"),
+            std::string::npos);
+  EXPECT_EQ(reason({{"zero_or_fsdp", ""}}), "ok");
   EXPECT_NE(reason({{"num_gpus", "128-512"}}).find("num_gpus '128-512' is not a single number"),
             std::string::npos);
   EXPECT_NE(reason({{"micro_batch", ""}}).find("micro_batch not published"), std::string::npos);
