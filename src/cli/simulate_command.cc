@@ -37,7 +37,7 @@ struct SimulateOptions {
 
 // The prediction as one JSON object: what a script (or a search over plans) compares.
 nlohmann::json sim_json(const ModelConfig& cfg, const ClusterSpec& cluster, const Plan& plan,
-                        int64_t batch, int64_t seq, const SimResult& r) {
+                        int64_t batch, int64_t seq, const SimOptions& so, const SimResult& r) {
   return {{"model", cfg.name},
           {"parameters", count_params(cfg)},
           {"cluster", cluster.name},
@@ -45,6 +45,7 @@ nlohmann::json sim_json(const ModelConfig& cfg, const ClusterSpec& cluster, cons
           {"devices", r.devices},
           {"batch", batch},
           {"seq", seq},
+          {"precision", sim_precision_name(so)},
           {"plan", plan_to_json(plan)},
           {"step_s", r.step_seconds},
           {"compute_s", r.compute_seconds},
@@ -104,7 +105,7 @@ Status run_simulate(const SimulateOptions& o) {
                             cluster.device.name + " (" + plan.describe() + ")";
   if (so.trace) TS_RETURN_IF_ERROR(write_file_atomic(o.trace, chrome_trace(r, title)));
   if (o.json) {
-    std::printf("%s\n", sim_json(cfg, cluster, plan, batch, seq, r).dump(2).c_str());
+    std::printf("%s\n", sim_json(cfg, cluster, plan, batch, seq, so, r).dump(2).c_str());
     return Status();
   }
 

@@ -431,6 +431,7 @@ TEST(TesseraBinary, SimulateJsonIsOneObjectOfTheFigures) {
                           "plan", "devices", "exposed_comm_s"})
     EXPECT_TRUE(j.contains(key)) << key;
   EXPECT_EQ(j["devices"], 8);
+  EXPECT_EQ(j["precision"], "bf16");
   EXPECT_EQ(j["plan"]["mesh"][1]["name"], "tp");
   EXPECT_EQ(j["plan"]["mesh"][1]["size"], 2);
   const double step = j["step_s"];
