@@ -27,7 +27,6 @@ struct Registry {
     ops_detail::define_nn_ops(defs.data());
     ops_detail::define_comm_ops(defs.data());
     ops_detail::define_vocab_ops(defs.data());
-    ops_detail::define_sharding_rules(defs.data());
     for (const OpDef& d : defs)
       TS_CHECK(d.infer != nullptr) << "op '" << d.name << "' has no definition";
   }

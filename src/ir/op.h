@@ -1,16 +1,17 @@
 // The op registry: each op is defined in exactly one place (src/ir/ops_*.cc) by an OpDef that
 // holds its shape/dtype inference, FLOP and byte counts, its VJP (in terms of other ops) and
-// its sharding rule along one mesh axis (ops_sharding.cc). Kernels live in backend/.
+// its sharding rule along one mesh axis (composed from ir/sharding_rules.h). Kernels live in
+// backend/.
 //
 //   const OpDef& d = op_def(OpKind::matmul);
 //   d.name == "matmul";  d.num_inputs == 2;
 //   for (OpKind k : all_ops()) std::puts(op_def(k).name);
 //
-// Adding an op touches today: one line in TESSERA_OPS below; its OpDef in an ops_*.cc file and,
-// if it can run sharded, its rule in ops_sharding.cc; a Builder method (builder.h/.cc) if model
-// code calls it by name; its CPU kernel (backend/cpu/kernels.h, a kernels_*.cc, a case in
-// cpu_backend.cc's dispatch); its CUDA kernel (registered in a backend/cuda/kernels_*.cu); its
-// entry in tests/ir/op_consistency_test.cc. (DESIGN.md's target is four files.)
+// Adding an op touches: one line in TESSERA_OPS below and its OpDef (sharding rule included)
+// in an ops_*.cc file (the definition); its CPU kernel, registered in a backend/cpu/kernels_*.cc;
+// its CUDA kernel, registered in a backend/cuda/kernels_*.cu; its entry in
+// tests/ir/op_consistency_test.cc. Model code builds it with Builder::apply (a Builder method
+// of its own is a convenience, not a requirement).
 #pragma once
 
 #include <cstdint>
@@ -177,7 +178,6 @@ void define_shape_ops(OpDef* table);
 void define_nn_ops(OpDef* table);
 void define_comm_ops(OpDef* table);
 void define_vocab_ops(OpDef* table);
-void define_sharding_rules(OpDef* table);
 }  // namespace ops_detail
 
 }  // namespace tessera

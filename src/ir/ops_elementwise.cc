@@ -2,6 +2,7 @@
 #include <cmath>
 
 #include "ir/ops_common.h"
+#include "ir/sharding_rules.h"
 
 namespace tessera::ops_detail {
 
@@ -122,6 +123,51 @@ void vjp_cast(Builder& b, const Node& n, std::span<const Var> g, std::vector<Var
 
 }  // namespace
 
+namespace {
+
+using P = Placement;
+using Out = std::vector<Placement>;
+
+// add/sub/mul/div with numpy broadcasting: sharded inputs must map to one output dim that the
+// replicated inputs broadcast along (absent or of size 1).
+bool binary(OpKind op, const ShardingRuleArgs& a, Out* out) {
+  const P &x = a.p(0), &y = a.p(1);
+  const int orank = a.out[0].shape.rank();
+  if (x.is_partial() || y.is_partial()) {
+    bool linear_both = op == OpKind::add || op == OpKind::sub;
+    if (x.is_partial() && y.is_partial()) return linear_both && all_outputs(a, out, P::partial());
+    // Partial times (or over) a replicated factor stays Partial.
+    if (op == OpKind::mul && (x.is_replicate() || y.is_replicate()))
+      return all_outputs(a, out, P::partial());
+    if (op == OpKind::div && x.is_partial() && y.is_replicate())
+      return all_outputs(a, out, P::partial());
+    return false;
+  }
+  int odim = -1;
+  for (int i = 0; i < 2; ++i) {
+    const P& p = a.p(i);
+    if (!p.is_shard()) continue;
+    int d = p.dim + (orank - a.in[static_cast<size_t>(i)].shape.rank());
+    if (a.in[static_cast<size_t>(i)].shape[p.dim] != a.out[0].shape[d]) return false;
+    if (odim >= 0 && odim != d) return false;
+    odim = d;
+  }
+  for (int i = 0; i < 2; ++i) {
+    const P& p = a.p(i);
+    if (!p.is_replicate()) continue;
+    const Shape& s = a.in[static_cast<size_t>(i)].shape;
+    int d = odim - (orank - s.rank());
+    if (d >= 0 && s[d] != 1) return false;
+  }
+  return all_outputs(a, out, P::shard(odim));
+}
+
+template <OpKind K>
+bool binary_rule(const ShardingRuleArgs& a, Out* out) {
+  return binary(K, a, out);
+}
+}  // namespace
+
 void define_elementwise_ops(OpDef* t) {
   for (OpKind k : {OpKind::parameter, OpKind::input, OpKind::fill}) {
     def(t, k).infer = infer_source;
@@ -179,6 +225,20 @@ void define_elementwise_ops(OpDef* t) {
 
   def(t, OpKind::cast).infer = infer_cast;
   def(t, OpKind::cast).vjp = vjp_cast;
+
+  // Sharding along one mesh axis (ir/sharding_rules.h).
+  def(t, OpKind::add).sharding = binary_rule<OpKind::add>;
+  def(t, OpKind::sub).sharding = binary_rule<OpKind::sub>;
+  def(t, OpKind::mul).sharding = binary_rule<OpKind::mul>;
+  def(t, OpKind::div).sharding = binary_rule<OpKind::div>;
+  def(t, OpKind::scale).sharding = linear_unary;
+  def(t, OpKind::cast).sharding = linear_unary;
+  for (OpKind k : {OpKind::add_scalar, OpKind::exp, OpKind::log, OpKind::sqrt, OpKind::rsqrt,
+                   OpKind::tanh, OpKind::gelu, OpKind::silu, OpKind::relu})
+    def(t, k).sharding = elementwise_unary;
+  for (OpKind k : {OpKind::gelu_grad, OpKind::silu_grad, OpKind::relu_grad, OpKind::swiglu,
+                   OpKind::swiglu_grad})
+    def(t, k).sharding = same_shape;
 }
 
 }  // namespace tessera::ops_detail

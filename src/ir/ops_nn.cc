@@ -1,6 +1,7 @@
 // Matmul and the fused neural-network ops (norms, RoPE, softmax, attention, cross-entropy) with
 // their backward ops. Fused ops have reference decompositions in the op-consistency test.
 #include "ir/ops_common.h"
+#include "ir/sharding_rules.h"
 
 namespace tessera::ops_detail {
 
@@ -314,6 +315,123 @@ void vjp_cross_entropy(Builder& b, const Node& n, std::span<const Var> g, std::v
 
 }  // namespace
 
+namespace {
+
+using P = Placement;
+using Out = std::vector<Placement>;
+
+// [.., M, K] x [.., K, N] (transpose flags; a rank-2 right operand may be shared by a batch).
+bool matmul(const ShardingRuleArgs& a, Out* out) {
+  const P &x = a.p(0), &y = a.p(1);
+  const int ra = a.in[0].shape.rank(), rb = a.in[1].shape.rank(), ro = a.out[0].shape.rank();
+  if (x.is_partial() || y.is_partial())
+    return ((x.is_partial() && y.is_replicate()) || (x.is_replicate() && y.is_partial())) &&
+           all_outputs(a, out, P::partial());
+  const int a_m = a.attrs.transpose_a ? ra - 1 : ra - 2,
+            a_k = a.attrs.transpose_a ? ra - 2 : ra - 1;
+  const int b_k = a.attrs.transpose_b ? rb - 1 : rb - 2,
+            b_n = a.attrs.transpose_b ? rb - 2 : rb - 1;
+  if (x.is_shard() && y.is_shard()) {
+    if (x.dim == a_k && y.dim == b_k) return all_outputs(a, out, P::partial());
+    if (ra == rb && x.dim == y.dim && x.dim < ra - 2) return all_outputs(a, out, x);
+    return false;
+  }
+  if (x.is_shard()) {  // y replicated
+    if (x.dim == a_m) return all_outputs(a, out, P::shard(ro - 2));
+    if (x.dim < ra - 2 && rb == 2) return all_outputs(a, out, x);
+    return false;
+  }
+  if (y.dim == b_n) return all_outputs(a, out, P::shard(ro - 1));
+  return false;
+}
+
+// embedding(table [V,C], ids [...]) -> [..., C]. A table split on the vocabulary gives each
+// rank the rows of its block (the partition pass lowers it to vocab_embedding): Partial.
+bool embedding(const ShardingRuleArgs& a, Out* out) {
+  const P &t = a.p(0), &ids = a.p(1);
+  if (t.is_replicate() && ids.is_shard()) return all_outputs(a, out, ids);
+  if (t.is_shard(1) && ids.is_replicate())
+    return all_outputs(a, out, P::shard(a.out[0].shape.rank() - 1));
+  if (t.is_shard(0) && ids.is_replicate()) return all_outputs(a, out, P::partial());
+  return false;
+}
+
+// embedding_grad(dy [..., C], ids [...]) -> [V, C]
+bool embedding_grad(const ShardingRuleArgs& a, Out* out) {
+  const P &dy = a.p(0), &ids = a.p(1);
+  if (dy.is_shard() && ids == dy) return all_outputs(a, out, P::partial());
+  if (dy.is_partial() && ids.is_replicate()) return all_outputs(a, out, P::partial());
+  if (dy.is_shard(a.in[0].shape.rank() - 1) && ids.is_replicate())
+    return all_outputs(a, out, P::shard(1));
+  return false;
+}
+
+// rope [B,T,H,D]: position-dependent along T (dim 1) and pairwise along D.
+bool rope(const ShardingRuleArgs& a, Out* out) {
+  const P& x = a.p(0);
+  if (x.is_partial()) return all_outputs(a, out, x);  // a rotation is linear
+  return (x.dim == 0 || x.dim == 2) && all_outputs(a, out, x);
+}
+
+// attention(q [B,H,Tq,D], k, v [B,Hkv,Tk,D][, bias [H,Tq,Tk]]) -> out [B,H,Tq,D], lse [B,H,Tq];
+// its grad takes (q, k, v, out, lse, dout[, bias]) -> (dq, dk, dv[, dbias]). Batch sharding
+// (the bias replicated: its gradient is a Partial sum over the examples) or head sharding
+// (the bias split on its heads too).
+bool attention(const ShardingRuleArgs& a, Out* out) {
+  const P& q = a.p(0);
+  if (!q.is_shard() || q.dim > 1) return false;
+  const size_t bias_at = a.in.size() == 4 || a.in.size() == 7 ? a.in.size() - 1 : a.in.size();
+  const P bias = q.dim == 0 ? P::replicate() : P::shard(0);
+  for (size_t i = 0; i < a.placements.size(); ++i)
+    if (!(a.placements[i] == (i == bias_at ? bias : q))) return false;
+  all_outputs(a, out, q);
+  if (a.out.size() == 4) (*out)[3] = q.dim == 0 ? P::partial() : P::shard(0);
+  return true;
+}
+
+// cross_entropy(logits [N,V], targets [N]) -> loss [], lse [N]: rows sharded -> the local mean
+// divides by the global row count (attrs.count) and the losses add up (Partial).
+// Logits split on the vocabulary (columns) with whole rows of targets: the partition pass
+// lowers it to the vocab-parallel pieces (logsumexp of each block, gathered; the target logit
+// picked where it lies, summed), which leave the loss and lse Replicate.
+bool cross_entropy(const ShardingRuleArgs& a, Out* out) {
+  if (a.p(0).is_shard(1) && a.p(1).is_replicate()) {
+    *out = {P::replicate(), P::replicate()};
+    return true;
+  }
+  if (!a.p(0).is_shard(0) || !a.p(1).is_shard(0)) return false;
+  *out = {P::partial(), P::shard(0)};
+  return true;
+}
+
+// cross_entropy_grad(logits, targets, lse, dloss) -> dlogits (vocab-split: lowered to
+// vocab_cross_entropy_grad)
+bool cross_entropy_grad(const ShardingRuleArgs& a, Out* out) {
+  if (a.p(0).is_shard(1) && a.p(1).is_replicate() && a.p(2).is_replicate() && a.p(3).is_replicate())
+    return all_outputs(a, out, P::shard(1));
+  if (!a.p(0).is_shard(0) || !a.p(1).is_shard(0) || !a.p(2).is_shard(0) || !a.p(3).is_replicate())
+    return false;
+  return all_outputs(a, out, P::shard(0));
+}
+
+bool softmax_like(const ShardingRuleArgs& a, Out* out) {
+  return same_shape_rule(a, out, false, a.in[0].shape.rank() - 1);
+}
+bool causal_mask(const ShardingRuleArgs& a, Out* out) {
+  return same_shape_rule(a, out, false, a.in[0].shape.rank() - 2);
+}
+
+// layernorm(x, w, b) -> (y, mean, rstd); layernorm_grad(dy, x, w, mean, rstd) -> (dx, dw, db)
+bool layernorm(const ShardingRuleArgs& a, Out* out) { return rowwise(a, out, {0}, 3); }
+bool layernorm_grad(const ShardingRuleArgs& a, Out* out) {
+  return rowwise(a, out, {0, 1, 3, 4}, 1);
+}
+// rmsnorm(x, w) -> (y, rstd); rmsnorm_grad(dy, x, w, rstd) -> (dx, dw)
+bool rmsnorm(const ShardingRuleArgs& a, Out* out) { return rowwise(a, out, {0}, 2); }
+bool rmsnorm_grad(const ShardingRuleArgs& a, Out* out) { return rowwise(a, out, {0, 1, 3}, 1); }
+
+}  // namespace
+
 void define_nn_ops(OpDef* t) {
   def(t, OpKind::matmul).infer = infer_matmul;
   def(t, OpKind::matmul).flops = flops_matmul;
@@ -364,6 +482,23 @@ void define_nn_ops(OpDef* t) {
   def(t, OpKind::cross_entropy_grad).infer = infer_cross_entropy_grad;
   def(t, OpKind::cross_entropy_grad).flops = flops_in0<4>;
   def(t, OpKind::cross_entropy_grad).gradient_of = "cross_entropy";
+
+  // Sharding along one mesh axis (ir/sharding_rules.h).
+  def(t, OpKind::matmul).sharding = matmul;
+  def(t, OpKind::embedding).sharding = embedding;
+  def(t, OpKind::embedding_grad).sharding = embedding_grad;
+  def(t, OpKind::layernorm).sharding = layernorm;
+  def(t, OpKind::layernorm_grad).sharding = layernorm_grad;
+  def(t, OpKind::rmsnorm).sharding = rmsnorm;
+  def(t, OpKind::rmsnorm_grad).sharding = rmsnorm_grad;
+  def(t, OpKind::rope).sharding = rope;
+  def(t, OpKind::softmax).sharding = softmax_like;
+  def(t, OpKind::softmax_grad).sharding = softmax_like;
+  def(t, OpKind::causal_mask).sharding = causal_mask;
+  def(t, OpKind::attention).sharding = attention;
+  def(t, OpKind::attention_grad).sharding = attention;
+  def(t, OpKind::cross_entropy).sharding = cross_entropy;
+  def(t, OpKind::cross_entropy_grad).sharding = cross_entropy_grad;
 }
 
 }  // namespace tessera::ops_detail

@@ -2,6 +2,7 @@
 #include <algorithm>
 
 #include "ir/ops_common.h"
+#include "ir/sharding_rules.h"
 
 namespace tessera::ops_detail {
 
@@ -177,6 +178,79 @@ void vjp_concat(Builder& b, const Node& n, std::span<const Var> g, std::vector<V
 
 }  // namespace
 
+namespace {
+
+using P = Placement;
+using Out = std::vector<Placement>;
+
+bool reduce_sum(const ShardingRuleArgs& a, Out* out) {
+  const P& x = a.p(0);
+  if (x.is_partial()) return all_outputs(a, out, x);
+  const std::vector<int64_t>& axes = a.attrs.ints;
+  const int rank = a.in[0].shape.rank();
+  int removed_before = 0;
+  for (int64_t ax : axes) {
+    int d = static_cast<int>(ax < 0 ? ax + rank : ax);
+    if (d == x.dim) return all_outputs(a, out, P::partial());
+    if (d < x.dim) ++removed_before;
+  }
+  return all_outputs(a, out, P::shard(a.attrs.keepdim ? x.dim : x.dim - removed_before));
+}
+
+// sum_to reduces leading dims and dims where the target has size 1.
+bool sum_to(const ShardingRuleArgs& a, Out* out) {
+  const P& x = a.p(0);
+  if (x.is_partial()) return all_outputs(a, out, x);
+  int d = x.dim - (a.in[0].shape.rank() - a.out[0].shape.rank());
+  if (d < 0 || a.out[0].shape[d] != a.in[0].shape[x.dim]) return all_outputs(a, out, P::partial());
+  return all_outputs(a, out, P::shard(d));
+}
+
+bool broadcast_to(const ShardingRuleArgs& a, Out* out) {
+  const P& x = a.p(0);
+  if (x.is_partial()) return false;  // broadcasting a sum is fine, but keep Partial narrow
+  int d = x.dim + (a.out[0].shape.rank() - a.in[0].shape.rank());
+  if (a.in[0].shape[x.dim] != a.out[0].shape[d]) return false;
+  return all_outputs(a, out, P::shard(d));
+}
+
+// A block split of dim d survives a reshape when the dims before it multiply to the same
+// outer size in the output: each outer slice is split into n contiguous pieces either way.
+bool reshape(const ShardingRuleArgs& a, Out* out) {
+  const P& x = a.p(0);
+  if (x.is_partial()) return all_outputs(a, out, x);
+  const Shape &in = a.in[0].shape, &o = a.out[0].shape;
+  int64_t outer = 1;
+  for (int i = 0; i < x.dim; ++i) outer *= in[i];
+  int64_t po = 1;
+  for (int j = 0; j < o.rank(); ++j) {
+    if (po == outer && o[j] > 1) return all_outputs(a, out, P::shard(j));
+    po *= o[j];
+    if (po > outer) break;
+  }
+  return false;
+}
+
+bool transpose(const ShardingRuleArgs& a, Out* out) {
+  const P& x = a.p(0);
+  if (x.is_partial()) return all_outputs(a, out, x);
+  const std::vector<int64_t>& perm = a.attrs.ints;
+  for (size_t i = 0; i < perm.size(); ++i)
+    if (perm[i] == x.dim) return all_outputs(a, out, P::shard(static_cast<int>(i)));
+  return false;
+}
+
+bool slice_or_concat(const ShardingRuleArgs& a, Out* out) {
+  const P& first = a.p(0);
+  for (const P& p : a.placements)
+    if (!(p == first)) return false;
+  if (first.is_partial()) return all_outputs(a, out, first);
+  int ax = a.in[0].shape.axis(static_cast<int>(a.attrs.axis));
+  return first.dim != ax && all_outputs(a, out, first);
+}
+
+}  // namespace
+
 void define_shape_ops(OpDef* t) {
   def(t, OpKind::reduce_sum).infer = infer_reduce_sum;
   def(t, OpKind::reduce_sum).flops = flops_reduce;
@@ -195,6 +269,15 @@ void define_shape_ops(OpDef* t) {
   def(t, OpKind::shard_slice).infer = infer_shard_slice;
   def(t, OpKind::concat).infer = infer_concat;
   def(t, OpKind::concat).vjp = vjp_concat;
+
+  // Sharding along one mesh axis (ir/sharding_rules.h).
+  def(t, OpKind::reduce_sum).sharding = reduce_sum;
+  def(t, OpKind::sum_to).sharding = sum_to;
+  def(t, OpKind::broadcast_to).sharding = broadcast_to;
+  def(t, OpKind::reshape).sharding = reshape;
+  def(t, OpKind::transpose).sharding = transpose;
+  def(t, OpKind::slice).sharding = slice_or_concat;
+  def(t, OpKind::concat).sharding = slice_or_concat;
 }
 
 }  // namespace tessera::ops_detail

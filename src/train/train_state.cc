@@ -298,7 +298,8 @@ Result<int64_t> TrainState::load(const std::string& root, BatchStream* train) {
                    "the manifest was edited or damaged; resume from an earlier checkpoint");
     TS_RETURN_IF_ERROR(read_held(ck, /*with_moments=*/true));
     for (const HeldParam& h : held_params()) h.runner->optimizer().set_steps(adam_steps);
-    if (m.contains("loss_scale"))  // an fp16 run's scale, where it left it
+    // An fp16 run resumed in fp16 goes on from its scale (other precisions scale nothing).
+    if (m.contains("loss_scale") && loss_scale() > 0)
       set_loss_scale(m.at("loss_scale").at("scale").get<double>(),
                      m.at("loss_scale").at("good_steps").get<int64_t>());
     TS_ASSIGN_OR_RETURN(LoaderState ls, loader_state_from_json(m.at("loader")));

@@ -190,6 +190,23 @@ TEST_F(TrainTest, LowPrecisionFollowsFp32AndResumesExactly) {
   std::string first;
   std::getline(fp16, first);
   EXPECT_NE(first.find("\"loss_scale\":65536"), std::string::npos) << first;
+
+  // An fp16 checkpoint resumed in bf16 scales nothing (its records carry no loss_scale).
+  TrainOptions half = options("fp16_then_bf16");
+  half.precision = "fp16";
+  half.stop_after = 10;
+  ASSERT_TRUE(run_train(half).ok());
+  half.precision = "bf16";
+  half.stop_after = 0;
+  half.resume = true;
+  Status s = run_train(half);
+  ASSERT_TRUE(s.ok()) << s.to_string();
+  std::ifstream switched(dir_ / "fp16_then_bf16/metrics.jsonl");
+  std::string line, last;
+  while (std::getline(switched, line))
+    if (line.find("grad_norm") != std::string::npos) last = line;
+  EXPECT_NE(last.find("\"step\":19"), std::string::npos) << last;
+  EXPECT_EQ(last.find("loss_scale"), std::string::npos) << last;
 }
 
 // Runs the tessera binary with `args`; returns its exit code and puts stdout+stderr in *out.
