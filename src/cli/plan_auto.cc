@@ -166,6 +166,7 @@ Status run_plan_auto(const PlanAutoOptions& o) {
                         {"devices", o.gpus},
                         {"batch", batch},
                         {"seq", seq},
+                        {"precision", sim_precision_name(precision)},
                         {"enumerated", s.enumerated},
                         {"pruned_by_memory", s.pruned_by_memory},
                         {"simulated", s.simulated},
@@ -177,11 +178,12 @@ Status run_plan_auto(const PlanAutoOptions& o) {
     return Status();
   }
   std::printf(
-      "searched %d plans of %s for %d x %s, %lld sequences x %lld tokens per step: %d beyond "
-      "memory by a bound, %d simulated, in %.1f s (%.1f s bounding, %.1f s simulating)\n",
+      "searched %d plans of %s for %d x %s, %lld sequences x %lld tokens per step in %s: %d "
+      "beyond memory by a bound, %d simulated, in %.1f s (%.1f s bounding, %.1f s "
+      "simulating)\n",
       s.enumerated, cfg.name.c_str(), o.gpus, cluster.device.name.c_str(), (long long)batch,
-      (long long)seq, s.pruned_by_memory, s.simulated, s.seconds, space->create_seconds(),
-      s.seconds - space->create_seconds());
+      (long long)seq, sim_precision_name(precision), s.pruned_by_memory, s.simulated, s.seconds,
+      space->create_seconds(), s.seconds - space->create_seconds());
   std::printf("%-3s %-46s %9s %10s %6s %10s %9s %7s\n", "#", "plan", "step s", "tokens/s", "MFU",
               "memory", "comm s", "bubble");
   for (size_t i = 0; i < s.best.size(); ++i) {

@@ -153,6 +153,8 @@ TEST_F(BadInputs, ValidateTablesWithABomNoRowsOrNoGpus) {
 TEST_F(BadInputs, Fp8NeedsADeviceWithAnFp8Peak) {
   expect("simulate gpt2-small --gpus 8 --seq 1024 --cluster dgx-h100 --precision fp8", 0,
          {", fp8\n", "MFU"});
+  expect("plan gpt2-small --auto --gpus 8 --seq 1024 --cluster dgx-h100 --precision fp8 --top 1", 0,
+         {"tokens per step in fp8: "});
   for (const char* cmd : {"simulate gpt2-small --gpus 8 --cluster dgx-a100 --precision fp8",
                           "plan gpt2-small --auto --gpus 8 --cluster dgx-a100 --precision fp8"})
     expect(cmd, 1, {"A100-SXM4-80GB has no FP8 peak (peak_tflops_fp8 in its [device])"});
