@@ -121,10 +121,6 @@ void vjp_cast(Builder& b, const Node& n, std::span<const Var> g, std::vector<Var
   (*dx)[0] = b.cast(g[0], in_var(b, n, 0).dtype());
 }
 
-}  // namespace
-
-namespace {
-
 using P = Placement;
 using Out = std::vector<Placement>;
 

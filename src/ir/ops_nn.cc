@@ -313,10 +313,6 @@ void vjp_cross_entropy(Builder& b, const Node& n, std::span<const Var> g, std::v
       b.cross_entropy_grad(in_var(b, n, 0), in_var(b, n, 1), out_var(b, n, 1), g[0], n.attrs.vocab);
 }
 
-}  // namespace
-
-namespace {
-
 using P = Placement;
 using Out = std::vector<Placement>;
 

@@ -176,10 +176,6 @@ void vjp_concat(Builder& b, const Node& n, std::span<const Var> g, std::vector<V
   }
 }
 
-}  // namespace
-
-namespace {
-
 using P = Placement;
 using Out = std::vector<Placement>;
 

@@ -372,6 +372,14 @@ struct GraphCache {
   }
 };
 
+// The simulator's options for the search's precision.
+SimOptions sim_options(const PlannerOptions& o) {
+  SimOptions so;
+  so.precision = o.precision;
+  so.fp8 = o.fp8;
+  return so;
+}
+
 // Lowers and times candidate c (its parameters placed by `placements`). A pipeline's first stage
 // (the most micro-batches in flight) is lowered alone first, for a fraction of the whole
 // pipeline's cost: a candidate whose first stage does not fit in `capacity` is not simulated.
@@ -385,9 +393,7 @@ void simulate_candidate(const ModelConfig& cfg, const ClusterSpec& cluster, cons
     c->error = placed.message();
     return;
   }
-  SimOptions so;
-  so.precision = o.precision;
-  so.fp8 = o.fp8;
+  const SimOptions so = sim_options(o);
   if (c->plan.stages() > 1) {
     // The cut lower_pipeline would make (as the runtime does), from the shared block costs.
     std::shared_ptr<const Result<LayerCosts>> costs =
@@ -449,10 +455,7 @@ Result<std::unique_ptr<PlanSpace>> PlanSpace::create(const ModelConfig& cfg,
                  std::to_string(cfg.max_seq_len));
   if (o.seq <= 0) o.seq = cfg.max_seq_len;
   if (o.global_batch == 0) o.global_batch = o.gpus;
-  SimOptions so;
-  so.precision = o.precision;
-  so.fp8 = o.fp8;
-  TS_RETURN_IF_ERROR(check_precision(cluster, so));
+  TS_RETURN_IF_ERROR(check_precision(cluster, sim_options(o)));
   if (o.threads <= 0)
     o.threads = std::max(1, static_cast<int>(std::thread::hardware_concurrency()));
 

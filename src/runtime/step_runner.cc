@@ -644,16 +644,14 @@ double StepRunner::take_loss_scale(double sq) {
 }
 
 bool StepRunner::is_loss_seed(const Executor& ex, ValueId v) {
-  for (ValueId seed : prog_.part.loss_seeds) {
-    if (!chunk_) {
-      if (&ex == exec_.get() && v == seed) return true;
-      continue;
-    }
-    // A chunk's seed, in whichever phase computes it.
-    for (size_t ph = 0; ph < chunk_->phases.value_of.size(); ++ph)
-      if (&ex == &phase_executor(static_cast<int>(ph)) &&
-          chunk_->phases.value_of[ph][static_cast<size_t>(seed)] == v)
-        return true;
+  const std::vector<ValueId>& seeds = prog_.part.loss_seeds;
+  if (!chunk_) return &ex == exec_.get() && std::find(seeds.begin(), seeds.end(), v) != seeds.end();
+  // A chunk's seeds, in whichever phase computes them: ex's copies of them.
+  for (size_t ph = 0; ph < chunk_->phases.value_of.size(); ++ph) {
+    if (&ex != &phase_executor(static_cast<int>(ph))) continue;
+    for (ValueId seed : seeds)
+      if (chunk_->phases.value_of[ph][static_cast<size_t>(seed)] == v) return true;
+    return false;
   }
   return false;
 }

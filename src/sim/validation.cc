@@ -141,12 +141,7 @@ Result<ModelConfig> model_for(const PublishedRun& r, RunSetup* s) {
     TS_RETURN_IF_ERROR(need(r, "heads", &heads));
   }
   TS_RETURN_IF_ERROR(need(r, "seq_len", &seq));
-  if (r.at("vocab").empty() && contains(name, "GPT3")) {
-    vocab = 50257;  // NeMo's GPT-3 configs train on the GPT-2 BPE
-    s->assumptions.push_back("vocabulary 50,257 (the GPT-2 BPE; not published)");
-  } else {
-    TS_RETURN_IF_ERROR(need(r, "vocab", &vocab));
-  }
+  TS_RETURN_IF_ERROR(need(r, "vocab", &vocab));
   ModelConfig c;
   c.name = name;
   c.family = "gpt";
