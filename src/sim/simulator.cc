@@ -197,11 +197,13 @@ class Schedule {
         dur = optimizer_seconds(in, &comm);
       }
       const std::string axes = comm ? comm_axes(in) : std::string();
-      double& free = comm ? comm_free(axes) : compute_free_;
+      // The runner executes the list in order (StepRunner): a collective is issued when the
+      // compute stream reaches its start, and a wait holds the compute stream until its
+      // collective ends while the comm stream goes on with what is queued behind it.
+      const bool on_comm = comm && in.kind != Instruction::wait;
+      double& free = on_comm ? comm_free(axes) : compute_free_;
       double start = std::max(free, ready);
-      if (in.kind == Instruction::wait) {  // the compute stream idles until the collective ends
-        start = std::max(compute_free_, ready);
-      }
+      if (on_comm) start = std::max(start, compute_free_);
       end[i] = start + dur;
       free = end[i];
       if (in.kind == Instruction::param_sync) compute_free_ = std::max(compute_free_, end[i]);

@@ -225,6 +225,37 @@ TEST(Simulator, TraceHasBothStreamsInOrder) {
   EXPECT_NEAR(last_end, r.step_seconds * 1e6, 1e-3);
 }
 
+// Every stream runs one thing at a time, in the order the runner issues it: no two events of a
+// stream overlap, no collective starts before the compute stream has reached its start
+// instruction, and the step lasts at least as long as each stream is busy. HSDP over a slow
+// network: the replicas' all-reduces queue far behind the backward pass, and the waits that
+// the ZeRO-3 gathers need in between must not pull that queue forward.
+TEST(Simulator, EachStreamRunsOneThingAtATimeInIssueOrder) {
+  ClusterSpec c = round_cluster(2, 1);
+  SimOptions o;
+  o.trace = true;
+  Result<Program> p =
+      lower(build_model(*find_preset("gpt2-small"), 16, 256, ModelMode::train).graph,
+            Plan::hybrid_sharded(2, 2));
+  ASSERT_TRUE(p.ok()) << p.status().to_string();
+  SimResult r = *simulate(*p, c, o);
+  int busy_streams = 0;  // compute, the shard group's and the replicas' (and the norm's)
+  for (size_t s = 0; s < r.streams.size(); ++s) {
+    std::vector<const TraceEvent*> on;
+    double busy = 0;
+    for (const TraceEvent& e : r.events)
+      if (e.stream == static_cast<int>(s)) on.push_back(&e), busy += e.duration;
+    busy_streams += on.size() > 10;
+    std::sort(on.begin(), on.end(),
+              [](const TraceEvent* a, const TraceEvent* b) { return a->start < b->start; });
+    for (size_t i = 1; i < on.size(); ++i)
+      ASSERT_GE(on[i]->start, on[i - 1]->start + on[i - 1]->duration - 1e-12)
+          << r.streams[s] << ": " << on[i - 1]->name << " and " << on[i]->name << " overlap";
+    EXPECT_GE(r.step_seconds, busy * (1 - 1e-12)) << r.streams[s];
+  }
+  EXPECT_EQ(busy_streams, 3);
+}
+
 // Each rank group has its own comm stream, as the runtime has one comm thread per
 // communicator: a tensor-parallel all-reduce of the backward runs while a data-parallel
 // gradient bucket is still in flight, rather than queueing behind it (review R10).
