@@ -13,6 +13,7 @@
 #include "parallel/partition.h"
 #include "parallel/pipeline_program.h"
 #include "parallel/pipeline_schedule.h"
+#include "parallel/program.h"
 #include "parallel/recompute.h"
 #include "parallel/sharding_search.h"
 #include "planner/planner.h"
@@ -204,6 +205,7 @@ class Placements {
 struct MicroBatchCost {
   MicroBatchTime time;               // block_seconds: what the second block adds
   double saved_bytes_per_block = 0;  // at the run's precision (the arena's scale)
+  std::vector<ParamTensors> params;  // the whole model's, on one tensor-parallel rank
 };
 
 class MicroBatchCosts {
@@ -243,8 +245,11 @@ class MicroBatchCosts {
 
   // Compute seconds (all, and the forward pass's) and kept bytes of the ops of a model of
   // `blocks` blocks lowered for key k.
+  // Parameter tensors by (local elements, read by the backward pass, split over tp): how many.
+  using Tensors = std::map<std::tuple<int64_t, bool, bool>, double>;
   struct Measured {
-    double seconds = 0, forward_seconds = 0, kept = 0, exposed_comm = 0;
+    double seconds = 0, forward_seconds = 0, waits = 0, forward_waits = 0, kept = 0;
+    Tensors params;
   };
   Result<Measured> measure(const Key& k, int64_t blocks) {
     const auto [rows, rc, tp, sp] = k;
@@ -269,29 +274,45 @@ class MicroBatchCosts {
         std::find_if(nodes.begin(), nodes.end(), in_backward_pass) - nodes.begin());
     Measured out;
     const double scale = static_cast<double>(dtype_size(precision_)) / 4.0;
-    for (size_t i = 0; i < nodes.size(); ++i) {
-      const Node& n = nodes[i];
-      if (is_collective(n.op)) {
-        // A forward-pass collective whose output the next node reads stalls the compute
-        // stream for all of it (nothing runs between its start and its wait): a tensor-
-        // parallel all-reduce before the residual add, as the simulator times it.
-        const bool exposed = i < boundary && i + 1 < nodes.size() &&
-                             std::find(nodes[i + 1].inputs.begin(), nodes[i + 1].inputs.end(),
-                                       n.outputs[0]) != nodes[i + 1].inputs.end();
-        if (!exposed) continue;
+    // The compute stream as the simulator runs the micro-step (sim/simulator.cc), every
+    // collective started once the stream has issued it and its input is ready, never queued
+    // behind another: the ops, and the waits on the tensor-parallel collectives.
+    const std::vector<Instruction> list = lower_instructions(local, {});
+    std::vector<double> end(list.size(), 0.0);
+    double compute = 0;
+    for (size_t i = 0; i < list.size(); ++i) {
+      const Instruction& in = list[i];
+      double ready = 0;
+      for (int d : in.deps) ready = std::max(ready, end[static_cast<size_t>(d)]);
+      const Node& n = local.node(in.node);
+      if (in.kind == Instruction::start) {
+        const GroupLayout group =
+            group_layout(p.mesh, axes_of_key(n.attrs.name), cluster_.node.devices);
+        end[i] = std::max(ready, compute) +
+                 collective_time(n.op, collective_bytes(local, n, scale), group, cluster_).seconds;
+      } else if (in.kind == Instruction::wait) {
+        const double idle = std::max(0.0, ready - compute);
+        out.waits += idle;
+        if (!in_backward_pass(n)) out.forward_waits += idle;
+        end[i] = compute = std::max(compute, ready);
+      } else {
         const double t =
-            collective_time(n.op, collective_bytes(local, n, scale),
-                            group_layout(p.mesh, axes_of_key(n.attrs.name), cluster_.node.devices),
-                            cluster_)
-                .seconds;
-        out.exposed_comm += t;
-        continue;
+            op_time(local, n, cluster_.device, cluster_.op_efficiency, precision_, fp8_).seconds;
+        end[i] = compute = std::max(compute, ready) + t;
+        if (!in_backward_pass(n)) out.forward_seconds = compute;
       }
-      const double t =
-          op_time(local, n, cluster_.device, cluster_.op_efficiency, precision_, fp8_).seconds;
-      out.seconds += t;
-      if (i < boundary) out.forward_seconds += t;
     }
+    out.seconds = compute;
+    // The parameter tensors, as the data-parallel collectives see them: a backward read (its
+    // recomputation's included) makes ZeRO-3 gather a tensor again.
+    const Graph& global = p.recompute == RecomputePolicy::none ? m.graph : recomputed;
+    std::vector<char> read_backward(global.values().size(), 0);
+    for (const Node& n : global.nodes())
+      if (in_backward_pass(n))
+        for (ValueId v : n.inputs) read_backward[static_cast<size_t>(v)] = 1;
+    for (const ParamLayout& pl : part.params)
+      out.params[{pl.local_shape.numel(), read_backward[static_cast<size_t>(pl.global)] != 0,
+                  pl.local_shape.numel() < pl.global_shape.numel()}] += 1;
     // Kept for the backward pass: what the blocks produce before the first backward node and a
     // node at or after it reads — all live at that point. Views (reshapes) share their input's
     // bytes and are not counted.
@@ -318,14 +339,25 @@ class MicroBatchCosts {
     const double more = static_cast<double>(cfg_.n_layer - 1);
     const double scale = static_cast<double>(dtype_size(precision_)) / 4.0;
     MicroBatchCost c;
-    c.time.exposed_comm_seconds = one.exposed_comm + (two.exposed_comm - one.exposed_comm) * more;
     c.time.block_seconds = two.seconds - one.seconds;
     c.time.seconds = one.seconds + c.time.block_seconds * more;
     c.time.forward_seconds =
         one.forward_seconds + (two.forward_seconds - one.forward_seconds) * more;
+    c.time.wait_seconds = one.waits + (two.waits - one.waits) * more;
+    c.time.forward_wait_seconds =
+        one.forward_waits + (two.forward_waits - one.forward_waits) * more;
     // T5's pipeline blocks are its encoder's and decoder's, of different costs: no one block.
     if (num_blocks(cfg_) != cfg_.n_layer) c.time.block_seconds = 0;
     c.saved_bytes_per_block = (two.kept - one.kept) * scale;
+    // The whole model's tensors: the one-block model's, and n_layer - 1 times what the second
+    // block adds.
+    Tensors all = one.params;
+    for (const auto& [key, n] : two.params) {
+      auto it = one.params.find(key);
+      all[key] += more * std::max(0.0, n - (it == one.params.end() ? 0.0 : it->second));
+    }
+    for (const auto& [key, n] : all)
+      c.params.push_back({std::get<0>(key), std::get<1>(key), std::get<2>(key), n});
     return c;
   }
 
@@ -507,9 +539,12 @@ Result<std::unique_ptr<PlanSpace>> PlanSpace::create(const ModelConfig& cfg,
       s.smallest_memory_bound = std::min(s.smallest_memory_bound, c.memory_bound);
       continue;
     }
-    c.time_bound = plan_time_bound(c.plan, mb->time, num_blocks(s.cfg),
-                                   optimizer_time_bound(s.cfg, s.cluster, c.plan),
-                                   data_comm_time_bound(s.cfg, s.cluster, c.plan, o.precision));
+    c.time_bound =
+        plan_time_bound(c.plan, mb->time, num_blocks(s.cfg),
+                        optimizer_time_bound(s.cfg, s.cluster, c.plan) +
+                            param_sync_time_bound(mb->params, s.cluster, c.plan, o.precision),
+                        data_comm_time_bound(mb->params, s.cluster, c.plan, o.precision),
+                        accumulate_time_bound(mb->params, s.cluster, c.plan));
     s.alive.push_back(std::move(c));
   }
   std::stable_sort(

@@ -79,68 +79,105 @@ double with_activations(const Plan& plan, double state_bound, double state_per_b
 
 double optimizer_time_bound(const ModelConfig& cfg, const ClusterSpec& cluster, const Plan& plan) {
   // AdamW reads the parameter, gradient and two moments and writes three (fp32) per element of
-  // this rank's share (ZeRO-1 and up: 1 / dp of it), at the device's streaming bandwidth.
+  // this rank's share (ZeRO-1 and up: 1 / dp of it), at the optimizer's streaming bandwidth.
   const double elems = static_cast<double>(count_params(cfg)) /
                        static_cast<double>(plan.tensor_group() * plan.stages()) /
                        (plan.shards_optimizer() ? static_cast<double>(plan.zero_group()) : 1.0);
-  return 7.0 * 4.0 * elems / (cluster.device.memory_bandwidth * cluster.device.memory_efficiency);
+  return 7.0 * 4.0 * elems /
+         (cluster.device.memory_bandwidth * cluster.device.optimizer_efficiency);
 }
 
-double data_comm_time_bound(const ModelConfig& cfg, const ClusterSpec& cluster, const Plan& plan,
-                            DType precision) {
-  // This rank's share of the parameters, in the run's precision (the collectives' element):
-  // the average over tensor and pipeline ranks, which the busiest rank holds at least.
-  const double bytes = static_cast<double>(count_params(cfg)) /
-                       static_cast<double>(plan.tensor_group() * plan.stages()) *
-                       static_cast<double>(dtype_size(precision));
-  // The bandwidth part of one collective of `b` bytes over `axes`, by the algorithm that moves
-  // them fastest: the bucketed collectives each pay latencies on top, whichever algorithm
-  // they take.
-  auto moving = [&](OpKind kind, double b, const std::vector<std::string>& axes) {
+double local_param_elems(const std::vector<ParamTensors>& params) {
+  double n = 0;
+  for (const ParamTensors& p : params) n += p.count * static_cast<double>(p.elems);
+  return n;
+}
+
+double data_comm_time_bound(const std::vector<ParamTensors>& params, const ClusterSpec& cluster,
+                            const Plan& plan, DType precision) {
+  if (plan.data_group() <= 1) return 0;
+  const double elem = static_cast<double>(dtype_size(precision));
+  // One collective of `b` bytes over `axes`, as the simulator times it (the fastest algorithm).
+  auto time = [&](OpKind kind, double b, const std::vector<std::string>& axes) {
     const GroupLayout group = group_layout(plan.mesh, axes, cluster.node.devices);
-    if (group.size <= 1) return 0.0;
-    double best = 1e300;
-    for (CollAlgo a : {CollAlgo::ring, CollAlgo::tree, CollAlgo::hierarchical}) {
-      if (a == CollAlgo::tree && kind != OpKind::all_reduce) continue;
-      const double t = collective_time(kind, b, group, cluster, a).seconds -
-                       collective_time(kind, 0.0, group, cluster, a).seconds;
-      best = std::min(best, std::max(t, 0.0));
-    }
-    return best;
+    return group.size <= 1 ? 0.0 : collective_time(kind, b, group, cluster).seconds;
   };
-  // Each micro-batch reduces its gradients (ZeRO-2/3: reduce-scatter over the ZeRO axes, then
-  // HSDP's all-reduce of the blocks over the replica axes, on that group's own stream) and
-  // ZeRO-3 gathers the parameters at least once; a pipeline may reduce once per step, so
-  // count one there. Streams of different groups overlap: the busiest one bounds the step.
-  const double micro = plan.stages() > 1 ? 1.0 : static_cast<double>(plan.micro_batches);
-  if (!plan.shards_grads()) return micro * moving(OpKind::all_reduce, bytes, plan.data_axes);
-  double sharded = micro * moving(OpKind::reduce_scatter, bytes, plan.zero_axes);
-  if (plan.shards_params()) sharded += micro * moving(OpKind::all_gather, bytes, plan.zero_axes);
-  const double replicas =
-      micro * moving(OpKind::all_reduce, bytes / plan.zero_group(), plan.replica_axes());
-  return std::max(sharded, replicas);
+  // Streams of different groups overlap: the busiest one bounds the step. A gradient that the
+  // tensor axis does not split may be reduced over both axes at once, on another stream: not
+  // counted when its gradients are all-reduced.
+  double sharded = 0, replicas = 0, reduced = 0;
+  for (const ParamTensors& p : params) {
+    const double bytes = static_cast<double>(p.elems) * elem;
+    if (!plan.shards_grads()) {
+      if (p.tp_split || plan.tensor_group() == 1)
+        reduced += p.count * time(OpKind::all_reduce, bytes, plan.data_axes);
+      continue;
+    }
+    sharded += p.count * time(OpKind::reduce_scatter, bytes, plan.zero_axes);
+    if (plan.shards_params())
+      sharded +=
+          p.count * (p.read_backward ? 2.0 : 1.0) * time(OpKind::all_gather, bytes, plan.zero_axes);
+    if (p.tp_split || plan.tensor_group() == 1)
+      replicas +=
+          p.count * time(OpKind::all_reduce, bytes / plan.zero_group(), plan.replica_axes());
+  }
+  const double busiest = std::max({sharded, replicas, reduced});
+  // A pipeline reduces once per step, each stage its own blocks: at least the average share.
+  return plan.stages() > 1 ? busiest / plan.stages() : busiest;
+}
+
+double param_sync_time_bound(const std::vector<ParamTensors>& params, const ClusterSpec& cluster,
+                             const Plan& plan, DType precision) {
+  if (!plan.shards_optimizer() || plan.shards_params()) return 0;
+  const GroupLayout group = group_layout(plan.mesh, plan.zero_axes, cluster.node.devices);
+  if (group.size <= 1) return 0;
+  const double elem = static_cast<double>(dtype_size(precision));
+  double t = 0;
+  for (const ParamTensors& p : params)
+    t += p.count *
+         collective_time(OpKind::all_gather, static_cast<double>(p.elems) * elem, group, cluster)
+             .seconds;
+  return t / plan.stages();  // a pipeline stage gathers its own blocks: at least the average
+}
+
+double accumulate_time_bound(const std::vector<ParamTensors>& params, const ClusterSpec& cluster,
+                             const Plan& plan) {
+  const int m = plan.micro_batches;
+  if (m <= 1) return 0;
+  // The reduced f32 gradient (ZeRO-2/3: this rank's block of it).
+  const double bytes = 4.0 * local_param_elems(params) /
+                       (plan.shards_grads() ? static_cast<double>(plan.zero_group()) : 1.0);
+  const double bw = cluster.device.memory_bandwidth * cluster.device.optimizer_efficiency;
+  if (plan.stages() > 1) return 3.0 * bytes / bw;  // each chunk, after each micro-batch
+  return (2.0 + 3.0 * (m - 1)) * bytes / bw;
 }
 
 double plan_time_bound(const Plan& plan, const MicroBatchTime& t, int64_t blocks,
-                       double optimizer_seconds, double comm_seconds) {
+                       double optimizer_seconds, double comm_seconds, double accumulate_seconds) {
   const double p = static_cast<double>(plan.stages()), m = plan.micro_batches;
-  double step = (t.seconds + (plan.stages() == 1 ? t.exposed_comm_seconds : 0.0)) * m;
-  if (plan.stages() > 1) {
-    double idle = p - 1;
-    if (plan.schedule == ScheduleKind::interleaved) idle /= plan.virtual_stages;
-    if (plan.schedule == ScheduleKind::zb_h1) {
-      // zb-h1 idles (p - 1)(F + B - W) per micro-batch of F + B + W. A block's input gradient
-      // (with its recomputation) costs at least its weight gradient — every matmul's dX costs
-      // its dW, and attention, norms and activations have input gradients only — so
-      // W <= (t - F) / 2 and F + B - W >= (t + F) / 2.
-      const double f = t.seconds > 0 ? t.forward_seconds / t.seconds : 0;
-      idle *= (1.0 + f) / 2.0;
-    }
-    // The stages on average, with the bubble; and the stage holding the most blocks (some
-    // stage holds ceil(L / p) of them), busy for every micro-batch.
-    const int64_t most = (blocks + plan.stages() - 1) / plan.stages();
-    step = std::max(t.seconds / p * (m + idle), t.block_seconds * static_cast<double>(most) * m);
+  if (plan.stages() == 1)
+    return kShapeMargin *
+           (m * std::max(t.seconds, comm_seconds) + accumulate_seconds + optimizer_seconds);
+  // Each micro-batch's gradients are added up on its chunk's stage after its backward pass, as
+  // part of it: a micro-batch of the average stage takes micro / p, and the schedule idles
+  // (p - 1) such backward-inclusive times (1F1B), 1 / V of that (interleaved), or under
+  // zb-h1 (p - 1)(F + B - W) with the addition in W: a block's input gradient (with its
+  // recomputation) costs at least its weight gradient — every matmul's dX costs its dW, and
+  // attention, norms and activations have input gradients only — so F + B - W is at least
+  // (t + F) / 2 less the addition, on the ops alone (the schedule may hide waits).
+  const double micro = t.seconds + accumulate_seconds;
+  double idle = (p - 1) * micro;
+  if (plan.schedule == ScheduleKind::interleaved) idle /= plan.virtual_stages;
+  if (plan.schedule == ScheduleKind::zb_h1) {
+    const double ops = t.seconds - t.wait_seconds;
+    const double forward_ops = t.forward_seconds - t.forward_wait_seconds;
+    idle = (p - 1) * std::max(0.0, (ops + forward_ops) / 2.0 - accumulate_seconds);
   }
+  // The stages on average, with the bubble; and the stage holding the most blocks (some
+  // stage holds ceil(L / p) of them), busy for every micro-batch.
+  const int64_t most = (blocks + plan.stages() - 1) / plan.stages();
+  const double step =
+      std::max((micro * m + idle) / p, t.block_seconds * static_cast<double>(most) * m);
   // The data-parallel comm stream overlaps compute but is busy for at least comm_seconds.
   return kShapeMargin * std::max(step + optimizer_seconds, comm_seconds);
 }

@@ -23,17 +23,20 @@
 //                 dropped. A pipeline candidate's first stage (the most in flight) is then
 //                 lowered alone before the whole plan is simulated, and its exact peak drops
 //                 the candidate when that stage alone does not fit;
-//   time bound    a tensor-parallel rank's compute for one micro-batch (the ops of the graph it
-//                 executes under the candidate's placements, sequence parallelism and
-//                 recomputation, collectives left out, timed by the cost model on a model of
-//                 one block and multiplied out to the depth), over pp stages (or the
-//                 ceil(L / pp) blocks some stage holds, whichever is more), times
-//                 the micro-batches, stretched by the schedule's ideal bubble ((p - 1) / m for
-//                 1F1B, divided by V interleaved, times (1 + F/t) / 2 under zb-h1 with F/t the
-//                 forward's share of a micro-batch: its W is at most half of the rest), plus
-//                 AdamW's pass over this rank's share of the state at the memory bandwidth,
-//                 less 5%;
-//                 communication is left out.
+//   time bound    a tensor-parallel rank's compute stream for one micro-batch (the ops of the
+//                 graph it executes under the candidate's placements, sequence parallelism and
+//                 recomputation, timed by the cost model, with the waits on its tensor-parallel
+//                 collectives in both passes, each collective started when its input is ready
+//                 and never queued; on models of one and two blocks, multiplied out to the
+//                 depth); without a pipeline, each micro-batch takes at least that or its
+//                 data-parallel collectives' time (one per parameter tensor, latencies
+//                 included; ZeRO-3 gathers twice), plus adding up the micro-batches'
+//                 gradients; with one, the compute over pp stages (or the ceil(L / pp) blocks
+//                 some stage holds, whichever is more), times the micro-batches, stretched by
+//                 the schedule's ideal bubble ((p - 1) / m for 1F1B, divided by V interleaved,
+//                 times (1 + F/t) / 2 under zb-h1 with F/t the forward's share of a
+//                 micro-batch: its W is at most half of the rest); plus AdamW's pass over this
+//                 rank's share of the state at the optimizer's bandwidth; less 5%.
 // Candidates are simulated in order of their time bound; the search stops when the next bound
 // is no faster than the K-th fastest fitting plan found. A test checks on every simulated
 // candidate that the bounds stay below the simulator's figures, and that the pruned search
@@ -148,24 +151,56 @@ double plan_memory_bound(const ModelConfig& cfg, const Plan& plan, DType precisi
 // each block's state (see planner.cc for the pipeline's arithmetic).
 double with_activations(const Plan& plan, double state_bound, double state_per_block,
                         double saved_per_block, int64_t blocks);
+// AdamW's pass over this rank's share of the state.
 double optimizer_time_bound(const ModelConfig& cfg, const ClusterSpec& cluster, const Plan& plan);
-// A tensor-parallel rank's compute for one micro-batch of the whole model: all of it, the
-// forward pass's part (zb-h1's bubble), and one block's (0 when the blocks differ, as T5's);
-// and the forward pass's tensor-parallel collectives that stall the compute stream (counted
-// without pipeline stages only: a stage's sends and schedule may overlap them).
+// A tensor-parallel rank's compute stream for one micro-batch of the whole model, as the
+// simulator runs it with its tensor-parallel collectives never queued behind one another: the
+// ops' time and the waits of both passes on collectives whose input came late (what the
+// forward pass's all-reduce before the residual add costs, and the backward's); the forward
+// pass's part of it; one block's (0 when the blocks differ, as T5's); and the waits among
+// them, all and the forward pass's (zb-h1's bubble is bounded on the ops alone).
 struct MicroBatchTime {
-  double seconds = 0, forward_seconds = 0, block_seconds = 0, exposed_comm_seconds = 0;
+  double seconds = 0, forward_seconds = 0, block_seconds = 0;
+  double wait_seconds = 0, forward_wait_seconds = 0;
 };
-// A lower bound on the seconds per step the busiest data-parallel comm stream is busy: every
-// micro-batch's gradient reduction (all-reduce, or reduce-scatter under ZeRO-2/3 and HSDP's
-// replica all-reduce of the blocks) and ZeRO-3's parameter gather, as one collective of the
-// rank's average share of the parameters by the algorithm with the fastest bandwidth term
-// (no latencies). 0 without data parallelism.
-double data_comm_time_bound(const ModelConfig& cfg, const ClusterSpec& cluster, const Plan& plan,
-                            DType precision);
-// The step's bound: the compute of its micro-batches with the pipeline's idle share and the
-// optimizer, or the data-parallel comm stream's busy time, whichever is larger.
+// Parameter tensors of one shape on a tensor-parallel rank, the unit of the data-parallel
+// collectives (one per tensor): the local elements, whether the backward pass reads them
+// (ZeRO-3 then gathers them a second time), whether the tensor axis splits them (a replicated
+// one reduces its gradient over the tensor axis as well, possibly as one collective over both),
+// and how many of the model's tensors are like this.
+struct ParamTensors {
+  int64_t elems = 0;
+  bool read_backward = false, tp_split = false;
+  double count = 0;
+};
+// Elements of this rank's parameters.
+double local_param_elems(const std::vector<ParamTensors>& params);
+// A lower bound on the seconds the busiest data-parallel comm stream is busy for one
+// micro-batch (pipelines: for the step's one reduction, averaged over the stages): a
+// collective per tensor timed by the simulator's collective model with its latencies —
+// the gradient's all-reduce, or under ZeRO-2/3 its reduce-scatter (HSDP: then the replicas'
+// all-reduce of the block, on that group's own stream), and ZeRO-3's gathers before the
+// forward and the backward pass's reads. 0 without data parallelism.
+double data_comm_time_bound(const std::vector<ParamTensors>& params, const ClusterSpec& cluster,
+                            const Plan& plan, DType precision);
+// Seconds ZeRO-1/2's gathers of the updated parameters take after AdamW (the simulator runs
+// each after its tensor's update, before the next one): one all-gather per tensor (pipelines:
+// the average stage's share). 0 for other plans.
+double param_sync_time_bound(const std::vector<ParamTensors>& params, const ClusterSpec& cluster,
+                             const Plan& plan, DType precision);
+// Seconds per step the gradients of several micro-batches take to add up (the simulator's
+// accumulate_grads: the first copies, later ones read both and write one, at the optimizer's
+// bandwidth): the whole step's without a pipeline, one micro-batch's with one. 0 for one
+// micro-batch.
+double accumulate_time_bound(const std::vector<ParamTensors>& params, const ClusterSpec& cluster,
+                             const Plan& plan);
+// The step's bound. Without a pipeline every micro-batch ends when its compute and its
+// collectives have (the simulator adds its gradients up after both), then the optimizer:
+// m x max(compute, data comm) + accumulation + optimizer. With one: the compute of its
+// micro-batches with the pipeline's idle share plus the optimizer, or the step's reduction,
+// whichever is larger (`accumulate_seconds` is then one micro-batch's, added to its compute).
 double plan_time_bound(const Plan& plan, const MicroBatchTime& t, int64_t blocks,
-                       double optimizer_seconds, double comm_seconds = 0);
+                       double optimizer_seconds, double comm_seconds = 0,
+                       double accumulate_seconds = 0);
 
 }  // namespace tessera
