@@ -13,6 +13,7 @@
 #include "parallel/partition.h"
 #include "parallel/pipeline_program.h"
 #include "parallel/pipeline_schedule.h"
+#include "parallel/pipeline_stages.h"
 #include "parallel/program.h"
 #include "parallel/recompute.h"
 #include "parallel/sharding_search.h"
@@ -206,6 +207,7 @@ struct MicroBatchCost {
   MicroBatchTime time;               // block_seconds: what the second block adds
   double saved_bytes_per_block = 0;  // at the run's precision (the arena's scale)
   std::vector<ParamTensors> params;  // the whole model's, on one tensor-parallel rank
+  PipelineCosts pipe;                // per block of the whole model (none for T5)
 };
 
 class MicroBatchCosts {
@@ -250,6 +252,7 @@ class MicroBatchCosts {
   struct Measured {
     double seconds = 0, forward_seconds = 0, waits = 0, forward_waits = 0, kept = 0;
     Tensors params;
+    LayerCosts flops, forward, backward;  // by block (pipeline_schedule_bound)
   };
   Result<Measured> measure(const Key& k, int64_t blocks) {
     const auto [rows, rc, tp, sp] = k;
@@ -279,6 +282,7 @@ class MicroBatchCosts {
     // behind another: the ops, and the waits on the tensor-parallel collectives.
     const std::vector<Instruction> list = lower_instructions(local, {});
     std::vector<double> end(list.size(), 0.0);
+    std::vector<double> op_seconds(nodes.size(), 0.0);
     double compute = 0;
     for (size_t i = 0; i < list.size(); ++i) {
       const Instruction& in = list[i];
@@ -292,6 +296,7 @@ class MicroBatchCosts {
                  collective_time(n.op, collective_bytes(local, n, scale), group, cluster_).seconds;
       } else if (in.kind == Instruction::wait) {
         const double idle = std::max(0.0, ready - compute);
+        op_seconds[static_cast<size_t>(in.node)] += idle;  // the block's, for its stage
         out.waits += idle;
         if (!in_backward_pass(n)) out.forward_waits += idle;
         end[i] = compute = std::max(compute, ready);
@@ -299,10 +304,20 @@ class MicroBatchCosts {
         const double t =
             op_time(local, n, cluster_.device, cluster_.op_efficiency, precision_, fp8_).seconds;
         end[i] = compute = std::max(compute, ready) + t;
+        op_seconds[static_cast<size_t>(in.node)] = t;
         if (!in_backward_pass(n)) out.forward_seconds = compute;
       }
     }
     out.seconds = compute;
+    auto seconds_of = [&](bool backward) {
+      return layer_costs(local, [&](const Node& n) {
+        return in_backward_pass(n) == backward ? op_seconds[static_cast<size_t>(&n - nodes.data())]
+                                               : 0.0;
+      });
+    };
+    out.forward = seconds_of(false);
+    out.backward = seconds_of(true);
+    out.flops = layer_costs(local, [&](const Node& n) { return node_flops(local, n); });
     // The parameter tensors, as the data-parallel collectives see them: a backward read (its
     // recomputation's included) makes ZeRO-3 gather a tensor again.
     const Graph& global = p.recompute == RecomputePolicy::none ? m.graph : recomputed;
@@ -358,6 +373,39 @@ class MicroBatchCosts {
     }
     for (const auto& [key, n] : all)
       c.params.push_back({std::get<0>(key), std::get<1>(key), std::get<2>(key), n});
+    if (num_blocks(cfg_) == cfg_.n_layer) c.pipe = pipeline_costs(one, two);
+    return c;
+  }
+
+  // The whole model's blocks from models of one and two: the first block is the two-block
+  // model's first (it converts layouts at the model's start), the last its last (at the end),
+  // and every block between them what the two-block model's blocks hold less the one-block
+  // model's (which converts at both ends).
+  PipelineCosts pipeline_costs(const Measured& one, const Measured& two) const {
+    PipelineCosts c;
+    const size_t depth = static_cast<size_t>(cfg_.n_layer);
+    auto expand = [&](const LayerCosts& a, const LayerCosts& b, LayerCosts* out) {
+      if (a.block.size() != 1 || b.block.size() != 2) return false;
+      out->before = b.before;
+      out->after = b.after;
+      if (depth == 1) {
+        out->block = a.block;
+        return true;
+      }
+      const double middle = std::max(0.0, b.block[0] + b.block[1] - a.block[0]);
+      out->block.assign(depth, middle);
+      out->block.front() = b.block[0];
+      out->block.back() = b.block[1];
+      return true;
+    };
+    if (!expand(one.flops, two.flops, &c.flops) || !expand(one.forward, two.forward, &c.forward) ||
+        !expand(one.backward, two.backward, &c.backward))
+      return PipelineCosts{};
+    for (const auto& [key, n] : two.params) {
+      auto it = one.params.find(key);
+      c.block_param_elems += static_cast<double>(std::get<0>(key)) *
+                             std::max(0.0, n - (it == one.params.end() ? 0.0 : it->second));
+    }
     return c;
   }
 
@@ -466,6 +514,7 @@ struct PlanSpace::Impl {
   double smallest_memory_bound = 1e300;
   double create_seconds = 0;
   std::unique_ptr<Placements> placements;
+  std::unique_ptr<MicroBatchCosts> costs;  // the bounds' costs, kept for the schedule bound
   GraphCache graphs;
 };
 
@@ -522,7 +571,9 @@ Result<std::unique_ptr<PlanSpace>> PlanSpace::create(const ModelConfig& cfg,
   one.n_layer = 1;
   two.n_layer = 2;
   const double params_per_block = static_cast<double>(count_params(two) - count_params(one));
-  MicroBatchCosts costs(s.cfg, s.cluster, o.seq, o.precision, o.fp8, *s.placements);
+  s.costs =
+      std::make_unique<MicroBatchCosts>(s.cfg, s.cluster, o.seq, o.precision, o.fp8, *s.placements);
+  MicroBatchCosts& costs = *s.costs;
   costs.prepare(within, o.threads);
   for (PlanCandidate& c : within) {
     const Result<MicroBatchCost>& mb = costs.of(c.plan, c.micro_batch);
@@ -566,6 +617,16 @@ std::vector<const PlanCandidate*> PlanSpace::fastest(int k, const Filter& keep) 
   auto kth = [&] {
     return fitting.size() >= static_cast<size_t>(k) ? fitting[k - 1].first : 1e300;
   };
+  // PlanCandidate::schedule_bound of pipeline candidate c.
+  auto schedule_bound = [&](const PlanCandidate& c) {
+    const Result<MicroBatchCost>& mb = s.costs->of(c.plan, c.micro_batch);
+    if (!mb.ok()) return 0.0;
+    const double optimizer = optimizer_time_bound(s.cfg, s.cluster, c.plan) +
+                             param_sync_time_bound(mb->params, s.cluster, c.plan, s.opt.precision);
+    return pipeline_schedule_bound(
+        c.plan, mb->pipe, s.cluster, optimizer,
+        data_comm_time_bound(mb->params, s.cluster, c.plan, s.opt.precision));
+  };
   auto worker = [&] {
     for (size_t j; (j = next++) < order.size();) {
       PlanCandidate& c = s.alive[order[j]];
@@ -573,9 +634,17 @@ std::vector<const PlanCandidate*> PlanSpace::fastest(int k, const Filter& keep) 
         std::lock_guard<std::mutex> l(mu);
         if (c.time_bound >= kth()) return;  // sorted: no later one can win either
       }
-      if (!c.simulated && c.error.empty() && !c.beyond_memory(capacity))
+      if (!c.simulated && c.error.empty() && !c.beyond_memory(capacity)) {
+        // A pipeline's turn: its schedule replayed on its chunks' bounds may already show that
+        // it cannot beat the K-th plan found.
+        if (c.plan.stages() > 1 && c.schedule_bound == 0) {
+          c.schedule_bound = schedule_bound(c);
+          std::lock_guard<std::mutex> l(mu);
+          if (c.schedule_bound >= kth()) continue;
+        }
         simulate_candidate(s.cfg, s.cluster, s.opt, s.opt.seq, capacity, s.graphs, *s.placements,
                            &c);
+      }
       if (!c.fits(capacity)) continue;
       std::lock_guard<std::mutex> l(mu);
       const std::pair<double, size_t> e{c.sim.step_seconds, order[j]};

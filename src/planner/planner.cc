@@ -152,6 +152,57 @@ double accumulate_time_bound(const std::vector<ParamTensors>& params, const Clus
   return (2.0 + 3.0 * (m - 1)) * bytes / bw;
 }
 
+double pipeline_schedule_bound(const Plan& plan, const PipelineCosts& costs,
+                               const ClusterSpec& cluster, double optimizer_seconds,
+                               double comm_seconds) {
+  const int chunks = plan.chunks();
+  if (plan.stages() < 2 || costs.flops.block.empty() ||
+      costs.forward.block.size() != costs.flops.block.size() ||
+      costs.backward.block.size() != costs.flops.block.size())
+    return 0;
+  Result<std::vector<int>> cut = balance_stages(costs.flops, chunks);
+  if (!cut.ok()) return 0;
+  const int m = plan.micro_batches;
+  // Each micro-batch's gradients added into the chunk's sums, after its backward pass.
+  const double accumulate =
+      m > 1 ? 3.0 * 4.0 * costs.block_param_elems /
+                  (cluster.device.memory_bandwidth * cluster.device.optimizer_efficiency)
+            : 0.0;
+  ChunkTimes t;
+  size_t at = 0;
+  for (int k = 0; k < chunks; ++k) {
+    double f = k == 0 ? costs.forward.before : 0.0, b = k == 0 ? costs.backward.before : 0.0;
+    if (k == chunks - 1) f += costs.forward.after, b += costs.backward.after;
+    const int blocks = cut.value()[static_cast<size_t>(k)];
+    for (int i = 0; i < blocks; ++i, ++at) {
+      f += costs.forward.block[at];
+      b += costs.backward.block[at] + accumulate;
+    }
+    t.forward.push_back(f);
+    t.backward_input.push_back(b);
+    t.backward_weight.push_back(0);
+  }
+  // The busiest stage's work.
+  std::vector<double> busy(static_cast<size_t>(plan.stages()), 0.0);
+  for (int k = 0; k < chunks; ++k)
+    busy[static_cast<size_t>(k % plan.stages())] +=
+        m * (t.forward[static_cast<size_t>(k)] + t.backward_input[static_cast<size_t>(k)]);
+  double step = *std::max_element(busy.begin(), busy.end());
+  if (plan.schedule == ScheduleKind::zb_h1) {
+    // The input gradient costs at least half the backward pass (every matmul's dX costs its
+    // dW; attention, norms and activations have input gradients only) and the weight
+    // gradient at least nothing: the schedule replayed on those.
+    for (double& b : t.backward_input) b /= 2;
+  }
+  Result<PipelineSchedule> sched =
+      make_schedule(plan.schedule, plan.stages(), m, plan.virtual_stages);
+  if (!sched.ok()) return 0;
+  Result<ScheduleTiming> timing = time_schedule(sched.value(), t);
+  if (!timing.ok()) return 0;
+  step = std::max(step, timing->step_seconds);
+  return kShapeMargin * std::max(step + optimizer_seconds, comm_seconds);
+}
+
 double plan_time_bound(const Plan& plan, const MicroBatchTime& t, int64_t blocks,
                        double optimizer_seconds, double comm_seconds, double accumulate_seconds) {
   const double p = static_cast<double>(plan.stages()), m = plan.micro_batches;

@@ -50,6 +50,7 @@
 
 #include "cost/cluster_spec.h"
 #include "models/model.h"
+#include "parallel/pipeline_stages.h"
 #include "parallel/plan.h"
 #include "sim/simulator.h"
 
@@ -74,6 +75,10 @@ struct PlanCandidate {
   // A pipeline's first stage (the most micro-batches in flight) lowered alone before the whole
   // plan is: its exact peak bytes per device, another lower bound (0 until checked).
   double first_stage_bytes = 0;
+  // A pipeline's schedule replayed on lower bounds of its chunks' times (pipeline_schedule_bound),
+  // computed when the candidate's turn to be simulated comes: a tighter time bound that may
+  // spare the simulation (0 until computed, or when there is none).
+  double schedule_bound = 0;
   bool simulated = false;
   SimResult sim;      // when simulated
   std::string error;  // lowering or simulation failed (then not simulated)
@@ -183,6 +188,22 @@ double local_param_elems(const std::vector<ParamTensors>& params);
 // forward and the backward pass's reads. 0 without data parallelism.
 double data_comm_time_bound(const std::vector<ParamTensors>& params, const ClusterSpec& cluster,
                             const Plan& plan, DType precision);
+// A tensor-parallel rank's costs per transformer block of the whole model, for a pipeline's
+// stages: FLOPs (what the runtime's cut balances: rank_layer_flops) and the compute stream's
+// seconds of the forward and the backward pass (ops and tensor-parallel waits); and the local
+// parameter elements one block adds (its gradient is added up after each micro-batch).
+struct PipelineCosts {
+  LayerCosts flops, forward, backward;
+  double block_param_elems = 0;
+};
+// The pipeline's step at least: the stages cut as the runtime cuts them (balance_stages on the
+// FLOPs), each chunk's forward and backward from its blocks' seconds (plus its gradients'
+// accumulation), the schedule replayed on them (time_schedule; zb-h1: the busiest stage's
+// work, as its W may fill any bubble), then the optimizer — or the data-parallel comm stream's
+// time — less 5%. 0 when the costs are missing or the plan has no pipeline.
+double pipeline_schedule_bound(const Plan& plan, const PipelineCosts& costs,
+                               const ClusterSpec& cluster, double optimizer_seconds,
+                               double comm_seconds);
 // Seconds ZeRO-1/2's gathers of the updated parameters take after AdamW (the simulator runs
 // each after its tensor's update, before the next one): one all-gather per tensor (pipelines:
 // the average stage's share). 0 for other plans.

@@ -45,6 +45,7 @@ TEST(Planner, BoundsStayBelowTheSimulatedFiguresAndTheBestFitFastestFirst) {
     zero2 += p.plan.zero == 2;
     hsdp += !p.plan.replica_axes().empty();
     EXPECT_LE(p.time_bound, p.sim.step_seconds) << p.describe();
+    EXPECT_LE(p.schedule_bound, p.sim.step_seconds) << p.describe();
     EXPECT_LE(p.memory_bound, p.sim.peak_memory_bytes) << p.describe();
     EXPECT_EQ(p.plan.mesh.size(), 16) << p.describe();
     EXPECT_EQ(p.micro_batch * p.plan.micro_batches * p.plan.data_group(), 64) << p.describe();
@@ -87,6 +88,7 @@ TEST(Planner, BoundsHoldOnLlamaWithPipelines) {
   for (const PlanCandidate& p : s->all) {
     pipelines += p.plan.stages() > 1;
     EXPECT_LE(p.time_bound, p.sim.step_seconds) << p.describe();
+    EXPECT_LE(p.schedule_bound, p.sim.step_seconds) << p.describe();
     EXPECT_LE(p.memory_bound, p.sim.peak_memory_bytes) << p.describe();
     if (p.plan.stages() > 1) {  // the first stage lowered alone: that stage's exact figure
       ASSERT_FALSE(p.sim.stage_peak_bytes.empty());
