@@ -38,7 +38,9 @@
 //                 micro-batch: its W is at most half of the rest); plus AdamW's pass over this
 //                 rank's share of the state at the optimizer's bandwidth; less 5%.
 // Candidates are simulated in order of their time bound; the search stops when the next bound
-// is no faster than the K-th fastest fitting plan found. A test checks on every simulated
+// is no faster than the K-th fastest fitting plan found. A pipeline candidate's turn first
+// replays its schedule on bounds of its chunks' times (pipeline_schedule_bound): one that
+// cannot beat the K-th plan then is not simulated. A test checks on every simulated
 // candidate that the bounds stay below the simulator's figures, and that the pruned search
 // finds the exhaustive search's best plans.
 #pragma once
