@@ -366,15 +366,28 @@ class MicroBatchCosts {
     c.saved_bytes_per_block = (two.kept - one.kept) * scale;
     // The whole model's tensors: the one-block model's, and n_layer - 1 times what the second
     // block adds.
+    const Tensors block = added_tensors(one, two);
     Tensors all = one.params;
-    for (const auto& [key, n] : two.params) {
-      auto it = one.params.find(key);
-      all[key] += more * std::max(0.0, n - (it == one.params.end() ? 0.0 : it->second));
-    }
+    for (const auto& [key, n] : block) all[key] += more * n;
     for (const auto& [key, n] : all)
       c.params.push_back({std::get<0>(key), std::get<1>(key), std::get<2>(key), n});
-    if (num_blocks(cfg_) == cfg_.n_layer) c.pipe = pipeline_costs(one, two);
+    if (num_blocks(cfg_) == cfg_.n_layer) {
+      c.pipe = pipeline_costs(one, two);
+      for (const auto& [key, n] : block)
+        c.pipe.block_param_elems += static_cast<double>(std::get<0>(key)) * n;
+    }
     return c;
+  }
+
+  // The parameter tensors the second block adds.
+  static Tensors added_tensors(const Measured& one, const Measured& two) {
+    Tensors out;
+    for (const auto& [key, n] : two.params) {
+      auto it = one.params.find(key);
+      const double more = n - (it == one.params.end() ? 0.0 : it->second);
+      if (more > 0) out[key] = more;
+    }
+    return out;
   }
 
   // The whole model's blocks from models of one and two: the first block is the two-block
@@ -401,11 +414,6 @@ class MicroBatchCosts {
     if (!expand(one.flops, two.flops, &c.flops) || !expand(one.forward, two.forward, &c.forward) ||
         !expand(one.backward, two.backward, &c.backward))
       return PipelineCosts{};
-    for (const auto& [key, n] : two.params) {
-      auto it = one.params.find(key);
-      c.block_param_elems += static_cast<double>(std::get<0>(key)) *
-                             std::max(0.0, n - (it == one.params.end() ? 0.0 : it->second));
-    }
     return c;
   }
 

@@ -16,6 +16,17 @@ namespace {
 // stages of equal cost; it leaves this much room for what that misses.
 constexpr double kShapeMargin = 0.95;
 
+// AdamW's and the gradient accumulation's streaming bandwidth (the simulator's).
+double optimizer_bandwidth(const ClusterSpec& cluster) {
+  return cluster.device.memory_bandwidth * cluster.device.optimizer_efficiency;
+}
+
+double local_param_elems(const std::vector<ParamTensors>& params) {
+  double n = 0;
+  for (const ParamTensors& p : params) n += p.count * static_cast<double>(p.elems);
+  return n;
+}
+
 }  // namespace
 
 std::string PlanCandidate::describe() const {
@@ -83,14 +94,7 @@ double optimizer_time_bound(const ModelConfig& cfg, const ClusterSpec& cluster, 
   const double elems = static_cast<double>(count_params(cfg)) /
                        static_cast<double>(plan.tensor_group() * plan.stages()) /
                        (plan.shards_optimizer() ? static_cast<double>(plan.zero_group()) : 1.0);
-  return 7.0 * 4.0 * elems /
-         (cluster.device.memory_bandwidth * cluster.device.optimizer_efficiency);
-}
-
-double local_param_elems(const std::vector<ParamTensors>& params) {
-  double n = 0;
-  for (const ParamTensors& p : params) n += p.count * static_cast<double>(p.elems);
-  return n;
+  return 7.0 * 4.0 * elems / optimizer_bandwidth(cluster);
 }
 
 double data_comm_time_bound(const std::vector<ParamTensors>& params, const ClusterSpec& cluster,
@@ -147,9 +151,10 @@ double accumulate_time_bound(const std::vector<ParamTensors>& params, const Clus
   // The reduced f32 gradient (ZeRO-2/3: this rank's block of it).
   const double bytes = 4.0 * local_param_elems(params) /
                        (plan.shards_grads() ? static_cast<double>(plan.zero_group()) : 1.0);
-  const double bw = cluster.device.memory_bandwidth * cluster.device.optimizer_efficiency;
-  if (plan.stages() > 1) return 3.0 * bytes / bw;  // each chunk, after each micro-batch
-  return (2.0 + 3.0 * (m - 1)) * bytes / bw;
+  // A pipeline's chunks add each micro-batch's into their sums (read both, write one); without
+  // one the first micro-batch copies (read, write) and the rest add.
+  const double passes = plan.stages() > 1 ? 3.0 : 2.0 + 3.0 * (m - 1);
+  return passes * bytes / optimizer_bandwidth(cluster);
 }
 
 double pipeline_schedule_bound(const Plan& plan, const PipelineCosts& costs,
@@ -165,9 +170,7 @@ double pipeline_schedule_bound(const Plan& plan, const PipelineCosts& costs,
   const int m = plan.micro_batches;
   // Each micro-batch's gradients added into the chunk's sums, after its backward pass.
   const double accumulate =
-      m > 1 ? 3.0 * 4.0 * costs.block_param_elems /
-                  (cluster.device.memory_bandwidth * cluster.device.optimizer_efficiency)
-            : 0.0;
+      m > 1 ? 3.0 * 4.0 * costs.block_param_elems / optimizer_bandwidth(cluster) : 0.0;
   ChunkTimes t;
   size_t at = 0;
   for (int k = 0; k < chunks; ++k) {

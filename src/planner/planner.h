@@ -180,8 +180,6 @@ struct ParamTensors {
   bool read_backward = false, tp_split = false;
   double count = 0;
 };
-// Elements of this rank's parameters.
-double local_param_elems(const std::vector<ParamTensors>& params);
 // A lower bound on the seconds the busiest data-parallel comm stream is busy for one
 // micro-batch (pipelines: for the step's one reduction, averaged over the stages): a
 // collective per tensor timed by the simulator's collective model with its latencies —
