@@ -50,7 +50,8 @@ void print_profile(StepRunner& step, const std::vector<double>& seconds) {
     const Node& n = g.node(list[i].node);
     std::string kind = op_name(n.op);
     if (n.op == OpKind::matmul)
-      kind += std::string(n.attrs.transpose_a ? " Ta" : "") + (n.attrs.transpose_b ? " Tb" : "");
+      kind += std::string(n.attr<MatmulAttrs>().transpose_a ? " Ta" : "") +
+              (n.attr<MatmulAttrs>().transpose_b ? " Tb" : "");
     for (ValueId v : n.inputs) kind += " " + g.type(v).to_string();
     for (auto* table : {&ops, &kinds}) {
       auto& [sec, count] = (*table)[table == &ops ? std::string(op_name(n.op)) : kind];

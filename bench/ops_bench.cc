@@ -131,7 +131,7 @@ void BM_layernorm(benchmark::State& st) {
   std::vector<float> x = random_floats(rows * c), w = random_floats(c), b = random_floats(c);
   std::vector<float> y(x.size()), mean(static_cast<size_t>(rows)), rstd(static_cast<size_t>(rows));
   KernelCall k;
-  k.attrs.eps = 1e-5;
+  k.attrs = NormAttrs{.eps = 1e-5};
   k.in_t = {f32({rows, c}), f32({c}), f32({c})};
   k.out_t = {f32({rows, c}), f32({rows}), f32({rows})};
   k.in = {x.data(), w.data(), b.data()};
@@ -230,8 +230,8 @@ void BM_attention(benchmark::State& st) {
                      dq(static_cast<size_t>(n)), dk(static_cast<size_t>(n)),
                      dv(static_cast<size_t>(n));
   KernelCall f, g;
-  f.attrs.scalar = 0.125;
-  g.attrs.scalar = 0.125;
+  f.attrs = AttentionAttrs{.scale = 0.125};
+  g.attrs = f.attrs;
   f.in_t = {f32({b, h, t, d}), f32({b, h, t, d}), f32({b, h, t, d})};
   f.out_t = {f32({b, h, t, d}), f32({b, h, t})};
   f.in = {q.data(), k.data(), v.data()};

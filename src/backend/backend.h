@@ -46,6 +46,11 @@ struct KernelArgs {
   const Shape& in_shape(int i) const { return in_types[static_cast<size_t>(i)].shape; }
   int num_inputs() const { return static_cast<int>(in.size()); }
   const Shape& out_shape(int i) const { return out_types[static_cast<size_t>(i)].shape; }
+  // The node's attributes as its op's type (op.h).
+  template <class T>
+  const T& attr() const {
+    return attrs_as<T>(attrs);
+  }
 };
 
 // What a device backend's alloc throws when the device has no room (a std::bad_alloc, as

@@ -94,7 +94,7 @@ OpTime op_time(const Graph& g, const Node& n, const DeviceSpec& dev,
     // FLOPs are counted as full attention (the MFU convention); a causal kernel skips the
     // masked half of the score matrix, a bidirectional one (encoders) computes all of it.
     double eff = efficiency_or(op_efficiency, n.op, dev.attention_efficiency);
-    compute_s = (n.attrs.causal ? 0.5 : 1.0) * t.flops / (peak * eff);
+    compute_s = (n.attr<AttentionAttrs>().causal ? 0.5 : 1.0) * t.flops / (peak * eff);
     memory_s = t.bytes / (bw * dev.memory_efficiency);
   } else {
     double eff = efficiency_or(op_efficiency, n.op, dev.memory_efficiency);

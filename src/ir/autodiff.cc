@@ -113,8 +113,9 @@ std::vector<ValueId> append_backward(Builder& b, Var loss, const std::vector<Gra
     }
     if (n.op == OpKind::slice && needs[static_cast<size_t>(n.inputs[0])]) {
       const Shape& in = g.type(n.inputs[0]).shape;
+      const SliceAttrs& a = n.attr<SliceAttrs>();
       pieces[static_cast<size_t>(n.inputs[0])].push_back(
-          {in.axis(static_cast<int>(n.attrs.axis)), n.attrs.start, n.attrs.end, out_grads[0]});
+          {in.axis(static_cast<int>(a.axis)), a.start, a.end, out_grads[0]});
       continue;
     }
     std::vector<Var> in_grads(n.inputs.size());

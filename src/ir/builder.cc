@@ -35,29 +35,21 @@ std::vector<Var> Builder::apply(OpKind op, const Attrs& attrs, const std::vector
 }
 
 Var Builder::parameter(const std::string& name, Shape shape, Init init, double std, DType dtype) {
-  Attrs a;
+  SourceAttrs a;
   a.name = scope_.empty() ? name : scope_ + "." + name;
-  a.ints = shape.dims();
+  a.shape = shape.dims();
   a.init = init;
   a.init_std = std;
   a.dtype = dtype == DType::f32 ? param_dtype_ : dtype;
-  return apply1(OpKind::parameter, a, {});
+  return op<OpKind::parameter>({}, std::move(a))[0];
 }
 
 Var Builder::input(const std::string& name, Shape shape, DType dtype) {
-  Attrs a;
-  a.name = name;
-  a.ints = shape.dims();
-  a.dtype = dtype;
-  return apply1(OpKind::input, a, {});
+  return op<OpKind::input>({}, {.name = name, .shape = shape.dims(), .dtype = dtype})[0];
 }
 
 Var Builder::fill(Shape shape, double value, DType dtype) {
-  Attrs a;
-  a.ints = shape.dims();
-  a.scalar = value;
-  a.dtype = dtype;
-  return apply1(OpKind::fill, a, {});
+  return op<OpKind::fill>({}, {.shape = shape.dims(), .value = value, .dtype = dtype})[0];
 }
 
 Var Builder::add(Var a, Var b) { return apply1(OpKind::add, {}, {a, b}); }
@@ -65,17 +57,9 @@ Var Builder::sub(Var a, Var b) { return apply1(OpKind::sub, {}, {a, b}); }
 Var Builder::mul(Var a, Var b) { return apply1(OpKind::mul, {}, {a, b}); }
 Var Builder::div(Var a, Var b) { return apply1(OpKind::div, {}, {a, b}); }
 
-Var Builder::scale(Var x, double s) {
-  Attrs a;
-  a.scalar = s;
-  return apply1(OpKind::scale, a, {x});
-}
+Var Builder::scale(Var x, double s) { return op<OpKind::scale>({x}, {.value = s})[0]; }
 
-Var Builder::add_scalar(Var x, double s) {
-  Attrs a;
-  a.scalar = s;
-  return apply1(OpKind::add_scalar, a, {x});
-}
+Var Builder::add_scalar(Var x, double s) { return op<OpKind::add_scalar>({x}, {.value = s})[0]; }
 
 Var Builder::exp(Var x) { return apply1(OpKind::exp, {}, {x}); }
 Var Builder::log(Var x) { return apply1(OpKind::log, {}, {x}); }
@@ -94,65 +78,43 @@ std::vector<Var> Builder::swiglu_grad(Var gate, Var up, Var dy) {
 }
 
 Var Builder::reduce_sum(Var x, std::vector<int64_t> axes, bool keepdim) {
-  Attrs a;
-  a.ints = std::move(axes);
-  a.keepdim = keepdim;
-  return apply1(OpKind::reduce_sum, a, {x});
+  return op<OpKind::reduce_sum>({x}, {.axes = std::move(axes), .keepdim = keepdim})[0];
 }
 
 Var Builder::sum_to(Var x, const Shape& shape) {
   if (x.shape() == shape) return x;
-  Attrs a;
-  a.ints = shape.dims();
-  return apply1(OpKind::sum_to, a, {x});
+  return op<OpKind::sum_to>({x}, {.shape = shape.dims()})[0];
 }
 
 Var Builder::broadcast_to(Var x, const Shape& shape) {
   if (x.shape() == shape) return x;
-  Attrs a;
-  a.ints = shape.dims();
-  return apply1(OpKind::broadcast_to, a, {x});
+  return op<OpKind::broadcast_to>({x}, {.shape = shape.dims()})[0];
 }
 
 Var Builder::reshape(Var x, const Shape& shape) {
   if (x.shape() == shape) return x;
-  Attrs a;
-  a.ints = shape.dims();
-  return apply1(OpKind::reshape, a, {x});
+  return op<OpKind::reshape>({x}, {.shape = shape.dims()})[0];
 }
 
 Var Builder::transpose(Var x, std::vector<int64_t> perm) {
-  Attrs a;
-  a.ints = std::move(perm);
-  return apply1(OpKind::transpose, a, {x});
+  return op<OpKind::transpose>({x}, {.perm = std::move(perm)})[0];
 }
 
 Var Builder::slice(Var x, int axis, int64_t start, int64_t end) {
-  Attrs a;
-  a.axis = axis;
-  a.start = start;
-  a.end = end;
-  return apply1(OpKind::slice, a, {x});
+  return op<OpKind::slice>({x}, {.axis = axis, .start = start, .end = end})[0];
 }
 
 Var Builder::concat(const std::vector<Var>& xs, int axis) {
-  Attrs a;
-  a.axis = axis;
-  return apply1(OpKind::concat, a, xs);
+  return op<OpKind::concat>(xs, {.axis = axis})[0];
 }
 
 Var Builder::cast(Var x, DType dtype) {
   if (x.dtype() == dtype) return x;
-  Attrs a;
-  a.dtype = dtype;
-  return apply1(OpKind::cast, a, {x});
+  return op<OpKind::cast>({x}, {.dtype = dtype})[0];
 }
 
 Var Builder::matmul(Var a, Var b, bool transpose_a, bool transpose_b) {
-  Attrs at;
-  at.transpose_a = transpose_a;
-  at.transpose_b = transpose_b;
-  return apply1(OpKind::matmul, at, {a, b});
+  return op<OpKind::matmul>({a, b}, {.transpose_a = transpose_a, .transpose_b = transpose_b})[0];
 }
 
 Var Builder::linear(Var x, Var w, Var bias) {
@@ -163,15 +125,11 @@ Var Builder::linear(Var x, Var w, Var bias) {
 Var Builder::embedding(Var table, Var ids) { return apply1(OpKind::embedding, {}, {table, ids}); }
 
 Var Builder::embedding_grad(Var dy, Var ids, int64_t vocab) {
-  Attrs a;
-  a.vocab = vocab;
-  return apply1(OpKind::embedding_grad, a, {dy, ids});
+  return op<OpKind::embedding_grad>({dy, ids}, {.rows = vocab})[0];
 }
 
 std::vector<Var> Builder::layernorm(Var x, Var w, Var bias, double eps) {
-  Attrs a;
-  a.eps = eps;
-  return apply(OpKind::layernorm, a, {x, w, bias});
+  return op<OpKind::layernorm>({x, w, bias}, {.eps = eps});
 }
 
 std::vector<Var> Builder::layernorm_grad(Var dy, Var x, Var w, Var mean, Var rstd) {
@@ -179,9 +137,7 @@ std::vector<Var> Builder::layernorm_grad(Var dy, Var x, Var w, Var mean, Var rst
 }
 
 std::vector<Var> Builder::rmsnorm(Var x, Var w, double eps) {
-  Attrs a;
-  a.eps = eps;
-  return apply(OpKind::rmsnorm, a, {x, w});
+  return op<OpKind::rmsnorm>({x, w}, {.eps = eps});
 }
 
 std::vector<Var> Builder::rmsnorm_grad(Var dy, Var x, Var w, Var rstd) {
@@ -189,57 +145,46 @@ std::vector<Var> Builder::rmsnorm_grad(Var dy, Var x, Var w, Var rstd) {
 }
 
 Var Builder::rope(Var x, double theta, bool inverse) {
-  Attrs a;
-  a.theta = theta;
-  a.inverse = inverse;
-  return apply1(OpKind::rope, a, {x});
+  return op<OpKind::rope>({x}, {.theta = theta, .inverse = inverse})[0];
 }
 
 Var Builder::softmax(Var x) { return apply1(OpKind::softmax, {}, {x}); }
 Var Builder::softmax_grad(Var y, Var dy) { return apply1(OpKind::softmax_grad, {}, {y, dy}); }
 
 Var Builder::causal_mask(Var scores, double fill) {
-  Attrs a;
-  a.scalar = fill;
-  return apply1(OpKind::causal_mask, a, {scores});
+  return op<OpKind::causal_mask>({scores}, {.value = fill})[0];
 }
 
 Var Builder::position_buckets(int64_t tq, int64_t tk, bool bidirectional, int64_t num_buckets,
                               int64_t max_distance) {
-  Attrs a;
-  a.ints = {tq, tk, num_buckets, max_distance};
-  a.causal = !bidirectional;
-  a.dtype = DType::i32;
-  return apply1(OpKind::position_buckets, a, {});
+  return op<OpKind::position_buckets>({}, {.tq = tq,
+                                           .tk = tk,
+                                           .num_buckets = num_buckets,
+                                           .max_distance = max_distance,
+                                           .bidirectional = bidirectional})[0];
 }
 
 std::vector<Var> Builder::attention(Var q, Var k, Var v, double scale, bool causal, Var bias) {
-  Attrs a;
-  a.scalar = scale;
-  a.causal = causal;
-  if (bias.valid()) return apply(OpKind::attention, a, {q, k, v, bias});
-  return apply(OpKind::attention, a, {q, k, v});
+  const AttentionAttrs a{.scale = scale, .causal = causal};
+  if (bias.valid()) return op<OpKind::attention>({q, k, v, bias}, a);
+  return op<OpKind::attention>({q, k, v}, a);
 }
 
 std::vector<Var> Builder::attention_grad(Var q, Var k, Var v, Var out, Var lse, Var dout,
                                          double scale, bool causal, Var bias) {
-  Attrs a;
-  a.scalar = scale;
-  a.causal = causal;
-  if (bias.valid()) return apply(OpKind::attention_grad, a, {q, k, v, out, lse, dout, bias});
-  return apply(OpKind::attention_grad, a, {q, k, v, out, lse, dout});
+  const AttentionAttrs a{.scale = scale, .causal = causal};
+  if (bias.valid()) return op<OpKind::attention_grad>({q, k, v, out, lse, dout, bias}, a);
+  return op<OpKind::attention_grad>({q, k, v, out, lse, dout}, a);
 }
 
 std::vector<Var> Builder::cross_entropy(Var logits, Var targets, int64_t classes) {
-  Attrs a;
-  a.vocab = classes == logits.shape()[-1] ? 0 : classes;
-  return apply(OpKind::cross_entropy, a, {logits, targets});
+  const int64_t c = classes == logits.shape()[-1] ? 0 : classes;
+  return op<OpKind::cross_entropy>({logits, targets}, {.classes = c});
 }
 
 Var Builder::cross_entropy_grad(Var logits, Var targets, Var lse, Var dloss, int64_t classes) {
-  Attrs a;
-  a.vocab = classes == logits.shape()[-1] ? 0 : classes;
-  return apply1(OpKind::cross_entropy_grad, a, {logits, targets, lse, dloss});
+  const int64_t c = classes == logits.shape()[-1] ? 0 : classes;
+  return op<OpKind::cross_entropy_grad>({logits, targets, lse, dloss}, {.classes = c})[0];
 }
 
 }  // namespace tessera

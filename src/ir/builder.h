@@ -12,6 +12,7 @@
 #pragma once
 
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "ir/graph.h"
@@ -141,8 +142,14 @@ class Builder {
   std::vector<Var> cross_entropy(Var logits, Var targets, int64_t classes = 0);
   Var cross_entropy_grad(Var logits, Var targets, Var lse, Var dloss, int64_t classes = 0);
 
-  // Generic: records `op` and returns all its outputs. Aborts on a shape error (a bug in the
-  // calling code).
+  // Generic: records op K with its attributes (OpAttrsOf<K>::type) and returns all its
+  // outputs, as in  b.op<OpKind::rope>({x}, {.theta = 5e5})[0].  Aborts on a shape error (a
+  // bug in the calling code).
+  template <OpKind K>
+  std::vector<Var> op(const std::vector<Var>& inputs, typename OpAttrsOf<K>::type attrs = {}) {
+    return apply(K, Attrs(std::move(attrs)), inputs);
+  }
+  // The same for an op known at run time (passes that copy a node).
   std::vector<Var> apply(OpKind op, const Attrs& attrs, const std::vector<Var>& inputs);
   Var apply1(OpKind op, const Attrs& attrs, const std::vector<Var>& inputs) {
     return apply(op, attrs, inputs)[0];

@@ -24,6 +24,10 @@ Result<NodeId> Graph::add_node(OpKind op, Attrs attrs, std::vector<ValueId> inpu
     return error("op " + std::string(def.name) + " at '" + scope + "' takes " +
                  std::to_string(def.num_inputs) + " inputs, got " + std::to_string(inputs.size()));
   }
+  if (attrs.index() != def.attrs_index) {
+    return error("op " + std::string(def.name) + " at '" + scope + "' takes " +
+                 attrs_type_name(def.attrs_index) + ", got " + attrs_type_name(attrs.index()));
+  }
   std::vector<TensorType> in_types;
   in_types.reserve(inputs.size());
   for (ValueId v : inputs) {
@@ -39,10 +43,12 @@ Result<NodeId> Graph::add_node(OpKind op, Attrs attrs, std::vector<ValueId> inpu
   }
   if (def.num_outputs >= 0)
     TS_CHECK_EQ(static_cast<int>(out_types.size()), def.num_outputs) << def.name;
-  if (op == OpKind::parameter && param_by_name_.count(attrs.name))
-    return error("duplicate parameter name '" + attrs.name + "'");
-  if (op == OpKind::input && input_by_name_.count(attrs.name))
-    return error("duplicate input name '" + attrs.name + "'");
+  const std::string* source =
+      op == OpKind::parameter || op == OpKind::input ? &attrs_as<SourceAttrs>(attrs).name : nullptr;
+  if (op == OpKind::parameter && param_by_name_.count(*source))
+    return error("duplicate parameter name '" + *source + "'");
+  if (op == OpKind::input && input_by_name_.count(*source))
+    return error("duplicate input name '" + *source + "'");
   NodeId id = static_cast<NodeId>(nodes_.size());
   Node n;
   n.op = op;
@@ -56,10 +62,10 @@ Result<NodeId> Graph::add_node(OpKind op, Attrs attrs, std::vector<ValueId> inpu
     values_.push_back(Value{out_types[i], id, static_cast<int>(i)});
   }
   if (op == OpKind::parameter) {
-    param_by_name_[attrs.name] = n.outputs[0];
+    param_by_name_[*source] = n.outputs[0];
     params_.push_back(n.outputs[0]);
   } else if (op == OpKind::input) {
-    input_by_name_[attrs.name] = n.outputs[0];
+    input_by_name_[*source] = n.outputs[0];
     inputs_.push_back(n.outputs[0]);
   }
   n.attrs = std::move(attrs);
@@ -77,7 +83,7 @@ ValueId Graph::find_input(const std::string& name) const {
   return it == input_by_name_.end() ? -1 : it->second;
 }
 
-const std::string& Graph::name_of(ValueId v) const { return producer(v).attrs.name; }
+const std::string& Graph::name_of(ValueId v) const { return producer(v).attr<SourceAttrs>().name; }
 
 void Graph::mark_output(ValueId v) {
   for (ValueId o : outputs_)
@@ -163,10 +169,10 @@ std::string print_graph(const Graph& g) {
     s << " = " << op_name(n.op) << "(";
     for (size_t k = 0; k < n.inputs.size(); ++k) s << (k ? ", " : "") << "%" << n.inputs[k];
     s << ")";
-    const Attrs& a = n.attrs;
-    if (!a.name.empty()) s << " '" << a.name << "'";
-    if (a.transpose_a || a.transpose_b)
-      s << " {" << (a.transpose_a ? "ta" : "") << (a.transpose_b ? "tb" : "") << "}";
+    if (const auto* a = std::get_if<SourceAttrs>(&n.attrs)) s << " '" << a->name << "'";
+    if (const auto* a = std::get_if<GroupAttrs>(&n.attrs)) s << " '" << a->axes << "'";
+    if (const auto* a = std::get_if<MatmulAttrs>(&n.attrs); a && (a->transpose_a || a->transpose_b))
+      s << " {" << (a->transpose_a ? "ta" : "") << (a->transpose_b ? "tb" : "") << "}";
     s << " : ";
     for (size_t k = 0; k < n.outputs.size(); ++k)
       s << (k ? ", " : "") << g.type(n.outputs[k]).to_string();

@@ -39,6 +39,12 @@ struct Node {
   // A forward node cloned into the backward pass by activation recomputation
   // (parallel/recompute.h): backward stays false, but it runs where the backward pass runs.
   bool recompute = false;
+
+  // The attributes as the op's type (op.h); reading another type is a bug (abort).
+  template <class T>
+  const T& attr() const {
+    return attrs_as<T>(attrs);
+  }
 };
 
 // Whether a node runs in the backward pass: backward nodes and recomputed forward nodes.

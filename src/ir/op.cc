@@ -1,7 +1,9 @@
 #include "ir/op.h"
 
 #include <array>
+#include <cstdlib>
 #include <cstring>
+#include <iterator>
 
 #include "base/check.h"
 
@@ -14,11 +16,12 @@ struct Registry {
   std::array<OpKind, kNumOps> kinds;
   Registry() {
     int i = 0;
-#define TS_OP_INIT(op, in, out) \
-  kinds[i] = OpKind::op;        \
-  defs[i].name = #op;           \
-  defs[i].num_inputs = in;      \
-  defs[i].num_outputs = out;    \
+#define TS_OP_INIT(op, in, out, attrs)            \
+  kinds[i] = OpKind::op;                          \
+  defs[i].name = #op;                             \
+  defs[i].num_inputs = in;                        \
+  defs[i].num_outputs = out;                      \
+  defs[i].attrs_index = AttrsIndex<attrs>::value; \
   ++i;
     TESSERA_OPS(TS_OP_INIT)
 #undef TS_OP_INIT
@@ -38,6 +41,19 @@ const Registry& registry() {
 }
 
 }  // namespace
+
+const char* attrs_type_name(size_t index) {
+#define TS_ATTRS_NAME(T) , #T
+  static constexpr const char* kNames[] = {"NoAttrs" TESSERA_ATTRS(TS_ATTRS_NAME)};
+#undef TS_ATTRS_NAME
+  return index < std::size(kNames) ? kNames[index] : "?";
+}
+
+void detail::wrong_attrs(size_t want, size_t have) {
+  TS_CHECK(false) << "attributes read as " << attrs_type_name(want) << " but they are "
+                  << attrs_type_name(have);
+  std::abort();
+}
 
 const OpDef& op_def(OpKind kind) { return registry().defs[static_cast<size_t>(kind)]; }
 const char* op_name(OpKind kind) { return op_def(kind).name; }

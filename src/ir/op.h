@@ -7,16 +7,19 @@
 //   d.name == "matmul";  d.num_inputs == 2;
 //   for (OpKind k : all_ops()) std::puts(op_def(k).name);
 //
-// Adding an op touches: one line in TESSERA_OPS below and its OpDef (sharding rule included)
-// in an ops_*.cc file (the definition); its CPU kernel, registered in a backend/cpu/kernels_*.cc;
-// its CUDA kernel, registered in a backend/cuda/kernels_*.cu; its entry in
-// tests/ir/op_consistency_test.cc. Model code builds it with Builder::apply (a Builder method
-// of its own is a convenience, not a requirement).
+// Adding an op touches: one line in TESSERA_OPS below, naming its attribute struct (a new
+// struct below when none of them fits), and its OpDef (sharding rule included) in an ops_*.cc
+// file (the definition); its CPU kernel, registered in a backend/cpu/kernels_*.cc; its CUDA
+// kernel, registered in a backend/cuda/kernels_*.cu; its entry in
+// tests/ir/op_consistency_test.cc. Model code builds it with Builder::op<OpKind::k>(inputs,
+// attrs) (a Builder method of its own is a convenience, not a requirement).
 #pragma once
 
 #include <cstdint>
 #include <span>
 #include <string>
+#include <type_traits>
+#include <variant>
 #include <vector>
 
 #include "base/status.h"
@@ -24,74 +27,74 @@
 
 namespace tessera {
 
-// X(name, inputs (-1: variadic), outputs (-1: as many as its shape inference gives))
-#define TESSERA_OPS(X)              \
-  X(parameter, 0, 1)                \
-  X(input, 0, 1)                    \
-  X(fill, 0, 1)                     \
-  X(add, 2, 1)                      \
-  X(sub, 2, 1)                      \
-  X(mul, 2, 1)                      \
-  X(div, 2, 1)                      \
-  X(scale, 1, 1)                    \
-  X(add_scalar, 1, 1)               \
-  X(exp, 1, 1)                      \
-  X(log, 1, 1)                      \
-  X(sqrt, 1, 1)                     \
-  X(rsqrt, 1, 1)                    \
-  X(tanh, 1, 1)                     \
-  X(gelu, 1, 1)                     \
-  X(gelu_grad, 2, 1)                \
-  X(silu, 1, 1)                     \
-  X(relu, 1, 1)                     \
-  X(relu_grad, 2, 1)                \
-  X(silu_grad, 2, 1)                \
-  X(swiglu, 2, 1)                   \
-  X(swiglu_grad, 3, 2)              \
-  X(reduce_sum, 1, 1)               \
-  X(sum_to, 1, 1)                   \
-  X(broadcast_to, 1, 1)             \
-  X(reshape, 1, 1)                  \
-  X(transpose, 1, 1)                \
-  X(slice, 1, 1)                    \
-  X(concat, -1, 1)                  \
-  X(matmul, 2, 1)                   \
-  X(embedding, 2, 1)                \
-  X(embedding_grad, 2, 1)           \
-  X(layernorm, 3, 3)                \
-  X(layernorm_grad, 5, 3)           \
-  X(rmsnorm, 2, 2)                  \
-  X(rmsnorm_grad, 4, 2)             \
-  X(rope, 1, 1)                     \
-  X(softmax, 1, 1)                  \
-  X(softmax_grad, 2, 1)             \
-  X(causal_mask, 1, 1)              \
-  X(position_buckets, 0, 1)         \
-  X(attention, -1, 2)               \
-  X(attention_grad, -1, -1)         \
-  X(cross_entropy, 2, 2)            \
-  X(cross_entropy_grad, 4, 1)       \
-  X(logsumexp, 1, 1)                \
-  X(vocab_logsumexp, 2, 1)          \
-  X(vocab_embedding, 3, 1)          \
-  X(vocab_embedding_grad, 3, 1)     \
-  X(vocab_pick, 3, 1)               \
-  X(vocab_cross_entropy_grad, 5, 1) \
-  X(axis_index, 0, 1)               \
-  X(shard_slice, 2, 1)              \
-  X(cast, 1, 1)                     \
-  X(all_reduce, 1, 1)               \
-  X(reduce_scatter, 1, 1)           \
-  X(all_gather, 1, 1)
+// X(name, inputs (-1: variadic), outputs (-1: as many as its shape inference gives), attributes)
+#define TESSERA_OPS(X)                                 \
+  X(parameter, 0, 1, SourceAttrs)                      \
+  X(input, 0, 1, SourceAttrs)                          \
+  X(fill, 0, 1, FillAttrs)                             \
+  X(add, 2, 1, NoAttrs)                                \
+  X(sub, 2, 1, NoAttrs)                                \
+  X(mul, 2, 1, NoAttrs)                                \
+  X(div, 2, 1, NoAttrs)                                \
+  X(scale, 1, 1, ScalarAttrs)                          \
+  X(add_scalar, 1, 1, ScalarAttrs)                     \
+  X(exp, 1, 1, NoAttrs)                                \
+  X(log, 1, 1, NoAttrs)                                \
+  X(sqrt, 1, 1, NoAttrs)                               \
+  X(rsqrt, 1, 1, NoAttrs)                              \
+  X(tanh, 1, 1, NoAttrs)                               \
+  X(gelu, 1, 1, NoAttrs)                               \
+  X(gelu_grad, 2, 1, NoAttrs)                          \
+  X(silu, 1, 1, NoAttrs)                               \
+  X(relu, 1, 1, NoAttrs)                               \
+  X(relu_grad, 2, 1, NoAttrs)                          \
+  X(silu_grad, 2, 1, NoAttrs)                          \
+  X(swiglu, 2, 1, NoAttrs)                             \
+  X(swiglu_grad, 3, 2, NoAttrs)                        \
+  X(reduce_sum, 1, 1, ReduceAttrs)                     \
+  X(sum_to, 1, 1, ShapeAttrs)                          \
+  X(broadcast_to, 1, 1, ShapeAttrs)                    \
+  X(reshape, 1, 1, ShapeAttrs)                         \
+  X(transpose, 1, 1, TransposeAttrs)                   \
+  X(slice, 1, 1, SliceAttrs)                           \
+  X(concat, -1, 1, ConcatAttrs)                        \
+  X(matmul, 2, 1, MatmulAttrs)                         \
+  X(embedding, 2, 1, NoAttrs)                          \
+  X(embedding_grad, 2, 1, EmbeddingGradAttrs)          \
+  X(layernorm, 3, 3, NormAttrs)                        \
+  X(layernorm_grad, 5, 3, NoAttrs)                     \
+  X(rmsnorm, 2, 2, NormAttrs)                          \
+  X(rmsnorm_grad, 4, 2, NoAttrs)                       \
+  X(rope, 1, 1, RopeAttrs)                             \
+  X(softmax, 1, 1, NoAttrs)                            \
+  X(softmax_grad, 2, 1, NoAttrs)                       \
+  X(causal_mask, 1, 1, ScalarAttrs)                    \
+  X(position_buckets, 0, 1, PositionBucketsAttrs)      \
+  X(attention, -1, 2, AttentionAttrs)                  \
+  X(attention_grad, -1, -1, AttentionAttrs)            \
+  X(cross_entropy, 2, 2, CrossEntropyAttrs)            \
+  X(cross_entropy_grad, 4, 1, CrossEntropyAttrs)       \
+  X(logsumexp, 1, 1, NoAttrs)                          \
+  X(vocab_logsumexp, 2, 1, CrossEntropyAttrs)          \
+  X(vocab_embedding, 3, 1, NoAttrs)                    \
+  X(vocab_embedding_grad, 3, 1, EmbeddingGradAttrs)    \
+  X(vocab_pick, 3, 1, NoAttrs)                         \
+  X(vocab_cross_entropy_grad, 5, 1, CrossEntropyAttrs) \
+  X(axis_index, 0, 1, GroupAttrs)                      \
+  X(shard_slice, 2, 1, ShardSliceAttrs)                \
+  X(cast, 1, 1, CastAttrs)                             \
+  X(all_reduce, 1, 1, GroupAttrs)                      \
+  X(reduce_scatter, 1, 1, GroupAttrs)                  \
+  X(all_gather, 1, 1, GroupAttrs)
 
 enum class OpKind : uint16_t {
-#define TS_OP_ENUM(name, in, out) name,
+#define TS_OP_ENUM(name, in, out, attrs) name,
   TESSERA_OPS(TS_OP_ENUM)
 #undef TS_OP_ENUM
 };
 
 inline constexpr int kNumOps = 0
-#define TS_OP_COUNT(name, in, out) +1
+#define TS_OP_COUNT(name, in, out, attrs) +1
     TESSERA_OPS(TS_OP_COUNT)
 #undef TS_OP_COUNT
     ;
@@ -99,33 +102,180 @@ inline constexpr int kNumOps = 0
 // How a parameter is initialized (recorded in the graph so any backend can do it).
 enum class Init : uint8_t { zeros, ones, normal };
 
-// Typed attributes; each op reads only the fields its OpDef documents.
-struct Attrs {
-  std::vector<int64_t> ints;   // reshape/broadcast_to/sum_to/fill: target shape; transpose:
-                               // perm; reduce_sum: axes; position_buckets: {Tq, Tk,
-                               // num_buckets, max_distance}
-  int64_t axis = 0;            // slice, concat, shard_slice
-  int64_t start = 0, end = 0;  // slice [start, end)
-  bool transpose_a = false, transpose_b = false;  // matmul
-  bool keepdim = false;                           // reduce_sum
-  bool inverse = false;                           // rope: rotate by -angle (its VJP)
-  bool causal = true;   // attention(_grad): query i attends to keys <= i (else to all);
-                        // position_buckets: unidirectional (else bidirectional)
-  double scalar = 0.0;  // scale: factor; add_scalar: addend; fill/causal_mask: value;
-                        // attention: softmax scale
-  double eps = 1e-5;    // layernorm, rmsnorm
-  double theta = 1e4;   // rope base
-  int64_t vocab = 0;    // embedding_grad, vocab_embedding_grad: table rows; cross_entropy(_grad),
-                        // vocab_cross_entropy_grad, vocab_logsumexp: the logits' columns that
-                        // are classes (0: all), the rest padding
-  int64_t count = 0;    // cross_entropy(_grad): rows the mean divides by (0: the input's rows);
-                        // collectives: size of the rank group; shard_slice: blocks
-  DType dtype = DType::f32;  // cast target; parameter/input/fill dtype
-  std::string name;          // parameter/input name; collectives and axis_index: mesh axes
-                             // ("dp" or "dp_rep,dp_shard")
-  Init init = Init::zeros;   // parameter
-  double init_std = 0.0;     // parameter, Init::normal
+// Typed attributes: each op takes one of these structs (the last column of TESSERA_OPS), and
+// reads it with attrs_as<T>() or Node::attr<T>(). Graph::add_node refuses a node whose attributes
+// are of another type; Builder::op<OpKind::k>(inputs, attrs) takes the op's own type.
+
+struct NoAttrs {};
+
+// parameter, input: a named source of the given shape.
+struct SourceAttrs {
+  std::string name{};
+  std::vector<int64_t> shape{};
+  DType dtype = DType::f32;
+  Init init = Init::zeros;  // parameter
+  double init_std = 0.0;    // parameter, Init::normal
 };
+
+struct FillAttrs {
+  std::vector<int64_t> shape{};
+  double value = 0.0;
+  DType dtype = DType::f32;
+};
+
+// scale: the factor; add_scalar: the addend; causal_mask: the masked entries' value.
+struct ScalarAttrs {
+  double value = 0.0;
+};
+
+// reshape, broadcast_to, sum_to: the target shape.
+struct ShapeAttrs {
+  std::vector<int64_t> shape{};
+};
+
+struct ReduceAttrs {
+  std::vector<int64_t> axes{};
+  bool keepdim = false;
+};
+
+struct TransposeAttrs {
+  std::vector<int64_t> perm{};  // output dim i is input dim perm[i]
+};
+
+struct SliceAttrs {
+  int64_t axis = 0;
+  int64_t start = 0, end = 0;  // [start, end)
+};
+
+struct ConcatAttrs {
+  int64_t axis = 0;
+};
+
+struct MatmulAttrs {
+  bool transpose_a = false, transpose_b = false;  // swap the operand's last two dims
+};
+
+// embedding_grad, vocab_embedding_grad: the rows of the table the gradient is for.
+struct EmbeddingGradAttrs {
+  int64_t rows = 0;
+};
+
+// layernorm, rmsnorm.
+struct NormAttrs {
+  double eps = 1e-5;
+};
+
+struct RopeAttrs {
+  double theta = 1e4;    // the base of the rotation frequencies
+  bool inverse = false;  // rotate by -angle (the VJP)
+};
+
+// T5's relative position buckets (ir/position_buckets.h), i32 [tq, tk].
+struct PositionBucketsAttrs {
+  int64_t tq = 0, tk = 0;
+  int64_t num_buckets = 32, max_distance = 128;
+  bool bidirectional = false;
+};
+
+// attention, attention_grad.
+struct AttentionAttrs {
+  double scale = 0.0;  // softmax scale
+  bool causal = true;  // query i attends to keys <= i (else to all)
+};
+
+// cross_entropy(_grad), vocab_logsumexp, vocab_cross_entropy_grad.
+struct CrossEntropyAttrs {
+  int64_t classes = 0;  // the logits' first columns that are classes (0: all), the rest padding
+  int64_t rows = 0;     // the rows the mean divides by (0: the input's rows)
+};
+
+struct CastAttrs {
+  DType dtype = DType::f32;
+};
+
+// Collectives and axis_index: a rank group named by its mesh axes ("dp" or "dp_rep,dp_shard").
+struct GroupAttrs {
+  std::string axes{};
+  int64_t size = 0;              // collectives: ranks in the group
+  std::vector<int64_t> shape{};  // all_gather: the gathered tensor's shape (padding dropped)
+};
+
+// shard_slice: block in(1) of `blocks` equal blocks along `axis`.
+struct ShardSliceAttrs {
+  int64_t axis = 0;
+  int64_t blocks = 0;
+};
+
+// Every attribute type but NoAttrs (Attrs' first alternative, a default-constructed Attrs).
+// clang-format off
+#define TESSERA_ATTRS(X)   \
+  X(SourceAttrs)           \
+  X(FillAttrs)             \
+  X(ScalarAttrs)           \
+  X(ShapeAttrs)            \
+  X(ReduceAttrs)           \
+  X(TransposeAttrs)        \
+  X(SliceAttrs)            \
+  X(ConcatAttrs)           \
+  X(MatmulAttrs)           \
+  X(EmbeddingGradAttrs)    \
+  X(NormAttrs)             \
+  X(RopeAttrs)             \
+  X(PositionBucketsAttrs)  \
+  X(AttentionAttrs)        \
+  X(CrossEntropyAttrs)     \
+  X(CastAttrs)             \
+  X(GroupAttrs)            \
+  X(ShardSliceAttrs)
+// clang-format on
+
+#define TS_ATTRS_TYPE(T) , T
+using Attrs = std::variant<NoAttrs TESSERA_ATTRS(TS_ATTRS_TYPE)>;
+#undef TS_ATTRS_TYPE
+
+// The index of T among Attrs' alternatives.
+template <class T, class V = Attrs>
+struct AttrsIndex;
+template <class T, class... Ts>
+struct AttrsIndex<T, std::variant<Ts...>> {
+  static constexpr size_t value = [] {
+    size_t i = 0;
+    ((std::is_same_v<T, Ts> ? false : (++i, true)) && ...);
+    return i;
+  }();
+};
+
+// The name of Attrs alternative i ("RopeAttrs").
+const char* attrs_type_name(size_t index);
+
+namespace detail {
+[[noreturn]] void wrong_attrs(size_t want, size_t have);
+}
+
+// The attributes as T; a bug (abort) when they are of another type.
+template <class T>
+const T& attrs_as(const Attrs& a) {
+  const T* p = std::get_if<T>(&a);
+  if (p == nullptr) detail::wrong_attrs(AttrsIndex<T>::value, a.index());
+  return *p;
+}
+template <class T>
+T& attrs_as(Attrs& a) {
+  T* p = std::get_if<T>(&a);
+  if (p == nullptr) detail::wrong_attrs(AttrsIndex<T>::value, a.index());
+  return *p;
+}
+
+// OpAttrsOf<OpKind::rope>::type is RopeAttrs.
+template <OpKind K>
+struct OpAttrsOf;
+#define TS_OP_ATTRS(name, in, out, attrs) \
+  template <>                             \
+  struct OpAttrsOf<OpKind::name> {        \
+    using type = attrs;                   \
+  };
+TESSERA_OPS(TS_OP_ATTRS)
+#undef TS_OP_ATTRS
 
 class Builder;
 struct Node;
@@ -156,6 +306,7 @@ struct OpDef {
   // For backward-only ops: the forward op whose gradient check covers this op.
   const char* gradient_of = nullptr;
   ShardingRuleFn sharding = nullptr;
+  size_t attrs_index = 0;  // the Attrs alternative the op takes
 };
 
 const OpDef& op_def(OpKind kind);

@@ -1,12 +1,12 @@
 // Collective ops, inserted by the partition pass (parallel/partition.h), never by model code.
-// They run on a Communicator (comm/), not on a Backend; attrs.name names the mesh axes of the
-// rank group ("dp", or "dp_rep,dp_shard" for a group spanning both) and attrs.count its size.
+// They run on a Communicator (comm/), not on a Backend; GroupAttrs::axes names the mesh axes of
+// the rank group ("dp", or "dp_rep,dp_shard" for a group spanning both) and ::size its size.
 //
 //   all_reduce(x)       sums x over the group; same shape.
 //   reduce_scatter(x)   sums x over the group and keeps this rank's block of the flattened,
-//                       zero-padded sum: [ceil(numel / count)].
+//                       zero-padded sum: [ceil(numel / size)].
 //   all_gather(x)       x is one rank's block [c] of a flattened tensor; returns the whole
-//                       tensor, of shape attrs.ints (the first numel of count * c elements).
+//                       tensor, of GroupAttrs::shape (the first numel of size * c elements).
 //   axis_index()        this rank's index in the group, an i32 scalar (what rank-dependent
 //                       ops such as vocab_embedding take as their shard). Not a collective
 //                       (nothing is sent); like them it runs on the runtime, which knows the
@@ -23,9 +23,10 @@ namespace ops_detail {
 
 namespace {
 
-Status need_group(const Attrs& a) {
-  if (a.count < 1 || a.name.empty())
-    return error("collective needs a rank group: attrs.name (mesh axes) and attrs.count >= 1");
+Status need_group(const Attrs& attrs) {
+  const GroupAttrs& a = attrs_as<GroupAttrs>(attrs);
+  if (a.size < 1 || a.axes.empty())
+    return error("collective needs a rank group: its mesh axes and a size >= 1");
   return Status();
 }
 
@@ -37,36 +38,40 @@ Status infer_all_reduce(const Attrs& a, std::span<const TensorType> in,
   return Status();
 }
 
-Status infer_reduce_scatter(const Attrs& a, std::span<const TensorType> in,
+Status infer_reduce_scatter(const Attrs& attrs, std::span<const TensorType> in,
                             std::vector<TensorType>* out) {
-  TS_RETURN_IF_ERROR(need_group(a));
+  const GroupAttrs& a = attrs_as<GroupAttrs>(attrs);
+  TS_RETURN_IF_ERROR(need_group(attrs));
   TS_RETURN_IF_ERROR(need_float(in[0], "reduce_scatter operand"));
   int64_t n = in[0].shape.numel();
-  out->push_back({Shape{(n + a.count - 1) / a.count}, in[0].dtype});
+  out->push_back({Shape{(n + a.size - 1) / a.size}, in[0].dtype});
   return Status();
 }
 
-Status infer_all_gather(const Attrs& a, std::span<const TensorType> in,
+Status infer_all_gather(const Attrs& attrs, std::span<const TensorType> in,
                         std::vector<TensorType>* out) {
-  TS_RETURN_IF_ERROR(need_group(a));
+  const GroupAttrs& a = attrs_as<GroupAttrs>(attrs);
+  TS_RETURN_IF_ERROR(need_group(attrs));
   TS_RETURN_IF_ERROR(need_float(in[0], "all_gather operand"));
-  Shape s(a.ints);
-  if (in[0].shape.rank() != 1 || in[0].shape[0] * a.count < s.numel())
-    return error("all_gather of " + in[0].to_string() + " over " + std::to_string(a.count) +
+  Shape s(a.shape);
+  if (in[0].shape.rank() != 1 || in[0].shape[0] * a.size < s.numel())
+    return error("all_gather of " + in[0].to_string() + " over " + std::to_string(a.size) +
                  " ranks cannot hold " + s.to_string());
   out->push_back({s, in[0].dtype});
   return Status();
 }
 
 // Bytes moved over the network by one rank (ring algorithms).
-double bytes_all_reduce(const Attrs& a, std::span<const TensorType> in,
+double bytes_all_reduce(const Attrs& attrs, std::span<const TensorType> in,
                         std::span<const TensorType>) {
-  return 2.0 * static_cast<double>(a.count - 1) / static_cast<double>(a.count) *
+  const GroupAttrs& a = attrs_as<GroupAttrs>(attrs);
+  return 2.0 * static_cast<double>(a.size - 1) / static_cast<double>(a.size) *
          static_cast<double>(in[0].bytes());
 }
-double bytes_reduce_scatter(const Attrs& a, std::span<const TensorType>,
+double bytes_reduce_scatter(const Attrs& attrs, std::span<const TensorType>,
                             std::span<const TensorType> out) {
-  return static_cast<double>(a.count - 1) * static_cast<double>(out[0].bytes());
+  const GroupAttrs& a = attrs_as<GroupAttrs>(attrs);
+  return static_cast<double>(a.size - 1) * static_cast<double>(out[0].bytes());
 }
 Status infer_axis_index(const Attrs& a, std::span<const TensorType>, std::vector<TensorType>* out) {
   TS_RETURN_IF_ERROR(need_group(a));
@@ -74,9 +79,10 @@ Status infer_axis_index(const Attrs& a, std::span<const TensorType>, std::vector
   return Status();
 }
 
-double bytes_all_gather(const Attrs& a, std::span<const TensorType> in,
+double bytes_all_gather(const Attrs& attrs, std::span<const TensorType> in,
                         std::span<const TensorType>) {
-  return static_cast<double>(a.count - 1) * static_cast<double>(in[0].bytes());
+  const GroupAttrs& a = attrs_as<GroupAttrs>(attrs);
+  return static_cast<double>(a.size - 1) * static_cast<double>(in[0].bytes());
 }
 
 }  // namespace

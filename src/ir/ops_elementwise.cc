@@ -8,10 +8,13 @@ namespace tessera::ops_detail {
 
 namespace {
 
-Status infer_source(const Attrs& a, std::span<const TensorType>, std::vector<TensorType>* out) {
-  for (int64_t d : a.ints)
+// parameter and input (SourceAttrs), fill (FillAttrs): a tensor of the attributes' shape.
+template <class T>
+Status infer_source(const Attrs& attrs, std::span<const TensorType>, std::vector<TensorType>* out) {
+  const T& a = attrs_as<T>(attrs);
+  for (int64_t d : a.shape)
     if (d < 0) return error("negative dimension in shape");
-  out->push_back({Shape(a.ints), a.dtype});
+  out->push_back({Shape(a.shape), a.dtype});
   return Status();
 }
 
@@ -45,7 +48,7 @@ Status infer_same(const Attrs&, std::span<const TensorType> in, std::vector<Tens
 }
 
 Status infer_cast(const Attrs& a, std::span<const TensorType> in, std::vector<TensorType>* out) {
-  out->push_back({in[0].shape, a.dtype});
+  out->push_back({in[0].shape, attrs_as<CastAttrs>(a).dtype});
   return Status();
 }
 
@@ -81,7 +84,7 @@ void vjp_div(Builder& b, const Node& n, std::span<const Var> g, std::vector<Var>
   (*dx)[1] = b.sum_to(-(g[0] * q / y), y.shape());
 }
 void vjp_scale(Builder& b, const Node& n, std::span<const Var> g, std::vector<Var>* dx) {
-  (*dx)[0] = b.scale(g[0], n.attrs.scalar);
+  (*dx)[0] = b.scale(g[0], n.attr<ScalarAttrs>().value);
 }
 void vjp_identity(Builder&, const Node&, std::span<const Var> g, std::vector<Var>* dx) {
   (*dx)[0] = g[0];
@@ -165,10 +168,10 @@ bool binary_rule(const ShardingRuleArgs& a, Out* out) {
 }  // namespace
 
 void define_elementwise_ops(OpDef* t) {
-  for (OpKind k : {OpKind::parameter, OpKind::input, OpKind::fill}) {
-    def(t, k).infer = infer_source;
-    def(t, k).bytes = out_bytes;
-  }
+  def(t, OpKind::parameter).infer = infer_source<SourceAttrs>;
+  def(t, OpKind::input).infer = infer_source<SourceAttrs>;
+  def(t, OpKind::fill).infer = infer_source<FillAttrs>;
+  def(t, OpKind::fill).bytes = out_bytes;
   def(t, OpKind::parameter).bytes = no_bytes;
   def(t, OpKind::input).bytes = no_bytes;
 

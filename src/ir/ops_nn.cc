@@ -9,7 +9,9 @@ namespace {
 
 // ---- matmul ------------------------------------------------------------------------------
 
-Status infer_matmul(const Attrs& a, std::span<const TensorType> in, std::vector<TensorType>* out) {
+Status infer_matmul(const Attrs& attrs, std::span<const TensorType> in,
+                    std::vector<TensorType>* out) {
+  const MatmulAttrs& a = attrs_as<MatmulAttrs>(attrs);
   const Shape &sa = in[0].shape, &sb = in[1].shape;
   TS_RETURN_IF_ERROR(same_dtype(in[0], in[1]));
   TS_RETURN_IF_ERROR(need_float(in[0], "matmul operand"));
@@ -35,15 +37,17 @@ Status infer_matmul(const Attrs& a, std::span<const TensorType> in, std::vector<
   return Status();
 }
 
-double flops_matmul(const Attrs& a, std::span<const TensorType> in,
+double flops_matmul(const Attrs& attrs, std::span<const TensorType> in,
                     std::span<const TensorType> out) {
+  const MatmulAttrs& a = attrs_as<MatmulAttrs>(attrs);
   int64_t k = a.transpose_a ? in[0].shape[-2] : in[0].shape[-1];
   return 2.0 * out_numel(out) * static_cast<double>(k);
 }
 
 void vjp_matmul(Builder& b, const Node& n, std::span<const Var> g, std::vector<Var>* dx) {
   Var A = in_var(b, n, 0), B = in_var(b, n, 1), dY = g[0];
-  bool ta = n.attrs.transpose_a, tb = n.attrs.transpose_b;
+  const MatmulAttrs& m = n.attr<MatmulAttrs>();
+  const bool ta = m.transpose_a, tb = m.transpose_b;
   if (A.rank() > 2 && B.rank() == 2) {  // shared weight: flatten the batch into rows
     (*dx)[0] = b.matmul(dY, B, false, !tb);
     int64_t k = A.shape()[-1], cols = dY.shape()[-1];
@@ -79,12 +83,13 @@ Status infer_embedding(const Attrs&, std::span<const TensorType> in, std::vector
   return Status();
 }
 
-Status infer_embedding_grad(const Attrs& a, std::span<const TensorType> in,
+Status infer_embedding_grad(const Attrs& attrs, std::span<const TensorType> in,
                             std::vector<TensorType>* out) {
+  const EmbeddingGradAttrs& a = attrs_as<EmbeddingGradAttrs>(attrs);
   if (in[1].dtype != DType::i32) return error("embedding ids must be i32");
-  if (in[0].shape.rank() != in[1].shape.rank() + 1 || a.vocab <= 0)
+  if (in[0].shape.rank() != in[1].shape.rank() + 1 || a.rows <= 0)
     return error("embedding_grad needs dy [..., C] for ids [...] and vocab > 0");
-  out->push_back({Shape{a.vocab, in[0].shape[-1]}, in[0].dtype});
+  out->push_back({Shape{a.rows, in[0].shape[-1]}, in[0].dtype});
   return Status();
 }
 
@@ -168,7 +173,8 @@ Status infer_rope(const Attrs&, std::span<const TensorType> in, std::vector<Tens
 }
 
 void vjp_rope(Builder& b, const Node& n, std::span<const Var> g, std::vector<Var>* dx) {
-  (*dx)[0] = b.rope(g[0], n.attrs.theta, !n.attrs.inverse);
+  const RopeAttrs& a = n.attr<RopeAttrs>();
+  (*dx)[0] = b.rope(g[0], a.theta, !a.inverse);
 }
 
 Status infer_softmax(const Attrs&, std::span<const TensorType> in, std::vector<TensorType>* out) {
@@ -200,7 +206,8 @@ void vjp_causal_mask(Builder& b, const Node&, std::span<const Var> g, std::vecto
 
 // q [B,H,Tq,D], k and v [B,Hkv,Tk,D] (Hkv dividing H), and with `bias_at` >= 0 an additive
 // f32 score bias [H,Tq,Tk] at that input (T5's relative positions). Causal needs Tq == Tk.
-Status check_qkv(const Attrs& a, std::span<const TensorType> in, size_t bias_at) {
+Status check_qkv(const Attrs& attrs, std::span<const TensorType> in, size_t bias_at) {
+  const AttentionAttrs& a = attrs_as<AttentionAttrs>(attrs);
   const Shape &q = in[0].shape, &k = in[1].shape, &v = in[2].shape;
   if (q.rank() != 4 || k.rank() != 4 || k != v)
     return error("attention needs q [B,H,Tq,D] and k, v [B,Hkv,Tk,D]");
@@ -260,22 +267,22 @@ double flops_attention_grad(const Attrs& a, std::span<const TensorType> in,
 
 void vjp_attention(Builder& b, const Node& n, std::span<const Var> g, std::vector<Var>* dx) {
   const bool biased = n.inputs.size() == 4;
-  std::vector<Var> d = b.attention_grad(in_var(b, n, 0), in_var(b, n, 1), in_var(b, n, 2),
-                                        out_var(b, n, 0), out_var(b, n, 1), g[0], n.attrs.scalar,
-                                        n.attrs.causal, biased ? in_var(b, n, 3) : Var{});
+  std::vector<Var> d =
+      b.attention_grad(in_var(b, n, 0), in_var(b, n, 1), in_var(b, n, 2), out_var(b, n, 0),
+                       out_var(b, n, 1), g[0], n.attr<AttentionAttrs>().scale,
+                       n.attr<AttentionAttrs>().causal, biased ? in_var(b, n, 3) : Var{});
   for (size_t i = 0; i < d.size(); ++i) (*dx)[i] = d[i];
 }
 
 // ---- position buckets ----------------------------------------------------------------------
 
-// ints = {Tq, Tk, num_buckets, max_distance}; causal: unidirectional (decoders) -> i32 [Tq, Tk]
-Status infer_position_buckets(const Attrs& a, std::span<const TensorType>,
+// -> i32 [Tq, Tk]; unidirectional (decoders) unless bidirectional
+Status infer_position_buckets(const Attrs& attrs, std::span<const TensorType>,
                               std::vector<TensorType>* out) {
-  if (a.ints.size() != 4 || a.ints[0] < 0 || a.ints[1] < 0 || a.ints[2] < 2 || a.ints[3] < 1)
-    return error(
-        "position_buckets needs ints {Tq >= 0, Tk >= 0, num_buckets >= 2, "
-        "max_distance >= 1}");
-  out->push_back({Shape{a.ints[0], a.ints[1]}, DType::i32});
+  const PositionBucketsAttrs& a = attrs_as<PositionBucketsAttrs>(attrs);
+  if (a.tq < 0 || a.tk < 0 || a.num_buckets < 2 || a.max_distance < 1)
+    return error("position_buckets needs Tq >= 0, Tk >= 0, num_buckets >= 2, max_distance >= 1");
+  out->push_back({Shape{a.tq, a.tk}, DType::i32});
   return Status();
 }
 
@@ -283,14 +290,15 @@ Status infer_position_buckets(const Attrs& a, std::span<const TensorType>,
 
 // ---- cross-entropy -----------------------------------------------------------------------
 
-Status infer_cross_entropy(const Attrs& a, std::span<const TensorType> in,
+Status infer_cross_entropy(const Attrs& attrs, std::span<const TensorType> in,
                            std::vector<TensorType>* out) {
+  const CrossEntropyAttrs& a = attrs_as<CrossEntropyAttrs>(attrs);
   TS_RETURN_IF_ERROR(need_float(in[0], "logits"));
   if (in[0].shape.rank() != 2 || in[1].shape != Shape{in[0].shape[0]} || in[1].dtype != DType::i32)
     return error("cross_entropy needs logits [N,V] and i32 targets [N]");
-  if (a.vocab < 0 || a.vocab > in[0].shape[1])
-    return error("cross_entropy: classes (attrs.vocab) " + std::to_string(a.vocab) +
-                 " outside [0, " + std::to_string(in[0].shape[1]) + "]");
+  if (a.classes < 0 || a.classes > in[0].shape[1])
+    return error("cross_entropy: classes " + std::to_string(a.classes) + " outside [0, " +
+                 std::to_string(in[0].shape[1]) + "]");
   out->push_back({Shape{}, DType::f32});
   out->push_back({Shape{in[0].shape[0]}, DType::f32});
   return Status();
@@ -309,8 +317,8 @@ Status infer_cross_entropy_grad(const Attrs& a, std::span<const TensorType> in,
 namespace {
 
 void vjp_cross_entropy(Builder& b, const Node& n, std::span<const Var> g, std::vector<Var>* dx) {
-  (*dx)[0] =
-      b.cross_entropy_grad(in_var(b, n, 0), in_var(b, n, 1), out_var(b, n, 1), g[0], n.attrs.vocab);
+  (*dx)[0] = b.cross_entropy_grad(in_var(b, n, 0), in_var(b, n, 1), out_var(b, n, 1), g[0],
+                                  n.attr<CrossEntropyAttrs>().classes);
 }
 
 using P = Placement;
@@ -323,10 +331,9 @@ bool matmul(const ShardingRuleArgs& a, Out* out) {
   if (x.is_partial() || y.is_partial())
     return ((x.is_partial() && y.is_replicate()) || (x.is_replicate() && y.is_partial())) &&
            all_outputs(a, out, P::partial());
-  const int a_m = a.attrs.transpose_a ? ra - 1 : ra - 2,
-            a_k = a.attrs.transpose_a ? ra - 2 : ra - 1;
-  const int b_k = a.attrs.transpose_b ? rb - 1 : rb - 2,
-            b_n = a.attrs.transpose_b ? rb - 2 : rb - 1;
+  const MatmulAttrs& m = attrs_as<MatmulAttrs>(a.attrs);
+  const int a_m = m.transpose_a ? ra - 1 : ra - 2, a_k = m.transpose_a ? ra - 2 : ra - 1;
+  const int b_k = m.transpose_b ? rb - 1 : rb - 2, b_n = m.transpose_b ? rb - 2 : rb - 1;
   if (x.is_shard() && y.is_shard()) {
     if (x.dim == a_k && y.dim == b_k) return all_outputs(a, out, P::partial());
     if (ra == rb && x.dim == y.dim && x.dim < ra - 2) return all_outputs(a, out, x);
@@ -386,7 +393,7 @@ bool attention(const ShardingRuleArgs& a, Out* out) {
 }
 
 // cross_entropy(logits [N,V], targets [N]) -> loss [], lse [N]: rows sharded -> the local mean
-// divides by the global row count (attrs.count) and the losses add up (Partial).
+// divides by the global row count (CrossEntropyAttrs::rows) and the losses add up (Partial).
 // Logits split on the vocabulary (columns) with whole rows of targets: the partition pass
 // lowers it to the vocab-parallel pieces (logsumexp of each block, gathered; the target logit
 // picked where it lies, summed), which leave the loss and lse Replicate.

@@ -8,11 +8,12 @@ namespace tessera::ops_detail {
 
 namespace {
 
-Status infer_reduce_sum(const Attrs& a, std::span<const TensorType> in,
+Status infer_reduce_sum(const Attrs& attrs, std::span<const TensorType> in,
                         std::vector<TensorType>* out) {
+  const ReduceAttrs& a = attrs_as<ReduceAttrs>(attrs);
   const Shape& s = in[0].shape;
   std::vector<bool> reduced(static_cast<size_t>(s.rank()), false);
-  for (int64_t ax : a.ints) {
+  for (int64_t ax : a.axes) {
     int n = s.axis(static_cast<int>(ax));
     if (n < 0) return error("axis " + std::to_string(ax) + " out of range for " + s.to_string());
     reduced[static_cast<size_t>(n)] = true;
@@ -29,25 +30,30 @@ Status infer_reduce_sum(const Attrs& a, std::span<const TensorType> in,
   return Status();
 }
 
-Status infer_sum_to(const Attrs& a, std::span<const TensorType> in, std::vector<TensorType>* out) {
-  Shape target(a.ints), b;
+Status infer_sum_to(const Attrs& attrs, std::span<const TensorType> in,
+                    std::vector<TensorType>* out) {
+  const ShapeAttrs& a = attrs_as<ShapeAttrs>(attrs);
+  Shape target(a.shape), b;
   if (!broadcast_shapes(target, in[0].shape, &b) || b != in[0].shape)
     return error(in[0].shape.to_string() + " cannot be summed to " + target.to_string());
   out->push_back({target, in[0].dtype});
   return Status();
 }
 
-Status infer_broadcast_to(const Attrs& a, std::span<const TensorType> in,
+Status infer_broadcast_to(const Attrs& attrs, std::span<const TensorType> in,
                           std::vector<TensorType>* out) {
-  Shape target(a.ints), b;
+  const ShapeAttrs& a = attrs_as<ShapeAttrs>(attrs);
+  Shape target(a.shape), b;
   if (!broadcast_shapes(target, in[0].shape, &b) || b != target)
     return error(in[0].shape.to_string() + " does not broadcast to " + target.to_string());
   out->push_back({target, in[0].dtype});
   return Status();
 }
 
-Status infer_reshape(const Attrs& a, std::span<const TensorType> in, std::vector<TensorType>* out) {
-  std::vector<int64_t> d = a.ints;
+Status infer_reshape(const Attrs& attrs, std::span<const TensorType> in,
+                     std::vector<TensorType>* out) {
+  const ShapeAttrs& a = attrs_as<ShapeAttrs>(attrs);
+  std::vector<int64_t> d = a.shape;
   int64_t known = 1;
   int infer_at = -1;
   for (size_t i = 0; i < d.size(); ++i) {
@@ -66,15 +72,16 @@ Status infer_reshape(const Attrs& a, std::span<const TensorType> in, std::vector
   return Status();
 }
 
-Status infer_transpose(const Attrs& a, std::span<const TensorType> in,
+Status infer_transpose(const Attrs& attrs, std::span<const TensorType> in,
                        std::vector<TensorType>* out) {
+  const TransposeAttrs& a = attrs_as<TransposeAttrs>(attrs);
   const Shape& s = in[0].shape;
-  if (static_cast<int>(a.ints.size()) != s.rank())
-    return error("permutation has " + std::to_string(a.ints.size()) + " axes for rank " +
+  if (static_cast<int>(a.perm.size()) != s.rank())
+    return error("permutation has " + std::to_string(a.perm.size()) + " axes for rank " +
                  std::to_string(s.rank()));
-  std::vector<bool> seen(a.ints.size(), false);
+  std::vector<bool> seen(a.perm.size(), false);
   std::vector<int64_t> d;
-  for (int64_t p : a.ints) {
+  for (int64_t p : a.perm) {
     if (p < 0 || p >= s.rank() || seen[static_cast<size_t>(p)]) return error("invalid permutation");
     seen[static_cast<size_t>(p)] = true;
     d.push_back(s[static_cast<int>(p)]);
@@ -83,7 +90,9 @@ Status infer_transpose(const Attrs& a, std::span<const TensorType> in,
   return Status();
 }
 
-Status infer_slice(const Attrs& a, std::span<const TensorType> in, std::vector<TensorType>* out) {
+Status infer_slice(const Attrs& attrs, std::span<const TensorType> in,
+                   std::vector<TensorType>* out) {
+  const SliceAttrs& a = attrs_as<SliceAttrs>(attrs);
   const Shape& s = in[0].shape;
   int ax = s.axis(static_cast<int>(a.axis));
   if (ax < 0) return error("slice axis out of range for " + s.to_string());
@@ -94,24 +103,27 @@ Status infer_slice(const Attrs& a, std::span<const TensorType> in, std::vector<T
   return Status();
 }
 
-// shard_slice(x, index): block `index` (an i32 scalar, from axis_index) of attrs.count equal
-// blocks of x along attrs.axis: the free Replicate -> Shard(d) conversion of a tensor axis.
+// shard_slice(x, index): block `index` (an i32 scalar, from axis_index) of ShardSliceAttrs::blocks
+// equal blocks of x along its axis: the free Replicate -> Shard(d) conversion of a tensor axis.
 // The partition pass emits it in local graphs; it has no VJP.
-Status infer_shard_slice(const Attrs& a, std::span<const TensorType> in,
+Status infer_shard_slice(const Attrs& attrs, std::span<const TensorType> in,
                          std::vector<TensorType>* out) {
+  const ShardSliceAttrs& a = attrs_as<ShardSliceAttrs>(attrs);
   const Shape& s = in[0].shape;
   const int ax = s.axis(static_cast<int>(a.axis));
   if (ax < 0) return error("shard_slice axis out of range for " + s.to_string());
-  if (a.count < 1 || s[ax] % a.count != 0)
-    return error("shard_slice: " + std::to_string(a.count) + " blocks do not split dim " +
+  if (a.blocks < 1 || s[ax] % a.blocks != 0)
+    return error("shard_slice: " + std::to_string(a.blocks) + " blocks do not split dim " +
                  std::to_string(ax) + " of " + s.to_string());
   if (in[1].dtype != DType::i32 || in[1].shape.numel() != 1)
     return error("shard_slice needs an i32 scalar block index, got " + in[1].to_string());
-  out->push_back({s.with_dim(ax, s[ax] / a.count), in[0].dtype});
+  out->push_back({s.with_dim(ax, s[ax] / a.blocks), in[0].dtype});
   return Status();
 }
 
-Status infer_concat(const Attrs& a, std::span<const TensorType> in, std::vector<TensorType>* out) {
+Status infer_concat(const Attrs& attrs, std::span<const TensorType> in,
+                    std::vector<TensorType>* out) {
+  const ConcatAttrs& a = attrs_as<ConcatAttrs>(attrs);
   if (in.empty()) return error("concat needs at least one input");
   const Shape& s0 = in[0].shape;
   int ax = s0.axis(static_cast<int>(a.axis));
@@ -137,7 +149,7 @@ double flops_reduce(const Attrs&, std::span<const TensorType> in, std::span<cons
 void vjp_reduce_sum(Builder& b, const Node& n, std::span<const Var> g, std::vector<Var>* dx) {
   Var x = in_var(b, n, 0);
   Shape kept = x.shape();
-  for (int64_t ax : n.attrs.ints) kept = kept.with_dim(static_cast<int>(ax), 1);
+  for (int64_t ax : n.attr<ReduceAttrs>().axes) kept = kept.with_dim(static_cast<int>(ax), 1);
   (*dx)[0] = b.broadcast_to(b.reshape(g[0], kept), x.shape());
 }
 void vjp_sum_to(Builder& b, const Node& n, std::span<const Var> g, std::vector<Var>* dx) {
@@ -150,19 +162,20 @@ void vjp_reshape(Builder& b, const Node& n, std::span<const Var> g, std::vector<
   (*dx)[0] = b.reshape(g[0], in_var(b, n, 0).shape());
 }
 void vjp_transpose(Builder& b, const Node& n, std::span<const Var> g, std::vector<Var>* dx) {
-  std::vector<int64_t> inv(n.attrs.ints.size());
+  const std::vector<int64_t>& perm = n.attr<TransposeAttrs>().perm;
+  std::vector<int64_t> inv(perm.size());
   for (size_t i = 0; i < inv.size(); ++i)
-    inv[static_cast<size_t>(n.attrs.ints[i])] = static_cast<int64_t>(i);
+    inv[static_cast<size_t>(perm[i])] = static_cast<int64_t>(i);
   (*dx)[0] = b.transpose(g[0], inv);
 }
 void vjp_slice(Builder& b, const Node& n, std::span<const Var> g, std::vector<Var>* dx) {
   Var x = in_var(b, n, 0);
-  int ax = x.shape().axis(static_cast<int>(n.attrs.axis));
+  const SliceAttrs& a = n.attr<SliceAttrs>();
+  int ax = x.shape().axis(static_cast<int>(a.axis));
   std::vector<Var> parts;
-  if (n.attrs.start > 0)
-    parts.push_back(b.fill(x.shape().with_dim(ax, n.attrs.start), 0, x.dtype()));
+  if (a.start > 0) parts.push_back(b.fill(x.shape().with_dim(ax, a.start), 0, x.dtype()));
   parts.push_back(g[0]);
-  int64_t after = x.shape()[ax] - n.attrs.end;
+  int64_t after = x.shape()[ax] - a.end;
   if (after > 0) parts.push_back(b.fill(x.shape().with_dim(ax, after), 0, x.dtype()));
   (*dx)[0] = parts.size() == 1 ? parts[0] : b.concat(parts, ax);
 }
@@ -170,7 +183,7 @@ void vjp_concat(Builder& b, const Node& n, std::span<const Var> g, std::vector<V
   int64_t offset = 0;
   for (size_t i = 0; i < n.inputs.size(); ++i) {
     Var x = b.var(n.inputs[i]);
-    int ax = x.shape().axis(static_cast<int>(n.attrs.axis));
+    int ax = x.shape().axis(static_cast<int>(n.attr<ConcatAttrs>().axis));
     (*dx)[i] = b.slice(g[0], ax, offset, offset + x.shape()[ax]);
     offset += x.shape()[ax];
   }
@@ -182,7 +195,8 @@ using Out = std::vector<Placement>;
 bool reduce_sum(const ShardingRuleArgs& a, Out* out) {
   const P& x = a.p(0);
   if (x.is_partial()) return all_outputs(a, out, x);
-  const std::vector<int64_t>& axes = a.attrs.ints;
+  const ReduceAttrs& r = attrs_as<ReduceAttrs>(a.attrs);
+  const std::vector<int64_t>& axes = r.axes;
   const int rank = a.in[0].shape.rank();
   int removed_before = 0;
   for (int64_t ax : axes) {
@@ -190,7 +204,7 @@ bool reduce_sum(const ShardingRuleArgs& a, Out* out) {
     if (d == x.dim) return all_outputs(a, out, P::partial());
     if (d < x.dim) ++removed_before;
   }
-  return all_outputs(a, out, P::shard(a.attrs.keepdim ? x.dim : x.dim - removed_before));
+  return all_outputs(a, out, P::shard(r.keepdim ? x.dim : x.dim - removed_before));
 }
 
 // sum_to reduces leading dims and dims where the target has size 1.
@@ -230,18 +244,20 @@ bool reshape(const ShardingRuleArgs& a, Out* out) {
 bool transpose(const ShardingRuleArgs& a, Out* out) {
   const P& x = a.p(0);
   if (x.is_partial()) return all_outputs(a, out, x);
-  const std::vector<int64_t>& perm = a.attrs.ints;
+  const std::vector<int64_t>& perm = attrs_as<TransposeAttrs>(a.attrs).perm;
   for (size_t i = 0; i < perm.size(); ++i)
     if (perm[i] == x.dim) return all_outputs(a, out, P::shard(static_cast<int>(i)));
   return false;
 }
 
+// SliceAttrs or ConcatAttrs: the axis they cut or join along.
+template <class T>
 bool slice_or_concat(const ShardingRuleArgs& a, Out* out) {
   const P& first = a.p(0);
   for (const P& p : a.placements)
     if (!(p == first)) return false;
   if (first.is_partial()) return all_outputs(a, out, first);
-  int ax = a.in[0].shape.axis(static_cast<int>(a.attrs.axis));
+  int ax = a.in[0].shape.axis(static_cast<int>(attrs_as<T>(a.attrs).axis));
   return first.dim != ax && all_outputs(a, out, first);
 }
 
@@ -272,8 +288,8 @@ void define_shape_ops(OpDef* t) {
   def(t, OpKind::broadcast_to).sharding = broadcast_to;
   def(t, OpKind::reshape).sharding = reshape;
   def(t, OpKind::transpose).sharding = transpose;
-  def(t, OpKind::slice).sharding = slice_or_concat;
-  def(t, OpKind::concat).sharding = slice_or_concat;
+  def(t, OpKind::slice).sharding = slice_or_concat<SliceAttrs>;
+  def(t, OpKind::concat).sharding = slice_or_concat<ConcatAttrs>;
 }
 
 }  // namespace tessera::ops_detail

@@ -9,18 +9,19 @@
 //   vocab_embedding(table [Vl,C], ids [...], shard) -> [..., C]: the rows of the ids in the
 //                                                    block, zeros for the others (the sum
 //                                                    over the blocks is embedding())
-//   vocab_embedding_grad(dy [..., C], ids, shard) -> [Vl, C] (attrs.vocab = Vl): scatter-add
+//   vocab_embedding_grad(dy [..., C], ids, shard) -> [Vl, C] (EmbeddingGradAttrs::rows = Vl):
+//   scatter-add
 //                                                    of the rows whose id is in the block
 //   vocab_pick(logits [N,Vl], targets [N], shard) -> [N]: each row's target logit where the
 //                                                    target is in the block, 0 elsewhere
 //   vocab_cross_entropy_grad(logits [N,Vl], targets [N], lse [N], dloss [], shard)
 //                                                 -> [N,Vl]: cross_entropy_grad on the block,
 //                                                    lse over the whole vocabulary;
-//                                                    attrs.count as cross_entropy's
+//                                                    CrossEntropyAttrs as cross_entropy's
 //
-// attrs.vocab on vocab_logsumexp and vocab_cross_entropy_grad (as on cross_entropy): the
-// classes, the first columns of the whole vocabulary (0: all); columns past them are padding
-// (ModelConfig::padded_vocab_size) and take no probability.
+// CrossEntropyAttrs::classes on vocab_logsumexp and vocab_cross_entropy_grad (as on
+// cross_entropy): the first columns of the whole vocabulary that are classes (0: all); columns
+// past them are padding (ModelConfig::padded_vocab_size) and take no probability.
 #include "ir/ops_common.h"
 
 namespace tessera::ops_detail {
@@ -43,7 +44,7 @@ Status infer_logsumexp(const Attrs&, std::span<const TensorType> in, std::vector
 }
 
 // A vocab op is its whole-vocabulary op on the block, plus the shard index as its last input.
-// The block's inputs are checked by the whole-vocabulary op's inference; attrs.vocab counts
+// The block's inputs are checked by the whole-vocabulary op's inference; the classes count
 // the classes of the whole vocabulary, wider than the block, so the cross-entropy checks run
 // without it.
 Status on_block(InferFn whole, const Attrs& a, std::span<const TensorType> in,
@@ -52,9 +53,10 @@ Status on_block(InferFn whole, const Attrs& a, std::span<const TensorType> in,
   return whole(a, in.first(in.size() - 1), out);
 }
 
-Attrs without_classes(Attrs a) {
-  a.vocab = 0;
-  return a;
+Attrs without_classes(const Attrs& a) {
+  CrossEntropyAttrs c = attrs_as<CrossEntropyAttrs>(a);
+  c.classes = 0;
+  return c;
 }
 
 Status infer_vocab_logsumexp(const Attrs&, std::span<const TensorType> in,
@@ -74,10 +76,10 @@ Status infer_vocab_embedding_grad(const Attrs& a, std::span<const TensorType> in
 }
 
 // One target logit per row: cross_entropy's lse-shaped output.
-Status infer_vocab_pick(const Attrs& a, std::span<const TensorType> in,
+Status infer_vocab_pick(const Attrs&, std::span<const TensorType> in,
                         std::vector<TensorType>* out) {
   std::vector<TensorType> ce;
-  TS_RETURN_IF_ERROR(on_block(infer_cross_entropy, without_classes(a), in, &ce, "vocab_pick"));
+  TS_RETURN_IF_ERROR(on_block(infer_cross_entropy, CrossEntropyAttrs{}, in, &ce, "vocab_pick"));
   out->push_back(ce[1]);
   return Status();
 }

@@ -167,10 +167,11 @@ MemoryPlan plan_memory(const Graph& g, int64_t alignment) {
     BufferPlan& out = plan.buffers[static_cast<size_t>(n.outputs[0])];
     in.last = std::max(in.last, waits[static_cast<size_t>(i)]);
     const int64_t elem = dtype_size(g.type(n.inputs[0]).dtype);
+    const int64_t ranks = n.attr<GroupAttrs>().size;
     if (n.op == OpKind::reduce_scatter)
-      in.bytes = std::max(in.bytes, g.type(n.outputs[0]).shape.numel() * n.attrs.count * elem);
+      in.bytes = std::max(in.bytes, g.type(n.outputs[0]).shape.numel() * ranks * elem);
     if (n.op == OpKind::all_gather)
-      out.bytes = std::max(out.bytes, g.type(n.inputs[0]).shape.numel() * n.attrs.count * elem);
+      out.bytes = std::max(out.bytes, g.type(n.inputs[0]).shape.numel() * ranks * elem);
   }
 
   // A reshape of an arena value is a view: its output shares the input's bytes. Aliases are

@@ -67,23 +67,14 @@ Result<ValueId> Pass::convert(ValueId local, const Shape& global, const Placemen
 // ([outer, n, m] -> [n, outer, m]) before a reduce-scatter and unpacked after a gather.
 Result<ValueId> Pass::lower_step(const CommStep& s, ValueId v, const Node& like,
                                  std::vector<NodeId>* bucket) {
-  Attrs a;
-  a.name = axes_key(s.axes);
-  a.count = s.group;
+  GroupAttrs a{.axes = axes_key(s.axes), .size = s.group};
   const Placements& before = s.before.axes;
   const Placements& after = s.after.axes;
-  auto ints = [](const Shape& sh) {
-    return std::vector<int64_t>(sh.dims().begin(), sh.dims().end());
-  };
   auto reshape = [&](ValueId x, const Shape& to, const Placements& pl) {
-    Attrs r;
-    r.ints = ints(to);
-    return emit(OpKind::reshape, r, {x}, like, {pl}, {to});
+    return emit(OpKind::reshape, ShapeAttrs{to.dims()}, {x}, like, {pl}, {to});
   };
   auto swap01 = [&](ValueId x, const Placements& pl) {
-    Attrs t;
-    t.ints = {1, 0, 2};
-    return emit(OpKind::transpose, t, {x}, like, {pl}, {});
+    return emit(OpKind::transpose, TransposeAttrs{{1, 0, 2}}, {x}, like, {pl}, {});
   };
   auto collective = [&](OpKind op, ValueId x, const Shape& out) -> Result<ValueId> {
     TS_ASSIGN_OR_RETURN(ValueId y, emit(op, a, {x}, like, {after}, {out}));
@@ -98,10 +89,10 @@ Result<ValueId> Pass::lower_step(const CommStep& s, ValueId v, const Node& like,
       return collective(OpKind::all_reduce, v, in);
     case CommStep::all_gather: {
       TS_ASSIGN_OR_RETURN(ValueId flat, reshape(v, Shape{in.numel()}, before));
-      a.ints = ints(s.out_shape);
+      a.shape = s.out_shape.dims();
       if (outer == 1) return collective(OpKind::all_gather, flat, s.out_shape);
       const int64_t rest = in.numel() / outer;
-      a.ints = {s.group, outer, rest};
+      a.shape = {s.group, outer, rest};
       TS_ASSIGN_OR_RETURN(ValueId g,
                           collective(OpKind::all_gather, flat, Shape{s.group, outer, rest}));
       TS_ASSIGN_OR_RETURN(ValueId t, swap01(g, after));
@@ -122,16 +113,12 @@ Result<ValueId> Pass::lower_step(const CommStep& s, ValueId v, const Node& like,
       return reshape(r, s.out_shape, after);
     }
     case CommStep::local_slice: {  // this rank's block: its coordinate picks it
-      Attrs group;
-      group.name = a.name;
-      group.count = s.group;
-      TS_ASSIGN_OR_RETURN(ValueId index,
-                          emit(OpKind::axis_index, group, {}, like,
-                               {Placements(sizes_.size(), Placement::replicate())}, {Shape{}}));
-      Attrs sl;
-      sl.axis = s.dim;
-      sl.count = s.group;
-      return emit(OpKind::shard_slice, sl, {v, index}, like, {after}, {s.out_shape});
+      TS_ASSIGN_OR_RETURN(
+          ValueId index,
+          emit(OpKind::axis_index, GroupAttrs{.axes = a.axes, .size = s.group}, {}, like,
+               {Placements(sizes_.size(), Placement::replicate())}, {Shape{}}));
+      return emit(OpKind::shard_slice, ShardSliceAttrs{.axis = s.dim, .blocks = s.group},
+                  {v, index}, like, {after}, {s.out_shape});
     }
     default:
       return error("partition: '" + like.scope + "' " + op_name(like.op) + " needs its input " +
@@ -143,10 +130,9 @@ Result<ValueId> Pass::lower_step(const CommStep& s, ValueId v, const Node& like,
 
 Result<ValueId> Pass::issue_gather(size_t param, bool backward, const Node& like) {
   const ParamLayout& pl = out_.params[param];
-  Attrs a;
-  a.name = axes_key(plan_.zero_axes);
-  a.count = plan_.zero_group();
-  a.ints = std::vector<int64_t>(pl.local_shape.dims().begin(), pl.local_shape.dims().end());
+  const GroupAttrs a{.axes = axes_key(plan_.zero_axes),
+                     .size = plan_.zero_group(),
+                     .shape = pl.local_shape.dims()};
   Node at = like;
   at.backward = backward;
   at.recompute = false;
@@ -219,10 +205,8 @@ Status Pass::flush_bucket() {
         }
         done[static_cast<size_t>(plan_.mesh.axis_index(z))] = Placement::shard(0);
       }
-      Attrs a;
-      a.name = axes_key(plan_.zero_axes);
-      a.count = plan_.zero_group();
-      FlatShard fs{static_cast<int>(a.count), 0, pl.local_shape.numel()};
+      const GroupAttrs a{.axes = axes_key(plan_.zero_axes), .size = plan_.zero_group()};
+      FlatShard fs{static_cast<int>(a.size), 0, pl.local_shape.numel()};
       Placements mid = cur;
       for (const std::string& z : plan_.zero_axes)
         mid[static_cast<size_t>(plan_.mesh.axis_index(z))] = Placement::shard(0);
@@ -231,9 +215,7 @@ Status Pass::flush_bucket() {
       bucket.push_back(out_.local.value(v).producer);
     }
     if (!rest.empty()) {
-      Attrs a;
-      a.name = axes_key(rest);
-      a.count = plan_.mesh.group_size(rest);
+      const GroupAttrs a{.axes = axes_key(rest), .size = plan_.mesh.group_size(rest)};
       TS_ASSIGN_OR_RETURN(
           v, emit(OpKind::all_reduce, a, {v}, like, {done}, {out_.local.type(v).shape}));
       bucket.push_back(out_.local.value(v).producer);
@@ -253,7 +235,7 @@ Status Pass::visit(NodeId id) {
   if (n.op == OpKind::parameter) {
     const ValueId gv = n.outputs[0];
     ParamLayout pl;
-    pl.name = n.attrs.name;
+    pl.name = n.attr<SourceAttrs>().name;
     pl.global = gv;
     pl.global_shape = g_.type(gv).shape;
     pl.optim_sharded = plan_.shards_optimizer();
@@ -265,8 +247,8 @@ Status Pass::visit(NodeId id) {
     pl.local_shape = ls.value();
     FlatShard fs{plan_.zero_group(), 0, pl.local_shape.numel()};
     Shape s = pl.params_sharded ? Shape{fs.block()} : pl.local_shape;
-    Attrs a = n.attrs;
-    a.ints = std::vector<int64_t>(s.dims().begin(), s.dims().end());
+    SourceAttrs a = n.attr<SourceAttrs>();
+    a.shape = s.dims();
     TS_ASSIGN_OR_RETURN(pl.local, emit(OpKind::parameter, a, {}, n, {pl.layout.axes}, {s}));
     out_.global_to_local[static_cast<size_t>(gv)] = pl.local;
     param_index_[gv] = out_.params.size();
@@ -277,13 +259,13 @@ Status Pass::visit(NodeId id) {
     const Shape& gs = g_.type(n.outputs[0]).shape;
     const Placements pl = boundary_placements(g_.type(n.outputs[0]));
     if (gs.rank() == 0 || gs[0] % plan_.data_group() != 0)
-      return error("partition: input '" + n.attrs.name + "' " + gs.to_string() +
+      return error("partition: input '" + n.attr<SourceAttrs>().name + "' " + gs.to_string() +
                        ": the batch does not split over " + std::to_string(plan_.data_group()) +
                        " data-parallel ranks",
                    "use a global batch that is a multiple of the data-parallel size");
-    Attrs a = n.attrs;
-    TS_ASSIGN_OR_RETURN(Shape ls, local_shape(gs, pl, n.attrs.name));
-    a.ints = std::vector<int64_t>(ls.dims().begin(), ls.dims().end());
+    SourceAttrs a = n.attr<SourceAttrs>();
+    TS_ASSIGN_OR_RETURN(Shape ls, local_shape(gs, pl, a.name));
+    a.shape = ls.dims();
     TS_ASSIGN_OR_RETURN(ValueId v, emit(OpKind::input, a, {}, n, {pl}, {ls}));
     out_.global_to_local[static_cast<size_t>(n.outputs[0])] = v;
     gpl_[static_cast<size_t>(n.outputs[0])] = pl;
@@ -373,7 +355,7 @@ Status Pass::visit(NodeId id) {
     for (size_t i = 0; i < ins.size(); ++i) {
       const Node& prod = lazy[i].empty() ? out_.local.producer(ins[i]) : g_.producer(n.inputs[i]);
       if (!pk[i].is_replicate() || prod.op != OpKind::fill) continue;
-      if (target.is_partial() && prod.attrs.scalar != 0.0) continue;
+      if (target.is_partial() && prod.attr<FillAttrs>().value != 0.0) continue;
       if (target.is_shard() && target.dim >= in_types[i].shape.rank()) continue;
       relabeled[i] = target;
       changed = true;
@@ -389,9 +371,9 @@ Status Pass::visit(NodeId id) {
         }
         Placements p = out_.placements[static_cast<size_t>(ins[i])];
         p[k] = relabeled[i];
-        Attrs fa = out_.local.producer(ins[i]).attrs;
+        FillAttrs fa = out_.local.producer(ins[i]).attr<FillAttrs>();
         TS_ASSIGN_OR_RETURN(Shape ls, local_shape(g_.type(n.inputs[i]).shape, p, n.scope));
-        fa.ints = std::vector<int64_t>(ls.dims().begin(), ls.dims().end());
+        fa.shape = ls.dims();
         TS_ASSIGN_OR_RETURN(ins[i], emit(OpKind::fill, fa, {}, n, {p}, {ls}));
       }
       continue;
@@ -434,9 +416,9 @@ Status Pass::visit(NodeId id) {
 
   for (size_t i = 0; i < ins.size(); ++i) {
     if (lazy[i].empty()) continue;
-    Attrs fa = g_.producer(n.inputs[i]).attrs;
+    FillAttrs fa = g_.producer(n.inputs[i]).attr<FillAttrs>();
     TS_ASSIGN_OR_RETURN(Shape ls, local_shape(g_.type(n.inputs[i]).shape, lazy[i], n.scope));
-    fa.ints = std::vector<int64_t>(ls.dims().begin(), ls.dims().end());
+    fa.shape = ls.dims();
     TS_ASSIGN_OR_RETURN(ins[i], emit(OpKind::fill, fa, {}, n, {lazy[i]}, {ls}));
     if (n.inputs[i] == g_.loss_seed()) out_.loss_seeds.push_back(ins[i]);
   }
@@ -454,13 +436,17 @@ Status Pass::visit(NodeId id) {
     case OpKind::reshape:
     case OpKind::broadcast_to:
     case OpKind::sum_to:
+      attrs_as<ShapeAttrs>(a).shape = expect[0].dims();
+      break;
     case OpKind::fill:
-      a.ints = std::vector<int64_t>(expect[0].dims().begin(), expect[0].dims().end());
+      attrs_as<FillAttrs>(a).shape = expect[0].dims();
       break;
     case OpKind::cross_entropy:
-    case OpKind::cross_entropy_grad:
-      if (a.count == 0) a.count = in_types[0].shape[0];
+    case OpKind::cross_entropy_grad: {
+      CrossEntropyAttrs& ce = attrs_as<CrossEntropyAttrs>(a);
+      if (ce.rows == 0) ce.rows = in_types[0].shape[0];
       break;
+    }
     default:
       break;
   }
@@ -573,9 +559,7 @@ Result<Partitioned> Pass::run() {
     if (out_.placements[static_cast<size_t>(loss)][k].is_partial() && sizes_[k] > 1)
       partial_axes.push_back(plan_.mesh.axes()[k].name);
   if (!partial_axes.empty()) {
-    Attrs a;
-    a.name = axes_key(partial_axes);
-    a.count = plan_.mesh.group_size(partial_axes);
+    const GroupAttrs a{.axes = axes_key(partial_axes), .size = plan_.mesh.group_size(partial_axes)};
     TS_ASSIGN_OR_RETURN(loss, emit(OpKind::all_reduce, a, {loss}, g_.producer(g_.loss()),
                                    {Placements(sizes_.size(), Placement::replicate())}, {Shape{}}));
   }

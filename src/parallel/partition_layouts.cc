@@ -47,9 +47,7 @@ Result<std::vector<ValueId>> Pass::lower_vocab(const Node& n, Attrs a,
                                                const std::vector<size_t>& axes) {
   std::vector<std::string> names;
   for (size_t k : axes) names.push_back(plan_.mesh.axes()[k].name);
-  Attrs group;
-  group.name = axes_key(names);
-  group.count = plan_.mesh.group_size(names);
+  const GroupAttrs group{.axes = axes_key(names), .size = plan_.mesh.group_size(names)};
   const Placements rep(sizes_.size(), Placement::replicate());
   TS_ASSIGN_OR_RETURN(ValueId shard, emit(OpKind::axis_index, group, {}, n, {rep}, {Shape{}}));
   auto one = [&](OpKind op, std::vector<ValueId> in) -> Result<std::vector<ValueId>> {
@@ -61,7 +59,7 @@ Result<std::vector<ValueId>> Pass::lower_vocab(const Node& n, Attrs a,
     case OpKind::embedding:
       return one(OpKind::vocab_embedding, {ins[0], ins[1]});
     case OpKind::embedding_grad:
-      a.vocab = expect[0][0];
+      a = EmbeddingGradAttrs{.rows = expect[0][0]};
       return one(OpKind::vocab_embedding_grad, {ins[0], ins[1]});
     case OpKind::cross_entropy_grad:
       return one(OpKind::vocab_cross_entropy_grad, {ins[0], ins[1], ins[2], ins[3]});
@@ -69,17 +67,17 @@ Result<std::vector<ValueId>> Pass::lower_vocab(const Node& n, Attrs a,
       // lse over the whole vocabulary: each block's, gathered over the group and combined.
       const int64_t rows = expect[1][0];
       const Placements& lse_pl = out_pl[1];
-      Attrs ca;
-      ca.vocab = a.vocab;  // the classes; columns past them are padding
+      const CrossEntropyAttrs& ce = attrs_as<CrossEntropyAttrs>(a);
+      // The classes; columns past them are padding.
       TS_ASSIGN_OR_RETURN(ValueId block,
-                          emit(OpKind::vocab_logsumexp, ca, {ins[0], shard}, n, {lse_pl}, {}));
-      Attrs ga = group;
-      ga.ints = {group.count, rows};
+                          emit(OpKind::vocab_logsumexp, CrossEntropyAttrs{.classes = ce.classes},
+                               {ins[0], shard}, n, {lse_pl}, {}));
+      GroupAttrs ga = group;
+      ga.shape = {group.size, rows};
       TS_ASSIGN_OR_RETURN(ValueId all, emit(OpKind::all_gather, ga, {block}, n, {lse_pl},
-                                            {Shape{group.count, rows}}));
-      Attrs ta;
-      ta.ints = {1, 0};
-      TS_ASSIGN_OR_RETURN(ValueId t, emit(OpKind::transpose, ta, {all}, n, {lse_pl}, {}));
+                                            {Shape{group.size, rows}}));
+      TS_ASSIGN_OR_RETURN(ValueId t,
+                          emit(OpKind::transpose, TransposeAttrs{{1, 0}}, {all}, n, {lse_pl}, {}));
       TS_ASSIGN_OR_RETURN(ValueId lse,
                           emit(OpKind::logsumexp, {}, {t}, n, {lse_pl}, {Shape{rows}}));
       // Each target's logit lies in one block: picked there, summed over the group.
@@ -89,14 +87,12 @@ Result<std::vector<ValueId>> Pass::lower_vocab(const Node& n, Attrs a,
                           emit(OpKind::vocab_pick, {}, {ins[0], ins[1], shard}, n, {part}, {}));
       TS_ASSIGN_OR_RETURN(picked, emit(OpKind::all_reduce, group, {picked}, n, {lse_pl}, {}));
       TS_ASSIGN_OR_RETURN(ValueId diff, emit(OpKind::sub, {}, {lse, picked}, n, {lse_pl}, {}));
-      Attrs ra;
-      ra.ints = {0};
-      TS_ASSIGN_OR_RETURN(ValueId sum,
-                          emit(OpKind::reduce_sum, ra, {diff}, n, {out_pl[0]}, {Shape{}}));
-      Attrs sa;
-      sa.scalar = 1.0 / static_cast<double>(a.count);  // the mean over the global rows
+      TS_ASSIGN_OR_RETURN(ValueId sum, emit(OpKind::reduce_sum, ReduceAttrs{.axes = {0}}, {diff}, n,
+                                            {out_pl[0]}, {Shape{}}));
+      // The mean over the global rows.
+      const ScalarAttrs mean{.value = 1.0 / static_cast<double>(ce.rows)};
       TS_ASSIGN_OR_RETURN(ValueId loss,
-                          emit(OpKind::scale, sa, {sum}, n, {out_pl[0]}, {expect[0]}));
+                          emit(OpKind::scale, mean, {sum}, n, {out_pl[0]}, {expect[0]}));
       return std::vector<ValueId>{loss, lse};
     }
     default:

@@ -135,7 +135,7 @@ struct Plan {
   std::string describe() const;
 };
 
-// A rank group named by its mesh axes, as collectives' attrs.name and MeshComms keys hold it:
+// A rank group named by its mesh axes, as collectives' GroupAttrs::axes and MeshComms keys hold it:
 // {"dp_rep", "dp_shard"} <-> "dp_rep,dp_shard".
 std::string axes_key(const std::vector<std::string>& axes);
 std::vector<std::string> axes_of_key(const std::string& key);

@@ -178,7 +178,7 @@ std::string print_program(const Program& p, size_t max_lines) {
     if (in.node >= 0) {
       const Node& n = g.node(in.node);
       l += std::string(" ") + op_name(n.op) + " %" + std::to_string(n.outputs[0]);
-      if (is_collective(n.op)) l += " on " + n.attrs.name;
+      if (is_collective(n.op)) l += " on " + n.attr<GroupAttrs>().axes;
       if (!n.scope.empty()) l += "  # " + n.scope;
     }
     if (in.param >= 0) l += " " + p.part.params[static_cast<size_t>(in.param)].name;

@@ -84,7 +84,7 @@ Score evaluate(const Graph& g, const Plan& plan, const SearchCost& c) {
       continue;
     }
     bool tensor = false;
-    for (const std::string& a : axes_of_key(n.attrs.name))
+    for (const std::string& a : axes_of_key(n.attr<GroupAttrs>().axes))
       tensor = tensor || std::count(plan.tensor_axes.begin(), plan.tensor_axes.end(), a);
     if (tensor) s.tensor_bytes += op_bytes(n.op, n.attrs, in, out);
   }

@@ -291,7 +291,7 @@ class MicroBatchCosts {
       const Node& n = local.node(in.node);
       if (in.kind == Instruction::start) {
         const GroupLayout group =
-            group_layout(p.mesh, axes_of_key(n.attrs.name), cluster_.node.devices);
+            group_layout(p.mesh, axes_of_key(n.attr<GroupAttrs>().axes), cluster_.node.devices);
         end[i] = std::max(ready, compute) +
                  collective_time(n.op, collective_bytes(local, n, scale), group, cluster_).seconds;
       } else if (in.kind == Instruction::wait) {

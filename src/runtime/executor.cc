@@ -125,11 +125,12 @@ float initial_value(const Graph& g, size_t param, uint64_t seed, int64_t element
 void fill_initial_values(const Graph& g, size_t param, uint64_t seed, int64_t first, int64_t count,
                          float* dst) {
   const Node& n = g.producer(g.params()[param]);
-  if (n.attrs.init != Init::normal) {
-    std::fill(dst, dst + count, n.attrs.init == Init::ones ? 1.0f : 0.0f);
+  const SourceAttrs& a = n.attr<SourceAttrs>();
+  if (a.init != Init::normal) {
+    std::fill(dst, dst + count, a.init == Init::ones ? 1.0f : 0.0f);
     return;
   }
-  const double sd = n.attrs.init_std;
+  const double sd = a.init_std;
   // Draws [first / 2, (first + count + 1) / 2) in parallel, each writing what of its pair lies
   // in [first, first + count).
   const int64_t m0 = first / 2, m1 = (first + count + 1) / 2;

@@ -345,7 +345,8 @@ void write_from_f32(Backend& b, const float* src, void* dst, DType dt, int64_t n
 }  // namespace
 
 Status StepRunner::start(const Node& n, Executor& ex) {
-  Communicator& c = comms_.group(n.attrs.name);
+  const GroupAttrs& group = n.attr<GroupAttrs>();
+  Communicator& c = comms_.group(group.axes);
   const Graph& g = ex.graph();
   const std::string what = std::string(op_name(n.op)) + " " + n.scope;
   const DType dt = g.type(n.inputs[0]).dtype;
@@ -364,7 +365,7 @@ Status StepRunner::start(const Node& n, Executor& ex) {
     if (n.op == OpKind::all_reduce) {  // reduced in place: widened straight into the output
       in = out;
     } else {
-      const int64_t room = n.op == OpKind::reduce_scatter ? out_count * n.attrs.count : in_count;
+      const int64_t room = n.op == OpKind::reduce_scatter ? out_count * group.size : in_count;
       staged.in.assign(static_cast<size_t>(room), 0.0f);
       in = staged.in.data();
     }
@@ -381,7 +382,7 @@ Status StepRunner::start(const Node& n, Executor& ex) {
     }
     case OpKind::reduce_scatter: {
       if (in_place)  // the planned padding (staged buffers come zeroed)
-        std::fill(in + in_count, in + out_count * n.attrs.count, 0.0f);
+        std::fill(in + in_count, in + out_count * group.size, 0.0f);
       r = c.reduce_scatter(in, out, out_count, what);
       break;
     }
@@ -410,7 +411,8 @@ Status StepRunner::run_instructions(const std::vector<Instruction>& list, Execut
       case Instruction::compute:
         if (g.node(in.node).op == OpKind::axis_index) {  // this rank's coordinate
           const Node& n = g.node(in.node);
-          const int32_t index = prog_.plan.mesh.group_index(rank_, axes_of_key(n.attrs.name));
+          const int32_t index =
+              prog_.plan.mesh.group_index(rank_, axes_of_key(n.attr<GroupAttrs>().axes));
           ex.backend().to_device(ex.raw(n.outputs[0]), &index, sizeof(index));
         } else if (timer) {
           timer->mark();
@@ -439,7 +441,7 @@ Status StepRunner::run_instructions(const std::vector<Instruction>& list, Execut
       case Instruction::wait: {
         auto it = inflight_.find(in.node);
         TS_CHECK(it != inflight_.end()) << "wait without start for node " << in.node;
-        Status s = comms_.group(g.node(in.node).attrs.name).wait(it->second);
+        Status s = comms_.group(g.node(in.node).attr<GroupAttrs>().axes).wait(it->second);
         inflight_.erase(it);
         TS_RETURN_IF_ERROR(s);
         if (auto st = staged_.find(in.node); st != staged_.end()) {  // the f32 result, home

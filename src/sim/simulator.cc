@@ -82,7 +82,8 @@ class Schedule {
     if (t.seconds < 0) {
       const Node& n = g_.node(id);
       if (is_collective(n.op)) {
-        t = OpTime{collective(n.op, collective_bytes(g_, n, scale_), axes_of_key(n.attrs.name))};
+        t = OpTime{collective(n.op, collective_bytes(g_, n, scale_),
+                              axes_of_key(n.attr<GroupAttrs>().axes))};
       } else {
         t = op_time(g_, n, c_.device, c_.op_efficiency, opt_.precision, opt_.fp8);
       }
@@ -123,7 +124,7 @@ class Schedule {
   std::string comm_axes(const Instruction& in) const {
     if (in.kind == Instruction::param_sync) return axes_key(prog_.plan.zero_axes);
     if (in.kind == Instruction::grad_norm) return axes_key(prog_.plan.grad_norm_axes());
-    return g_.node(in.node).attrs.name;
+    return g_.node(in.node).attr<GroupAttrs>().axes;
   }
 
   // After each micro-batch (of several) the runtime adds the reduced gradients into persistent

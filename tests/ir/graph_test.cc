@@ -61,7 +61,7 @@ TEST(Graph, VerifyRejectsWrongRecordedType) {
   Var y = b.matmul(a, w);
   ASSERT_TRUE(verify(g).ok());
   Node& n = const_cast<Node&>(g.producer(y.id));
-  n.attrs.transpose_b = true;  // [2,3] x [3,5]^T no longer type-checks
+  std::get<MatmulAttrs>(n.attrs).transpose_b = true;  // [2,3] x [3,5]^T no longer type-checks
   Status s = verify(g);
   ASSERT_FALSE(s.ok());
   EXPECT_TRUE(contains(s.message(), "matmul")) << s.message();
@@ -88,7 +88,7 @@ TEST(Graph, VerifyRejectsChangedShapeAttribute) {
   Builder b(&g);
   Var a = b.input("a", Shape{2, 3, 4});
   Var r = b.reshape(a, Shape{6, 4});
-  const_cast<Node&>(g.producer(r.id)).attrs.ints = {4, 6};
+  std::get<ShapeAttrs>(const_cast<Node&>(g.producer(r.id)).attrs).shape = {4, 6};
   Status s = verify(g);
   ASSERT_FALSE(s.ok());
   EXPECT_TRUE(contains(s.message(), "reshape")) << s.message();
@@ -101,8 +101,7 @@ TEST(Graph, AddNodeShapeErrorNamesOpScopeAndTypes) {
   Builder b(&g);
   Var a = b.input("a", Shape{2, 3});
   Var w = b.input("w", Shape{4, 5});
-  Attrs attrs;
-  Result<NodeId> r = g.add_node(OpKind::matmul, attrs, {a.id, w.id}, "h.1.mlp", 1, false);
+  Result<NodeId> r = g.add_node(OpKind::matmul, MatmulAttrs{}, {a.id, w.id}, "h.1.mlp", 1, false);
   ASSERT_FALSE(r.ok());
   const std::string& m = r.status().message();
   EXPECT_TRUE(contains(m, "matmul")) << m;
@@ -126,14 +125,39 @@ TEST(Graph, AddNodeShapeErrorNamesOpScopeAndTypes) {
   EXPECT_TRUE(verify(g).ok());
 }
 
+TEST(Graph, AddNodeRefusesAttributesOfAnotherOp) {
+  Graph g;
+  Builder b(&g);
+  Var a = b.input("a", Shape{2, 3});
+  Var w = b.input("w", Shape{3, 5});
+  Result<NodeId> r = g.add_node(OpKind::matmul, RopeAttrs{}, {a.id, w.id}, "h.0.mlp", 0, false);
+  ASSERT_FALSE(r.ok());
+  EXPECT_TRUE(
+      contains(r.status().message(), "op matmul at 'h.0.mlp' takes MatmulAttrs, got RopeAttrs"))
+      << r.status().message();
+  Result<NodeId> none = g.add_node(OpKind::slice, {}, {a.id}, "", -1, false);
+  ASSERT_FALSE(none.ok());
+  EXPECT_TRUE(contains(none.status().message(), "takes SliceAttrs, got NoAttrs"));
+  EXPECT_EQ(g.nodes().size(), 2u);
+  // The typed builder takes the op's own attributes.
+  Var y = b.op<OpKind::matmul>({a, w}, {.transpose_a = false, .transpose_b = false})[0];
+  EXPECT_EQ(y.shape(), (Shape{2, 5}));
+  EXPECT_FALSE(g.producer(y.id).attr<MatmulAttrs>().transpose_b);
+}
+
+TEST(GraphDeathTest, ReadingAnotherOpsAttributesIsABug) {
+  Graph g;
+  Builder b(&g);
+  Var y = b.rope(b.input("x", Shape{1, 2, 1, 4}), 1e4);
+  EXPECT_DEATH(g.producer(y.id).attr<MatmulAttrs>(), "read as MatmulAttrs but they are RopeAttrs");
+}
+
 TEST(Graph, FailedDuplicateParameterLeavesGraphUnchanged) {
   Graph g;
   Builder b(&g);
   b.parameter("w", Shape{2}, Init::zeros);
-  Attrs a;
-  a.name = "w";
-  a.ints = {3};
-  Result<NodeId> r = g.add_node(OpKind::parameter, a, {}, "", -1, false);
+  Result<NodeId> r =
+      g.add_node(OpKind::parameter, SourceAttrs{.name = "w", .shape = {3}}, {}, "", -1, false);
   ASSERT_FALSE(r.ok());
   EXPECT_TRUE(contains(r.status().message(), "duplicate parameter name 'w'"));
   EXPECT_EQ(g.values().size(), g.nodes().size()) << "a dangling value was left behind";

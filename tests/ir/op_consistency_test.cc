@@ -47,8 +47,8 @@ void binary_fwd(Net& n, OpKind op, Shape xs, Shape ys) {
 }
 
 void unary_fwd(Net& n, OpKind op, Gen gen, double scalar, double (*ref)(double, double)) {
-  Attrs a;
-  a.scalar = scalar;
+  Attrs a;  // scale and add_scalar take their scalar; the other unary ops nothing
+  if (op_def(op).attrs_index == AttrsIndex<ScalarAttrs>::value) a = ScalarAttrs{.value = scalar};
   Var x = n.param(Shape{2, 3, 4}, gen);
   Var y = n.keep(n.b.apply1(op, a, {x}));
   n.run();
@@ -552,10 +552,9 @@ std::vector<Entry> build_entries() {
   fwd("vocab_logsumexp", "vocab_logsumexp_padded", [=](Net& n) {
     const int64_t N = 4, classes = 5;
     Var logits = n.param(Shape{N, kBlocks * kRows}, uniform(-3, 3));
-    Attrs a;
-    a.vocab = classes;
+    const CrossEntropyAttrs a{.classes = classes};
     std::vector<Var> parts = blocks(n, logits, 1, [&](Var l, Var s) {
-      return n.b.reshape(n.b.apply1(OpKind::vocab_logsumexp, a, {l, s}), Shape{N, 1});
+      return n.b.reshape(n.b.op<OpKind::vocab_logsumexp>({l, s}, a)[0], Shape{N, 1});
     });
     Var lse = n.keep(n.b.apply1(OpKind::logsumexp, {}, {n.b.concat(parts, 1)}));
     Var want = n.keep(n.b.apply1(OpKind::logsumexp, {}, {n.b.slice(logits, 1, 0, classes)}));
@@ -578,11 +577,10 @@ std::vector<Entry> build_entries() {
   fwd("vocab_embedding_grad", "vocab_embedding_grad", [=](Net& n) {
     Var dy = n.param(Shape{2, 3, 4});
     Var ids = n.ids(Shape{2, 3}, {5, 0, 3, 3, 8, 3});
-    Attrs a;
-    a.vocab = kRows;
     std::vector<Var> parts;
     for (int32_t s = 0; s < kBlocks; ++s)
-      parts.push_back(n.b.apply1(OpKind::vocab_embedding_grad, a, {dy, ids, n.ids(Shape{}, {s})}));
+      parts.push_back(
+          n.b.op<OpKind::vocab_embedding_grad>({dy, ids, n.ids(Shape{}, {s})}, {.rows = kRows})[0]);
     Var cat = n.keep(n.b.concat(parts, 0));
     Var want = n.keep(n.b.embedding_grad(dy, ids, kBlocks * kRows));
     n.run();
@@ -592,12 +590,10 @@ std::vector<Entry> build_entries() {
   for (int64_t axis : {0, 1}) {
     fwd("shard_slice", axis == 0 ? "shard_slice_0" : "shard_slice_1", [=](Net& n) {
       Var x = n.param(Shape{6, 9, 2});
-      Attrs a;
-      a.axis = axis;
-      a.count = 3;
       std::vector<Var> parts;
       for (int32_t s = 0; s < 3; ++s)
-        parts.push_back(n.b.apply1(OpKind::shard_slice, a, {x, n.ids(Shape{}, {s})}));
+        parts.push_back(
+            n.b.op<OpKind::shard_slice>({x, n.ids(Shape{}, {s})}, {.axis = axis, .blocks = 3})[0]);
       Var cat = n.keep(n.b.concat(parts, static_cast<int>(axis)));
       n.run();
       expect_close(n.read(cat), n.host(x), 0.0, "shard_slice blocks");
@@ -626,11 +622,10 @@ std::vector<Entry> build_entries() {
     Var targets = n.ids(Shape{N}, {static_cast<int32_t>(classes - 1), 0, 3, 2});
     Var dloss = n.param(Shape{});
     Var lse = n.b.cross_entropy(logits, targets, classes)[1];
-    Attrs a;
-    a.count = 2 * N;  // the mean over a batch split in two
-    a.vocab = classes == V ? 0 : classes;
+    // The mean over a batch split in two.
+    const CrossEntropyAttrs a{.classes = classes == V ? 0 : classes, .rows = 2 * N};
     std::vector<Var> parts = blocks(n, logits, 1, [&](Var l, Var s) {
-      return n.b.apply1(OpKind::vocab_cross_entropy_grad, a, {l, targets, lse, dloss, s});
+      return n.b.op<OpKind::vocab_cross_entropy_grad>({l, targets, lse, dloss, s}, a)[0];
     });
     Var cat = n.keep(n.b.concat(parts, 1));
     Var want = n.keep(n.b.apply1(OpKind::cross_entropy_grad, a, {logits, targets, lse, dloss}));

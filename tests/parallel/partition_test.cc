@@ -148,8 +148,9 @@ TEST(Partition, SequenceParallelSplitsNormsAndResidualsAndShrinksTheArena) {
     if (n.op == OpKind::layernorm &&
         part.placements[static_cast<size_t>(n.outputs[0])][1] == Placement::shard(1))
       ++split;
-    if (n.op == OpKind::reduce_scatter && n.attrs.name == "tp") ++reduce_scatters;
-    if (n.op == OpKind::all_reduce && n.attrs.name == "tp" && acts) ++all_reduces_of_activations;
+    if (n.op == OpKind::reduce_scatter && n.attr<GroupAttrs>().axes == "tp") ++reduce_scatters;
+    if (n.op == OpKind::all_reduce && n.attr<GroupAttrs>().axes == "tp" && acts)
+      ++all_reduces_of_activations;
   }
   EXPECT_EQ(split, 2 * 12 - 1 + 1);  // every norm but block 0's first (replicated stream), ln_f
   // 2 forward, 2 backward per block (the tied head is replicated here: the final norm's input

@@ -143,7 +143,7 @@ TEST(PipelineProgram, GradientsAreReducedInAPhaseOfTheirOwn) {
       for (const ParamLayout& pl : c.program.part.params) grads += 4 * pl.local_shape.numel();
       for (size_t ph = 0; ph < c.phases.graphs.size(); ++ph)
         for (const Node& n : c.phases.graphs[ph].nodes()) {
-          if (!is_collective(n.op) || n.attrs.name != "dp") continue;
+          if (!is_collective(n.op) || n.attr<GroupAttrs>().axes != "dp") continue;
           if (static_cast<int>(ph) == c.reduce_phase) {
             ++reductions;
           } else {

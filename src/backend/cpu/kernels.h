@@ -49,7 +49,7 @@ void broadcast_to(const Args& a);
 void copy(const Args& a);  // reshape
 void transpose(const Args& a);
 void slice(const Args& a);
-void shard_slice(const Args& a);  // slice at block in(1) of attrs.count
+void shard_slice(const Args& a);  // slice at block in(1) of ShardSliceAttrs::blocks
 void concat(const Args& a);
 
 // kernels_matmul.cc

@@ -30,7 +30,7 @@ struct Dims {
 
 Dims dims_of(const Args& a) {
   const Shape &sq = a.in_shape(0), &sk = a.in_shape(1);
-  return {sq[0], sq[1], sq[2], sk[2], sq[3], sk[1], sq[1] / sk[1], a.attrs.causal};
+  return {sq[0], sq[1], sq[2], sk[2], sq[3], sk[1], sq[1] / sk[1], a.attr<AttentionAttrs>().causal};
 }
 
 // Query rows are taken in blocks of kBlock: causal, block [i0, i1) only meets keys [0, i1),
@@ -81,17 +81,17 @@ void softmax_rows(const Dims& z, float* s, int64_t i0, int64_t i1, float* lse) {
 }  // namespace
 
 void position_buckets(const Args& a) {
-  const int64_t tq = a.attrs.ints[0], tk = a.attrs.ints[1];
+  const PositionBucketsAttrs& p = a.attr<PositionBucketsAttrs>();
   int32_t* out = static_cast<int32_t*>(a.out[0]);
-  for (int64_t i = 0; i < tq; ++i)
-    for (int64_t j = 0; j < tk; ++j)
-      out[i * tk + j] = t5_position_bucket(i, j, !a.attrs.causal, a.attrs.ints[2], a.attrs.ints[3]);
+  for (int64_t i = 0; i < p.tq; ++i)
+    for (int64_t j = 0; j < p.tk; ++j)
+      out[i * p.tk + j] = t5_position_bucket(i, j, p.bidirectional, p.num_buckets, p.max_distance);
 }
 
 void attention(const Args& a) {
   const Dims z = dims_of(a);
   const int64_t tq = z.tq, tk = z.tk, d = z.d;
-  const float scale = static_cast<float>(a.attrs.scalar);
+  const float scale = static_cast<float>(a.attr<AttentionAttrs>().scale);
   const float *q = a.fin(0), *k = a.fin(1), *v = a.fin(2);
   const float* bias = a.num_inputs() == 4 ? a.fin(3) : nullptr;
   float *out = a.fout(0), *lse = a.fout(1);
@@ -119,7 +119,7 @@ void attention(const Args& a) {
 void attention_grad(const Args& a) {
   const Dims z = dims_of(a);
   const int64_t tq = z.tq, tk = z.tk, d = z.d;
-  const float scale = static_cast<float>(a.attrs.scalar);
+  const float scale = static_cast<float>(a.attr<AttentionAttrs>().scale);
   const float *q = a.fin(0), *k = a.fin(1), *v = a.fin(2), *out = a.fin(3), *lse = a.fin(4),
               *dout = a.fin(5);
   const float* bias = a.num_inputs() == 7 ? a.fin(6) : nullptr;

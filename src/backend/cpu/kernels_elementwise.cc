@@ -103,11 +103,11 @@ inline float sigmoid(float x) { return 1.0f / (1.0f + exp_fast(-x)); }
 void fill(const Args& a) {
   if (a.out_types[0].dtype == DType::i32) {
     int32_t* z = static_cast<int32_t*>(a.out[0]);
-    int32_t v = static_cast<int32_t>(a.attrs.scalar);
+    int32_t v = static_cast<int32_t>(a.attr<FillAttrs>().value);
     return parallel_map(a.out_shape(0).numel(), [&](int64_t i) { z[i] = v; });
   }
   float* z = a.fout(0);
-  float v = static_cast<float>(a.attrs.scalar);
+  float v = static_cast<float>(a.attr<FillAttrs>().value);
   parallel_map(a.out_shape(0).numel(), [&](int64_t i) { z[i] = v; });
 }
 
@@ -130,7 +130,8 @@ void unary(OpKind op, const Args& a) {
   const float* x = a.fin(0);
   float* y = a.fout(0);
   int64_t n = a.out_shape(0).numel();
-  float s = static_cast<float>(a.attrs.scalar);
+  const auto* scalar = std::get_if<ScalarAttrs>(&a.attrs);  // scale, add_scalar
+  float s = scalar != nullptr ? static_cast<float>(scalar->value) : 0.0f;
   switch (op) {
     case OpKind::scale:
       return parallel_map(n, [&](int64_t i) { y[i] = x[i] * s; });

@@ -71,7 +71,8 @@ void sgemm(bool ta, bool tb, int64_t m, int64_t n, int64_t k, const float* A, in
 // operand's batch into its rows.
 void matmul(const Args& a) {
   const Shape &sa = a.in_shape(0), &sb = a.in_shape(1), &sc = a.out_shape(0);
-  bool ta = a.attrs.transpose_a, tb = a.attrs.transpose_b;
+  const MatmulAttrs& attrs = a.attr<MatmulAttrs>();
+  bool ta = attrs.transpose_a, tb = attrs.transpose_b;
   int64_t m = sc[-2], n = sc[-1];
   int64_t k = ta ? sa[-2] : sa[-1];
   int64_t lda = sa[-1], ldb = sb[-1];

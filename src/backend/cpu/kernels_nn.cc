@@ -88,7 +88,7 @@ void layernorm(const Args& a) {
   const float *x = a.fin(0), *w = a.fin(1), *b = a.fin(2);
   float *y = a.fout(0), *mean = a.fout(1), *rstd = a.fout(2);
   int64_t c = last_dim(a.in_shape(0)), rows = a.in_shape(0).numel() / c;
-  float eps = static_cast<float>(a.attrs.eps);
+  float eps = static_cast<float>(a.attr<NormAttrs>().eps);
   parallel_for(rows, std::max<int64_t>(1, 8192 / c), [&](int64_t lo, int64_t hi) {
     for (int64_t r = lo; r < hi; ++r) {
       const float* xr = x + r * c;
@@ -149,7 +149,7 @@ void rmsnorm(const Args& a) {
   const float *x = a.fin(0), *w = a.fin(1);
   float *y = a.fout(0), *rstd = a.fout(1);
   int64_t c = last_dim(a.in_shape(0)), rows = a.in_shape(0).numel() / c;
-  float eps = static_cast<float>(a.attrs.eps);
+  float eps = static_cast<float>(a.attr<NormAttrs>().eps);
   parallel_for(rows, std::max<int64_t>(1, 8192 / c), [&](int64_t lo, int64_t hi) {
     for (int64_t r = lo; r < hi; ++r) {
       const float* xr = x + r * c;
@@ -196,14 +196,15 @@ void rope(const Args& a) {
   const Shape& s = a.in_shape(0);
   int64_t bsz = s[0], t = s[1], h = s[2], d = s[3], half = d / 2;
   std::vector<float> cs(static_cast<size_t>(t * half)), sn(cs.size());
-  double theta = a.attrs.theta;
+  const RopeAttrs& r = a.attr<RopeAttrs>();
+  double theta = r.theta;
   for (int64_t p = 0; p < t; ++p)
     for (int64_t i = 0; i < half; ++i) {
       double ang = static_cast<double>(p) *
                    std::pow(theta, -2.0 * static_cast<double>(i) / static_cast<double>(d));
       cs[static_cast<size_t>(p * half + i)] = static_cast<float>(std::cos(ang));
       sn[static_cast<size_t>(p * half + i)] =
-          static_cast<float>(a.attrs.inverse ? -std::sin(ang) : std::sin(ang));
+          static_cast<float>(r.inverse ? -std::sin(ang) : std::sin(ang));
     }
   const float* x = a.fin(0);
   float* y = a.fout(0);
@@ -269,7 +270,7 @@ void causal_mask(const Args& a) {
   const float* x = a.fin(0);
   float* y = a.fout(0);
   int64_t t = last_dim(a.in_shape(0)), mats = a.in_shape(0).numel() / (t * t);
-  float fill = static_cast<float>(a.attrs.scalar);
+  float fill = static_cast<float>(a.attr<ScalarAttrs>().value);
   parallel_for(mats * t, std::max<int64_t>(1, 4096 / t), [&](int64_t lo, int64_t hi) {
     for (int64_t mi = lo; mi < hi; ++mi) {
       const int64_t i = mi % t;
@@ -298,8 +299,18 @@ float log_sum_exp(const float* row, int64_t v) {
   return m + static_cast<float>(std::log(s));
 }
 
-// The class columns of a row of the logits (attrs.vocab; the rest is padding).
-int64_t classes(const Args& a, int64_t cols) { return a.attrs.vocab > 0 ? a.attrs.vocab : cols; }
+// The class columns of a row of the logits (CrossEntropyAttrs::classes; the rest is padding).
+int64_t classes(const Args& a, int64_t cols) {
+  const int64_t c = a.attr<CrossEntropyAttrs>().classes;
+  return c > 0 ? c : cols;
+}
+
+// The rows the mean loss divides by (CrossEntropyAttrs::rows: the global row count when the
+// rows are split across ranks; else the n here).
+int64_t mean_rows(const Args& a, int64_t n) {
+  const int64_t rows = a.attr<CrossEntropyAttrs>().rows;
+  return rows > 0 ? rows : n;
+}
 }  // namespace
 
 void cross_entropy(const Args& a) {
@@ -314,8 +325,8 @@ void cross_entropy(const Args& a) {
   });
   double total = 0;  // summed in row order: reproducible whatever the thread count
   for (int64_t i = 0; i < n; ++i) total += static_cast<double>(lse[i]) - logits[i * v + tgt[i]];
-  // attrs.count: the global row count when the rows are split across ranks.
-  const int64_t rows = a.attrs.count > 0 ? a.attrs.count : n;
+  // The global row count when the rows are split across ranks.
+  const int64_t rows = mean_rows(a, n);
   loss[0] = static_cast<float>(total / static_cast<double>(rows));
 }
 
@@ -328,7 +339,7 @@ void cross_entropy_grad_cols(const Args& a, int64_t first) {
   float* dl = a.fout(0);
   int64_t n = a.in_shape(0)[0], v = a.in_shape(0)[1];
   const int64_t k = std::clamp<int64_t>(classes(a, first + v) - first, 0, v);
-  const int64_t rows = a.attrs.count > 0 ? a.attrs.count : n;
+  const int64_t rows = mean_rows(a, n);
   float scale = dloss[0] / static_cast<float>(rows);
   parallel_for(n, std::max<int64_t>(1, 16384 / v), [&](int64_t lo, int64_t hi) {
     for (int64_t i = lo; i < hi; ++i) {

@@ -72,7 +72,7 @@ void reduce_into(const float* x, const Shape& in, float* y, const Shape& out) {
 void reduce_sum(const Args& a) {
   const Shape& in = a.in_shape(0);
   Shape kept = in;
-  for (int64_t ax : a.attrs.ints) kept = kept.with_dim(static_cast<int>(ax), 1);
+  for (int64_t ax : a.attr<ReduceAttrs>().axes) kept = kept.with_dim(static_cast<int>(ax), 1);
   reduce_into(a.fin(0), in, a.fout(0), kept);
 }
 
@@ -103,7 +103,7 @@ void copy(const Args& a) {
 void transpose(const Args& a) {
   const Shape& in = a.in_shape(0);
   const Shape& out = a.out_shape(0);
-  const std::vector<int64_t>& perm = a.attrs.ints;
+  const std::vector<int64_t>& perm = a.attr<TransposeAttrs>().perm;
   int r = in.rank();
   std::vector<int64_t> in_stride(static_cast<size_t>(r));
   int64_t st = 1;
@@ -137,10 +137,10 @@ void transpose(const Args& a) {
 }
 
 namespace {
-// Elements [start, start + len) of dim attrs.axis.
-void slice_range(const Args& a, int64_t start, int64_t len) {
+// Elements [start, start + len) of dim `axis`.
+void slice_range(const Args& a, int64_t axis, int64_t start, int64_t len) {
   const Shape& in = a.in_shape(0);
-  int ax = in.axis(static_cast<int>(a.attrs.axis));
+  int ax = in.axis(static_cast<int>(axis));
   const int64_t outer = in.numel_before(ax), inner = in.numel_after(ax);
   const char* x = static_cast<const char*>(a.in[0]);
   char* y = static_cast<char*>(a.out[0]);
@@ -156,19 +156,22 @@ void slice_range(const Args& a, int64_t start, int64_t len) {
 }
 }  // namespace
 
-void slice(const Args& a) { slice_range(a, a.attrs.start, a.attrs.end - a.attrs.start); }
+void slice(const Args& a) {
+  const SliceAttrs& s = a.attr<SliceAttrs>();
+  slice_range(a, s.axis, s.start, s.end - s.start);
+}
 
 void shard_slice(const Args& a) {
-  const int64_t len = a.out_shape(0)[static_cast<int>(a.attrs.axis)];
+  const ShardSliceAttrs& s = a.attr<ShardSliceAttrs>();
+  const int64_t len = a.out_shape(0)[static_cast<int>(s.axis)];
   const int32_t block = a.iin(1)[0];
-  TS_CHECK(block >= 0 && block < a.attrs.count)
-      << "shard_slice block " << block << " of " << a.attrs.count;
-  slice_range(a, static_cast<int64_t>(block) * len, len);
+  TS_CHECK(block >= 0 && block < s.blocks) << "shard_slice block " << block << " of " << s.blocks;
+  slice_range(a, s.axis, static_cast<int64_t>(block) * len, len);
 }
 
 void concat(const Args& a) {
   const Shape& out = a.out_shape(0);
-  int ax = out.axis(static_cast<int>(a.attrs.axis));
+  int ax = out.axis(static_cast<int>(a.attr<ConcatAttrs>().axis));
   const int64_t outer = out.numel_before(ax), inner = out.numel_after(ax);
   int64_t es = dtype_size(a.out_types[0].dtype);
   char* y = static_cast<char*>(a.out[0]);

@@ -1,6 +1,6 @@
-// Attention, causal or bidirectional (attrs.causal), q [B,H,Tq,D], k/v [B,Hkv,Tk,D] (query head h
-// reads kv head h / (H / Hkv)), an optional score bias [H,Tq,Tk], out [B,H,Tq,D] and the
-// log-sum-exp per query row [B,H,Tq], as the CPU kernel computes them.
+// Attention, causal or bidirectional (AttentionAttrs::causal), q [B,H,Tq,D], k/v [B,Hkv,Tk,D]
+// (query head h reads kv head h / (H / Hkv)), an optional score bias [H,Tq,Tk], out [B,H,Tq,D] and
+// the log-sum-exp per query row [B,H,Tq], as the CPU kernel computes them.
 //
 // Tiled (FlashAttention's schedule, in f32 on the CUDA cores): a block takes a tile of rows of
 // one (batch, head); each row belongs to a group of G adjacent threads, each holding kC of its
@@ -287,7 +287,7 @@ __global__ void dkv_kernel(const float* q, const float* k, const float* v, const
 
 Dims dims_of(const Args& a) {
   const Shape &sq = a.in_shape(0), &sk = a.in_shape(1);
-  Dims z{sq[0], sq[1], sq[2], sk[2], sq[3], sk[1], sq[1] / sk[1], a.attrs.causal};
+  Dims z{sq[0], sq[1], sq[2], sk[2], sq[3], sk[1], sq[1] / sk[1], a.attr<AttentionAttrs>().causal};
   TS_CHECK(z.d <= kMaxGroup * kBackwardChunk) << "the CUDA attention kernel takes head dims up to "
                                               << kMaxGroup * kBackwardChunk << ", not " << z.d;
   return z;
@@ -323,7 +323,7 @@ void attention_f32(OpKind, const Args& a) {
   const Dims z = dims_of(a);
   if (z.b * z.h * z.tq == 0) return;
   const float* bias = a.num_inputs() == 4 ? a.fin(3) : nullptr;
-  const float scale = static_cast<float>(a.attrs.scalar);
+  const float scale = static_cast<float>(a.attr<AttentionAttrs>().scale);
   const Launch l = launch_for(z.d, kForwardChunk, 2, 0);
   forward_kernel<kForwardChunk><<<l.blocks(z.b * z.h, z.tq), kThreads, l.shared_bytes, a.stream>>>(
       a.fin(0), a.fin(1), a.fin(2), bias, a.fout(0), a.fout(1), z, scale, l.g, l.tile);
@@ -333,7 +333,7 @@ void attention_f32(OpKind, const Args& a) {
 void attention_grad_f32(OpKind, const Args& a) {
   const Dims z = dims_of(a);
   if (z.b * z.h * z.tq == 0) return;
-  const float scale = static_cast<float>(a.attrs.scalar);
+  const float scale = static_cast<float>(a.attr<AttentionAttrs>().scale);
   const float* bias = a.num_inputs() == 7 ? a.fin(6) : nullptr;
   float* dbias = bias ? a.fout(3) : nullptr;
   if (dbias)
@@ -379,11 +379,11 @@ __global__ void buckets_kernel(int32_t* out, int64_t tq, int64_t tk, bool bidire
 }
 
 void position_buckets(OpKind, const Args& a) {
-  const std::vector<int64_t>& v = a.attrs.ints;
-  const int64_t n = v[0] * v[1];
+  const PositionBucketsAttrs& p = a.attr<PositionBucketsAttrs>();
+  const int64_t n = p.tq * p.tk;
   if (n == 0) return;
   buckets_kernel<<<static_cast<unsigned>((n + 255) / 256), 256, 0, a.stream>>>(
-      static_cast<int32_t*>(a.out[0]), v[0], v[1], !a.attrs.causal, v[2], v[3]);
+      static_cast<int32_t*>(a.out[0]), p.tq, p.tk, p.bidirectional, p.num_buckets, p.max_distance);
   TS_CUDA_LAUNCH();
 }
 

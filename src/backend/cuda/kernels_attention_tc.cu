@@ -467,9 +467,10 @@ bool eligible(const Args& a, int bias_input, Dims* z) {
   if (sq[0] * sq[1] * sq[2] * sq[3] >= (int64_t{1} << 31) ||
       sk[0] * sk[1] * sk[2] * sk[3] >= (int64_t{1} << 31))
     return false;
-  *z = Dims{static_cast<int>(sq[0]),         static_cast<int>(sq[1]), static_cast<int>(sq[2]),
-            static_cast<int>(sk[2]),         static_cast<int>(sq[3]), static_cast<int>(sk[1]),
-            static_cast<int>(sq[1] / sk[1]), a.attrs.causal};
+  *z =
+      Dims{static_cast<int>(sq[0]),         static_cast<int>(sq[1]),        static_cast<int>(sq[2]),
+           static_cast<int>(sk[2]),         static_cast<int>(sq[3]),        static_cast<int>(sk[1]),
+           static_cast<int>(sq[1] / sk[1]), a.attr<AttentionAttrs>().causal};
   return true;
 }
 
@@ -485,7 +486,7 @@ void launch(Kernel kernel, int64_t blocks, size_t bytes, cudaStream_t s, A... ar
 
 template <typename T, int DP>
 void forward(const Args& a, const Dims& z) {
-  const float scale = static_cast<float>(a.attrs.scalar);
+  const float scale = static_cast<float>(a.attr<AttentionAttrs>().scale);
   const int64_t blocks = int64_t{z.b} * z.h * ((z.tq + kRows - 1) / kRows);
   launch(forward_kernel<T, DP>, blocks, Smem<DP>::forward, a.stream, static_cast<const T*>(a.in[0]),
          static_cast<const T*>(a.in[1]), static_cast<const T*>(a.in[2]), static_cast<T*>(a.out[0]),
@@ -494,7 +495,7 @@ void forward(const Args& a, const Dims& z) {
 
 template <typename T, int DP>
 void backward(const Args& a, const Dims& z) {
-  const float scale = static_cast<float>(a.attrs.scalar);
+  const float scale = static_cast<float>(a.attr<AttentionAttrs>().scale);
   float* delta = nullptr;
   TS_CUDA(cudaMallocAsync(reinterpret_cast<void**>(&delta),
                           static_cast<size_t>(z.b) * z.h * z.tq * sizeof(float), a.stream));

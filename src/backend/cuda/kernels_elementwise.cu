@@ -256,7 +256,8 @@ __global__ void unary_packs(OpKind op, const Pack<T>* x, Pack<T>* y, int64_t n, 
 void unary(OpKind op, const Args& a) {
   const int64_t n = a.out_shape(0).numel();
   if (n == 0) return;
-  const float sc = static_cast<float>(a.attrs.scalar);
+  const auto* scalar = std::get_if<ScalarAttrs>(&a.attrs);  // scale, add_scalar
+  const float sc = scalar != nullptr ? static_cast<float>(scalar->value) : 0.0f;
   with_storage(a.out_types[0].dtype, [&](auto* tag) {
     using T = std::remove_pointer_t<decltype(tag)>;
     using P = Pack<T>;
@@ -278,9 +279,10 @@ void fill(OpKind, const Args& a) {
   if (n == 0) return;
   if (a.out_types[0].dtype == DType::i32) {
     fill_i32<<<blocks_for(n), 256, 0, a.stream>>>(static_cast<int32_t*>(a.out[0]), n,
-                                                  static_cast<int32_t>(a.attrs.scalar));
+                                                  static_cast<int32_t>(a.attr<FillAttrs>().value));
   } else {
-    fill_f32<<<blocks_for(n), 256, 0, a.stream>>>(a.fout(0), n, static_cast<float>(a.attrs.scalar));
+    fill_f32<<<blocks_for(n), 256, 0, a.stream>>>(a.fout(0), n,
+                                                  static_cast<float>(a.attr<FillAttrs>().value));
   }
   TS_CUDA_LAUNCH();
 }

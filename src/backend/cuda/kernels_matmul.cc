@@ -66,7 +66,8 @@ cublasLtMatrixLayout_t layout(cudaDataType_t t, int64_t rows, int64_t cols, int6
 
 void matmul(OpKind, const Args& a) {
   const Shape &sa = a.in_shape(0), &sb = a.in_shape(1), &sc = a.out_shape(0);
-  const bool ta = a.attrs.transpose_a, tb = a.attrs.transpose_b;
+  const MatmulAttrs& attrs = a.attr<MatmulAttrs>();
+  const bool ta = attrs.transpose_a, tb = attrs.transpose_b;
   int64_t m = sc[-2];
   const int64_t n = sc[-1], k = ta ? sa[-2] : sa[-1];
   const int64_t lda = sa[-1], ldb = sb[-1];

@@ -50,7 +50,7 @@ int row_threads(int64_t c) {
 unsigned row_grid(int64_t rows) { return static_cast<unsigned>(std::min<int64_t>(rows, 1 << 20)); }
 
 // The columns [first, first + v) of the vocabulary that a block of logits holds (first from the
-// device's shard index, 0 without one) and how many of them are classes (attrs.vocab; 0: all).
+// device's shard index, 0 without one) and how many of them are classes (0: all).
 struct Cols {
   int64_t first, k;
 };
@@ -413,7 +413,7 @@ void layernorm(OpKind op, const Args& a) {
   const int64_t rows = numel / c;
   with_storage(a.in_types[0].dtype, [&](auto* tag) {
     using T = std::remove_pointer_t<decltype(tag)>;
-    const float eps = static_cast<float>(a.attrs.eps);
+    const float eps = static_cast<float>(a.attr<NormAttrs>().eps);
     const bool warps = with_row_registers(c, [&](auto per) {
       layernorm_warp<T, decltype(per)::value>
           <<<warp_rows_grid(rows), kRowWarps * 32, 0, a.stream>>>(
@@ -459,7 +459,7 @@ void rmsnorm(OpKind op, const Args& a) {
     using T = std::remove_pointer_t<decltype(tag)>;
     rmsnorm_kernel<T><<<row_grid(rows), row_threads(c), 0, a.stream>>>(
         in<T>(a, 0), in<T>(a, 1), out<T>(a, 0), a.fout(1), rows, c,
-        static_cast<float>(a.attrs.eps));
+        static_cast<float>(a.attr<NormAttrs>().eps));
   });
   TS_CUDA_LAUNCH();
 }
@@ -507,8 +507,9 @@ void rope(OpKind, const Args& a) {
   const Shape& s = a.in_shape(0);
   const int64_t n = s[0] * s[1] * (s[3] / 2);
   if (n == 0 || s[2] == 0) return;
-  rope_kernel<<<blocks_for(n), 256, 0, a.stream>>>(a.fin(0), a.fout(0), s[1], s[2], s[3],
-                                                   a.attrs.theta, a.attrs.inverse, n);
+  const RopeAttrs& r = a.attr<RopeAttrs>();
+  rope_kernel<<<blocks_for(n), 256, 0, a.stream>>>(a.fin(0), a.fout(0), s[1], s[2], s[3], r.theta,
+                                                   r.inverse, n);
   TS_CUDA_LAUNCH();
 }
 
@@ -574,7 +575,7 @@ void causal_mask(OpKind, const Args& a) {
   if (numel == 0) return;
   const int64_t rows = numel / t;
   causal_mask_kernel<<<row_grid(rows), row_threads(t), 0, a.stream>>>(
-      a.fin(0), a.fout(0), rows, t, static_cast<float>(a.attrs.scalar));
+      a.fin(0), a.fout(0), rows, t, static_cast<float>(a.attr<ScalarAttrs>().value));
   TS_CUDA_LAUNCH();
 }
 
@@ -671,13 +672,13 @@ __global__ void ce_loss_kernel(const T* __restrict__ logits, const int32_t* __re
 void cross_entropy(OpKind op, const Args& a) {
   if (!one_storage(a, {0}, {})) return run_in_f32(op, a, cross_entropy);
   const int64_t n = a.in_shape(0)[0], v = a.in_shape(0)[1];
-  const int64_t k = a.attrs.vocab > 0 ? a.attrs.vocab : v;
-  // attrs.count: the global row count when the rows are split across ranks. Launched for n == 0
-  // too, so that the scalar loss is written (0 / rows, as the CPU kernel).
-  const int64_t rows = a.attrs.count > 0 ? a.attrs.count : n;
+  // The class columns (the rest is padding), the rows the mean divides by (all ranks' when they
+  // are split). Launched for n == 0 too, to write the scalar loss (0 / rows, as on the CPU).
+  const CrossEntropyAttrs& ce = a.attr<CrossEntropyAttrs>();
+  const int64_t k = ce.classes > 0 ? ce.classes : v, rows = ce.rows > 0 ? ce.rows : n;
   with_storage(a.in_types[0].dtype, [&](auto* tag) {
     using T = std::remove_pointer_t<decltype(tag)>;
-    launch_lse<T>(a, nullptr, a.fout(1), n, v, a.attrs.vocab);
+    launch_lse<T>(a, nullptr, a.fout(1), n, v, ce.classes);
     ce_loss_kernel<T>
         <<<1, 512, 0, a.stream>>>(in<T>(a, 0), a.iin(1), a.fout(1), a.fout(0), n, v, k, rows);
   });
@@ -727,11 +728,12 @@ void ce_grad_impl(OpKind op, const Args& a, const int32_t* shard, KernelFn self)
   if (!one_storage(a, {0}, {0})) return run_in_f32(op, a, self);
   const int64_t n = a.in_shape(0)[0], v = a.in_shape(0)[1];
   if (n == 0 || v == 0) return;
-  const int64_t rows = a.attrs.count > 0 ? a.attrs.count : n;
+  const CrossEntropyAttrs& ce = a.attr<CrossEntropyAttrs>();
+  const int64_t rows = ce.rows > 0 ? ce.rows : n;  // the global rows when split across ranks
   with_storage(a.in_types[0].dtype, [&](auto* tag) {
     using T = std::remove_pointer_t<decltype(tag)>;
     ce_grad_kernel<T><<<row_grid(n), row_threads(v), 0, a.stream>>>(
-        in<T>(a, 0), a.iin(1), a.fin(2), a.fin(3), shard, out<T>(a, 0), n, v, a.attrs.vocab, rows);
+        in<T>(a, 0), a.iin(1), a.fin(2), a.fin(3), shard, out<T>(a, 0), n, v, ce.classes, rows);
   });
   TS_CUDA_LAUNCH();
 }
@@ -748,7 +750,8 @@ void logsumexp(OpKind, const Args& a) {
 }
 
 void vocab_logsumexp(OpKind, const Args& a) {
-  launch_lse<float>(a, a.iin(1), a.fout(0), a.in_shape(0)[0], a.in_shape(0)[1], a.attrs.vocab);
+  launch_lse<float>(a, a.iin(1), a.fout(0), a.in_shape(0)[0], a.in_shape(0)[1],
+                    a.attr<CrossEntropyAttrs>().classes);
 }
 
 // y[i] = logits[i, target[i] - first] where the target is in the block, else 0.

@@ -165,7 +165,7 @@ void reduce_in_storage(OpKind op, const Args& a, const Shape& kept, KernelFn sel
 
 void reduce_sum(OpKind op, const Args& a) {
   Shape kept = a.in_shape(0);
-  for (int64_t ax : a.attrs.ints) kept = kept.with_dim(static_cast<int>(ax), 1);
+  for (int64_t ax : a.attr<ReduceAttrs>().axes) kept = kept.with_dim(static_cast<int>(ax), 1);
   reduce_in_storage(op, a, kept, reduce_sum);
 }
 
@@ -215,14 +215,15 @@ void transpose(OpKind, const Args& a) {
   const Shape &in = a.in_shape(0), &out = a.out_shape(0);
   const int64_t n = out.numel();
   if (n == 0) return;
+  const std::vector<int64_t>& perm = a.attr<TransposeAttrs>().perm;
   Dims in_stride = row_major_strides(in), src = dims_of(out), dims = dims_of(out);
-  for (int d = 0; d < out.rank(); ++d) src.d[d] = in_stride.d[a.attrs.ints[static_cast<size_t>(d)]];
+  for (int d = 0; d < out.rank(); ++d) src.d[d] = in_stride.d[perm[static_cast<size_t>(d)]];
   const int64_t elem = dtype_size(a.in_types[0].dtype);
   int w = static_cast<int>(elem);
   const int last = out.rank() - 1;
   // Where the last dim stays last, its rows move as words: every other stride is a multiple
   // of its length.
-  if (last >= 0 && a.attrs.ints[static_cast<size_t>(last)] == last) {
+  if (last >= 0 && perm[static_cast<size_t>(last)] == last) {
     w = std::max<int>(w, word_bytes({out[last] * elem}, {a.in[0], a.out[0]}));
     const int64_t k = w / elem;
     dims.d[last] /= k;
@@ -283,9 +284,10 @@ __global__ void shard_rows_kernel(const T* x, int64_t x_row, const int32_t* bloc
 
 void shard_slice(OpKind, const Args& a) {
   const Shape& in = a.in_shape(0);
-  const int ax = in.axis(static_cast<int>(a.attrs.axis));
+  const ShardSliceAttrs& s = a.attr<ShardSliceAttrs>();
+  const int ax = in.axis(static_cast<int>(s.axis));
   const int64_t outer = in.numel_before(ax), inner = in.numel_after(ax);
-  const int64_t piece = in[ax] / a.attrs.count * inner;
+  const int64_t piece = in[ax] / s.blocks * inner;
   if (outer * piece == 0) return;
   const int32_t* block = a.iin(1);
   if (dtype_size(a.in_types[0].dtype) == 2) {
@@ -302,15 +304,16 @@ void shard_slice(OpKind, const Args& a) {
 
 void slice(OpKind, const Args& a) {
   const Shape& in = a.in_shape(0);
-  const int ax = in.axis(static_cast<int>(a.attrs.axis));
+  const SliceAttrs& s = a.attr<SliceAttrs>();
+  const int ax = in.axis(static_cast<int>(s.axis));
   const int64_t outer = in.numel_before(ax), inner = in.numel_after(ax);
-  const int64_t piece = (a.attrs.end - a.attrs.start) * inner;
-  copy_rows(a, a.in[0], in[ax] * inner, a.attrs.start * inner, a.out[0], piece, 0, outer, piece);
+  const int64_t piece = (s.end - s.start) * inner;
+  copy_rows(a, a.in[0], in[ax] * inner, s.start * inner, a.out[0], piece, 0, outer, piece);
 }
 
 void concat(OpKind, const Args& a) {
   const Shape& out = a.out_shape(0);
-  const int ax = out.axis(static_cast<int>(a.attrs.axis));
+  const int ax = out.axis(static_cast<int>(a.attr<ConcatAttrs>().axis));
   const int64_t outer = out.numel_before(ax), inner = out.numel_after(ax);
   int64_t offset = 0;
   for (size_t i = 0; i < a.in.size(); ++i) {

@@ -233,9 +233,7 @@ TEST_P(Attention, BlockedMatchesNaiveForwardAndBackward) {
   std::vector<float> q = randn(nq, 1), k = randn(nk, 2), v = randn(nk, 3), dout = randn(nq, 4);
   std::vector<float> out(static_cast<size_t>(nq)), lse(static_cast<size_t>(B * H * T));
   std::vector<float> dq(out.size()), dk(k.size()), dv(v.size());
-  Attrs attrs;
-  attrs.scalar = scale;
-  attrs.causal = causal;
+  const Attrs attrs = AttentionAttrs{.scale = scale, .causal = causal};
   std::vector<TensorType> tq = {{Shape{B, H, T, D}, DType::f32}},
                           tk = {{Shape{B, Hkv, T, D}, DType::f32}};
   std::vector<TensorType> fwd_in = {tq[0], tk[0], tk[0]},
