@@ -161,6 +161,70 @@ Status verify(const Graph& g) {
   return Status();
 }
 
+namespace {
+
+std::string ints_to_string(const std::vector<int64_t>& v) {
+  std::string s = "[";
+  for (size_t i = 0; i < v.size(); ++i) s += (i ? "," : "") + std::to_string(v[i]);
+  return s + "]";
+}
+
+template <class... F>
+struct Overloaded : F... {
+  using F::operator()...;
+};
+template <class... F>
+Overloaded(F...) -> Overloaded<F...>;
+
+// " 'name'" for sources and rank groups, " {...}" for what the result types do not show.
+std::string attrs_to_string(const Attrs& attrs) {
+  std::ostringstream s;
+  std::visit(Overloaded{
+                 [&](const NoAttrs&) {},
+                 [&](const ShapeAttrs&) {},
+                 [&](const CastAttrs&) {},
+                 [&](const SourceAttrs& a) { s << " '" << a.name << "'"; },
+                 [&](const FillAttrs& a) { s << " {value=" << a.value << "}"; },
+                 [&](const ScalarAttrs& a) { s << " {value=" << a.value << "}"; },
+                 [&](const ReduceAttrs& a) {
+                   s << " {axes=" << ints_to_string(a.axes) << (a.keepdim ? " keepdim" : "") << "}";
+                 },
+                 [&](const TransposeAttrs& a) { s << " {perm=" << ints_to_string(a.perm) << "}"; },
+                 [&](const SliceAttrs& a) {
+                   s << " {axis=" << a.axis << " [" << a.start << "," << a.end << ")}";
+                 },
+                 [&](const ConcatAttrs& a) { s << " {axis=" << a.axis << "}"; },
+                 [&](const MatmulAttrs& a) {
+                   if (a.transpose_a || a.transpose_b)
+                     s << " {" << (a.transpose_a ? "ta" : "") << (a.transpose_b ? "tb" : "") << "}";
+                 },
+                 [&](const EmbeddingGradAttrs& a) { s << " {rows=" << a.rows << "}"; },
+                 [&](const NormAttrs& a) { s << " {eps=" << a.eps << "}"; },
+                 [&](const RopeAttrs& a) {
+                   s << " {theta=" << a.theta << (a.inverse ? " inverse" : "") << "}";
+                 },
+                 [&](const PositionBucketsAttrs& a) {
+                   s << " {buckets=" << a.num_buckets << " max_distance=" << a.max_distance
+                     << (a.bidirectional ? " bidirectional" : "") << "}";
+                 },
+                 [&](const AttentionAttrs& a) {
+                   s << " {scale=" << a.scale << (a.causal ? " causal" : " bidirectional") << "}";
+                 },
+                 [&](const CrossEntropyAttrs& a) {
+                   if (a.classes > 0 || a.rows > 0)
+                     s << " {classes=" << a.classes << " rows=" << a.rows << "}";
+                 },
+                 [&](const GroupAttrs& a) { s << " '" << a.axes << "' {ranks=" << a.size << "}"; },
+                 [&](const ShardSliceAttrs& a) {
+                   s << " {axis=" << a.axis << " blocks=" << a.blocks << "}";
+                 },
+             },
+             attrs);
+  return s.str();
+}
+
+}  // namespace
+
 std::string print_graph(const Graph& g) {
   std::ostringstream s;
   for (size_t i = 0; i < g.nodes().size(); ++i) {
@@ -169,10 +233,7 @@ std::string print_graph(const Graph& g) {
     s << " = " << op_name(n.op) << "(";
     for (size_t k = 0; k < n.inputs.size(); ++k) s << (k ? ", " : "") << "%" << n.inputs[k];
     s << ")";
-    if (const auto* a = std::get_if<SourceAttrs>(&n.attrs)) s << " '" << a->name << "'";
-    if (const auto* a = std::get_if<GroupAttrs>(&n.attrs)) s << " '" << a->axes << "'";
-    if (const auto* a = std::get_if<MatmulAttrs>(&n.attrs); a && (a->transpose_a || a->transpose_b))
-      s << " {" << (a->transpose_a ? "ta" : "") << (a->transpose_b ? "tb" : "") << "}";
+    s << attrs_to_string(n.attrs);
     s << " : ";
     for (size_t k = 0; k < n.outputs.size(); ++k)
       s << (k ? ", " : "") << g.type(n.outputs[k]).to_string();

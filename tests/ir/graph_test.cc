@@ -221,6 +221,21 @@ TEST(Graph, PrintGraphShowsScopesTypesAndBackward) {
   EXPECT_EQ(static_cast<size_t>(std::count(p.begin(), p.end(), '\n')), g.nodes().size());
 }
 
+TEST(Graph, PrintGraphShowsTheAttributesTheTypesDoNot) {
+  Graph g;
+  Builder b(&g);
+  Var x = b.input("x", Shape{1, 6, 2, 4});
+  b.slice(x, 1, 2, 5);
+  b.rope(x, 5e5, true);
+  b.reduce_sum(x, {0, 2}, true);
+  b.cross_entropy(b.input("logits", Shape{3, 8}), b.input("t", Shape{3}, DType::i32), 5);
+  const std::string p = print_graph(g);
+  for (const char* want :
+       {"slice(%0) {axis=1 [2,5)}", "rope(%0) {theta=500000 inverse}",
+        "reduce_sum(%0) {axes=[0,2] keepdim}", "{classes=5 rows=0}", "input() 't' : i32[3]"})
+    EXPECT_TRUE(contains(p, want)) << want << " in\n" << p;
+}
+
 TEST(Graph, MatmulFlopsAre2MNK) {
   const int64_t M = 6, N = 5, K = 7, B = 3;
   {
