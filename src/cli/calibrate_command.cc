@@ -26,6 +26,17 @@ struct CalibrateCli {
   std::string precision = "fp32";
 };
 
+// Calibrating GPUs measures one in one process: several GPU ranks would time collectives that
+// go through host memory over MPI (the runtime does not use NCCL yet), not the GPUs' network.
+Status check_calibrated_device(const std::string& device, bool several_ranks) {
+  TS_RETURN_IF_ERROR(check_device(device));
+  if (device == "cuda" && several_ranks)
+    return error("calibrate --device cuda measures one GPU in one process",
+                 "run it without `launch`/mpirun; several GPU ranks exchange through host "
+                 "memory over MPI (NCCL is not used yet), which is not the GPUs' network");
+  return Status();
+}
+
 Status run_calibrate(const CalibrateCli& o) {
   // Where the spec goes, checked before minutes of measuring.
   std::error_code ec;
@@ -48,13 +59,13 @@ Status run_calibrate(const CalibrateCli& o) {
     return error("--precision must be fp32, bf16 or fp16, got '" + o.precision + "'");
   // `tessera launch` asks first, in one process, whether the flags suit that many ranks.
   if (const char* n = std::getenv("TESSERA_LAUNCH_CHECK"))
-    return check_device(o.device, std::atoi(n) > 1);
-  TS_RETURN_IF_ERROR(check_device(o.device, launched_by_mpirun()));
+    return check_calibrated_device(o.device, std::atoi(n) > 1);
+  TS_RETURN_IF_ERROR(check_calibrated_device(o.device, launched_by_mpirun()));
   TS_ASSIGN_OR_RETURN(std::unique_ptr<Communicator> world, join_mpi_job());
   std::vector<std::unique_ptr<Communicator>> local;
   if (!world) local = make_local_comms(1);
   Communicator& w = world ? *world : *local[0];
-  TS_ASSIGN_OR_RETURN(std::unique_ptr<Backend> device, open_device(o.device, w.size() > 1));
+  TS_ASSIGN_OR_RETURN(std::unique_ptr<Backend> device, open_device(o.device));
   if (device) {
     opts.backend = device.get();
     opts.device_name = device_description(*device);

@@ -1,5 +1,6 @@
 #include "cli/common.h"
 
+#include <algorithm>
 #include <cstdio>
 
 #include "base/check.h"
@@ -32,33 +33,41 @@ Result<std::unique_ptr<Communicator>> join_mpi_job() {
   return world;
 }
 
-Status check_device(const std::string& device, bool distributed) {
+Status check_device(const std::string& device) {
   if (device == "cpu") return Status();
   if (device != "cuda")
     return error("--device '" + device + "' is not a device", "use --device cpu or --device cuda");
 #if TESSERA_HAVE_CUDA
-  if (distributed)
-    return error("--device cuda runs on one GPU in one process",
-                 "drop --dp/--tp/--pp and `launch`: collectives over device memory need NCCL, "
-                 "which the runtime does not use yet; several ranks train on CPUs");
   std::string why;
   if (!cuda_device_present(&why))
     return error("--device cuda: " + why,
                  "run on a machine with an NVIDIA GPU (sm_80 or newer), or use --device cpu");
   return Status();
 #else
-  (void)distributed;
   return error("--device cuda: this tessera was built without the CUDA backend",
                "build where the CUDA toolkit is installed (scripts/build.sh builds it when "
                "/usr/local/cuda/bin/nvcc exists), or use --device cpu");
 #endif
 }
 
-Result<std::unique_ptr<Backend>> open_device(const std::string& device, bool distributed) {
-  TS_RETURN_IF_ERROR(check_device(device, distributed));
+namespace {
+
+// This process's rank among the job's ranks on its node, as the launcher tells it (Open MPI's
+// mpirun, which `tessera launch` runs; MPICH/Hydra; Slurm); 0 outside a job.
+int node_local_rank() {
+  for (const char* name : {"OMPI_COMM_WORLD_LOCAL_RANK", "MPI_LOCALRANKID", "SLURM_LOCALID"})
+    if (const char* v = std::getenv(name)) return std::max(0, std::atoi(v));
+  return 0;
+}
+
+}  // namespace
+
+Result<std::unique_ptr<Backend>> open_device(const std::string& device) {
+  TS_RETURN_IF_ERROR(check_device(device));
   if (device == "cpu") return std::unique_ptr<Backend>();
 #if TESSERA_HAVE_CUDA
-  return std::unique_ptr<Backend>(std::make_unique<CudaBackend>(0));
+  const int gpus = std::max(1, cuda_device_count());
+  return std::unique_ptr<Backend>(std::make_unique<CudaBackend>(node_local_rank() % gpus));
 #else
   return error("unreachable: --device " + device);
 #endif

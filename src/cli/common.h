@@ -18,12 +18,13 @@ void exit_on_error(const Status& s);
 // dead-rank reporter installed and messages prefixed by the rank; null otherwise.
 Result<std::unique_ptr<Communicator>> join_mpi_job();
 
-// --device against this build, this machine and the run: a name that is not a device, cuda
-// without the CUDA backend or a device, or cuda for several ranks is an error.
-Status check_device(const std::string& device, bool distributed);
-// The backend --device names: null for cpu (the caller's own CPU backend), the CUDA backend on
-// GPU 0 for cuda.
-Result<std::unique_ptr<Backend>> open_device(const std::string& device, bool distributed);
+// --device against this build and this machine: a name that is not a device, or cuda without
+// the CUDA backend or a device, is an error.
+Status check_device(const std::string& device);
+// The backend --device names: null for cpu (the caller's own CPU backend); for cuda the CUDA
+// backend on this rank's GPU: its rank on this node (the launcher's local rank, 0 outside a
+// job) modulo the node's GPUs, so ranks share GPUs when there are more ranks than GPUs.
+Result<std::unique_ptr<Backend>> open_device(const std::string& device);
 // A backend's device in words, e.g. "NVIDIA H100 80GB HBM3 (sm_90)".
 std::string device_description(const Backend& b);
 

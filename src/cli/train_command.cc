@@ -149,7 +149,7 @@ Status run_train(const TrainOptions& options) {
   if (const char* n = std::getenv("TESSERA_LAUNCH_CHECK")) {
     const int ranks = std::atoi(n);
     TS_RETURN_IF_ERROR(check_run_dir(o));
-    TS_RETURN_IF_ERROR(check_device(o.device, ranks > 1));
+    TS_RETURN_IF_ERROR(check_device(o.device));
     if (automatic) {
       TS_RETURN_IF_ERROR(auto_plan(&o, cfg, std::max(ranks, 1), false).status());
     } else if (o.plan.empty() || ranks > 0) {
@@ -179,7 +179,7 @@ Status run_train(const TrainOptions& options) {
   }
   const bool distributed = world && (world->size() > 1 || wants_ranks);
   const int ranks = world ? world->size() : 1;
-  TS_ASSIGN_OR_RETURN(std::unique_ptr<Backend> device, open_device(o.device, distributed));
+  TS_ASSIGN_OR_RETURN(std::unique_ptr<Backend> device, open_device(o.device));
   if (automatic) {
     TS_ASSIGN_OR_RETURN(Plan plan,
                         auto_plan(&o, cfg, distributed ? ranks : 1, !world || world->rank() == 0));
@@ -289,8 +289,9 @@ void add_train_command(CLI::App& app, TrainOptions& o) {
                   "--pp; GPT and LLaMA)")
       ->capture_default_str();
   cmd->add_option("--device", o.device,
-                  "cpu; or cuda: the step on one NVIDIA GPU (sm_80 or newer; one process) through "
-                  "the same step runner, in device memory")
+                  "cpu; or cuda: the step on NVIDIA GPUs (sm_80 or newer) through the same step "
+                  "runner, in device memory: GPU 0 in one process, or each rank of a job on its "
+                  "node-local rank's GPU (collectives staged through host memory over MPI)")
       ->capture_default_str();
   cmd->add_option("--comm-timeout", o.comm_timeout,
                   "Seconds a collective waits for a peer before the run fails")

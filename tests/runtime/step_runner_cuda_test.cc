@@ -5,11 +5,15 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <memory>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "backend/cpu/cpu_backend.h"
 #include "backend/cuda/cuda_backend.h"
+#include "comm/local_comm.h"
+#include "equivalence.h"
 #include "models/model.h"
 #include "runtime/step_runner.h"
 
@@ -107,6 +111,40 @@ TEST(StepRunnerOnCuda, ReplayedStepsAreTheEagerSteps) {
       EXPECT_EQ(replayed.losses, eager.losses);
       EXPECT_EQ(replayed.norms, eager.norms);
       EXPECT_EQ(replayed.eval, eager.eval);
+    }
+  }
+}
+
+// Two ranks on one GPU, as `launch -n 2 -- train --device cuda` runs them where the node has
+// one: each rank's parameters, arena and optimizer state in device memory, the collectives
+// staged through host memory (data parallelism with ZeRO-1, tensor parallelism). Each rank
+// follows the CPU ranks of the same plan within f32's reordered sums.
+TEST(StepRunnerOnCuda, RanksSharingAGpuFollowTheCpuRanks) {
+  std::string why;
+  if (!cuda_device_present(&why)) GTEST_SKIP() << why;
+  using namespace testing_equivalence;
+  const ModelConfig cfg = tiny_gpt();
+  for (const Plan& plan :
+       {Plan::data_parallel(2, 1), with_searched_layout(Plan::tensor_parallel(1, 2), cfg)}) {
+    SCOPED_TRACE(plan.describe());
+    std::vector<RunResult> want(2), got(2);
+    for (bool gpu : {false, true}) {
+      std::vector<std::unique_ptr<Communicator>> comms = make_local_comms(2);
+      std::vector<std::thread> ranks;
+      for (int r = 0; r < 2; ++r)
+        ranks.emplace_back([&, r] {
+          std::unique_ptr<CudaBackend> device = gpu ? std::make_unique<CudaBackend>(0) : nullptr;
+          (gpu ? got : want)[size_t(r)] = run_rank(*comms[size_t(r)], plan, 3, cfg, device.get());
+        });
+      for (std::thread& t : ranks) t.join();
+    }
+    for (size_t r = 0; r < 2; ++r) {
+      SCOPED_TRACE("rank " + std::to_string(r));
+      ASSERT_EQ(got[r].losses.size(), want[r].losses.size());
+      for (size_t s = 0; s < want[r].losses.size(); ++s)
+        EXPECT_NEAR(got[r].losses[s], want[r].losses[s], 1e-4 * std::fabs(want[r].losses[s]));
+      EXPECT_NEAR(got[r].eval_loss, want[r].eval_loss, 1e-4 * std::fabs(want[r].eval_loss));
+      EXPECT_EQ(got[r].arena_measured, want[r].arena_measured);
     }
   }
 }

@@ -7,11 +7,14 @@
 #include <gtest/gtest.h>
 
 #include <filesystem>
+#include <memory>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "../cli/train_fixture.h"
 #include "../runtime/opaque_backend.h"
+#include "comm/local_comm.h"
 
 namespace tessera {
 namespace {
@@ -20,7 +23,9 @@ class TrainerTest : public TrainDirTest {
  protected:
   // Trains gpt-tiny (bf16 when `precision` says) on one process; the metrics' losses.
   std::vector<std::string> run(const std::string& out, Backend* backend, int64_t steps,
-                               int64_t stop_after, bool resume, const std::string& precision) {
+                               int64_t stop_after, bool resume, const std::string& precision,
+                               const Plan& plan = Plan::data_parallel(1),
+                               Communicator* world = nullptr) {
     TrainOptions o = tiny_options(out);
     o.steps = steps;
     o.warmup = 2;
@@ -35,11 +40,28 @@ class TrainerTest : public TrainDirTest {
     o.peak_flops = 1e12;  // no GEMM timing at the start
     ModelConfig cfg = *find_preset("gpt-tiny");
     if (precision == "bf16") cfg.dtype = DType::bf16;  // as `train --precision` sets it
-    TrainJob job{cfg, Plan::data_parallel(1), nullptr, std::string(TESSERA_SOURCE_DIR) + "/data",
-                 backend};
+    TrainJob job{cfg, plan, world, std::string(TESSERA_SOURCE_DIR) + "/data", backend};
     Status s = train(o, job);
     EXPECT_TRUE(s.ok()) << s.to_string();
     return metric_losses(std::filesystem::path(o.out) / "metrics.jsonl");
+  }
+
+  // The same on two ranks (threads over in-process communicators), each on its own backend
+  // (`opaque`: an OpaqueBackend, else the CPU's); rank 0's metrics.
+  std::vector<std::string> run_ranks(const std::string& out, bool opaque, const Plan& plan,
+                                     int64_t stop_after, bool resume) {
+    std::vector<std::unique_ptr<Communicator>> comms = make_local_comms(2);
+    std::vector<std::string> losses;
+    std::vector<std::thread> ranks;
+    for (int r = 0; r < 2; ++r)
+      ranks.emplace_back([&, r] {
+        OpaqueBackend device;
+        std::vector<std::string> got = run(out, opaque ? &device : nullptr, 6, stop_after, resume,
+                                           "fp32", plan, comms[static_cast<size_t>(r)].get());
+        if (r == 0) losses = got;
+      });
+    for (std::thread& t : ranks) t.join();
+    return losses;
   }
 };
 
@@ -58,6 +80,22 @@ TEST_F(TrainerTest, TrainsEvaluatesCheckpointsAndResumesOnMemoryTheHostCannotAdd
     // Stopped after 3 steps (a checkpoint), resumed from it: the same 6 losses.
     run("resumed_" + precision, &opaque, 6, 3, false, precision);
     EXPECT_EQ(run("resumed_" + precision, &opaque, 6, 0, true, precision), cpu);
+  }
+}
+
+// Two ranks, each on memory the host cannot address (as two GPUs, or two ranks sharing one,
+// under `launch -n 2 -- train --device cuda`): data parallelism with ZeRO-1 (the parameter
+// syncs) and tensor parallelism train, evaluate, save sharded checkpoints and resume with the
+// CPU ranks' losses, bit for bit.
+TEST_F(TrainerTest, RanksTrainCheckpointAndResumeOnMemoryTheHostCannotAddress) {
+  for (const Plan& plan : {Plan::data_parallel(2, 1), Plan::tensor_parallel(1, 2)}) {
+    SCOPED_TRACE(plan.describe());
+    const std::string tag = std::to_string(plan.tensor_group());
+    const std::vector<std::string> cpu = run_ranks("cpu_ranks" + tag, false, plan, 0, false);
+    ASSERT_EQ(cpu.size(), 6u);
+    EXPECT_EQ(run_ranks("opaque_ranks" + tag, true, plan, 0, false), cpu);
+    run_ranks("resumed_ranks" + tag, true, plan, 3, false);
+    EXPECT_EQ(run_ranks("resumed_ranks" + tag, true, plan, 0, true), cpu);
   }
 }
 

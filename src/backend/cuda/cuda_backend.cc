@@ -91,6 +91,15 @@ bool cuda_device_present(std::string* why) {
   return true;
 }
 
+int cuda_device_count() {
+  int n = 0;
+  if (cudaGetDeviceCount(&n) != cudaSuccess) {
+    cudaGetLastError();  // clear the sticky error
+    return 0;
+  }
+  return n;
+}
+
 struct CudaBackend::Impl {
   int device = 0;
   cudaStream_t stream = nullptr;

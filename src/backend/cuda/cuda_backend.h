@@ -22,6 +22,8 @@ namespace tessera {
 // True when a CUDA device can be used; otherwise false and, with `why`, the reason (the CUDA
 // runtime's message).
 bool cuda_device_present(std::string* why = nullptr);
+// The CUDA devices this process sees (0 where there is no driver or device).
+int cuda_device_count();
 
 class CudaBackend final : public Backend {
  public:
