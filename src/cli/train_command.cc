@@ -180,6 +180,11 @@ Status run_train(const TrainOptions& options) {
   const bool distributed = world && (world->size() > 1 || wants_ranks);
   const int ranks = world ? world->size() : 1;
   TS_ASSIGN_OR_RETURN(std::unique_ptr<Backend> device, open_device(o.device));
+  if (device && distributed && world->rank() == 0)
+    std::fprintf(stderr,
+                 "note: %d ranks on GPUs: their collectives and pipeline messages go through "
+                 "host memory over MPI (NCCL is not used yet), at the host transport's speed\n",
+                 ranks);
   if (automatic) {
     TS_ASSIGN_OR_RETURN(Plan plan,
                         auto_plan(&o, cfg, distributed ? ranks : 1, !world || world->rank() == 0));
