@@ -180,6 +180,8 @@ void BM_cross_entropy(benchmark::State& st) {
   for (int64_t i = 0; i < n; ++i) tgt[size_t(i)] = int32_t((i * 7919) % v);
   float loss = 0, one = 1.0f;
   KernelCall f, g;
+  f.attrs = CrossEntropyAttrs{};  // every column a class, the mean over these rows
+  g.attrs = f.attrs;
   f.in_t = {f32({n, v}), {Shape{n}, DType::i32}};
   f.out_t = {f32({}), f32({n})};
   f.in = {logits.data(), tgt.data()};

@@ -30,7 +30,7 @@ struct Value {
 
 struct Node {
   OpKind op = OpKind::fill;
-  Attrs attrs;
+  Attrs attrs = FillAttrs{};
   std::vector<ValueId> inputs;
   std::vector<ValueId> outputs;
   std::string scope;  // "h.3.attn.qkv"; "" at top level

@@ -88,7 +88,7 @@ Status infer_embedding_grad(const Attrs& attrs, std::span<const TensorType> in,
   const EmbeddingGradAttrs& a = attrs_as<EmbeddingGradAttrs>(attrs);
   if (in[1].dtype != DType::i32) return error("embedding ids must be i32");
   if (in[0].shape.rank() != in[1].shape.rank() + 1 || a.rows <= 0)
-    return error("embedding_grad needs dy [..., C] for ids [...] and vocab > 0");
+    return error("embedding_grad needs dy [..., C] for ids [...] and rows > 0");
   out->push_back({Shape{a.rows, in[0].shape[-1]}, in[0].dtype});
   return Status();
 }

@@ -10,8 +10,8 @@
 //                                                    block, zeros for the others (the sum
 //                                                    over the blocks is embedding())
 //   vocab_embedding_grad(dy [..., C], ids, shard) -> [Vl, C] (EmbeddingGradAttrs::rows = Vl):
-//   scatter-add
-//                                                    of the rows whose id is in the block
+//                                                    scatter-add of the rows whose id is in
+//                                                    the block
 //   vocab_pick(logits [N,Vl], targets [N], shard) -> [N]: each row's target logit where the
 //                                                    target is in the block, 0 elsewhere
 //   vocab_cross_entropy_grad(logits [N,Vl], targets [N], lse [N], dloss [], shard)

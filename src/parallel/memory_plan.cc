@@ -158,7 +158,8 @@ MemoryPlan plan_memory(const Graph& g, int64_t alignment) {
 
   // Collectives run asynchronously on the comm stream and are waited for just before the
   // first reader of their output: their input stays live until then. A reduce-scatter reads
-  // and an all-gather writes the flattened tensor padded to count * block elements.
+  // and an all-gather writes the flattened tensor padded to size * block elements
+  // (GroupAttrs::size).
   const std::vector<int> waits = collective_waits(g);
   for (int i = 0; i < num_nodes; ++i) {
     const Node& n = g.nodes()[static_cast<size_t>(i)];
