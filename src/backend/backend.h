@@ -25,6 +25,7 @@
 #include <utility>
 #include <vector>
 
+#include "base/mem_space.h"
 #include "ir/graph.h"
 
 namespace tessera {
@@ -63,10 +64,6 @@ class OutOfDeviceMemory : public std::bad_alloc {
  private:
   std::string what_;
 };
-
-// Where a backend's buffers live: host memory (the runtime may read them in place), device
-// memory (only to_host reads them) or nowhere (NullBackend: addresses that must not be read).
-enum class MemSpace : uint8_t { host, device, none };
 
 class Backend;
 

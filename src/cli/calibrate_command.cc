@@ -23,6 +23,7 @@ struct CalibrateCli {
   CalibrationOptions opts;
   std::string out = "cpu-local.toml";
   std::string device = "cpu";
+  std::string collectives = "auto";  // --collectives
   std::string precision = "fp32";
 };
 
@@ -61,7 +62,7 @@ Status run_calibrate(const CalibrateCli& o) {
   if (const char* n = std::getenv("TESSERA_LAUNCH_CHECK"))
     return check_calibrated_device(o.device, std::atoi(n) > 1);
   TS_RETURN_IF_ERROR(check_calibrated_device(o.device, launched_by_mpirun()));
-  TS_ASSIGN_OR_RETURN(std::unique_ptr<Communicator> world, join_mpi_job());
+  TS_ASSIGN_OR_RETURN(std::unique_ptr<Communicator> world, join_mpi_job(o.collectives));
   std::vector<std::unique_ptr<Communicator>> local;
   if (!world) local = make_local_comms(1);
   Communicator& w = world ? *world : *local[0];
@@ -104,6 +105,9 @@ void add_calibrate_command(CLI::App& app) {
   cmd->add_option("--out", o->out, "Cluster spec TOML to write")->capture_default_str();
   cmd->add_option("--device", o->device,
                   "cpu (each rank of the job), or cuda: GPU 0 in one process")
+      ->capture_default_str();
+  cmd->add_option("--collectives", o->collectives, kCollectivesHelp)
+      ->check(CLI::IsMember({"auto", "ring", "mpi"}))
       ->capture_default_str();
   cmd->add_option("--precision", o->precision,
                   "fp32, bf16 or fp16: the dtype the model is stored and measured in (a low "

@@ -25,9 +25,18 @@ void exit_on_error(const Status& s) {
   std::exit(1);
 }
 
-Result<std::unique_ptr<Communicator>> join_mpi_job() {
+const char* const kCollectivesHelp =
+    "How ranks' host collectives run: auto (the faster of the two on this project's "
+    "measurement: MPI's all-gathers and small reductions, the ring's large ones), ring (Tessera's "
+    "ring over point-to-point sends) or mpi (the MPI library's own, tuned per topology)";
+
+Result<std::unique_ptr<Communicator>> join_mpi_job(const std::string& collectives) {
+  const std::optional<CollectiveAlgo> algo = parse_collective_algo(collectives);
+  if (!algo)
+    return error("--collectives '" + collectives + "' is not a choice",
+                 "use --collectives auto, ring or mpi");
   if (!launched_by_mpirun()) return std::unique_ptr<Communicator>();
-  TS_ASSIGN_OR_RETURN(std::unique_ptr<Communicator> world, mpi_world(nullptr, nullptr));
+  TS_ASSIGN_OR_RETURN(std::unique_ptr<Communicator> world, mpi_world(nullptr, nullptr, *algo));
   install_termination_reporter();
   set_process_rank(world->rank());
   return world;

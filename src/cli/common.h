@@ -15,8 +15,12 @@ namespace tessera {
 void exit_on_error(const Status& s);
 
 // This process's world communicator when started by mpirun (or `tessera launch`), with the
-// dead-rank reporter installed and messages prefixed by the rank; null otherwise.
-Result<std::unique_ptr<Communicator>> join_mpi_job();
+// dead-rank reporter installed and messages prefixed by the rank; null otherwise. `collectives`
+// is the --collectives flag: auto, ring or mpi (comm/host_comm.h).
+Result<std::unique_ptr<Communicator>> join_mpi_job(const std::string& collectives = "auto");
+
+// The help text of --collectives, shared by the commands that take it.
+extern const char* const kCollectivesHelp;
 
 // --device against this build and this machine: a name that is not a device, or cuda without
 // the CUDA backend or a device, is an error.

@@ -167,7 +167,7 @@ Status run_train(const TrainOptions& options) {
   // A distributed run: started by mpirun (or `tessera launch`), or asked for by flags.
   const bool wants_ranks =
       o.dp > 1 || o.tp > 1 || o.pp > 1 || o.hsdp > 0 || (!o.plan.empty() && !automatic);
-  TS_ASSIGN_OR_RETURN(std::unique_ptr<Communicator> world, join_mpi_job());
+  TS_ASSIGN_OR_RETURN(std::unique_ptr<Communicator> world, join_mpi_job(o.collectives));
   if (world) {
     world->set_timeout(o.comm_timeout);
   } else if (wants_ranks) {
@@ -300,6 +300,9 @@ void add_train_command(CLI::App& app, TrainOptions& o) {
       ->capture_default_str();
   cmd->add_option("--comm-timeout", o.comm_timeout,
                   "Seconds a collective waits for a peer before the run fails")
+      ->capture_default_str();
+  cmd->add_option("--collectives", o.collectives, kCollectivesHelp)
+      ->check(CLI::IsMember({"auto", "ring", "mpi"}))
       ->capture_default_str();
   cmd->callback([&o, model, seq] {
     o.model_given = model->count() > 0;

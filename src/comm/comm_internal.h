@@ -7,13 +7,16 @@
 #include <memory>
 
 #include "comm/communicator.h"
+#include "comm/host_comm.h"
 #include "comm/transport.h"
 
 namespace tessera::detail {
 
-// The "world" communicator over every rank of `transport`. The transport lives until this
-// communicator and every one split from it are destroyed.
-std::unique_ptr<Communicator> make_world_communicator(std::unique_ptr<Transport> transport);
+// The "world" communicator over every rank of `transport`, running `algo`'s collectives (the
+// ring where the transport has none of its own). The transport lives until this communicator
+// and every one split from it are destroyed.
+std::unique_ptr<Communicator> make_world_communicator(std::unique_ptr<Transport> transport,
+                                                      CollectiveAlgo algo = CollectiveAlgo::ring);
 
 // The transport under a communicator (for test hooks that flip shared flags; do not call
 // its methods from outside a comm thread).

@@ -125,7 +125,7 @@ class MpiTransport final : public detail::Transport {
     }
     if (rc != MPI_SUCCESS) return fail(it, err, rc);
     if (!flag) return 0;
-    if (x.receiving) {
+    if (x.receiving && !x.collective) {
       for (size_t i = 0; i < statuses.size(); ++i) {
         int got = 0;
         MPI_Get_count(&statuses[i], MPI_BYTE, &got);
@@ -143,7 +143,9 @@ class MpiTransport final : public detail::Transport {
   void abandon(Handle h) override {
     auto it = xfers_.find(h);
     if (it == xfers_.end()) return;
+    // A collective cannot be cancelled: it is left to the broken process's end.
     for (MPI_Request& r : it->second.reqs) {
+      if (it->second.collective) break;
       if (r == MPI_REQUEST_NULL) continue;
       if (it->second.receiving) MPI_Cancel(&r);
       MPI_Request_free(&r);
@@ -179,12 +181,49 @@ class MpiTransport final : public detail::Transport {
     return id;
   }
 
+  bool has_collectives() const override { return true; }
+
+  Handle icollective(uint64_t channel, const CollectiveCall& c) override {
+    const MPI_Comm comm = channels_.at(channel).comm;
+    Xfer x;
+    x.collective = true;
+    MPI_Request req = MPI_REQUEST_NULL;
+    void* out = c.out;
+    switch (c.kind) {
+      case Collective::all_reduce:
+        x.post_error = MPI_Iallreduce(c.in == out ? MPI_IN_PLACE : c.in, out, c.count, MPI_FLOAT,
+                                      MPI_SUM, comm, &req);
+        break;
+      case Collective::reduce_scatter:
+        x.post_error =
+            MPI_Ireduce_scatter_block(c.in, out, c.count, MPI_FLOAT, MPI_SUM, comm, &req);
+        break;
+      case Collective::all_gather:
+        x.post_error = MPI_Iallgather(c.in, c.count, MPI_BYTE, out, c.count, MPI_BYTE, comm, &req);
+        break;
+      case Collective::broadcast:
+        x.post_error = MPI_Ibcast(out, c.count, MPI_BYTE, c.root, comm, &req);
+        break;
+    }
+    x.reqs.push_back(req);
+    x.segment_bytes.push_back(c.count);
+    const Handle h = next_handle_++;
+    xfers_[h] = std::move(x);
+    return h;
+  }
+
   void note_waiting(const detail::WaitInfo* w) override {
     if (!w) {
       publish_idle();
       return;
     }
-    if (w->receiving) {
+    if (w->peer < 0) {
+      publish_line(true,
+                   "tessera: rank %d got a termination signal while waiting in %s '%s' (axis %s, "
+                   "the MPI library's collective) — if the job ends now, a rank of axis %s (or "
+                   "a rank it waits for) probably died; see the launcher's message",
+                   rank_, w->kind, w->what->c_str(), w->axis->c_str(), w->axis->c_str());
+    } else if (w->receiving) {
       publish_line(
           true,
           "tessera: rank %d got a termination signal while waiting in %s '%s' (axis %s) for "
@@ -208,6 +247,7 @@ class MpiTransport final : public detail::Transport {
   };
   struct Xfer {
     bool receiving = false;
+    bool collective = false;  // MPI's own: no sizes to check, never cancelled
     int post_error = MPI_SUCCESS;
     std::vector<MPI_Request> reqs;
     std::vector<int> segment_bytes;
@@ -279,7 +319,7 @@ bool launched_by_mpirun() {
   return std::getenv("OMPI_COMM_WORLD_SIZE") != nullptr || std::getenv("PMI_SIZE") != nullptr;
 }
 
-Result<std::unique_ptr<Communicator>> mpi_world(int* argc, char*** argv) {
+Result<std::unique_ptr<Communicator>> mpi_world(int* argc, char*** argv, CollectiveAlgo algo) {
   static bool called = false;
   if (called) return error("mpi_world() called twice", "create the world communicator once");
   called = true;
@@ -305,7 +345,7 @@ Result<std::unique_ptr<Communicator>> mpi_world(int* argc, char*** argv) {
   set_process_rank(rank);
   g_world_rank = rank;
   publish_idle();
-  return detail::make_world_communicator(std::make_unique<MpiTransport>(rank, size));
+  return detail::make_world_communicator(std::make_unique<MpiTransport>(rank, size), algo);
 }
 
 void write_collective_wait() {

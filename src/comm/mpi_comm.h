@@ -17,6 +17,7 @@
 #include <memory>
 
 #include "comm/communicator.h"
+#include "comm/host_comm.h"
 
 namespace tessera {
 
@@ -24,8 +25,10 @@ namespace tessera {
 bool launched_by_mpirun();
 
 // Initializes MPI (requesting MPI_THREAD_MULTIPLE; an error if the library does not provide
-// it) and returns the world communicator. Call at most once per process.
-Result<std::unique_ptr<Communicator>> mpi_world(int* argc, char*** argv);
+// it) and returns the world communicator, whose collectives (and those of every communicator
+// split from it) run `algo` (comm/host_comm.h). Call at most once per process.
+Result<std::unique_ptr<Communicator>> mpi_world(int* argc, char*** argv,
+                                                CollectiveAlgo algo = kDefaultCollectiveAlgo);
 
 // Installs SIGTERM/SIGINT handlers for when the launcher kills this rank (typically because
 // another rank died). The handler writes one line to stderr naming this rank, the collective

@@ -11,6 +11,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <climits>
 #include <cstdio>
 #include <cstring>
 #include <deque>
@@ -53,6 +54,15 @@ Status timeout_error(const RingOp& op, const Xfer& x, double waited) {
                 (*op.members)[op.rank], waited, op.kind);
   std::string msg = head + *op.what + "' (axis " + *op.axis + ", " + std::to_string(op.size()) +
                     " ranks, " + format_bytes(static_cast<double>(op.total_bytes)) + ") ";
+  if (x.peer < 0) {  // the transport's collective: any member may be the one missing
+    std::string members;
+    for (int i = 0; i < op.size(); ++i)
+      if (i != op.rank) members += (members.empty() ? "" : ", ") + std::to_string((*op.members)[i]);
+    msg += "waiting in the MPI library's collective with ranks " + members;
+    return error(msg,
+                 "one of them died or is stuck (or is itself waiting for a rank that did) "
+                 "— check their logs; raise --comm-timeout if it is only slow");
+  }
   const std::string peer = "rank " + std::to_string(x.peer);
   msg += x.receiving ? "waiting for data from " + peer : "waiting for " + peer + " to take data";
   return error(msg, peer +
@@ -81,10 +91,13 @@ Status wait_all(RingOp& op, Xfer* x, int k) {
       int r = op.transport->test(x[i].handle, &err);
       if (r < 0) {
         x[i].done = true;  // released by the transport
-        result = error("rank " + std::to_string((*op.members)[op.rank]) + ": " + op.kind + " '" +
-                           *op.what + "' (axis " + *op.axis + ") failed exchanging with rank " +
-                           std::to_string(x[i].peer) + ": " + err.message(),
-                       err.hint());
+        const std::string with = x[i].peer < 0
+                                     ? std::string("in the MPI library's collective")
+                                     : "exchanging with rank " + std::to_string(x[i].peer);
+        result =
+            error("rank " + std::to_string((*op.members)[op.rank]) + ": " + op.kind + " '" +
+                      *op.what + "' (axis " + *op.axis + ") failed " + with + ": " + err.message(),
+                  err.hint());
         break;
       }
       if (r > 0) {
@@ -232,6 +245,66 @@ Status chain_broadcast(RingOp& op, void* data, int64_t bytes, int root) {
   }
   std::vector<Xfer> rest(sends.begin(), sends.end());
   return wait_all(op, rest.data(), static_cast<int>(rest.size()));
+}
+
+namespace {
+
+// The transport's collective `call`, polled like a ring step; counts the ring's bytes.
+Status native(RingOp& op, const Transport::CollectiveCall& call, int64_t sent, int64_t received) {
+  Xfer x{op.transport->icollective(op.channel, call), -1, true, 0};
+  TS_RETURN_IF_ERROR(wait_all(op, &x, 1));
+  op.bytes_sent += sent;
+  op.bytes_received += received;
+  return Status();
+}
+
+bool fits_int(int64_t n) { return n <= INT_MAX; }
+
+}  // namespace
+
+Transport::Handle Transport::icollective(uint64_t, const CollectiveCall&) {
+  TS_CHECK(false) << "this transport has no collectives of its own";
+  return 0;
+}
+
+Status all_reduce_f32(RingOp& op, float* data, int64_t count) {
+  const int n = op.size(), r = op.rank;
+  if (!op.native || n == 1 || count == 0 || !fits_int(count))
+    return ring_all_reduce(op, data, count);
+  const std::vector<int64_t> off = ring_chunk_offsets(count, n);
+  auto chunk = [&](int c) { return off[mod(c, n) + 1] - off[mod(c, n)]; };
+  Transport::CollectiveCall call{Transport::Collective::all_reduce, data, data,
+                                 static_cast<int>(count)};
+  return native(op, call, 4 * (2 * count - chunk(r) - chunk(r + 1)),
+                4 * (2 * count - chunk(r - 1) - chunk(r)));
+}
+
+Status reduce_scatter_f32(RingOp& op, const float* in, float* out, int64_t count) {
+  const int n = op.size();
+  if (!op.native || n == 1 || count == 0 || !fits_int(count))
+    return ring_reduce_scatter(op, in, out, count);
+  Transport::CollectiveCall call{Transport::Collective::reduce_scatter, in, out,
+                                 static_cast<int>(count)};
+  return native(op, call, (n - 1) * count * 4, (n - 1) * count * 4);
+}
+
+Status all_gather_bytes(RingOp& op, const void* in, void* out, int64_t bytes_per_rank) {
+  const int n = op.size();
+  if (!op.native || n == 1 || bytes_per_rank == 0 || !fits_int(bytes_per_rank))
+    return ring_all_gather(op, in, out, bytes_per_rank);
+  Transport::CollectiveCall call{Transport::Collective::all_gather, in, out,
+                                 static_cast<int>(bytes_per_rank)};
+  return native(op, call, (n - 1) * bytes_per_rank, (n - 1) * bytes_per_rank);
+}
+
+Status broadcast_bytes(RingOp& op, void* data, int64_t bytes, int root) {
+  const int n = op.size();
+  if (!op.native || n == 1 || bytes == 0 || !fits_int(bytes))
+    return chain_broadcast(op, data, bytes, root);
+  const int pos = mod(op.rank - root, n);  // the chain's counts: all but its last link send
+  Transport::CollectiveCall call{Transport::Collective::broadcast, data, data,
+                                 static_cast<int>(bytes), root};
+  return native(op, call, pos < n - 1 ? bytes : 0, pos > 0 ? bytes : 0);
 }
 
 }  // namespace tessera::detail

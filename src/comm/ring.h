@@ -24,6 +24,8 @@ struct RingOp {
   const std::string* what;
   const std::string* axis;
   int64_t total_bytes;  // size of the operation, for messages
+  // Run the transport's own collectives (Transport::has_collectives) instead of the ring's.
+  bool native = false;
   int64_t bytes_sent = 0;
   int64_t bytes_received = 0;
 
@@ -39,5 +41,13 @@ Status ring_reduce_scatter(RingOp& op, const float* in, float* out, int64_t coun
 // Byte-level: every rank contributes `bytes_per_rank` bytes; out holds size() blocks.
 Status ring_all_gather(RingOp& op, const void* in, void* out, int64_t bytes_per_rank);
 Status chain_broadcast(RingOp& op, void* data, int64_t bytes, int root);
+
+// The collectives as the operation asks (op.native: the transport's own, where the counts fit
+// an int; else the ring's, as above). A native collective counts the bytes the ring would
+// have moved, and times out like a ring step, naming the axis instead of a peer.
+Status all_reduce_f32(RingOp& op, float* data, int64_t count);
+Status reduce_scatter_f32(RingOp& op, const float* in, float* out, int64_t count);
+Status all_gather_bytes(RingOp& op, const void* in, void* out, int64_t bytes_per_rank);
+Status broadcast_bytes(RingOp& op, void* data, int64_t bytes, int root);
 
 }  // namespace tessera::detail

@@ -27,7 +27,7 @@ struct WaitInfo {
   const char* kind;         // "all_reduce"
   const std::string* what;  // "grad bucket 3"
   const std::string* axis;  // "dp"
-  int peer;                 // world rank
+  int peer;                 // world rank; -1: the transport's collective (any member)
   bool receiving;           // waiting for data from peer (else: for peer to take our data)
 };
 
@@ -63,6 +63,22 @@ class Transport {
 
   // A comm thread starts waiting for a peer (w), or no comm thread is waiting (null).
   virtual void note_waiting(const WaitInfo* w) {}
+
+  // The transport's own collectives (MPI's), where it has them: posts one over the members
+  // of `channel` and returns its handle, completed through test() like a transfer (abandon()
+  // leaves it to the broken process's end). Every member posts the same calls in the same
+  // order. all_reduce (in place when in == out) and reduce_scatter sum f32 elements, `count`
+  // of them per rank; all_gather and broadcast move `count` bytes per rank. Counts fit an int.
+  enum class Collective { all_reduce, reduce_scatter, all_gather, broadcast };
+  struct CollectiveCall {
+    Collective kind = Collective::all_reduce;
+    const void* in = nullptr;
+    void* out = nullptr;
+    int count = 0;
+    int root = 0;  // broadcast: the root's rank in the channel
+  };
+  virtual bool has_collectives() const { return false; }
+  virtual Handle icollective(uint64_t channel, const CollectiveCall& call);
 };
 
 }  // namespace tessera::detail

@@ -348,53 +348,55 @@ Status StepRunner::start(const Node& n, Executor& ex) {
   const GroupAttrs& group = n.attr<GroupAttrs>();
   Communicator& c = comms_.group(group.axes);
   const Graph& g = ex.graph();
+  Backend& b = ex.backend();
   const std::string what = std::string(op_name(n.op)) + " " + n.scope;
   const DType dt = g.type(n.inputs[0]).dtype;
-  // The transport reduces f32 in host memory: a bf16/f16 value, or any value in a device's
-  // memory, is staged in host f32 buffers and written into the output (narrowed, copied to
-  // the device) when the wait completes. An f32 value in host memory travels in place.
-  Staged staged;
-  const bool in_place = dt == DType::f32 && ex.backend().memory() == MemSpace::host;
-  float* in = in_place ? ex.data<float>(n.inputs[0]) : nullptr;
-  float* out = in_place ? ex.data<float>(n.outputs[0]) : nullptr;
   const int64_t in_count = g.type(n.inputs[0]).shape.numel();
   const int64_t out_count = g.type(n.outputs[0]).shape.numel();
-  if (!in_place) {
+  // A communicator in the backend's memory takes the values where they are, in their dtype.
+  // Otherwise (a device's values, a host communicator) they are staged in host f32 buffers and
+  // written into the output (narrowed, copied to the device) when the wait completes.
+  const bool direct = c.memory() == b.memory();
+  void* in = direct ? ex.raw(n.inputs[0]) : nullptr;
+  void* out = direct ? ex.raw(n.outputs[0]) : nullptr;
+  const DType wire = direct ? dt : DType::f32;
+  Staged staged;
+  if (!direct) {
     staged.out.assign(static_cast<size_t>(out_count), 0.0f);
     out = staged.out.data();
     if (n.op == OpKind::all_reduce) {  // reduced in place: widened straight into the output
       in = out;
     } else {
       const int64_t room = n.op == OpKind::reduce_scatter ? out_count * group.size : in_count;
-      staged.in.assign(static_cast<size_t>(room), 0.0f);
+      staged.in.assign(static_cast<size_t>(room), 0.0f);  // the padding comes zeroed
       in = staged.in.data();
     }
-    read_as_f32(ex.backend(), ex.raw(n.inputs[0]), dt, in, in_count);
+    read_as_f32(b, ex.raw(n.inputs[0]), dt, static_cast<float*>(in), in_count);
     staged.dst = ex.raw(n.outputs[0]);
     staged.dtype = dt;
   }
+  const int64_t esize = dtype_size(wire);
   Request r;
   switch (n.op) {
-    case OpKind::all_reduce: {
-      if (in != out) std::memcpy(out, in, static_cast<size_t>(in_count) * sizeof(float));
-      r = c.all_reduce(out, in_count, what);
+    case OpKind::all_reduce:
+      if (in != out) b.copy(out, in, in_count * esize);  // reduced in place in the output
+      r = c.all_reduce(out, in_count, wire, what);
       break;
-    }
-    case OpKind::reduce_scatter: {
-      if (in_place)  // the planned padding (staged buffers come zeroed)
-        std::fill(in + in_count, in + out_count * group.size, 0.0f);
-      r = c.reduce_scatter(in, out, out_count, what);
+    case OpKind::reduce_scatter:
+      if (direct)  // the planned padding after the input
+        b.fill(static_cast<uint8_t*>(in) + in_count * esize, 0,
+               (out_count * group.size - in_count) * esize);
+      r = c.reduce_scatter(in, out, out_count, wire, what);
       break;
-    }
     case OpKind::all_gather:
-      r = c.all_gather(in, out, in_count, what);
+      r = c.all_gather(in, out, in_count, wire, what);
       break;
     default:
       return error("not a collective: " + std::string(op_name(n.op)));
   }
   const NodeId id = g.value(n.outputs[0]).producer;
   inflight_[id] = std::move(r);
-  if (!in_place) staged_[id] = std::move(staged);
+  if (!direct) staged_[id] = std::move(staged);
   return Status();
 }
 

@@ -46,13 +46,14 @@ struct TrainOptions {
   std::string cluster = "cpu-local";  // --plan auto: the spec the planner times plans on
   std::string recompute;  // "none" | "full" | "selective" ("": the plan's, none without one)
   bool sequence_parallel = false;
-  int pp = 1;                 // pipeline stages (the outermost mesh axis)
-  std::string schedule;       // --schedule: gpipe | 1f1b | interleaved | zb-h1 ("": 1f1b)
-  int virtual_stages = 0;     // --virtual-stages (interleaved); 0: 1
-  std::string stage_layers;   // --stage-layers "a,b,...": blocks per model chunk
-  int recompute_layers = -1;  // --recompute-layers: the first N blocks; -1: the plan's
-  double comm_timeout = 30;   // seconds a collective waits for a peer before failing
-  double peak_flops = 0;      // per rank, for MFU (0: measured with a GEMM at the start)
+  int pp = 1;                        // pipeline stages (the outermost mesh axis)
+  std::string schedule;              // --schedule: gpipe | 1f1b | interleaved | zb-h1 ("": 1f1b)
+  int virtual_stages = 0;            // --virtual-stages (interleaved); 0: 1
+  std::string stage_layers;          // --stage-layers "a,b,...": blocks per model chunk
+  int recompute_layers = -1;         // --recompute-layers: the first N blocks; -1: the plan's
+  double comm_timeout = 30;          // seconds a collective waits for a peer before failing
+  std::string collectives = "auto";  // --collectives: auto | ring | mpi (comm/host_comm.h)
+  double peak_flops = 0;             // per rank, for MFU (0: measured with a GEMM at the start)
   // --precision: "fp32", "bf16" or "fp16" (parameters, activations and gradients in it; f32
   // master weights and AdamW state; fp16 with dynamic loss scaling; GPT and LLaMA models, any
   // plan but pipelines).

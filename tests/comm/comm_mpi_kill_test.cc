@@ -71,6 +71,30 @@ TEST(CommMpiKill, StuckRankMakesOthersTimeOut) {
   EXPECT_TRUE(contains(run.output, "HINT: rank 1 died or is stuck"));
 }
 
+// The same in the MPI library's collective (CollectiveAlgo::mpi): no peer is known, so the
+// survivors name the operation, the axis and the ranks they wait with.
+TEST(CommMpiKill, DeadRankEndsTheJobInAnMpiCollective) {
+  Outcome run = run_scenario("kill_mpi");
+  EXPECT_NE(run.exit_code, 0);
+  EXPECT_NE(run.exit_code, 124) << "the job hung until `timeout 90` ended it";
+  const bool reported =
+      contains(run.output,
+               "got a termination signal while waiting in all_reduce 'doomed' (axis world, the "
+               "MPI library's collective)") ||
+      (contains(run.output, "timed out after") && contains(run.output, "'doomed'"));
+  EXPECT_TRUE(reported) << "no surviving rank named the operation it was waiting in";
+}
+
+TEST(CommMpiKill, StuckRankMakesOthersTimeOutInAnMpiCollective) {
+  Outcome run = run_scenario("stuck_mpi");
+  EXPECT_NE(run.exit_code, 0);
+  EXPECT_NE(run.exit_code, 124) << "the job hung until `timeout 90` ended it";
+  EXPECT_TRUE(contains(
+      run.output, "rank 2: timed out after 2.0 s in all_reduce 'doomed' (axis world, 3 ranks"));
+  EXPECT_TRUE(contains(run.output, "waiting in the MPI library's collective with ranks 0, 1"));
+  EXPECT_TRUE(contains(run.output, "HINT: one of them died or is stuck"));
+}
+
 // Mid-pipeline: rank 1 (the middle stage) dies; a survivor names the recv it was in.
 TEST(CommMpiKill, DeadStageIsNamedByThePipelineRecv) {
   Outcome run = run_scenario("pipe_kill");

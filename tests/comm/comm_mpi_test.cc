@@ -1,6 +1,7 @@
 // The collectives and point-to-point sends over MPI, one process per rank:
 //   mpirun --oversubscribe --allow-run-as-root -np 4 comm_mpi_test         (checks; exit 0 = pass)
 //   mpirun ... -np 3 comm_mpi_test kill|stuck   (rank 1 dies or hangs; see comm_mpi_kill_test)
+//   mpirun ... -np 3 comm_mpi_test kill_mpi|stuck_mpi   (the same in the MPI library's collective)
 //   mpirun ... -np 3 comm_mpi_test pipe_kill|pipe_stuck   (the same in a pipeline's send/recv)
 #include <signal.h>
 #include <unistd.h>
@@ -11,6 +12,7 @@
 #include <vector>
 
 #include "comm/communicator.h"
+#include "comm/host_comm.h"
 #include "comm/mpi_comm.h"
 
 namespace tessera {
@@ -39,6 +41,41 @@ int g_rank = -1;
 
 float value(int rank, int64_t i) { return static_cast<float>((rank + 1) * (i % 13) - 7 * rank); }
 int64_t chunk_len(int64_t count, int n, int i) { return count / n + (i < count % n ? 1 : 0); }
+
+// bf16 and f16 values (small integers: exact in 16 bits) reduced as f32 and gathered as stored.
+void check_low_precision(Communicator& c) {
+  const int n = c.size(), r = c.rank();
+  const int64_t count = 1001;
+  for (DType dt : {DType::bf16, DType::f16}) {
+    auto to16 = [&](float f) { return dt == DType::bf16 ? f32_to_bf16(f) : f32_to_f16(f); };
+    auto to32 = [&](uint16_t h) { return dt == DType::bf16 ? bf16_to_f32(h) : f16_to_f32(h); };
+    std::vector<uint16_t> x(count);
+    for (int64_t i = 0; i < count; ++i) x[i] = to16(value(r, i));
+    EXPECT_OK(c.wait(c.all_reduce(x.data(), count, dt, "ar16")));
+    bool exact = true;
+    for (int64_t i = 0; i < count; ++i) {
+      float want = 0;
+      for (int q = 0; q < n; ++q) want += value(q, i);
+      exact = exact && to32(x[i]) == want;
+    }
+    EXPECT(exact);
+    std::vector<uint16_t> in(n * count), out(count), all(n * count);
+    for (int64_t i = 0; i < n * count; ++i) in[i] = to16(value(r, i));
+    EXPECT_OK(c.wait(c.reduce_scatter(in.data(), out.data(), count, dt, "rs16")));
+    for (int64_t i = 0; i < count; ++i) {
+      float want = 0;
+      for (int q = 0; q < n; ++q) want += value(q, r * count + i);
+      exact = exact && to32(out[i]) == want;
+    }
+    EXPECT(exact);
+    c.reset_stats();
+    EXPECT_OK(c.wait(c.all_gather(in.data(), all.data(), count, dt, "ag16")));
+    EXPECT(c.stats().bytes_sent == (n - 1) * count * 2);  // as stored
+    for (int q = 0; q < n; ++q)
+      for (int64_t i = 0; i < count; ++i) exact = exact && all[q * count + i] == to16(value(q, i));
+    EXPECT(exact);
+  }
+}
 
 void check_collectives(Communicator& c) {
   const int n = c.size(), r = c.rank();
@@ -97,6 +134,7 @@ void check_collectives(Communicator& c) {
       EXPECT(exact);
     }
   }
+  check_low_precision(c);
   auto sum = c.all_reduce_scalar(r + 0.5, false, "sum");
   EXPECT(sum.ok() && *sum == n * n / 2.0);
   EXPECT_OK(c.barrier("barrier"));
@@ -220,14 +258,22 @@ int main(int argc, char** argv) {
   install_termination_reporter();
   std::unique_ptr<Communicator> world = std::move(world_or).value();
   g_rank = world->rank();
-  const std::string scenario = argc > 1 ? argv[1] : "";
+  std::string scenario = argc > 1 ? argv[1] : "";
+  if (scenario.ends_with("_mpi")) {  // the same with the MPI library's collectives
+    set_collective_algo(*world, CollectiveAlgo::mpi);
+    scenario.resize(scenario.size() - 4);
+  }
   if (scenario == "kill" || scenario == "stuck") return run_failure(*world, scenario == "kill");
   if (scenario == "pipe_kill" || scenario == "pipe_stuck")
     return run_pipeline_failure(*world, scenario == "pipe_kill");
 
-  check_collectives(*world);
-  check_split(*world);
-  check_p2p(*world);
+  // Every check with the ring's collectives, then with the MPI library's.
+  for (CollectiveAlgo algo : {CollectiveAlgo::ring, CollectiveAlgo::mpi}) {
+    set_collective_algo(*world, algo);
+    check_collectives(*world);
+    check_split(*world);
+    check_p2p(*world);
+  }
   auto failed = world->all_reduce_scalar(g_failures, /*max=*/false, "failures");
   const bool pass = failed.ok() && *failed == 0;
   if (world->rank() == 0)

@@ -50,6 +50,51 @@ TEST(Comm, AllReduceMatchesNaiveSum) {
   }
 }
 
+// bf16/f16 reductions are f32 reductions rounded once (inputs 1 + k 2^-7, exact in bf16, whose
+// f32 sums are exact in any order), not sums rounded to bf16 after each hop (which differ for
+// some elements: checked, so the test can tell them apart); and operations that only move data
+// move the stored bytes (half the f32 bytes).
+TEST(Comm, LowPrecisionIsReducedInF32AndMovedAsStored) {
+  const int n = 4;
+  Comms comms = make_local_comms(n);
+  const int64_t count = 128;
+  auto input = [](int r, int64_t i) {
+    return 1.0f + static_cast<float>((i * 7 + r * 29) % 128) / 128;
+  };
+  std::vector<uint16_t> once(count);
+  int hop_rounding_differs = 0;
+  for (int64_t i = 0; i < count; ++i) {
+    float exact = 0, hops = 0;
+    for (int q = 0; q < n; ++q) {
+      exact += input(q, i);
+      hops = bf16_to_f32(f32_to_bf16(hops + input(q, i)));
+    }
+    once[i] = f32_to_bf16(exact);
+    hop_rounding_differs += bf16_to_f32(once[i]) != hops;
+  }
+  ASSERT_GT(hop_rounding_differs, 0);
+  run_ranks(n, [&](int r) {
+    Communicator& c = *comms[r];
+    std::vector<uint16_t> x(count);
+    for (int64_t i = 0; i < count; ++i) x[i] = f32_to_bf16(input(r, i));
+    ASSERT_TRUE(c.wait(c.all_reduce(x.data(), count, DType::bf16, "bf16")).ok());
+    EXPECT_EQ(x, once) << "rank " << r;
+    std::vector<uint16_t> in(n * count), out(count), all(n * count);
+    for (int64_t i = 0; i < n * count; ++i) in[i] = f32_to_f16(value(r, i));
+    ASSERT_TRUE(c.wait(c.reduce_scatter(in.data(), out.data(), count, DType::f16, "rs")).ok());
+    for (int64_t i = 0; i < count; ++i) {
+      float want = 0;
+      for (int q = 0; q < n; ++q) want += value(q, r * count + i);
+      EXPECT_EQ(f16_to_f32(out[i]), want);
+    }
+    c.reset_stats();
+    ASSERT_TRUE(c.wait(c.all_gather(in.data(), all.data(), count, DType::f16, "ag")).ok());
+    EXPECT_EQ(c.stats().bytes_sent, (n - 1) * count * 2);
+    for (int q = 0; q < n; ++q)
+      for (int64_t i = 0; i < count; ++i) EXPECT_EQ(all[q * count + i], f32_to_f16(value(q, i)));
+  });
+}
+
 TEST(Comm, AllReduceIsBitwiseIdenticalAndDeterministic) {
   for (int n = 2; n <= 4; ++n) {
     Comms comms = make_local_comms(n);
