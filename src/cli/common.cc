@@ -6,6 +6,7 @@
 #include "base/check.h"
 #if TESSERA_HAVE_CUDA
 #include "backend/cuda/cuda_backend.h"
+#include "comm/nccl_comm.h"
 #endif
 #include "cli/commands.h"
 #include "comm/mpi_comm.h"
@@ -69,7 +70,44 @@ int node_local_rank() {
   return 0;
 }
 
+// How many of the job's ranks run on this node, as the launcher tells it; 1 outside a job.
+int node_local_size() {
+  for (const char* name : {"OMPI_COMM_WORLD_LOCAL_SIZE", "MPI_LOCALNRANKS"})
+    if (const char* v = std::getenv(name)) return std::max(1, std::atoi(v));
+  return 1;
+}
+
 }  // namespace
+
+Result<std::unique_ptr<Communicator>> open_device_comms(Communicator& world, Backend* device) {
+  if (device == nullptr || device->memory() != MemSpace::device || world.size() < 2)
+    return std::unique_ptr<Communicator>();
+#if TESSERA_HAVE_CUDA
+  auto* gpu = dynamic_cast<CudaBackend*>(device);
+  TS_CHECK(gpu != nullptr) << "a device backend that is not CUDA";
+  // NCCL refuses two ranks on one GPU: every rank must have its own, on every node (decided
+  // together, so that all ranks take the same path).
+  const bool own_gpu = node_local_size() <= cuda_device_count();
+  TS_ASSIGN_OR_RETURN(double shared, world.all_reduce_scalar(own_gpu ? 0 : 1, true, "GPU count"));
+  if (shared > 0) {
+    if (world.rank() == 0)
+      std::fprintf(stderr,
+                   "note: more ranks than GPUs on a node: ranks share GPUs, so their collectives "
+                   "go through host memory over MPI (NCCL takes one rank per GPU)\n");
+    return std::unique_ptr<Communicator>();
+  }
+  TS_ASSIGN_OR_RETURN(std::unique_ptr<Communicator> nccl, nccl_world(world, gpu->stream()));
+  if (world.rank() == 0)
+    std::fprintf(stderr,
+                 "note: %d ranks on GPUs: the step's collectives run on the GPUs through NCCL; "
+                 "parameter syncs, checkpoints' gathers and pipeline messages still go through "
+                 "host memory over MPI\n",
+                 world.size());
+  return nccl;
+#else
+  return error("unreachable: a device backend in a build without CUDA");
+#endif
+}
 
 Result<std::unique_ptr<Backend>> open_device(const std::string& device) {
   TS_RETURN_IF_ERROR(check_device(device));

@@ -22,6 +22,12 @@ Result<std::unique_ptr<Communicator>> join_mpi_job(const std::string& collective
 // The help text of --collectives, shared by the commands that take it.
 extern const char* const kCollectivesHelp;
 
+// The device communicator of a job's ranks on `device` (TrainJob::device_world): NCCL when
+// every rank of every node has a GPU of its own; null — the collectives staged through host
+// memory over `world` — when ranks share GPUs, for host backends and for one rank. Collective
+// over `world`; rank 0 says which on stderr.
+Result<std::unique_ptr<Communicator>> open_device_comms(Communicator& world, Backend* device);
+
 // --device against this build and this machine: a name that is not a device, or cuda without
 // the CUDA backend or a device, is an error.
 Status check_device(const std::string& device);

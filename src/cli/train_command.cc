@@ -180,20 +180,22 @@ Status run_train(const TrainOptions& options) {
   const bool distributed = world && (world->size() > 1 || wants_ranks);
   const int ranks = world ? world->size() : 1;
   TS_ASSIGN_OR_RETURN(std::unique_ptr<Backend> device, open_device(o.device));
-  if (device && distributed && world->rank() == 0)
-    std::fprintf(stderr,
-                 "note: %d ranks on GPUs: their collectives and pipeline messages go through "
-                 "host memory over MPI (NCCL is not used yet), at the host transport's speed\n",
-                 ranks);
+  std::unique_ptr<Communicator> device_world;
+  if (distributed) {
+    TS_ASSIGN_OR_RETURN(device_world, open_device_comms(*world, device.get()));
+    if (device_world) device_world->set_timeout(o.comm_timeout);
+  }
   if (automatic) {
     TS_ASSIGN_OR_RETURN(Plan plan,
                         auto_plan(&o, cfg, distributed ? ranks : 1, !world || world->rank() == 0));
-    return train(o, TrainJob{cfg, std::move(plan), world.get(), default_data_dir(), device.get()});
+    return train(o, TrainJob{cfg, std::move(plan), world.get(), default_data_dir(), device.get(),
+                             device_world.get()});
   }
   std::string placed;
   TS_ASSIGN_OR_RETURN(Plan plan, train_plan(o, cfg, distributed ? ranks : 1, &placed));
   if (distributed && world->rank() == 0 && !placed.empty()) std::fputs(placed.c_str(), stderr);
-  return train(o, TrainJob{cfg, std::move(plan), world.get(), default_data_dir(), device.get()});
+  return train(o, TrainJob{cfg, std::move(plan), world.get(), default_data_dir(), device.get(),
+                           device_world.get()});
 }
 
 void add_train_command(CLI::App& app, TrainOptions& o) {
@@ -296,7 +298,8 @@ void add_train_command(CLI::App& app, TrainOptions& o) {
   cmd->add_option("--device", o.device,
                   "cpu; or cuda: the step on NVIDIA GPUs (sm_80 or newer) through the same step "
                   "runner, in device memory: GPU 0 in one process, or each rank of a job on its "
-                  "node-local rank's GPU (collectives staged through host memory over MPI)")
+                  "node-local rank's GPU (the step's collectives through NCCL when each rank has "
+                  "a GPU of its own, else staged through host memory over MPI)")
       ->capture_default_str();
   cmd->add_option("--comm-timeout", o.comm_timeout,
                   "Seconds a collective waits for a peer before the run fails")

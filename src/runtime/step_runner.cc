@@ -15,10 +15,14 @@ namespace tessera {
 
 // ---- MeshComms ---------------------------------------------------------------------------
 
-Result<MeshComms> MeshComms::create(Communicator& world, const Plan& plan) {
+Result<MeshComms> MeshComms::create(Communicator& world, const Plan& plan,
+                                    Communicator* device_world) {
   TS_RETURN_IF_ERROR(validate(plan, world.size()));
+  TS_CHECK(!device_world || device_world->size() == world.size())
+      << "a device world of " << device_world->size() << " ranks beside " << world.size();
   MeshComms mc;
   mc.world_ = &world;
+  mc.device_world_ = device_world;
   // Every group a Program may use: each axis, the data axes, the ZeRO axes, and the other
   // data axes (HSDP replicas). Split in a fixed order so every rank makes the same calls.
   std::vector<std::string> keys;
@@ -32,10 +36,12 @@ Result<MeshComms> MeshComms::create(Communicator& world, const Plan& plan) {
   for (const std::string& k : keys) {
     if (k.empty() || mc.groups_.count(k)) continue;
     std::vector<std::string> axes = axes_of_key(k);
-    TS_ASSIGN_OR_RETURN(
-        std::unique_ptr<Communicator> c,
-        world.split(plan.mesh.group_color(r, axes), plan.mesh.group_index(r, axes), k));
+    const int color = plan.mesh.group_color(r, axes), index = plan.mesh.group_index(r, axes);
+    TS_ASSIGN_OR_RETURN(std::unique_ptr<Communicator> c, world.split(color, index, k));
     mc.groups_[k] = std::move(c);
+    if (!device_world) continue;
+    TS_ASSIGN_OR_RETURN(std::unique_ptr<Communicator> d, device_world->split(color, index, k));
+    mc.device_groups_[k] = std::move(d);
   }
   return mc;
 }
@@ -48,26 +54,33 @@ Result<MeshComms> MeshComms::single(const Plan& plan) {
   return mc;
 }
 
-Communicator& MeshComms::group(const std::string& axes) const {
-  auto it = groups_.find(axes);
-  TS_CHECK(it != groups_.end()) << "no communicator for mesh axes '" << axes << "'";
+Communicator& MeshComms::group(const std::string& axes, MemSpace memory) const {
+  const auto& groups = memory == MemSpace::device && device_world_ ? device_groups_ : groups_;
+  auto it = groups.find(axes);
+  TS_CHECK(it != groups.end()) << "no communicator for mesh axes '" << axes << "'";
   return *it->second;
 }
 
+std::vector<Communicator*> MeshComms::all() const {
+  std::vector<Communicator*> out{world_};
+  if (device_world_) out.push_back(device_world_);
+  for (const auto& [k, c] : groups_) out.push_back(c.get());
+  for (const auto& [k, c] : device_groups_) out.push_back(c.get());
+  return out;
+}
+
 int64_t MeshComms::bytes_sent() const {
-  int64_t b = world_->stats().bytes_sent;
-  for (const auto& [k, c] : groups_) b += c->stats().bytes_sent;
+  int64_t b = 0;
+  for (Communicator* c : all()) b += c->stats().bytes_sent;
   return b;
 }
 
 void MeshComms::reset_stats() {
-  world_->reset_stats();
-  for (auto& [k, c] : groups_) c->reset_stats();
+  for (Communicator* c : all()) c->reset_stats();
 }
 
 void MeshComms::set_timeout(double seconds) {
-  world_->set_timeout(seconds);
-  for (auto& [k, c] : groups_) c->set_timeout(seconds);
+  for (Communicator* c : all()) c->set_timeout(seconds);
 }
 
 // ---- StepRunner ---------------------------------------------------------------------
@@ -346,9 +359,9 @@ void write_from_f32(Backend& b, const float* src, void* dst, DType dt, int64_t n
 
 Status StepRunner::start(const Node& n, Executor& ex) {
   const GroupAttrs& group = n.attr<GroupAttrs>();
-  Communicator& c = comms_.group(group.axes);
   const Graph& g = ex.graph();
   Backend& b = ex.backend();
+  Communicator& c = comms_.group(group.axes, b.memory());
   const std::string what = std::string(op_name(n.op)) + " " + n.scope;
   const DType dt = g.type(n.inputs[0]).dtype;
   const int64_t in_count = g.type(n.inputs[0]).shape.numel();
@@ -395,7 +408,7 @@ Status StepRunner::start(const Node& n, Executor& ex) {
       return error("not a collective: " + std::string(op_name(n.op)));
   }
   const NodeId id = g.value(n.outputs[0]).producer;
-  inflight_[id] = std::move(r);
+  inflight_[id] = {&c, std::move(r)};
   if (!direct) staged_[id] = std::move(staged);
   return Status();
 }
@@ -443,7 +456,7 @@ Status StepRunner::run_instructions(const std::vector<Instruction>& list, Execut
       case Instruction::wait: {
         auto it = inflight_.find(in.node);
         TS_CHECK(it != inflight_.end()) << "wait without start for node " << in.node;
-        Status s = comms_.group(g.node(in.node).attr<GroupAttrs>().axes).wait(it->second);
+        Status s = it->second.first->wait(it->second.second);
         inflight_.erase(it);
         TS_RETURN_IF_ERROR(s);
         if (auto st = staged_.find(in.node); st != staged_.end()) {  // the f32 result, home

@@ -35,24 +35,34 @@ namespace tessera {
 struct ChunkProgram;  // parallel/pipeline_program.h
 
 // The communicators of a plan's rank groups, keyed by the comma-joined axes of the group
-// ("dp", "dp_rep,dp_shard"), split from the world communicator.
+// ("dp", "dp_rep,dp_shard"), split from the world communicator (host memory) and, where given,
+// from a device world too (NCCL: comm/nccl_comm.h), whose groups take the collectives of values
+// in device memory without a host copy.
 class MeshComms {
  public:
-  static Result<MeshComms> create(Communicator& world, const Plan& plan);
+  static Result<MeshComms> create(Communicator& world, const Plan& plan,
+                                  Communicator* device_world = nullptr);
   // One process: a world of one rank (owned), for a plan whose mesh has one rank.
   static Result<MeshComms> single(const Plan& plan);
   Communicator& world() const { return *world_; }
-  // The group spanned by `axes` (a comma-joined list) that this rank belongs to.
-  Communicator& group(const std::string& axes) const;
+  // The group spanned by `axes` (a comma-joined list) that this rank belongs to, for buffers in
+  // `memory`: the device world's group when there is one and memory is a device's, else the
+  // host's (device values are then staged through the host).
+  Communicator& group(const std::string& axes, MemSpace memory = MemSpace::host) const;
   // Bytes sent by this rank over all groups (and the world) since the last reset.
   int64_t bytes_sent() const;
   void reset_stats();
   void set_timeout(double seconds);
 
  private:
+  // All of this rank's communicators: the worlds and every group.
+  std::vector<Communicator*> all() const;
+
   Communicator* world_ = nullptr;
+  Communicator* device_world_ = nullptr;
   std::shared_ptr<Communicator> own_world_;  // single(): the one-rank world
   std::map<std::string, std::shared_ptr<Communicator>> groups_;
+  std::map<std::string, std::shared_ptr<Communicator>> device_groups_;
 };
 
 // What this rank holds of one parameter tensor: elements [offset, offset + count) of its
@@ -219,7 +229,8 @@ class StepRunner {
   // Mixed precision (bf16/f16 parameters): the f32 master weights of parameter i (empty for
   // f32 parameters, which the optimizer updates in place).
   std::vector<Buffer> masters_;
-  std::map<NodeId, Request> inflight_;
+  // Collectives in flight: the communicator each was issued on, and its request.
+  std::map<NodeId, std::pair<Communicator*, Request>> inflight_;
   // Collectives of bf16/f16 values in flight: their f32 staging and where the result goes.
   struct Staged {
     std::vector<float> in, out;

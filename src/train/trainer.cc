@@ -296,7 +296,7 @@ Status train(const TrainOptions& o, const TrainJob& job) {
   Backend& backend = job.backend != nullptr ? *job.backend : cpu;
   std::optional<MeshComms> comms;
   if (world) {
-    TS_ASSIGN_OR_RETURN(comms, MeshComms::create(*world, plan));
+    TS_ASSIGN_OR_RETURN(comms, MeshComms::create(*world, plan, job.device_world));
     comms->set_timeout(o.comm_timeout);
   } else {
     TS_ASSIGN_OR_RETURN(comms, MeshComms::single(plan));

@@ -23,6 +23,9 @@ struct TrainJob {
   Communicator* world = nullptr;  // this process's MPI world; null: one process
   std::string shipped_data_dir;   // the tokenizer and the corpus used without --data
   Backend* backend = nullptr;     // where the step runs; null: the CPU backend
+  // The ranks' device communicator (NCCL), split like `world`, for the collectives of values in
+  // the backend's device memory; null: they are staged through host memory over `world`.
+  Communicator* device_world = nullptr;
 };
 
 // --out against --resume: a checkpoint to continue from when resuming, none otherwise.
