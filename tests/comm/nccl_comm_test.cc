@@ -2,13 +2,14 @@
 // one rank's every operation, ordered after the compute stream's work and before its later
 // work by events; a device world beside a host world in MeshComms. NCCL refuses two ranks on
 // one GPU, so the ranks-on-several-GPUs checks are nccl_multi_gpu_test's.
+#include "comm/nccl_comm.h"
+
 #include <gtest/gtest.h>
 
 #include <vector>
 
 #include "backend/cuda/cuda_backend.h"
 #include "comm/local_comm.h"
-#include "comm/nccl_comm.h"
 
 namespace tessera {
 namespace {

@@ -14,6 +14,7 @@
 
 #include "backend/cpu/cpu_backend.h"
 #include "base/check.h"
+#include "comm/communicator.h"
 
 namespace tessera {
 
@@ -68,6 +69,9 @@ class OpaqueBackend final : public Backend {
     cpu_.convert(real(src), from, real(dst), to, n);
   }
 
+  // The host storage behind `bytes` bytes at address p (a test's device communicator's view).
+  void* storage(const void* p, int64_t bytes) const { return real(const_cast<void*>(p), bytes); }
+
  private:
   struct Block {
     std::unique_ptr<uint8_t[]> data;
@@ -89,6 +93,70 @@ class OpaqueBackend final : public Backend {
   CpuBackend cpu_;
   std::map<uintptr_t, Block> blocks_;
   uintptr_t next_ = uintptr_t{1} << 62;
+};
+
+// A device communicator for OpaqueBackend's memory, as NCCL is for a GPU's: memory() is
+// device, so the step runner hands it the values in place, in their dtype, with no host
+// staging; it passes the host storage behind them to a host communicator (the rank's own, of a
+// world separate from its host world). Ranks as threads, for CPU tests of the device path.
+class OpaqueCommunicator final : public Communicator {
+ public:
+  OpaqueCommunicator(std::unique_ptr<Communicator> host, const OpaqueBackend& memory)
+      : host_(std::move(host)), mem_(memory) {}
+
+  int rank() const override { return host_->rank(); }
+  int size() const override { return host_->size(); }
+  const std::string& name() const override { return host_->name(); }
+  int world_rank(int r) const override { return host_->world_rank(r); }
+  MemSpace memory() const override { return MemSpace::device; }
+  const char* kind() const override { return "opaque"; }
+  Result<std::unique_ptr<Communicator>> split(int color, int key, std::string name) override {
+    TS_ASSIGN_OR_RETURN(std::unique_ptr<Communicator> c, host_->split(color, key, name));
+    if (!c) return std::unique_ptr<Communicator>();
+    return std::unique_ptr<Communicator>(new OpaqueCommunicator(std::move(c), mem_));
+  }
+  Status wait(const Request& r) override { return host_->wait(r); }
+  bool test(const Request& r) const override { return host_->test(r); }
+  Status barrier(std::string what) override { return host_->barrier(std::move(what)); }
+  Result<double> all_reduce_scalar(double x, bool max, std::string what) override {
+    return host_->all_reduce_scalar(x, max, std::move(what));
+  }
+  CommStats stats() const override { return host_->stats(); }
+  void reset_stats() override { host_->reset_stats(); }
+  void set_timeout(double seconds) override { host_->set_timeout(seconds); }
+  double timeout() const override { return host_->timeout(); }
+
+ protected:
+  Request do_all_reduce(void* data, int64_t count, DType dt, std::string what) override {
+    return host_->all_reduce(view(data, count, dt), count, dt, std::move(what));
+  }
+  Request do_reduce_scatter(const void* in, void* out, int64_t count, DType dt,
+                            std::string what) override {
+    return host_->reduce_scatter(view(in, count * size(), dt), view(out, count, dt), count, dt,
+                                 std::move(what));
+  }
+  Request do_all_gather(const void* in, void* out, int64_t count, DType dt,
+                        std::string what) override {
+    return host_->all_gather(view(in, count, dt), view(out, count * size(), dt), count, dt,
+                             std::move(what));
+  }
+  Request do_broadcast(void* data, int64_t count, DType dt, int root, std::string what) override {
+    return host_->broadcast(view(data, count, dt), count, dt, root, std::move(what));
+  }
+  Request do_p2p(bool receiving, void* data, int64_t count, DType dt, int peer, int tag,
+                 std::string what) override {
+    void* v = view(data, count, dt);
+    return receiving ? host_->recv(v, count, dt, peer, tag, std::move(what))
+                     : host_->send(v, count, dt, peer, tag, std::move(what));
+  }
+
+ private:
+  void* view(const void* p, int64_t count, DType dt) const {
+    return count == 0 ? nullptr : mem_.storage(p, count * dtype_size(dt));
+  }
+
+  std::unique_ptr<Communicator> host_;
+  const OpaqueBackend& mem_;
 };
 
 }  // namespace tessera

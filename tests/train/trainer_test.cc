@@ -25,7 +25,8 @@ class TrainerTest : public TrainDirTest {
   std::vector<std::string> run(const std::string& out, Backend* backend, int64_t steps,
                                int64_t stop_after, bool resume, const std::string& precision,
                                const Plan& plan = Plan::data_parallel(1),
-                               Communicator* world = nullptr) {
+                               Communicator* world = nullptr,
+                               Communicator* device_world = nullptr) {
     TrainOptions o = tiny_options(out);
     o.steps = steps;
     o.warmup = 2;
@@ -40,24 +41,31 @@ class TrainerTest : public TrainDirTest {
     o.peak_flops = 1e12;  // no GEMM timing at the start
     ModelConfig cfg = *find_preset("gpt-tiny");
     if (precision == "bf16") cfg.dtype = DType::bf16;  // as `train --precision` sets it
-    TrainJob job{cfg, plan, world, std::string(TESSERA_SOURCE_DIR) + "/data", backend};
+    TrainJob job{cfg,     plan,        world, std::string(TESSERA_SOURCE_DIR) + "/data",
+                 backend, device_world};
     Status s = train(o, job);
     EXPECT_TRUE(s.ok()) << s.to_string();
     return metric_losses(std::filesystem::path(o.out) / "metrics.jsonl");
   }
 
   // The same on two ranks (threads over in-process communicators), each on its own backend
-  // (`opaque`: an OpaqueBackend, else the CPU's); rank 0's metrics.
+  // (`opaque`: an OpaqueBackend, else the CPU's; `device_comms`: with a device world of
+  // OpaqueCommunicators, as NCCL is for GPUs); rank 0's metrics.
   std::vector<std::string> run_ranks(const std::string& out, bool opaque, const Plan& plan,
-                                     int64_t stop_after, bool resume) {
+                                     int64_t stop_after, bool resume, bool device_comms = false,
+                                     const std::string& precision = "fp32") {
     std::vector<std::unique_ptr<Communicator>> comms = make_local_comms(2);
+    std::vector<std::unique_ptr<Communicator>> device_hosts = make_local_comms(2);
     std::vector<std::string> losses;
     std::vector<std::thread> ranks;
     for (int r = 0; r < 2; ++r)
       ranks.emplace_back([&, r] {
         OpaqueBackend device;
-        std::vector<std::string> got = run(out, opaque ? &device : nullptr, 6, stop_after, resume,
-                                           "fp32", plan, comms[static_cast<size_t>(r)].get());
+        const size_t i = static_cast<size_t>(r);
+        OpaqueCommunicator device_world(std::move(device_hosts[i]), device);
+        std::vector<std::string> got =
+            run(out, opaque ? &device : nullptr, 6, stop_after, resume, precision, plan,
+                comms[i].get(), device_comms ? &device_world : nullptr);
         if (r == 0) losses = got;
       });
     for (std::thread& t : ranks) t.join();
@@ -96,6 +104,28 @@ TEST_F(TrainerTest, RanksTrainCheckpointAndResumeOnMemoryTheHostCannotAddress) {
     EXPECT_EQ(run_ranks("opaque_ranks" + tag, true, plan, 0, false), cpu);
     run_ranks("resumed_ranks" + tag, true, plan, 3, false);
     EXPECT_EQ(run_ranks("resumed_ranks" + tag, true, plan, 0, true), cpu);
+  }
+}
+
+// The same with a device communicator (OpaqueCommunicator, as NCCL on GPUs): the step's
+// collectives take the values where they lie, in their dtype (no host staging); data
+// parallelism with ZeRO-1 and ZeRO-3, tensor parallelism, and bf16 under ZeRO-1, through a
+// resume, with the CPU ranks' losses bit for bit.
+TEST_F(TrainerTest, RanksWithADeviceCommunicatorFollowTheCpuRanks) {
+  const std::vector<std::pair<Plan, std::string>> cases = {{Plan::data_parallel(2, 1), "fp32"},
+                                                           {Plan::data_parallel(2, 3), "fp32"},
+                                                           {Plan::tensor_parallel(1, 2), "fp32"},
+                                                           {Plan::data_parallel(2, 1), "bf16"}};
+  for (const auto& [plan, precision] : cases) {
+    SCOPED_TRACE(plan.describe() + " " + precision);
+    const std::string tag =
+        std::to_string(plan.tensor_group()) + "z" + std::to_string(plan.zero) + precision;
+    const std::vector<std::string> cpu =
+        run_ranks("cpu_ranks" + tag, false, plan, 0, false, false, precision);
+    ASSERT_EQ(cpu.size(), 6u);
+    EXPECT_EQ(run_ranks("device_ranks" + tag, true, plan, 0, false, true, precision), cpu);
+    run_ranks("device_resumed" + tag, true, plan, 3, false, true, precision);
+    EXPECT_EQ(run_ranks("device_resumed" + tag, true, plan, 0, true, true, precision), cpu);
   }
 }
 
