@@ -5,6 +5,7 @@
 #include <cstring>
 
 #include "base/check.h"
+#include "base/format.h"
 
 namespace tessera {
 
@@ -69,6 +70,48 @@ PipelineRunner::PipelineRunner(const Graph& model, const PipelineProgram& progra
     : model_(model), pp_(program), comms_(comms) {}
 
 PipelineRunner::~PipelineRunner() = default;
+
+Result<std::unique_ptr<PipelineRunner>> PipelineRunner::create(
+    const Graph& model, std::unique_ptr<PipelineProgram> program, Backend& backend,
+    MeshComms& comms, AdamWConfig opt) {
+  TS_ASSIGN_OR_RETURN(std::unique_ptr<PipelineRunner> r,
+                      create(model, *program, backend, comms, opt));
+  r->owned_ = std::move(program);  // pp_ refers to it: the pointee stays put
+  return r;
+}
+
+std::vector<StepDriver::HeldParam> PipelineRunner::held_params() const {
+  std::vector<HeldParam> out;
+  for (int v = 0; v < local_chunks(); ++v) {
+    StepRunner& r = *chunks_[static_cast<size_t>(v)];
+    for (size_t i = 0; i < r.program().part.params.size(); ++i) {
+      const bool copy = !writes_tied_copy(v, i);
+      out.push_back({&r, i, !copy && r.writes_param(i), !copy && r.writes_optim(i)});
+    }
+  }
+  return out;
+}
+
+std::string PipelineRunner::describe_memory() const {
+  auto b = [](int64_t n) { return format_bytes(static_cast<double>(n)); };
+  const Plan& p = pp_.plan;
+  std::string s = "plan " + p.describe() + " on " + std::to_string(p.mesh.size()) + " ranks\n";
+  for (int st = 0; st < pp_.schedule.stages; ++st) {
+    const size_t u = static_cast<size_t>(st);
+    std::string blocks;
+    for (int k = st; k < pp_.schedule.chunks(); k += pp_.schedule.stages) {
+      const ChunkProgram& c = pp_.chunks[static_cast<size_t>(k)];
+      blocks += (blocks.empty() ? "" : ", ") + std::to_string(c.first_block) + "-" +
+                std::to_string(c.first_block + c.blocks - 1);
+    }
+    s += "  stage " + std::to_string(st) + " (blocks " + blocks + "): per rank arena " +
+         b(pp_.stage_arena_bytes[u]) + " (stash " + b(pp_.stage_stash_bytes[u]) + " for " +
+         std::to_string(pp_.in_flight[u]) + " micro-batches in flight), send buffers " +
+         b(pp_.stage_p2p_bytes[u]) + ", parameters, gradients and optimizer " +
+         b(pp_.stage_persistent_bytes[u]) + "\n";
+  }
+  return s;
+}
 
 Result<std::unique_ptr<PipelineRunner>> PipelineRunner::create(const Graph& model,
                                                                const PipelineProgram& program,

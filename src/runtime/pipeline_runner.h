@@ -27,11 +27,14 @@
 #include <vector>
 
 #include "parallel/pipeline_program.h"
+#include "runtime/step_driver.h"
 #include "runtime/step_runner.h"
 
 namespace tessera {
 
-class PipelineRunner {
+// A pipeline stage's StepDriver (runtime/step_driver.h; make_step_driver makes one for a plan
+// with stages).
+class PipelineRunner final : public StepDriver {
  public:
   // `model` (the single-device training graph) and `program` (lower_pipeline's, for this plan)
   // must outlive the runner.
@@ -39,35 +42,43 @@ class PipelineRunner {
                                                         const PipelineProgram& program,
                                                         Backend& backend, MeshComms& comms,
                                                         AdamWConfig opt);
+  // The same, owning the program.
+  static Result<std::unique_ptr<PipelineRunner>> create(const Graph& model,
+                                                        std::unique_ptr<PipelineProgram> program,
+                                                        Backend& backend, MeshComms& comms,
+                                                        AdamWConfig opt);
   PipelineRunner(const PipelineRunner&) = delete;
-  ~PipelineRunner();
+  ~PipelineRunner() override;
 
   const PipelineProgram& program() const { return pp_; }
-  int stage() const { return stage_; }
+  const Plan& plan() const override { return pp_.plan; }
+  MeshComms& comms() const override { return comms_; }
+  int64_t micro_batches_per_call() const override { return pp_.plan.micro_batches; }
+  int stage() const override { return stage_; }
   // This stage's model chunks, by virtual stage: model chunk v * stages + stage.
   int local_chunks() const { return static_cast<int>(chunks_.size()); }
   StepRunner& chunk(int v) { return *chunks_[static_cast<size_t>(v)]; }
   int model_chunk(int v) const { return v * pp_.schedule.stages + stage_; }
 
-  void init_params(uint64_t seed);
+  void init_params(uint64_t seed) override;
   // The forward and backward passes of one step over plan.micro_batches micro-batches.
   // `feed`: this rank's rows of every micro-batch of each model input, one micro-batch after
   // the other. Returns the mean loss over the micro-batches, the same on every rank.
-  Result<float> forward_backward(const Feed& feed);
+  Result<float> forward_backward(const Feed& feed) override;
   // Clips to `clip` (<= 0: none) by the norm over every stage and steps AdamW. Returns the
   // pre-clip norm, the same on every rank. fp16: the stages share one dynamic loss scale
   // (StepRunner::loss_scale); gradients that overflow on any stage skip the step on all.
-  Result<double> apply(double lr, double clip);
-  double loss_scale() const { return chunks_[0]->loss_scale(); }
-  int64_t loss_scale_good_steps() const { return chunks_[0]->loss_scale_good_steps(); }
-  bool step_skipped() const { return chunks_[0]->step_skipped(); }
-  void set_loss_scale(double scale, int64_t good_steps) {
+  Result<double> apply(double lr, double clip) override;
+  double loss_scale() const override { return chunks_[0]->loss_scale(); }
+  int64_t loss_scale_good_steps() const override { return chunks_[0]->loss_scale_good_steps(); }
+  bool step_skipped() const override { return chunks_[0]->step_skipped(); }
+  void set_loss_scale(double scale, int64_t good_steps) override {
     for (auto& c : chunks_) c->set_loss_scale(scale, good_steps);
   }
 
   // The loss of one batch (`feed`: this rank's rows of one micro-batch), the forward phases
   // only, passed down the stages; the same on every rank. Collective. Between steps.
-  Result<float> evaluate(const Feed& feed);
+  Result<float> evaluate(const Feed& feed) override;
   // Whether this rank's chunk v writes parameter i into a checkpoint as far as the pipeline is
   // concerned: a tied parameter is written by its first holder only (StepRunner::writes_param
   // picks among the stage's data and tensor ranks).
@@ -75,13 +86,21 @@ class PipelineRunner {
   // The whole parameters, in the model graph's order, on world rank 0 (every stage's ranks
   // gather their chunks' pieces; the stages send them to stage 0). Other ranks get them
   // partly or not at all. Collective. Between steps.
-  Status gather_params(std::vector<std::vector<float>>* whole);
+  Status gather_params(std::vector<std::vector<float>>* whole) override;
+  // Each chunk's parameters; a tied copy is written by its first holder only.
+  std::vector<HeldParam> held_params() const override;
 
   // Memory measurement, off the hot path: paint_arena() before a forward_backward, then
   // measured_arena_bytes() is the arena's high-water mark since plus the stash slots this stage
   // holds, against the plan's stage_arena_bytes.
-  void paint_arena() { arena_.paint(); }
-  int64_t measured_arena_bytes() const;
+  void paint_arena() override { arena_.paint(); }
+  int64_t measured_arena_bytes() const override;
+  int64_t planned_arena_bytes() const override {
+    return pp_.stage_arena_bytes[static_cast<size_t>(stage_)];
+  }
+  // The plan and, per stage, its blocks, arena (with the stash), send buffers and persistent
+  // bytes.
+  std::string describe_memory() const override;
   // Bytes of activations and gradients held for in-flight sends at most, against the plan's
   // send buffers (PipelineProgram::stage_p2p_bytes, allocated once).
   int64_t p2p_buffer_bytes() const { return p2p_high_water_; }
@@ -105,6 +124,7 @@ class PipelineRunner {
   void load_stash(int v, int ph, Executor& ex, int slot, int wslot);
   int take_slot(std::vector<int>& free);
 
+  std::unique_ptr<PipelineProgram> owned_;  // create()'s with ownership; else null
   const Graph& model_;
   const PipelineProgram& pp_;
   MeshComms& comms_;

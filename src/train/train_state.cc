@@ -34,88 +34,18 @@ Result<std::unique_ptr<TrainState>> TrainState::create(const ModelConfig& cfg,
                                                        MeshComms& comms, const Plan& plan) {
   std::unique_ptr<TrainState> st(new TrainState(cfg, opts, backend));
   st->rank = comms.world().rank();
-  if (plan.stages() > 1) {
-    TS_ASSIGN_OR_RETURN(PipelineProgram pp, lower_pipeline(st->model.graph, plan));
-    st->pipeline = std::make_unique<PipelineProgram>(std::move(pp));
-    TS_ASSIGN_OR_RETURN(st->pipe, PipelineRunner::create(st->model.graph, *st->pipeline, backend,
-                                                         comms, adamw_config(opts)));
-    return st;
-  }
-  TS_ASSIGN_OR_RETURN(
-      st->runner, StepRunner::create(st->model.graph, plan, backend, comms, adamw_config(opts)));
-  TS_RETURN_IF_ERROR(st->runner->add_evaluation(st->eval_model.graph));
+  TS_ASSIGN_OR_RETURN(st->step, make_step_driver(st->model.graph, st->eval_model.graph, plan,
+                                                 backend, comms, adamw_config(opts)));
   return st;
 }
 
-std::vector<TrainState::HeldParam> TrainState::held_params() const {
-  std::vector<HeldParam> out;
-  auto add = [&](StepRunner& r, int v) {
-    for (size_t i = 0; i < r.program().part.params.size(); ++i) {
-      const bool copy = pipelined() && !pipe->writes_tied_copy(v, i);
-      out.push_back({&r, i, !copy && r.writes_param(i), !copy && r.writes_optim(i)});
-    }
-  };
-  if (pipelined()) {
-    for (int v = 0; v < pipe->local_chunks(); ++v) add(pipe->chunk(v), v);
-  } else {
-    add(*runner, 0);
-  }
-  return out;
-}
-
-int64_t TrainState::measured_arena_bytes() const {
-  return pipelined() ? pipe->measured_arena_bytes() : runner->executor().measured_high_water();
-}
-
-int64_t TrainState::planned_arena_bytes() const {
-  return pipelined() ? pipeline->stage_arena_bytes[static_cast<size_t>(pipe->stage())]
-                     : runner->executor().plan().arena_bytes;
-}
-
 std::string TrainState::describe_memory() const {
-  auto b = [](int64_t n) { return format_bytes(static_cast<double>(n)); };
+  if (distributed()) return step->describe_memory();
   const Graph& g = model.graph;
-  const Plan& p = plan();
-  if (pipelined()) {
-    const PipelineProgram& pp = *pipeline;
-    std::string s = "plan " + p.describe() + " on " + std::to_string(p.mesh.size()) + " ranks\n";
-    for (int st = 0; st < pp.schedule.stages; ++st) {
-      const size_t u = static_cast<size_t>(st);
-      std::string blocks;
-      for (int k = st; k < pp.schedule.chunks(); k += pp.schedule.stages) {
-        const ChunkProgram& c = pp.chunks[static_cast<size_t>(k)];
-        blocks += (blocks.empty() ? "" : ", ") + std::to_string(c.first_block) + "-" +
-                  std::to_string(c.first_block + c.blocks - 1);
-      }
-      s += "  stage " + std::to_string(st) + " (blocks " + blocks + "): per rank arena " +
-           b(pp.stage_arena_bytes[u]) + " (stash " + b(pp.stage_stash_bytes[u]) + " for " +
-           std::to_string(pp.in_flight[u]) + " micro-batches in flight), send buffers " +
-           b(pp.stage_p2p_bytes[u]) + ", parameters, gradients and optimizer " +
-           b(pp.stage_persistent_bytes[u]) + "\n";
-    }
-    return s;
-  }
-  const Program& prog = runner->program();
-  // One micro-batch per step: the optimizer reads the gradients in the arena.
-  const std::string grads = p.micro_batches > 1 ? b(prog.grad_bytes) : std::string("in the arena");
-  // Evaluation runs under the same plan on the same parameters, in an arena of its own.
-  const std::string eval_arena = b(runner->eval_executor()->plan().arena_bytes);
-  if (distributed())
-    return "plan " + p.describe() + " on " + std::to_string(p.mesh.size()) +
-           " ranks: per rank arena " + b(prog.memory.arena_bytes) + ", parameters " +
-           b(prog.param_bytes) + ", gradients " + grads + ", optimizer " + b(prog.optim_bytes) +
-           ", evaluation arena " + eval_arena + "; " + format_bytes(prog.comm_bytes_per_step) +
-           " sent per step\n";
-  const Graph& local = prog.local();  // as executed (with recomputation)
-  return "model " + cfg.name + ": " + format_count(local.param_count()) + " parameters, " +
+  return "model " + cfg.name + ": " + format_count(g.param_count()) + " parameters, " +
          format_si(g.total_flops() /
                    static_cast<double>(opts.batch * tokens_per_example(cfg, opts.seq))) +
-         " FLOPs/token (train)\nplanned memory: arena " + b(runner->executor().plan().arena_bytes) +
-         " (activations, gradients), parameters " + b(prog.param_bytes) + ", gradients " + grads +
-         ", optimizer " + b(prog.optim_bytes) +
-         (cfg.dtype == DType::f32 ? " (AdamW's two moments)"
-                                  : " (AdamW's two moments and the f32 master weights)") +
-         ", evaluation arena " + eval_arena + "\n" + unaligned_vocabulary_note();
+         " FLOPs/token (train)\n" + step->describe_memory() + unaligned_vocabulary_note();
 }
 
 // On a device in bf16/f16, a table whose rows are not a multiple of 8 puts the LM head's GEMMs
@@ -133,7 +63,7 @@ std::string TrainState::unaligned_vocabulary_note() const {
 }
 
 nlohmann::json TrainState::manifest(int64_t completed, const BatchStream& train) const {
-  const AdamW& opt = pipelined() ? pipe->chunk(0).optimizer() : runner->optimizer();
+  const AdamW& opt = held_params().front().runner->optimizer();
   const AdamWConfig& ac = opt.config();
   nlohmann::json m = {{"step", completed},
                       {"model", model_config_to_json(cfg)},
@@ -183,18 +113,20 @@ Status TrainState::save(const std::string& root, int64_t completed,
                         const BatchStream& train) const {
   // A distributed run writes each rank's pieces; one process writes plain safetensors files.
   if (distributed()) return save_sharded(root, completed, manifest(completed, train));
-  const Graph& g = model.graph;
-  AdamW& opt = runner->optimizer();
   NamedTensorRefs params, moments;
   HostStaging host(backend);  // device state: host copies, alive until the files are written
-  for (size_t i = 0; i < g.params().size(); ++i) {
-    ValueId p = g.params()[i];
-    const std::string& name = g.name_of(p);
-    std::vector<int64_t> shape = g.type(p).shape.dims();
-    const int64_t n = g.type(p).shape.numel();
-    params.push_back({name, TensorRef{DType::f32, shape, host.read(runner->param_storage(i), n)}});
-    moments.push_back({"adam.m." + name, TensorRef{DType::f32, shape, host.read(opt.m(i), n)}});
-    moments.push_back({"adam.v." + name, TensorRef{DType::f32, shape, host.read(opt.v(i), n)}});
+  for (const HeldParam& h : held_params()) {  // one rank holds every parameter whole
+    StepRunner& r = *h.runner;
+    const ParamLayout& pl = r.program().part.params[h.index];
+    const std::vector<int64_t> shape = pl.global_shape.dims();
+    const int64_t n = pl.global_shape.numel();
+    const AdamW& opt = r.optimizer();
+    params.push_back(
+        {pl.name, TensorRef{DType::f32, shape, host.read(r.param_storage(h.index), n)}});
+    moments.push_back(
+        {"adam.m." + pl.name, TensorRef{DType::f32, shape, host.read(opt.m(h.index), n)}});
+    moments.push_back(
+        {"adam.v." + pl.name, TensorRef{DType::f32, shape, host.read(opt.v(h.index), n)}});
   }
   CheckpointWriter w(root, checkpoint_name(completed));
   TS_RETURN_IF_ERROR(w.add_tensors("model.safetensors", params));

@@ -10,8 +10,7 @@
 #include "data/bpe_tokenizer.h"
 #include "io/sharded_checkpoint.h"
 #include "models/model.h"
-#include "runtime/pipeline_runner.h"
-#include "runtime/step_runner.h"
+#include "runtime/step_driver.h"
 #include "train/train_options.h"
 
 namespace tessera {
@@ -32,70 +31,39 @@ class TrainState {
   TrainOptions opts;
   Backend& backend;
   ModelGraph model;  // training graph (global batch)
-  // This rank's parameters, gradients and optimizer: one StepRunner, or with pipeline stages
-  // the PipelineRunner of this rank's stage (its Program lowered here, for every stage).
-  std::unique_ptr<StepRunner> runner;
-  std::unique_ptr<PipelineProgram> pipeline;
-  std::unique_ptr<PipelineRunner> pipe;
+  // This rank's parameters, gradients and optimizer, and its step under the plan, whatever
+  // the plan (runtime/step_driver.h).
+  std::unique_ptr<StepDriver> step;
   int rank = 0;
-  bool pipelined() const { return pipe != nullptr; }
-  MeshComms& comms() const { return pipelined() ? pipe->chunk(0).comms() : runner->comms(); }
+  MeshComms& comms() const { return step->comms(); }
   bool distributed() const { return comms().world().size() > 1; }
   bool is_leader() const { return rank == 0; }  // prints, writes metrics
-  const Plan& plan() const { return pipelined() ? pipeline->plan : runner->program().plan; }
-  // Micro-batches one forward_backward call takes: all of the step's with pipeline stages (the
-  // schedule interleaves them), else one.
-  int64_t micro_batches_per_call() const { return pipelined() ? plan().micro_batches : 1; }
+  const Plan& plan() const { return step->plan(); }
+  int64_t micro_batches_per_call() const { return step->micro_batches_per_call(); }
 
   // `feed`: this rank's rows of micro_batches_per_call() micro-batches, one after the other.
   // Returns their mean loss (global, the same on every rank).
-  Result<float> forward_backward(const Feed& feed) {
-    return pipelined() ? pipe->forward_backward(feed) : runner->forward_backward(feed);
-  }
-  Result<double> apply(double lr, double clip) {
-    return pipelined() ? pipe->apply(lr, clip) : runner->apply(lr, clip);
-  }
+  Result<float> forward_backward(const Feed& feed) { return step->forward_backward(feed); }
+  Result<double> apply(double lr, double clip) { return step->apply(lr, clip); }
   // fp16 runs (StepRunner's loss scaling): the scale, and whether the last apply() skipped
   // its update because the gradients overflowed. 0 and false otherwise.
-  double loss_scale() const { return pipelined() ? pipe->loss_scale() : runner->loss_scale(); }
-  int64_t loss_scale_good_steps() const {
-    return pipelined() ? pipe->loss_scale_good_steps() : runner->loss_scale_good_steps();
-  }
-  bool step_skipped() const { return pipelined() ? pipe->step_skipped() : runner->step_skipped(); }
-  void set_loss_scale(double scale, int64_t good_steps) {
-    if (pipelined()) {
-      pipe->set_loss_scale(scale, good_steps);
-    } else {
-      runner->set_loss_scale(scale, good_steps);
-    }
-  }
-  void init_params(uint64_t seed) {
-    if (pipelined()) {
-      pipe->init_params(seed);
-    } else {
-      runner->init_params(seed);
-    }
-  }
+  double loss_scale() const { return step->loss_scale(); }
+  int64_t loss_scale_good_steps() const { return step->loss_scale_good_steps(); }
+  bool step_skipped() const { return step->step_skipped(); }
+  void set_loss_scale(double scale, int64_t good_steps) { step->set_loss_scale(scale, good_steps); }
+  void init_params(uint64_t seed) { step->init_params(seed); }
   // The global loss of one evaluation batch (this rank's rows), under the training plan on this
-  // rank's parameter pieces in place: StepRunner::evaluate, or the stages' forward phases.
-  Result<float> evaluate(const Feed& feed) {
-    return pipelined() ? pipe->evaluate(feed) : runner->evaluate(feed);
-  }
+  // rank's parameter pieces in place.
+  Result<float> evaluate(const Feed& feed) { return step->evaluate(feed); }
   // The whole parameters in the model graph's order, at least on rank 0. Collective.
   Status gather_params(std::vector<std::vector<float>>* whole) {
-    return pipelined() ? pipe->gather_params(whole) : runner->gather_params(whole);
+    return step->gather_params(whole);
   }
   // Memory measurement around the first forward_backward: the arena (and a pipeline stage's
   // stash slots) painted, then its high-water against the plan.
-  void paint_arena() {
-    if (pipelined()) {
-      pipe->paint_arena();
-    } else {
-      runner->executor().paint_arena();
-    }
-  }
-  int64_t measured_arena_bytes() const;
-  int64_t planned_arena_bytes() const;
+  void paint_arena() { step->paint_arena(); }
+  int64_t measured_arena_bytes() const { return step->measured_arena_bytes(); }
+  int64_t planned_arena_bytes() const { return step->planned_arena_bytes(); }
   // What memory the plan gives this run, printed before step 0 (per stage with a pipeline).
   std::string describe_memory() const;
   // A line for a device run in bf16/f16 whose vocabulary rows are unaligned (else empty).
@@ -135,14 +103,8 @@ class TrainState {
   Status save_sharded(const std::string& root, int64_t completed,
                       const nlohmann::json& manifest) const;
   nlohmann::json manifest(int64_t completed, const BatchStream& train) const;
-  // The parameters this rank holds (a pipeline stage: each of its chunks'), with whether it
-  // writes each into a checkpoint (one copy of every element over all ranks).
-  struct HeldParam {
-    StepRunner* runner;
-    size_t index;  // in runner's program
-    bool writes_param, writes_optim;
-  };
-  std::vector<HeldParam> held_params() const;
+  using HeldParam = StepDriver::HeldParam;
+  std::vector<HeldParam> held_params() const { return step->held_params(); }
 };
 
 }  // namespace tessera

@@ -225,13 +225,14 @@ Status diverged(int64_t step, const std::string& what, int64_t last_saved, const
 // by the first rank of every pipeline stage, and by any rank where they differ.
 void report_arena(const TrainState& st, const Communicator* world) {
   const int64_t hw = st.measured_arena_bytes(), planned = st.planned_arena_bytes();
-  const bool stage_lead = st.pipelined() &&
+  const int stage = st.step->stage();  // -1 without stages
+  const bool stage_lead = stage >= 0 &&
                           st.plan().mesh.group_index(st.rank, st.plan().data_axes) == 0 &&
                           (st.plan().tensor_axes.empty() ||
                            st.plan().mesh.group_index(st.rank, st.plan().tensor_axes) == 0);
   if (!st.is_leader() && !stage_lead && hw == planned) return;
   std::string who = world ? "rank " + std::to_string(world->rank()) + ": " : std::string();
-  if (st.pipelined()) who += "stage " + std::to_string(st.pipe->stage()) + ": ";
+  if (stage >= 0) who += "stage " + std::to_string(stage) + ": ";
   std::fprintf(stderr, "%smeasured arena high-water %s (planned %s)%s\n", who.c_str(),
                format_bytes(static_cast<double>(hw)).c_str(),
                format_bytes(static_cast<double>(planned)).c_str(),
