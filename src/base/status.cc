@@ -10,6 +10,12 @@ Status Status::error(std::string message, std::string hint) {
   return s;
 }
 
+Status Status::reported_elsewhere(std::string message) {
+  Status s = error(std::move(message));
+  s.reported_ = true;
+  return s;
+}
+
 std::string Status::to_string() const {
   if (ok()) return "OK";
   if (hint_.empty()) return message_;

@@ -21,8 +21,12 @@ class Status {
   Status() = default;  // OK
   static Status ok_status() { return Status(); }
   static Status error(std::string message, std::string hint = {});
+  // An error another process of the job has already reported (a rank that stops because
+  // another could not start): the CLI exits non-zero without printing it again.
+  static Status reported_elsewhere(std::string message);
 
   bool ok() const { return !error_; }
+  bool reported() const { return reported_; }
   const std::string& message() const { return message_; }
   const std::string& hint() const { return hint_; }
   // "message\nHINT: hint" (or just the message when there is no hint).
@@ -32,6 +36,7 @@ class Status {
 
  private:
   bool error_ = false;
+  bool reported_ = false;
   std::string message_;
   std::string hint_;
 };

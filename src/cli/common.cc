@@ -20,6 +20,7 @@ std::string default_data_dir() {
 
 void exit_on_error(const Status& s) {
   if (s.ok()) return;
+  if (s.reported()) std::exit(1);  // another rank printed it
   std::fprintf(stderr, "error: %s\n", s.message().c_str());
   if (!s.hint().empty()) std::fprintf(stderr, "HINT: %s\n", s.hint().c_str());
   std::fflush(stderr);

@@ -1,7 +1,9 @@
 // `tessera launch -n N [--elastic [--min-ranks M]] -- train ...`: runs N ranks of this
 // tessera binary on this machine through mpirun (--oversubscribe, so N may exceed the cores),
 // forwarding the arguments. See launch_job.h for --elastic.
+#include <cerrno>
 #include <cstdlib>
+#include <cstring>
 #include <filesystem>
 #include <vector>
 
@@ -41,7 +43,12 @@ Status run_launch(const LaunchOptions& o) {
   if (o.args[0] == "train" || o.args[0] == "calibrate") {
     if (const int code = check_train_plan(job, /*quiet=*/false); code != 0) std::exit(code);
   }
-  return exec_mpirun(job);
+  int stopped = 0;
+  const int code = run_mpirun(job, &stopped);
+  if (code < 0)
+    return error("cannot run " + job.mpirun + ": " + std::strerror(errno),
+                 "install Open MPI (scripts/install_deps.sh installs openmpi-bin)");
+  std::exit(code);
 }
 
 }  // namespace

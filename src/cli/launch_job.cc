@@ -10,7 +10,10 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <filesystem>
+#include <fstream>
 #include <nlohmann/json.hpp>
+#include <sstream>
 
 #include "io/fs.h"
 #include "io/sharded_checkpoint.h"
@@ -22,6 +25,7 @@ namespace {
 
 std::atomic<pid_t> g_child{0};  // the running child, for on_launch_signal
 std::atomic<int> g_stopped{0};  // the stop signal launch received, 0 if none
+std::atomic<int> g_signals{0};  // stop signals received, forwarded by run_child's wait
 
 // execvp(argv); returns only on failure.
 void exec_argv(std::vector<std::string> argv) {
@@ -31,23 +35,62 @@ void exec_argv(std::vector<std::string> argv) {
   execvp(c[0], c.data());
 }
 
-// mpirun --oversubscribe -np RANKS this-binary ARGS...
+// mpirun --oversubscribe --stdin none -np RANKS this-binary ARGS... (mpirun runs in a process
+// group of its own, so it must not read the terminal).
 std::vector<std::string> mpirun_argv(const LaunchJob& job) {
-  std::vector<std::string> argv = {job.mpirun, "--oversubscribe", "-np", std::to_string(job.ranks)};
+  std::vector<std::string> argv = {job.mpirun, "--oversubscribe",        "--stdin", "none",
+                                   "-np",      std::to_string(job.ranks)};
   if (geteuid() == 0) argv.insert(argv.begin() + 1, "--allow-run-as-root");
   argv.push_back(job.self);
   argv.insert(argv.end(), job.args.begin(), job.args.end());
   return argv;
 }
 
+// The processes whose parent is `parent` (/proc/PID/stat's fourth field).
+std::vector<pid_t> children_of(pid_t parent) {
+  std::vector<pid_t> out;
+  std::error_code ec;
+  for (const auto& e : std::filesystem::directory_iterator("/proc", ec)) {
+    const std::string name = e.path().filename().string();
+    if (name.empty() || name.find_first_not_of("0123456789") != std::string::npos) continue;
+    std::ifstream stat(e.path() / "stat");
+    std::string line;
+    if (!std::getline(stat, line)) continue;
+    const size_t close = line.rfind(')');  // the command name may hold spaces and parentheses
+    if (close == std::string::npos) continue;
+    std::istringstream rest(line.substr(close + 1));
+    std::string state;
+    long ppid = 0;
+    if (rest >> state >> ppid && ppid == parent) out.push_back(std::stoi(name));
+  }
+  return out;
+}
+
+// A stop signal launch received, passed on to the ranks themselves (mpirun's children, as Open
+// MPI starts a node's ranks): each finishes its step and saves the checkpoint at its own pace,
+// where mpirun, signalled, would kill them about 2 s later. SIGTERM goes as SIGUSR1 and SIGINT
+// as SIGUSR2, which a rank takes as that stop asked for by the user (train/run_control.h), not
+// the SIGTERM mpirun sends when another rank died. Without ranks yet, mpirun gets the signal.
+void forward_stop(pid_t mpirun, int sig) {
+  const std::vector<pid_t> ranks = children_of(mpirun);
+  if (ranks.empty()) {
+    kill(mpirun, sig);
+    return;
+  }
+  for (pid_t r : ranks) kill(r, sig == SIGINT ? SIGUSR2 : SIGUSR1);
+}
+
 // fork + execvp(argv); `env_name` is set in the child, `quiet` sends its output to /dev/null.
+// With `own_group` the child runs in a process group of its own (a terminal's Ctrl-C reaches
+// launch alone) and the stop signals launch receives meanwhile are forwarded (forward_stop).
 // Returns the child's exit code, 128 + signal if a signal ended it, -1 if it could not start.
 int run_child(std::vector<std::string> argv, const char* env_name, const std::string& env_value,
-              bool quiet) {
+              bool quiet, bool own_group = false) {
   std::fflush(nullptr);
   const pid_t pid = fork();
   if (pid < 0) return -1;
   if (pid == 0) {
+    if (own_group) setpgid(0, 0);
     if (env_name) setenv(env_name, env_value.c_str(), 1);
     if (quiet) {
       const int null = ::open("/dev/null", O_WRONLY);
@@ -62,21 +105,21 @@ int run_child(std::vector<std::string> argv, const char* env_name, const std::st
     _exit(127);
   }
   g_child = pid;
-  int status = 0;
+  int status = 0, forwarded = g_signals.load();
   while (waitpid(pid, &status, 0) < 0) {
     if (errno != EINTR) return -1;
+    for (; own_group && forwarded < g_signals.load(); ++forwarded) forward_stop(pid, g_stopped);
   }
   g_child = 0;
   return WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
 }
 
-// SIGTERM (a scheduler's preemption) goes to launch alone: pass it on to mpirun, which
-// passes it to the ranks (they checkpoint and exit 143). SIGINT from a terminal reaches
-// every process of the foreground group already, so it is only recorded.
+// SIGTERM (a scheduler's preemption) or SIGINT (Ctrl-C: mpirun and the ranks are in process
+// groups of their own) reach launch alone: recorded here, passed on to the ranks by
+// run_child's wait, which the signal interrupts.
 extern "C" void on_launch_signal(int sig) {
   g_stopped = sig;
-  const pid_t child = g_child;
-  if (sig == SIGTERM && child > 0) kill(child, SIGTERM);
+  ++g_signals;
 }
 
 // The value of `--name` ("--name V" or "--name=V"); "" when absent.
@@ -127,21 +170,14 @@ int check_train_plan(const LaunchJob& job, bool quiet) {
   return run_child(std::move(argv), "TESSERA_LAUNCH_CHECK", std::to_string(job.ranks), quiet);
 }
 
-Status exec_mpirun(const LaunchJob& job) {
-  std::fflush(nullptr);
-  exec_argv(mpirun_argv(job));
-  return error("cannot run " + job.mpirun + ": " + std::strerror(errno),
-               "install Open MPI (scripts/install_deps.sh installs openmpi-bin)");
-}
-
 int run_mpirun(const LaunchJob& job, int* stopped) {
   struct sigaction sa {
   }, old_term{}, old_int{};
-  sa.sa_handler = on_launch_signal;
+  sa.sa_handler = on_launch_signal;  // no SA_RESTART: the signal interrupts the wait
   sigemptyset(&sa.sa_mask);
   sigaction(SIGTERM, &sa, &old_term);
   sigaction(SIGINT, &sa, &old_int);
-  const int code = run_child(mpirun_argv(job), nullptr, "", false);
+  const int code = run_child(mpirun_argv(job), nullptr, "", false, /*own_group=*/true);
   sigaction(SIGTERM, &old_term, nullptr);
   sigaction(SIGINT, &old_int, nullptr);
   *stopped = g_stopped;

@@ -29,11 +29,11 @@ struct LaunchJob {
 // what it prints.
 int check_train_plan(const LaunchJob& job, bool quiet);
 
-// Replaces this process with mpirun running the job on `ranks` ranks; returns only on failure.
-Status exec_mpirun(const LaunchJob& job);
-
-// Runs mpirun as a child and returns its exit code (128 + signal if a signal ended it).
-// SIGTERM sent to this process is passed on to mpirun; `*stopped` records SIGTERM or SIGINT.
+// Runs mpirun as a child, in a process group of its own, and returns its exit code (128 +
+// signal if a signal ended it). SIGTERM or SIGINT sent to this process (a scheduler, Ctrl-C) is
+// passed on to the ranks themselves, not to mpirun, which would kill them before they finish
+// the step and save; a second signal is passed on too (the ranks then exit at once).
+// `*stopped` records the signal.
 int run_mpirun(const LaunchJob& job, int* stopped);
 
 // `launch --elastic`: runs the train job; each time it ends because a rank died (a process

@@ -75,7 +75,7 @@ Status run_sample(const SampleArgs& a) {
   }
   std::mt19937_64 rng(a.seed);
   SampleOptions opt{a.temperature, a.top_k};
-  std::vector<int32_t> out = sample_tokens(ex, m, prompt, a.tokens, opt, rng);
+  TS_ASSIGN_OR_RETURN(std::vector<int32_t> out, sample_tokens(ex, m, prompt, a.tokens, opt, rng));
   std::printf("%s%s\n", a.prompt.c_str(), tok.decode(out).c_str());
   return Status();
 }

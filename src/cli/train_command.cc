@@ -164,6 +164,8 @@ Status run_train(const TrainOptions& options) {
     }
     std::exit(0);
   }
+  // A plan file that cannot be read is that error, whatever the number of processes.
+  if (!o.plan.empty() && !automatic) TS_RETURN_IF_ERROR(load_plan(o.plan).status());
   // A distributed run: started by mpirun (or `tessera launch`), or asked for by flags.
   const bool wants_ranks =
       o.dp > 1 || o.tp > 1 || o.pp > 1 || o.hsdp > 0 || (!o.plan.empty() && !automatic);

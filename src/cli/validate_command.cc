@@ -24,6 +24,15 @@ struct ValidateOptions {
   int threads = 0;
 };
 
+// A validation that compared nothing fails (a CI job on a CSV it never read must not pass).
+Status nothing_compared(const ValidateOptions& o, const ValidationReport& rep) {
+  return error("no row of " + o.csv + " was compared" +
+                   (rep.excluded.empty() ? std::string()
+                                         : " (" + std::to_string(rep.excluded.size()) +
+                                               " not modelled, each listed above with the reason)"),
+               "fix the rows' cells the reasons name, or validate another --csv / --source");
+}
+
 Status run_validate(const ValidateOptions& o) {
   auto t0 = std::chrono::steady_clock::now();
   if (!o.cluster_dir.empty() && !std::filesystem::is_directory(o.cluster_dir))
@@ -56,12 +65,15 @@ Status run_validate(const ValidateOptions& o) {
     });
     const std::string all = format_planner_quality(q, false);
     std::fputs(all.substr(all.rfind("auto plan / published plan")).c_str(), stdout);
+    if (!rep.excluded.empty()) std::fputs(("\n" + format_excluded(rep)).c_str(), stdout);
+    if (q.searched == q.failed) return nothing_compared(o, rep);
     return Status();
   }
   std::fputs(format_report(rep, o.rows).c_str(), stdout);
   double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   std::printf("\n%zu rows simulated, %zu not modelled, in %.1f s\n", rep.results.size(),
               rep.excluded.size(), secs);
+  if (rep.results.empty()) return nothing_compared(o, rep);
   return Status();
 }
 

@@ -2,8 +2,11 @@
 
 #include <unistd.h>
 
+#include <algorithm>
+#include <cmath>
 #include <cstdio>
 #include <cstring>
+#include <filesystem>
 #include <nlohmann/json.hpp>
 #include <set>
 
@@ -111,6 +114,19 @@ Result<HfImport> import_hf(const std::string& hf_dir, const std::string& checkpo
     return error("checkpoint " + join_path(checkpoint_root, checkpoint_name(0)) +
                      " already exists; refusing to overwrite it",
                  "import into a new --out, or delete the old one first");
+  // A root holding anything else (a run's checkpoints/, whose `latest` the import would
+  // re-point) is refused too, as export refuses a non-empty folder.
+  if (path_exists(checkpoint_root)) {
+    if (!is_directory(checkpoint_root))
+      return error("--out " + checkpoint_root + " exists and is not a directory",
+                   "import into a new --out");
+    std::error_code ec;
+    if (!std::filesystem::is_empty(checkpoint_root, ec))
+      return error("--out " + checkpoint_root +
+                       " already exists and is not an empty directory (a run's checkpoints/ "
+                       "would have its `latest` re-pointed); refusing to import into it",
+                   "import into a new --out, e.g. " + checkpoint_root + "-hf");
+  }
   CheckpointWriter writer(checkpoint_root, checkpoint_name(0));
   for (const std::string& file : files) {
     const std::string path = join_path(hf_dir, file);
@@ -141,6 +157,16 @@ Result<HfImport> import_hf(const std::string& hf_dir, const std::string& checkpo
                      "check that config.json belongs to these weights");
       TS_ASSIGN_OR_RETURN(TensorData data, reader.read(e));
       TS_ASSIGN_OR_RETURN(std::vector<float> values, as_f32(path, e.name, data));
+      const auto bad =
+          std::find_if(values.begin(), values.end(), [](float v) { return !std::isfinite(v); });
+      if (bad != values.end())
+        return error(path + ": tensor " + e.name + " holds " +
+                         std::to_string(std::count_if(values.begin(), values.end(),
+                                                      [](float v) { return !std::isfinite(v); })) +
+                         " values that are not finite (NaN or infinity), the first at element " +
+                         std::to_string(bad - values.begin()),
+                     "the weights are damaged; nothing was written (export them again from "
+                     "the model that made them)");
       if (data.dtype != DType::f32) ++out.converted[safetensors_dtype_name(data.dtype)];
       converted.emplace_back(it->second, hf_to_tessera(out.cfg, t, values.data()));
       out.params += static_cast<int64_t>(converted.back().second.size());

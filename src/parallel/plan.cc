@@ -1,7 +1,9 @@
 #include "parallel/plan.h"
 
 #include <algorithm>
+#include <filesystem>
 #include <fstream>
+#include <limits>
 #include <nlohmann/json.hpp>
 #include <set>
 
@@ -303,7 +305,9 @@ Status validate(const Plan& p, int world) {
   if (world > 0 && p.mesh.size() != world)
     return error("plan: mesh " + p.mesh.to_string() + " has " + std::to_string(p.mesh.size()) +
                      " ranks but the job has " + std::to_string(world),
-                 "launch with -np " + std::to_string(p.mesh.size()) + " or change the mesh");
+                 "run `tessera launch -n " + std::to_string(p.mesh.size()) +
+                     " -- train ...` (or mpirun -np " + std::to_string(p.mesh.size()) +
+                     "), or change the mesh");
   return Status();
 }
 
@@ -335,6 +339,34 @@ nlohmann::json plan_to_json(const Plan& p) {
           {"stage_layers", p.stage_layers}};
 }
 
+namespace {
+
+// A plan key's value outside what it takes (a fraction, a number out of range): its message.
+struct OutOfRange {
+  std::string expect;
+};
+
+// A JSON integer in [lo, hi] (2.5, 1e18 or an out-of-range count is refused, not truncated).
+template <class T>
+T integer_in(const nlohmann::json& v, int64_t lo, int64_t hi) {
+  const std::string range =
+      "an integer from " + std::to_string(lo) +
+      (hi == std::numeric_limits<int64_t>::max() ? std::string(" up")
+                                                 : " to " + std::to_string(hi));
+  if (!v.is_number()) return static_cast<T>(v.get<int64_t>());  // a type error: thrown
+  if (!v.is_number_integer()) throw OutOfRange{range};
+  if (v.is_number_unsigned() && v.get<uint64_t>() > static_cast<uint64_t>(hi))
+    throw OutOfRange{range};
+  const int64_t x = v.get<int64_t>();
+  if (x < lo || x > hi) throw OutOfRange{range};
+  return static_cast<T>(x);
+}
+
+constexpr int64_t kIntMax = std::numeric_limits<int>::max();
+constexpr int64_t kInt64Max = std::numeric_limits<int64_t>::max();
+
+}  // namespace
+
 Result<Plan> plan_from_json(const nlohmann::json& j) {
   static const std::set<std::string> known = {
       "mesh",           "data_axes", "zero_axes",        "tensor_axes",
@@ -348,6 +380,10 @@ Result<Plan> plan_from_json(const nlohmann::json& j) {
                    "keys: mesh, data_axes, zero_axes, tensor_axes, params, zero, micro_batches, "
                    "bucket_bytes, prefetch_bytes, recompute, recompute_layers, "
                    "sequence_parallel, pipeline_axis, schedule, virtual_stages, stage_layers");
+  if (!j.contains("mesh"))
+    return error("plan: key 'mesh' is missing",
+                 "a plan names its mesh, e.g. \"mesh\": [{\"name\": \"dp\", \"size\": 2}]; "
+                 "`tessera plan MODEL` prints a plan to start from");
   Plan p;
   // The key being read and the type it takes, for a JSON type error.
   const char* key = "mesh";
@@ -361,7 +397,8 @@ Result<Plan> plan_from_json(const nlohmann::json& j) {
     if (reading("mesh", "a list of {\"name\": ..., \"size\": ...}")) {
       std::vector<MeshAxis> axes;
       for (const auto& a : j.at("mesh"))
-        axes.push_back({a.at("name").get<std::string>(), a.at("size").get<int>()});
+        axes.push_back(
+            {a.at("name").get<std::string>(), integer_in<int>(a.at("size"), 1, kIntMax)});
       p.mesh = Mesh(std::move(axes));
       p.data_axes.clear();
       // Default roles by name only for the names Tessera gives axes; any other axis must be
@@ -408,11 +445,14 @@ Result<Plan> plan_from_json(const nlohmann::json& j) {
         p.params[it.key()] = std::move(pl);
       }
     }
-    if (reading("zero", "an integer 0-3")) p.zero = j.at("zero").get<int>();
-    if (reading("micro_batches", "an integer")) p.micro_batches = j.at("micro_batches").get<int>();
-    if (reading("bucket_bytes", "an integer")) p.bucket_bytes = j.at("bucket_bytes").get<int64_t>();
+    if (reading("zero", "an integer 0-3"))  // its range is validate()'s, which says why
+      p.zero = integer_in<int>(j.at("zero"), -kIntMax, kIntMax);
+    if (reading("micro_batches", "an integer"))
+      p.micro_batches = integer_in<int>(j.at("micro_batches"), 1, kIntMax);
+    if (reading("bucket_bytes", "an integer"))
+      p.bucket_bytes = integer_in<int64_t>(j.at("bucket_bytes"), 0, kInt64Max);
     if (reading("prefetch_bytes", "an integer"))
-      p.prefetch_bytes = j.at("prefetch_bytes").get<int64_t>();
+      p.prefetch_bytes = integer_in<int64_t>(j.at("prefetch_bytes"), 0, kInt64Max);
     if (reading("sequence_parallel", "true or false"))
       p.sequence_parallel = j.at("sequence_parallel").get<bool>();
     if (reading("recompute", "\"none\", \"full\" or \"selective\"")) {
@@ -422,7 +462,7 @@ Result<Plan> plan_from_json(const nlohmann::json& j) {
       p.recompute = r.value();
     }
     if (reading("recompute_layers", "an integer (-1: every block)"))
-      p.recompute_layers = j.at("recompute_layers").get<int>();
+      p.recompute_layers = integer_in<int>(j.at("recompute_layers"), -1, kIntMax);
     if (reading("pipeline_axis", "an axis name (\"\" for none)"))
       p.pipeline_axis = j.at("pipeline_axis").get<std::string>();
     if (reading("schedule", "\"gpipe\", \"1f1b\", \"interleaved\" or \"zb-h1\"")) {
@@ -431,9 +471,14 @@ Result<Plan> plan_from_json(const nlohmann::json& j) {
       p.schedule = r.value();
     }
     if (reading("virtual_stages", "an integer"))
-      p.virtual_stages = j.at("virtual_stages").get<int>();
+      p.virtual_stages = integer_in<int>(j.at("virtual_stages"), 0, kIntMax);
     if (reading("stage_layers", "a list of block counts, one per chunk"))
-      p.stage_layers = j.at("stage_layers").get<std::vector<int>>();
+      for (const auto& n : j.at("stage_layers"))
+        p.stage_layers.push_back(integer_in<int>(n, 0, kIntMax));
+  } catch (const OutOfRange& e) {
+    return error(
+        std::string("plan: key '") + key + "' takes " + e.expect + ", got " + j.at(key).dump(),
+        "`tessera plan MODEL` prints a plan to start from");
   } catch (const nlohmann::json::exception&) {
     return error(
         std::string("plan: key '") + key + "' must be " + expect + ", got " + j.at(key).dump(),
@@ -444,9 +489,18 @@ Result<Plan> plan_from_json(const nlohmann::json& j) {
 }
 
 Result<Plan> load_plan(const std::string& path) {
+  std::error_code ec;
+  if (std::filesystem::is_directory(path, ec))
+    return error("plan: cannot read '" + path + "': Is a directory",
+                 "the path names a directory; pass a plan file (`tessera plan MODEL` prints one)");
   std::ifstream f(path);
   if (!f) return error("plan: cannot open '" + path + "'");
-  nlohmann::json j = nlohmann::json::parse(f, nullptr, /*allow_exceptions=*/false);
+  nlohmann::json j;
+  try {
+    j = nlohmann::json::parse(f, nullptr, /*allow_exceptions=*/false);
+  } catch (const std::exception& e) {  // a read error of the stream itself
+    return error("plan: cannot read '" + path + "': " + e.what());
+  }
   if (j.is_discarded()) return error("plan: '" + path + "' is not valid JSON");
   Result<Plan> p = plan_from_json(j);
   if (!p.ok()) return p.status().with_context(path);

@@ -112,6 +112,13 @@ std::string format_planner_quality(const PlannerQuality& q, bool per_row) {
     out += format_planner_row(r);
   }
   char line[512];
+  if (q.searched == q.failed) {  // no ratio to summarise: no statistics of nothing
+    std::snprintf(line, sizeof line,
+                  "%sauto plan / published plan, predicted tokens/s, over %d rows: -; %d without "
+                  "a plan; %.1f s\n",
+                  out.empty() ? "" : "\n", q.searched, q.failed, q.seconds);
+    return out + line;
+  }
   std::snprintf(line, sizeof line,
                 "%sauto plan / published plan, predicted tokens/s, over %d rows: min %.3f, "
                 "median %.3f, max %.3f; %d at least the published plan's, %d >= 5%% faster; "

@@ -7,8 +7,9 @@
 
 namespace tessera {
 
-std::vector<int32_t> sample_tokens(Executor& ex, const ModelGraph& m, std::vector<int32_t> prompt,
-                                   int count, const SampleOptions& opt, std::mt19937_64& rng) {
+Result<std::vector<int32_t>> sample_tokens(Executor& ex, const ModelGraph& m,
+                                           std::vector<int32_t> prompt, int count,
+                                           const SampleOptions& opt, std::mt19937_64& rng) {
   TS_CHECK(!prompt.empty());
   TS_CHECK_EQ(m.batch, 1);
   const int64_t T = m.seq;
@@ -28,6 +29,12 @@ std::vector<int32_t> sample_tokens(Executor& ex, const ModelGraph& m, std::vecto
                          static_cast<const float*>(ex.raw(m.logits)) + (len - 1) * stride,
                          stride * static_cast<int64_t>(sizeof(float)));
     const float* logits = row.data();
+    for (int64_t v = 0; v < V; ++v)
+      if (!std::isfinite(logits[v]))
+        return error("the model's logits for new token " + std::to_string(i + 1) +
+                         " are not finite (NaN or infinity): the weights are damaged",
+                     "check the checkpoint's tensors (an import of NaN weights, or a run that "
+                     "diverged); sample from an earlier checkpoint");
     int32_t next = 0;
     if (opt.temperature <= 0) {
       next = static_cast<int32_t>(std::max_element(logits, logits + V) - logits);

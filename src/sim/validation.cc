@@ -512,7 +512,13 @@ std::string format_report(const ValidationReport& rep, bool per_row) {
                   st.rows, 100 * st.median, 100 * st.p90, 100 * st.max);
     s += buf;
   }
-  std::snprintf(buf, sizeof buf, "\nrows not modelled (%zu):\n", rep.excluded.size());
+  return s + "\n" + format_excluded(rep);
+}
+
+std::string format_excluded(const ValidationReport& rep) {
+  std::string s;
+  char buf[512];
+  std::snprintf(buf, sizeof buf, "rows not modelled (%zu):\n", rep.excluded.size());
   s += buf;
   for (const ExcludedRun& e : rep.excluded) {
     std::snprintf(buf, sizeof buf, "  %-5s %-24.24s %-26.26s %s\n", e.row_id.c_str(),

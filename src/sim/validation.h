@@ -80,6 +80,8 @@ ValidationReport validate_runs(const std::vector<PublishedRun>& runs, int thread
                                const std::string& cluster_dir = "");
 
 std::string format_report(const ValidationReport& rep, bool per_row);
+// The rows not modelled, each with its reason (the last part of format_report).
+std::string format_excluded(const ValidationReport& rep);
 
 // |error| percentiles by the nearest-rank method (p in [0, 1]).
 double percentile(std::vector<double> v, double p);

@@ -23,8 +23,10 @@ namespace {
 using json = nlohmann::json;
 
 struct Metrics {
-  // Training steps: step, loss, lr, tokens/s, MFU, gradient norm (NaN where absent).
+  // Training steps: step, loss, lr, throughput (tokens/s, or images/s for image models), MFU,
+  // gradient norm (NaN where absent).
   std::vector<std::array<double, 6>> train;
+  std::string unit = "tokens";             // what the throughput counts: "tokens" or "images"
   std::vector<std::array<double, 2>> val;  // step, validation loss
   bool cut_last_line = false;
 };
@@ -58,9 +60,13 @@ Result<Metrics> read_metrics(const std::string& path) {
     if (!j.is_object()) return error(path + ":" + std::to_string(n) + " is not a JSON object");
     if (j.contains("val_loss"))
       m.val.push_back({number(j, "step"), number(j, "val_loss")});
-    else if (j.contains("loss"))
+    else if (j.contains("loss")) {
+      const bool images = !j.contains("tokens_per_s") && j.contains("images_per_s");
+      if (images) m.unit = "images";
       m.train.push_back({number(j, "step"), number(j, "loss"), number(j, "lr"),
-                         number(j, "tokens_per_s"), number(j, "mfu"), number(j, "grad_norm")});
+                         number(j, images ? "images_per_s" : "tokens_per_s"), number(j, "mfu"),
+                         number(j, "grad_norm")});
+    }
   }
   if (m.train.empty())
     return error(path + " has no training step yet",
@@ -88,8 +94,26 @@ std::string data_file(const std::vector<std::array<double, N>>& rows) {
   return s;
 }
 
+// Whether column `c` of the training rows has a number anywhere (gnuplot refuses a series
+// without one).
+bool has_values(const Metrics& m, size_t c) {
+  for (const auto& r : m.train)
+    if (std::isfinite(r[c])) return true;
+  return false;
+}
+
 // One gnuplot script that draws each plot twice: PNG (for files) and SVG (inlined).
-std::string gnuplot_script(bool with_val) {
+std::string gnuplot_script(const Metrics& m) {
+  const bool with_val = !m.val.empty();
+  const std::string per_s = m.unit + "/s";
+  // The throughput plot's series: those the records have.
+  std::string series;
+  if (has_values(m, 3))
+    series += "'train.dat' using 1:4 with lines lw 2 lc rgb '#9467bd' title '" + per_s + "'";
+  if (has_values(m, 4))
+    series += std::string(series.empty() ? "" : ", ") +
+              "'train.dat' using 1:($5*100) axes x1y2 with lines lw 2 lc rgb '#ff7f0e' title 'MFU'";
+  if (series.empty()) series = "0 title 'no throughput recorded'";
   std::string s =
       "set grid lc rgb '#dddddd'\nset key top right\nset xlabel 'step'\nset datafile missing "
       "'nan'\n";
@@ -106,11 +130,10 @@ std::string gnuplot_script(bool with_val) {
            "loss'";
     s += "\nset output 'lr." + ext + "'\nset title 'learning rate'\nset ylabel 'lr'\n";
     s += "plot 'train.dat' using 1:3 with lines lw 2 lc rgb '#2ca02c' title 'learning rate'\n";
-    s += "set output 'throughput." + ext +
-         "'\nset title 'throughput'\nset ylabel 'tokens/s'\nset y2label 'MFU (%)'\nset y2tics\n";
+    s += "set output 'throughput." + ext + "'\nset title 'throughput'\nset ylabel '" + per_s +
+         "'\nset y2label 'MFU (%)'\nset y2tics\n";
     s += "set key below\n";
-    s += "plot 'train.dat' using 1:4 with lines lw 2 lc rgb '#9467bd' title 'tokens/s', "
-         "'train.dat' using 1:($5*100) axes x1y2 with lines lw 2 lc rgb '#ff7f0e' title 'MFU'\n";
+    s += "plot " + series + "\n";
     s += "unset y2label\nunset y2tics\nset key top right\n";
   }
   return s;
@@ -191,7 +214,7 @@ std::string summary_table(const Metrics& m, const json& manifest) {
       {"last training loss", fixed(last[1], 4)},
       {"last validation loss", m.val.empty() ? "–" : fixed(m.val.back()[1], 4)},
       {"best validation loss", fixed(best_val, 4)},
-      {"median tokens/s", fixed(median(tps), 0)},
+      {"median " + m.unit + "/s", fixed(median(tps), 0)},
       {"median MFU", fixed(100 * median(mfu), 1) + " %"}};
   if (manifest.is_object()) {
     if (manifest.contains("model"))
@@ -235,7 +258,7 @@ Result<RunReport> write_report(const std::string& run_dir, const std::string& ou
   Status s = [&]() -> Status {
     TS_RETURN_IF_ERROR(write_text(join_path(staging, "train.dat"), data_file(m.train)));
     TS_RETURN_IF_ERROR(write_text(join_path(staging, "val.dat"), data_file(m.val)));
-    TS_RETURN_IF_ERROR(write_text(join_path(staging, "plot.gp"), gnuplot_script(!m.val.empty())));
+    TS_RETURN_IF_ERROR(write_text(join_path(staging, "plot.gp"), gnuplot_script(m)));
     TS_RETURN_IF_ERROR(run_gnuplot(staging, "plot.gp"));
     std::string html =
         "<!DOCTYPE html>\n<html><head><meta charset=\"utf-8\"><title>Tessera run " +

@@ -22,20 +22,23 @@ namespace {
 std::atomic<int> g_stop{0};
 
 void on_stop_signal(int sig) {
+  // `tessera launch` passes a stop on as SIGUSR1 (SIGTERM) or SIGUSR2 (SIGINT): the user's.
+  const bool from_launch = sig == SIGUSR1 || sig == SIGUSR2;
+  const int stop = sig == SIGUSR1 ? SIGTERM : sig == SIGUSR2 ? SIGINT : sig;
   int none = 0;
-  if (g_stop.compare_exchange_strong(none, sig)) {
+  if (g_stop.compare_exchange_strong(none, stop)) {
     const char msg[] =
         "\ntessera: stopping after this step (saving a checkpoint); send the signal again to "
         "exit at once\n";
     ssize_t ignored = write(STDERR_FILENO, msg, sizeof msg - 1);
     (void)ignored;
     // Under MPI the launcher also sends SIGTERM when a rank died: a rank waiting on it says so
-    // now, since the step will not finish.
-    write_collective_wait();
+    // now, since the step will not finish. (Not for a stop launch passed on.)
+    if (!from_launch) write_collective_wait();
     return;
   }
-  std::signal(sig, SIG_DFL);  // the second signal: the default action, now
-  std::raise(sig);
+  std::signal(stop, SIG_DFL);  // the second signal: the default action, now
+  std::raise(stop);
 }
 
 }  // namespace
@@ -47,6 +50,8 @@ void install_stop_signals() {
   sa.sa_flags = SA_RESTART;
   sigaction(SIGTERM, &sa, nullptr);
   sigaction(SIGINT, &sa, nullptr);
+  sigaction(SIGUSR1, &sa, nullptr);
+  sigaction(SIGUSR2, &sa, nullptr);
 }
 
 int pending_stop_signal() { return g_stop.load(); }

@@ -1,6 +1,9 @@
 // What keeps a training run safe to stop and to share a machine with:
 //  - stop signals: the first SIGTERM or SIGINT is recorded, so the training loop can finish
-//    its step, save a checkpoint and exit 128 + signal; a second one ends the process at once;
+//    its step, save a checkpoint and exit 128 + signal; a second one ends the process at once.
+//    `tessera launch` passes a stop on to the ranks as SIGUSR1 (for SIGTERM) or SIGUSR2 (for
+//    SIGINT), taken the same way but known to be the user's, not the SIGTERM mpirun sends
+//    when a rank died (after which a rank waiting on the dead one names it);
 //  - the run-directory lock: one run at a time per --out (flock on OUT/.lock, released by
 //    the kernel when the holder exits, however it exits);
 //  - stale checkpoint staging directories (".tmp-*" under OUT/checkpoints) of killed runs,
@@ -18,7 +21,8 @@
 namespace tessera {
 
 void install_stop_signals();
-// The first stop signal received (SIGTERM or SIGINT), 0 if none.
+// The first stop signal received (SIGTERM or SIGINT; launch's SIGUSR1/SIGUSR2 as those), 0 if
+// none.
 int pending_stop_signal();
 
 class RunDirLock {

@@ -338,14 +338,15 @@ double TrainState::accuracy(const std::vector<std::vector<float>>& whole, BatchS
   return seen > 0 ? static_cast<double>(right) / static_cast<double>(seen) : 0.0;
 }
 
-std::string TrainState::sample(const std::vector<std::vector<float>>& whole,
-                               const std::vector<int32_t>& prompt, int tokens, uint64_t seed,
-                               const Gpt2Tokenizer& tok) {
+Result<std::string> TrainState::sample(const std::vector<std::vector<float>>& whole,
+                                       const std::vector<int32_t>& prompt, int tokens,
+                                       uint64_t seed, const Gpt2Tokenizer& tok) {
   ModelGraph gen = build_model(in_f32(cfg), 1, opts.seq, ModelMode::logits);
   Executor ex(gen.graph, backend);
   load_whole(ex, gen, model.graph, whole);
   std::mt19937_64 rng(seed);
-  std::vector<int32_t> out = sample_tokens(ex, gen, prompt, tokens, SampleOptions{}, rng);
+  TS_ASSIGN_OR_RETURN(std::vector<int32_t> out,
+                      sample_tokens(ex, gen, prompt, tokens, SampleOptions{}, rng));
   std::vector<int32_t> all = prompt;
   all.insert(all.end(), out.begin(), out.end());
   return tok.decode(all);

@@ -93,9 +93,9 @@ class TrainState {
   double accuracy(const std::vector<std::vector<float>>& whole, BatchStream& stream,
                   int64_t batches);
   // Generates from `whole` (StepRunner::gather_params) in one process.
-  std::string sample(const std::vector<std::vector<float>>& whole,
-                     const std::vector<int32_t>& prompt, int tokens, uint64_t seed,
-                     const Gpt2Tokenizer& tok);
+  Result<std::string> sample(const std::vector<std::vector<float>>& whole,
+                             const std::vector<int32_t>& prompt, int tokens, uint64_t seed,
+                             const Gpt2Tokenizer& tok);
 
  private:
   TrainState(const ModelConfig& cfg, const TrainOptions& opts, Backend& backend);

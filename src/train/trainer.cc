@@ -221,6 +221,23 @@ Status diverged(int64_t step, const std::string& what, int64_t last_saved, const
                    (o.clip == 0 || o.clip > 1 ? " or --clip 1.0" : std::string()));
 }
 
+// The ranks' start-up results, agreed on: OK when every rank started; else the first failing
+// rank's own error on that rank, and on the others an error it has reported (the CLI exits
+// non-zero without printing it again), so the job's error is printed once and no rank is left
+// waiting in a collective for one that has stopped.
+Status agree_on_start(Communicator* world, const Status& mine) {
+  if (world == nullptr || world->size() == 1) return mine;
+  const int me = mine.ok() ? world->size() : world->rank();
+  TS_ASSIGN_OR_RETURN(const double first,
+                      world->all_reduce_scalar(-me, /*max=*/true, "start-up check"));
+  const int failed = static_cast<int>(-first);  // the lowest failing rank, or size()
+  if (failed == world->size()) return Status();
+  if (failed == world->rank()) return mine;
+  return Status::reported_elsewhere("rank " + std::to_string(world->rank()) + ": stopped: rank " +
+                                    std::to_string(failed) +
+                                    " could not start (its error says why)");
+}
+
 // The arena's measured high-water after the first step against the plan: printed by rank 0 and
 // by the first rank of every pipeline stage, and by any rank where they differ.
 void report_arena(const TrainState& st, const Communicator* world) {
@@ -262,18 +279,20 @@ Status train(const TrainOptions& o, const TrainJob& job) {
   const int data_ranks = distributed ? plan.data_group() : 1;
   const int data_index = distributed ? plan.mesh.group_index(world->rank(), plan.data_axes) : 0;
   const bool leader = !world || world->rank() == 0;
-  TS_ASSIGN_OR_RETURN(RunData data, open_data(o, job, data_index, data_ranks));
-  BatchStream& train = *data.train;
-  BatchStream& val = *data.val;
-  const bool images = task_of(cfg) == ModelTask::image_classes;
-  const LoaderState whole_start = data.val_whole ? data.val_whole->state() : LoaderState{};
-  TS_RETURN_IF_ERROR(check_run_dir(o));
-  TS_RETURN_IF_ERROR(make_dirs(o.out));
-  // One run per directory; what a killed run left half-written goes (rank 0 does both, before
-  // any rank can write a checkpoint).
+  // Start-up, each rank on its own: the data, the run directory and (rank 0) its lock. A
+  // failure on any rank is agreed on before the first collective (agree_on_start), so that no
+  // rank waits in one for a rank that has stopped.
+  std::optional<RunData> opened;
   std::optional<RunDirLock> lock;
   std::ofstream metrics;
-  if (leader) {
+  Status started = [&]() -> Status {
+    TS_ASSIGN_OR_RETURN(RunData d, open_data(o, job, data_index, data_ranks));
+    opened.emplace(std::move(d));
+    TS_RETURN_IF_ERROR(check_run_dir(o));
+    TS_RETURN_IF_ERROR(make_dirs(o.out));
+    // One run per directory; what a killed run left half-written goes (rank 0 does both,
+    // before any rank can write a checkpoint).
+    if (!leader) return Status();
     TS_ASSIGN_OR_RETURN(RunDirLock l, RunDirLock::acquire(o.out));
     lock.emplace(std::move(l));
     if (!o.resume) {
@@ -291,7 +310,14 @@ Status train(const TrainOptions& o, const TrainJob& job) {
       std::fprintf(stderr,
                    "removed %d unfinished checkpoint staging director%s of an earlier run\n", stale,
                    stale == 1 ? "y" : "ies");
-  }
+    return Status();
+  }();
+  TS_RETURN_IF_ERROR(agree_on_start(world, started));
+  RunData& data = *opened;
+  BatchStream& train = *data.train;
+  BatchStream& val = *data.val;
+  const bool images = task_of(cfg) == ModelTask::image_classes;
+  const LoaderState whole_start = data.val_whole ? data.val_whole->state() : LoaderState{};
 
   CpuBackend cpu;
   Backend& backend = job.backend != nullptr ? *job.backend : cpu;
@@ -302,29 +328,32 @@ Status train(const TrainOptions& o, const TrainJob& job) {
   } else {
     TS_ASSIGN_OR_RETURN(comms, MeshComms::single(plan));
   }
-  TS_ASSIGN_OR_RETURN(std::unique_ptr<TrainState> state,
-                      TrainState::create(cfg, o, backend, *comms, plan));
-  TrainState& st = *state;
-  st.val_start = val.state();
+  // This rank's state and where it starts from (a checkpoint, another run's parameters, the
+  // seed): rank-local work, agreed on as the start-up was.
+  std::unique_ptr<TrainState> state;
   int64_t start_step = 0;
-  if (o.resume) {
-    TS_ASSIGN_OR_RETURN(start_step, st.load(o.out + "/checkpoints", &train));
-    // A 'latest' pointed back at an older checkpoint would redo steps whose checkpoints exist
-    // and fail on the first save: say so now.
-    TS_ASSIGN_OR_RETURN(std::vector<std::string> saved, list_checkpoints(o.out + "/checkpoints"));
-    const std::string resumed = checkpoint_name(start_step);
-    for (const std::string& n : saved)
-      if (n.rfind("step-", 0) == 0 && n > resumed)
-        return error("--resume: 'latest' in " + o.out + "/checkpoints names " + resumed +
-                         ", but the newer " + n + " is there too",
-                     "point 'latest' at " + n +
-                         " to continue from it, or delete the newer "
-                         "checkpoints to redo their steps");
-    if (start_step >= o.steps)
-      return error("--steps " + std::to_string(o.steps) + ": the run in '" + o.out +
-                       "' has already taken " + std::to_string(start_step) + " steps",
-                   "pass a larger --steps to train it further");
-    if (leader) {
+  Status loaded = [&]() -> Status {
+    TS_ASSIGN_OR_RETURN(state, TrainState::create(cfg, o, backend, *comms, plan));
+    TrainState& st = *state;
+    st.val_start = val.state();
+    if (o.resume) {
+      TS_ASSIGN_OR_RETURN(start_step, st.load(o.out + "/checkpoints", &train));
+      // A 'latest' pointed back at an older checkpoint would redo steps whose checkpoints
+      // exist and fail on the first save: say so now.
+      TS_ASSIGN_OR_RETURN(std::vector<std::string> saved, list_checkpoints(o.out + "/checkpoints"));
+      const std::string resumed = checkpoint_name(start_step);
+      for (const std::string& n : saved)
+        if (n.rfind("step-", 0) == 0 && n > resumed)
+          return error("--resume: 'latest' in " + o.out + "/checkpoints names " + resumed +
+                           ", but the newer " + n + " is there too",
+                       "point 'latest' at " + n +
+                           " to continue from it, or delete the newer "
+                           "checkpoints to redo their steps");
+      if (start_step >= o.steps)
+        return error("--steps " + std::to_string(o.steps) + ": the run in '" + o.out +
+                         "' has already taken " + std::to_string(start_step) + " steps",
+                     "pass a larger --steps to train it further");
+      if (!leader) return Status();
       TS_ASSIGN_OR_RETURN(metrics, open_run_metrics(o.out, true, start_step));
       std::fprintf(stderr, "resumed from step %lld\n", (long long)start_step);
       if (!st.resume_changes.empty()) {
@@ -335,12 +364,23 @@ Status train(const TrainOptions& o, const TrainJob& job) {
                      "(metrics.jsonl keeps each step's lr)\n",
                      list.c_str());
       }
+    } else if (!o.init_from.empty()) {
+      TS_RETURN_IF_ERROR(st.init_params_from(o.init_from));
+    } else {
+      st.init_params(o.seed);
     }
-  } else if (!o.init_from.empty()) {
-    TS_RETURN_IF_ERROR(st.init_params_from(o.init_from));
+    return Status();
+  }();
+  TS_RETURN_IF_ERROR(agree_on_start(world, loaded));
+  TrainState& st = *state;
+  if (!o.resume && !o.init_from.empty()) {
+    TS_ASSIGN_OR_RETURN(const bool finite, st.params_finite());
+    if (!finite)
+      return error("--init-from " + o.init_from +
+                       ": the checkpoint's parameters hold values that are not finite (NaN or "
+                       "infinity)",
+                   "the checkpoint is damaged; start from another one");
     if (leader) std::fprintf(stderr, "parameters from %s\n", o.init_from.c_str());
-  } else {
-    st.init_params(o.seed);
   }
 
   // Throughput counts tokens (language models; T5's encoder inputs) or images.
@@ -408,14 +448,7 @@ Status train(const TrainOptions& o, const TrainJob& job) {
       return diverged(step, std::isfinite(loss) ? "gradient norm" : "loss", last_saved, o);
     if (skipped && st.loss_scale() < 1)  // halved from 2^16 on every step since: not overflow
       return diverged(step, "fp16 gradients (at every loss scale down to 1)", last_saved, o);
-    // A stop signal on any rank stops every rank after this step, with a checkpoint.
-    int signal = pending_stop_signal();
-    if (world) {
-      TS_ASSIGN_OR_RETURN(double s, world->all_reduce_scalar(signal, /*max=*/true, "stop signal"));
-      signal = static_cast<int>(s);
-    }
-    bool last = step + 1 == o.steps;
-    bool stopping = (o.stop_after > 0 && steps_this_run >= o.stop_after) || signal != 0;
+    const bool last = step + 1 == o.steps;
     if ((o.eval_every > 0 && (step + 1) % o.eval_every == 0) || last) {
       TS_ASSIGN_OR_RETURN(double vl, evaluate(st, val, o.eval_batches));
       nlohmann::json rec = {{"step", step}, {"val_loss", vl}};
@@ -437,6 +470,14 @@ Status train(const TrainOptions& o, const TrainJob& job) {
         progress.note(note);
       }
     }
+    // A stop signal on any rank stops every rank after this step (its evaluation included:
+    // a signal during a long evaluation stops here, not a step later), with a checkpoint.
+    int signal = pending_stop_signal();
+    if (world) {
+      TS_ASSIGN_OR_RETURN(double s, world->all_reduce_scalar(signal, /*max=*/true, "stop signal"));
+      signal = static_cast<int>(s);
+    }
+    const bool stopping = (o.stop_after > 0 && steps_this_run >= o.stop_after) || signal != 0;
     if ((o.ckpt_every > 0 && (step + 1) % o.ckpt_every == 0) || last || stopping) {
       // An update can overflow the parameters with a finite loss: never save those.
       TS_ASSIGN_OR_RETURN(bool finite, st.params_finite());
@@ -481,8 +522,9 @@ Status train(const TrainOptions& o, const TrainJob& job) {
     TS_RETURN_IF_ERROR(st.gather_params(&whole));
     if (leader) {
       std::vector<int32_t> prompt = data.tok->encode("The whale");
-      std::string text =
-          st.sample(whole, prompt, static_cast<int>(o.sample_tokens), o.seed, *data.tok);
+      TS_ASSIGN_OR_RETURN(
+          std::string text,
+          st.sample(whole, prompt, static_cast<int>(o.sample_tokens), o.seed, *data.tok));
       std::printf("--- sample ---\n%s\n--------------\n", text.c_str());
     }
   }

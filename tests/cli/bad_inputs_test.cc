@@ -45,6 +45,19 @@ TEST_F(BadInputs, ModelPathsThatAreNotTomlConfigsAreNamed) {
   expect("graph MODEL.TOML --seq 16", 0, {"gpt-tiny"});  // the extension in any case
 }
 
+// A --plan naming a directory is one error for every command that reads plans (it aborted
+// with an uncaught std::__ios_failure: bad-inputs-7d08d5e N3), also in one process of train
+// (which said a distributed plan needs ranks) and under launch (checked once, before ranks).
+TEST_F(BadInputs, APlanThatIsADirectoryIsNamed) {
+  fs::create_directories(dir_ / "plans");
+  const char* said = "plan: cannot read 'plans': Is a directory";
+  expect("plan gpt-tiny --plan plans --seq 16", 1, {said, "pass a plan file"});
+  expect("simulate gpt-tiny --plan plans --seq 16", 1, {said});
+  const std::string run = "train --model gpt-tiny --seq 16 --steps 1 --data data --out run ";
+  expect(run + "--plan plans", 1, {said});
+  expect("launch -n 2 -- " + run + "--plan plans", 1, {said});
+}
+
 TEST_F(BadInputs, DataThatIsAFileAndShardsTokenizeWouldReplace) {
   write("afile", "hello");
   expect("train --model gpt-tiny --seq 16 --steps 1 --data afile --out run", 1,
@@ -144,8 +157,14 @@ TEST_F(BadInputs, ValidateTablesWithABomNoRowsOrNoGpus) {
   expect("validate --csv header_only.csv --threads 1", 1, {"a header and no rows"});
   write("bom.csv",
         "\xEF\xBB\xBF" + header + "1,src,GPT,GPT-2,12,768,12,1024,50257,A100 80GB,-8,1,1000\n");
-  expect("validate --csv bom.csv --threads 1", 0,
-         {"num_gpus='-8' is not a positive integer", "0 rows simulated, 1 not modelled"});
+  // Nothing compared is a failure (a CI job must not pass on rows it never read), with each
+  // row's reason, for the simulator and the planner (bad-inputs-7d08d5e N7).
+  expect("validate --csv bom.csv --threads 1", 1,
+         {"num_gpus='-8' is not a positive integer", "0 rows simulated, 1 not modelled",
+          "error: no row of bom.csv was compared (1 not modelled"});
+  expect("validate --planner --rows --csv bom.csv --threads 1", 1,
+         {"over 0 rows: -; 0 without a plan", "rows not modelled (1):",
+          "num_gpus='-8' is not a positive integer", "error: no row of bom.csv was compared"});
 }
 
 // --precision fp8 (the blocks' GEMMs in FP8 beside bf16) where the device has FP8 tensor

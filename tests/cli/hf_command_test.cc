@@ -3,8 +3,11 @@
 // tests/runtime/hf_golden_test.cc; bad folders: tests/io/hf_checkpoint_test.cc.)
 #include <gtest/gtest.h>
 
+#include <cmath>
 #include <fstream>
 
+#include "io/checkpoint.h"
+#include "io/safetensors.h"
 #include "train_fixture.h"
 
 namespace tessera {
@@ -53,6 +56,45 @@ TEST_F(HfCommand, TrainedModelGoesOutAndComesBackAsTheSameModel) {
   fresh.out = path("third");
   ASSERT_TRUE(run_train(fresh).ok());
   EXPECT_GT(std::abs(last_val_loss(dir_ / "third/metrics.jsonl") - trained), 0.1);
+}
+
+// A checkpoint whose weights hold a NaN: `sample` says the logits are not finite, rc 1, rather
+// than printing tokens drawn from them, and `train --init-from` refuses it before step 1
+// (bad-inputs-7d08d5e N5).
+TEST_F(HfCommand, SampleAndInitFromRefuseNonFiniteWeights) {
+  TrainOptions o = tiny_options("run");
+  o.steps = 1;
+  o.warmup = 0;
+  o.sample_tokens = 0;
+  ASSERT_TRUE(run_train(o).ok());
+  const std::string file = path("run/checkpoints/step-00000001/model.safetensors");
+  SafetensorsReader r = SafetensorsReader::open(file).value();
+  std::vector<TensorData> data;
+  for (const SafetensorsEntry& e : r.header().entries) data.push_back(r.read(e).value());
+  NamedTensorRefs refs;
+  for (size_t i = 0; i < data.size(); ++i) {
+    if (r.header().entries[i].name == "h.0.mlp.fc.weight")
+      reinterpret_cast<float*>(data[i].bytes.data())[3] = std::nanf("");
+    refs.push_back({r.header().entries[i].name, data[i].ref()});
+  }
+  // Written as a checkpoint of its own (checksums and all): a damaged file would be caught
+  // earlier, by its checksum.
+  std::ifstream m(path("run/checkpoints/step-00000001/manifest.json"));
+  CheckpointWriter w(path("nan"), checkpoint_name(1));
+  ASSERT_TRUE(w.add_tensors("model.safetensors", refs).ok());
+  nlohmann::json manifest = nlohmann::json::parse(m);
+  for (const char* key : {"files", "format", "format_version", "name"}) manifest.erase(key);
+  ASSERT_TRUE(w.commit(manifest).ok());
+  const std::string out = tessera("sample --checkpoint " + path("nan") + " --tokens 3", 1);
+  EXPECT_NE(out.find("error: the model's logits for new token 1 are not finite"), std::string::npos)
+      << out;
+  // A run started from it says so before step 1 (its divergence hint blamed --lr).
+  TrainOptions again = tiny_options("again");
+  again.init_from = path("nan");
+  Status s = run_train(again);
+  EXPECT_NE(s.message().find("the checkpoint's parameters hold values that are not finite"),
+            std::string::npos)
+      << s.to_string();
 }
 
 // A trained t5-tiny goes out as a T5ForConditionalGeneration folder and comes back bit-exact:

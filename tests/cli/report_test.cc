@@ -128,6 +128,24 @@ TEST_F(Report, PageHasTheCurvesAndRendersInABrowser) {
   EXPECT_GT(colours.size(), 20u);
 }
 
+// An image model's run records images/s, not tokens/s: its throughput plot and summary say
+// images/s (the report failed on every ViT run: bad-inputs-7d08d5e N6).
+TEST_F(Report, AnImageModelsRunPlotsImagesPerSecond) {
+  fs::create_directories(dir_ / "vit");
+  {
+    std::ofstream out(dir_ / "vit/metrics.jsonl");
+    for (int s = 0; s < 6; ++s)
+      out << "{\"step\":" << s << ",\"loss\":" << 2.3 - 0.1 * s
+          << ",\"lr\":0.001,\"images_per_s\":" << 900 + s << ",\"mfu\":0.02}\n";
+    out << "{\"step\":5,\"val_loss\":2.0,\"val_accuracy\":0.3}\n";
+  }
+  std::string out = tessera("report " + (dir_ / "vit").string(), 0);
+  const std::string html = read_all(dir_ / "vit/report/index.html");
+  EXPECT_EQ(count(html, "<svg"), 3);
+  EXPECT_NE(html.find("median images/s"), std::string::npos);
+  EXPECT_EQ(html.find("tokens/s"), std::string::npos);
+}
+
 TEST_F(Report, BadRunDirectoriesAreOneError) {
   std::string out = tessera("report " + (dir_ / "nope").string(), 1);
   EXPECT_NE(out.find("does not exist"), std::string::npos) << out;

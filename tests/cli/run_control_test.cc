@@ -7,6 +7,7 @@
 #include <gtest/gtest.h>
 #include <unistd.h>
 
+#include <chrono>
 #include <filesystem>
 #include <fstream>
 #include <string>
@@ -69,6 +70,77 @@ TEST_F(RunControlTest, SecondRunOnALockedDirectoryNamesTheHolder) {
       std::string::npos)
       << s.to_string();
   EXPECT_FALSE(fs::exists(dir_ / "run/metrics.jsonl"));
+}
+
+// The same under launch: rank 0's lock error, once, at once; rank 1 neither waits for the
+// --comm-timeout nor blames rank 0 (it waited in the communicator split until the timeout, and
+// the error was lost: bad-inputs-7d08d5e N1). And an error every rank finds (a --data that is
+// not there) is printed once, not once per rank (N8).
+TEST_F(RunControlTest, RankErrorsAtStartUpArePrintedOnceAndAtOnce) {
+  fs::create_directories(dir_ / "run");
+  Result<RunDirLock> held = RunDirLock::acquire((dir_ / "run").string());
+  ASSERT_TRUE(held.ok()) << held.status().to_string();
+  auto count = [](const std::string& s, const std::string& what) {
+    int n = 0;
+    for (size_t at = s.find(what); at != std::string::npos; at = s.find(what, at + 1)) ++n;
+    return n;
+  };
+  const std::string launch =
+      "timeout 100 " + std::string(TESSERA_BINARY) + " launch -n 2 -- train ";
+  std::string out;
+  const auto t0 = std::chrono::steady_clock::now();
+  EXPECT_EQ(run_command(launch + flags() + " --steps 2 --comm-timeout 60", &out), 1) << out;
+  const double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  EXPECT_LT(secs, 30.0) << "the job waited for --comm-timeout (60 s)\n" << out;
+  EXPECT_EQ(count(out, "is in use by another tessera run (pid " + std::to_string(::getpid()) + ")"),
+            1)
+      << out;
+  EXPECT_EQ(out.find("timed out"), std::string::npos) << out;
+  EXPECT_EQ(out.find("could not start"), std::string::npos) << out;  // the others stay quiet
+  EXPECT_FALSE(fs::exists(dir_ / "run/metrics.jsonl"));
+
+  const std::string nodata = "--model gpt-tiny --data " + (dir_ / "nodata").string() + " --out " +
+                             (dir_ / "other").string() +
+                             " --batch 2 --seq 16 --eval-every 0 --sample-tokens 0 --steps 2";
+  EXPECT_EQ(run_command(launch + nodata, &out), 1) << out;
+  EXPECT_EQ(count(out, "error: data path '" + (dir_ / "nodata").string() + "' does not exist"), 1)
+      << out;
+}
+
+// A stop under launch: SIGTERM to launch, or Ctrl-C to its process group (a terminal's), while
+// a step with a long evaluation runs: the ranks finish that step (the evaluation included) and
+// save its checkpoint, then exit 143 / 130. mpirun used to kill them about 2 s after the signal,
+// so nothing was saved of a step longer than that (bad-inputs-7d08d5e N2), and a signal during
+// an evaluation stopped a step later (N9).
+TEST_F(RunControlTest, StopsUnderLaunchFinishTheStepAndSave) {
+  const std::pair<const char*, const char*> cases[] = {{"TERM", "143"}, {"INT", "130"}};
+  for (const auto& [sig, code] : cases) {
+    SCOPED_TRACE(sig);
+    const std::string run = (dir_ / (std::string("run_") + sig)).string();
+    const std::string flags = "--model gpt-tiny --data " + (dir_ / "data").string() + " --out " +
+                              run +
+                              " --batch 2 --seq 16 --steps 6 --eval-every 1 --eval-batches 1500 "
+                              "--ckpt-every 1 --sample-tokens 0";
+    // setsid: launch leads a process group of its own, as a shell's foreground job does; the
+    // signal goes to that whole group (TERM as a scheduler would send it to launch alone).
+    const std::string target = std::string(sig) == "INT" ? "-$pid" : "$pid";
+    const std::string cmd = "setsid " + std::string(TESSERA_BINARY) + " launch -n 2 -- train " +
+                            flags + " > " + run + ".log 2>&1 & pid=$!; " +
+                            "while ! grep -q \"step 1: checkpoint saved\" " + run +
+                            ".log 2>/dev/null; do sleep 0.05; done; kill -" + sig + " -- " +
+                            target + "; wait $pid; echo \"exit=$?\"; cat " + run + ".log";
+    std::string out;
+    ASSERT_EQ(run_command("bash -c '" + cmd + "'", &out), 0) << out;
+    EXPECT_NE(out.find(std::string("exit=") + code), std::string::npos) << out;
+    EXPECT_NE(out.find(std::string("stopped by SIG") + sig + " after step 2, checkpoint saved"),
+              std::string::npos)
+        << out;
+    std::ifstream latest(run + "/checkpoints/latest");
+    std::string named;
+    latest >> named;
+    EXPECT_EQ(named, "step-00000002") << out;
+    EXPECT_EQ(out.find("probably died"), std::string::npos) << out;
+  }
 }
 
 // Staging directories a killed run left behind go; complete checkpoints stay.

@@ -5,6 +5,7 @@
 
 #include <gtest/gtest.h>
 
+#include <cmath>
 #include <filesystem>
 #include <fstream>
 #include <nlohmann/json.hpp>
@@ -112,6 +113,53 @@ TEST(HfCheckpoint, TruncatedAndIntegerTensorsAreRefused) {
   ASSERT_TRUE(save_safetensors(gpt + "/model.safetensors", refs).ok());
   s = import_error(gpt, tmp);
   EXPECT_TRUE(contains(s, "transformer.ln_f.bias holds integers")) << s.to_string();
+}
+
+// A tensor holding NaN or infinity is refused by name, and nothing is written (an import of
+// NaN weights used to succeed and `sample` printed garbage: bad-inputs-7d08d5e N5).
+TEST(HfCheckpoint, NonFiniteWeightsAreRefusedByName) {
+  TempDir tmp;
+  const std::string gpt = copy_golden(tmp, "gpt2");
+  auto tensors = f32_tensors(gpt + "/model.safetensors");
+  NamedTensorRefs refs;
+  std::vector<float> bad;
+  for (const auto& [name, t] : tensors) {
+    if (name != "transformer.h.0.mlp.c_fc.weight") {
+      refs.push_back({name, t.ref()});
+      continue;
+    }
+    const float* x = reinterpret_cast<const float*>(t.bytes.data());
+    bad.assign(x, x + t.numel());
+    bad[5] = std::nanf("");
+    bad[9] = INFINITY;
+    refs.push_back({name, TensorRef{DType::f32, t.shape, bad.data()}});
+  }
+  ASSERT_TRUE(save_safetensors(gpt + "/model.safetensors", refs).ok());
+  Status s = import_error(gpt, tmp);
+  EXPECT_TRUE(contains(s,
+                       "tensor transformer.h.0.mlp.c_fc.weight holds 2 values that are not "
+                       "finite (NaN or infinity), the first at element 5"))
+      << s.to_string();
+}
+
+// A root holding other checkpoints (a run's checkpoints/) is refused: the import would re-point
+// its `latest` (N4). Its contents stay as they were.
+TEST(HfCheckpoint, ARootHoldingOtherCheckpointsIsRefused) {
+  TempDir tmp;
+  const std::string run = tmp / "run/checkpoints";
+  fs::create_directories(run + "/step-00000004");
+  std::ofstream(run + "/latest") << "step-00000004";
+  Result<HfImport> r = import_hf(kGolden + "gpt2", run);
+  ASSERT_FALSE(r.ok());
+  EXPECT_TRUE(contains(r.status(), "already exists and is not an empty directory"))
+      << r.status().to_string();
+  EXPECT_FALSE(fs::exists(run + "/step-00000000"));
+  std::ifstream latest(run + "/latest");
+  std::string named;
+  latest >> named;
+  EXPECT_EQ(named, "step-00000004");
+  fs::create_directories(tmp / "empty");  // an empty directory is a fine root
+  EXPECT_TRUE(import_hf(kGolden + "gpt2", tmp / "empty").ok());
 }
 
 // F16 weights (and a file saved from GPT2Model, without "transformer.") convert exactly.

@@ -2,6 +2,7 @@
 // bytes per rank and analytic communication bytes for the data-axis strategies.
 #include <gtest/gtest.h>
 
+#include <filesystem>
 #include <nlohmann/json.hpp>
 #include <set>
 
@@ -104,6 +105,48 @@ TEST(Plan, BadPlansNameTheProblem) {
             "plan: key 'zero' must be an integer 0-3, got \"three\"");
   Status s = validate(Plan::data_parallel(4), 2);
   EXPECT_NE(s.message().find("has 4 ranks but the job has 2"), std::string::npos);
+  EXPECT_NE(s.hint().find("tessera launch -n 4"), std::string::npos) << s.hint();
+}
+
+// Sizes and counts are integers in range, never truncated (2.5 ranks, 1e18 ranks), and a plan
+// names its mesh (review bad-inputs-7d08d5e N10).
+TEST(Plan, NumbersAreReadStrictlyAndTheMeshIsRequired) {
+  const std::pair<nlohmann::json, std::string> bad[] = {
+      {nlohmann::json::parse(R"([{"name": "dp", "size": 2.5}])"),
+       "plan: key 'mesh' takes an integer from 1 to 2147483647, got "
+       "[{\"name\":\"dp\",\"size\":2.5}]"},
+      {nlohmann::json::parse(R"([{"name": "dp", "size": 1000000000000000000}])"),
+       "plan: key 'mesh' takes an integer from 1 to 2147483647, got "
+       "[{\"name\":\"dp\",\"size\":1000000000000000000}]"},
+      {nlohmann::json::parse(R"([{"name": "dp", "size": 0}])"),
+       "plan: key 'mesh' takes an integer from 1 to 2147483647, got "
+       "[{\"name\":\"dp\",\"size\":0}]"}};
+  for (const auto& [mesh, message] : bad) {
+    nlohmann::json j = plan_to_json(Plan::data_parallel(2));
+    j["mesh"] = mesh;
+    EXPECT_EQ(plan_from_json(j).status().message(), message);
+  }
+  nlohmann::json j = plan_to_json(Plan::data_parallel(2));
+  j["micro_batches"] = 1.5;
+  EXPECT_EQ(plan_from_json(j).status().message(),
+            "plan: key 'micro_batches' takes an integer from 1 to 2147483647, got 1.5");
+  j = plan_to_json(Plan::data_parallel(2));
+  j["bucket_bytes"] = 1e30;
+  EXPECT_NE(plan_from_json(j).status().message().find("key 'bucket_bytes' takes an integer"),
+            std::string::npos);
+  j = plan_to_json(Plan::data_parallel(2));
+  j.erase("mesh");
+  EXPECT_EQ(plan_from_json(j).status().message(), "plan: key 'mesh' is missing");
+}
+
+// A directory given as the plan file is one error naming it (it aborted reading it, N3).
+TEST(Plan, ADirectoryIsNotAPlanFile) {
+  const std::string dir = ::testing::TempDir() + "plan_dir.json";
+  std::filesystem::create_directories(dir);
+  Result<Plan> r = load_plan(dir);
+  ASSERT_FALSE(r.ok());
+  EXPECT_EQ(r.status().message(), "plan: cannot read '" + dir + "': Is a directory");
+  EXPECT_NE(r.status().hint().find("names a directory"), std::string::npos);
 }
 
 TEST(Plan, SequenceParallelRoundTripsAndNeedsATensorAxis) {
