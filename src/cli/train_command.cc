@@ -250,6 +250,11 @@ void add_train_command(CLI::App& app, TrainOptions& o) {
                   "`tessera calibrate`'s spec); default: measured with a GEMM at the start");
   cmd->add_option("--stop-after", o.stop_after,
                   "Stop after N steps of this run, saving a checkpoint");
+  cmd->add_option("--trace", o.trace,
+                  "Write a Chrome/Perfetto trace of one step here (every rank's compute and its "
+                  "rank groups' collectives on their comm streams; open it in ui.perfetto.dev)");
+  cmd->add_option("--trace-step", o.trace_step,
+                  "The step --trace records (default: the second of this run)");
   cmd->add_option("--dp", o.dp, "Data-parallel ranks (default: the mpirun world size / --tp)");
   cmd->add_option("--tp", o.tp,
                   "Tensor-parallel ranks: consecutive ranks, placements found by the sharding "

@@ -49,6 +49,7 @@
 
 #include "base/mem_space.h"
 #include "base/status.h"
+#include "comm/comm_trace.h"
 #include "ir/dtype.h"
 
 namespace tessera {
@@ -158,6 +159,10 @@ class Communicator {
   // to operations issued after the call.
   virtual void set_timeout(double seconds) = 0;
   virtual double timeout() const = 0;
+  // Reports each operation issued from now on to `sink` (null: stop) with the span its comm
+  // stream ran it in (comm/comm_trace.h). Host communicators do; the default reports nothing
+  // (NCCL's spans would need device events: not yet).
+  virtual void set_trace_sink(CommTraceSink* sink) { (void)sink; }
 
  protected:
   // What the implementations provide; the public operations check their arguments (counts,

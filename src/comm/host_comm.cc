@@ -190,6 +190,7 @@ class P2PEngine {
     std::string what;
     std::shared_ptr<HostRequest> req;
     std::function<void(int64_t sent, int64_t received)> count;
+    CommTraceSink* trace = nullptr;
     // Set by the engine thread.
     Transport::Handle handle = 0;
     double posted = 0;
@@ -283,6 +284,9 @@ class P2PEngine {
                          "its log; raise --comm-timeout if it is only slow");
         } else {
           it->count(it->receiving ? 0 : it->bytes, it->receiving ? it->bytes : 0);
+          if (it->trace)
+            it->trace->record(it->receiving ? "recv" : "send", it->what, axis_, it->posted,
+                              trace_clock(), it->bytes);
         }
         if (!s.ok()) process_->fail(s);
         it->req->finish(std::move(s));
@@ -319,6 +323,7 @@ struct CommInfo {
 
 struct CommState {
   CollectiveAlgo algo = CollectiveAlgo::ring;
+  std::atomic<CommTraceSink*> trace{nullptr};  // set_trace_sink's, read at issue
   std::shared_ptr<Engine> engine;
   std::unique_ptr<P2PEngine> p2p;  // made at the first send or recv (the caller's thread)
   std::shared_ptr<CommInfo> info;
@@ -347,7 +352,8 @@ Request issue(CommState& st, const char* kind, std::string what, int64_t total_b
   Process* process = st.engine->process().get();  // outlives the queued tasks (see ~Engine)
   const bool native = process->raw().has_collectives() && use_mpi(st.algo, kind, total_bytes);
   st.engine->submit([process, info = st.info, req, kind, what = std::move(what), total_bytes,
-                     native, timeout = st.timeout.load(), body = std::move(body)] {
+                     native, trace = st.trace.load(), timeout = st.timeout.load(),
+                     body = std::move(body)] {
     const Status failed = process->failure();
     if (!failed.ok()) {
       req->finish(error("rank " + std::to_string(info->members[info->rank]) + ": " + kind + " '" +
@@ -366,7 +372,9 @@ Request issue(CommState& st, const char* kind, std::string what, int64_t total_b
               .axis = &info->name,
               .total_bytes = total_bytes,
               .native = native};
+    const double start = trace ? trace_clock() : 0;
     Status s = body(op);
+    if (trace) trace->record(kind, what, info->name, start, trace_clock(), total_bytes);
     {
       std::lock_guard<std::mutex> lock(info->stats_mu);
       info->stats.bytes_sent += op.bytes_sent;
@@ -417,6 +425,7 @@ class HostCommunicator final : public Communicator {
   void reset_stats() override;
   void set_timeout(double seconds) override;
   double timeout() const override { return state_->timeout.load(); }
+  void set_trace_sink(CommTraceSink* sink) override { state_->trace = sink; }
 
   CommState& state() const { return *state_; }
 
@@ -543,6 +552,7 @@ Request HostCommunicator::do_p2p(bool receiving, void* data, int64_t count, DTyp
   op.timeout = st.timeout.load();
   op.what = std::move(what);
   op.req = req;
+  op.trace = st.trace.load();
   op.count = [info = st.info](int64_t sent, int64_t received) {
     std::lock_guard<std::mutex> lock(info->stats_mu);
     info->stats.bytes_sent += sent;
@@ -629,6 +639,8 @@ void set_collective_algo(Communicator& comm, CollectiveAlgo algo) {
   TS_CHECK(host != nullptr) << "set_collective_algo: not a host communicator";
   host->state().algo = algo;
 }
+
+double trace_clock() { return detail::now_seconds(); }
 
 const char* collective_algo_name(CollectiveAlgo a) {
   switch (a) {

@@ -101,6 +101,10 @@ class PipelineRunner final : public StepDriver {
   // The plan and, per stage, its blocks, arena (with the stash), send buffers and persistent
   // bytes.
   std::string describe_memory() const override;
+  void set_trace(StepTrace* trace) override {
+    for (auto& c : chunks_) c->set_trace(trace);
+    comms_.set_trace_sink(trace);
+  }
   // Bytes of activations and gradients held for in-flight sends at most, against the plan's
   // send buffers (PipelineProgram::stage_p2p_bytes, allocated once).
   int64_t p2p_buffer_bytes() const { return p2p_high_water_; }

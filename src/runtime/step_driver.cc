@@ -37,6 +37,10 @@ class SpmdDriver final : public StepDriver {
   }
   int64_t planned_arena_bytes() const override { return runner_->executor().plan().arena_bytes; }
   std::string describe_memory() const override;
+  void set_trace(StepTrace* trace) override {
+    runner_->set_trace(trace);
+    comms().set_trace_sink(trace);
+  }
   std::vector<HeldParam> held_params() const override {
     std::vector<HeldParam> out;
     for (size_t i = 0; i < runner_->program().part.params.size(); ++i)

@@ -61,6 +61,9 @@ class StepDriver {
   virtual std::string describe_memory() const = 0;
   // This rank's pipeline stage, or -1 without stages (for messages).
   virtual int stage() const { return -1; }
+  // Records what the step runs into `trace` (null: stop): the compute of every runner and
+  // every communicator's operations (runtime/step_trace.h).
+  virtual void set_trace(StepTrace* trace) = 0;
 
   // Every parameter piece this rank holds (a pipeline stage: each of its chunks'), in order,
   // with whether this rank writes it, and its AdamW moments, into a checkpoint: one copy of

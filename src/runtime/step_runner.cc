@@ -83,6 +83,10 @@ void MeshComms::set_timeout(double seconds) {
   for (Communicator* c : all()) c->set_timeout(seconds);
 }
 
+void MeshComms::set_trace_sink(CommTraceSink* sink) {
+  for (Communicator* c : all()) c->set_trace_sink(sink);
+}
+
 // ---- StepRunner ---------------------------------------------------------------------
 
 namespace {
@@ -434,6 +438,11 @@ Status StepRunner::run_instructions(const std::vector<Instruction>& list, Execut
           ex.run_node(g.node(in.node));
           timer->mark();
           timed_at.push_back(i);
+        } else if (trace_) {
+          const Node& n = g.node(in.node);
+          const double start = trace_clock();
+          ex.run_node(n);
+          trace_->add("compute", std::string(op_name(n.op)) + " " + n.scope, start, trace_clock());
         } else {
           ex.run_node(g.node(in.node));
         }
@@ -456,7 +465,13 @@ Status StepRunner::run_instructions(const std::vector<Instruction>& list, Execut
       case Instruction::wait: {
         auto it = inflight_.find(in.node);
         TS_CHECK(it != inflight_.end()) << "wait without start for node " << in.node;
+        const double start = trace_ ? trace_clock() : 0;
         Status s = it->second.first->wait(it->second.second);
+        if (trace_) {
+          const Node& n = g.node(in.node);
+          trace_->add("compute", "wait " + std::string(op_name(n.op)) + " " + n.scope, start,
+                      trace_clock());
+        }
         inflight_.erase(it);
         TS_RETURN_IF_ERROR(s);
         if (auto st = staged_.find(in.node); st != staged_.end()) {  // the f32 result, home
@@ -479,7 +494,7 @@ Status StepRunner::run_instructions(const std::vector<Instruction>& list, Execut
 }
 
 Status StepRunner::run_micro_step() {
-  if (!recordable_ || !record_steps_ || instruction_seconds_ != nullptr)
+  if (!recordable_ || !record_steps_ || instruction_seconds_ != nullptr || trace_ != nullptr)
     return run_instructions(prog_.micro_step, *exec_);
   if (!recorded_step_ && std::exchange(ran_eagerly_, true)) {  // libraries initialized
     Status s;
@@ -674,6 +689,13 @@ bool StepRunner::is_loss_seed(const Executor& ex, ValueId v) {
 }
 
 Result<double> StepRunner::apply(double lr, double clip) {
+  const double start = trace_ ? trace_clock() : 0;
+  Result<double> norm = apply_body(lr, clip);
+  if (trace_) trace_->add("compute", "optimizer", start, trace_clock());
+  return norm;
+}
+
+Result<double> StepRunner::apply_body(double lr, double clip) {
   TS_ASSIGN_OR_RETURN(const double sq, grad_sq_sum());
   // fp16: the gradients carry the loss scale (0: they overflowed, no update).
   const double scale = loss_scale_ > 0 ? take_loss_scale(sq) : 1.0;

@@ -29,6 +29,7 @@
 #include "runtime/executor.h"
 #include "runtime/feed.h"
 #include "runtime/optimizer.h"
+#include "runtime/step_trace.h"
 
 namespace tessera {
 
@@ -53,6 +54,8 @@ class MeshComms {
   int64_t bytes_sent() const;
   void reset_stats();
   void set_timeout(double seconds);
+  // Every communicator's operations to `sink` (null: stop); Communicator::set_trace_sink.
+  void set_trace_sink(CommTraceSink* sink);
 
  private:
   // All of this rank's communicators: the worlds and every group.
@@ -101,6 +104,10 @@ class StepRunner {
   // replayed from then on, unless set_record_steps(false).
   Result<float> forward_backward(const Feed& feed);
   void set_record_steps(bool on) { record_steps_ = on; }
+  // When set, each instruction run (compute, and the waits for collectives) and each apply()
+  // is added to `trace` as a span on its compute track (runtime/step_trace.h); a traced
+  // micro-step runs eagerly. Null: none.
+  void set_trace(StepTrace* trace) { trace_ = trace; }
   // After plan.micro_batches forward_backward calls: averages the gradients over them, clips
   // to `clip` (<= 0: no clipping) and steps AdamW with lr. Returns the pre-clip norm.
   Result<double> apply(double lr, double clip);
@@ -202,6 +209,7 @@ class StepRunner {
   bool is_loss_seed(const Executor& ex, ValueId v);
   // The micro-step's instructions, eagerly or replayed (forward_backward).
   Status run_micro_step();
+  Result<double> apply_body(double lr, double clip);  // apply() but for its trace span
   Status start(const Node& n, Executor& ex);
   Status sync_param(size_t i);
   LocalPiece block_of(size_t i) const;  // this rank's block in the ZeRO group
@@ -249,6 +257,7 @@ class StepRunner {
   std::vector<Buffer> unreduced_;
   std::vector<char> unreduced_started_;
   std::vector<double>* instruction_seconds_ = nullptr;
+  StepTrace* trace_ = nullptr;
   // The micro-step as one Recording (see forward_backward), after one eager run.
   bool record_steps_ = true;
   bool recordable_ = false;  // compute instructions only, no host writes between them

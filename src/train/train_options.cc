@@ -92,6 +92,12 @@ Status check_train_options(const TrainOptions& o, const ModelConfig& cfg) {
     Result<RecomputePolicy> r = parse_recompute(o.recompute);
     if (!r.ok()) return error("--recompute: " + r.status().message(), r.status().hint());
   }
+  if (o.trace_step != 0 && o.trace.empty())
+    return error("--trace-step " + std::to_string(o.trace_step) + " without --trace",
+                 "add --trace FILE (the step's Chrome/Perfetto trace goes there)");
+  if (o.trace_step < 0 || o.trace_step > o.steps)
+    return error("--trace-step " + std::to_string(o.trace_step) +
+                 " is not a step of this run (1 to --steps " + std::to_string(o.steps) + ")");
   return Status();
 }
 

@@ -53,7 +53,9 @@ struct TrainOptions {
   int recompute_layers = -1;         // --recompute-layers: the first N blocks; -1: the plan's
   double comm_timeout = 30;          // seconds a collective waits for a peer before failing
   std::string collectives = "auto";  // --collectives: auto | ring | mpi (comm/host_comm.h)
-  double peak_flops = 0;             // per rank, for MFU (0: measured with a GEMM at the start)
+  std::string trace;                 // --trace FILE: a Chrome/Perfetto trace of one step ("": none)
+  int64_t trace_step = 0;  // --trace-step N (1-based); 0: this run's second step (or its only)
+  double peak_flops = 0;   // per rank, for MFU (0: measured with a GEMM at the start)
   // --precision: "fp32", "bf16" or "fp16" (parameters, activations and gradients in it; f32
   // master weights and AdamW state; fp16 with dynamic loss scaling; GPT and LLaMA models, any
   // plan but pipelines).

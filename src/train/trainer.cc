@@ -28,6 +28,7 @@
 #include "io/fs.h"
 #include "ir/builder.h"
 #include "runtime/optimizer.h"
+#include "runtime/step_trace.h"
 #include "train/progress.h"
 #include "train/run_control.h"
 #include "train/run_metrics.h"
@@ -238,6 +239,38 @@ Status agree_on_start(Communicator* world, const Status& mine) {
                                     " could not start (its error says why)");
 }
 
+// --trace: every rank's spans of the step, gathered on rank 0, which writes the file.
+// Collective.
+Status write_trace(const TrainOptions& o, Communicator* world, const TrainState& st,
+                   const StepTrace& trace, int64_t step) {
+  std::vector<std::pair<int, std::vector<TraceSpan>>> ranks = {{0, trace.spans()}};
+  if (world && world->size() > 1) {
+    // Each rank's spans as JSON text, padded to the longest, gathered as 32-bit words.
+    std::string text = spans_to_json(ranks[0].second);
+    TS_ASSIGN_OR_RETURN(
+        const double longest,
+        world->all_reduce_scalar(static_cast<double>(text.size()), true, "trace size"));
+    const int64_t words = (static_cast<int64_t>(longest) + 4) / 4;
+    text.resize(static_cast<size_t>(words * 4), '\0');
+    std::string all(static_cast<size_t>(words * 4 * world->size()), '\0');
+    TS_RETURN_IF_ERROR(
+        world->wait(world->all_gather(text.data(), all.data(), words, DType::i32, "trace")));
+    ranks.clear();
+    for (int r = 0; r < world->size(); ++r) {
+      const std::string one =
+          all.substr(static_cast<size_t>(r * words * 4), static_cast<size_t>(words * 4));
+      ranks.push_back({r, spans_from_json(one.substr(0, one.find('\0')))});
+    }
+    if (world->rank() != 0) return Status();
+  }
+  TS_RETURN_IF_ERROR(write_file_atomic(
+      o.trace, chrome_trace_json(ranks, st.cfg.name + " " + st.plan().describe())));
+  std::fprintf(stderr,
+               "step %lld: trace of %zu rank%s written to %s (open it in ui.perfetto.dev)\n",
+               (long long)(step + 1), ranks.size(), ranks.size() == 1 ? "" : "s", o.trace.c_str());
+  return Status();
+}
+
 // The arena's measured high-water after the first step against the plan: printed by rank 0 and
 // by the first rank of every pipeline stage, and by any rank where they differ.
 void report_arena(const TrainState& st, const Communicator* world) {
@@ -401,7 +434,13 @@ Status train(const TrainOptions& o, const TrainJob& job) {
   int64_t last_saved = o.resume ? start_step : -1;  // the newest complete checkpoint
   double step_secs = 0;                             // in training steps (no eval, checkpoints)
   install_stop_signals();
+  // --trace: the step recorded (0-based), by default this run's second (or its only) one.
+  const int64_t traced = o.trace.empty()    ? -1
+                         : o.trace_step > 0 ? o.trace_step - 1
+                                            : std::min(start_step + 1, o.steps - 1);
   for (int64_t step = start_step; step < o.steps; ++step) {
+    std::optional<StepTrace> trace;
+    if (step == traced) st.step->set_trace(&trace.emplace());
     auto t0 = Clock::now();
     double lr = lr_at(step, o.warmup, o.steps, o.lr, o.lr * o.min_lr_frac);
     double loss = 0;
@@ -419,6 +458,10 @@ Status train(const TrainOptions& o, const TrainJob& job) {
     }
     loss /= static_cast<double>(o.grad_accum);
     TS_ASSIGN_OR_RETURN(double norm, st.apply(lr, o.clip));
+    if (trace) {
+      st.step->set_trace(nullptr);
+      TS_RETURN_IF_ERROR(write_trace(o, world, st, *trace, step));
+    }
     const bool skipped = st.step_skipped();  // fp16: the gradients overflowed, no update
     double dt = std::chrono::duration<double>(Clock::now() - t0).count();
     ++steps_this_run;

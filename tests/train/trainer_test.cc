@@ -7,7 +7,10 @@
 #include <gtest/gtest.h>
 
 #include <filesystem>
+#include <fstream>
+#include <map>
 #include <memory>
+#include <nlohmann/json.hpp>
 #include <string>
 #include <thread>
 #include <vector>
@@ -21,6 +24,7 @@ namespace {
 
 class TrainerTest : public TrainDirTest {
  protected:
+  std::string trace_;  // --trace of the runs, when set
   // Trains gpt-tiny (bf16 when `precision` says) on one process; the metrics' losses.
   std::vector<std::string> run(const std::string& out, Backend* backend, int64_t steps,
                                int64_t stop_after, bool resume, const std::string& precision,
@@ -39,6 +43,7 @@ class TrainerTest : public TrainDirTest {
     o.resume = resume;
     o.precision = precision;
     o.peak_flops = 1e12;  // no GEMM timing at the start
+    o.trace = trace_;
     ModelConfig cfg = *find_preset("gpt-tiny");
     if (precision == "bf16") cfg.dtype = DType::bf16;  // as `train --precision` sets it
     TrainJob job{cfg,     plan,        world, std::string(TESSERA_SOURCE_DIR) + "/data",
@@ -127,6 +132,50 @@ TEST_F(TrainerTest, RanksWithADeviceCommunicatorFollowTheCpuRanks) {
     run_ranks("device_resumed" + tag, true, plan, 3, false, true, precision);
     EXPECT_EQ(run_ranks("device_resumed" + tag, true, plan, 0, true, true, precision), cpu);
   }
+}
+
+// --trace on two data-parallel ranks: one file, a process per rank, each with its compute
+// track and the comm track of its data-parallel group, whose gradient collectives start while
+// the backward pass still computes (the overlap is measured, not assumed).
+TEST_F(TrainerTest, TraceShowsEachRanksComputeAndCollectivesOverlapping) {
+  trace_ = (dir_ / "step.json").string();
+  Plan plan = Plan::data_parallel(2, 2);
+  plan.bucket_bytes = 64 << 10;  // several gradient buckets per step
+  ASSERT_EQ(run_ranks("traced", false, plan, 0, false).size(), 6u);
+  std::ifstream f(trace_);
+  ASSERT_TRUE(f.good());
+  const nlohmann::json doc = nlohmann::json::parse(f);
+  std::map<int, std::map<int, std::string>> tracks;  // pid -> tid -> name
+  std::map<int, double> last_compute_end, first_comm_start;
+  int compute_spans = 0, comm_spans = 0;
+  for (const auto& e : doc.at("traceEvents"))
+    if (e.at("ph") == "M" && e.at("name") == "thread_name")
+      tracks[e.at("pid").get<int>()][e.at("tid").get<int>()] = e.at("args").at("name");
+  for (const auto& e : doc.at("traceEvents")) {
+    if (e.at("ph") != "X") continue;
+    const int pid = e.at("pid").get<int>();
+    const std::string& track = tracks[pid][e.at("tid").get<int>()];
+    const double ts = e.at("ts").get<double>(), end = ts + e.at("dur").get<double>();
+    if (track == "compute") {
+      ++compute_spans;
+      last_compute_end[pid] = std::max(last_compute_end[pid], end);
+    } else {
+      EXPECT_EQ(track.rfind("comm ", 0), 0u) << track;
+      ++comm_spans;
+      if (!first_comm_start.count(pid) || ts < first_comm_start[pid]) first_comm_start[pid] = ts;
+    }
+  }
+  ASSERT_EQ(tracks.size(), 2u);
+  for (int pid : {0, 1}) {
+    bool dp = false;
+    for (const auto& [tid, name] : tracks[pid]) dp = dp || name == "comm dp";
+    EXPECT_TRUE(dp) << "rank " << pid << " has no dp comm track";
+    ASSERT_TRUE(first_comm_start.count(pid));
+    EXPECT_LT(first_comm_start[pid], last_compute_end[pid])
+        << "rank " << pid << ": no collective started before the compute ended";
+  }
+  EXPECT_GT(compute_spans, 50);
+  EXPECT_GT(comm_spans, 4);
 }
 
 // bf16 on a device with gpt-tiny's 50,257 token rows: the run says which padded size keeps the
