@@ -50,14 +50,10 @@ Status run_calibrate(const CalibrateCli& o) {
     return error("--out '" + o.out + "': directory '" + parent.string() + "' does not exist",
                  "create it first, or write the spec elsewhere");
   CalibrationOptions opts = o.opts;
-  if (o.precision == "fp32")
-    opts.precision = DType::f32;
-  else if (o.precision == "bf16")
-    opts.precision = DType::bf16;
-  else if (o.precision == "fp16")
-    opts.precision = DType::f16;
-  else
-    return error("--precision must be fp32, bf16 or fp16, got '" + o.precision + "'");
+  const std::optional<DType> precision = parse_dtype(o.precision);
+  if (!precision || *precision == DType::i32)
+    return error("--precision must be fp32, bf16 or fp16 (or f32, f16), got '" + o.precision + "'");
+  opts.precision = *precision;
   // `tessera launch` asks first, in one process, whether the flags suit that many ranks.
   if (const char* n = std::getenv("TESSERA_LAUNCH_CHECK"))
     return check_calibrated_device(o.device, std::atoi(n) > 1);

@@ -1,5 +1,5 @@
 // `tessera import hf DIR --out CKPT` and `tessera export hf CKPT --out DIR`: Hugging Face
-// model folders (GPT-2, LLaMA) in and out of Tessera checkpoints (io/hf_checkpoint.h).
+// model folders (GPT-2, LLaMA, T5) in and out of Tessera checkpoints (io/hf_checkpoint.h).
 #include <cstdio>
 
 #include "base/format.h"
@@ -53,7 +53,7 @@ Status run_export(const HfArgs& a) {
   HfExportOptions opt;
   std::optional<DType> dtype = parse_dtype(a.dtype);
   if (!dtype || *dtype == DType::i32)
-    return error("--dtype must be f32, bf16 or f16, got \"" + a.dtype + "\"");
+    return error("--dtype must be f32 (fp32), bf16 or f16 (fp16), got \"" + a.dtype + "\"");
   opt.dtype = *dtype;
   opt.max_shard_bytes = a.max_shard_bytes;
   TS_ASSIGN_OR_RETURN(HfExport out, export_hf(a.from, a.out, opt));
@@ -68,7 +68,7 @@ Status run_export(const HfArgs& a) {
 void add_hf_commands(CLI::App& app) {
   auto a = std::make_shared<HfArgs>();
   CLI::App* in = app.add_subcommand(
-      "import", "Convert a Hugging Face model folder (GPT-2, LLaMA) into a Tessera checkpoint");
+      "import", "Convert a Hugging Face model folder (GPT-2, LLaMA, T5) into a Tessera checkpoint");
   in->add_option("format", a->format, "Source format: hf")->required();
   in->add_option("dir", a->from, "Folder with config.json and model.safetensors (or shards)")
       ->required();
@@ -77,7 +77,7 @@ void add_hf_commands(CLI::App& app) {
   in->callback([a] { exit_on_error(run_import(*a)); });
 
   CLI::App* ex = app.add_subcommand(
-      "export", "Write a Tessera checkpoint as a Hugging Face model folder (GPT-2, LLaMA)");
+      "export", "Write a Tessera checkpoint as a Hugging Face model folder (GPT-2, LLaMA, T5)");
   ex->add_option("format", a->format, "Target format: hf")->required();
   ex->add_option("checkpoint", a->from, "Checkpoint directory, or a run's checkpoints/ root")
       ->required();

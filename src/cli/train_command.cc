@@ -141,8 +141,7 @@ Status run_train(const TrainOptions& options) {
   }
   TS_RETURN_IF_ERROR(check_train_options(o, cfg));
   // A run option, not the model's: checkpoints hold the f32 master weights.
-  if (o.precision == "bf16") cfg.dtype = DType::bf16;
-  if (o.precision == "fp16") cfg.dtype = DType::f16;
+  cfg.dtype = *parse_dtype(o.precision);  // checked: fp32 (f32), bf16 or fp16 (f16)
   const bool automatic = o.plan == "auto";
   // `tessera launch` asks, in one process before it starts the ranks, whether the flags make a
   // plan for that many ranks: a mistake is then printed once, not once per rank.
@@ -299,8 +298,8 @@ void add_train_command(CLI::App& app, TrainOptions& o) {
   cmd->add_option("--recompute-layers", o.recompute_layers, kRecomputeLayersHelp);
   cmd->add_option("--precision", o.precision,
                   "fp32; bf16 or fp16: parameters, activations and gradients in it with f32 "
-                  "master weights and AdamW state (fp16 with dynamic loss scaling, not with "
-                  "--pp; GPT and LLaMA)")
+                  "master weights and AdamW state (fp16 with dynamic loss scaling; GPT and "
+                  "LLaMA, any plan; f32 and f16 are the same names)")
       ->capture_default_str();
   cmd->add_option("--device", o.device,
                   "cpu; or cuda: the step on NVIDIA GPUs (sm_80 or newer) through the same step "

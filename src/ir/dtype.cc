@@ -5,9 +5,9 @@
 namespace tessera {
 
 std::optional<DType> parse_dtype(std::string_view name) {
-  if (name == "f32" || name == "float32") return DType::f32;
+  if (name == "f32" || name == "fp32" || name == "float32") return DType::f32;
   if (name == "bf16" || name == "bfloat16") return DType::bf16;
-  if (name == "f16" || name == "float16") return DType::f16;
+  if (name == "f16" || name == "fp16" || name == "float16") return DType::f16;
   if (name == "i32" || name == "int32") return DType::i32;
   return std::nullopt;
 }

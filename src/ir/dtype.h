@@ -46,7 +46,8 @@ inline bool dtype_is_float(DType t) { return t != DType::i32; }
 // bf16 or f16: stored in 16 bits, computed in f32 (master weights, accumulators).
 inline bool is_low_precision(DType t) { return t == DType::bf16 || t == DType::f16; }
 
-// Accepts "f32"/"float32", "bf16"/"bfloat16", "f16"/"float16", "i32"/"int32".
+// Accepts "f32"/"fp32"/"float32", "bf16"/"bfloat16", "f16"/"fp16"/"float16", "i32"/"int32"
+// (every command's --precision and --dtype take either spelling).
 std::optional<DType> parse_dtype(std::string_view name);
 
 // bf16: the high half of an f32, rounded to nearest even (NaN stays NaN).

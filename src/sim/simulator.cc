@@ -356,7 +356,7 @@ Status parse_sim_precision(const std::string& name, SimOptions* opt) {
   }
   std::optional<DType> d = parse_dtype(name);
   if (!d || *d == DType::i32)
-    return error("--precision '" + name + "' is not one of f32, bf16, f16, fp8");
+    return error("--precision '" + name + "' is not one of f32 (fp32), bf16, f16 (fp16), fp8");
   opt->precision = *d;
   opt->fp8 = false;
   return Status();

@@ -25,9 +25,10 @@ Status check_train_options(const TrainOptions& o, const ModelConfig& cfg) {
   TS_RETURN_IF_ERROR(positive("--steps", o.steps));
   TS_RETURN_IF_ERROR(positive("--grad-accum", o.grad_accum));
   TS_RETURN_IF_ERROR(positive("--tp", o.tp));
-  if (o.precision != "fp32" && o.precision != "bf16" && o.precision != "fp16")
-    return error("--precision must be fp32, bf16 or fp16, got '" + o.precision + "'");
-  if (o.precision != "fp32" && cfg.family != "gpt" && cfg.family != "llama")
+  const std::optional<DType> precision = parse_dtype(o.precision);
+  if (!precision || *precision == DType::i32)
+    return error("--precision must be fp32, bf16 or fp16 (or f32, f16), got '" + o.precision + "'");
+  if (*precision != DType::f32 && cfg.family != "gpt" && cfg.family != "llama")
     return error("--precision " + o.precision + " trains GPT and LLaMA models; " + cfg.name +
                      " is a " + cfg.family + " model",
                  "train it with --precision fp32");
@@ -83,6 +84,12 @@ Status check_train_options(const TrainOptions& o, const ModelConfig& cfg) {
                          std::pair{"--weight-decay", o.weight_decay}, std::pair{"--clip", o.clip},
                          std::pair{"--peak-flops", o.peak_flops}})
     TS_RETURN_IF_ERROR(at_least_zero(flag, v));
+  // A peak below any device's is a unit slip (TFLOP/s meant): MFU would be in the billions of %.
+  if (o.peak_flops > 0 && o.peak_flops < 1e9)
+    return error("--peak-flops " + number_text(o.peak_flops) +
+                     " FLOP/s is below any device's peak (the MFU would exceed 100%)",
+                 "give FLOP/s per rank, e.g. 9.89e14 for an H100's dense bf16 peak, or leave it "
+                 "out to measure a GEMM");
   if (!(o.min_lr_frac >= 0 && o.min_lr_frac <= 1))
     return error("--min-lr-frac must be between 0 and 1, got " + number_text(o.min_lr_frac));
   if (!(o.comm_timeout > 0) || !std::isfinite(o.comm_timeout))

@@ -556,6 +556,11 @@ Status train(const TrainOptions& o, const TrainJob& job) {
                  images ? "images" : "tokens", format_si(per_rank).c_str(), 100 * per_rank / peak,
                  format_si(peak).c_str(),
                  o.peak_flops > 0 ? "--peak-flops" : "this rank's measured GEMM rate");
+    if (per_rank > peak)
+      std::fprintf(stderr,
+                   "note: an MFU above 100%%: the peak (%s FLOP/s) is below the rate this rank "
+                   "reached; give the device's datasheet peak with --peak-flops\n",
+                   format_si(peak).c_str());
   }
 
   if (o.sample_tokens > 0 && task_of(cfg) == ModelTask::language_model &&

@@ -4,6 +4,7 @@
 // checked once,
 // calibrate's --out a directory, CSV tables with a byte-order mark, no rows or no GPUs; and a
 // topology the simulator does not model is said to be timed as a fat tree.
+#include <dlfcn.h>
 #include <gtest/gtest.h>
 
 #include <filesystem>
@@ -58,6 +59,18 @@ TEST_F(BadInputs, APlanThatIsADirectoryIsNamed) {
   expect("launch -n 2 -- " + run + "--plan plans", 1, {said});
 }
 
+// --peak-flops in the wrong unit (1 meant as TFLOP/s) is refused, not reported as an MFU of
+// billions of percent (N17); help texts say what the commands do now (N18).
+TEST_F(BadInputs, PeakFlopsInTheWrongUnitAndStaleHelp) {
+  expect("train --model gpt-tiny --seq 16 --steps 1 --data data --out run --peak-flops 1", 1,
+         {"--peak-flops 1 FLOP/s is below any device's peak", "9.89e14"});
+  std::string out;
+  ASSERT_EQ(run_command(std::string(TESSERA_BINARY) + " train --help", &out), 0);
+  EXPECT_EQ(out.find("not with --pp"), std::string::npos) << out;  // fp16 pipelines train
+  ASSERT_EQ(run_command(std::string(TESSERA_BINARY) + " --help", &out), 0);
+  EXPECT_NE(out.find("(GPT-2, LLaMA, T5)"), std::string::npos) << out;
+}
+
 TEST_F(BadInputs, DataThatIsAFileAndShardsTokenizeWouldReplace) {
   write("afile", "hello");
   expect("train --model gpt-tiny --seq 16 --steps 1 --data afile --out run", 1,
@@ -81,6 +94,11 @@ TEST_F(BadInputs, DevicesThatAreNotThereAreNamed) {
   run_command("cd " + dir_.string() + " && " + TESSERA_BINARY + " " + run + "--device cuda", &out);
   if (out.find("error:") != std::string::npos) {  // no GPU here (else it trains)
     EXPECT_NE(out.find("error: --device cuda: "), std::string::npos) << out;
+    // Without a driver at all, the error says so (the CUDA runtime calls it too old: N14).
+    void* driver = dlopen("libcuda.so.1", RTLD_LAZY);
+    if (driver == nullptr && out.find("built without the CUDA backend") == std::string::npos)
+      EXPECT_NE(out.find("no NVIDIA driver on this machine"), std::string::npos) << out;
+    if (driver != nullptr) dlclose(driver);
     EXPECT_NE(out.find("--device cpu"), std::string::npos) << out;
     EXPECT_EQ(out.find("internal error"), std::string::npos) << out;
   }
@@ -119,7 +137,7 @@ TEST_F(BadInputs, CalibrateRefusesADirectoryBeforeMeasuring) {
   expect("calibrate --out specs", 1, {"'specs' is a directory", "specs/cluster.toml"});
   expect("calibrate --out nowhere/spec.toml", 1, {"does not exist"});
   expect("calibrate --out spec.toml --precision fp8", 1,
-         {"--precision must be fp32, bf16 or fp16, got 'fp8'"});
+         {"--precision must be fp32, bf16 or fp16 (or f32, f16), got 'fp8'"});
   expect("calibrate --out spec.toml --device tpu", 1, {"--device 'tpu' is not a device"});
   // Under launch, a device several ranks cannot share is one error, before any rank starts.
   std::string out;
@@ -178,7 +196,11 @@ TEST_F(BadInputs, Fp8NeedsADeviceWithAnFp8Peak) {
                           "plan gpt2-small --auto --gpus 8 --cluster dgx-a100 --precision fp8"})
     expect(cmd, 1, {"A100-SXM4-80GB has no FP8 peak (peak_tflops_fp8 in its [device])"});
   expect("simulate gpt2-small --precision fp4", 1,
-         {"--precision 'fp4' is not one of f32, bf16, f16, fp8"});
+         {"--precision 'fp4' is not one of f32 (fp32), bf16, f16 (fp16), fp8"});
+  // One spelling per concept, both accepted everywhere (bad-inputs-7d08d5e N13): train's
+  // fp16 in simulate and export, simulate's f16 in train.
+  expect("simulate gpt-tiny --gpus 1 --seq 16 --precision fp16", 0, {"per step, f16"});
+  expect("simulate gpt-tiny --gpus 1 --seq 16 --precision fp32", 0, {"per step, f32"});
 }
 
 TEST_F(BadInputs, ATopologyTheSimulatorDoesNotModelIsSaid) {

@@ -2,6 +2,7 @@
 
 #include <cublasLt.h>
 #include <cuda_runtime.h>
+#include <dlfcn.h>
 
 #include <algorithm>
 #include <cstdint>
@@ -75,9 +76,17 @@ bool cuda_device_present(std::string* why) {
   int n = 0;
   cudaError_t e = cudaGetDeviceCount(&n);
   if (e != cudaSuccess || n == 0) {
-    if (why != nullptr)
-      *why = e != cudaSuccess ? std::string("CUDA: ") + cudaGetErrorString(e)
-                              : std::string("CUDA: no device");
+    if (why != nullptr) {
+      // The runtime calls a missing driver an old one: say which it is.
+      void* driver = e == cudaErrorInsufficientDriver ? dlopen("libcuda.so.1", RTLD_LAZY) : nullptr;
+      if (e == cudaErrorInsufficientDriver && driver == nullptr)
+        *why = "no NVIDIA driver on this machine (libcuda.so.1 is not installed), so no GPU to use";
+      else if (e == cudaErrorNoDevice || (e == cudaSuccess && n == 0))
+        *why = "the NVIDIA driver sees no GPU on this machine";
+      else
+        *why = std::string("CUDA: ") + cudaGetErrorString(e);
+      if (driver != nullptr) dlclose(driver);
+    }
     cudaGetLastError();  // clear the sticky error
     return false;
   }
