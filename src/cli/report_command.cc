@@ -24,6 +24,7 @@ Status run_report(const ReportArgs& a) {
   std::printf("\n");
   if (r.cut_last_line)
     std::printf("note: the last line of metrics.jsonl was cut off (a killed run); left out\n");
+  for (const std::string& note : r.notes) std::printf("note: %s\n", note.c_str());
   return Status();
 }
 

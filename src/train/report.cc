@@ -29,6 +29,7 @@ struct Metrics {
   std::string unit = "tokens";             // what the throughput counts: "tokens" or "images"
   std::vector<std::array<double, 2>> val;  // step, validation loss
   bool cut_last_line = false;
+  std::vector<std::string> notes;  // records read but worth a word (a non-finite loss)
 };
 
 double number(const json& j, const char* key) {
@@ -58,6 +59,27 @@ Result<Metrics> read_metrics(const std::string& path) {
                    "metrics.jsonl holds one JSON object per line as `tessera train` writes it");
     }
     if (!j.is_object()) return error(path + ":" + std::to_string(n) + " is not a JSON object");
+    // A record whose step or loss is not a number, or a training step recorded twice, is
+    // damage too (hand edits, two runs' records in one file).
+    const std::string at = path + ":" + std::to_string(n);
+    const char* loss_key = j.contains("val_loss") ? "val_loss" : "loss";
+    if (j.contains(loss_key)) {
+      if (!j.contains("step") || !j["step"].is_number_integer())
+        return error(at + " has no integer \"step\"",
+                     "metrics.jsonl holds one record per line as `tessera train` writes it");
+      if (j[loss_key].is_null()) {  // a non-finite loss (JSON has no NaN): the run diverged
+        m.notes.push_back("step " + j["step"].dump() + "'s " + loss_key +
+                          " is not finite (null in metrics.jsonl: the run diverged there)");
+      } else if (!j[loss_key].is_number()) {
+        return error(at + ": \"" + loss_key + "\" is " + j[loss_key].dump() + ", not a number",
+                     "metrics.jsonl holds one record per line as `tessera train` writes it");
+      }
+      if (!j.contains("val_loss") && !m.train.empty() && number(j, "step") <= m.train.back()[0])
+        return error(at + " records step " + j["step"].dump() + " again (after step " +
+                         std::to_string(static_cast<long long>(m.train.back()[0])) + ")",
+                     "the file holds records of two runs or a copy of its lines; `tessera train "
+                     "--resume` keeps each step once");
+    }
     if (j.contains("val_loss"))
       m.val.push_back({number(j, "step"), number(j, "val_loss")});
     else if (j.contains("loss")) {
@@ -271,6 +293,7 @@ Result<RunReport> write_report(const std::string& run_dir, const std::string& ou
         escape(run_dir) + "</h1>\n" + summary_table(m, manifest);
     if (m.cut_last_line)
       html += "<p>The last line of metrics.jsonl was cut off (a killed run) and is left out.</p>\n";
+    for (const std::string& note : m.notes) html += "<p>Note: " + escape(note) + ".</p>\n";
     for (const char* plot : {"loss", "lr", "throughput"}) {
       TS_ASSIGN_OR_RETURN(std::string svg,
                           inline_svg(join_path(staging, plot + std::string(".svg"))));
@@ -294,6 +317,7 @@ Result<RunReport> write_report(const std::string& run_dir, const std::string& ou
   r.steps = static_cast<int64_t>(m.train.size());
   r.evals = static_cast<int64_t>(m.val.size());
   r.cut_last_line = m.cut_last_line;
+  r.notes = m.notes;
   return r;
 }
 

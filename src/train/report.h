@@ -23,11 +23,12 @@
 namespace tessera {
 
 struct RunReport {
-  std::string html;               // the page
-  std::vector<std::string> pngs;  // plots beside it
-  int64_t steps = 0;              // training records read
-  int64_t evals = 0;              // validation records read
-  bool cut_last_line = false;     // a partial last line was skipped
+  std::string html;                // the page
+  std::vector<std::string> pngs;   // plots beside it
+  int64_t steps = 0;               // training records read
+  int64_t evals = 0;               // validation records read
+  bool cut_last_line = false;      // a partial last line was skipped
+  std::vector<std::string> notes;  // e.g. a step whose loss is not finite (a diverged run)
 };
 
 Result<RunReport> write_report(const std::string& run_dir, const std::string& out_dir);

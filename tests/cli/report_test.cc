@@ -161,6 +161,23 @@ TEST_F(Report, BadRunDirectoriesAreOneError) {
   out = tessera("report " + (dir_ / "damaged").string(), 1);
   EXPECT_NE(out.find("metrics.jsonl:45 is not a JSON object"), std::string::npos) << out;
   EXPECT_FALSE(fs::exists(dir_ / "damaged/report/index.html"));
+  // Valid JSON that is not a valid record is damage too (bad-inputs-7d08d5e N15).
+  const std::pair<const char*, const char*> bad[] = {
+      {"{\"step\":41,\"loss\":\"abc\"}\n", "\"loss\" is \"abc\", not a number"},
+      {"{\"loss\":6.0}\n", "metrics.jsonl:45 has no integer \"step\""},
+      {"{\"step\":3,\"loss\":6.0}\n", "metrics.jsonl:45 records step 3 again (after step 39)"}};
+  int k = 0;
+  for (const auto& [line, why] : bad) {
+    const std::string run = "bad" + std::to_string(k++);
+    write_metrics(run);
+    std::ofstream(dir_ / run / "metrics.jsonl", std::ios::app) << line;
+    out = tessera("report " + (dir_ / run).string(), 1);
+    EXPECT_NE(out.find(why), std::string::npos) << out;
+  }
+  // A null loss is a diverged step (JSON has no NaN): reported, with a note saying so.
+  write_metrics("diverged", "{\"step\":40,\"loss\":null}\n");
+  out = tessera("report " + (dir_ / "diverged").string(), 0);
+  EXPECT_NE(out.find("note: step 40's loss is not finite"), std::string::npos) << out;
 }
 
 }  // namespace
