@@ -32,6 +32,7 @@ Status run_launch(const LaunchOptions& o) {
   job.self = std::filesystem::read_symlink("/proc/self/exe", ec).string();
   if (ec) return error("cannot find the tessera binary (/proc/self/exe): " + ec.message());
   job.mpirun = o.mpirun;
+  TS_RETURN_IF_ERROR(check_mpirun(job.mpirun));
   job.ranks = o.ranks;
   job.args = o.args;
   if (o.elastic) {

@@ -164,6 +164,15 @@ int64_t last_checkpoint_step(const std::string& out) {
 
 }  // namespace
 
+Status check_mpirun(const std::string& mpirun) {
+  const int code = run_child({mpirun, "--version"}, nullptr, "", /*quiet=*/true);
+  if (code == 0) return Status();
+  return error("--mpirun " + mpirun + " is not an MPI launcher: `" + mpirun + " --version` " +
+                   (code == 127 ? "could not run" : "exited with code " + std::to_string(code)),
+               "pass Open MPI's mpirun (scripts/install_deps.sh installs openmpi-bin) or MPICH's "
+               "mpiexec");
+}
+
 int check_train_plan(const LaunchJob& job, bool quiet) {
   std::vector<std::string> argv = {job.self};
   argv.insert(argv.end(), job.args.begin(), job.args.end());
@@ -220,7 +229,9 @@ Result<int> run_elastic(LaunchJob job, int min_ranks) {
       check_train_plan(attempt, /*quiet=*/false);  // prints why, for `ranks`
       return error("no plan for " + std::to_string(min_ranks) + " to " + std::to_string(ranks) +
                        " ranks with these flags",
-                   "lower --min-ranks, or use flags that fit fewer ranks");
+                   min_ranks > 1 ? "lower --min-ranks, or use flags that fit fewer ranks"
+                                 : "use flags that fit fewer ranks (the error above says which "
+                                   "flag needs more), then resume with --resume");
     }
     if (attempt.ranks < ranks)
       std::fprintf(stderr, "tessera launch: the plan fits %d of the %d ranks left; %d idle\n",

@@ -24,6 +24,10 @@ struct LaunchJob {
   std::vector<std::string> args;  // the tessera command and its flags
 };
 
+// Whether `mpirun --version` runs: a launcher that is not MPI's (--mpirun /bin/false) is one
+// error, not a silent exit.
+Status check_mpirun(const std::string& mpirun);
+
 // Runs `args` once with `TESSERA_LAUNCH_CHECK` set to `ranks`: exit 0 when the command's flags
 // suit that many ranks (train: they make a plan; calibrate: its device). `quiet` discards
 // what it prints.

@@ -279,6 +279,9 @@ Result<HfExport> export_hf(const std::string& checkpoint, const std::string& hf_
                            const HfExportOptions& opt) {
   if (opt.dtype == DType::i32) return error("--dtype must be f32, bf16 or f16");
   if (opt.max_shard_bytes <= 0) return error("--max-shard-bytes must be positive");
+  if (path_exists(hf_dir) && !is_directory(hf_dir))
+    return error("--out " + hf_dir + " is a file; export writes a folder there",
+                 "pass a new --out (a folder to create)");
   if (path_exists(hf_dir)) {
     TS_ASSIGN_OR_RETURN(std::vector<std::string> entries, list_dir(hf_dir));
     if (!is_directory(hf_dir) || !entries.empty())

@@ -271,6 +271,10 @@ Result<RunReport> write_report(const std::string& run_dir, const std::string& ou
     }
   }
 
+  if (path_exists(out_dir) && !is_directory(out_dir))
+    return error(
+        "--out " + out_dir + " is a file; the report is a folder (index.html and its plots)",
+        "pass a folder to create, or leave --out out for RUN_DIR/report");
   TS_RETURN_IF_ERROR(make_dirs(out_dir));
   const std::string staging =
       join_path(out_dir, ".tmp-report-" + std::to_string(static_cast<long>(::getpid())));

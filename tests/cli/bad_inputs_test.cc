@@ -104,6 +104,19 @@ TEST_F(BadInputs, DevicesThatAreNotThereAreNamed) {
   }
 }
 
+// Hints that name the real problem (bad-inputs-7d08d5e N16): an --out that is a file, a
+// --mpirun that is not MPI's.
+TEST_F(BadInputs, OutputsThatAreFilesAndLaunchersThatAreNotMpi) {
+  write("afile", "mine");
+  fs::create_directories(dir_ / "run");
+  write("run/metrics.jsonl", "{\"step\":0,\"loss\":10.0,\"lr\":0.001}\n");
+  expect("report run --out afile", 1, {"--out afile is a file; the report is a folder"});
+  expect("launch -n 2 --mpirun /bin/false -- train --model gpt-tiny", 1,
+         {"--mpirun /bin/false is not an MPI launcher: `/bin/false --version` exited with code 1"});
+  expect("launch -n 2 --mpirun no-such-mpirun -- train --model gpt-tiny", 1,
+         {"`no-such-mpirun --version` could not run"});
+}
+
 TEST_F(BadInputs, LaunchNamesAWrongCommandOnceBeforeStartingRanks) {
   expect("launch -n 2 -- frobnicate", 2, {"unknown command 'frobnicate'"});
   expect("launch -n 2 train --model gpt-tiny", 2,

@@ -206,6 +206,10 @@ TEST(HfCheckpoint, NothingIsOverwrittenOrLeftBehind) {
   ASSERT_FALSE(e.ok());
   EXPECT_TRUE(contains(e.status(), "not an empty directory")) << e.status().to_string();
   EXPECT_TRUE(fs::exists(tmp / "out/notes.txt"));
+  std::ofstream(tmp / "afile") << "mine";  // a file: said so, not "cannot list directory"
+  Result<HfExport> f = export_hf(tmp / "ckpt", tmp / "afile");
+  ASSERT_FALSE(f.ok());
+  EXPECT_TRUE(contains(f.status(), "is a file; export writes a folder")) << f.status().to_string();
   EXPECT_FALSE(export_hf(tmp / "ckpt", tmp / "x", {DType::i32}).ok());
   EXPECT_FALSE(export_hf(tmp / "nope", tmp / "y").ok());
   for (const auto& entry : fs::directory_iterator(tmp.path()))
