@@ -167,6 +167,13 @@ void add_plan_command(CLI::App& app) {
       exit_on_error(run_plan(*o));
       return;
     }
+    for (const char* flag :
+         {"--dp", "--tp", "--pp", "--zero", "--hsdp", "--sequence-parallel", "--schedule",
+          "--virtual-stages", "--stage-layers", "--recompute", "--recompute-layers", "--plan"})
+      if (cmd->count(flag))  // the search chooses these: it would ignore them
+        exit_on_error(error(std::string(flag) + " with --auto: the search chooses the plan",
+                            "drop the plan flags (or give them without --auto to lower that "
+                            "plan)"));
     o->search.model = o->model;
     o->search.seq = o->seq;
     // --batch is then the sequences of a whole step (the planner picks the micro-batches).

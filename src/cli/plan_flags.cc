@@ -116,7 +116,7 @@ Result<Plan> plan_from_flags(const PlanFlags& f, int ranks) {
     if (!r.ok()) return error("--schedule: " + r.status().message(), r.status().hint());
     plan.schedule = r.value();
   }
-  if (f.virtual_stages != 0) {
+  if (f.virtual_stages != -1) {
     if (f.virtual_stages < 1)
       return error("--virtual-stages must be at least 1, got " + std::to_string(f.virtual_stages));
     plan.virtual_stages = f.virtual_stages;

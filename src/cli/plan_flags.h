@@ -35,7 +35,7 @@ struct PlanFlags {
   int recompute_layers = -1;       // --recompute-layers N: the first N blocks; -1: the plan's
   int pp = 1;                      // pipeline stages (the outermost mesh axis)
   std::string schedule;            // --schedule; "": the plan file's (1f1b without one)
-  int virtual_stages = 0;          // --virtual-stages; 0: the plan file's (1 without one)
+  int virtual_stages = -1;         // --virtual-stages; -1: not given (the plan file's, or 1)
   std::string stage_layers;        // --stage-layers "a,b,...": blocks per chunk
 };
 

@@ -64,7 +64,7 @@ Result<Plan> train_plan(const TrainOptions& o, const ModelConfig& cfg, int ranks
 // why: the runners-up and, knob by knob, what the fastest other value costs.
 Result<Plan> auto_plan(TrainOptions* o, const ModelConfig& cfg, int ranks, bool print) {
   if (o->dp > 0 || o->tp > 1 || o->pp > 1 || o->zero != 0 || o->hsdp > 0 || !o->recompute.empty() ||
-      o->sequence_parallel || !o->schedule.empty() || o->virtual_stages > 0 ||
+      o->sequence_parallel || !o->schedule.empty() || o->virtual_stages != -1 ||
       !o->stage_layers.empty() || o->recompute_layers != -1)
     return error("--plan auto chooses the parallel configuration itself",
                  "drop --dp/--tp/--pp/--zero/--hsdp/--recompute/--sequence-parallel/--schedule "
@@ -268,10 +268,11 @@ void add_train_command(CLI::App& app, TrainOptions& o) {
                   "Plan JSON (see `tessera plan`; overrides --dp/--tp/--zero/--hsdp), or auto: "
                   "the planner picks the plan for the job's ranks and splits --batch x "
                   "--grad-accum sequences per step into micro-batches, and prints why");
-  cmd->add_option("--cluster", o.cluster,
-                  "With --plan auto: the cluster spec plans are timed on (a preset, or the .toml "
-                  "`tessera calibrate` wrote for this machine)")
-      ->capture_default_str();
+  CLI::Option* cluster =
+      cmd->add_option("--cluster", o.cluster,
+                      "With --plan auto: the cluster spec plans are timed on (a preset, or the "
+                      ".toml `tessera calibrate` wrote for this machine)")
+          ->capture_default_str();
   cmd->add_option("--pp", o.pp,
                   "Pipeline stages: the outermost mesh axis, each stage a contiguous run of "
                   "blocks (balanced by FLOPs, embedding and LM head counted, unless "
@@ -313,9 +314,13 @@ void add_train_command(CLI::App& app, TrainOptions& o) {
   cmd->add_option("--collectives", o.collectives, kCollectivesHelp)
       ->check(CLI::IsMember({"auto", "ring", "mpi"}))
       ->capture_default_str();
-  cmd->callback([&o, model, seq] {
+  cmd->callback([&o, model, seq, cluster] {
     o.model_given = model->count() > 0;
     o.seq_given = seq->count() > 0;
+    if (cluster->count() > 0 && o.plan != "auto")  // it would be silently ignored
+      exit_on_error(
+          error("--cluster " + o.cluster + " applies to --plan auto",
+                "add --plan auto to search the plans on that cluster, or drop --cluster"));
     exit_on_error(run_train(o));
   });
 }

@@ -289,12 +289,16 @@ Status validate(const Plan& p, int world) {
     return error("plan: virtual_stages = " + std::to_string(p.virtual_stages) + " needs the " +
                      "interleaved schedule, not " + schedule_name(p.schedule),
                  "use --schedule interleaved, or one virtual stage");
+  if (p.stages() > 1 && p.virtual_stages == 1 && p.schedule == ScheduleKind::interleaved)
+    return error("plan: the interleaved schedule with one virtual stage per stage is plain 1F1B",
+                 "add --virtual-stages 2 (or more model chunks per stage), or use --schedule "
+                 "1f1b");
   if (!p.stage_layers.empty() && static_cast<int>(p.stage_layers.size()) != p.chunks())
     return error("plan: stage_layers lists " + std::to_string(p.stage_layers.size()) +
                      " chunks but the pipeline has " + std::to_string(p.chunks()) +
                      " (stages x virtual stages)",
                  "give one block count per chunk");
-  if (p.stages() > 1 && p.zero >= 2 && p.zero_group() > 1)
+  if (p.stages() > 1 && p.zero >= 2)
     return error("plan: ZeRO-" + std::to_string(p.zero) +
                      " with pipeline parallelism is refused: every micro-batch's backward would "
                      "reduce-scatter its gradients" +

@@ -48,7 +48,7 @@ struct TrainOptions {
   bool sequence_parallel = false;
   int pp = 1;                        // pipeline stages (the outermost mesh axis)
   std::string schedule;              // --schedule: gpipe | 1f1b | interleaved | zb-h1 ("": 1f1b)
-  int virtual_stages = 0;            // --virtual-stages (interleaved); 0: 1
+  int virtual_stages = -1;           // --virtual-stages (interleaved); -1: not given (1)
   std::string stage_layers;          // --stage-layers "a,b,...": blocks per model chunk
   int recompute_layers = -1;         // --recompute-layers: the first N blocks; -1: the plan's
   double comm_timeout = 30;          // seconds a collective waits for a peer before failing

@@ -117,6 +117,22 @@ TEST_F(BadInputs, OutputsThatAreFilesAndLaunchersThatAreNotMpi) {
          {"`no-such-mpirun --version` could not run"});
 }
 
+// Flags that would be silently ignored, or change nothing, are refused (bad-inputs-7d08d5e
+// N11): interleaved with one chunk per stage, --virtual-stages 0, ZeRO-2 with stages on one
+// data rank, --cluster without --plan auto, plan flags with plan --auto.
+TEST_F(BadInputs, FlagsThatWouldBeIgnoredAreRefused) {
+  expect("plan gpt-tiny --seq 16 --pp 2 --schedule interleaved", 1,
+         {"the interleaved schedule with one virtual stage per stage is plain 1F1B"});
+  expect("plan gpt-tiny --seq 16 --pp 2 --schedule interleaved --virtual-stages 0", 1,
+         {"--virtual-stages must be at least 1, got 0"});
+  expect("plan gpt-tiny --seq 16 --pp 2 --zero 2", 1,
+         {"ZeRO-2 with pipeline parallelism is refused"});
+  expect("train --model gpt-tiny --seq 16 --steps 1 --data data --out run --cluster dgx-h100", 1,
+         {"--cluster dgx-h100 applies to --plan auto"});
+  expect("plan --auto gpt-tiny --gpus 2 --seq 16 --tp 2", 1,
+         {"--tp with --auto: the search chooses the plan"});
+}
+
 TEST_F(BadInputs, LaunchNamesAWrongCommandOnceBeforeStartingRanks) {
   expect("launch -n 2 -- frobnicate", 2, {"unknown command 'frobnicate'"});
   expect("launch -n 2 train --model gpt-tiny", 2,

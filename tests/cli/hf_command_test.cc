@@ -129,7 +129,7 @@ TEST_F(HfCommand, BadUsesAreOneError) {
   out = tessera("sample --checkpoint " + path("ck") + " --prompt 'Hello world' --tokens 2", 1);
   EXPECT_NE(out.find("beyond the model's vocabulary of 512"), std::string::npos) << out;
   out = tessera("export hf " + path("ck") + " --out " + path("ck") + " --dtype f8", 1);
-  EXPECT_NE(out.find("--dtype must be f32, bf16 or f16"), std::string::npos) << out;
+  EXPECT_NE(out.find("--dtype must be f32 (fp32), bf16 or f16 (fp16)"), std::string::npos) << out;
   out = tessera("export hf " + path("ck") + " --out " + path("ck"), 1);  // not empty
   EXPECT_NE(out.find("refusing to overwrite"), std::string::npos) << out;
   TrainOptions o = tiny_options("run");
