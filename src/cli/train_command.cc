@@ -98,6 +98,12 @@ Result<Plan> auto_plan(TrainOptions* o, const ModelConfig& cfg, int ranks, bool 
     std::fputs(format_explanation(e, cluster.device.memory_bytes).c_str(), stderr);
     std::fprintf(stderr, "plan auto: training with %s (--batch %lld --grad-accum %lld)\n",
                  best.describe().c_str(), (long long)o->batch, (long long)o->grad_accum);
+    if (o->device == "cpu" && o->cluster != "cpu-local" && !o->cluster.ends_with(".toml"))
+      std::fprintf(stderr,
+                   "note: the plans were timed on %s (%s), not on this machine's CPUs: the "
+                   "times above are that cluster's; `tessera calibrate` writes a spec of this "
+                   "machine to plan for it\n",
+                   o->cluster.c_str(), cluster.device.name.c_str());
   }
   return best.plan;
 }
@@ -249,6 +255,9 @@ void add_train_command(CLI::App& app, TrainOptions& o) {
                   "`tessera calibrate`'s spec); default: measured with a GEMM at the start");
   cmd->add_option("--stop-after", o.stop_after,
                   "Stop after N steps of this run, saving a checkpoint");
+  cmd->add_flag("--sync-checkpoints", o.sync_checkpoints,
+                "Write checkpoints while the training waits (by default their files are written "
+                "by a thread of their own during the next step, from a host copy of the state)");
   cmd->add_option("--trace", o.trace,
                   "Write a Chrome/Perfetto trace of one step here (every rank's compute and its "
                   "rank groups' collectives on their comm streams; open it in ui.perfetto.dev)");

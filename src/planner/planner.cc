@@ -31,11 +31,14 @@ double local_param_elems(const std::vector<ParamTensors>& params) {
 
 std::string PlanCandidate::describe() const {
   const Plan& p = plan;
-  std::string s = "tp=" + std::to_string(p.tensor_group()) + " pp=" + std::to_string(p.stages()) +
-                  " dp=" + std::to_string(p.data_group()) +
-                  (p.replica_axes().empty() ? " zero=" + std::to_string(p.zero)
-                                            : " hsdp=" + std::to_string(p.zero_group())) +
-                  " mb=" + std::to_string(micro_batch) + "x" + std::to_string(p.micro_batches);
+  std::string s =
+      "tp=" + std::to_string(p.tensor_group()) + " pp=" + std::to_string(p.stages()) +
+      " dp=" + std::to_string(p.data_group()) +
+      // hsdp=R as --hsdp R means it: R replica groups, each ZeRO-3 over `shard` ranks
+      (p.replica_axes().empty() ? " zero=" + std::to_string(p.zero)
+                                : " hsdp=" + std::to_string(p.data_group() / p.zero_group()) +
+                                      " shard=" + std::to_string(p.zero_group())) +
+      " mb=" + std::to_string(micro_batch) + "x" + std::to_string(p.micro_batches);
   if (p.stages() > 1) {
     s += std::string(" ") + schedule_name(p.schedule);
     if (p.virtual_stages > 1) s += " v=" + std::to_string(p.virtual_stages);

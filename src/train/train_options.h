@@ -55,7 +55,8 @@ struct TrainOptions {
   std::string collectives = "auto";  // --collectives: auto | ring | mpi (comm/host_comm.h)
   std::string trace;                 // --trace FILE: a Chrome/Perfetto trace of one step ("": none)
   int64_t trace_step = 0;  // --trace-step N (1-based); 0: this run's second step (or its only)
-  double peak_flops = 0;   // per rank, for MFU (0: measured with a GEMM at the start)
+  bool sync_checkpoints = false;  // --sync-checkpoints: written while the training waits
+  double peak_flops = 0;          // per rank, for MFU (0: measured with a GEMM at the start)
   // --precision: "fp32", "bf16" or "fp16" (parameters, activations and gradients in it; f32
   // master weights and AdamW state; fp16 with dynamic loss scaling; GPT and LLaMA models, any
   // plan but pipelines).

@@ -75,10 +75,25 @@ class TrainState {
 
   // Whether every parameter element is finite (on every rank: collective when distributed).
   Result<bool> params_finite() const;
-  // Writes <root>/step-N (parameters, AdamW moments, loader position, config) and prunes old
-  // checkpoints beyond opts.keep_ckpts. Distributed: every rank writes its shards, rank 0
-  // commits after all succeeded (the checkpoint loads under any plan).
-  Status save(const std::string& root, int64_t completed_steps, const BatchStream& train) const;
+  // Checkpoints: <root>/step-N (parameters, AdamW moments, loader position, config), old ones
+  // pruned beyond opts.keep_ckpts. Distributed: every rank writes its shards, rank 0 commits
+  // after all succeeded (the checkpoint loads under any plan). Written while training goes
+  // on: begin_save() copies this rank's state to host memory (a snapshot; the only part the
+  // step waits for) and writes its files on a thread of its own; finish_save() waits for them
+  // and publishes the checkpoint, still atomically (staging, rename, `latest` last). Every rank
+  // calls both at the same points (finish_save is collective when distributed); at most one
+  // save is in flight (begin_save finishes the one before). With opts.sync_checkpoints the
+  // files are written by begin_save itself.
+  Status begin_save(const std::string& root, int64_t completed_steps, const BatchStream& train);
+  // The step of the published checkpoint, or -1 when none was in flight. Collective.
+  Result<int64_t> finish_save();
+  bool save_in_flight() const { return pending_ != nullptr; }
+  // begin_save and finish_save at once.
+  Status save(const std::string& root, int64_t completed_steps, const BatchStream& train) {
+    TS_RETURN_IF_ERROR(begin_save(root, completed_steps, train));
+    return finish_save().status();
+  }
+  ~TrainState();
   // Loads the newest checkpoint under root (or a step directory), written under any plan,
   // re-sharding to this one; returns its completed steps. Flags of the schedule that differ
   // from the checkpoint's (--lr, --warmup, --min-lr-frac, --clip, --steps) are allowed and
@@ -100,8 +115,8 @@ class TrainState {
  private:
   TrainState(const ModelConfig& cfg, const TrainOptions& opts, Backend& backend);
   Status read_held(const ShardedCheckpoint& ck, bool with_moments);
-  Status save_sharded(const std::string& root, int64_t completed,
-                      const nlohmann::json& manifest) const;
+  struct PendingSave;                     // train_state_save.cc
+  std::shared_ptr<PendingSave> pending_;  // shared_ptr: PendingSave is complete in its file
   nlohmann::json manifest(int64_t completed, const BatchStream& train) const;
   using HeldParam = StepDriver::HeldParam;
   std::vector<HeldParam> held_params() const { return step->held_params(); }

@@ -462,6 +462,12 @@ Status train(const TrainOptions& o, const TrainJob& job) {
       st.step->set_trace(nullptr);
       TS_RETURN_IF_ERROR(write_trace(o, world, st, *trace, step));
     }
+    // The previous step's checkpoint, written during this step, is published now (every rank
+    // at the same point: collective).
+    if (st.save_in_flight()) {
+      TS_ASSIGN_OR_RETURN(last_saved, st.finish_save());
+      if (leader) progress.note("step " + std::to_string(last_saved) + ": checkpoint saved");
+    }
     const bool skipped = st.step_skipped();  // fp16: the gradients overflowed, no update
     double dt = std::chrono::duration<double>(Clock::now() - t0).count();
     ++steps_this_run;
@@ -525,9 +531,12 @@ Status train(const TrainOptions& o, const TrainJob& job) {
       // An update can overflow the parameters with a finite loss: never save those.
       TS_ASSIGN_OR_RETURN(bool finite, st.params_finite());
       if (!finite) return diverged(step, "parameters after the update", last_saved, o);
-      TS_RETURN_IF_ERROR(st.save(o.out + "/checkpoints", step + 1, train));
-      last_saved = step + 1;
-      if (leader) progress.note("step " + std::to_string(step + 1) + ": checkpoint saved");
+      TS_RETURN_IF_ERROR(st.begin_save(o.out + "/checkpoints", step + 1, train));
+      // Its files are written during the next step; the run's last (or stopping) step waits.
+      if (last || stopping) {
+        TS_ASSIGN_OR_RETURN(last_saved, st.finish_save());
+        if (leader) progress.note("step " + std::to_string(last_saved) + ": checkpoint saved");
+      }
     }
     if (signal != 0) {
       if (leader) {

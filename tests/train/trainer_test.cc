@@ -22,9 +22,12 @@
 namespace tessera {
 namespace {
 
+namespace fs = std::filesystem;
+
 class TrainerTest : public TrainDirTest {
  protected:
-  std::string trace_;  // --trace of the runs, when set
+  std::string trace_;       // --trace of the runs, when set
+  int64_t ckpt_every_ = 3;  // --ckpt-every of the runs
   // Trains gpt-tiny (bf16 when `precision` says) on one process; the metrics' losses.
   std::vector<std::string> run(const std::string& out, Backend* backend, int64_t steps,
                                int64_t stop_after, bool resume, const std::string& precision,
@@ -36,7 +39,8 @@ class TrainerTest : public TrainDirTest {
     o.warmup = 2;
     o.eval_every = 3;
     o.eval_batches = 2;
-    o.ckpt_every = 3;
+    o.ckpt_every = ckpt_every_;
+    o.keep_ckpts = 0;  // all of them
     o.log_every = 1;
     o.sample_tokens = 4;
     o.stop_after = stop_after;
@@ -131,6 +135,31 @@ TEST_F(TrainerTest, RanksWithADeviceCommunicatorFollowTheCpuRanks) {
     EXPECT_EQ(run_ranks("device_ranks" + tag, true, plan, 0, false, true, precision), cpu);
     run_ranks("device_resumed" + tag, true, plan, 3, false, true, precision);
     EXPECT_EQ(run_ranks("device_resumed" + tag, true, plan, 0, true, true, precision), cpu);
+  }
+}
+
+// Checkpoints are written during the next step (from a host snapshot) and published after
+// it: a run resumed from one of them (step 2's, written while step 3 trained) continues with
+// the uninterrupted run's losses bit for bit, so the files hold step 2's state, not what step 3
+// did to it. One process (plain files) and two ranks (shards, published by rank 0).
+TEST_F(TrainerTest, CheckpointsWrittenDuringTheNextStepResumeExactly) {
+  ckpt_every_ = 2;
+  for (int ranks : {1, 2}) {
+    SCOPED_TRACE(std::to_string(ranks) + " ranks");
+    const std::string out = "async" + std::to_string(ranks);
+    auto go = [&](bool resume) {
+      return ranks == 1 ? run(out, nullptr, 6, 0, resume, "fp32")
+                        : run_ranks(out, false, Plan::data_parallel(2, 1), 0, resume);
+    };
+    const std::vector<std::string> straight = go(false);
+    ASSERT_EQ(straight.size(), 6u);
+    const fs::path ckpts = dir_ / out / "checkpoints";
+    for (const char* step : {"step-00000002", "step-00000004", "step-00000006"})
+      ASSERT_TRUE(fs::exists(ckpts / step / "manifest.json")) << step;
+    fs::remove_all(ckpts / "step-00000004");
+    fs::remove_all(ckpts / "step-00000006");
+    std::ofstream(ckpts / "latest") << "step-00000002\n";
+    EXPECT_EQ(go(true), straight);
   }
 }
 
