@@ -16,9 +16,9 @@
 namespace tessera {
 
 // automatic: the faster of the two as bench/collectives_bench.cc measured them on 2 and 4 ranks
-// of one machine (docs/measurements.md, "Collectives"): MPI's all_gather at every size, MPI's reductions and
-// broadcasts below kMpiReductionBelowBytes (latency-bound: up to 2x faster), the ring's above
-// (up to 3x faster at 8 MiB and more).
+// of one machine (docs/measurements.md, "Collectives"): MPI's all_gather at every size, MPI's
+// reductions and broadcasts below kMpiReductionBelowBytes (latency-bound: up to 2x faster), the
+// ring's above (up to 3x faster at 8 MiB and more).
 enum class CollectiveAlgo { ring, mpi, automatic };
 constexpr int64_t kMpiReductionBelowBytes = 128 << 10;
 // What mpi_world uses unless told.
