@@ -88,7 +88,9 @@ std::vector<PlanCandidate> enumerate(const ModelConfig& cfg, const ClusterSpec& 
         // the groups (one node: the parameter gathers stay on NVLink; more: the shards are
         // smaller, for models one node's memory does not hold); the replicas all-reduce the
         // gradient blocks. An HSDP entry is minus its shard group's size.
-        std::vector<int> zeros = pp > 1 ? std::vector<int>{1} : std::vector<int>{1, 2, 3};
+        // With one data rank the stages shard nothing: one plan, not three alike.
+        std::vector<int> zeros =
+            pp > 1 || dp == 1 ? std::vector<int>{1} : std::vector<int>{1, 2, 3};
         for (int nodes = 1; nodes <= 4 && pp == 1; nodes *= 2) {
           const int shards = nodes * per_node / tp;
           if (shards > 1 && dp > shards && dp % shards == 0) zeros.push_back(-shards);

@@ -31,6 +31,17 @@ PlannerOptions options(int gpus, int64_t batch, int64_t seq, int top) {
   return o;
 }
 
+// With one data rank ZeRO-1/2/3 are the same plan: the fastest list holds each plan once
+// (it held zero=1, 2 and 3 of the same plan: bad-inputs-7d08d5e N12).
+TEST(Planner, OneDeviceListsEachPlanOnce) {
+  Result<PlanSearch> s =
+      search_plans(preset("gpt-tiny"), cluster("dgx-a100"), options(1, 2, 16, 5));
+  ASSERT_TRUE(s.ok()) << s.status().to_string();
+  ASSERT_GE(s->best.size(), 2u);
+  for (const PlanCandidate& c : s->best)  // zero=2 and 3 were the same plan again
+    EXPECT_LE(c.plan.zero, 1) << c.describe();
+}
+
 // The bounds the search prunes with are below what the simulator finds, on every plan it
 // simulated (ZeRO-1/2/3 and HSDP among them), and the plans it returns fit, fastest first.
 TEST(Planner, BoundsStayBelowTheSimulatedFiguresAndTheBestFitFastestFirst) {
