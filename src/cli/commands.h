@@ -27,5 +27,7 @@ void add_tokenize_command(CLI::App& app);
 // `import hf` and `export hf`.
 void add_hf_commands(CLI::App& app);
 void add_report_command(CLI::App& app);
+// `submit`: a training run planned for a flavor's GPUs, as a Slurm batch job.
+void add_submit_command(CLI::App& app);
 
 }  // namespace tessera

@@ -316,7 +316,11 @@ const char* thread_level_name(int level) {
 }  // namespace
 
 bool launched_by_mpirun() {
-  return std::getenv("OMPI_COMM_WORLD_SIZE") != nullptr || std::getenv("PMI_SIZE") != nullptr;
+  if (std::getenv("OMPI_COMM_WORLD_SIZE") || std::getenv("PMI_SIZE") || std::getenv("PMIX_RANK"))
+    return true;
+  // srun (a `tessera submit` job): a step of several tasks.
+  const char* tasks = std::getenv("SLURM_STEP_NUM_TASKS");
+  return tasks != nullptr && std::atoi(tasks) > 1;
 }
 
 Result<std::unique_ptr<Communicator>> mpi_world(int* argc, char*** argv, CollectiveAlgo algo) {

@@ -21,7 +21,8 @@
 
 namespace tessera {
 
-// True when this process was started by an MPI launcher (OMPI_COMM_WORLD_SIZE or PMI_SIZE set).
+// True when this process was started by an MPI launcher (OMPI_COMM_WORLD_SIZE, PMI_SIZE or
+// PMIX_RANK set), or by srun as one task of several (SLURM_STEP_NUM_TASKS > 1; not run here).
 bool launched_by_mpirun();
 
 // Initializes MPI (requesting MPI_THREAD_MULTIPLE; an error if the library does not provide

@@ -372,6 +372,22 @@ Result<TomlTable> TomlTable::table(const std::string& key) const {
   return out;
 }
 
+Result<std::vector<TomlTable>> TomlTable::table_array(const std::string& key) const {
+  TS_ASSIGN_OR_RETURN(const void* node, lookup(key));
+  std::vector<TomlTable> out;
+  if (!node) return out;
+  const toml::array* a = as_node(node).as_array();
+  if (!a || !a->is_array_of_tables())
+    return error_at(key, "must be an array of tables, got " + describe(as_node(node)),
+                    "write each entry as a [[" + full_key(key) + "]] section");
+  for (size_t i = 0; i < a->size(); ++i) {
+    TomlTable t(doc_, a->get(i)->as_table(), full_key(key) + "[" + std::to_string(i) + "]");
+    t.source_ = source_;
+    out.push_back(std::move(t));
+  }
+  return out;
+}
+
 Result<TomlTable> TomlTable::require_table(const std::string& key) const {
   if (!has(key)) {
     return error(source_ + ": missing required table [" + full_key(key) + "]",

@@ -62,6 +62,8 @@ class TomlTable {
   // present but not a table -> error. require_table errors when absent too.
   Result<TomlTable> table(const std::string& key) const;
   Result<TomlTable> require_table(const std::string& key) const;
+  // The tables of an array of tables (`[[key]]` sections), in order; absent -> none.
+  Result<std::vector<TomlTable>> table_array(const std::string& key) const;
 
   // Error naming every key of this table not in `known` (with a did-you-mean for the
   // first) and listing the accepted keys.

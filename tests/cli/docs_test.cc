@@ -19,8 +19,9 @@ TEST(Docs, TheReferenceNamesEveryFlagOfEveryCommand) {
   ASSERT_TRUE(f.good()) << "docs/reference.md is missing";
   const std::string reference((std::istreambuf_iterator<char>(f)), {});
   const std::regex flag("--[a-z0-9][a-z0-9-]*");
-  for (const char* command : {"train", "launch", "plan", "simulate", "validate", "calibrate",
-                              "graph", "sample", "tokenize", "report", "import hf", "export hf"}) {
+  for (const char* command :
+       {"train", "launch", "plan", "simulate", "validate", "calibrate", "graph", "sample",
+        "tokenize", "report", "import hf", "export hf", "submit"}) {
     std::string help;
     ASSERT_EQ(run_command(std::string(TESSERA_BINARY) + " " + command + " --help", &help), 0)
         << command;

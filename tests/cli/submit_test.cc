@@ -1,0 +1,118 @@
+// `tessera submit`: a training run planned for a flavor's GPUs as a Slurm batch script. The
+// script's content (--dry-run), the errors (an unknown or too small flavor, no Slurm, sbatch
+// refusing), and a submission through a stand-in sbatch (Slurm itself is not run here).
+#include <gtest/gtest.h>
+#include <sys/stat.h>
+
+#include <fstream>
+#include <string>
+
+#include "train_fixture.h"
+
+namespace tessera {
+namespace {
+
+namespace fs = std::filesystem;
+
+class Submit : public TrainDirTest {
+ protected:
+  std::string tessera(const std::string& args, int want_rc) {
+    std::string out;
+    EXPECT_EQ(run_command("cd " + dir_.string() + " && " + TESSERA_BINARY + " " + args, &out),
+              want_rc)
+        << args << "\n"
+        << out;
+    return out;
+  }
+  // An executable script `name` in <dir>/bin printing `said` and exiting `rc`.
+  std::string fake(const std::string& name, const std::string& said, int rc) {
+    fs::create_directories(dir_ / "bin");
+    const fs::path p = dir_ / "bin" / name;
+    std::ofstream(p) << "#!/bin/sh\necho \"$@\" > " << (dir_ / (name + ".args")).string()
+                     << "\necho '" << said << "'\nexit " << rc << "\n";
+    ::chmod(p.c_str(), 0755);
+    return p.string();
+  }
+};
+
+// One node of 8 H100s (xlarge.640gb): the plan for the model, and a script asking Slurm for one
+// node of 8 tasks with a GPU each, with a time limit from the prediction, SIGTERM before it
+// (the graceful checkpoint) and a requeue that resumes.
+TEST_F(Submit, DryRunPrintsThePlanAndTheBatchScript) {
+  const std::string out = tessera(
+      "submit --flavor xlarge.640gb --dry-run -- train --model llama3-8b --batch 64 --seq 2048 "
+      "--steps 1000 --precision bf16 --out run",
+      0);
+  for (const char* want :
+       {"\"mesh\"", "#SBATCH --nodes=1\n", "#SBATCH --ntasks-per-node=8\n",
+        "#SBATCH --gpus-per-task=1\n", "#SBATCH --time=0-", "#SBATCH --signal=TERM@120\n",
+        "#SBATCH --requeue\n", " --plan ", "/run/plan.json", " --device cuda", "--precision bf16",
+        "8 x H100-SXM5-80GB, predicted", "echo --resume"})
+    EXPECT_NE(out.find(want), std::string::npos) << want << "\n" << out;
+  // The step's split is the plan's: the user's --batch 64 is not passed on twice.
+  EXPECT_EQ(out.find("--batch 64"), std::string::npos) << out;
+  EXPECT_FALSE(fs::exists(dir_ / "run")) << "a dry run writes nothing";
+  // Two nodes for 16 devices.
+  const std::string two =
+      tessera("submit --flavor 2xlarge.1280gb --dry-run -- train --model gpt-tiny --seq 16", 0);
+  EXPECT_NE(two.find("#SBATCH --nodes=2\n#SBATCH --ntasks-per-node=8\n"), std::string::npos) << two;
+}
+
+TEST_F(Submit, BadFlavorsAndNoSlurmAreOneError) {
+  const std::string job = " -- train --model gpt-tiny --seq 16 --out run";
+  std::string out = tessera("submit --flavor xlarge --dry-run" + job, 1);
+  EXPECT_NE(out.find("--flavor 'xlarge' is not a flavor"), std::string::npos) << out;
+  EXPECT_NE(out.find("small.80gb, medium.160gb"), std::string::npos) << out;
+  out = tessera(
+      "submit --flavor small.80gb --dry-run -- train --model llama3-70b --batch 64 --seq 2048 "
+      "--precision bf16",
+      1);
+  EXPECT_NE(out.find("small.80gb cannot train llama3-70b"), std::string::npos) << out;
+  EXPECT_NE(out.find("the smallest flavor that fits is"), std::string::npos) << out;
+  out = tessera("submit --flavor small.80gb --sbatch no-such-sbatch" + job, 1);
+  EXPECT_NE(out.find("no Slurm on this machine"), std::string::npos) << out;
+  out = tessera("submit --flavor small.80gb --dry-run -- train --model gpt-tiny --tp 2", 1);
+  EXPECT_NE(out.find("--tp: submit chooses the plan"), std::string::npos) << out;
+  out = tessera("submit --dry-run" + job, 1);
+  EXPECT_NE(out.find("needs --flavor NAME or --gpus N"), std::string::npos) << out;
+}
+
+// Through a stand-in sbatch: the plan and the script are written into --out and the job id is
+// printed; an sbatch that refuses is one error with its message.
+TEST_F(Submit, SubmitsWithSbatchAndReportsItsRefusal) {
+  const std::string ok = fake("sbatch", "Submitted batch job 4242", 0);
+  std::string out = tessera("submit --flavor medium.160gb --sbatch " + ok +
+                                " -- train --model gpt-tiny --seq 16 --steps 10 --out run",
+                            0);
+  EXPECT_NE(out.find("submitted job 4242"), std::string::npos) << out;
+  EXPECT_TRUE(fs::exists(dir_ / "run/plan.json"));
+  std::ifstream script(dir_ / "run/job.sbatch");
+  const std::string text((std::istreambuf_iterator<char>(script)), {});
+  EXPECT_NE(text.find("#SBATCH --ntasks-per-node=2"), std::string::npos) << text;
+  std::ifstream args(dir_ / "sbatch.args");
+  std::string passed;
+  std::getline(args, passed);
+  EXPECT_EQ(passed, (dir_ / "run/job.sbatch").string());
+  const std::string refuses =
+      fake("sbatch_no", "sbatch: error: Batch job submission failed: Invalid partition", 1);
+  out = tessera("submit --flavor medium.160gb --sbatch " + refuses +
+                    " -- train --model gpt-tiny --seq 16 --steps 10 --out run2",
+                1);
+  EXPECT_NE(out.find("sbatch refused the job (exit code 1): sbatch: error: Batch job submission "
+                     "failed: Invalid partition"),
+            std::string::npos)
+      << out;
+}
+
+// A user's flavors file adds to the ladder.
+TEST_F(Submit, AUsersFlavorsFileAddsFlavors) {
+  std::ofstream(dir_ / "mine.toml") << "[[flavor]]\nname = \"a100x4\"\ncluster = \"dgx-a100\"\n"
+                                       "devices = 4\nmemory_gb = 320\n";
+  const std::string out = tessera(
+      "submit --flavors mine.toml --flavor a100x4 --dry-run -- train --model gpt-tiny --seq 16", 0);
+  EXPECT_NE(out.find("4 x A100-SXM4-80GB"), std::string::npos) << out;
+  EXPECT_NE(out.find("$20.48 per hour"), std::string::npos) << out;  // 4 x dgx-a100's 5.12
+}
+
+}  // namespace
+}  // namespace tessera
