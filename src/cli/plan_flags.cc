@@ -10,10 +10,12 @@ namespace tessera {
 namespace {
 
 // "1, 2, 4" : the divisors of n.
-std::string divisors(int n) {
+// The divisors of n that also divide `heads` (0: any), as a list for a hint.
+std::string divisors(int n, int64_t heads = 0) {
   std::string s;
   for (int d = 1; d <= n; ++d)
-    if (n % d == 0) s += (s.empty() ? "" : ", ") + std::to_string(d);
+    if (n % d == 0 && (heads <= 0 || heads % d == 0))
+      s += (s.empty() ? "" : ", ") + std::to_string(d);
   return s;
 }
 
@@ -49,7 +51,7 @@ std::string describe_block_layout(const BlockLayout& b, const Plan& plan) {
 
 }  // namespace
 
-Result<Plan> plan_from_flags(const PlanFlags& f, int ranks) {
+Result<Plan> plan_from_flags(const PlanFlags& f, int ranks, int64_t heads) {
   Plan plan;
   if (!f.file.empty()) {
     TS_ASSIGN_OR_RETURN(plan, load_plan(f.file));
@@ -59,7 +61,9 @@ Result<Plan> plan_from_flags(const PlanFlags& f, int ranks) {
     if (f.dp == 0 && ranks % f.tp != 0)
       return error("--tp " + std::to_string(f.tp) + " does not divide the " +
                        std::to_string(ranks) + " ranks",
-                   "use a --tp that divides " + std::to_string(ranks) + ": " + divisors(ranks));
+                   "use a --tp that divides " + std::to_string(ranks) +
+                       (heads > 0 ? " and the model's " + std::to_string(heads) + " heads" : "") +
+                       ": " + divisors(ranks, heads));
     if (f.pp < 1) return error("--pp must be at least 1, got " + std::to_string(f.pp));
     const int inner = f.tp * f.pp;  // ranks of one data-parallel replica
     if (f.dp == 0 && ranks % inner != 0)

@@ -50,7 +50,9 @@ void add_plan_flags(CLI::App* cmd, PlanFlags* f);
 
 // The mesh and the plan's settings, checked against `ranks` devices (0: whatever the plan
 // needs). Errors name the flag and the values that would work.
-Result<Plan> plan_from_flags(const PlanFlags& f, int ranks);
+// `heads`: the model's attention heads, when known (0: not): the hint for a --tp that does not
+// divide the ranks lists only the degrees that split the heads too.
+Result<Plan> plan_from_flags(const PlanFlags& f, int ranks, int64_t heads = 0);
 
 // Once the global micro-batch and the training graph are known: checks that `batch` splits
 // over the data axes, reads --stage-layers against the model's blocks and, for --tp without a plan

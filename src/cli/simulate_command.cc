@@ -85,7 +85,7 @@ Status run_simulate(const SimulateOptions& o) {
   PlanFlags f = o.flags;
   // ZeRO-3, simulate's default, does not combine with a pipeline: ZeRO-1 there.
   if (f.pp > 1 && !o.zero_given) f.zero = 1;
-  TS_ASSIGN_OR_RETURN(Plan plan, plan_from_flags(f, f.file.empty() ? o.gpus : 0));
+  TS_ASSIGN_OR_RETURN(Plan plan, plan_from_flags(f, f.file.empty() ? o.gpus : 0, cfg.n_head));
   const int64_t batch = o.batch > 0 ? o.batch : plan.data_group();
   SimOptions so;
   TS_RETURN_IF_ERROR(parse_sim_precision(o.precision, &so));

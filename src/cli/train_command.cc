@@ -43,7 +43,7 @@ PlanFlags plan_flags(const TrainOptions& o) {
 // stage counts with --pp). `placed` gets the search's report.
 Result<Plan> train_plan(const TrainOptions& o, const ModelConfig& cfg, int ranks,
                         std::string* placed) {
-  TS_ASSIGN_OR_RETURN(Plan plan, plan_from_flags(plan_flags(o), ranks));
+  TS_ASSIGN_OR_RETURN(Plan plan, plan_from_flags(plan_flags(o), ranks, cfg.n_head));
   if (plan.mesh.size() == 1) return plan;  // one process: its --grad-accum and --recompute
   // Placements for this machine's ratio of FLOP/s to bytes/s between ranks (cpu-local's
   // figures; `tessera calibrate` measures them). The search is deterministic, so every rank

@@ -28,8 +28,8 @@ Status read_flavors(const TomlTable& root, std::vector<Flavor>* out) {
     TS_ASSIGN_OR_RETURN(f.cluster, t.require_string("cluster"));
     TS_ASSIGN_OR_RETURN(const int64_t devices, t.require_int("devices"));
     if (devices < 1 || devices > (1 << 20))
-      return t.error_at("devices", "must be a number of devices from 1, got " +
-                                       std::to_string(devices));
+      return t.error_at("devices",
+                        "must be a number of devices from 1, got " + std::to_string(devices));
     f.devices = static_cast<int>(devices);
     TS_ASSIGN_OR_RETURN(f.memory_gb, t.get_float("memory_gb", 0));
     TS_ASSIGN_OR_RETURN(f.price_per_hour, t.get_float("price_per_hour", -1));

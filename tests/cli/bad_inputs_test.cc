@@ -115,6 +115,9 @@ TEST_F(BadInputs, OutputsThatAreFilesAndLaunchersThatAreNotMpi) {
          {"--mpirun /bin/false is not an MPI launcher: `/bin/false --version` exited with code 1"});
   expect("launch -n 2 --mpirun no-such-mpirun -- train --model gpt-tiny", 1,
          {"`no-such-mpirun --version` could not run"});
+  // A --tp hint lists only the degrees that split the model's heads too (3, 6, 12 do not).
+  expect("simulate llama2-7b --gpus 12 --tp 8 --batch 1 --seq 2048", 1,
+         {"use a --tp that divides 12 and the model's 32 heads: 1, 2, 4"});
 }
 
 // Flags that would be silently ignored, or change nothing, are refused (bad-inputs-7d08d5e
