@@ -29,5 +29,7 @@ void add_hf_commands(CLI::App& app);
 void add_report_command(CLI::App& app);
 // `submit`: a training run planned for a flavor's GPUs, as a Slurm batch job.
 void add_submit_command(CLI::App& app);
+// `jobs` and `cancel JOB`: the jobs submit sent, their state and cost; a graceful stop.
+void add_jobs_commands(CLI::App& app);
 
 }  // namespace tessera

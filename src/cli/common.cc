@@ -1,5 +1,7 @@
 #include "cli/common.h"
 
+#include <sys/wait.h>
+
 #include <algorithm>
 #include <cstdio>
 
@@ -16,6 +18,26 @@ namespace tessera {
 std::string default_data_dir() {
   if (const char* env = std::getenv("TESSERA_DATA_DIR")) return env;
   return TESSERA_DEFAULT_DATA_DIR;
+}
+
+int run_captured(const std::string& command, std::string* out) {
+  out->clear();
+  FILE* p = popen((command + " 2>&1").c_str(), "r");
+  if (!p) return -1;
+  char buf[4096];
+  size_t n;
+  while ((n = fread(buf, 1, sizeof buf, p)) > 0) out->append(buf, n);
+  const int status = pclose(p);
+  return WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
+}
+
+std::string shell_quote(const std::string& s) {
+  if (!s.empty() && s.find_first_not_of("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ"
+                                        "0123456789_-.,/:=+@") == std::string::npos)
+    return s;
+  std::string q = "'";
+  for (char c : s) q += c == '\'' ? std::string("'\\''") : std::string(1, c);
+  return q + "'";
 }
 
 void exit_on_error(const Status& s) {

@@ -11,6 +11,12 @@
 
 namespace tessera {
 
+// Runs a shell command; returns its exit code (128 + signal when one ended it, -1 when it could
+// not start) and puts its output, stdout and stderr, in *out.
+int run_captured(const std::string& command, std::string* out);
+// `s` as one word of a POSIX shell command (quoted where it must be).
+std::string shell_quote(const std::string& s);
+
 // Prints "error: message\nHINT: hint" and exits 1 when `s` is an error.
 void exit_on_error(const Status& s);
 

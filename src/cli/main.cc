@@ -39,6 +39,7 @@ int main(int argc, char** argv) {
   tessera::add_hf_commands(app);
   tessera::add_report_command(app);
   tessera::add_submit_command(app);
+  tessera::add_jobs_commands(app);
   app.set_version_flag("--version", std::string("tessera ") + TESSERA_VERSION);
   std::vector<std::string> names;  // the commands
   for (const CLI::App* sub : app.get_subcommands({})) names.push_back(sub->get_name());

@@ -14,6 +14,7 @@
 #include "base/format.h"
 #include "cli/commands.h"
 #include "cli/common.h"
+#include "cli/slurm_jobs.h"
 #include "cost/cluster_spec.h"
 #include "cost/flavor.h"
 #include "io/fs.h"
@@ -59,27 +60,6 @@ std::string slurm_time(double seconds) {
   std::snprintf(buf, sizeof buf, "%lld-%02lld:%02lld:%02lld", (long long)(s / 86400),
                 (long long)(s / 3600 % 24), (long long)(s / 60 % 60), (long long)(s % 60));
   return buf;
-}
-
-// Runs a shell command; its exit code, and its output (stdout and stderr) in *out.
-int run_command_quiet(const std::string& command, std::string* out) {
-  out->clear();
-  FILE* p = popen((command + " 2>&1").c_str(), "r");
-  if (!p) return -1;
-  char buf[4096];
-  size_t n;
-  while ((n = fread(buf, 1, sizeof buf, p)) > 0) out->append(buf, n);
-  const int status = pclose(p);
-  return WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
-}
-
-std::string shell_quote(const std::string& s) {
-  if (!s.empty() && s.find_first_not_of("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ"
-                                        "0123456789_-.,/:=+@") == std::string::npos)
-    return s;
-  std::string q = "'";
-  for (char c : s) q += c == '\'' ? std::string("'\\''") : std::string(1, c);
-  return q + "'";
 }
 
 // The planner's fastest plan for the job on `devices` of `cluster`.
@@ -192,7 +172,7 @@ Status run_submit(const SubmitOptions& so) {
   }
   // Submitting: Slurm must be there.
   std::string found;
-  if (run_command_quiet("command -v " + shell_quote(so.sbatch), &found) != 0)
+  if (run_captured("command -v " + shell_quote(so.sbatch), &found) != 0)
     return error("no Slurm on this machine: `" + so.sbatch + "` is not on PATH",
                  "submit from a Slurm login node (or install Debian's slurm-wlm); --dry-run "
                  "prints the batch script without submitting");
@@ -201,13 +181,15 @@ Status run_submit(const SubmitOptions& so) {
   const std::string script_path = out + "/job.sbatch";
   TS_RETURN_IF_ERROR(write_file_atomic(script_path, script));
   std::string said;
-  const int rc = run_command_quiet(shell_quote(so.sbatch) + " " + shell_quote(script_path), &said);
+  const int rc = run_captured(shell_quote(so.sbatch) + " " + shell_quote(script_path), &said);
   std::smatch m;
   if (rc != 0 || !std::regex_search(said, m, std::regex("Submitted batch job ([0-9]+)")))
     return error("sbatch refused the job (exit code " + std::to_string(rc) + "): " + said,
                  "the script is " + script_path +
                      "; fix what sbatch says (partition, account, "
                      "limits) and submit it again with sbatch, or with tessera submit");
+  TS_RETURN_IF_ERROR(record_job({m[1].str(), flavor.name, flavor.devices, flavor.price_per_hour,
+                                 out, cfg.name, c.sim.tokens_per_step}));
   std::printf("submitted job %s: %s on %s (%s), predicted %s; batch script %s\n",
               m[1].str().c_str(), cfg.name.c_str(), flavor.name.c_str(), c.describe().c_str(),
               slurm_time(limit).c_str(), script_path.c_str());

@@ -21,7 +21,7 @@ TEST(Docs, TheReferenceNamesEveryFlagOfEveryCommand) {
   const std::regex flag("--[a-z0-9][a-z0-9-]*");
   for (const char* command :
        {"train", "launch", "plan", "simulate", "validate", "calibrate", "graph", "sample",
-        "tokenize", "report", "import hf", "export hf", "submit"}) {
+        "tokenize", "report", "import hf", "export hf", "submit", "jobs", "cancel"}) {
     std::string help;
     ASSERT_EQ(run_command(std::string(TESSERA_BINARY) + " " + command + " --help", &help), 0)
         << command;

@@ -18,7 +18,10 @@ class Submit : public TrainDirTest {
  protected:
   std::string tessera(const std::string& args, int want_rc) {
     std::string out;
-    EXPECT_EQ(run_command("cd " + dir_.string() + " && " + TESSERA_BINARY + " " + args, &out),
+    // The jobs registry in the test's directory, not the user's home.
+    EXPECT_EQ(run_command("cd " + dir_.string() + " && TESSERA_JOBS_FILE=" +
+                              (dir_ / "jobs.jsonl").string() + " " + TESSERA_BINARY + " " + args,
+                          &out),
               want_rc)
         << args << "\n"
         << out;
@@ -102,6 +105,34 @@ TEST_F(Submit, SubmitsWithSbatchAndReportsItsRefusal) {
                      "failed: Invalid partition"),
             std::string::npos)
       << out;
+}
+
+// `tessera jobs`: each submitted job with Slurm's state and elapsed time, its step and rate
+// from metrics.jsonl, device-hours and cost at the flavor's price; `tessera cancel` asks Slurm
+// to send the job's ranks SIGTERM (the graceful stop), for jobs submitted from here only.
+TEST_F(Submit, JobsShowCostAndCancelStopsGracefully) {
+  const std::string ok = fake("sbatch", "Submitted batch job 4242", 0);
+  tessera("submit --flavor medium.160gb --sbatch " + ok +
+              " -- train --model gpt-tiny --seq 16 --steps 10 --out run",
+          0);
+  std::ofstream(dir_ / "run/metrics.jsonl") << "{\"step\":8,\"loss\":9.0,\"tokens_per_s\":1500}\n"
+                                            << "{\"step\":9,\"loss\":8.5,\"tokens_per_s\":2000}\n";
+  const std::string sacct = fake("sacct", "4242|COMPLETED|01:30:00", 0);
+  std::string out = tessera("jobs --sacct " + sacct, 0);
+  // 1.5 h on medium.160gb: 2 H100s at dgx-h100's 12.29 per device-hour.
+  EXPECT_NE(out.find("4242"), std::string::npos) << out;
+  EXPECT_NE(out.find("COMPLETED"), std::string::npos) << out;
+  EXPECT_NE(out.find("      3.00      36.87"), std::string::npos) << out;
+  EXPECT_NE(out.find(" 10 "), std::string::npos) << out;  // steps reached
+  const std::string scancel = fake("scancel", "", 0);
+  out = tessera("cancel 4242 --scancel " + scancel, 0);
+  EXPECT_NE(out.find("asked job 4242 to stop"), std::string::npos) << out;
+  std::ifstream args(dir_ / "scancel.args");
+  std::string passed;
+  std::getline(args, passed);
+  EXPECT_EQ(passed, "--signal=TERM 4242");
+  out = tessera("cancel 999 --scancel " + scancel, 1);
+  EXPECT_NE(out.find("job 999 was not submitted from here"), std::string::npos) << out;
 }
 
 // A user's flavors file adds to the ladder.
