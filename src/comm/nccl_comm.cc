@@ -9,6 +9,7 @@
 #include <chrono>
 #include <condition_variable>
 #include <cstdio>
+#include <cstdlib>
 #include <functional>
 #include <mutex>
 #include <thread>
@@ -63,6 +64,20 @@ class NcclRequest final : public CommRequest {
   double timeout = 60;
 };
 
+// Makes `device` the calling thread's current device for a scope (a rank's calls may come
+// from any thread; its streams, events and buffers are on its own device).
+class OnDevice {
+ public:
+  explicit OnDevice(int device) {
+    cudaGetDevice(&previous_);
+    if (previous_ != device) cudaSetDevice(device);
+  }
+  ~OnDevice() { cudaSetDevice(previous_); }
+
+ private:
+  int previous_ = 0;
+};
+
 NcclRequest& nccl_request(const Request& r) {
   TS_CHECK(r != nullptr) << "wait on a null request";
   auto* q = dynamic_cast<NcclRequest*>(r.get());
@@ -74,7 +89,7 @@ NcclRequest& nccl_request(const Request& r) {
 // abort them all on a failure) and the operations in flight, polled by a thread of its own.
 class Watchdog {
  public:
-  Watchdog() {
+  explicit Watchdog(int device) : device_(device) {
     thread_ = std::thread([this] { run(); });
   }
   ~Watchdog() {
@@ -90,11 +105,19 @@ class Watchdog {
     std::lock_guard<std::mutex> lock(mu_);
     comms_.push_back(c);
   }
-  // The communicator is going away: destroyed, unless a failure aborted it already.
+  // The communicator is going away (its owner's thread): destroyed, or aborted after a
+  // failure; outside the lock, since a destroy may wait for the node's other ranks.
   void release(ncclComm_t c) {
-    std::lock_guard<std::mutex> lock(mu_);
-    std::erase(comms_, c);
-    if (!aborted_) ncclCommDestroy(c);
+    bool failed = false;
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      std::erase(comms_, c);
+      failed = revoked_;
+    }
+    if (failed)
+      ncclCommAbort(c);
+    else
+      ncclCommDestroy(c);
   }
   void watch(std::shared_ptr<NcclRequest> r) {
     std::lock_guard<std::mutex> lock(mu_);
@@ -110,20 +133,23 @@ class Watchdog {
   }
 
  private:
-  // The first failure wins; every communicator is aborted so that no kernel waits on.
+  // The first failure wins; every communicator is revoked, so that no kernel waits on (a
+  // revoke stops the operations in flight and frees nothing: the owners, on their threads,
+  // abort their communicators when they release them).
   void fail_locked(const Status& s) {
     if (!failure_.ok()) return;
     failure_ = s;
-    if (aborted_) return;
-    aborted_ = true;
-    for (ncclComm_t c : comms_) ncclCommAbort(c);
+    if (revoked_) return;
+    revoked_ = true;
+    for (ncclComm_t c : comms_) ncclCommRevoke(c, NCCL_REVOKE_DEFAULT);
     pending_.clear();
   }
   void run() {
+    cudaSetDevice(device_);  // its queries on the ranks' device (no context on another GPU)
     std::unique_lock<std::mutex> lock(mu_);
     while (!stopping_) {
       cv_.wait_for(lock, std::chrono::milliseconds(5));
-      if (aborted_) continue;
+      if (revoked_) continue;
       for (ncclComm_t c : comms_) {
         ncclResult_t async = ncclSuccess;
         ncclCommGetAsyncError(c, &async);
@@ -133,7 +159,7 @@ class Watchdog {
         }
       }
       const double now = now_seconds();
-      for (auto it = pending_.begin(); !aborted_ && it != pending_.end();) {
+      for (auto it = pending_.begin(); !revoked_ && it != pending_.end();) {
         const NcclRequest& q = **it;
         const cudaError_t e = cudaEventQuery(q.done);
         if (e == cudaSuccess) {
@@ -156,8 +182,9 @@ class Watchdog {
 
   std::mutex mu_;
   std::condition_variable cv_;
+  const int device_;
   bool stopping_ = false;
-  bool aborted_ = false;
+  bool revoked_ = false;
   Status failure_;
   std::vector<ncclComm_t> comms_;
   std::vector<std::shared_ptr<NcclRequest>> pending_;
@@ -166,21 +193,27 @@ class Watchdog {
 
 class NcclCommunicator final : public Communicator {
  public:
-  NcclCommunicator(std::shared_ptr<Watchdog> watchdog, ncclComm_t comm, cudaStream_t compute,
-                   std::vector<int> members, int rank, std::string name, double timeout)
+  NcclCommunicator(std::shared_ptr<Watchdog> watchdog, ncclComm_t comm, int device,
+                   cudaStream_t compute, std::vector<int> members, int rank, std::string name,
+                   double timeout)
       : watchdog_(std::move(watchdog)),
         comm_(comm),
+        device_(device),
         compute_(compute),
         members_(std::move(members)),
         rank_(rank),
         name_(std::move(name)),
-        timeout_(timeout) {
-    cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking);
-    cudaEventCreateWithFlags(&ready_, cudaEventDisableTiming);
-    cudaMalloc(&scratch_, kScratchBytes);
+        timeout_(timeout),
+        scratch_bytes_(std::max<int64_t>(4096, 16 * static_cast<int64_t>(members_.size()))) {
+    OnDevice on(device_);
+    cudaError_t e = cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking);
+    if (e == cudaSuccess) e = cudaEventCreateWithFlags(&ready_, cudaEventDisableTiming);
+    if (e == cudaSuccess) e = cudaMalloc(&scratch_, static_cast<size_t>(scratch_bytes_));
     watchdog_->add(comm_);
+    if (e != cudaSuccess) watchdog_->fail(cuda_error("NCCL communicator '" + name_ + "'", e));
   }
   ~NcclCommunicator() override {
+    OnDevice on(device_);
     if (watchdog_->failure().ok()) cudaStreamSynchronize(stream_);
     watchdog_->release(comm_);
     cudaFree(scratch_);
@@ -199,21 +232,28 @@ class NcclCommunicator final : public Communicator {
   Status wait(const Request& r) override {
     NcclRequest& q = nccl_request(r);
     if (!q.status.ok()) return q.status;
+    OnDevice on(device_);
+    if (cudaEventQuery(q.done) == cudaSuccess) return Status();  // done: the same answer again
     TS_RETURN_IF_ERROR(watchdog_->failure());
     const cudaError_t e = cudaStreamWaitEvent(compute_, q.done, 0);
     return e == cudaSuccess ? Status() : cuda_error(q.desc, e);
   }
   bool test(const Request& r) const override {
     const NcclRequest& q = nccl_request(r);
-    return !q.status.ok() || cudaEventQuery(q.done) != cudaErrorNotReady;
+    OnDevice on(device_);
+    return !q.status.ok() || !watchdog_->failure().ok() ||
+           cudaEventQuery(q.done) != cudaErrorNotReady;
   }
   Status barrier(std::string what) override {
     return all_reduce_scalar(0.0, /*max=*/false, std::move(what)).status();
   }
   Result<double> all_reduce_scalar(double x, bool max, std::string what) override {
-    Request r =
-        enqueue(max ? "all_reduce_scalar(max)" : "all_reduce_scalar(sum)", what, 8, 0, 0, [&] {
-          cudaMemcpyAsync(scratch_, &x, 8, cudaMemcpyHostToDevice, stream_);
+    OnDevice on(device_);
+    const int64_t moved = 8 * (size() - 1);  // as the contract counts it (communicator.h)
+    Request r = enqueue(
+        max ? "all_reduce_scalar(max)" : "all_reduce_scalar(sum)", what, 8, moved, moved, [&] {
+          if (cudaMemcpyAsync(scratch_, &x, 8, cudaMemcpyHostToDevice, stream_) != cudaSuccess)
+            return ncclUnhandledCudaError;
           return ncclAllReduce(scratch_, scratch_, 1, ncclFloat64, max ? ncclMax : ncclSum, comm_,
                                stream_);
         });
@@ -265,30 +305,28 @@ class NcclCommunicator final : public Communicator {
   }
   Request do_broadcast(void* data, int64_t count, DType dt, int root, std::string what) override {
     const int64_t bytes = count * dtype_size(dt);
-    return enqueue("broadcast", what, bytes, rank_ == root ? bytes : 0, rank_ == root ? 0 : bytes,
-                   [&] {
-                     return ncclBroadcast(data, data, static_cast<size_t>(count), nccl_type(dt),
-                                          root, comm_, stream_);
-                   });
+    // Counted as the contract's chain root, root+1, ...: every rank but the last sends.
+    const bool last = (rank_ + 1) % size() == root;
+    return enqueue("broadcast", what, bytes, last ? 0 : bytes, rank_ == root ? 0 : bytes, [&] {
+      return ncclBroadcast(data, data, static_cast<size_t>(count), nccl_type(dt), root, comm_,
+                           stream_);
+    });
   }
-  // Tags are not NCCL's: messages between two ranks match in issue order. On the comm stream:
-  // two ranks that send to each other at once must issue both directions in the same order.
+  // Not yet: NCCL's send and recv block the GPU until the peer's matching call and match
+  // by issue order, not by tag, so the contract's independent, tagged transfers need grouped
+  // calls (ncclGroupStart/End) of a pipeline's whole exchange. Pipeline messages go over the
+  // host communicator meanwhile.
   Request do_p2p(bool receiving, void* data, int64_t count, DType dt, int peer, int tag,
                  std::string what) override {
-    (void)tag;
-    const int64_t bytes = count * dtype_size(dt);
-    return enqueue(receiving ? "recv" : "send", what, bytes, receiving ? 0 : bytes,
-                   receiving ? bytes : 0, [&] {
-                     return receiving ? ncclRecv(data, static_cast<size_t>(count), nccl_type(dt),
-                                                 peer, comm_, stream_)
-                                      : ncclSend(data, static_cast<size_t>(count), nccl_type(dt),
-                                                 peer, comm_, stream_);
-                   });
+    (void)data, (void)count, (void)dt, (void)peer, (void)tag;
+    auto req = std::make_shared<NcclRequest>();
+    req->status = error(std::string(receiving ? "recv '" : "send '") + what + "' (axis " + name_ +
+                            "): the NCCL communicator does not do point-to-point transfers yet",
+                        "send pipeline messages over the host communicator");
+    return req;
   }
 
  private:
-  static constexpr int64_t kScratchBytes = 4096;  // all_reduce_scalar's and split's exchange
-
   std::string others() const {
     std::string s;
     for (int i = 0; i < size(); ++i)
@@ -299,6 +337,7 @@ class NcclCommunicator final : public Communicator {
   // Enqueues `call` on the comm stream after the compute stream's work so far.
   Request enqueue(const char* kind, const std::string& what, int64_t bytes, int64_t sent,
                   int64_t received, const std::function<ncclResult_t()>& call) {
+    OnDevice on(device_);  // the request's event on this rank's device
     auto req = std::make_shared<NcclRequest>();
     req->desc = "rank " + std::to_string(members_[rank_]) + ": " + kind + " '" + what + "' (axis " +
                 name_ + ", " + std::to_string(size()) + " ranks, " +
@@ -328,7 +367,11 @@ class NcclCommunicator final : public Communicator {
       watchdog_->fail(req->status);
       return req;
     }
-    cudaEventRecord(req->done, stream_);
+    if (const cudaError_t done = cudaEventRecord(req->done, stream_); done != cudaSuccess) {
+      req->status = cuda_error(req->desc, done);
+      watchdog_->fail(req->status);
+      return req;
+    }
     req->issued = now_seconds();
     watchdog_->watch(req);
     std::lock_guard<std::mutex> lock(stats_mu_);
@@ -341,6 +384,7 @@ class NcclCommunicator final : public Communicator {
   Status host_wait(const Request& r) {
     NcclRequest& q = nccl_request(r);
     if (!q.status.ok()) return q.status;
+    OnDevice on(device_);
     const double start = now_seconds();
     for (;;) {
       TS_RETURN_IF_ERROR(watchdog_->failure());
@@ -356,6 +400,7 @@ class NcclCommunicator final : public Communicator {
 
   std::shared_ptr<Watchdog> watchdog_;
   ncclComm_t comm_;
+  int device_;  // the GPU of this rank (its streams, events, buffers)
   cudaStream_t compute_;
   cudaStream_t stream_ = nullptr;
   cudaEvent_t ready_ = nullptr;
@@ -364,6 +409,7 @@ class NcclCommunicator final : public Communicator {
   int rank_;
   std::string name_;
   double timeout_;
+  int64_t scratch_bytes_;  // all_reduce_scalar's, and split's 16 bytes per rank
   mutable std::mutex stats_mu_;
   CommStats stats_;
 };
@@ -372,13 +418,14 @@ Result<std::unique_ptr<Communicator>> NcclCommunicator::split(int color, int key
                                                               std::string name) {
   // The new group's members, as the host communicators find them: every rank's (color, key)
   // gathered, the ranks of this one's color ordered by key, ties by rank (as ncclCommSplit).
+  OnDevice on(device_);
   const int n = size();
-  static_assert(kScratchBytes >= 16 * 256);
-  TS_CHECK_LE(n, 256) << "split of an NCCL communicator of more than 256 ranks";
   const int64_t mine[2] = {color, key};
-  int64_t* all = static_cast<int64_t*>(scratch_);
+  int64_t* all = static_cast<int64_t*>(scratch_);  // 16 bytes per rank: scratch_bytes_
   Request r = enqueue("split", name, 16 * n, 16 * (n - 1), 16 * (n - 1), [&] {
-    cudaMemcpyAsync(all + 2 * rank_, mine, sizeof mine, cudaMemcpyHostToDevice, stream_);
+    if (cudaMemcpyAsync(all + 2 * rank_, mine, sizeof mine, cudaMemcpyHostToDevice, stream_) !=
+        cudaSuccess)
+      return ncclUnhandledCudaError;
     return ncclAllGather(all + 2 * rank_, all, 2, ncclInt64, comm_, stream_);
   });
   TS_RETURN_IF_ERROR(host_wait(r));
@@ -397,19 +444,26 @@ Result<std::unique_ptr<Communicator>> NcclCommunicator::split(int color, int key
     if (i == rank_) new_rank = static_cast<int>(members.size());
     members.push_back(members_[i]);
   }
+  TS_RETURN_IF_ERROR(watchdog_->failure());  // a revoked communicator splits no more
   ncclComm_t out = nullptr;
   const ncclResult_t res =
       ncclCommSplit(comm_, color < 0 ? NCCL_SPLIT_NOCOLOR : color, key, &out, nullptr);
   if (res != ncclSuccess) return nccl_error("split '" + name + "'", res);
   if (color < 0) return std::unique_ptr<Communicator>();
   return std::unique_ptr<Communicator>(new NcclCommunicator(
-      watchdog_, out, compute_, std::move(members), new_rank, std::move(name), timeout_));
+      watchdog_, out, device_, compute_, std::move(members), new_rank, std::move(name), timeout_));
 }
 
 }  // namespace
 
 Result<std::unique_ptr<Communicator>> nccl_world(Communicator& host, void* compute_stream) {
   TS_CHECK(host.memory() == MemSpace::host) << "nccl_world bootstraps over a host communicator";
+  // The rank groups' communicators run on streams of their own at once: NCCL orders their
+  // launches as the host issued them (its documented remedy for concurrent communicators).
+  setenv("NCCL_LAUNCH_ORDER_IMPLICIT", "1", /*overwrite=*/0);
+  int device = 0;
+  if (cudaError_t e = cudaGetDevice(&device); e != cudaSuccess)
+    return cuda_error("nccl_world: the calling thread's device", e);
   // Rank 0's unique id, broadcast; any rank's failure fails every rank's call.
   ncclUniqueId id{};
   static_assert(sizeof id % 4 == 0);
@@ -434,7 +488,7 @@ Result<std::unique_ptr<Communicator>> nccl_world(Communicator& host, void* compu
   std::vector<int> members;
   for (int i = 0; i < host.size(); ++i) members.push_back(host.world_rank(i));
   return std::unique_ptr<Communicator>(new NcclCommunicator(
-      std::make_shared<Watchdog>(), comm, static_cast<cudaStream_t>(compute_stream),
+      std::make_shared<Watchdog>(device), comm, device, static_cast<cudaStream_t>(compute_stream),
       std::move(members), host.rank(), "world", host.timeout()));
 }
 

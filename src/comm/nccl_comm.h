@@ -13,11 +13,14 @@
 //   TS_RETURN_IF_ERROR(dp->wait(r));   // the compute stream waits for it; the host does not
 //
 // Failures: NCCL has no per-operation timeout, so a watchdog thread per process polls every
-// operation in flight; one not complete after the timeout, or an asynchronous NCCL error, aborts
-// every NCCL communicator of the process (the kernels stuck waiting for a dead peer end) and
-// becomes the process's failure, naming the operation, the axis, its size and the ranks, which
-// the next wait (or any later operation) returns. Point-to-point tags are not NCCL's: sends and
-// receives between two ranks match in the order they are issued, as NCCL does.
+// operation in flight; one not complete after the timeout, or an asynchronous NCCL error,
+// revokes every NCCL communicator of the process (the kernels stuck waiting for a dead peer
+// end; each owner aborts its communicator when it releases it) and becomes the process's
+// failure, naming the operation, the axis, its size and the ranks, which the next wait (or any
+// later operation) returns. Every call runs on the rank's device, whatever thread makes it.
+// Not yet: point-to-point (send/recv return an error: NCCL's match by issue order and need
+// grouped calls; pipeline messages stay on the host communicator), a timeout on the blocking
+// bootstrap (ncclCommInitRank, ncclCommSplit wait for every rank), spans for train --trace.
 #pragma once
 
 #include <memory>

@@ -39,12 +39,13 @@ TEST(NcclMultiGpu, RanksOnTheirOwnGpusReduceGatherAndSplit) {
       }
       Buffer d = gpu.allocate(count * 4), all = gpu.allocate(count * 4 * n);
       gpu.to_device(d.data(), x.data(), count * 4);
-      if (!c.wait(c.all_reduce(d.data(), count, DType::f32, "sum")).ok()) return void(fail = "ar");
+      if (Status s = c.wait(c.all_reduce(d.data(), count, DType::f32, "sum")); !s.ok())
+        return void(fail = s.to_string());
       gpu.to_host(got.data(), d.data(), count * 4);
       if (got != want) fail += "all_reduce differs; ";
       gpu.to_device(d.data(), x.data(), count * 4);
-      if (!c.wait(c.all_gather(d.data(), all.data(), count, DType::f32, "ag")).ok())
-        return void(fail = "ag");
+      if (Status s = c.wait(c.all_gather(d.data(), all.data(), count, DType::f32, "ag")); !s.ok())
+        return void(fail = s.to_string());
       std::vector<float> every(static_cast<size_t>(count * n));
       gpu.to_host(every.data(), all.data(), count * 4 * n);
       for (int q = 0; q < n; ++q)
