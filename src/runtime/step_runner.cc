@@ -400,7 +400,7 @@ Status StepRunner::start(const Node& n, Executor& ex) {
       r = c.all_reduce(out, in_count, wire, what);
       break;
     case OpKind::reduce_scatter:
-      if (direct)  // the planned padding after the input
+      if (direct && out_count * group.size > in_count)  // the planned padding after the input
         b.fill(static_cast<uint8_t*>(in) + in_count * esize, 0,
                (out_count * group.size - in_count) * esize);
       r = c.reduce_scatter(in, out, out_count, wire, what);
