@@ -96,8 +96,9 @@ TEST_F(BadInputs, DevicesThatAreNotThereAreNamed) {
     EXPECT_NE(out.find("error: --device cuda: "), std::string::npos) << out;
     // Without a driver at all, the error says so (the CUDA runtime calls it too old: N14).
     void* driver = dlopen("libcuda.so.1", RTLD_LAZY);
-    if (driver == nullptr && out.find("built without the CUDA backend") == std::string::npos)
+    if (driver == nullptr && out.find("built without the CUDA backend") == std::string::npos) {
       EXPECT_NE(out.find("no NVIDIA driver on this machine"), std::string::npos) << out;
+    }
     if (driver != nullptr) dlclose(driver);
     EXPECT_NE(out.find("--device cpu"), std::string::npos) << out;
     EXPECT_EQ(out.find("internal error"), std::string::npos) << out;
