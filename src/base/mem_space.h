@@ -10,16 +10,4 @@ namespace tessera {
 
 enum class MemSpace : uint8_t { host, device, none };
 
-inline const char* mem_space_name(MemSpace m) {
-  switch (m) {
-    case MemSpace::host:
-      return "host";
-    case MemSpace::device:
-      return "device";
-    case MemSpace::none:
-      return "none";
-  }
-  return "?";
-}
-
 }  // namespace tessera

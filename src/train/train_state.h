@@ -88,11 +88,6 @@ class TrainState {
   // The step of the published checkpoint, or -1 when none was in flight. Collective.
   Result<int64_t> finish_save();
   bool save_in_flight() const { return pending_ != nullptr; }
-  // begin_save and finish_save at once.
-  Status save(const std::string& root, int64_t completed_steps, const BatchStream& train) {
-    TS_RETURN_IF_ERROR(begin_save(root, completed_steps, train));
-    return finish_save().status();
-  }
   ~TrainState();
   // Loads the newest checkpoint under root (or a step directory), written under any plan,
   // re-sharding to this one; returns its completed steps. Flags of the schedule that differ

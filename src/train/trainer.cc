@@ -432,7 +432,14 @@ Status train(const TrainOptions& o, const TrainJob& job) {
   auto t_start = Clock::now();
   int64_t steps_this_run = 0;
   int64_t last_saved = o.resume ? start_step : -1;  // the newest complete checkpoint
-  double step_secs = 0;                             // in training steps (no eval, checkpoints)
+  // Publishes the checkpoint in flight, if any (every rank at the same point: collective).
+  auto publish_checkpoint = [&]() -> Status {
+    if (!st.save_in_flight()) return Status();
+    TS_ASSIGN_OR_RETURN(last_saved, st.finish_save());
+    if (leader) progress.note("step " + std::to_string(last_saved) + ": checkpoint saved");
+    return Status();
+  };
+  double step_secs = 0;  // in training steps (no eval, checkpoints)
   install_stop_signals();
   // --trace: the step recorded (0-based), by default this run's second (or its only) one.
   const int64_t traced = o.trace.empty()    ? -1
@@ -462,12 +469,8 @@ Status train(const TrainOptions& o, const TrainJob& job) {
       st.step->set_trace(nullptr);
       TS_RETURN_IF_ERROR(write_trace(o, world, st, *trace, step));
     }
-    // The previous step's checkpoint, written during this step, is published now (every rank
-    // at the same point: collective).
-    if (st.save_in_flight()) {
-      TS_ASSIGN_OR_RETURN(last_saved, st.finish_save());
-      if (leader) progress.note("step " + std::to_string(last_saved) + ": checkpoint saved");
-    }
+    // The previous step's checkpoint, written during this step, is published now.
+    TS_RETURN_IF_ERROR(publish_checkpoint());
     const bool skipped = st.step_skipped();  // fp16: the gradients overflowed, no update
     double dt = std::chrono::duration<double>(Clock::now() - t0).count();
     ++steps_this_run;
@@ -533,10 +536,7 @@ Status train(const TrainOptions& o, const TrainJob& job) {
       if (!finite) return diverged(step, "parameters after the update", last_saved, o);
       TS_RETURN_IF_ERROR(st.begin_save(o.out + "/checkpoints", step + 1, train));
       // Its files are written during the next step; the run's last (or stopping) step waits.
-      if (last || stopping) {
-        TS_ASSIGN_OR_RETURN(last_saved, st.finish_save());
-        if (leader) progress.note("step " + std::to_string(last_saved) + ": checkpoint saved");
-      }
+      if (last || stopping) TS_RETURN_IF_ERROR(publish_checkpoint());
     }
     if (signal != 0) {
       if (leader) {
