@@ -8,7 +8,9 @@
 #include "base/check.h"
 #if TESSERA_HAVE_CUDA
 #include "backend/cuda/cuda_backend.h"
+#if TESSERA_HAVE_NCCL
 #include "comm/nccl_comm.h"
+#endif
 #endif
 #include "cli/commands.h"
 #include "comm/mpi_comm.h"
@@ -105,7 +107,7 @@ int node_local_size() {
 Result<std::unique_ptr<Communicator>> open_device_comms(Communicator& world, Backend* device) {
   if (device == nullptr || device->memory() != MemSpace::device || world.size() < 2)
     return std::unique_ptr<Communicator>();
-#if TESSERA_HAVE_CUDA
+#if TESSERA_HAVE_CUDA && TESSERA_HAVE_NCCL
   auto* gpu = dynamic_cast<CudaBackend*>(device);
   TS_CHECK(gpu != nullptr) << "a device backend that is not CUDA";
   // NCCL refuses two ranks on one GPU: every rank must have its own, on every node (decided
@@ -128,7 +130,11 @@ Result<std::unique_ptr<Communicator>> open_device_comms(Communicator& world, Bac
                  world.size());
   return nccl;
 #else
-  return error("unreachable: a device backend in a build without CUDA");
+  if (world.rank() == 0)
+    std::fprintf(stderr,
+                 "note: this tessera was built without NCCL: the GPU ranks' collectives go "
+                 "through host memory over MPI\n");
+  return std::unique_ptr<Communicator>();
 #endif
 }
 
