@@ -28,6 +28,8 @@ nlohmann::json candidate_json(const PlanCandidate& c) {
           {"exposed_comm_s", c.sim.exposed_comm_seconds},
           {"bubble_fraction", c.sim.bubble_fraction},
           {"peak_bytes_per_device", c.sim.peak_memory_bytes},
+          {"offload_s", c.sim.offload_seconds},
+          {"host_bytes_per_device", c.sim.host_bytes},
           {"fits", true}};
 }
 

@@ -115,6 +115,11 @@ Result<Plan> plan_from_flags(const PlanFlags& f, int ranks, int64_t heads) {
                    "add --recompute full or --recompute selective");
     plan.recompute_layers = f.recompute_layers;
   }
+  if (!f.offload.empty()) {
+    Result<OffloadPolicy> r = parse_offload(f.offload);
+    if (!r.ok()) return error("--offload: " + r.status().message(), r.status().hint());
+    plan.offload = r.value();
+  }
   if (!f.schedule.empty()) {
     Result<ScheduleKind> r = parse_schedule(f.schedule);
     if (!r.ok()) return error("--schedule: " + r.status().message(), r.status().hint());
@@ -137,6 +142,11 @@ const char* const kRecomputeLayersHelp =
     "Recompute only the first N transformer blocks (with --recompute; default: the plan's, or "
     "every block): just enough recomputation to fit costs less than all of it";
 
+const char* const kOffloadHelp =
+    "Where the optimizer state lives: none (the device) | optimizer (host memory: the f32 "
+    "master weights and AdamW moments, AdamW on the host's cores; ZeRO-Offload). Default: "
+    "the plan's, or none";
+
 void add_plan_flags(CLI::App* cmd, PlanFlags* f) {
   cmd->add_option("--tp", f->tp,
                   "Tensor-parallel ranks, innermost (placements found by the sharding search)")
@@ -157,6 +167,7 @@ void add_plan_flags(CLI::App* cmd, PlanFlags* f) {
                   "Model chunks per stage for --schedule interleaved");
   cmd->add_option("--stage-layers", f->stage_layers,
                   "Blocks per model chunk, in order, e.g. 5,6,6,5 (default: balanced by cost)");
+  cmd->add_option("--offload", f->offload, kOffloadHelp);
   cmd->add_flag("--sequence-parallel", f->sequence_parallel,
                 "Sequence parallelism with --tp: norms and residual adds split on the sequence "
                 "over the tensor-parallel ranks (reduce-scatter + all-gather instead of "

@@ -51,6 +51,8 @@ nlohmann::json sim_json(const ModelConfig& cfg, const ClusterSpec& cluster, cons
           {"compute_s", r.compute_seconds},
           {"exposed_comm_s", r.exposed_comm_seconds},
           {"bubble_s", r.bubble_seconds},
+          {"offload_s", r.offload_seconds},
+          {"host_bytes_per_device", r.host_bytes},
           {"bubble_fraction", r.bubble_fraction},
           {"peak_bytes_per_stage", r.stage_peak_bytes},
           {"tokens_per_step", r.tokens_per_step},

@@ -35,6 +35,11 @@ double DeviceSpec::peak_flops(DType t) const {
   return peak_flops_f32;
 }
 
+double NodeSpec::host_optimizer_rate(int ranks) const {
+  const int sharing = std::max(1, std::min(ranks, devices));
+  return host_memory_bandwidth * host_optimizer_efficiency / sharing;
+}
+
 double NetworkSpec::node_bandwidth() const {
   return nics * nic_bandwidth * efficiency / oversubscription;
 }
@@ -123,6 +128,20 @@ const FloatField<NodeSpec> kNodeFloats[] = {
     {"comm_overlap", &NodeSpec::comm_overlap, 1, false, Range::unit, false,
      "fraction of a collective's time that overlaps compute for free (1 on GPUs; below 1 "
      "where the comm thread shares the compute cores), e.g. 1"},
+    {"host_memory_gib", &NodeSpec::host_memory_bytes, kGiB, false, Range::non_negative, false,
+     "CPU memory per node in GiB, e.g. 2048 for a DGX H100 (0: unknown)"},
+    {"host_memory_bandwidth_gbs", &NodeSpec::host_memory_bandwidth, kGiga, false,
+     Range::non_negative, false,
+     "CPU memory bandwidth per node in GB/s, e.g. 614 for two sockets of 8 DDR5-4800 channels "
+     "(0: unknown; no offload)"},
+    {"host_link_gbs", &NodeSpec::host_link_bandwidth, kGiga, false, Range::non_negative, false,
+     "host-device link per device in GB/s, one direction, e.g. 64 for PCIe Gen5 x16 (0: "
+     "unknown; no offload)"},
+    {"host_link_efficiency", &NodeSpec::host_link_efficiency, 1, false, Range::fraction, false,
+     "fraction of the host link pinned-memory copies reach, e.g. 0.8"},
+    {"host_optimizer_efficiency", &NodeSpec::host_optimizer_efficiency, 1, false,
+     Range::fraction, false,
+     "fraction of the host memory bandwidth the CPU's AdamW reaches, e.g. 0.5"},
 };
 const IntField<NodeSpec> kNodeInts[] = {
     {"devices", &NodeSpec::devices, 1, true, "devices per node, e.g. 8"},

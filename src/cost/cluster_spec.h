@@ -74,6 +74,21 @@ struct NodeSpec {
   // few SMs). CPU ranks: below 1 — the comm thread reduces and copies on the compute cores, so
   // (1 - comm_overlap) of each collective's time is taken from the compute stream.
   double comm_overlap = 1.0;
+  // The host side, for offloading the optimizer (Plan::offload): CPU memory per node and its
+  // bandwidth (shared by the node's ranks), the host-device link per device (PCIe, or
+  // MI250X's Infinity Fabric to the CPU; one direction) and the fraction of it copies reach,
+  // and the fraction of the host memory bandwidth the CPU's AdamW reaches (its passes stream
+  // the f32 state). 0 bandwidths: unknown, and offload is not planned on the cluster.
+  double host_memory_bytes = 0;
+  double host_memory_bandwidth = 0;
+  double host_link_bandwidth = 0;
+  double host_link_efficiency = 0.8;
+  double host_optimizer_efficiency = 0.5;
+  bool offload_known() const { return host_memory_bandwidth > 0 && host_link_bandwidth > 0; }
+  // Bytes/s the host's AdamW streams for one of `ranks` ranks sharing the node (at most its
+  // devices), and the host link's achievable bytes/s: the offloaded optimizer's two rates.
+  double host_optimizer_rate(int ranks) const;
+  double host_link_rate() const { return host_link_bandwidth * host_link_efficiency; }
   bool operator==(const NodeSpec&) const = default;
 };
 

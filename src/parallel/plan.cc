@@ -110,6 +110,18 @@ Result<RecomputePolicy> parse_recompute(std::string_view name) {
                "selective recomputes only the cheap ops between its matmuls and attention");
 }
 
+const char* offload_name(OffloadPolicy p) {
+  return p == OffloadPolicy::optimizer ? "optimizer" : "none";
+}
+
+Result<OffloadPolicy> parse_offload(std::string_view name) {
+  for (OffloadPolicy p : {OffloadPolicy::none, OffloadPolicy::optimizer})
+    if (name == offload_name(p)) return p;
+  return error("offload '" + std::string(name) + "' is not one of: none, optimizer",
+               "optimizer keeps the f32 master weights and AdamW moments in host memory and "
+               "runs AdamW on the host (ZeRO-Offload)");
+}
+
 std::vector<std::string> Plan::replica_axes() const {
   std::vector<std::string> rest;
   for (const std::string& a : data_axes)
@@ -201,6 +213,7 @@ std::string Plan::describe() const {
     if (recompute_layers >= 0) s += " (first " + std::to_string(recompute_layers) + " blocks)";
   }
   if (sequence_parallel) s += " sequence-parallel";
+  if (offload != OffloadPolicy::none) s += std::string(" offload=") + offload_name(offload);
   if (stages() > 1) {
     s += std::string(" schedule=") + schedule_name(schedule);
     if (virtual_stages > 1) s += " virtual_stages=" + std::to_string(virtual_stages);
@@ -280,6 +293,9 @@ Status validate(const Plan& p, int world) {
     return error(
         "plan: recompute_layers = " + std::to_string(p.recompute_layers) + " but recompute is none",
         "set recompute to full or selective for those blocks");
+  if (static_cast<int>(p.offload) > static_cast<int>(OffloadPolicy::optimizer))
+    return error("plan: offload policy " + std::to_string(static_cast<int>(p.offload)) +
+                 " is not none or optimizer");
   if (p.sequence_parallel && p.tensor_group() < 2)
     return error("plan: sequence parallelism needs a tensor axis of 2 or more ranks",
                  "add --tp N (the sequence is split over the tensor-parallel ranks)");
@@ -336,6 +352,7 @@ nlohmann::json plan_to_json(const Plan& p) {
           {"prefetch_bytes", p.prefetch_bytes},
           {"recompute", recompute_name(p.recompute)},
           {"recompute_layers", p.recompute_layers},
+          {"offload", offload_name(p.offload)},
           {"sequence_parallel", p.sequence_parallel},
           {"pipeline_axis", p.pipeline_axis},
           {"schedule", schedule_name(p.schedule)},
@@ -376,13 +393,14 @@ Result<Plan> plan_from_json(const nlohmann::json& j) {
       "mesh",           "data_axes", "zero_axes",        "tensor_axes",
       "params",         "zero",      "micro_batches",    "bucket_bytes",
       "prefetch_bytes", "recompute", "recompute_layers", "sequence_parallel",
-      "pipeline_axis",  "schedule",  "virtual_stages",   "stage_layers"};
+      "pipeline_axis",  "schedule",  "virtual_stages",   "stage_layers",
+      "offload"};
   if (!j.is_object()) return error("plan: expected a JSON object");
   for (auto it = j.begin(); it != j.end(); ++it)
     if (!known.count(it.key()))
       return error("plan: unknown key '" + it.key() + "'",
                    "keys: mesh, data_axes, zero_axes, tensor_axes, params, zero, micro_batches, "
-                   "bucket_bytes, prefetch_bytes, recompute, recompute_layers, "
+                   "bucket_bytes, prefetch_bytes, recompute, recompute_layers, offload, "
                    "sequence_parallel, pipeline_axis, schedule, virtual_stages, stage_layers");
   if (!j.contains("mesh"))
     return error("plan: key 'mesh' is missing",
@@ -464,6 +482,11 @@ Result<Plan> plan_from_json(const nlohmann::json& j) {
       if (!r.ok())
         return error("plan: key 'recompute': " + r.status().message(), r.status().hint());
       p.recompute = r.value();
+    }
+    if (reading("offload", "\"none\" or \"optimizer\"")) {
+      Result<OffloadPolicy> o = parse_offload(j.at("offload").get<std::string>());
+      if (!o.ok()) return error("plan: key 'offload': " + o.status().message(), o.status().hint());
+      p.offload = o.value();
     }
     if (reading("recompute_layers", "an integer (-1: every block)"))
       p.recompute_layers = integer_in<int>(j.at("recompute_layers"), -1, kIntMax);

@@ -43,6 +43,16 @@ const char* recompute_name(RecomputePolicy p);  // "none", "full", "selective"
 // Errors name the value and the accepted ones.
 Result<RecomputePolicy> parse_recompute(std::string_view name);
 
+// ZeRO-Offload (Ren et al. 2021): `optimizer` keeps each rank's f32 master weights and AdamW
+// moments in host memory instead of the device's. After the backward pass the gradients go to
+// the host, the host's AdamW updates them and the updated parameters come back to the device
+// (in its working dtype) before the next forward pass. The device then holds only the
+// parameters it computes with, the gradients and the activations.
+enum class OffloadPolicy : uint8_t { none, optimizer };
+
+const char* offload_name(OffloadPolicy p);  // "none", "optimizer"
+Result<OffloadPolicy> parse_offload(std::string_view name);
+
 struct MeshAxis {
   std::string name;
   int size = 1;
@@ -90,6 +100,7 @@ struct Plan {
   // -1, every block. Recomputing only as many blocks as the memory needs costs less (Megatron's
   // --recompute-num-layers with the block method).
   int recompute_layers = -1;
+  OffloadPolicy offload = OffloadPolicy::none;  // where the optimizer state lives
   // Sequence parallelism (Korthikanti et al. 2022): on the tensor axes, activations of shape
   // [B, T, ...] between the tensor-parallel regions (norms, residual adds) are split on T; a
   // row-parallel output is reduce-scattered onto T instead of all-reduced, and gathered again
@@ -122,6 +133,7 @@ struct Plan {
   bool shards_optimizer() const { return zero >= 1 && zero_group() > 1; }
   bool shards_grads() const { return zero >= 2 && zero_group() > 1; }
   bool shards_params() const { return zero >= 3 && zero_group() > 1; }
+  bool offloads_optimizer() const { return offload == OffloadPolicy::optimizer; }
   int tensor_group() const { return mesh.group_size(tensor_axes); }
   int stages() const { return pipeline_axis.empty() ? 1 : mesh.axis_size(pipeline_axis); }
   int chunks() const { return stages() * virtual_stages; }  // model chunks over all stages

@@ -61,17 +61,26 @@ namespace {
 void lower_optimizer(Program& p) {
   std::vector<Instruction>& out = p.optimizer;
   const bool norm_comm = !p.plan.grad_norm_axes().empty();
-  out.push_back(
-      {Instruction::grad_norm, norm_comm ? Stream::comm : Stream::compute, -1, -1, -1, {}});
-  for (size_t i = 0; i < p.part.params.size(); ++i) {
-    const ParamLayout& pl = p.part.params[i];
-    out.push_back({Instruction::optimizer, Stream::compute, -1, static_cast<int>(i), -1, {0}});
+  const bool offload = p.plan.offloads_optimizer();
+  const int n = static_cast<int>(p.part.params.size());
+  std::vector<int> to_host;  // offload: the norm waits for every gradient on the host
+  for (int i = 0; offload && i < n; ++i) {
+    to_host.push_back(static_cast<int>(out.size()));
+    out.push_back({Instruction::grad_to_host, Stream::link, -1, i, -1, {}});
+  }
+  const int norm = static_cast<int>(out.size());
+  out.push_back({Instruction::grad_norm,
+                 offload ? Stream::host : norm_comm ? Stream::comm : Stream::compute, -1, -1, -1,
+                 to_host});
+  for (int i = 0; i < n; ++i) {
+    const ParamLayout& pl = p.part.params[static_cast<size_t>(i)];
+    out.push_back(
+        {Instruction::optimizer, offload ? Stream::host : Stream::compute, -1, i, -1, {norm}});
     if (pl.optim_sharded && !pl.params_sharded)
-      out.push_back({Instruction::param_sync,
-                     Stream::comm,
-                     -1,
-                     static_cast<int>(i),
-                     -1,
+      out.push_back({Instruction::param_sync, Stream::comm, -1, i, -1,
+                     {static_cast<int>(out.size()) - 1}});
+    if (offload)
+      out.push_back({Instruction::param_to_device, Stream::link, -1, i, -1,
                      {static_cast<int>(out.size()) - 1}});
   }
 }
@@ -91,7 +100,11 @@ void count_bytes(Program& p) {
     // AdamW's f32 m and v, and for bf16/f16 parameters their f32 master weights, which the
     // optimizer updates (held like its moments).
     const int64_t state = dtype == DType::f32 ? 2 * 4 : 3 * 4;
-    p.optim_bytes += state * (pl.optim_sharded ? block : numel);
+    const int64_t optim_elems = pl.optim_sharded ? block : numel;
+    if (p.plan.offloads_optimizer())  // master of the whole piece; m, v, gradient of the block
+      p.host_bytes += 4 * (pl.params_sharded ? block : numel) + 3 * 4 * optim_elems;
+    else
+      p.optim_bytes += state * optim_elems;
   }
   double micro = 0;
   for (const Node& n : g.nodes()) {
@@ -125,6 +138,24 @@ const char* instruction_name(Instruction::Kind k) {
       return "adamw";
     case Instruction::param_sync:
       return "param_sync";
+    case Instruction::grad_to_host:
+      return "grad_to_host";
+    case Instruction::param_to_device:
+      return "param_to_device";
+  }
+  return "?";
+}
+
+const char* stream_name(Stream s) {
+  switch (s) {
+    case Stream::compute:
+      return "compute";
+    case Stream::comm:
+      return "comm";
+    case Stream::host:
+      return "host";
+    case Stream::link:
+      return "link";
   }
   return "?";
 }
@@ -173,8 +204,9 @@ std::string print_program(const Program& p, size_t max_lines) {
                      : i < 100  ? "  "
                      : i < 1000 ? " "
                                 : "") +
-                    std::to_string(i) + (in.stream == Stream::comm ? " comm    " : " compute ") +
-                    instruction_name(in.kind);
+                    std::to_string(i) + " ";
+    const std::string stream = stream_name(in.stream);
+    l += stream + std::string(8 - stream.size(), ' ') + instruction_name(in.kind);
     if (in.node >= 0) {
       const Node& n = g.node(in.node);
       l += std::string(" ") + op_name(n.op) + " %" + std::to_string(n.outputs[0]);

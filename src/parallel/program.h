@@ -4,6 +4,7 @@
 //   TS_ASSIGN_OR_RETURN(Program prog, lower(model.graph, plan));
 //   prog.memory.arena_bytes      // planned per-rank activation/temporary peak
 //   prog.persistent_bytes()      // parameters + gradients + optimizer state per rank
+//   prog.host_bytes              // offloaded optimizer state per rank, in host memory
 //   prog.comm_bytes_per_step     // bytes this rank sends per optimizer step (ring algorithms)
 //   std::puts(print_program(prog).c_str());
 //
@@ -14,6 +15,9 @@
 // per step: the gradient norm (all-reduced over the ZeRO group when gradients or optimizer
 // state are sharded), AdamW on each rank's block, and for ZeRO-1/2 the all-gather that makes
 // the updated parameters whole again. Every instruction lists the instructions it depends on.
+// With the optimizer offloaded (Plan::offload) the list is: each gradient block to the host
+// (link), the norm and AdamW on the host, the ZeRO-1/2 all-gathers of the f32 master blocks in
+// host memory, and each updated piece back to the device (link).
 #pragma once
 
 #include <string>
@@ -25,7 +29,10 @@
 
 namespace tessera {
 
-enum class Stream : uint8_t { compute, comm };
+// Where an instruction runs: the device's compute stream, a rank group's comm stream, and with
+// the optimizer offloaded (Plan::offload) the host's threads and the host-device link.
+enum class Stream : uint8_t { compute, comm, host, link };
+const char* stream_name(Stream s);  // "compute", "comm", "host", "link"
 
 struct Instruction {
   enum Kind : uint8_t {
@@ -35,6 +42,10 @@ struct Instruction {
     grad_norm,   // sum of squared gradients over this rank's blocks (+ all-reduce)
     optimizer,   // AdamW on parameter `param`'s local block
     param_sync,  // all-gather parameter `param`'s updated blocks (ZeRO-1/2)
+    // Plan::offload optimizer: the gradient of `param`'s optimizer block to host memory, and
+    // its updated piece back to the device (in the parameter's dtype) after AdamW.
+    grad_to_host,
+    param_to_device,
   };
   Kind kind = compute;
   Stream stream = Stream::compute;
@@ -51,6 +62,10 @@ struct Program {
   std::vector<Instruction> micro_step;
   std::vector<Instruction> optimizer;
   int64_t param_bytes = 0, grad_bytes = 0, optim_bytes = 0;  // persistent, per rank
+  // Plan::offload optimizer: what this rank keeps in host memory instead (the f32 master of its
+  // local piece, AdamW's moments and an f32 copy of the gradient of its optimizer block);
+  // optim_bytes is then 0.
+  int64_t host_bytes = 0;
   double comm_bytes_per_step = 0;                            // sent by one rank per optimizer step
   // FLOPs of one micro-batch of the global graph (forward and backward, each op once however
   // many ranks replicate it): the model FLOPs MFU counts.

@@ -53,6 +53,8 @@ const std::vector<Knob>& knobs() {
        true},
       {"recompute",
        [](const PlanCandidate& c) { return std::string(recompute_name(c.plan.recompute)); }},
+      {"offload",
+       [](const PlanCandidate& c) { return std::string(offload_name(c.plan.offload)); }},
   };
   return k;
 }
@@ -75,6 +77,7 @@ std::string what_moves(const SimResult& best, const SimResult& alt) {
                       (best.compute_seconds - best.optimizer_seconds)},
       {"optimizer", alt.optimizer_seconds - best.optimizer_seconds},
       {"exposed communication", alt.exposed_comm_seconds - best.exposed_comm_seconds},
+      {"offloaded optimizer", alt.offload_seconds - best.offload_seconds},
       {"pipeline bubble", alt.bubble_seconds - best.bubble_seconds},
   };
   std::sort(parts.begin(), parts.end(),

@@ -556,6 +556,17 @@ Result<std::unique_ptr<PlanSpace>> PlanSpace::create(const ModelConfig& cfg,
   impl->opt = o;
   Impl& s = *impl;
   std::vector<PlanCandidate> cands = enumerate(s.cfg, s.cluster, o, o.global_batch);
+  // Each plan without a pipeline once more with the optimizer in host memory, where the
+  // cluster gives its host side: never faster, so simulated only when it is needed to fit.
+  if (s.cluster.node.offload_known()) {
+    const size_t n = cands.size();
+    for (size_t i = 0; i < n; ++i) {
+      if (cands[i].plan.stages() > 1) continue;
+      PlanCandidate c = cands[i];
+      c.plan.offload = OffloadPolicy::optimizer;
+      cands.push_back(std::move(c));
+    }
+  }
   s.enumerated = static_cast<int>(cands.size());
   if (cands.empty())
     return error("no plan splits a batch of " + std::to_string(o.global_batch) +
@@ -567,8 +578,18 @@ Result<std::unique_ptr<PlanSpace>> PlanSpace::create(const ModelConfig& cfg,
   // The state's memory bound first: what cannot fit is never lowered; then the activations'.
   const double capacity = s.cluster.device.memory_bytes;
   std::vector<PlanCandidate> within;
+  // Offloaded state the node's host memory (shared by its ranks) cannot hold is out too.
+  const double host_capacity = s.cluster.node.host_memory_bytes;
+  const int ranks_per_node = std::max(1, std::min(o.gpus, s.cluster.node.devices));
   for (PlanCandidate& c : cands) {
     c.memory_bound = plan_memory_bound(s.cfg, c.plan, o.precision);
+    const double host = static_cast<double>(count_params(s.cfg)) /
+                        static_cast<double>(c.plan.tensor_group() * c.plan.stages()) *
+                        host_bytes_per_param(c.plan) * ranks_per_node;
+    if (host_capacity > 0 && host > host_capacity) {
+      ++s.pruned_by_memory;
+      continue;
+    }
     if (c.memory_bound <= capacity) {
       within.push_back(std::move(c));
       continue;
@@ -600,10 +621,12 @@ Result<std::unique_ptr<PlanSpace>> PlanSpace::create(const ModelConfig& cfg,
       s.smallest_memory_bound = std::min(s.smallest_memory_bound, c.memory_bound);
       continue;
     }
+    const double sync = param_sync_time_bound(mb->params, s.cluster, c.plan, o.precision);
     c.time_bound =
         plan_time_bound(c.plan, mb->time, num_blocks(s.cfg),
-                        optimizer_time_bound(s.cfg, s.cluster, c.plan) +
-                            param_sync_time_bound(mb->params, s.cluster, c.plan, o.precision),
+                        c.plan.offloads_optimizer()
+                            ? offload_time_bound(s.cfg, s.cluster, c.plan, o.precision, sync)
+                            : optimizer_time_bound(s.cfg, s.cluster, c.plan) + sync,
                         data_comm_time_bound(mb->params, s.cluster, c.plan, o.precision),
                         accumulate_time_bound(mb->params, s.cluster, c.plan));
     s.alive.push_back(std::move(c));

@@ -45,6 +45,7 @@ std::string PlanCandidate::describe() const {
   }
   s += std::string(" rc=") + recompute_name(p.recompute);
   if (p.sequence_parallel) s += " sp";
+  if (p.offloads_optimizer()) s += " offload";
   return s;
 }
 
@@ -61,7 +62,18 @@ double state_bytes_per_param(const Plan& plan, DType precision) {
   // it even for one micro-batch); one micro-batch without a pipeline keeps it in the arena.
   const double grads =
       plan.micro_batches > 1 || plan.stages() > 1 ? 4.0 / (plan.shards_grads() ? dp : 1.0) : 0.0;
+  // Offloaded, the master and the moments are in host memory: the device keeps the parameter
+  // it computes with (in f32 the master's twin).
+  if (plan.offloads_optimizer())
+    return (mixed ? copy : 4.0 / (plan.shards_params() ? dp : 1.0)) + grads;
   return master + moments + copy + grads;
+}
+
+double host_bytes_per_param(const Plan& plan) {
+  if (!plan.offloads_optimizer()) return 0;
+  const double dp = static_cast<double>(plan.zero_group());
+  // The f32 master of the local piece; AdamW's moments and the gradient's f32 copy of the block.
+  return 4.0 / (plan.shards_params() ? dp : 1.0) + 12.0 / (plan.shards_optimizer() ? dp : 1.0);
 }
 
 double plan_memory_bound(const ModelConfig& cfg, const Plan& plan, DType precision) {
@@ -98,6 +110,23 @@ double optimizer_time_bound(const ModelConfig& cfg, const ClusterSpec& cluster, 
                        static_cast<double>(plan.tensor_group() * plan.stages()) /
                        (plan.shards_optimizer() ? static_cast<double>(plan.zero_group()) : 1.0);
   return 7.0 * 4.0 * elems / optimizer_bandwidth(cluster);
+}
+
+double offload_time_bound(const ModelConfig& cfg, const ClusterSpec& cluster, const Plan& plan,
+                          DType precision, double sync_seconds) {
+  const double local = static_cast<double>(count_params(cfg)) /
+                       static_cast<double>(plan.tensor_group() * plan.stages());
+  const double zg = static_cast<double>(plan.zero_group());
+  const double block = local / (plan.shards_optimizer() ? zg : 1.0);
+  const double piece = local / (plan.shards_params() ? zg : 1.0);
+  const double elem = static_cast<double>(dtype_size(precision));
+  const double host = cluster.node.host_optimizer_rate(plan.mesh.size());
+  const double link = cluster.node.host_link_rate();
+  // The gradient blocks out (f32 accumulators over several micro-batches), the norm's pass;
+  // then each tensor's AdamW, sync and copy back pipelined: the busiest of the three.
+  const double out = (plan.micro_batches > 1 ? 4.0 : elem) * block / link;
+  const double norm = 4.0 * block / host;
+  return out + norm + std::max({7.0 * 4.0 * block / host, elem * piece / link, sync_seconds});
 }
 
 double data_comm_time_bound(const std::vector<ParamTensors>& params, const ClusterSpec& cluster,

@@ -2,7 +2,8 @@
 // enumerates plans — data parallelism with ZeRO-1, 2 or 3, or HSDP (ZeRO-3 within groups of 1,
 // 2 or 4 nodes, replicated across them), tensor parallelism within a node
 // (with or without sequence parallelism), pipeline stages with their schedules, the
-// micro-batch size and recomputation — for a model, a cluster, a device count and a global
+// micro-batch size, recomputation and, where the cluster spec gives its host side, offloading
+// the optimizer to host memory (not with a pipeline) — for a model, a cluster, a device count and a global
 // batch; prunes those that cannot fit or cannot beat the best found (analytic bounds, below);
 // and times the rest with the simulator on the Program each would execute. Memory is a hard
 // constraint: a plan whose simulated peak exceeds the device is never returned.
@@ -151,7 +152,12 @@ Result<PlanSearch> search_plans(PlanSpace& space);
 // which ZeRO-3 shards; under mixed precision optimizer state, which ZeRO-1 and up shard), AdamW's
 // two moments (ZeRO-1 and up), the low-precision parameter (ZeRO-3), the f32 gradient
 // accumulated over micro-batches (ZeRO-2 and up).
+// Offloaded (Plan::offload), the master and the moments leave the device: it keeps the
+// parameter it computes with and the accumulator; host_bytes_per_param is then what each rank
+// holds in host memory per parameter of its share (the f32 master of its piece, the moments
+// and an f32 copy of the gradient of its block).
 double state_bytes_per_param(const Plan& plan, DType precision);
+double host_bytes_per_param(const Plan& plan);
 double plan_memory_bound(const ModelConfig& cfg, const Plan& plan, DType precision);
 // The state's bound with the activations: a rank keeps `saved_per_block` bytes of each of its
 // blocks per micro-batch in flight (the schedule's count), besides `state_per_block` bytes of
@@ -160,6 +166,11 @@ double with_activations(const Plan& plan, double state_bound, double state_per_b
                         double saved_per_block, int64_t blocks);
 // AdamW's pass over this rank's share of the state.
 double optimizer_time_bound(const ModelConfig& cfg, const ClusterSpec& cluster, const Plan& plan);
+// The same with the optimizer offloaded: the gradient blocks over the host link and the norm's
+// pass on the host, then the busiest of the host's AdamW, the parameters' copies back and the
+// ZeRO-1/2 syncs (`sync_seconds`, param_sync_time_bound), which the simulator pipelines.
+double offload_time_bound(const ModelConfig& cfg, const ClusterSpec& cluster, const Plan& plan,
+                          DType precision, double sync_seconds);
 // A tensor-parallel rank's compute stream for one micro-batch of the whole model, as the
 // simulator runs it with its tensor-parallel collectives never queued behind one another: the
 // ops' time and the waits of both passes on collectives whose input came late (what the

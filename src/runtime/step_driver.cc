@@ -60,19 +60,23 @@ std::string SpmdDriver::describe_memory() const {
   const std::string grads = p.micro_batches > 1 ? b(prog.grad_bytes) : std::string("in the arena");
   // Evaluation runs under the same plan on the same parameters, in an arena of its own.
   const std::string eval_arena = b(runner_->eval_executor()->plan().arena_bytes);
+  // Offloaded: the f32 master weights, AdamW's moments and the gradients' f32 copies.
+  const std::string optimizer = p.offloads_optimizer()
+                                    ? b(prog.host_bytes) + " in host memory (offloaded)"
+                                    : b(prog.optim_bytes);
   if (comms().world().size() > 1)
     return "plan " + p.describe() + " on " + std::to_string(p.mesh.size()) +
            " ranks: per rank arena " + b(prog.memory.arena_bytes) + ", parameters " +
-           b(prog.param_bytes) + ", gradients " + grads + ", optimizer " + b(prog.optim_bytes) +
+           b(prog.param_bytes) + ", gradients " + grads + ", optimizer " + optimizer +
            ", evaluation arena " + eval_arena + "; " + format_bytes(prog.comm_bytes_per_step) +
            " sent per step\n";
   const Graph& local = prog.local();
   const bool masters = !local.params().empty() && local.type(local.params()[0]).dtype != DType::f32;
   return "planned memory: arena " + b(runner_->executor().plan().arena_bytes) +
          " (activations, gradients), parameters " + b(prog.param_bytes) + ", gradients " + grads +
-         ", optimizer " + b(prog.optim_bytes) +
-         (masters ? " (AdamW's two moments and the f32 master weights)"
-                  : " (AdamW's two moments)") +
+         ", optimizer " + optimizer +
+         (masters || p.offloads_optimizer() ? " (AdamW's two moments and the f32 master weights)"
+                                            : " (AdamW's two moments)") +
          ", evaluation arena " + eval_arena + "\n";
 }
 

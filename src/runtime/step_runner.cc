@@ -91,11 +91,19 @@ void MeshComms::set_trace_sink(CommTraceSink* sink) {
 
 namespace {
 // The runner executes each list in order on one stream: every dependency must come first, and
-// the optimizer list starts with its gradient norm (apply() needs the norm before AdamW).
+// the optimizer list starts with its gradient norm (apply() needs the norm before AdamW), after
+// the copies of the gradients to the host where the optimizer is offloaded.
+size_t norm_index(const Program& p) {
+  size_t k = 0;
+  while (k < p.optimizer.size() && p.optimizer[k].kind == Instruction::grad_to_host) ++k;
+  return k;
+}
+
 Status check_runnable(const Program& p) {
   TS_RETURN_IF_ERROR(check_order(p.micro_step));
   TS_RETURN_IF_ERROR(check_order(p.optimizer));
-  if (p.optimizer.empty() || p.optimizer.front().kind != Instruction::grad_norm)
+  const size_t k = norm_index(p);
+  if (k == p.optimizer.size() || p.optimizer[k].kind != Instruction::grad_norm)
     return error("the Program's optimizer list does not start with its gradient norm");
   return Status();
 }
@@ -116,8 +124,9 @@ Status check_fits(const Program& p, const Backend& backend) {
                    format_bytes(static_cast<double>(p.optim_bytes)) + ", activations " +
                    format_bytes(static_cast<double>(p.memory.arena_bytes)) +
                    ") and the device has " + format_bytes(static_cast<double>(free)) + " free",
-               "a smaller --batch or --seq, --recompute full or --precision bf16 (`tessera plan "
-               "MODEL --batch B --seq T` prints the bytes per rank of a plan)");
+               "a smaller --batch or --seq, --recompute full, --precision bf16 or --offload "
+               "optimizer (`tessera plan MODEL --batch B --seq T` prints the bytes per rank of a "
+               "plan)");
 }
 
 }  // namespace
@@ -145,6 +154,9 @@ Result<std::unique_ptr<StepRunner>> StepRunner::create_chunk(const Graph& model,
       return error("pipeline chunk parameter " + pl.name + " is not in the model");
   }
   TS_RETURN_IF_ERROR(check_runnable(chunk.program));
+  if (chunk.program.plan.offloads_optimizer())
+    return error("offloading the optimizer is not supported with pipeline stages yet",
+                 "use --offload none with --pp, or data and tensor parallelism with offload");
   return std::unique_ptr<StepRunner>(
       new StepRunner(model, chunk.program, backend, comms, opt, &chunk, std::move(arena)));
 }
@@ -167,11 +179,14 @@ StepRunner::StepRunner(const Graph& global, Program prog, Backend& backend, Mesh
     model_index_.push_back(static_cast<size_t>(
         std::find(all.begin(), all.end(), global_.find_param(pl.name)) - all.begin()));
   }
+  norm_index_ = norm_index(prog_);
+  if (prog_.plan.offloads_optimizer()) host_ = std::make_unique<CpuBackend>();
   masters_.resize(prog_.part.params.size());
   for (size_t i = 0; i < masters_.size(); ++i) {
     const TensorType& t = exec_->graph().type(param_value(i));
-    if (t.dtype != DType::f32)
-      masters_[i] = backend.allocate(t.shape.numel() * static_cast<int64_t>(sizeof(float)));
+    if (t.dtype != DType::f32 || host_)
+      masters_[i] =
+          state_backend().allocate(t.shape.numel() * static_cast<int64_t>(sizeof(float)));
     if (t.dtype == DType::f16) loss_scale_ = 65536.0;
   }
   std::vector<ParamSlot> slots;
@@ -195,11 +210,18 @@ StepRunner::StepRunner(const Graph& global, Program prog, Backend& backend, Mesh
     // The gradient's elements are grad_dtype's size (bf16: 2 bytes), not a float's.
     float* grad_at = reinterpret_cast<float*>(reinterpret_cast<char*>(grad) +
                                               (o.offset - grad_base) * dtype_size(grad_dtype));
+    if (host_) {  // AdamW reads an f32 copy in host memory, which grad_to_host writes
+      device_grads_.push_back({grad_at, grad_dtype, o.count});
+      host_grads_.push_back(host_->allocate(o.count * static_cast<int64_t>(sizeof(float))));
+      grad_at = static_cast<float*>(host_grads_.back().data());
+      grad_dtype = DType::f32;
+    }
     slots.push_back(ParamSlot{pl.name, param_storage(i) + (o.offset - pp.offset), grad_at,
                               grad_dtype, o.count, pl.global_shape.rank() >= 2});
     // The update writes a bf16/f16 working copy where it covers the whole local piece (else,
-    // ZeRO-1/2, step() converts the master weights after their sync).
-    if (masters_[i] && o.offset == pp.offset && o.count == pp.count) {
+    // ZeRO-1/2, step() converts the master weights after their sync; offloaded, the copy to
+    // the device converts them).
+    if (masters_[i] && !host_ && o.offset == pp.offset && o.count == pp.count) {
       slots.back().working = exec_->raw(param_value(i));
       slots.back().working_dtype = exec_->graph().type(param_value(i)).dtype;
     }
@@ -219,7 +241,7 @@ StepRunner::StepRunner(const Graph& global, Program prog, Backend& backend, Mesh
             4 *
             ph.graphs[static_cast<size_t>(ph.stash[e].from)].type(ph.stash[e].out).shape.numel());
   }
-  opt_ = std::make_unique<AdamW>(std::move(slots), opt, backend);
+  opt_ = std::make_unique<AdamW>(std::move(slots), opt, state_backend());
   // A micro-step of compute nodes alone, none writing from the host, can be recorded.
   recordable_ = !chunk_ && loss_scale_ == 0 && exec_->backend().memory() == MemSpace::device;
   for (const Instruction& in : prog_.micro_step)
@@ -260,20 +282,50 @@ float* StepRunner::param_storage(size_t i) {
 }
 
 float* StepRunner::param_data(size_t i) {
-  TS_CHECK(exec_->backend().memory() == MemSpace::host)
-      << "param_data: parameters in the " << exec_->backend().name()
+  TS_CHECK(state_backend().memory() == MemSpace::host)
+      << "param_data: parameters in the " << state_backend().name()
       << " backend's memory (use param_storage, read_param)";
   return param_storage(i);
 }
 
 std::vector<float> StepRunner::read_param(size_t i) {
   std::vector<float> out(static_cast<size_t>(param_piece(i).count));
-  exec_->backend().to_host(out.data(), param_storage(i),
-                           static_cast<int64_t>(out.size() * sizeof(float)));
+  state_backend().to_host(out.data(), param_storage(i),
+                          static_cast<int64_t>(out.size() * sizeof(float)));
   return out;
 }
 
+void StepRunner::grad_to_host(size_t i) {
+  const DeviceGrad& g = device_grads_[i];
+  void* dst = host_grads_[i].data();
+  const int64_t bytes = g.count * static_cast<int64_t>(dtype_size(g.dtype));
+  if (g.dtype == DType::f32) {
+    exec_->backend().to_host(dst, g.data, bytes);
+    return;
+  }
+  staging_.resize(static_cast<size_t>(bytes));
+  exec_->backend().to_host(staging_.data(), g.data, bytes);
+  host_->convert(staging_.data(), g.dtype, dst, DType::f32, g.count);
+}
+
+void StepRunner::param_to_device(size_t i) {
+  const ValueId v = param_value(i);
+  const DType dt = exec_->graph().type(v).dtype;
+  const int64_t n = param_piece(i).count;
+  const void* src = masters_[i].data();
+  if (dt != DType::f32) {
+    staging_.resize(static_cast<size_t>(n) * dtype_size(dt));
+    host_->convert(src, DType::f32, staging_.data(), dt, n);
+    src = staging_.data();
+  }
+  exec_->backend().to_device(exec_->raw(v), src, n * static_cast<int64_t>(dtype_size(dt)));
+}
+
 void StepRunner::refresh_working_params(bool all) {
+  if (host_) {  // the device holds a copy of every parameter; the steps' copies refresh it
+    for (size_t i = 0; all && i < masters_.size(); ++i) param_to_device(i);
+    return;
+  }
   for (size_t i = 0; i < masters_.size(); ++i) {
     if (!masters_[i] || (!all && opt_->params()[i].working != nullptr)) continue;
     const ValueId v = param_value(i);
@@ -335,7 +387,7 @@ void StepRunner::init_params(uint64_t seed) {
       fill_initial_values(global_, model_index_[i], seed, global, run, dst + k);
       k += run;
     }
-    exec_->backend().to_device(param_storage(i), dst, stored * static_cast<int64_t>(sizeof(float)));
+    state_backend().to_device(param_storage(i), dst, stored * static_cast<int64_t>(sizeof(float)));
   }
   refresh_working_params();
 }
@@ -606,8 +658,8 @@ Status StepRunner::sync_param(size_t i) {
   const int64_t numel = pl.local_shape.numel();
   const int64_t block = FlatShard{group, 0, numel}.block();
   const LocalPiece mine = block_of(i);
-  Backend& b = exec_->backend();
-  float* p = param_storage(i);  // the backend's memory; the transport's buffers are the host's
+  Backend& b = state_backend();
+  float* p = param_storage(i);  // the state's memory; the transport's buffers are the host's
   std::vector<float> own(static_cast<size_t>(block), 0.0f);
   b.to_host(own.data(), p + mine.offset, mine.count * static_cast<int64_t>(sizeof(float)));
   // Host staging, sized at the first sync by the largest parameter (kept between steps).
@@ -625,11 +677,13 @@ Result<double> StepRunner::grad_sq_sum() {
   TS_CHECK_EQ(accumulated_, micro_steps) << "apply() before the plan's micro-batches ran";
   accumulated_ = 0;
   std::fill(grad_started_.begin(), grad_started_.end(), 0);
-  // The optimizer list: grad_norm first (all-reduced over the ZeRO group when it runs on the
-  // comm stream), one AdamW per parameter, then the ZeRO-1/2 parameter syncs.
+  // The optimizer list: (offloaded: each gradient block to the host,) grad_norm (all-reduced
+  // over Plan::grad_norm_axes()), one AdamW per parameter, the ZeRO-1/2 parameter syncs
+  // (offloaded: each updated piece back to the device).
+  for (size_t k = 0; k < norm_index_; ++k) grad_to_host(static_cast<size_t>(prog_.optimizer[k].param));
   if (micro_steps > 1) opt_->scale_grads(1.0f / static_cast<float>(micro_steps));
   double sq = opt_->grad_sq_sum();
-  if (prog_.optimizer.front().stream == Stream::comm) {
+  if (!prog_.plan.grad_norm_axes().empty()) {
     TS_ASSIGN_OR_RETURN(sq, comms_.group(axes_key(prog_.plan.grad_norm_axes()))
                                 .all_reduce_scalar(sq, /*max=*/false, "gradient norm"));
   }
@@ -646,12 +700,14 @@ Status StepRunner::step(double lr, double clip_coefficient) {
     refresh_working_params(/*all=*/false);
     return Status();
   }
-  for (size_t k = 1; k < prog_.optimizer.size(); ++k) {
+  for (size_t k = norm_index_ + 1; k < prog_.optimizer.size(); ++k) {
     const Instruction& s = prog_.optimizer[k];
     if (s.kind == Instruction::optimizer)
       opt_->update(static_cast<size_t>(s.param), static_cast<float>(clip_coefficient));
     else if (s.kind == Instruction::param_sync)
       TS_RETURN_IF_ERROR(sync_param(static_cast<size_t>(s.param)));
+    else if (s.kind == Instruction::param_to_device && host_)
+      param_to_device(static_cast<size_t>(s.param));
     else
       return error("optimizer list: a " + std::string(instruction_name(s.kind)) +
                    " instruction after its first");
@@ -748,9 +804,18 @@ Status StepRunner::gather_params(std::vector<std::vector<float>>* whole) {
 }
 
 int64_t StepRunner::state_bytes_allocated() {
-  int64_t bytes = exec_->plan().param_bytes + opt_->state_bytes();
+  int64_t bytes = exec_->plan().param_bytes;
   for (const Buffer& g : grads_) bytes += g.bytes();
+  if (host_) return bytes;
   for (const Buffer& m : masters_) bytes += m.bytes();
+  return bytes + opt_->state_bytes();
+}
+
+int64_t StepRunner::host_state_bytes_allocated() {
+  if (!host_) return 0;
+  int64_t bytes = opt_->state_bytes();
+  for (const Buffer& m : masters_) bytes += m.bytes();
+  for (const Buffer& g : host_grads_) bytes += g.bytes();
   return bytes;
 }
 

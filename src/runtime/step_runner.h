@@ -94,6 +94,10 @@ class StepRunner {
   const Program& program() const { return prog_; }
   Executor& executor() { return *exec_; }
   AdamW& optimizer() { return *opt_; }
+  // Where the f32 master weights (param_storage) and AdamW's moments live: the backend's
+  // memory, or host memory when the plan offloads the optimizer (Plan::offload; the runner's
+  // own CPU backend then runs AdamW on the host's cores).
+  Backend& state_backend() { return host_ ? *host_ : exec_->backend(); }
   MeshComms& comms() { return comms_; }
   int rank() const { return rank_; }
 
@@ -162,17 +166,18 @@ class StepRunner {
   Executor* eval_executor() { return eval_exec_.get(); }
 
   // Parameter i as stored here: pointer to its local piece (f32: the master weights of a
-  // bf16/f16 graph, whose working copy refresh_working_params() writes) and where it lies.
-  // A host pointer: host backends only (it checks).
+  // bf16/f16 graph, or of an offloaded optimizer, whose working copy refresh_working_params()
+  // writes) and where it lies. A host pointer: state in host memory only (it checks).
   float* param_data(size_t i);
-  // The same in the backend's memory, for any backend (HostStaging gives host views of it).
+  // The same in state_backend()'s memory, for any backend (HostStaging gives host views of it).
   float* param_storage(size_t i);
   // Parameter i's local piece (param_piece(i).count f32 values, the master weights of a
   // bf16/f16 graph) copied to the host: any backend.
   std::vector<float> read_param(size_t i);
   // After writing master weights through param_data (a checkpoint read): updates the graph's
-  // bf16/f16 working copy of every parameter (nothing for f32 graphs). With all = false only
-  // those the optimizer's update does not write itself (after a step's parameter syncs).
+  // bf16/f16 working copy of every parameter (nothing for f32 graphs; with the optimizer
+  // offloaded, every parameter's device copy). With all = false only those the optimizer's
+  // update does not write itself (after a step's parameter syncs).
   void refresh_working_params(bool all = true);
   LocalPiece param_piece(size_t i) const;
   // AdamW moments of parameter i cover optim_piece(i).
@@ -188,9 +193,11 @@ class StepRunner {
   // micro-step took, in place (indexed like program().micro_step; others stay 0): the
   // backend's WorkTimer, device time on a device (the micro-step then runs eagerly).
   void time_instructions(std::vector<double>* seconds) { instruction_seconds_ = seconds; }
-  // Bytes this rank allocated for parameters, accumulated gradients and AdamW moments (what
-  // Program::persistent_bytes() predicts; counted from the buffers themselves).
+  // Bytes this rank allocated for parameters, accumulated gradients and AdamW moments in the
+  // backend's memory (what Program::persistent_bytes() predicts; counted from the buffers
+  // themselves), and in host memory for an offloaded optimizer (Program::host_bytes).
   int64_t state_bytes_allocated();
+  int64_t host_state_bytes_allocated();
   // Every rank receives every whole parameter (gathering ZeRO-3 blocks and tensor-parallel
   // pieces).
   Status gather_params(std::vector<std::vector<float>>* whole);
@@ -212,6 +219,10 @@ class StepRunner {
   Result<double> apply_body(double lr, double clip);  // apply() but for its trace span
   Status start(const Node& n, Executor& ex);
   Status sync_param(size_t i);
+  // Offloaded optimizer: gradient i's optimizer block to the host (widened to f32), and the
+  // updated master piece i back to the device in the parameter's dtype.
+  void grad_to_host(size_t i);
+  void param_to_device(size_t i);
   LocalPiece block_of(size_t i) const;  // this rank's block in the ZeRO group
   // The tensor axes on which parameter i is Replicate.
   std::vector<std::string> replicated_tensor_axes(size_t i) const;
@@ -229,13 +240,27 @@ class StepRunner {
   std::vector<size_t> model_index_;  // parameter i is the model's parameter model_index_[i]
   std::unique_ptr<AdamW> opt_;
   bool one_pass_update_ = false;        // the optimizer list is AdamW::update_all
+  size_t norm_index_ = 0;               // the optimizer list's grad_norm
+  // Plan::offload optimizer: host memory for the master weights (masters_), AdamW's moments
+  // and the gradients' f32 copies (host_grads_); where each gradient block is on the device;
+  // and a staging buffer for values converted between f32 and their stored dtype.
+  std::unique_ptr<Backend> host_;
+  std::vector<Buffer> host_grads_;
+  struct DeviceGrad {
+    const void* data = nullptr;
+    DType dtype = DType::f32;
+    int64_t count = 0;
+  };
+  std::vector<DeviceGrad> device_grads_;
+  std::vector<uint8_t> staging_;
   std::unique_ptr<Program> eval_prog_;  // add_evaluation's
   std::unique_ptr<Executor> eval_exec_;
   // Persistent state in the backend's memory. Accumulated reduced gradients (f32, whole or
   // block); none with one micro-batch per step unless a chunk runner.
   std::vector<Buffer> grads_;
   // Mixed precision (bf16/f16 parameters): the f32 master weights of parameter i (empty for
-  // f32 parameters, which the optimizer updates in place).
+  // f32 parameters, which the optimizer updates in place). With the optimizer offloaded, every
+  // parameter's, in host memory.
   std::vector<Buffer> masters_;
   // Collectives in flight: the communicator each was issued on, and its request.
   std::map<NodeId, std::pair<Communicator*, Request>> inflight_;

@@ -43,10 +43,12 @@ class Schedule {
       if (prog_.plan.micro_batches > 1) accumulate_grads(mb == 0);
     }
     const double t = all_free();
-    compute_free_ = t;
-    for (auto& [key, free] : comm_free_) free = t;
+    compute_free_ = phase_start_ = t;
+    for (auto& [key, free] : lanes_) free = t;
     run_list(prog_.optimizer, "optimizer");
     r_->step_seconds = all_free();
+    // Offloaded, the device waits from the backward's end until its parameters are back.
+    if (prog_.plan.offloads_optimizer()) r_->offload_seconds = r_->step_seconds - t;
   }
 
   // A pipeline chunk: one micro-batch without its gradient collectives (reduced once per step:
@@ -67,8 +69,8 @@ class Schedule {
     }
     c.hardware_flops = hardware_flops_;
     c.model_flops = model_flops_;
-    compute_free_ = 0;
-    for (auto& [key, free] : comm_free_) free = 0;
+    compute_free_ = phase_start_ = 0;
+    for (auto& [key, free] : lanes_) free = 0;
     run_list(prog_.optimizer, "optimizer");
     c.optimizer_seconds = all_free();
     chunk_ = nullptr;
@@ -102,24 +104,30 @@ class Schedule {
   // One comm stream per rank group, as the runtime has one comm thread per communicator
   // (comm/communicator.h): collectives of different axes overlap each other. Links shared by
   // two groups (both inter-node) are not modelled as contended.
-  double& comm_free(const std::string& axes) {
-    auto it = comm_free_.find(axes);
-    if (it == comm_free_.end()) {
-      it = comm_free_.emplace(axes, 0.0).first;
-      r_->streams.push_back("comm " + axes);
+  // When each stream other than compute is next free, by its name in SimResult::streams.
+  double& lane(const std::string& stream) {
+    auto it = lanes_.find(stream);
+    if (it == lanes_.end()) {
+      it = lanes_.emplace(stream, phase_start_).first;
+      r_->streams.push_back(stream);
     }
     return it->second;
   }
-  int stream_id(const std::string& axes) const {
+  double& comm_free(const std::string& axes) { return lane("comm " + axes); }
+  int stream_id(const std::string& stream) const {
     for (size_t i = 1; i < r_->streams.size(); ++i)
-      if (r_->streams[i] == "comm " + axes) return static_cast<int>(i);
+      if (r_->streams[i] == stream) return static_cast<int>(i);
     return 0;
   }
   double all_free() const {
     double t = compute_free_;
-    for (const auto& [key, free] : comm_free_) t = std::max(t, free);
+    for (const auto& [key, free] : lanes_) t = std::max(t, free);
     return t;
   }
+  // The offloaded optimizer's rates: this rank's share of its node's host memory bandwidth
+  // at the CPU AdamW's efficiency, and its host link.
+  double host_rate() const { return c_.node.host_optimizer_rate(prog_.plan.mesh.size()); }
+  double link_rate() const { return c_.node.host_link_rate(); }
   // The group a comm-stream instruction runs on.
   std::string comm_axes(const Instruction& in) const {
     if (in.kind == Instruction::param_sync) return axes_key(prog_.plan.zero_axes);
@@ -141,6 +149,40 @@ class Schedule {
     r_->seconds_by_op["accumulate_grads"] += t;
   }
 
+  // The optimizer list with the state in host memory: gradient blocks over the link, the norm
+  // and AdamW streaming the f32 state on the host, ZeRO-1/2's all-gathers of the f32 master
+  // blocks in host memory, the updated pieces back over the link in the run's precision.
+  template <class Elems>
+  double offloaded_seconds(const Instruction& in, const Elems& elems, bool* on_comm) {
+    const double host = host_rate(), link = link_rate();
+    // The gradient as the micro-step leaves it: in the arena at the run's precision, or an f32
+    // accumulator over several micro-batches.
+    const double grad_elem = prog_.plan.micro_batches > 1 ? 4.0 : 4.0 * scale_;
+    const ParamLayout* pl =
+        in.param >= 0 ? &prog_.part.params[static_cast<size_t>(in.param)] : nullptr;
+    switch (in.kind) {
+      case Instruction::grad_to_host:
+        return grad_elem * elems(*pl, pl->optim_sharded) / link;
+      case Instruction::grad_norm: {
+        double e = 0;
+        for (const ParamLayout& p : prog_.part.params) e += elems(p, p.optim_sharded);
+        return 4.0 * e / host;
+      }
+      case Instruction::optimizer:
+        return 7.0 * 4.0 * elems(*pl, pl->optim_sharded) / host;
+      case Instruction::param_sync: {
+        *on_comm = true;
+        const int zg = prog_.plan.zero_group();
+        return collective(OpKind::all_gather, 4.0 * elems(*pl, true) * zg, prog_.plan.zero_axes) +
+               4.0 * elems(*pl, false) / host;
+      }
+      case Instruction::param_to_device:
+        return 4.0 * scale_ * elems(*pl, pl->params_sharded) / link;
+      default:
+        return 0;
+    }
+  }
+
   // Optimizer-phase instructions: memory-bound updates of this rank's blocks.
   double optimizer_seconds(const Instruction& in, bool* on_comm) {
     *on_comm = false;
@@ -150,6 +192,7 @@ class Schedule {
       int64_t numel = pl.local_shape.numel();
       return static_cast<double>(sharded ? FlatShard{zg, 0, numel}.block() : numel);
     };
+    if (prog_.plan.offloads_optimizer()) return offloaded_seconds(in, elems, on_comm);
     switch (in.kind) {
       case Instruction::grad_norm: {  // its all-reduce, when sharded, is timed by run_list
         double bytes = 0;
@@ -198,32 +241,42 @@ class Schedule {
         dur = optimizer_seconds(in, &comm);
       }
       const std::string axes = comm ? comm_axes(in) : std::string();
+      // The offloaded optimizer's host threads and host link: streams of their own, each
+      // instruction starting when its dependencies have ended.
+      const bool offloaded = in.stream == Stream::host || in.stream == Stream::link;
+      const std::string host_lane = in.stream == Stream::host ? "host cpu" : "host link";
       // The runner executes the list in order (StepRunner): a collective is issued when the
       // compute stream reaches its start, and a wait holds the compute stream until its
       // collective ends while the comm stream goes on with what is queued behind it.
       const bool on_comm = comm && in.kind != Instruction::wait;
-      double& free = on_comm ? comm_free(axes) : compute_free_;
+      double& free = offloaded ? lane(host_lane) : on_comm ? comm_free(axes) : compute_free_;
       double start = std::max(free, ready);
-      if (on_comm) start = std::max(start, compute_free_);
+      if (on_comm && !prog_.plan.offloads_optimizer()) start = std::max(start, compute_free_);
       end[i] = start + dur;
       free = end[i];
-      if (in.kind == Instruction::param_sync) compute_free_ = std::max(compute_free_, end[i]);
+      // The device copies a synced parameter in and out; offloaded, the host does.
+      if (in.kind == Instruction::param_sync && !prog_.plan.offloads_optimizer())
+        compute_free_ = std::max(compute_free_, end[i]);
       // Where the comm thread shares the compute cores, part of its time is taken from compute.
       if (comm && dur > 0 && c_.node.comm_overlap < 1) {
         double stolen = (1 - c_.node.comm_overlap) * dur;
         compute_free_ = std::max(compute_free_, start) + stolen;
         r_->compute_seconds += stolen;
       }
-      if (in.kind == Instruction::grad_norm && in.stream == Stream::comm) {
+      if (in.kind == Instruction::grad_norm && !prog_.plan.grad_norm_axes().empty()) {
         // The sum of squares is all-reduced over the ZeRO group; AdamW waits for it.
         double ar = collective(OpKind::all_reduce, 8.0, prog_.plan.grad_norm_axes());
         double& norm_free = comm_free(axes_key(prog_.plan.grad_norm_axes()));
         double ar_start = std::max(norm_free, end[i]);
         norm_free = ar_start + ar;
         r_->comm_seconds += ar;
-        end[i] = compute_free_ = norm_free;
+        end[i] = (offloaded ? lane(host_lane) : compute_free_) = norm_free;
       }
-      if (comm)
+      if (in.stream == Stream::host)
+        r_->host_cpu_seconds += dur;
+      else if (in.stream == Stream::link)
+        r_->host_link_seconds += dur;
+      else if (comm)
         r_->comm_seconds += dur;
       else
         r_->compute_seconds += dur;
@@ -243,10 +296,15 @@ class Schedule {
         if (!n.recompute) model_flops_ += node_cost(in.node).flops;
       } else if (in.kind == Instruction::start) {
         r_->seconds_by_op[op_name(g_.node(in.node).op)] += dur;
-      } else if (!comm) {  // grad_norm and AdamW on the compute stream
+      } else if (!comm && !offloaded) {  // grad_norm and AdamW on the compute stream
         r_->optimizer_seconds += dur;
       }
-      if (opt_.trace && dur > 0) record(in, comm ? stream_id(axes) : 0, start, dur, category);
+      if (opt_.trace && dur > 0)
+        record(in,
+               offloaded ? stream_id(host_lane)
+               : comm    ? stream_id("comm " + axes)
+                         : 0,
+               start, dur, category);
     }
   }
 
@@ -255,14 +313,18 @@ class Schedule {
     e.stream = stream;
     e.start = start;
     e.duration = dur;
-    e.category = stream > 0 ? "comm" : category;
+    e.category = in.stream == Stream::comm   ? "comm"
+                 : in.stream == Stream::compute ? category
+                                                : "offload";
     if (in.node >= 0) {
       const Node& n = g_.node(in.node);
       e.name = std::string(op_name(n.op)) + (n.scope.empty() ? "" : " " + n.scope);
       if (n.recompute) e.name += " (recompute)";
     } else if (in.param >= 0) {
-      e.name = std::string(in.kind == Instruction::param_sync ? "all_gather " : "adamw ") +
-               prog_.part.params[static_cast<size_t>(in.param)].name;
+      e.name = std::string(in.kind == Instruction::param_sync ? "all_gather"
+                           : in.kind == Instruction::optimizer ? "adamw"
+                                                               : instruction_name(in.kind)) +
+               " " + prog_.part.params[static_cast<size_t>(in.param)].name;
     } else {
       e.name = "grad_norm";
     }
@@ -282,7 +344,8 @@ class Schedule {
   std::vector<OpTime> node_cost_;
   std::map<std::string, GroupLayout> layouts_;
   double compute_free_ = 0;
-  std::map<std::string, double> comm_free_;  // by the group's axes key
+  std::map<std::string, double> lanes_;  // "comm <axes>", "host cpu", "host link"
+  double phase_start_ = 0;               // where a stream first used in this phase starts
   ChunkSim* chunk_ = nullptr;                // run_chunk's figures
   const std::vector<char>* weight_grad_ = nullptr;
   double forward_end_ = 0;
@@ -387,6 +450,14 @@ Status check_precision(const ClusterSpec& cluster, const SimOptions& opt) {
 
 Status check_sim_inputs(const Plan& plan, const ClusterSpec& cluster, const SimOptions& opt) {
   TS_RETURN_IF_ERROR(check_precision(cluster, opt));
+  if (plan.offloads_optimizer() && !cluster.node.offload_known())
+    return error("cluster '" + cluster.name + "' does not give its host side, so an offloaded "
+                 "optimizer cannot be timed",
+                 "add host_memory_bandwidth_gbs and host_link_gbs to its [node] (`tessera "
+                 "simulate --cluster-toml dgx-h100` shows them)");
+  if (plan.offloads_optimizer() && plan.stages() > 1)
+    return error("offloading the optimizer is not supported with pipeline stages yet",
+                 "use --offload none with --pp, or data and tensor parallelism with offload");
   const int devices = plan.mesh.size();
   if (devices > cluster.node.devices && cluster.network.node_bandwidth() <= 0)
     return error("cluster '" + cluster.name + "' is one node of " +
@@ -415,7 +486,6 @@ Result<SimResult> simulate(const Program& prog, const ClusterSpec& cluster, cons
   r.devices = devices;
   Schedule s(prog, cluster, opt, &r);
   s.run();
-  r.exposed_comm_seconds = std::max(0.0, r.step_seconds - r.compute_seconds);
   const MicroBatchCounts counts = micro_batch_counts(prog);
   r.tokens_per_step = counts.tokens * prog.plan.micro_batches;
   r.examples_per_step = counts.examples * prog.plan.micro_batches;
@@ -452,6 +522,8 @@ Result<SimResult> simulate(const Program& prog, const ClusterSpec& cluster, cons
   r.persistent_bytes = persistent_bytes_at(prog, scale, opt.fp8);
   r.arena_bytes = static_cast<double>(prog.memory.arena_bytes) * scale;
   r.peak_memory_bytes = r.persistent_bytes + r.arena_bytes;
+  r.host_bytes = static_cast<double>(prog.host_bytes);
+  r.exposed_comm_seconds = std::max(0.0, r.step_seconds - r.compute_seconds - r.offload_seconds);
   return r;
 }
 
@@ -486,7 +558,7 @@ std::string format_sim_result(const SimResult& r, const ClusterSpec& c) {
   const double per_step = tokens ? r.tokens_per_step : r.examples_per_step;
   char buf[1024];
   std::snprintf(buf, sizeof buf,
-                "step time        %s  (compute %s %.0f%%, exposed comm %s %.0f%%, bubble %s)\n"
+                "step time        %s  (compute %s %.0f%%, exposed comm %s %.0f%%, bubble %s%s)\n"
                 "  of which       optimizer %s; comm streams busy %s\n"
                 "throughput       %.4g %s/s (%.4g per device), %g %s per step\n"
                 "per device       %.1f TFLOP/s model (MFU %.1f%%), %.1f TFLOP/s hardware "
@@ -495,12 +567,25 @@ std::string format_sim_result(const SimResult& r, const ClusterSpec& c) {
                 format_seconds(r.step_seconds).c_str(), format_seconds(r.compute_seconds).c_str(),
                 pct(r.compute_seconds), format_seconds(r.exposed_comm_seconds).c_str(),
                 pct(r.exposed_comm_seconds), format_seconds(r.bubble_seconds).c_str(),
+                r.offload_seconds > 0
+                    ? (", offload " + format_seconds(r.offload_seconds)).c_str()
+                    : "",
                 format_seconds(r.optimizer_seconds).c_str(), format_seconds(r.comm_seconds).c_str(),
                 rate, unit, rate / std::max(1, r.devices), per_step, unit,
                 r.model_tflops_per_device, 100 * r.mfu, r.hardware_tflops_per_device, 100 * r.hfu,
                 format_bytes(r.peak_memory_bytes).c_str(), format_bytes(r.persistent_bytes).c_str(),
                 format_bytes(r.arena_bytes).c_str(), format_bytes(c.device.memory_bytes).c_str());
   std::string out = buf;
+  if (r.offload_seconds > 0 || r.host_bytes > 0) {
+    char line[256];
+    std::snprintf(line, sizeof line,
+                  "offload          optimizer on the host: %s exposed (host AdamW %s, host link "
+                  "%s busy); %s of host memory per device\n",
+                  format_seconds(r.offload_seconds).c_str(),
+                  format_seconds(r.host_cpu_seconds).c_str(),
+                  format_seconds(r.host_link_seconds).c_str(), format_bytes(r.host_bytes).c_str());
+    out += line;
+  }
   if (!r.stage_peak_bytes.empty()) {
     char line[96];
     std::snprintf(line, sizeof line,

@@ -20,6 +20,9 @@
 //   compute_seconds        time the compute stream is busy
 //   exposed_comm_seconds   time the compute stream waits on a collective
 //   bubble_seconds         pipeline bubble: the critical stage idle inside the schedule
+//   offload_seconds        Plan::offload: the device idle while its optimizer runs on the host
+//                          (gradients out over the host link, AdamW on the node's CPUs at their
+//                          share of its memory bandwidth, parameters back)
 //
 // A pipeline (PipelineProgram, parallel/pipeline_program.h) is timed per chunk: one micro-batch
 // of each chunk's Program gives its forward and backward seconds (the backward split into
@@ -75,6 +78,8 @@ struct SimResult {
   double compute_seconds = 0, exposed_comm_seconds = 0, bubble_seconds = 0;
   double comm_seconds = 0;       // busy time summed over the comm streams (overlapped or not)
   double optimizer_seconds = 0;  // part of compute_seconds spent in the optimizer
+  // Offloaded optimizer: the exposed phase, and the host threads' and host link's busy time.
+  double offload_seconds = 0, host_cpu_seconds = 0, host_link_seconds = 0;
   // Global: positions of the model's "tokens" input (a language model's sequences, T5's
   // encoder inputs; none for an image classifier) and examples (sequences, images).
   double tokens_per_step = 0, tokens_per_second = 0;
@@ -86,6 +91,7 @@ struct SimResult {
   double mfu = 0, hfu = 0;       // fractions of device peak at the compute dtype
   double peak_memory_bytes = 0;  // per device: persistent state + planned arena
   double persistent_bytes = 0, arena_bytes = 0;
+  double host_bytes = 0;  // per device, in host memory: the offloaded optimizer state
   std::map<std::string, double> seconds_by_op;  // busy time per op kind ("matmul", "all_gather")
   std::vector<TraceEvent> events;               // when SimOptions::trace
   // "compute", then "comm <axes>" for each rank group's comm stream, in order of first use.

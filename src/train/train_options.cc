@@ -99,6 +99,10 @@ Status check_train_options(const TrainOptions& o, const ModelConfig& cfg) {
     Result<RecomputePolicy> r = parse_recompute(o.recompute);
     if (!r.ok()) return error("--recompute: " + r.status().message(), r.status().hint());
   }
+  if (!o.offload.empty()) {
+    Result<OffloadPolicy> r = parse_offload(o.offload);
+    if (!r.ok()) return error("--offload: " + r.status().message(), r.status().hint());
+  }
   if (o.trace_step != 0 && o.trace.empty())
     return error("--trace-step " + std::to_string(o.trace_step) + " without --trace",
                  "add --trace FILE (the step's Chrome/Perfetto trace goes there)");

@@ -51,6 +51,7 @@ struct TrainOptions {
   int virtual_stages = -1;           // --virtual-stages (interleaved); -1: not given (1)
   std::string stage_layers;          // --stage-layers "a,b,...": blocks per model chunk
   int recompute_layers = -1;         // --recompute-layers: the first N blocks; -1: the plan's
+  std::string offload;               // --offload none|optimizer ("": the plan's, none without one)
   double comm_timeout = 30;          // seconds a collective waits for a peer before failing
   std::string collectives = "auto";  // --collectives: auto | ring | mpi (comm/host_comm.h)
   std::string trace;                 // --trace FILE: a Chrome/Perfetto trace of one step ("": none)

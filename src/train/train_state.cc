@@ -99,8 +99,8 @@ Result<bool> TrainState::params_finite() const {
     return ok;
   };
   bool ok = true;
-  HostStaging host(backend);
   for (const HeldParam& h : held_params()) {
+    HostStaging host(h.runner->state_backend());
     const int64_t n = h.runner->param_piece(h.index).count;
     ok = ok && finite(host.read(h.runner->param_storage(h.index), n), n);
   }
@@ -186,7 +186,7 @@ Status TrainState::read_held(const ShardedCheckpoint& ck, bool with_moments) {
                    pl.global_shape.to_string());
     const LocalPiece pp = r.param_piece(i), op = r.optim_piece(i);
     const Box box = r.param_box(i);
-    HostStaging host(backend);  // device state: read into host copies, then copied in
+    HostStaging host(r.state_backend());  // device state: read into host copies, then copied in
     TS_RETURN_IF_ERROR(ck.read_box(name, box.lo, box.hi, pp.offset, pp.count,
                                    host.write(r.param_storage(i), pp.count)));
     if (with_moments) {

@@ -49,16 +49,19 @@ Status TrainState::begin_save(const std::string& root, int64_t completed,
   p->manifest = manifest(completed, train);
   // The snapshot: this rank's pieces copied to host memory, which the next steps do not touch.
   // Written at once (--sync-checkpoints) from host memory, the state itself serves.
-  const bool in_place = opts.sync_checkpoints && backend.memory() == MemSpace::host;
+  // (The state is in the runners' state_backend(): host memory when the optimizer is offloaded.)
+  Backend* state = nullptr;
   auto copy = [&](const void* src, int64_t n) {
-    if (in_place) return static_cast<const float*>(src);
+    if (opts.sync_checkpoints && state->memory() == MemSpace::host)
+      return static_cast<const float*>(src);
     std::vector<float>& v = p->snapshot.emplace_back(static_cast<size_t>(n));
-    backend.to_host(v.data(), src, n * static_cast<int64_t>(sizeof(float)));
+    state->to_host(v.data(), src, n * static_cast<int64_t>(sizeof(float)));
     return static_cast<const float*>(v.data());
   };
   const bool sharded = distributed();
   for (const HeldParam& h : held_params()) {
     StepRunner& r = *h.runner;
+    state = &r.state_backend();
     const size_t i = h.index;
     const ParamLayout& pl = r.program().part.params[i];
     const AdamW& opt = r.optimizer();
