@@ -139,9 +139,8 @@ const FloatField<NodeSpec> kNodeFloats[] = {
      "unknown; no offload)"},
     {"host_link_efficiency", &NodeSpec::host_link_efficiency, 1, false, Range::fraction, false,
      "fraction of the host link pinned-memory copies reach, e.g. 0.8"},
-    {"host_optimizer_efficiency", &NodeSpec::host_optimizer_efficiency, 1, false,
-     Range::fraction, false,
-     "fraction of the host memory bandwidth the CPU's AdamW reaches, e.g. 0.5"},
+    {"host_optimizer_efficiency", &NodeSpec::host_optimizer_efficiency, 1, false, Range::fraction,
+     false, "fraction of the host memory bandwidth the CPU's AdamW reaches, e.g. 0.5"},
 };
 const IntField<NodeSpec> kNodeInts[] = {
     {"devices", &NodeSpec::devices, 1, true, "devices per node, e.g. 8"},

@@ -70,17 +70,23 @@ void lower_optimizer(Program& p) {
   }
   const int norm = static_cast<int>(out.size());
   out.push_back({Instruction::grad_norm,
-                 offload ? Stream::host : norm_comm ? Stream::comm : Stream::compute, -1, -1, -1,
-                 to_host});
+                 offload     ? Stream::host
+                 : norm_comm ? Stream::comm
+                             : Stream::compute,
+                 -1, -1, -1, to_host});
   for (int i = 0; i < n; ++i) {
     const ParamLayout& pl = p.part.params[static_cast<size_t>(i)];
     out.push_back(
         {Instruction::optimizer, offload ? Stream::host : Stream::compute, -1, i, -1, {norm}});
     if (pl.optim_sharded && !pl.params_sharded)
-      out.push_back({Instruction::param_sync, Stream::comm, -1, i, -1,
-                     {static_cast<int>(out.size()) - 1}});
+      out.push_back(
+          {Instruction::param_sync, Stream::comm, -1, i, -1, {static_cast<int>(out.size()) - 1}});
     if (offload)
-      out.push_back({Instruction::param_to_device, Stream::link, -1, i, -1,
+      out.push_back({Instruction::param_to_device,
+                     Stream::link,
+                     -1,
+                     i,
+                     -1,
                      {static_cast<int>(out.size()) - 1}});
   }
 }

@@ -66,7 +66,7 @@ struct Program {
   // local piece, AdamW's moments and an f32 copy of the gradient of its optimizer block);
   // optim_bytes is then 0.
   int64_t host_bytes = 0;
-  double comm_bytes_per_step = 0;                            // sent by one rank per optimizer step
+  double comm_bytes_per_step = 0;  // sent by one rank per optimizer step
   // FLOPs of one micro-batch of the global graph (forward and backward, each op once however
   // many ranks replicate it): the model FLOPs MFU counts.
   double model_flops = 0;

@@ -53,8 +53,7 @@ const std::vector<Knob>& knobs() {
        true},
       {"recompute",
        [](const PlanCandidate& c) { return std::string(recompute_name(c.plan.recompute)); }},
-      {"offload",
-       [](const PlanCandidate& c) { return std::string(offload_name(c.plan.offload)); }},
+      {"offload", [](const PlanCandidate& c) { return std::string(offload_name(c.plan.offload)); }},
   };
   return k;
 }

@@ -3,9 +3,9 @@
 // 2 or 4 nodes, replicated across them), tensor parallelism within a node
 // (with or without sequence parallelism), pipeline stages with their schedules, the
 // micro-batch size, recomputation and, where the cluster spec gives its host side, offloading
-// the optimizer to host memory (not with a pipeline) — for a model, a cluster, a device count and a global
-// batch; prunes those that cannot fit or cannot beat the best found (analytic bounds, below);
-// and times the rest with the simulator on the Program each would execute. Memory is a hard
+// the optimizer to host memory (not with a pipeline) — for a model, a cluster, a device count and a
+// global batch; prunes those that cannot fit or cannot beat the best found (analytic bounds,
+// below); and times the rest with the simulator on the Program each would execute. Memory is a hard
 // constraint: a plan whose simulated peak exceeds the device is never returned.
 //
 //   PlannerOptions o;  o.gpus = 1024;  o.global_batch = 1536;  o.seq = 2048;

@@ -28,45 +28,13 @@
 #include "parallel/program.h"
 #include "runtime/executor.h"
 #include "runtime/feed.h"
+#include "runtime/mesh_comms.h"
 #include "runtime/optimizer.h"
 #include "runtime/step_trace.h"
 
 namespace tessera {
 
 struct ChunkProgram;  // parallel/pipeline_program.h
-
-// The communicators of a plan's rank groups, keyed by the comma-joined axes of the group
-// ("dp", "dp_rep,dp_shard"), split from the world communicator (host memory) and, where given,
-// from a device world too (NCCL: comm/nccl_comm.h), whose groups take the collectives of values
-// in device memory without a host copy.
-class MeshComms {
- public:
-  static Result<MeshComms> create(Communicator& world, const Plan& plan,
-                                  Communicator* device_world = nullptr);
-  // One process: a world of one rank (owned), for a plan whose mesh has one rank.
-  static Result<MeshComms> single(const Plan& plan);
-  Communicator& world() const { return *world_; }
-  // The group spanned by `axes` (a comma-joined list) that this rank belongs to, for buffers in
-  // `memory`: the device world's group when there is one and memory is a device's, else the
-  // host's (device values are then staged through the host).
-  Communicator& group(const std::string& axes, MemSpace memory = MemSpace::host) const;
-  // Bytes sent by this rank over all groups (and the world) since the last reset.
-  int64_t bytes_sent() const;
-  void reset_stats();
-  void set_timeout(double seconds);
-  // Every communicator's operations to `sink` (null: stop); Communicator::set_trace_sink.
-  void set_trace_sink(CommTraceSink* sink);
-
- private:
-  // All of this rank's communicators: the worlds and every group.
-  std::vector<Communicator*> all() const;
-
-  Communicator* world_ = nullptr;
-  Communicator* device_world_ = nullptr;
-  std::shared_ptr<Communicator> own_world_;  // single(): the one-rank world
-  std::map<std::string, std::shared_ptr<Communicator>> groups_;
-  std::map<std::string, std::shared_ptr<Communicator>> device_groups_;
-};
 
 // What this rank holds of one parameter tensor: elements [offset, offset + count) of its
 // flattened local piece (ParamLayout::local_shape: the whole tensor unless a tensor axis
@@ -239,8 +207,8 @@ class StepRunner {
   std::vector<std::unique_ptr<Executor>> phase_execs_;  // chunk runners: the later phases
   std::vector<size_t> model_index_;  // parameter i is the model's parameter model_index_[i]
   std::unique_ptr<AdamW> opt_;
-  bool one_pass_update_ = false;        // the optimizer list is AdamW::update_all
-  size_t norm_index_ = 0;               // the optimizer list's grad_norm
+  bool one_pass_update_ = false;  // the optimizer list is AdamW::update_all
+  size_t norm_index_ = 0;         // the optimizer list's grad_norm
   // Plan::offload optimizer: host memory for the master weights (masters_), AdamW's moments
   // and the gradients' f32 copies (host_grads_); where each gradient block is on the device;
   // and a staging buffer for values converted between f32 and their stored dtype.

@@ -313,7 +313,7 @@ class Schedule {
     e.stream = stream;
     e.start = start;
     e.duration = dur;
-    e.category = in.stream == Stream::comm   ? "comm"
+    e.category = in.stream == Stream::comm      ? "comm"
                  : in.stream == Stream::compute ? category
                                                 : "offload";
     if (in.node >= 0) {
@@ -321,7 +321,7 @@ class Schedule {
       e.name = std::string(op_name(n.op)) + (n.scope.empty() ? "" : " " + n.scope);
       if (n.recompute) e.name += " (recompute)";
     } else if (in.param >= 0) {
-      e.name = std::string(in.kind == Instruction::param_sync ? "all_gather"
+      e.name = std::string(in.kind == Instruction::param_sync  ? "all_gather"
                            : in.kind == Instruction::optimizer ? "adamw"
                                                                : instruction_name(in.kind)) +
                " " + prog_.part.params[static_cast<size_t>(in.param)].name;
@@ -346,7 +346,7 @@ class Schedule {
   double compute_free_ = 0;
   std::map<std::string, double> lanes_;  // "comm <axes>", "host cpu", "host link"
   double phase_start_ = 0;               // where a stream first used in this phase starts
-  ChunkSim* chunk_ = nullptr;                // run_chunk's figures
+  ChunkSim* chunk_ = nullptr;            // run_chunk's figures
   const std::vector<char>* weight_grad_ = nullptr;
   double forward_end_ = 0;
 };
@@ -451,8 +451,9 @@ Status check_precision(const ClusterSpec& cluster, const SimOptions& opt) {
 Status check_sim_inputs(const Plan& plan, const ClusterSpec& cluster, const SimOptions& opt) {
   TS_RETURN_IF_ERROR(check_precision(cluster, opt));
   if (plan.offloads_optimizer() && !cluster.node.offload_known())
-    return error("cluster '" + cluster.name + "' does not give its host side, so an offloaded "
-                 "optimizer cannot be timed",
+    return error("cluster '" + cluster.name +
+                     "' does not give its host side, so an offloaded "
+                     "optimizer cannot be timed",
                  "add host_memory_bandwidth_gbs and host_link_gbs to its [node] (`tessera "
                  "simulate --cluster-toml dgx-h100` shows them)");
   if (plan.offloads_optimizer() && plan.stages() > 1)
@@ -557,24 +558,23 @@ std::string format_sim_result(const SimResult& r, const ClusterSpec& c) {
   const double rate = tokens ? r.tokens_per_second : r.examples_per_second;
   const double per_step = tokens ? r.tokens_per_step : r.examples_per_step;
   char buf[1024];
-  std::snprintf(buf, sizeof buf,
-                "step time        %s  (compute %s %.0f%%, exposed comm %s %.0f%%, bubble %s%s)\n"
-                "  of which       optimizer %s; comm streams busy %s\n"
-                "throughput       %.4g %s/s (%.4g per device), %g %s per step\n"
-                "per device       %.1f TFLOP/s model (MFU %.1f%%), %.1f TFLOP/s hardware "
-                "(HFU %.1f%%)\n"
-                "memory / device  %s peak = %s persistent + %s activations (capacity %s)\n",
-                format_seconds(r.step_seconds).c_str(), format_seconds(r.compute_seconds).c_str(),
-                pct(r.compute_seconds), format_seconds(r.exposed_comm_seconds).c_str(),
-                pct(r.exposed_comm_seconds), format_seconds(r.bubble_seconds).c_str(),
-                r.offload_seconds > 0
-                    ? (", offload " + format_seconds(r.offload_seconds)).c_str()
-                    : "",
-                format_seconds(r.optimizer_seconds).c_str(), format_seconds(r.comm_seconds).c_str(),
-                rate, unit, rate / std::max(1, r.devices), per_step, unit,
-                r.model_tflops_per_device, 100 * r.mfu, r.hardware_tflops_per_device, 100 * r.hfu,
-                format_bytes(r.peak_memory_bytes).c_str(), format_bytes(r.persistent_bytes).c_str(),
-                format_bytes(r.arena_bytes).c_str(), format_bytes(c.device.memory_bytes).c_str());
+  std::snprintf(
+      buf, sizeof buf,
+      "step time        %s  (compute %s %.0f%%, exposed comm %s %.0f%%, bubble %s%s)\n"
+      "  of which       optimizer %s; comm streams busy %s\n"
+      "throughput       %.4g %s/s (%.4g per device), %g %s per step\n"
+      "per device       %.1f TFLOP/s model (MFU %.1f%%), %.1f TFLOP/s hardware "
+      "(HFU %.1f%%)\n"
+      "memory / device  %s peak = %s persistent + %s activations (capacity %s)\n",
+      format_seconds(r.step_seconds).c_str(), format_seconds(r.compute_seconds).c_str(),
+      pct(r.compute_seconds), format_seconds(r.exposed_comm_seconds).c_str(),
+      pct(r.exposed_comm_seconds), format_seconds(r.bubble_seconds).c_str(),
+      r.offload_seconds > 0 ? (", offload " + format_seconds(r.offload_seconds)).c_str() : "",
+      format_seconds(r.optimizer_seconds).c_str(), format_seconds(r.comm_seconds).c_str(), rate,
+      unit, rate / std::max(1, r.devices), per_step, unit, r.model_tflops_per_device, 100 * r.mfu,
+      r.hardware_tflops_per_device, 100 * r.hfu, format_bytes(r.peak_memory_bytes).c_str(),
+      format_bytes(r.persistent_bytes).c_str(), format_bytes(r.arena_bytes).c_str(),
+      format_bytes(c.device.memory_bytes).c_str());
   std::string out = buf;
   if (r.offload_seconds > 0 || r.host_bytes > 0) {
     char line[256];

@@ -1,0 +1,80 @@
+#include "runtime/mesh_comms.h"
+
+#include "base/check.h"
+#include "comm/local_comm.h"
+
+namespace tessera {
+
+Result<MeshComms> MeshComms::create(Communicator& world, const Plan& plan,
+                                    Communicator* device_world) {
+  TS_RETURN_IF_ERROR(validate(plan, world.size()));
+  TS_CHECK(!device_world || device_world->size() == world.size())
+      << "a device world of " << device_world->size() << " ranks beside " << world.size();
+  MeshComms mc;
+  mc.world_ = &world;
+  mc.device_world_ = device_world;
+  // Every group a Program may use: each axis, the data axes, the ZeRO axes, and the other
+  // data axes (HSDP replicas). Split in a fixed order so every rank makes the same calls.
+  std::vector<std::string> keys;
+  for (const MeshAxis& a : plan.mesh.axes()) keys.push_back(a.name);
+  keys.push_back(axes_key(plan.data_axes));
+  keys.push_back(axes_key(plan.zero_axes));
+  if (!plan.replica_axes().empty()) keys.push_back(axes_key(plan.replica_axes()));
+  keys.push_back(axes_key(plan.tensor_axes));
+  keys.push_back(axes_key(plan.grad_norm_axes()));
+  const int r = world.rank();
+  for (const std::string& k : keys) {
+    if (k.empty() || mc.groups_.count(k)) continue;
+    std::vector<std::string> axes = axes_of_key(k);
+    const int color = plan.mesh.group_color(r, axes), index = plan.mesh.group_index(r, axes);
+    TS_ASSIGN_OR_RETURN(std::unique_ptr<Communicator> c, world.split(color, index, k));
+    mc.groups_[k] = std::move(c);
+    if (!device_world) continue;
+    TS_ASSIGN_OR_RETURN(std::unique_ptr<Communicator> d, device_world->split(color, index, k));
+    mc.device_groups_[k] = std::move(d);
+  }
+  return mc;
+}
+
+Result<MeshComms> MeshComms::single(const Plan& plan) {
+  std::vector<std::unique_ptr<Communicator>> one = make_local_comms(1);
+  std::shared_ptr<Communicator> world(std::move(one[0]));
+  TS_ASSIGN_OR_RETURN(MeshComms mc, create(*world, plan));
+  mc.own_world_ = std::move(world);
+  return mc;
+}
+
+Communicator& MeshComms::group(const std::string& axes, MemSpace memory) const {
+  const auto& groups = memory == MemSpace::device && device_world_ ? device_groups_ : groups_;
+  auto it = groups.find(axes);
+  TS_CHECK(it != groups.end()) << "no communicator for mesh axes '" << axes << "'";
+  return *it->second;
+}
+
+std::vector<Communicator*> MeshComms::all() const {
+  std::vector<Communicator*> out{world_};
+  if (device_world_) out.push_back(device_world_);
+  for (const auto& [k, c] : groups_) out.push_back(c.get());
+  for (const auto& [k, c] : device_groups_) out.push_back(c.get());
+  return out;
+}
+
+int64_t MeshComms::bytes_sent() const {
+  int64_t b = 0;
+  for (Communicator* c : all()) b += c->stats().bytes_sent;
+  return b;
+}
+
+void MeshComms::reset_stats() {
+  for (Communicator* c : all()) c->reset_stats();
+}
+
+void MeshComms::set_timeout(double seconds) {
+  for (Communicator* c : all()) c->set_timeout(seconds);
+}
+
+void MeshComms::set_trace_sink(CommTraceSink* sink) {
+  for (Communicator* c : all()) c->set_trace_sink(sink);
+}
+
+}  // namespace tessera
