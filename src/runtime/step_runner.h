@@ -206,13 +206,15 @@ class StepRunner {
   const ChunkProgram* chunk_ = nullptr;
   std::vector<std::unique_ptr<Executor>> phase_execs_;  // chunk runners: the later phases
   std::vector<size_t> model_index_;  // parameter i is the model's parameter model_index_[i]
+  // Plan::offload optimizer: host memory and the host's AdamW (declared before every buffer
+  // allocated from it, so that it outlives them).
+  std::unique_ptr<Backend> host_;
   std::unique_ptr<AdamW> opt_;
   bool one_pass_update_ = false;  // the optimizer list is AdamW::update_all
   size_t norm_index_ = 0;         // the optimizer list's grad_norm
-  // Plan::offload optimizer: host memory for the master weights (masters_), AdamW's moments
-  // and the gradients' f32 copies (host_grads_); where each gradient block is on the device;
+  // Plan::offload optimizer: the gradients' f32 copies in host memory (the master weights are
+  // masters_, AdamW's moments opt_'s); where each gradient block is on the device;
   // and a staging buffer for values converted between f32 and their stored dtype.
-  std::unique_ptr<Backend> host_;
   std::vector<Buffer> host_grads_;
   struct DeviceGrad {
     const void* data = nullptr;

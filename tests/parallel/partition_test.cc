@@ -266,6 +266,52 @@ TEST(Program, ZeroThreePersistentBytesAreOneNth) {
   EXPECT_GE(z3.persistent_bytes() * 4, dp.persistent_bytes());
 }
 
+// The optimizer offloaded (Plan::offload): the state leaves the device's bytes for the
+// host's, and the optimizer list is the gradients out over the link, the norm and AdamW on the
+// host, ZeRO-1's sync of each updated tensor, then each tensor back over the link — in an order
+// a runner can execute on one stream. The key round-trips; a bad value is named.
+TEST(Program, OffloadMovesTheOptimizerStateToTheHost) {
+  ModelGraph m = tiny("gpt-tiny");
+  const int64_t full = grad_bytes(m.graph);
+  Plan plan = Plan::data_parallel(2, 1);
+  plan.offload = OffloadPolicy::optimizer;
+  const Program p = lower(m.graph, plan).value();
+  const Program dev = lower(m.graph, Plan::data_parallel(2, 1)).value();
+  EXPECT_EQ(p.optim_bytes, 0);
+  EXPECT_EQ(p.persistent_bytes(), full);  // the parameters alone
+  EXPECT_GT(dev.optim_bytes, 0);
+  // Master of the whole piece; moments and the gradient's copy of this rank's half (padded).
+  EXPECT_GE(p.host_bytes, full + 3 * full / 2);
+  EXPECT_LE(p.host_bytes, full + 3 * full / 2 + 16 * static_cast<int64_t>(m.graph.params().size()));
+  const size_t n = p.part.params.size();
+  ASSERT_EQ(p.optimizer.size(), n + 1 + 3 * n);
+  for (size_t k = 0; k < n; ++k) {
+    EXPECT_EQ(p.optimizer[k].kind, Instruction::grad_to_host);
+    EXPECT_EQ(p.optimizer[k].stream, Stream::link);
+  }
+  EXPECT_EQ(p.optimizer[n].kind, Instruction::grad_norm);
+  EXPECT_EQ(p.optimizer[n].stream, Stream::host);
+  EXPECT_EQ(p.optimizer[n].deps.size(), n);
+  const Instruction::Kind per_tensor[] = {Instruction::optimizer, Instruction::param_sync,
+                                          Instruction::param_to_device};
+  const Stream streams[] = {Stream::host, Stream::comm, Stream::link};
+  for (size_t k = n + 1; k < p.optimizer.size(); ++k) {
+    EXPECT_EQ(p.optimizer[k].kind, per_tensor[(k - n - 1) % 3]) << k;
+    EXPECT_EQ(p.optimizer[k].stream, streams[(k - n - 1) % 3]) << k;
+  }
+  EXPECT_TRUE(check_order(p.optimizer).ok());
+  EXPECT_NE(print_program(p).find("link    param_to_device"), std::string::npos);
+
+  Result<Plan> q = plan_from_json(plan_to_json(plan));
+  ASSERT_TRUE(q.ok()) << q.status().to_string();
+  EXPECT_EQ(q->offload, OffloadPolicy::optimizer);
+  EXPECT_EQ(q->describe(), "dp=2 zero=1 offload=optimizer");
+  nlohmann::json j = plan_to_json(plan);
+  j["offload"] = "params";
+  EXPECT_EQ(plan_from_json(j).status().message(),
+            "plan: key 'offload': offload 'params' is not one of: none, optimizer");
+}
+
 TEST(Program, CommBytesMatchTheRingFormulas) {
   ModelGraph m = tiny("gpt-tiny");
   const double G = static_cast<double>(grad_bytes(m.graph));

@@ -110,6 +110,31 @@ TEST(Planner, BoundsHoldOnLlamaWithPipelines) {
   EXPECT_GT(s->pruned_by_memory, 0);
 }
 
+// Offloading the optimizer is searched beside every plan without a pipeline: LLaMA-2 7B's 16
+// bytes per parameter (108 GB) do not fit one 80 GB H100, with the master weights and moments
+// in host memory it does (the device holds bf16 parameters, gradients and activations), and on
+// 8 H100s, where ZeRO fits it on the devices, the faster plan without offload wins. A cluster
+// spec without its host side is searched without offload (and then nothing fits one GPU).
+TEST(Planner, OffloadsTheOptimizerWhereNothingElseFits) {
+  const ClusterSpec c = cluster("dgx-h100");
+  Result<PlanSearch> one = search_plans(preset("llama2-7b"), c, options(1, 8, 4096, 3));
+  ASSERT_TRUE(one.ok()) << one.status().to_string();
+  for (const PlanCandidate& p : one->best) {
+    EXPECT_TRUE(p.plan.offloads_optimizer()) << p.describe();
+    EXPECT_TRUE(p.fits(c.device.memory_bytes)) << p.describe();
+    EXPECT_GT(p.sim.offload_seconds, 0) << p.describe();
+    EXPECT_GT(p.sim.host_bytes, 16.0 * 6.7e9) << p.describe();  // master, moments, gradient
+    EXPECT_LE(p.time_bound, p.sim.step_seconds) << p.describe();
+    EXPECT_LE(p.memory_bound, p.sim.peak_memory_bytes) << p.describe();
+  }
+  Result<PlanSearch> eight = search_plans(preset("llama2-7b"), c, options(8, 8, 4096, 3));
+  ASSERT_TRUE(eight.ok()) << eight.status().to_string();
+  EXPECT_FALSE(eight->best[0].plan.offloads_optimizer()) << eight->best[0].describe();
+  ClusterSpec no_host = c;
+  no_host.node.host_link_bandwidth = 0;
+  EXPECT_FALSE(search_plans(preset("llama2-7b"), no_host, options(1, 8, 4096, 3)).ok());
+}
+
 // Pruning by the time bound finds the same best plans as simulating every candidate.
 TEST(Planner, PrunedSearchFindsTheExhaustiveSearchsBestPlans) {
   const ModelConfig cfg = preset("gpt2-medium");

@@ -191,6 +191,57 @@ TEST(Simulator, MixedPrecisionZero1ShardsTheMasterCopy) {
   EXPECT_LT(b.persistent_bytes, a.persistent_bytes - 0.35 * params);  // 5 -> 3.5 bytes each
 }
 
+// The optimizer offloaded to host memory: after the backward pass the gradients go out over
+// the host link one tensor after another, the host sums their squares and runs AdamW tensor
+// by tensor at its share of the node's memory bandwidth, and each updated tensor comes back
+// over the link as soon as it is updated (pipelined behind the host's AdamW). The device holds
+// the parameters alone; the host, the f32 master, the moments and the gradient's copy.
+TEST(Simulator, OffloadedOptimizerRunsOnTheHostAfterTheBackward) {
+  ClusterSpec c = round_cluster(1, 0);
+  c.node.host_memory_bandwidth = 100e9;  // AdamW at 50 GB/s (efficiency 0.5)
+  c.node.host_link_bandwidth = 25e9;     // copies at 20 GB/s (efficiency 0.8)
+  Plan plan = Plan::data_parallel(1);
+  const Program dev = lowered("gpt-tiny", 4, 32, plan);
+  plan.offload = OffloadPolicy::optimizer;
+  const Program off = lowered("gpt-tiny", 4, 32, plan);
+  SimOptions o;
+  o.trace = true;
+  const SimResult a = *simulate(dev, c, o), b = *simulate(off, c, o);
+  const double host = 50e9, link = 20e9;
+  // Out; the norm; then AdamW tensor by tensor, each tensor back over the link when both it is
+  // updated and the link is free.
+  double elems = 0;
+  for (const ParamLayout& pl : off.part.params)
+    elems += static_cast<double>(pl.local_shape.numel());
+  double updated = 4 * elems / link + 4 * elems / host, back = updated;
+  for (const ParamLayout& pl : off.part.params) {
+    const double e = static_cast<double>(pl.local_shape.numel());
+    updated += 28 * e / host;
+    back = std::max(back, updated) + 4 * e / link;
+  }
+  const double want = back;
+  EXPECT_NEAR(b.offload_seconds, want, 1e-9 * want);
+  EXPECT_NEAR(b.step_seconds, a.compute_seconds - a.optimizer_seconds + want, 1e-9 * want);
+  EXPECT_EQ(b.optimizer_seconds, 0);  // nothing of the optimizer on the device
+  EXPECT_NEAR(b.host_cpu_seconds, 32 * elems / host, 1e-9 * want);
+  EXPECT_NEAR(b.host_link_seconds, 8 * elems / link, 1e-9 * want);
+  EXPECT_EQ(b.exposed_comm_seconds, 0);
+  EXPECT_DOUBLE_EQ(b.persistent_bytes, 4 * elems);
+  EXPECT_DOUBLE_EQ(a.persistent_bytes, 12 * elems);
+  EXPECT_DOUBLE_EQ(b.host_bytes, 16 * elems);
+  for (const char* stream : {"host cpu", "host link"})
+    EXPECT_NE(std::find(b.streams.begin(), b.streams.end(), stream), b.streams.end()) << stream;
+  EXPECT_NE(format_sim_result(b, c).find("offload"), std::string::npos);
+
+  // A spec without its host side cannot time it; nor is a pipeline offloaded yet.
+  Result<SimResult> unknown = simulate(off, round_cluster(1, 0), o);
+  ASSERT_FALSE(unknown.ok());
+  EXPECT_NE(unknown.status().hint().find("host_link_gbs"), std::string::npos);
+  Plan pp = Plan::pipeline_parallel(2, 1, 1);
+  pp.offload = OffloadPolicy::optimizer;
+  EXPECT_FALSE(check_sim_inputs(pp, c, o).ok());
+}
+
 TEST(Simulator, RecomputationCountsAsHardwareNotModelFlops) {
   ClusterSpec c = round_cluster();
   Plan plain = Plan::data_parallel(8, 3), rc = plain;

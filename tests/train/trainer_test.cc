@@ -116,6 +116,36 @@ TEST_F(TrainerTest, RanksTrainCheckpointAndResumeOnMemoryTheHostCannotAddress) {
   }
 }
 
+// The optimizer offloaded to host memory (train --offload optimizer) on memory the host
+// cannot address: the same losses as the device optimizer, and checkpoints of the same files —
+// a run stopped with offload resumes without it, and the other way round, exactly. One rank
+// (fp32, bf16), ZeRO-2 over two and tensor parallelism.
+TEST_F(TrainerTest, OffloadedRunsResumeWithOrWithoutOffload) {
+  auto offloaded = [](Plan p) {
+    p.offload = OffloadPolicy::optimizer;
+    return p;
+  };
+  for (const std::string precision : {"fp32", "bf16"}) {
+    SCOPED_TRACE(precision);
+    const Plan one = Plan::data_parallel(1);
+    const std::vector<std::string> cpu =
+        run("off_cpu_" + precision, nullptr, 6, 0, false, precision);
+    OpaqueBackend opaque;
+    EXPECT_EQ(run("off_" + precision, &opaque, 6, 0, false, precision, offloaded(one)), cpu);
+    run("off_to_on_" + precision, &opaque, 6, 3, false, precision, offloaded(one));
+    EXPECT_EQ(run("off_to_on_" + precision, &opaque, 6, 0, true, precision, one), cpu);
+    run("on_to_off_" + precision, &opaque, 6, 3, false, precision, one);
+    EXPECT_EQ(run("on_to_off_" + precision, &opaque, 6, 0, true, precision, offloaded(one)), cpu);
+  }
+  for (const Plan& plan : {Plan::data_parallel(2, 2), Plan::tensor_parallel(1, 2)}) {
+    SCOPED_TRACE(plan.describe());
+    const std::string tag = std::to_string(plan.tensor_group());
+    const std::vector<std::string> cpu = run_ranks("off_cpu_ranks" + tag, false, plan, 0, false);
+    run_ranks("off_ranks" + tag, true, offloaded(plan), 3, false);
+    EXPECT_EQ(run_ranks("off_ranks" + tag, true, plan, 0, true), cpu);
+  }
+}
+
 // The same with a device communicator (OpaqueCommunicator, as NCCL on GPUs): the step's
 // collectives take the values where they lie, in their dtype (no host staging); data
 // parallelism with ZeRO-1 and ZeRO-3, tensor parallelism, and bf16 under ZeRO-1, through a
