@@ -107,6 +107,52 @@ Result<double> stream_bandwidth(Communicator& world, int reps, Backend& be) {
   return 2.0 * 4.0 * static_cast<double>(n) / s;
 }
 
+// The host side an offloaded optimizer uses (all ranks at once, as they share the host): the
+// host's streaming rate and its AdamW's (the CPU backend's passes over 16 Mi f32 elements, as
+// bench/host_adamw_bench.cc measures them), and the link between `be` and host memory (64 MiB
+// each way, the slower; on the CPU backend a memcpy). Rates per rank in bytes/s.
+struct HostRates {
+  double stream = 0, adamw = 0, link = 0;
+};
+
+Result<HostRates> host_rates(Communicator& world, int reps, Backend& be) {
+  const int64_t n = int64_t{16} << 20;
+  CpuBackend cpu;
+  std::vector<float> p(static_cast<size_t>(n), 0.5f), g(static_cast<size_t>(n), 1e-3f),
+      m(static_cast<size_t>(n), 0.0f), v(static_cast<size_t>(n), 0.0f);
+  AdamWUpdate u;
+  u.step_size = 1e-4f;
+  auto adamw = [&] {
+    cpu.adamw(u, p.data(), g.data(), DType::f32, m.data(), v.data(), n);
+    return Status();
+  };
+  auto stream = [&] {
+    cpu.scale(g.data(), n, 1.0f);
+    return Status();
+  };
+  TS_RETURN_IF_ERROR(adamw());  // warm-up: pages and threads
+  HostRates r;
+  TS_ASSIGN_OR_RETURN(const double adamw_s, timed(world, reps, adamw));
+  TS_ASSIGN_OR_RETURN(const double stream_s, timed(world, reps, stream));
+  r.adamw = 28.0 * static_cast<double>(n) / adamw_s;  // reads p, g, m, v; writes p, m, v
+  r.stream = 8.0 * static_cast<double>(n) / stream_s;
+  const int64_t bytes = int64_t{64} << 20;
+  Buffer dev = be.allocate(bytes);
+  std::vector<uint8_t> host(static_cast<size_t>(bytes), 1);
+  be.to_device(dev.data(), host.data(), bytes);  // warm-up
+  TS_ASSIGN_OR_RETURN(const double out_s, timed(world, reps, [&] {
+                        be.to_host(host.data(), dev.data(), bytes);
+                        return Status();
+                      }));
+  TS_ASSIGN_OR_RETURN(const double in_s, timed(world, reps, [&] {
+                        be.to_device(dev.data(), host.data(), bytes);
+                        be.synchronize();
+                        return Status();
+                      }));
+  r.link = static_cast<double>(bytes) / std::max(out_s, in_s);
+  return r;
+}
+
 // all_reduce over the world at several sizes, fitted to T = 2(p-1)·α + 2(p-1)/p · S/B.
 Status fit_collectives(Communicator& world, int reps, ClusterSpec* spec,
                        std::vector<std::string>* notes) {
@@ -159,7 +205,7 @@ struct RealStep {
 
 Result<std::unique_ptr<RealStep>> real_step(Communicator& world, ModelConfig cfg, int64_t batch,
                                             int64_t seq, int zero, Backend& backend,
-                                            DType precision) {
+                                            DType precision, bool offload = false) {
   const int ranks = world.size();
   if (batch % ranks != 0)
     return error("calibrate: batch " + std::to_string(batch) + " does not split over " +
@@ -170,6 +216,7 @@ Result<std::unique_ptr<RealStep>> real_step(Communicator& world, ModelConfig cfg
   r->model = build_model(cfg, batch, seq, ModelMode::train);
   r->backend = &backend;
   Plan plan = Plan::data_parallel(ranks, zero);
+  if (offload) plan.offload = OffloadPolicy::optimizer;
   TS_ASSIGN_OR_RETURN(r->comms, MeshComms::create(world, plan));
   TS_ASSIGN_OR_RETURN(r->step, StepRunner::create(r->model.graph, plan, backend, r->comms, {}));
   r->step->init_params(1);
@@ -364,6 +411,25 @@ Result<Calibration> calibrate(Communicator& world, const CalibrationOptions& o) 
                                     1e3 * apply_s, spec.device.optimizer_efficiency));
   }
 
+  // The host side, for an offloaded optimizer: the node's streaming bandwidth (every rank's at
+  // once), the host AdamW's share of it, and each rank's link to host memory.
+  {
+    TS_ASSIGN_OR_RETURN(HostRates h, host_rates(world, o.reps, be));
+    TS_ASSIGN_OR_RETURN(h.stream, mean(world, h.stream, "calibrate host stream"));
+    TS_ASSIGN_OR_RETURN(h.adamw, mean(world, h.adamw, "calibrate host adamw"));
+    TS_ASSIGN_OR_RETURN(h.link, mean(world, h.link, "calibrate host link"));
+    spec.node.host_memory_bytes = static_cast<double>(sysconf(_SC_PHYS_PAGES)) *
+                                  static_cast<double>(sysconf(_SC_PAGE_SIZE));
+    spec.node.host_memory_bandwidth = h.stream * ranks;
+    spec.node.host_optimizer_efficiency = std::clamp(h.adamw / h.stream, 1e-3, 1.0);
+    spec.node.host_link_bandwidth = h.link;
+    spec.node.host_link_efficiency = 1.0;  // the rate above is itself a measured one
+    c.notes.push_back(format_string(
+        "host (offloaded optimizer): streaming %s/s per rank, AdamW %.2f of it; link %s/s",
+        format_bytes(h.stream).c_str(), spec.node.host_optimizer_efficiency,
+        format_bytes(h.link).c_str()));
+  }
+
   // 3. The links between the ranks of this machine.
   if (ranks > 1) {
     TS_RETURN_IF_ERROR(fit_collectives(world, o.reps, &spec, &c.notes));
@@ -390,7 +456,8 @@ Result<Calibration> calibrate(Communicator& world, const CalibrationOptions& o) 
     const int zero = o.check_zero >= 0 ? o.check_zero : o.zero;
     const int64_t check_batch = o.check_batch > 0 ? o.check_batch : batch;
     real.reset();
-    TS_ASSIGN_OR_RETURN(real, real_step(world, cfg, check_batch, o.seq, zero, be, o.precision));
+    TS_ASSIGN_OR_RETURN(real, real_step(world, cfg, check_batch, o.seq, zero, be, o.precision,
+                                        o.check_offload));
     real->step->executor().paint_arena();
     std::vector<double> optimizer, steps;
     TS_ASSIGN_OR_RETURN(
@@ -415,7 +482,9 @@ Result<Calibration> calibrate(Communicator& world, const CalibrationOptions& o) 
                         mean(world, median(optimizer), "calibrate optimizer"));
     TS_ASSIGN_OR_RETURN(SimResult r, simulate(real->step->program(), spec, sim));
     c.predicted_step = r.step_seconds;
-    c.predicted_optimizer = r.optimizer_seconds;
+    c.predicted_optimizer = o.check_offload ? r.offload_seconds : r.optimizer_seconds;
+    c.predicted_host_bytes = r.host_bytes;
+    c.measured_host_bytes = static_cast<double>(real->step->host_state_bytes_allocated());
     c.predicted_peak_memory = r.peak_memory_bytes;
     c.measured_peak_memory = static_cast<double>(real->step->executor().measured_high_water() +
                                                  real->step->state_bytes_allocated());

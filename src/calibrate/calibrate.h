@@ -9,6 +9,9 @@
 //   2. every compute instruction of the Program of `model` under the requested plan, timed one
 //      by one after warm-up steps: per op kind, efficiency = roofline time / measured time
 //      (written to [efficiency]), and the launch overhead from the tiniest ops;
+//   2b. the host side an offloaded optimizer uses: the host's streaming bandwidth (the node's:
+//      every rank's at once), the fraction of it the CPU AdamW reaches, and the link between
+//      the backend and host memory (64 MiB each way; a memcpy on the CPU backend);
 //   3. all_reduce over the world at 4 KiB .. 4 MiB, fitted to the ring's α-β model: the node's
 //      intra_latency and intra_bandwidth (all ranks of this machine are one node);
 //   4. with check_steps > 0, the real training step (forward, backward, optimizer) of that
@@ -44,6 +47,7 @@ struct CalibrationOptions {
   // plans and shapes (-1 / 0: the same as measured).
   int check_zero = -1;
   int64_t check_batch = 0;
+  bool check_offload = false;  // the checked run with its optimizer offloaded to host memory
 };
 
 struct Calibration {
@@ -54,7 +58,10 @@ struct Calibration {
   // The noise of the measurement: (slowest - fastest) / median over the checked steps, the
   // largest over ranks. A quiet machine gives a few percent; a loaded one much more.
   double measured_step_noise = 0;
-  double measured_optimizer = 0, predicted_optimizer = 0;  // the part of a step after backward
+  // The part of a step after backward (offloaded: the whole offloaded phase).
+  double measured_optimizer = 0, predicted_optimizer = 0;
+  // Offloaded: the optimizer state in host memory per rank, allocated and planned.
+  double measured_host_bytes = 0, predicted_host_bytes = 0;
   double measured_peak_memory = 0, predicted_peak_memory = 0;
 };
 

@@ -81,8 +81,13 @@ Status run_calibrate(const CalibrateCli& o) {
         "%+.1f%%\n",
         c.predicted_step, c.measured_step, o.opts.check_steps,
         100.0 * (c.predicted_step / c.measured_step - 1));
-    std::printf("check      of which optimizer: predicted %.4f s, measured %.4f s\n",
-                c.predicted_optimizer, c.measured_optimizer);
+    std::printf("check      of which optimizer%s: predicted %.4f s, measured %.4f s\n",
+                o.opts.check_offload ? " (offloaded to the host)" : "", c.predicted_optimizer,
+                c.measured_optimizer);
+    if (o.opts.check_offload)
+      std::printf("check      host memory per rank: predicted %s, measured %s (allocated)\n",
+                  format_bytes(c.predicted_host_bytes).c_str(),
+                  format_bytes(c.measured_host_bytes).c_str());
     std::printf(
         "check      peak memory per rank: predicted %s, measured %s (arena high-water + "
         "allocated state), error %+.2f%%\n",
@@ -121,6 +126,8 @@ void add_calibrate_command(CLI::App& app) {
                   "ZeRO stage of the checked run (default: the measured one)");
   cmd->add_option("--check-batch", o->opts.check_batch,
                   "Global micro-batch of the checked run (default: the measured one)");
+  cmd->add_flag("--check-offload", o->opts.check_offload,
+                "Check a run with its optimizer offloaded to host memory (--offload optimizer)");
   cmd->callback([o] { exit_on_error(run_calibrate(*o)); });
 }
 

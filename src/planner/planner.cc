@@ -122,11 +122,11 @@ double offload_time_bound(const ModelConfig& cfg, const ClusterSpec& cluster, co
   const double elem = static_cast<double>(dtype_size(precision));
   const double host = cluster.node.host_optimizer_rate(plan.mesh.size());
   const double link = cluster.node.host_link_rate();
-  // The gradient blocks out (f32 accumulators over several micro-batches), the norm's pass;
-  // then each tensor's AdamW, sync and copy back pipelined: the busiest of the three.
+  // The gradient blocks out (f32 accumulators over several micro-batches), the norm's pass,
+  // then each tensor's AdamW, sync and copy back, one after another as the runner does them.
   const double out = (plan.micro_batches > 1 ? 4.0 : elem) * block / link;
   const double norm = 4.0 * block / host;
-  return out + norm + std::max({7.0 * 4.0 * block / host, elem * piece / link, sync_seconds});
+  return out + norm + 7.0 * 4.0 * block / host + elem * piece / link + sync_seconds;
 }
 
 double data_comm_time_bound(const std::vector<ParamTensors>& params, const ClusterSpec& cluster,

@@ -167,8 +167,8 @@ double with_activations(const Plan& plan, double state_bound, double state_per_b
 // AdamW's pass over this rank's share of the state.
 double optimizer_time_bound(const ModelConfig& cfg, const ClusterSpec& cluster, const Plan& plan);
 // The same with the optimizer offloaded: the gradient blocks over the host link and the norm's
-// pass on the host, then the busiest of the host's AdamW, the parameters' copies back and the
-// ZeRO-1/2 syncs (`sync_seconds`, param_sync_time_bound), which the simulator pipelines.
+// pass on the host, then the host's AdamW, the parameters' copies back and the ZeRO-1/2 syncs
+// (`sync_seconds`, param_sync_time_bound), one after another as the runner does them.
 double offload_time_bound(const ModelConfig& cfg, const ClusterSpec& cluster, const Plan& plan,
                           DType precision, double sync_seconds);
 // A tensor-parallel rank's compute stream for one micro-batch of the whole model, as the

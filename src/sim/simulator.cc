@@ -241,10 +241,11 @@ class Schedule {
         dur = optimizer_seconds(in, &comm);
       }
       const std::string axes = comm ? comm_axes(in) : std::string();
-      // The offloaded optimizer's host threads and host link: streams of their own, each
-      // instruction starting when its dependencies have ended.
+      // The offloaded optimizer: the runner copies over the link and runs the host's AdamW one
+      // after another on its thread (StepRunner::step), so both are one stream here, "host"; a
+      // runner that overlaps a tensor's copy with the next one's update would make them two.
       const bool offloaded = in.stream == Stream::host || in.stream == Stream::link;
-      const std::string host_lane = in.stream == Stream::host ? "host cpu" : "host link";
+      const std::string host_lane = "host";
       // The runner executes the list in order (StepRunner): a collective is issued when the
       // compute stream reaches its start, and a wait holds the compute stream until its
       // collective ends while the comm stream goes on with what is queued behind it.
@@ -254,9 +255,12 @@ class Schedule {
       if (on_comm && !prog_.plan.offloads_optimizer()) start = std::max(start, compute_free_);
       end[i] = start + dur;
       free = end[i];
-      // The device copies a synced parameter in and out; offloaded, the host does.
-      if (in.kind == Instruction::param_sync && !prog_.plan.offloads_optimizer())
-        compute_free_ = std::max(compute_free_, end[i]);
+      // The device copies a synced parameter in and out; offloaded, the host does. Either way
+      // the runner waits for the sync before it goes on.
+      if (in.kind == Instruction::param_sync) {
+        double& waits = prog_.plan.offloads_optimizer() ? lane("host") : compute_free_;
+        waits = std::max(waits, end[i]);
+      }
       // Where the comm thread shares the compute cores, part of its time is taken from compute.
       if (comm && dur > 0 && c_.node.comm_overlap < 1) {
         double stolen = (1 - c_.node.comm_overlap) * dur;
@@ -344,7 +348,7 @@ class Schedule {
   std::vector<OpTime> node_cost_;
   std::map<std::string, GroupLayout> layouts_;
   double compute_free_ = 0;
-  std::map<std::string, double> lanes_;  // "comm <axes>", "host cpu", "host link"
+  std::map<std::string, double> lanes_;  // "comm <axes>", "host"
   double phase_start_ = 0;               // where a stream first used in this phase starts
   ChunkSim* chunk_ = nullptr;            // run_chunk's figures
   const std::vector<char>* weight_grad_ = nullptr;

@@ -22,7 +22,8 @@
 //   bubble_seconds         pipeline bubble: the critical stage idle inside the schedule
 //   offload_seconds        Plan::offload: the device idle while its optimizer runs on the host
 //                          (gradients out over the host link, AdamW on the node's CPUs at their
-//                          share of its memory bandwidth, parameters back)
+//                          share of its memory bandwidth, parameters back; one after another,
+//                          as the runner does them, on a stream "host")
 //
 // A pipeline (PipelineProgram, parallel/pipeline_program.h) is timed per chunk: one micro-batch
 // of each chunk's Program gives its forward and backward seconds (the backward split into

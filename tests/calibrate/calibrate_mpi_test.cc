@@ -65,12 +65,18 @@ TEST(Calibrate, SpecAndMemoryCarryOverToAnotherPlan) {
   EXPECT_GT(s.device.memory_bandwidth, 1e8);
   EXPECT_GT(s.node.intra_bandwidth, 1e7);
   EXPECT_TRUE(s.op_efficiency.count("matmul"));
+  // The host side an offloaded optimizer is timed on (streaming, AdamW's share, the link).
+  EXPECT_TRUE(s.node.offload_known());
+  EXPECT_GT(s.node.host_memory_bandwidth, 1e8);
+  EXPECT_GT(s.node.host_link_bandwidth, 1e8);
+  EXPECT_GT(s.node.host_optimizer_efficiency, 0.01);
   Result<ClusterSpec> back = parse_cluster_spec(cluster_spec_to_toml(s), "calibrated.toml");
   ASSERT_TRUE(back.ok()) << back.status().to_string();
   // (Times computed here may come back 1 ulp off through the microsecond fields.)
   EXPECT_NEAR(back->node.intra_latency, s.node.intra_latency, 1e-12);
   EXPECT_NEAR(back->device.launch_overhead, s.device.launch_overhead, 1e-12);
   EXPECT_DOUBLE_EQ(back->device.peak_flops_f32, s.device.peak_flops_f32);
+  EXPECT_DOUBLE_EQ(back->node.host_link_bandwidth, s.node.host_link_bandwidth);
   EXPECT_EQ(back->op_efficiency, s.op_efficiency);
 }
 

@@ -38,11 +38,17 @@ double sum_squares(const float* x, int64_t n) {
   std::vector<double> partial(static_cast<size_t>(chunks), 0.0);
   parallel_for(chunks, 2, [&](int64_t lo, int64_t hi) {
     for (int64_t c = lo; c < hi; ++c) {
-      double s = 0;
+      // Eight running sums, so that the adds do not wait on one another (one sum ran at the
+      // add's latency: 70 ms for GPT-2 124M's gradients, 10x the memory's time), in a fixed
+      // order: the result depends on n alone, not on the threads.
+      double s[8] = {0, 0, 0, 0, 0, 0, 0, 0};
       const int64_t end = std::min(n, (c + 1) * kChunk);
-#pragma omp simd reduction(+ : s)
-      for (int64_t i = c * kChunk; i < end; ++i) s += static_cast<double>(x[i]) * x[i];
-      partial[static_cast<size_t>(c)] = s;
+      int64_t i = c * kChunk;
+      for (; i + 8 <= end; i += 8)
+        for (int l = 0; l < 8; ++l) s[l] += static_cast<double>(x[i + l]) * x[i + l];
+      for (; i < end; ++i) s[0] += static_cast<double>(x[i]) * x[i];
+      partial[static_cast<size_t>(c)] =
+          ((s[0] + s[1]) + (s[2] + s[3])) + ((s[4] + s[5]) + (s[6] + s[7]));
     }
   });
   double total = 0;
