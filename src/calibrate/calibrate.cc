@@ -418,8 +418,8 @@ Result<Calibration> calibrate(Communicator& world, const CalibrationOptions& o) 
     TS_ASSIGN_OR_RETURN(h.stream, mean(world, h.stream, "calibrate host stream"));
     TS_ASSIGN_OR_RETURN(h.adamw, mean(world, h.adamw, "calibrate host adamw"));
     TS_ASSIGN_OR_RETURN(h.link, mean(world, h.link, "calibrate host link"));
-    spec.node.host_memory_bytes = static_cast<double>(sysconf(_SC_PHYS_PAGES)) *
-                                  static_cast<double>(sysconf(_SC_PAGE_SIZE));
+    spec.node.host_memory_bytes =
+        static_cast<double>(sysconf(_SC_PHYS_PAGES)) * static_cast<double>(sysconf(_SC_PAGE_SIZE));
     spec.node.host_memory_bandwidth = h.stream * ranks;
     spec.node.host_optimizer_efficiency = std::clamp(h.adamw / h.stream, 1e-3, 1.0);
     spec.node.host_link_bandwidth = h.link;
@@ -456,8 +456,8 @@ Result<Calibration> calibrate(Communicator& world, const CalibrationOptions& o) 
     const int zero = o.check_zero >= 0 ? o.check_zero : o.zero;
     const int64_t check_batch = o.check_batch > 0 ? o.check_batch : batch;
     real.reset();
-    TS_ASSIGN_OR_RETURN(real, real_step(world, cfg, check_batch, o.seq, zero, be, o.precision,
-                                        o.check_offload));
+    TS_ASSIGN_OR_RETURN(
+        real, real_step(world, cfg, check_batch, o.seq, zero, be, o.precision, o.check_offload));
     real->step->executor().paint_arena();
     std::vector<double> optimizer, steps;
     TS_ASSIGN_OR_RETURN(
