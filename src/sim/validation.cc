@@ -106,7 +106,46 @@ bool node_network_gbits(const std::string& s, double* gbits) {
   return true;
 }
 
-Result<ModelConfig> model_for(const PublishedRun& r, RunSetup* s) {
+// A GPT decoder's depth from its published size: the blocks (attention 4h^2 + 4h, MLP
+// 2hF + F + h with F the published ffn_hidden or 4h, two norms 4h) that, with the embedding
+// tables (vocab x h, seq x h), come nearest the published parameters (a size rounded to a few
+// digits leaves a fraction of a block either way).
+Result<double> layers_from_params(const PublishedRun& r, double hidden, double vocab, double seq,
+                                  RunSetup* s) {
+  double billions;
+  if (!number(r.at("params_B"), &billions) || billions <= 0)
+    return error("layers not published (nor params_B, to derive them)");
+  const double h = hidden, total = billions * 1e9;
+  double ffn = 4 * h;
+  number(r.at("ffn_hidden"), &ffn);
+  const double block = 4 * h * h + 4 * h + 2 * h * ffn + ffn + h + 4 * h;
+  const double rest = total - vocab * h - seq * h - 2 * h;
+  const double layers = std::round(rest / block);
+  if (layers < 1)
+    return error("layers not published, and " + r.at("params_B") + "B parameters at hidden " +
+                 r.at("hidden") + " do not make one block");
+  s->assumptions.push_back("layers = " + std::to_string(static_cast<int64_t>(layers)) +
+                           " (not published; the depth of a " + r.at("params_B") +
+                           "B-parameter decoder at hidden " + r.at("hidden") + ")");
+  return layers;
+}
+
+// Heads where a row does not give them: 128-wide (the common size), or the count nearest it
+// that divides the hidden size and splits over the tensor-parallel ranks. The attention's FLOPs
+// do not depend on it.
+Result<double> heads_for(double hidden, double tp, RunSetup* s) {
+  const int64_t h = static_cast<int64_t>(hidden), ranks = static_cast<int64_t>(tp);
+  const double want = hidden / 128;
+  int64_t best = 0;
+  for (int64_t n = ranks; n <= h; n += ranks)
+    if (h % n == 0 && (best == 0 || std::fabs(n - want) < std::fabs(best - want))) best = n;
+  if (best == 0) return error("heads not published, and no head count splits over tp");
+  s->assumptions.push_back("heads = " + std::to_string(best) + " of " + std::to_string(h / best) +
+                           " (not published)");
+  return static_cast<double>(best);
+}
+
+Result<ModelConfig> model_for(const PublishedRun& r, double tp, RunSetup* s) {
   const std::string& name = r.at("model_name");
   if (contains(r.at("architecture"), "T5")) {
     // T5 rows name the released size; its dimensions are the preset's.
@@ -132,16 +171,22 @@ Result<ModelConfig> model_for(const PublishedRun& r, RunSetup* s) {
                  "kv_heads not published)");
   }
   double layers, hidden, heads, seq, vocab;
-  TS_RETURN_IF_ERROR(need(r, "layers", &layers));
   TS_RETURN_IF_ERROR(need(r, "hidden", &hidden));
+  TS_RETURN_IF_ERROR(need(r, "seq_len", &seq));
+  TS_RETURN_IF_ERROR(need(r, "vocab", &vocab));
+  if (r.at("layers").empty()) {
+    TS_ASSIGN_OR_RETURN(layers, layers_from_params(r, hidden, vocab, seq, s));
+  } else {
+    TS_RETURN_IF_ERROR(need(r, "layers", &layers));
+  }
   if (r.at("heads").empty() && contains(r.at("architecture"), "GPT-2")) {
     heads = hidden / 64;  // every GPT-2 size has 64-wide heads
     s->assumptions.push_back("heads = hidden / 64 (GPT-2 head size)");
+  } else if (r.at("heads").empty()) {
+    TS_ASSIGN_OR_RETURN(heads, heads_for(hidden, tp, s));
   } else {
     TS_RETURN_IF_ERROR(need(r, "heads", &heads));
   }
-  TS_RETURN_IF_ERROR(need(r, "seq_len", &seq));
-  TS_RETURN_IF_ERROR(need(r, "vocab", &vocab));
   ModelConfig c;
   c.name = name;
   c.family = "gpt";
@@ -237,6 +282,9 @@ Result<RunSetup> setup_run(const PublishedRun& r, const std::string& cluster_dir
   if (std::regex_match(r.at("micro_batch"), m, several)) {
     micro = std::stod(m[1].str());
     s.assumptions.push_back("micro-batch " + m[1].str() + " of '" + r.at("micro_batch") + "'");
+  } else if (r.at("micro_batch").empty()) {
+    micro = 1;  // chosen by fill_unpublished
+    s.unpublished.push_back("micro_batch");
   } else {
     TS_RETURN_IF_ERROR(need(r, "micro_batch", &micro));
   }
@@ -278,31 +326,35 @@ Result<RunSetup> setup_run(const PublishedRun& r, const std::string& cluster_dir
     // attention stores no score matrix, and its selective policy re-runs the cheap ops.
     s.plan.recompute = RecomputePolicy::selective;
     s.assumptions.push_back("selective recompute as Tessera's (cheap ops re-run; fused attention)");
-  } else if (rc.empty()) {
+  } else if (rc.empty() && !r.at("zero_or_fsdp").empty()) {
     s.assumptions.push_back("no activation recomputation (not published)");
+  } else if (rc.empty()) {
+    // Neither recomputation nor the ZeRO stage: both chosen by fill_unpublished (below).
   } else if (!contains(rc, "none")) {
     return error("activation_recompute '" + rc + "' is not modeled");
   }
 
   const std::string& z = r.at("zero_or_fsdp");
-  if (z.empty() && rc.empty())
-    return error(
-        "neither the ZeRO stage nor the recomputation is published (the plan's memory "
-        "and its optimizer traffic are unknown)");
+  if (z.empty() && rc.empty()) {  // both chosen by fill_unpublished
+    s.unpublished.push_back("zero");
+    s.unpublished.push_back("recompute");
+  }
   if (contains(z, "FULL_SHARD") || contains(z, "ZeRO-3") || z == "FSDP")
     s.plan.zero = 3;
   else if (contains(z, "SHARD_GRAD_OP") || contains(z, "ZeRO-2"))
     s.plan.zero = 2;
   else if (contains(z, "ZeRO-1"))
     s.plan.zero = 1;
-  else if (z.empty())
+  else if (z.empty() && !rc.empty())
     s.assumptions.push_back("plain data parallelism (no ZeRO stage published)");
+  else if (z.empty())
+    ;  // chosen by fill_unpublished with the recomputation
   else if (!contains(z, "none"))
     return error("sharding '" + z + "' is not modeled");
   if (contains(z, "ZeRO-R"))
     return error("ZeRO-R (partitioned activations with MP) is not modeled");
 
-  TS_ASSIGN_OR_RETURN(s.model, model_for(r, &s));
+  TS_ASSIGN_OR_RETURN(s.model, model_for(r, tp, &s));
   // The rows list the tokenizer's vocabulary; the frameworks train a padded table (Megatron-LM
   // and Megatron-DeepSpeed to a multiple of 128 x tp, llm.c GPT-2's 50,257 to 50,304). Where a
   // tensor rank's rows would not be a multiple of 8 (GEMMs off the tensor cores' alignment:
@@ -338,6 +390,8 @@ Result<RunSetup> setup_run(const PublishedRun& r, const std::string& cluster_dir
       return error("global batch " + r.at("global_batch_seqs") + " is not a multiple of " +
                    "micro_batch x dp = " + std::to_string(static_cast<int64_t>(micro * dp)));
     s.plan.micro_batches = static_cast<int>(accum);
+  } else if (!s.unpublished.empty() && s.unpublished.front() == "micro_batch") {
+    return error("micro_batch not published (nor the global batch, to choose it from)");
   } else {
     s.assumptions.push_back("1 micro-batch per step (global batch not published)");
   }
@@ -390,14 +444,8 @@ ValidationReport validate_runs(const std::vector<PublishedRun>& runs, int thread
       const PublishedRun& r = *todo[i];
       out[i] = [&]() -> Result<RunResult> {
         TS_ASSIGN_OR_RETURN(RunSetup s, setup_run(r, cluster_dir));
-        ModelGraph m = build_model(s.model, s.batch, s.seq, ModelMode::train);
-        if (s.plan.tensor_group() > 1) {
-          // Placements by the sharding search at this cluster's FLOP/byte ratio.
-          SearchCost cost{flops_per_intra_byte(s.cluster, s.sim.precision)};
-          TS_RETURN_IF_ERROR(
-              place_tensor_parallel(s.model, s.batch, s.seq, m.graph, cost, &s.plan).status());
-        }
-        TS_ASSIGN_OR_RETURN(SimResult sim, simulate_plan(m.graph, s.plan, s.cluster, s.sim));
+        TS_ASSIGN_OR_RETURN(SimResult sim,
+                            s.unpublished.empty() ? simulate_setup(&s) : fill_unpublished(&s));
         RunResult rr;
         rr.sim = sim;
         if (s.scale_from_gpus > 0) {
@@ -455,20 +503,23 @@ ValidationReport validate_runs(const std::vector<PublishedRun>& runs, int thread
     }
     RunResult rr = std::move(*out[i]);
     rr.row_id = r.at("row_id"), rr.source = r.at("source_key"), rr.model = r.at("model_name");
-    errors[rr.source].push_back(std::fabs(rr.error));
-    errors["all"].push_back(std::fabs(rr.error));
+    if (rr.setup.filled.empty()) {
+      errors[rr.source].push_back(std::fabs(rr.error));
+      errors["all"].push_back(std::fabs(rr.error));
+    } else {
+      errors["filled knobs"].push_back(std::fabs(rr.error));
+    }
     rep.results.push_back(std::move(rr));
   }
-  for (auto& [source, e] : errors) {
-    if (source == "all") continue;
-    rep.stats.push_back({source, static_cast<int>(e.size()), percentile(e, 0.5), percentile(e, 0.9),
+  auto add = [&](const std::string& name, const std::vector<double>& e) {
+    if (e.empty()) return;
+    rep.stats.push_back({name, static_cast<int>(e.size()), percentile(e, 0.5), percentile(e, 0.9),
                          *std::max_element(e.begin(), e.end())});
-  }
-  if (!errors["all"].empty()) {
-    const std::vector<double>& e = errors["all"];
-    rep.stats.push_back({"all", static_cast<int>(e.size()), percentile(e, 0.5), percentile(e, 0.9),
-                         *std::max_element(e.begin(), e.end())});
-  }
+  };
+  for (auto& [source, e] : errors)
+    if (source != "all" && source != "filled knobs") add(source, e);
+  add("all", errors["all"]);
+  add("filled knobs", errors["filled knobs"]);
   return rep;
 }
 
@@ -500,10 +551,12 @@ std::string format_report(const ValidationReport& rep, bool per_row) {
           r.setup.metric.c_str(), r.setup.published, r.predicted, 100 * r.error,
           r.sim.peak_memory_bytes > r.setup.cluster.device.memory_bytes ? "  (OOM)" : "");
       s += buf;
+      for (const std::string& f : r.setup.filled) s += "      " + f + "\n";
     }
     s += "\n";
   }
-  s += "error per source (|predicted / published - 1|):\n";
+  s += "error per source (|predicted / published - 1|; rows with published plans, then the rows "
+       "whose unpublished knobs were chosen as the planner would):\n";
   std::snprintf(buf, sizeof buf, "  %-26s %5s %8s %8s %8s\n", "source", "rows", "median", "p90",
                 "max");
   s += buf;

@@ -44,12 +44,27 @@ struct RunSetup {
   int scale_from_gpus = 0;
   double published = 0;
   std::vector<std::string> assumptions;  // what was inferred rather than read from the row
+  // Knobs the row does not publish ("micro_batch", "zero", "recompute"), which
+  // fill_unpublished chooses as the planner would; and what it chose, one line each.
+  std::vector<std::string> unpublished;
+  std::vector<std::string> filled;
 };
 
 // Fails with the reason when the row cannot be modelled yet (missing fields, tensor or
 // pipeline parallelism, FP8, ...). Cluster presets come from `cluster_dir`/<preset>.toml when
 // given (to validate edited or calibrated specs), else from the shipped presets.
 Result<RunSetup> setup_run(const PublishedRun& run, const std::string& cluster_dir = "");
+
+// Builds the row's model at its micro-batch, places a tensor axis by the sharding search and
+// simulates the plan.
+Result<SimResult> simulate_setup(RunSetup* s);
+// The knobs a row does not publish (RunSetup::unpublished), chosen as the planner chooses:
+// every value of each — micro-batches the divisors of the per-rank batch up to 16 (with the
+// global batch held), ZeRO 0-3 (0-1 with a pipeline), recomputation none, selective or full —
+// with the published knobs held, the fastest plan that fits the device (none fitting: the one
+// needing the least memory). Sets the setup to it, says what it chose in `filled`, and returns
+// its simulation.
+Result<SimResult> fill_unpublished(RunSetup* s);
 
 struct RunResult {
   std::string row_id, source, model;
@@ -71,7 +86,9 @@ struct SourceStats {
 struct ValidationReport {
   std::vector<RunResult> results;
   std::vector<ExcludedRun> excluded;
-  std::vector<SourceStats> stats;  // one per source with results, then "all"
+  // One per source over its rows with published plans, then "all" of those, then "filled
+  // knobs": the rows whose unpublished knobs fill_unpublished chose.
+  std::vector<SourceStats> stats;
 };
 
 // `only_source` (a source_key) limits the rows; threads simulate rows in parallel.

@@ -156,19 +156,101 @@ TEST(SetupRun, SaysWhyARowCannotBeModelled) {
   // FP8 on an A100 (no FP8 tensor cores) is refused; on an H100 its GEMMs are FP8.
   EXPECT_NE(reason({{"precision", "amp_fp8"}}).find("has no FP8 peak"), std::string::npos);
   EXPECT_EQ(reason({{"precision", "amp_fp8"}, {"gpu_type", "H100 80GB"}}), "ok");
-  EXPECT_NE(reason({{"zero_or_fsdp", ""}, {"activation_recompute", ""}})
-                .find("neither the ZeRO stage nor the recomputation is published"),
+  // Unpublished knobs are chosen later (fill_unpublished); a micro-batch needs the global
+  // batch to be chosen from.
+  EXPECT_EQ(reason({{"zero_or_fsdp", ""}, {"activation_recompute", ""}}), "ok");
+  EXPECT_NE(reason({{"micro_batch", ""}, {"global_batch_seqs", ""}})
+                .find("micro_batch not published (nor the global batch"),
             std::string::npos);
   EXPECT_EQ(reason({{"zero_or_fsdp", ""}}), "ok");
   EXPECT_NE(reason({{"num_gpus", "128-512"}}).find("num_gpus '128-512' is not a single number"),
             std::string::npos);
-  EXPECT_NE(reason({{"micro_batch", ""}}).find("micro_batch not published"), std::string::npos);
+  EXPECT_EQ(reason({{"micro_batch", ""}}), "ok");
+  EXPECT_NE(reason({{"layers", ""}}).find("layers not published (nor params_B"), std::string::npos);
+  EXPECT_NE(reason({{"layers", ""}, {"params_B", "0.1"}}).find("do not make one block"),
+            std::string::npos);
   EXPECT_NE(reason({{"global_batch_seqs", "500"}}).find("not a multiple"), std::string::npos);
   EXPECT_NE(reason({{"activation_recompute", "selective (every 2 blocks)"}}).find("some blocks"),
             std::string::npos);
   EXPECT_EQ(reason({{"activation_recompute", "selective"}}), "ok");
   EXPECT_NE(reason({{"gpu_type", "TPU v4"}}).find("no cluster preset"), std::string::npos);
   EXPECT_NE(reason({{"tokens_per_s_per_gpu", ""}}).find("no comparable metric"), std::string::npos);
+}
+
+// A GPT decoder row without its depth or heads: the depth whose blocks and embeddings come
+// nearest the published size (MPT-7B: 32 blocks of 4096 make 6.65B parameters with its 50,368
+// vocabulary, published as 6.7B), and 128-wide heads, or the count nearest them that divides
+// the hidden size and splits over tp.
+TEST(SetupRun, InfersTheDepthFromTheSizeAndTheHeadsFromTheWidth) {
+  PublishedRun r = mosaic_like();
+  r.fields["layers"] = "";
+  r.fields["heads"] = "";
+  r.fields["params_B"] = "6.7";
+  Result<RunSetup> s = setup_run(r);
+  ASSERT_TRUE(s.ok()) << s.status().to_string();
+  EXPECT_EQ(s->model.n_layer, 32);
+  EXPECT_EQ(s->model.n_head, 32);  // 4096 / 128
+  r.fields["hidden"] = "14400";    // 112.5 heads of 128: 120 heads of 120 split over tp 8
+  r.fields["params_B"] = "200";
+  r.fields["tp"] = "8";
+  r.fields["zero_or_fsdp"] = "ZeRO-1";
+  s = setup_run(r);
+  ASSERT_TRUE(s.ok()) << s.status().to_string();
+  EXPECT_EQ(s->model.n_head, 120);
+  EXPECT_EQ(s->model.n_layer, 80);  // 80 x 2.49B + 0.76B of embeddings
+  int said = 0;
+  for (const std::string& a : s->assumptions)
+    said += a.rfind("layers = 80", 0) == 0 || a.rfind("heads = 120", 0) == 0;
+  EXPECT_EQ(said, 2);
+}
+
+// Unpublished knobs are chosen as the planner would: the fastest plan that fits, with the
+// published ones held. GPT-2 small on 8 A100s with a global batch of 64: with everything free
+// the whole per-rank batch in one micro-batch, no recomputation (it fits); a device of 12 GiB
+// forces smaller micro-batches or recomputation, and the choice fits it.
+TEST(FillUnpublished, ChoosesTheFastestPlanThatFits) {
+  PublishedRun r = mosaic_like();
+  r.fields["model_name"] = "GPT-2 small";
+  r.fields["architecture"] = "GPT-2";
+  r.fields["layers"] = "12";
+  r.fields["hidden"] = "768";
+  r.fields["heads"] = "12";
+  r.fields["seq_len"] = "1024";
+  r.fields["vocab"] = "50257";
+  r.fields["num_gpus"] = "8";
+  r.fields["global_batch_seqs"] = "64";
+  r.fields["micro_batch"] = "";
+  r.fields["zero_or_fsdp"] = "";
+  r.fields["activation_recompute"] = "";
+  Result<RunSetup> s = setup_run(r);
+  ASSERT_TRUE(s.ok()) << s.status().to_string();
+  ASSERT_EQ(s->unpublished.size(), 3u);
+  RunSetup roomy = *s;
+  Result<SimResult> fast = fill_unpublished(&roomy);
+  ASSERT_TRUE(fast.ok()) << fast.status().to_string();
+  ASSERT_EQ(roomy.filled.size(), 1u);
+  EXPECT_NE(roomy.filled[0].find("the fastest plan that fits"), std::string::npos);
+  EXPECT_EQ(roomy.plan.recompute, RecomputePolicy::none);
+  EXPECT_LE(fast->peak_memory_bytes, roomy.cluster.device.memory_bytes);
+  // Every other choice of the three knobs is no faster among those that fit.
+  for (int64_t mb : {1, 2, 4, 8})
+    for (RecomputePolicy rc : {RecomputePolicy::none, RecomputePolicy::full}) {
+      RunSetup k = *s;
+      k.batch = mb * 8;
+      k.plan.micro_batches = static_cast<int>(8 / mb);
+      k.plan.recompute = rc;
+      k.plan.zero = 1;
+      Result<SimResult> r2 = simulate_setup(&k);
+      ASSERT_TRUE(r2.ok()) << r2.status().to_string();
+      if (r2->peak_memory_bytes <= k.cluster.device.memory_bytes)
+        EXPECT_GE(r2->step_seconds, fast->step_seconds * (1 - 1e-12)) << mb;
+    }
+  RunSetup tight = *s;
+  tight.cluster.device.memory_bytes = 12.0 * (1 << 30);
+  Result<SimResult> fits = fill_unpublished(&tight);
+  ASSERT_TRUE(fits.ok()) << fits.status().to_string();
+  EXPECT_LE(fits->peak_memory_bytes, 12.0 * (1 << 30));
+  EXPECT_GE(fits->step_seconds, fast->step_seconds);
 }
 
 TEST(Percentile, NearestRank) {

@@ -1,0 +1,102 @@
+// A published row's unpublished knobs, chosen as the planner chooses them (sim/validation.h).
+#include <algorithm>
+#include <cstdio>
+#include <optional>
+
+#include "parallel/sharding_search.h"
+#include "sim/validation.h"
+
+namespace tessera {
+
+Result<SimResult> simulate_setup(RunSetup* s) {
+  ModelGraph m = build_model(s->model, s->batch, s->seq, ModelMode::train);
+  if (s->plan.tensor_group() > 1) {
+    // Placements by the sharding search at this cluster's FLOP/byte ratio.
+    SearchCost cost{flops_per_intra_byte(s->cluster, s->sim.precision)};
+    TS_RETURN_IF_ERROR(
+        place_tensor_parallel(s->model, s->batch, s->seq, m.graph, cost, &s->plan).status());
+  }
+  return simulate_plan(m.graph, s->plan, s->cluster, s->sim);
+}
+
+namespace {
+
+bool unpublished(const RunSetup& s, const char* knob) {
+  return std::find(s.unpublished.begin(), s.unpublished.end(), knob) != s.unpublished.end();
+}
+
+std::string describe_choice(const RunSetup& s) {
+  char buf[160];
+  std::snprintf(buf, sizeof buf, "micro-batch %lld x %d, ZeRO-%d, recompute %s",
+                static_cast<long long>(s.batch / s.plan.data_group()), s.plan.micro_batches,
+                s.plan.zero, recompute_name(s.plan.recompute));
+  return buf;
+}
+
+}  // namespace
+
+Result<SimResult> fill_unpublished(RunSetup* s) {
+  const int dp = s->plan.data_group();
+  const int64_t rows = s->batch / dp * s->plan.micro_batches;  // sequences per data rank a step
+  std::vector<int64_t> micros{s->batch / dp};
+  if (unpublished(*s, "micro_batch")) {
+    micros.clear();
+    for (int64_t mb = 1; mb <= std::min<int64_t>(rows, 16); ++mb)
+      if (rows % mb == 0) micros.push_back(mb);
+  }
+  std::vector<int> zeros{s->plan.zero};
+  if (unpublished(*s, "zero"))
+    zeros = s->plan.stages() > 1 ? std::vector<int>{0, 1} : std::vector<int>{0, 1, 2, 3};
+  std::vector<RecomputePolicy> recomputes{s->plan.recompute};
+  if (unpublished(*s, "recompute"))
+    recomputes = {RecomputePolicy::none, RecomputePolicy::selective, RecomputePolicy::full};
+
+  struct Best {
+    RunSetup setup;
+    SimResult sim;
+  };
+  std::optional<Best> fastest, smallest;  // fitting; and by memory, when none fits
+  Status last = error("no candidate plan");
+  const double capacity = s->cluster.device.memory_bytes;
+  for (int64_t mb : micros) {
+    RunSetup c = *s;
+    c.batch = mb * dp;
+    c.plan.micro_batches = static_cast<int>(rows / mb);
+    // One graph and placement per micro-batch; ZeRO and recomputation are lowering choices.
+    ModelGraph m = build_model(c.model, c.batch, c.seq, ModelMode::train);
+    if (c.plan.tensor_group() > 1) {
+      SearchCost cost{flops_per_intra_byte(c.cluster, c.sim.precision)};
+      TS_RETURN_IF_ERROR(
+          place_tensor_parallel(c.model, c.batch, c.seq, m.graph, cost, &c.plan).status());
+    }
+    for (int zero : zeros)
+      for (RecomputePolicy rc : recomputes) {
+        RunSetup k = c;
+        k.plan.zero = zero;
+        k.plan.recompute = rc;
+        if (!validate(k.plan).ok()) continue;
+        Result<SimResult> r = simulate_plan(m.graph, k.plan, k.cluster, k.sim);
+        if (!r.ok()) {
+          last = r.status();
+          continue;
+        }
+        if (r->peak_memory_bytes <= capacity &&
+            (!fastest || r->step_seconds < fastest->sim.step_seconds))
+          fastest = Best{k, *r};
+        if (!smallest || r->peak_memory_bytes < smallest->sim.peak_memory_bytes)
+          smallest = Best{k, *r};
+      }
+  }
+  if (!fastest && !smallest) return last;
+  Best& chosen = fastest ? *fastest : *smallest;
+  std::vector<std::string> knobs = s->unpublished;
+  *s = std::move(chosen.setup);
+  std::string what;
+  for (const std::string& k : knobs) what += (what.empty() ? "" : ", ") + k;
+  s->filled.push_back(what + " not published: " + describe_choice(*s) +
+                      (fastest ? " (the fastest plan that fits, as the planner chooses)"
+                               : " (nothing fits: the plan needing the least memory)"));
+  return chosen.sim;
+}
+
+}  // namespace tessera
