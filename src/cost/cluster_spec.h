@@ -136,7 +136,7 @@ Result<ClusterSpec> load_cluster(const std::string& name_or_path);
 double flops_per_intra_byte(const ClusterSpec& c, DType precision);
 // Names of the shipped presets, sorted.
 std::vector<std::string> cluster_presets();
-// The TOML text of a preset ("" when unknown) — `tessera simulate --cluster-toml NAME` prints it.
+// The TOML text of a preset ("" when unknown): the file under clusters/ the binary embeds.
 std::string cluster_preset_text(const std::string& name);
 // Serializes a spec as TOML that parse_cluster_spec reads back (used by `tessera calibrate`).
 // parse(to_toml(c)) == c for every spec that parse produced; a computed *_us value (seconds

@@ -511,6 +511,11 @@ void simulate_candidate(const ModelConfig& cfg, const ClusterSpec& cluster, cons
   c->sim = std::move(r.value());
   c->plan.stage_layers = c->sim.stage_layers;
   c->simulated = true;
+  // Offloaded state the node's ranks hold in its host memory, as simulated (the bound that
+  // let the candidate through leaves out the blocks' padding).
+  const int per_node = std::max(1, std::min(c->plan.mesh.size(), cluster.node.devices));
+  c->host_fits = cluster.node.host_memory_bytes <= 0 ||
+                 c->sim.host_bytes * per_node <= cluster.node.host_memory_bytes;
 }
 
 }  // namespace

@@ -88,8 +88,9 @@ struct PlanCandidate {
   bool beyond_memory(double device_bytes) const {  // by a bound, simulated or not
     return memory_bound > device_bytes || first_stage_bytes > device_bytes;
   }
+  bool host_fits = true;  // an offloaded optimizer's state fits the node's host memory
   bool fits(double device_bytes) const {
-    return simulated && sim.peak_memory_bytes <= device_bytes;
+    return simulated && host_fits && sim.peak_memory_bytes <= device_bytes;
   }
   // "tp=8 pp=8 dp=16 zero=1 mb=1x96 1f1b rc=full" — every knob the planner sets.
   std::string describe() const;

@@ -75,8 +75,10 @@ std::string SpmdDriver::describe_memory() const {
   return "planned memory: arena " + b(runner_->executor().plan().arena_bytes) +
          " (activations, gradients), parameters " + b(prog.param_bytes) + ", gradients " + grads +
          ", optimizer " + optimizer +
-         (masters || p.offloads_optimizer() ? " (AdamW's two moments and the f32 master weights)"
-                                            : " (AdamW's two moments)") +
+         (p.offloads_optimizer()
+              ? " (AdamW's two moments, the f32 master weights and the gradients' f32 copies)"
+          : masters ? " (AdamW's two moments and the f32 master weights)"
+                    : " (AdamW's two moments)") +
          ", evaluation arena " + eval_arena + "\n";
 }
 

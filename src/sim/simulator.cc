@@ -252,7 +252,10 @@ class Schedule {
       const bool on_comm = comm && in.kind != Instruction::wait;
       double& free = offloaded ? lane(host_lane) : on_comm ? comm_free(axes) : compute_free_;
       double start = std::max(free, ready);
-      if (on_comm && !prog_.plan.offloads_optimizer()) start = std::max(start, compute_free_);
+      // (An offloaded optimizer's syncs are issued by the host, after their update.)
+      const bool host_issued =
+          in.kind == Instruction::param_sync && prog_.plan.offloads_optimizer();
+      if (on_comm && !host_issued) start = std::max(start, compute_free_);
       end[i] = start + dur;
       free = end[i];
       // The device copies a synced parameter in and out; offloaded, the host does. Either way
@@ -262,7 +265,7 @@ class Schedule {
         waits = std::max(waits, end[i]);
       }
       // Where the comm thread shares the compute cores, part of its time is taken from compute.
-      if (comm && dur > 0 && c_.node.comm_overlap < 1) {
+      if (comm && dur > 0 && c_.node.comm_overlap < 1 && !host_issued) {
         double stolen = (1 - c_.node.comm_overlap) * dur;
         compute_free_ = std::max(compute_free_, start) + stolen;
         r_->compute_seconds += stolen;
@@ -458,8 +461,8 @@ Status check_sim_inputs(const Plan& plan, const ClusterSpec& cluster, const SimO
     return error("cluster '" + cluster.name +
                      "' does not give its host side, so an offloaded "
                      "optimizer cannot be timed",
-                 "add host_memory_bandwidth_gbs and host_link_gbs to its [node] (`tessera "
-                 "simulate --cluster-toml dgx-h100` shows them)");
+                 "add host_memory_bandwidth_gbs and host_link_gbs to its [node] (the shipped "
+                 "presets give them, e.g. clusters/dgx-h100.toml)");
   if (plan.offloads_optimizer() && plan.stages() > 1)
     return error("offloading the optimizer is not supported with pipeline stages yet",
                  "use --offload none with --pp, or data and tensor parallelism with offload");

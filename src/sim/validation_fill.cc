@@ -66,8 +66,12 @@ Result<SimResult> fill_unpublished(RunSetup* s) {
     ModelGraph m = build_model(c.model, c.batch, c.seq, ModelMode::train);
     if (c.plan.tensor_group() > 1) {
       SearchCost cost{flops_per_intra_byte(c.cluster, c.sim.precision)};
-      TS_RETURN_IF_ERROR(
-          place_tensor_parallel(c.model, c.batch, c.seq, m.graph, cost, &c.plan).status());
+      Status placed =
+          place_tensor_parallel(c.model, c.batch, c.seq, m.graph, cost, &c.plan).status();
+      if (!placed.ok()) {  // this micro-batch does not place: the others may
+        last = placed;
+        continue;
+      }
     }
     for (int zero : zeros)
       for (RecomputePolicy rc : recomputes) {

@@ -197,8 +197,14 @@ Status TrainState::read_held(const ShardedCheckpoint& ck, bool with_moments) {
                                      host.write(opt.v(i), op.count)));
     }
     host.flush();
-    r.refresh_working_params();  // bf16 runs: the working copy of the f32 weights just read
   }
+  // The working copies of the f32 weights just read (bf16 runs; with the optimizer offloaded,
+  // the device's copy of every parameter): once per runner, after all of its pieces.
+  std::vector<StepRunner*> runners;
+  for (const HeldParam& h : held_params())
+    if (std::find(runners.begin(), runners.end(), h.runner) == runners.end())
+      runners.push_back(h.runner);
+  for (StepRunner* r : runners) r->refresh_working_params();
   return Status();
 }
 

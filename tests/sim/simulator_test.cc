@@ -225,6 +225,26 @@ TEST(Simulator, OffloadedOptimizerRunsOnTheHostAfterTheBackward) {
   EXPECT_NE(std::find(b.streams.begin(), b.streams.end(), "host"), b.streams.end());
   EXPECT_NE(format_sim_result(b, c).find("offload"), std::string::npos);
 
+  // The micro-step is the same with and without offload: under ZeRO-3 the gathers are still
+  // issued as the compute stream reaches them (they were all issued at once when offloaded).
+  Plan z3 = Plan::data_parallel(4, 3);
+  const Program dev3 = lowered("gpt-tiny", 8, 32, z3);
+  z3.offload = OffloadPolicy::optimizer;
+  const Program off3 = lowered("gpt-tiny", 8, 32, z3);
+  ClusterSpec node = round_cluster(4, 0);
+  node.node.host_memory_bandwidth = 100e9;
+  node.node.host_link_bandwidth = 25e9;
+  auto micro_end = [](const SimResult& r) {
+    double end = 0;
+    for (const TraceEvent& e : r.events)
+      if ((e.category == "compute" || e.category == "comm") && e.name != "grad_norm")
+        end = std::max(end, e.start + e.duration);
+    return end;
+  };
+  const SimResult d3 = *simulate(dev3, node, o), o3 = *simulate(off3, node, o);
+  EXPECT_NEAR(micro_end(o3), micro_end(d3), 1e-12);
+  EXPECT_NEAR(o3.step_seconds - o3.offload_seconds, micro_end(d3), 1e-12);
+
   // A spec without its host side cannot time it; nor is a pipeline offloaded yet.
   Result<SimResult> unknown = simulate(off, round_cluster(1, 0), o);
   ASSERT_FALSE(unknown.ok());
