@@ -1,5 +1,7 @@
 #include "data/loader.h"
 
+#include <algorithm>
+#include <filesystem>
 #include <nlohmann/json.hpp>
 
 #include "base/check.h"
@@ -14,8 +16,48 @@ std::string shape_text(int64_t rows, int64_t T) {
 
 }  // namespace
 
+Result<ShardFiles> find_token_shards(const std::string& dir) {
+  namespace fs = std::filesystem;
+  const fs::path d(dir);
+  if (fs::exists(d / "train.bin") && fs::exists(d / "val.bin"))
+    return ShardFiles{{(d / "train.bin").string()}, {(d / "val.bin").string()}};
+  ShardFiles f;
+  std::error_code ec;
+  for (const fs::directory_entry& e : fs::directory_iterator(d, ec)) {
+    const std::string name = e.path().filename().string();
+    if (!e.is_regular_file() || e.path().extension() != ".bin") continue;
+    if (name.find("train") != std::string::npos)
+      f.train.push_back(e.path().string());
+    else if (name.find("val") != std::string::npos)
+      f.val.push_back(e.path().string());
+  }
+  if (ec) return error("cannot list data directory '" + dir + "': " + ec.message());
+  std::sort(f.train.begin(), f.train.end());
+  std::sort(f.val.begin(), f.val.end());
+  if (f.train.empty() || f.val.empty())
+    return error("data directory '" + dir +
+                     "' has neither train.bin and val.bin nor .bin shards "
+                     "named train and val (found " +
+                     std::to_string(f.train.size()) + " train and " + std::to_string(f.val.size()) +
+                     " val shards)",
+                 "create them with `tessera tokenize --input TEXT --out " + dir +
+                     "`, or point --data at a folder of llm.c shards (fineweb_train_*.bin, "
+                     "fineweb_val_*.bin)");
+  return f;
+}
+
 Result<DataLoader> DataLoader::open(const std::string& path, int vocab_size, int B, int T, int rank,
                                     int world, uint64_t seed) {
+  return open(std::vector<std::string>{path}, vocab_size, B, T, rank, world, seed);
+}
+
+Result<DataLoader> DataLoader::open(const std::vector<std::string>& paths, int vocab_size, int B,
+                                    int T, int rank, int world, uint64_t seed) {
+  const std::string path =
+      paths.empty()
+          ? std::string("(no shards)")
+          : paths[0] + (paths.size() > 1 ? " and " + std::to_string(paths.size() - 1) + " more"
+                                         : std::string());
   if (B < 1 || T < 1) {
     return error("data loader for '" + path + "': batch B=" + std::to_string(B) +
                      " and sequence length T=" + std::to_string(T) + " must both be >= 1",
@@ -26,24 +68,59 @@ Result<DataLoader> DataLoader::open(const std::string& path, int vocab_size, int
                      " is not in a world of " + std::to_string(world) + " ranks",
                  "rank must be in [0, world)");
   }
-  TS_ASSIGN_OR_RETURN(TokenShard shard, TokenShard::open(path, vocab_size));
+  if (paths.empty()) return error("data loader: no token shards given");
+  std::vector<TokenShard> shards;
+  int64_t tokens = 0, windows = 0;
+  for (const std::string& p : paths) {
+    TS_ASSIGN_OR_RETURN(TokenShard shard, TokenShard::open(p, vocab_size));
+    tokens += shard.size();
+    windows += shard.size() > 0 ? (shard.size() - 1) / T : 0;
+    shards.push_back(std::move(shard));
+  }
   int64_t rows = static_cast<int64_t>(world) * B;
-  int64_t windows = shard.size() > 0 ? (shard.size() - 1) / T : 0;
   if (windows < rows) {
-    return error("token shard '" + path + "' has " + std::to_string(shard.size()) +
+    return error("token shard '" + path + "' has " + std::to_string(tokens) +
                      " tokens, too few for one global batch of " + shape_text(rows, T) +
-                     " (needs " + std::to_string(rows * T + 1) + ")",
+                     " (needs " + std::to_string(rows * T + 1) +
+                     (shards.size() > 1 ? ", in windows of T + 1 within a shard" : "") + ")",
                  "use a smaller batch size B or sequence length T, or tokenize more text");
   }
-  return DataLoader(std::move(shard), B, T, rank, world, seed);
+  return DataLoader(std::move(shards), B, T, rank, world, seed);
 }
 
-DataLoader::DataLoader(TokenShard shard, int B, int T, int rank, int world, uint64_t seed)
-    : shard_(std::move(shard)),
+namespace {
+int64_t windows_of(const std::vector<TokenShard>& shards, int T) {
+  int64_t w = 0;
+  for (const TokenShard& s : shards) w += s.size() > 0 ? (s.size() - 1) / T : 0;
+  return w;
+}
+}  // namespace
+
+DataLoader::DataLoader(std::vector<TokenShard> shards, int B, int T, int rank, int world,
+                       uint64_t seed)
+    : shards_(std::move(shards)),
       B_(B),
       T_(T),
-      num_windows_((shard_.size() - 1) / T),
-      order_(num_windows_, B, rank, world, seed) {}
+      num_windows_(windows_of(shards_, T)),
+      order_(num_windows_, B, rank, world, seed) {
+  int64_t w = 0;
+  for (const TokenShard& s : shards_) {
+    first_window_.push_back(w);
+    w += s.size() > 0 ? (s.size() - 1) / T : 0;
+  }
+}
+
+int64_t DataLoader::num_tokens() const {
+  int64_t n = 0;
+  for (const TokenShard& s : shards_) n += s.size();
+  return n;
+}
+
+std::string DataLoader::what() const {
+  return shards_[0].path() + (shards_.size() > 1
+                                  ? " and " + std::to_string(shards_.size() - 1) + " more shards"
+                                  : std::string());
+}
 
 void DataLoader::next(std::vector<int32_t>* inputs, std::vector<int32_t>* targets) {
   TS_CHECK(inputs != nullptr && targets != nullptr);
@@ -54,7 +131,12 @@ void DataLoader::next(std::vector<int32_t>* inputs, std::vector<int32_t>* target
   std::vector<int64_t> windows;
   order_.next(&windows);
   for (int b = 0; b < B_; ++b) {
-    shard_.read(windows[static_cast<size_t>(b)] * T_, T_ + 1, window.data());
+    // The shard holding window w: the last one whose first window is at most w.
+    const int64_t w = windows[static_cast<size_t>(b)];
+    const size_t s =
+        static_cast<size_t>(std::upper_bound(first_window_.begin(), first_window_.end(), w) -
+                            first_window_.begin() - 1);
+    shards_[s].read((w - first_window_[s]) * T_, T_ + 1, window.data());
     std::copy(window.begin(), window.end() - 1, inputs->begin() + b * T_);
     std::copy(window.begin() + 1, window.end(), targets->begin() + b * T_);
   }
@@ -70,18 +152,18 @@ LoaderState DataLoader::state() const {
   LoaderState s;
   order_.fill(&s);
   s.seq_len = T_;
-  s.num_tokens = shard_.size();
+  s.num_tokens = num_tokens();
   return s;
 }
 
 Status DataLoader::restore(const LoaderState& s) {
-  const std::string what = "cannot restore the data loader of '" + shard_.path() + "'";
+  const std::string what = "cannot restore the data loader of '" + this->what() + "'";
   const std::string hint =
       "resume with the token file, sequence length, global batch (world*B) and seed of the "
       "run that saved the checkpoint";
-  if (s.num_tokens != shard_.size()) {
+  if (s.num_tokens != num_tokens()) {
     return error(what + ": the saved state is for a file of " + std::to_string(s.num_tokens) +
-                     " tokens, this one has " + std::to_string(shard_.size()) +
+                     " tokens, this one has " + std::to_string(num_tokens()) +
                      " (re-tokenized or a different file?)",
                  hint);
   }

@@ -11,9 +11,11 @@
 //   TS_RETURN_IF_ERROR(loader.restore(saved.get<LoaderState>()));  // same batches again
 //
 // The shard is cut into W = (N - 1) / T windows; window w holds tokens [w*T, w*T + T + 1),
-// its first T tokens are an input row and its last T the target row. Windows are the
-// examples of an ExampleOrder (data/batch_stream.h): world*B per global batch, shuffled per
-// epoch unless seed == 0. As a BatchStream it fills "tokens" and "targets".
+// its first T tokens are an input row and its last T the target row. Several shards (a
+// folder of them, find_token_shards) are cut each on its own, their windows numbered in
+// order. Windows are the examples of an ExampleOrder (data/batch_stream.h): world*B per
+// global batch, shuffled per epoch unless seed == 0. As a BatchStream it fills "tokens" and
+// "targets".
 #pragma once
 
 #include <cstdint>
@@ -26,6 +28,15 @@
 
 namespace tessera {
 
+// The token shards of a data directory: train.bin and val.bin (`tessera tokenize`), or else
+// every .bin whose name says "train" and every one that says "val" (llm.c's
+// fineweb_train_000001.bin, ...), each split in name order. Errors name the directory and what
+// it lacks.
+struct ShardFiles {
+  std::vector<std::string> train, val;
+};
+Result<ShardFiles> find_token_shards(const std::string& dir);
+
 class DataLoader : public BatchStream {
  public:
   // Opens `path` (validated as in TokenShard::open) for rank `rank` of `world`, batch B rows
@@ -33,6 +44,9 @@ class DataLoader : public BatchStream {
   // fewer than world*B*T + 1 tokens (too small for one global batch).
   static Result<DataLoader> open(const std::string& path, int vocab_size, int B, int T,
                                  int rank = 0, int world = 1, uint64_t seed = 0);
+  // The same over several shards, read as one (each shard's windows in turn).
+  static Result<DataLoader> open(const std::vector<std::string>& paths, int vocab_size, int B,
+                                 int T, int rank = 0, int world = 1, uint64_t seed = 0);
 
   // Fills inputs and targets with the next (B, T) batch of this rank and advances.
   void next(std::vector<int32_t>* inputs, std::vector<int32_t>* targets);
@@ -47,12 +61,14 @@ class DataLoader : public BatchStream {
 
   int64_t batches_per_epoch() const { return order_.batches_per_epoch(); }
   int64_t num_windows() const { return num_windows_; }
-  const TokenShard& shard() const { return shard_; }
+  int64_t num_tokens() const;  // over every shard
 
  private:
-  DataLoader(TokenShard shard, int B, int T, int rank, int world, uint64_t seed);
+  DataLoader(std::vector<TokenShard> shards, int B, int T, int rank, int world, uint64_t seed);
+  std::string what() const;  // the shard, or the first and how many more
 
-  TokenShard shard_;
+  std::vector<TokenShard> shards_;
+  std::vector<int64_t> first_window_;  // of each shard, in the numbering of all windows
   int B_;
   int T_;
   int64_t num_windows_;

@@ -137,6 +137,36 @@ Status write_token_shard(const std::string& path, std::span<const int32_t> token
   return Status();
 }
 
+namespace {
+
+// Where a shard's tokens are: after a header of header_bytes, num_tokens of bytes_per_token.
+struct Layout {
+  uint64_t header_bytes = 0, num_tokens = 0;
+  int bytes_per_token = 2;
+};
+
+// llm.c's shards (dev/data/data_common.py): a header of 256 int32 — magic 20240520, version
+// (1: GPT-2's uint16 tokens; 2: LLaMA 3's uint32), the token count — then the tokens.
+constexpr int32_t kLlmcMagic = 20240520;
+constexpr uint64_t kLlmcHeaderBytes = 256 * sizeof(int32_t);
+
+// The layout of an llm.c shard, or the reason it is not one ("" and false when the file
+// does not start with llm.c's magic).
+Result<Layout> llmc_layout(int fd, uint64_t file_bytes) {
+  int32_t h[256] = {};
+  if (file_bytes < kLlmcHeaderBytes ||
+      ::pread(fd, h, sizeof(h), 0) != static_cast<ssize_t>(sizeof(h)))
+    return error("is " + std::to_string(file_bytes) + " bytes, shorter than llm.c's " +
+                 std::to_string(kLlmcHeaderBytes) + "-byte header (truncated)");
+  if (h[1] != 1 && h[1] != 2)
+    return error("is an llm.c shard of version " + std::to_string(h[1]) +
+                 "; versions 1 (uint16 tokens) and 2 (uint32) exist");
+  if (h[2] < 0) return error("is an llm.c shard with a negative token count");
+  return Layout{kLlmcHeaderBytes, static_cast<uint64_t>(h[2]), h[1] == 1 ? 2 : 4};
+}
+
+}  // namespace
+
 Result<TokenShard> TokenShard::open(const std::string& path, int vocab_size) {
   int fd = ::open(path.c_str(), O_RDONLY);
   if (fd < 0) {
@@ -154,55 +184,67 @@ Result<TokenShard> TokenShard::open(const std::string& path, int vocab_size) {
                  "pass the .bin file written by `tessera tokenize`");
   }
   const uint64_t file_bytes = static_cast<uint64_t>(st.st_size);
-  Header header{};
-  if (file_bytes < sizeof(Header) ||
-      ::pread(fd, &header, sizeof(header), 0) != static_cast<ssize_t>(sizeof(header))) {
-    ::close(fd);
-    return error("token shard '" + path + "' is " + std::to_string(file_bytes) +
-                     " bytes, shorter than its " + std::to_string(sizeof(Header)) +
-                     "-byte header (truncated, or not a token shard)",
-                 kRetokenizeHint);
-  }
   auto bad = [&](const std::string& what) {
     ::close(fd);
     return error("token shard '" + path + "' " + what, kRetokenizeHint);
   };
-  if (std::memcmp(header.magic, kMagic, sizeof(kMagic)) != 0) {
-    return bad("does not start with the magic \"TSTOK\" (not a Tessera token shard?)");
+  int32_t first = 0;
+  const bool llmc = file_bytes >= sizeof(first) &&
+                    ::pread(fd, &first, sizeof(first), 0) == sizeof(first) && first == kLlmcMagic;
+  Layout layout;
+  uint32_t written_for = 0;  // the vocab a Tessera shard records (llm.c's record none)
+  if (llmc) {
+    Result<Layout> l = llmc_layout(fd, file_bytes);
+    if (!l.ok()) return bad(l.status().message());
+    layout = l.value();
+  } else {
+    Header header{};
+    if (file_bytes < sizeof(Header) ||
+        ::pread(fd, &header, sizeof(header), 0) != static_cast<ssize_t>(sizeof(header))) {
+      return bad("is " + std::to_string(file_bytes) + " bytes, shorter than its " +
+                 std::to_string(sizeof(Header)) + "-byte header (truncated, or not a token shard)");
+    }
+    if (std::memcmp(header.magic, kMagic, sizeof(kMagic)) != 0) {
+      return bad(
+          "does not start with the magic \"TSTOK\" nor llm.c's 20240520 (not a token "
+          "shard?)");
+    }
+    if (header.version != kTokenShardVersion) {
+      return bad("has format version " + std::to_string(header.version) +
+                 ", this build reads version " + std::to_string(kTokenShardVersion));
+    }
+    if (header.bytes_per_token != 2 && header.bytes_per_token != 4) {
+      return bad("has " + std::to_string(header.bytes_per_token) +
+                 " bytes per token in its header; only 2 (uint16) and 4 (uint32) exist");
+    }
+    layout = Layout{sizeof(Header), header.num_tokens, static_cast<int>(header.bytes_per_token)};
+    written_for = header.vocab_size;
   }
-  if (header.version != kTokenShardVersion) {
-    return bad("has format version " + std::to_string(header.version) +
-               ", this build reads version " + std::to_string(kTokenShardVersion));
-  }
-  if (header.bytes_per_token != 2 && header.bytes_per_token != 4) {
-    return bad("has " + std::to_string(header.bytes_per_token) +
-               " bytes per token in its header; only 2 (uint16) and 4 (uint32) exist");
-  }
-  const uint64_t payload = file_bytes - sizeof(Header);
-  if (header.num_tokens > payload / header.bytes_per_token ||
-      header.num_tokens * header.bytes_per_token != payload) {
-    return bad("header says " + std::to_string(header.num_tokens) + " tokens of " +
-               std::to_string(header.bytes_per_token) + " bytes (" +
-               std::to_string(sizeof(Header) + header.num_tokens * header.bytes_per_token) +
+  const uint64_t payload = file_bytes - layout.header_bytes;
+  const uint64_t width = static_cast<uint64_t>(layout.bytes_per_token);
+  if (layout.num_tokens > payload / width || layout.num_tokens * width != payload) {
+    return bad("header says " + std::to_string(layout.num_tokens) + " tokens of " +
+               std::to_string(width) + " bytes (" +
+               std::to_string(layout.header_bytes + layout.num_tokens * width) +
                " bytes in all) but the file is " + std::to_string(file_bytes) +
                " bytes (truncated or appended to)");
   }
-  if (vocab_size <= 0 || header.vocab_size > static_cast<uint32_t>(vocab_size)) {
-    return bad("was written for a vocab of " + std::to_string(header.vocab_size) +
+  if (vocab_size <= 0 || written_for > static_cast<uint32_t>(vocab_size)) {
+    return bad("was written for a vocab of " + std::to_string(written_for) +
                " ids but is being read with vocab size " + std::to_string(vocab_size) +
                " (a different tokenizer?)");
   }
 
   TokenShard shard;
   shard.path_ = path;
-  shard.num_tokens_ = static_cast<int64_t>(header.num_tokens);
-  shard.bytes_per_token_ = static_cast<int>(header.bytes_per_token);
-  if (header.num_tokens > 0) {
+  shard.num_tokens_ = static_cast<int64_t>(layout.num_tokens);
+  shard.bytes_per_token_ = layout.bytes_per_token;
+  if (layout.num_tokens > 0) {
     void* map = ::mmap(nullptr, file_bytes, PROT_READ, MAP_PRIVATE, fd, 0);
     if (map == MAP_FAILED) return bad("could not be memory-mapped: " + errno_text());
     shard.map_ = map;
     shard.map_bytes_ = file_bytes;
-    shard.data_ = static_cast<const unsigned char*>(map) + sizeof(Header);
+    shard.data_ = static_cast<const unsigned char*>(map) + layout.header_bytes;
   }
   ::close(fd);
 
@@ -210,7 +252,7 @@ Result<TokenShard> TokenShard::open(const std::string& path, int vocab_size) {
   for (int64_t i = 0; i < shard.num_tokens_; ++i) {
     uint32_t id = load_token(shard.data_, shard.bytes_per_token_, i);
     if (id >= static_cast<uint32_t>(vocab_size)) {
-      uint64_t offset = sizeof(Header) + static_cast<uint64_t>(i) * header.bytes_per_token;
+      uint64_t offset = layout.header_bytes + static_cast<uint64_t>(i) * width;
       return error("token shard '" + path + "' holds token id " + std::to_string(id) +
                        " at index " + std::to_string(i) + " (byte offset " +
                        std::to_string(offset) + "), not below the vocab size " +

@@ -14,6 +14,10 @@
 //   offset 24  uint32   vocab size of the tokenizer that wrote it
 //   offset 28  uint32   reserved, 0
 //   offset 32  N tokens of 2 or 4 bytes; the file is exactly 32 + N * bytes long.
+//
+// TokenShard::open also reads llm.c's shards as they are (its dev/data/data_common.py): a
+// header of 256 little-endian int32 — magic 20240520, version (1: uint16 tokens, GPT-2's;
+// 2: uint32, LLaMA 3's), the token count N — then the N tokens.
 #pragma once
 
 #include <cstdint>

@@ -51,13 +51,11 @@ Result<std::string> prepare_data(const TrainOptions& o, const std::optional<Gpt2
                    "create it with `tessera tokenize --input TEXT --out " + o.data + "`");
     if (!fs::is_directory(o.data))
       return error("data path '" + o.data +
-                       "' is a file; --data takes the directory holding train.bin and val.bin",
+                       "' is a file; --data takes the directory holding train.bin and val.bin "
+                       "(or a folder of llm.c shards)",
                    "tokenize a text into a directory with `tessera tokenize --input TEXT --out "
                    "DIR`, then pass --data DIR");
-    for (const char* f : {"train.bin", "val.bin"})
-      if (!fs::exists(fs::path(o.data) / f))
-        return error("data path '" + o.data + "' has no " + f,
-                     "create it with `tessera tokenize --input TEXT --out " + o.data + "`");
+    TS_RETURN_IF_ERROR(find_token_shards(o.data).status());
     return o.data;
   }
   std::string dir = shipped + "/corpus";
@@ -137,10 +135,11 @@ Result<RunData> open_data(const TrainOptions& o, const TrainJob& job, int data_i
     return d;
   }
   const int vocab = static_cast<int>(cfg.vocab_size);
-  TS_ASSIGN_OR_RETURN(DataLoader train, DataLoader::open(data_dir + "/train.bin", vocab, rows, seq,
-                                                         data_index, data_ranks, o.seed));
-  TS_ASSIGN_OR_RETURN(DataLoader val, DataLoader::open(data_dir + "/val.bin", vocab, rows, seq,
-                                                       data_index, data_ranks, 0));
+  TS_ASSIGN_OR_RETURN(ShardFiles files, find_token_shards(data_dir));
+  TS_ASSIGN_OR_RETURN(DataLoader train, DataLoader::open(files.train, vocab, rows, seq, data_index,
+                                                         data_ranks, o.seed));
+  TS_ASSIGN_OR_RETURN(DataLoader val,
+                      DataLoader::open(files.val, vocab, rows, seq, data_index, data_ranks, 0));
   d.train = std::make_unique<DataLoader>(std::move(train));
   d.val = std::make_unique<DataLoader>(std::move(val));
   return d;

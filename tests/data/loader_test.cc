@@ -218,6 +218,60 @@ TEST(DataLoader, FileTooSmallForOneBatchIsAnError) {
   EXPECT_TRUE(DataLoader::open(path, kVocab, 7, 8).ok());  // exactly one batch fits
 }
 
+// A folder of shards (llm.c's fineweb_train_*.bin beside fineweb_val_*.bin, or Tessera's
+// own) reads as one: each shard cut into its own windows, the shards in name order; two ranks
+// split the one-rank global batches; a restored loader continues the same.
+TEST(DataLoader, AFolderOfShardsReadsAsOne) {
+  ScratchDir dir;
+  const int T = 8;
+  // Shards of 41, 9 (a window short of two) and 33 tokens; token i of shard s is 1000 s + i.
+  const std::vector<int> sizes = {41, 9, 33};
+  for (size_t s = 0; s < sizes.size(); ++s) {
+    std::vector<int32_t> tokens(static_cast<size_t>(sizes[s]));
+    for (int i = 0; i < sizes[s]; ++i)
+      tokens[static_cast<size_t>(i)] = 1000 * static_cast<int>(s) + i;
+    ASSERT_TRUE(write_token_shard(dir.file("web_train_00000" + std::to_string(3 - s) + ".bin"),
+                                  tokens, kVocab)
+                    .ok());
+  }
+  make_shard(dir, 100, "web_val_000000.bin");
+  Result<ShardFiles> files = find_token_shards(dir.path());
+  ASSERT_TRUE(files.ok()) << files.status().to_string();
+  ASSERT_EQ(files->train.size(), 3u);
+  EXPECT_TRUE(contains(files->train[0], "web_train_000001.bin"));  // name order
+  ASSERT_EQ(files->val.size(), 1u);
+  auto opened = DataLoader::open(files->train, kVocab, 1, T);
+  ASSERT_TRUE(opened.ok()) << opened.status().to_string();
+  DataLoader one = std::move(opened).value();
+  // Name order: the 33-token shard (2000 + i; 4 windows), then 9 (1000 + i; 1), then 41 (0 + i; 5).
+  EXPECT_EQ(one.num_windows(), 4 + 1 + 5);
+  const std::vector<int32_t> starts = {2000, 2008, 2016, 2024, 1000, 0, 8, 16, 24, 32};
+  std::vector<Batch> all = take(one, 10);
+  for (size_t w = 0; w < starts.size(); ++w) {
+    EXPECT_EQ(all[w].x[0], starts[w]) << "window " << w;
+    EXPECT_EQ(all[w].y[T - 1], starts[w] + T) << "window " << w;
+  }
+  // Two ranks of one row each see the one-rank batches of two rows, shuffled or not.
+  for (uint64_t seed : {uint64_t{0}, uint64_t{7}}) {
+    DataLoader both = DataLoader::open(files->train, kVocab, 2, T, 0, 1, seed).value();
+    DataLoader r0 = DataLoader::open(files->train, kVocab, 1, T, 0, 2, seed).value();
+    DataLoader r1 = DataLoader::open(files->train, kVocab, 1, T, 1, 2, seed).value();
+    for (int step = 0; step < 7; ++step) {
+      const Batch b = take(both, 1)[0], a0 = take(r0, 1)[0], a1 = take(r1, 1)[0];
+      EXPECT_EQ(std::vector<int32_t>(b.x.begin(), b.x.begin() + T), a0.x) << step;
+      EXPECT_EQ(std::vector<int32_t>(b.x.begin() + T, b.x.end()), a1.x) << step;
+    }
+    const LoaderState saved = both.state();
+    DataLoader again = DataLoader::open(files->train, kVocab, 2, T, 0, 1, seed).value();
+    ASSERT_TRUE(again.restore(saved).ok());
+    EXPECT_EQ(take(again, 3), take(both, 3));
+  }
+  ScratchDir empty;
+  Result<ShardFiles> none = find_token_shards(empty.path());
+  ASSERT_FALSE(none.ok());
+  EXPECT_TRUE(contains(none.status().message(), "neither train.bin and val.bin"));
+}
+
 TEST(DataLoader, BadArgumentsAndMissingFileAreErrors) {
   ScratchDir dir;
   std::string path = make_shard(dir, 1000);

@@ -104,6 +104,54 @@ TEST(TokenShard, MissingPathNamesItAndSuggestsTokenize) {
   EXPECT_TRUE(contains(shard.status().hint(), "tessera tokenize"));
 }
 
+// llm.c's shards as its dev/data/data_common.py writes them: 256 int32 (magic 20240520,
+// version 1 for uint16 tokens or 2 for uint32, the token count), then the tokens.
+std::string llmc_bytes(const std::vector<int32_t>& tokens, int version) {
+  int32_t header[256] = {};
+  header[0] = 20240520;
+  header[1] = version;
+  header[2] = static_cast<int32_t>(tokens.size());
+  std::string out(reinterpret_cast<const char*>(header), sizeof(header));
+  for (int32_t t : tokens) {
+    if (version == 1) {
+      const uint16_t v = static_cast<uint16_t>(t);
+      out.append(reinterpret_cast<const char*>(&v), sizeof(v));
+    } else {
+      out.append(reinterpret_cast<const char*>(&t), sizeof(t));
+    }
+  }
+  return out;
+}
+
+TEST(TokenShard, ReadsLlmcShardsAsTheyAre) {
+  ScratchDir dir;
+  const std::vector<int32_t> tokens = sample_tokens(300, kVocab);
+  for (int version : {1, 2}) {
+    SCOPED_TRACE(version);
+    const std::string path = dir.file("fineweb_train_00000" + std::to_string(version) + ".bin");
+    write_bytes(path, llmc_bytes(tokens, version));
+    auto shard = TokenShard::open(path, kVocab);
+    ASSERT_TRUE(shard.ok()) << shard.status().to_string();
+    EXPECT_EQ(shard->size(), 300);
+    EXPECT_EQ(shard->bytes_per_token(), version == 1 ? 2 : 4);
+    std::vector<int32_t> got(300);
+    shard->read(0, 300, got.data());
+    EXPECT_EQ(got, tokens);
+  }
+  // A version llm.c never wrote, a file shorter than its count, an id beyond the vocabulary.
+  write_bytes(dir.file("v3.bin"), llmc_bytes(tokens, 3));
+  EXPECT_TRUE(contains(TokenShard::open(dir.file("v3.bin"), kVocab).status().message(),
+                       "llm.c shard of version 3"));
+  std::string cut = llmc_bytes(tokens, 1);
+  cut.resize(cut.size() - 2);
+  write_bytes(dir.file("cut.bin"), cut);
+  EXPECT_TRUE(
+      contains(TokenShard::open(dir.file("cut.bin"), kVocab).status().message(), "truncated"));
+  write_bytes(dir.file("big.bin"), llmc_bytes({1, 2, 60000}, 1));
+  EXPECT_TRUE(contains(TokenShard::open(dir.file("big.bin"), kVocab).status().message(),
+                       "token id 60000 at index 2 (byte offset 1028)"));
+}
+
 TEST(TokenShard, BadMagicIsRejected) {
   ScratchDir dir;
   std::string bytes = valid_shard_bytes(dir, 100);
