@@ -103,6 +103,11 @@ std::vector<ModelConfig> all_presets() {
       gpt("gpt3-6.7b", 32, 4096, 32, 2048),
       gpt("gpt3-13b", 40, 5120, 40, 2048),
       gpt("gpt3-175b", 96, 12288, 96, 2048),
+      // Megatron-LM's GPT-2 8.3B (Shoeybi et al. 2019, Table 1), MT-NLG 530B (Smith et al.
+      // 2022, Table 1) and the 1T model of Narayanan et al. 2021 (Table 1).
+      gpt("megatron-8.3b", 72, 3072, 24, 1024),
+      gpt("mt-nlg-530b", 105, 20480, 128, 2048),
+      gpt("gpt-1t", 128, 25600, 160, 2048),
       // LLaMA 2 (Touvron et al. 2023) and LLaMA 3 (Dubey et al. 2024).
       llama("llama2-7b", 32, 4096, 32, 32, 11008, 32000, 4096, 10000.0),
       llama("llama2-13b", 40, 5120, 40, 40, 13824, 32000, 4096, 10000.0),

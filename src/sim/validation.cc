@@ -145,6 +145,35 @@ Result<double> heads_for(double hidden, double tp, RunSetup* s) {
   return static_cast<double>(best);
 }
 
+// The preset of a public model a row names without its dimensions (MT-NLG 530B, GPT-3 175B,
+// the 1T model, Megatron's 8.3B), or "" when the name is not one of them.
+std::string public_model(const std::string& name) {
+  const bool gpt = contains(name, "gpt");
+  if ((contains(name, "mt-nlg") || contains(name, "megatron-turing")) ||
+      (gpt && contains(name, "530b")))
+    return "mt-nlg-530b";
+  if (gpt && (contains(name, "175b") || name == "GPT-3")) return "gpt3-175b";
+  if (gpt && contains(name, "1t")) return "gpt-1t";
+  if (gpt && contains(name, "8.3b")) return "megatron-8.3b";
+  return "";
+}
+
+// The vocabulary of a decoder row that does not give it, from the model's family: GPT-2's
+// BPE (50,257) for the GPT-3-style models of Megatron, DeepSpeed and NeMo, and Nemotron's
+// 256,000-token SentencePiece.
+Result<double> vocab_for(const PublishedRun& r, RunSetup* s) {
+  const std::string& name = r.at("model_name");
+  if (contains(name, "nemotron")) {
+    s->assumptions.push_back("vocab 256000 (not published; Nemotron's SentencePiece)");
+    return 256000.0;
+  }
+  if (contains(name, "gpt") || contains(name, "nlg")) {
+    s->assumptions.push_back("vocab 50257 (not published; GPT-2's BPE, as GPT-3-style runs use)");
+    return 50257.0;
+  }
+  return error("vocab not published");
+}
+
 Result<ModelConfig> model_for(const PublishedRun& r, double tp, RunSetup* s) {
   const std::string& name = r.at("model_name");
   if (contains(r.at("architecture"), "T5")) {
@@ -171,9 +200,24 @@ Result<ModelConfig> model_for(const PublishedRun& r, double tp, RunSetup* s) {
                  "kv_heads not published)");
   }
   double layers, hidden, heads, seq, vocab;
-  TS_RETURN_IF_ERROR(need(r, "hidden", &hidden));
   TS_RETURN_IF_ERROR(need(r, "seq_len", &seq));
-  TS_RETURN_IF_ERROR(need(r, "vocab", &vocab));
+  if (r.at("vocab").empty()) {
+    TS_ASSIGN_OR_RETURN(vocab, vocab_for(r, s));
+  } else {
+    TS_RETURN_IF_ERROR(need(r, "vocab", &vocab));
+  }
+  const std::string known = public_model(name);
+  if (r.at("hidden").empty() && !known.empty()) {
+    // A public model named without its dimensions: the preset's.
+    ModelConfig c = *find_preset(known);
+    c.name = name;
+    c.vocab_size = static_cast<int64_t>(vocab);
+    c.max_seq_len = std::max(c.max_seq_len, static_cast<int64_t>(seq));
+    s->assumptions.push_back("dimensions of preset " + known + " (not published)");
+    TS_RETURN_IF_ERROR(validate(c));
+    return c;
+  }
+  TS_RETURN_IF_ERROR(need(r, "hidden", &hidden));
   if (r.at("layers").empty()) {
     TS_ASSIGN_OR_RETURN(layers, layers_from_params(r, hidden, vocab, seq, s));
   } else {

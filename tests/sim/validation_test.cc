@@ -204,6 +204,24 @@ TEST(SetupRun, InfersTheDepthFromTheSizeAndTheHeadsFromTheWidth) {
   EXPECT_EQ(said, 2);
 }
 
+// A public model named without its dimensions takes its preset's (MT-NLG 530B: 105 blocks of
+// 20480, 128 heads), and a GPT-style row without its vocabulary GPT-2's BPE; a name that is
+// neither is refused as before.
+TEST(SetupRun, PublicModelsResolveToTheirArchitecture) {
+  PublishedRun r = mosaic_like();
+  for (const char* k : {"layers", "hidden", "heads", "vocab"}) r.fields[k] = "";
+  r.fields["model_name"] = "MT-NLG 530B";
+  r.fields["architecture"] = "GPT decoder";
+  Result<RunSetup> s = setup_run(r);
+  ASSERT_TRUE(s.ok()) << s.status().to_string();
+  EXPECT_EQ(s->model.n_layer, 105);
+  EXPECT_EQ(s->model.n_embd, 20480);
+  EXPECT_EQ(s->model.n_head, 128);
+  EXPECT_EQ(s->model.vocab_size, 50257);
+  r.fields["model_name"] = "Gopher";
+  EXPECT_FALSE(setup_run(r).ok());
+}
+
 // Unpublished knobs are chosen as the planner would: the fastest plan that fits, with the
 // published ones held. GPT-2 small on 8 A100s with a global batch of 64: with everything free
 // the whole per-rank batch in one micro-batch, no recomputation (it fits); a device of 12 GiB
