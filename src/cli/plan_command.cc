@@ -96,6 +96,11 @@ Status run_plan(const PlanOptions& o) {
               format_bytes(static_cast<double>(p.memory.arena_bytes)).c_str(),
               format_bytes(static_cast<double>(p.param_bytes)).c_str(), grads.c_str(),
               format_bytes(static_cast<double>(p.optim_bytes)).c_str());
+  if (plan.offloads_optimizer())
+    std::printf(
+        "host per rank   %s (offloaded: f32 master weights, AdamW's moments, the "
+        "gradients' f32 copies)\n",
+        format_bytes(static_cast<double>(p.host_bytes)).c_str());
   std::printf("communication   %s sent per rank per step\n",
               format_bytes(p.comm_bytes_per_step).c_str());
   std::printf("instructions    %zu per micro-batch, %zu per step (%zu gradient buckets)\n",

@@ -439,6 +439,39 @@ TEST(TesseraBinary, TensorParallelInsideHsdpIsOnePlan) {
 
 // simulate --json: one JSON object on stdout, its figures consistent with each other and with
 // the text report of the same run.
+// --offload on plan, simulate and train: the host's bytes printed, the offloaded phase in
+// the figures, and what cannot be offloaded yet refused by name.
+TEST(TesseraBinary, OffloadIsAFlagOfPlanSimulateAndTrain) {
+  std::string out;
+  ASSERT_EQ(run_tessera("plan gpt-tiny --batch 2 --seq 32 --offload optimizer", &out), 0) << out;
+  EXPECT_NE(out.find("optimizer 0 B"), std::string::npos) << out;
+  EXPECT_NE(out.find("host per rank"), std::string::npos) << out;
+  std::string json;
+  ASSERT_EQ(run_tessera("simulate gpt2-small --cluster dgx-h100 --gpus 8 --seq 1024 --offload "
+                        "optimizer --json",
+                        &json),
+            0)
+      << json;
+  nlohmann::json j = nlohmann::json::parse(json);
+  EXPECT_GT(j["offload_s"].get<double>(), 0);
+  EXPECT_GT(j["host_bytes_per_device"].get<double>(), 0);
+  EXPECT_EQ(j["plan"]["offload"], "optimizer");
+  out.clear();  // (run_tessera appends)
+  EXPECT_EQ(run_tessera("plan gpt-tiny --offload params", &out), 1) << out;
+  EXPECT_NE(out.find("error: --offload: offload 'params' is not one of: none, optimizer"),
+            std::string::npos)
+      << out;
+  EXPECT_EQ(
+      run_tessera("simulate gpt-tiny --cluster dgx-h100 --gpus 2 --pp 2 --offload optimizer", &out),
+      1)
+      << out;
+  EXPECT_NE(out.find("not supported with pipeline stages yet"), std::string::npos) << out;
+  out.clear();
+  EXPECT_EQ(run_tessera("train --model gpt-tiny --seq 32 --steps 1 --offload maybe", &out), 1)
+      << out;
+  EXPECT_EQ(out.rfind("error: --offload", 0), 0u) << out;
+}
+
 TEST(TesseraBinary, SimulateJsonIsOneObjectOfTheFigures) {
   const std::string args = "simulate gpt2-small --cluster dgx-a100 --gpus 8 --tp 2 --seq 1024";
   std::string out, text;
