@@ -35,9 +35,10 @@ double DeviceSpec::peak_flops(DType t) const {
   return peak_flops_f32;
 }
 
+int NodeSpec::ranks_per_node(int ranks) const { return std::max(1, std::min(ranks, devices)); }
+
 double NodeSpec::host_optimizer_rate(int ranks) const {
-  const int sharing = std::max(1, std::min(ranks, devices));
-  return host_memory_bandwidth * host_optimizer_efficiency / sharing;
+  return host_memory_bandwidth * host_optimizer_efficiency / ranks_per_node(ranks);
 }
 
 double NetworkSpec::node_bandwidth() const {

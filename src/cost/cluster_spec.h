@@ -88,6 +88,8 @@ struct NodeSpec {
   // Bytes/s the host's AdamW streams for one of `ranks` ranks sharing the node (at most its
   // devices), and the host link's achievable bytes/s: the offloaded optimizer's two rates.
   double host_optimizer_rate(int ranks) const;
+  // How many of a job's `ranks` share one node (at most its devices, at least 1).
+  int ranks_per_node(int ranks) const;
   double host_link_rate() const { return host_link_bandwidth * host_link_efficiency; }
   bool operator==(const NodeSpec&) const = default;
 };

@@ -14,6 +14,17 @@ std::string shape_text(int64_t rows, int64_t T) {
   return std::to_string(rows) + " rows x " + std::to_string(T) + " tokens";
 }
 
+// The windows of T + 1 tokens a shard is cut into (consecutive ones share a token).
+int64_t windows_in(const TokenShard& shard, int T) {
+  return shard.size() > 0 ? (shard.size() - 1) / T : 0;
+}
+
+int64_t windows_in(const std::vector<TokenShard>& shards, int T) {
+  int64_t w = 0;
+  for (const TokenShard& s : shards) w += windows_in(s, T);
+  return w;
+}
+
 }  // namespace
 
 Result<ShardFiles> find_token_shards(const std::string& dir) {
@@ -70,15 +81,14 @@ Result<DataLoader> DataLoader::open(const std::vector<std::string>& paths, int v
   }
   if (paths.empty()) return error("data loader: no token shards given");
   std::vector<TokenShard> shards;
-  int64_t tokens = 0, windows = 0;
+  int64_t tokens = 0;
   for (const std::string& p : paths) {
     TS_ASSIGN_OR_RETURN(TokenShard shard, TokenShard::open(p, vocab_size));
     tokens += shard.size();
-    windows += shard.size() > 0 ? (shard.size() - 1) / T : 0;
     shards.push_back(std::move(shard));
   }
   int64_t rows = static_cast<int64_t>(world) * B;
-  if (windows < rows) {
+  if (windows_in(shards, T) < rows) {
     return error("token shard '" + path + "' has " + std::to_string(tokens) +
                      " tokens, too few for one global batch of " + shape_text(rows, T) +
                      " (needs " + std::to_string(rows * T + 1) +
@@ -88,25 +98,17 @@ Result<DataLoader> DataLoader::open(const std::vector<std::string>& paths, int v
   return DataLoader(std::move(shards), B, T, rank, world, seed);
 }
 
-namespace {
-int64_t windows_of(const std::vector<TokenShard>& shards, int T) {
-  int64_t w = 0;
-  for (const TokenShard& s : shards) w += s.size() > 0 ? (s.size() - 1) / T : 0;
-  return w;
-}
-}  // namespace
-
 DataLoader::DataLoader(std::vector<TokenShard> shards, int B, int T, int rank, int world,
                        uint64_t seed)
     : shards_(std::move(shards)),
       B_(B),
       T_(T),
-      num_windows_(windows_of(shards_, T)),
+      num_windows_(windows_in(shards_, T)),
       order_(num_windows_, B, rank, world, seed) {
   int64_t w = 0;
   for (const TokenShard& s : shards_) {
     first_window_.push_back(w);
-    w += s.size() > 0 ? (s.size() - 1) / T : 0;
+    w += windows_in(s, T);
   }
 }
 

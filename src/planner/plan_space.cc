@@ -513,9 +513,9 @@ void simulate_candidate(const ModelConfig& cfg, const ClusterSpec& cluster, cons
   c->simulated = true;
   // Offloaded state the node's ranks hold in its host memory, as simulated (the bound that
   // let the candidate through leaves out the blocks' padding).
-  const int per_node = std::max(1, std::min(c->plan.mesh.size(), cluster.node.devices));
   c->host_fits = cluster.node.host_memory_bytes <= 0 ||
-                 c->sim.host_bytes * per_node <= cluster.node.host_memory_bytes;
+                 c->sim.host_bytes * cluster.node.ranks_per_node(c->plan.mesh.size()) <=
+                     cluster.node.host_memory_bytes;
 }
 
 }  // namespace
@@ -585,7 +585,7 @@ Result<std::unique_ptr<PlanSpace>> PlanSpace::create(const ModelConfig& cfg,
   std::vector<PlanCandidate> within;
   // Offloaded state the node's host memory (shared by its ranks) cannot hold is out too.
   const double host_capacity = s.cluster.node.host_memory_bytes;
-  const int ranks_per_node = std::max(1, std::min(o.gpus, s.cluster.node.devices));
+  const int ranks_per_node = s.cluster.node.ranks_per_node(o.gpus);
   for (PlanCandidate& c : cands) {
     c.memory_bound = plan_memory_bound(s.cfg, c.plan, o.precision);
     const double host = static_cast<double>(count_params(s.cfg)) /

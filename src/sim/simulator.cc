@@ -28,6 +28,9 @@ std::string format_seconds(double s) {
   return buf;
 }
 
+// The offloaded optimizer's stream: the runner's copies and host AdamW, one after another.
+constexpr const char* kHostLane = "host";
+
 class Schedule {
  public:
   Schedule(const Program& prog, const ClusterSpec& c, const SimOptions& opt, SimResult* r)
@@ -152,8 +155,14 @@ class Schedule {
   // The optimizer list with the state in host memory: gradient blocks over the link, the norm
   // and AdamW streaming the f32 state on the host, ZeRO-1/2's all-gathers of the f32 master
   // blocks in host memory, the updated pieces back over the link in the run's precision.
-  template <class Elems>
-  double offloaded_seconds(const Instruction& in, const Elems& elems, bool* on_comm) {
+  // Elements of this rank's piece of a parameter, or (sharded) of its padded ZeRO block.
+  double elems(const ParamLayout& pl, bool sharded) const {
+    const int64_t numel = pl.local_shape.numel();
+    return static_cast<double>(sharded ? FlatShard{prog_.plan.zero_group(), 0, numel}.block()
+                                       : numel);
+  }
+
+  double offloaded_seconds(const Instruction& in, bool* on_comm) {
     const double host = host_rate(), link = link_rate();
     // The gradient as the micro-step leaves it: in the arena at the run's precision, or an f32
     // accumulator over several micro-batches.
@@ -188,11 +197,7 @@ class Schedule {
     *on_comm = false;
     const int zg = prog_.plan.zero_group();
     const double bw = c_.device.memory_bandwidth * c_.device.optimizer_efficiency;
-    auto elems = [&](const ParamLayout& pl, bool sharded) {
-      int64_t numel = pl.local_shape.numel();
-      return static_cast<double>(sharded ? FlatShard{zg, 0, numel}.block() : numel);
-    };
-    if (prog_.plan.offloads_optimizer()) return offloaded_seconds(in, elems, on_comm);
+    if (prog_.plan.offloads_optimizer()) return offloaded_seconds(in, on_comm);
     switch (in.kind) {
       case Instruction::grad_norm: {  // its all-reduce, when sharded, is timed by run_list
         double bytes = 0;
@@ -245,12 +250,11 @@ class Schedule {
       // after another on its thread (StepRunner::step), so both are one stream here, "host"; a
       // runner that overlaps a tensor's copy with the next one's update would make them two.
       const bool offloaded = in.stream == Stream::host || in.stream == Stream::link;
-      const std::string host_lane = "host";
       // The runner executes the list in order (StepRunner): a collective is issued when the
       // compute stream reaches its start, and a wait holds the compute stream until its
       // collective ends while the comm stream goes on with what is queued behind it.
       const bool on_comm = comm && in.kind != Instruction::wait;
-      double& free = offloaded ? lane(host_lane) : on_comm ? comm_free(axes) : compute_free_;
+      double& free = offloaded ? lane(kHostLane) : on_comm ? comm_free(axes) : compute_free_;
       double start = std::max(free, ready);
       // (An offloaded optimizer's syncs are issued by the host, after their update.)
       const bool host_issued =
@@ -261,7 +265,7 @@ class Schedule {
       // The device copies a synced parameter in and out; offloaded, the host does. Either way
       // the runner waits for the sync before it goes on.
       if (in.kind == Instruction::param_sync) {
-        double& waits = prog_.plan.offloads_optimizer() ? lane("host") : compute_free_;
+        double& waits = prog_.plan.offloads_optimizer() ? lane(kHostLane) : compute_free_;
         waits = std::max(waits, end[i]);
       }
       // Where the comm thread shares the compute cores, part of its time is taken from compute.
@@ -277,7 +281,7 @@ class Schedule {
         double ar_start = std::max(norm_free, end[i]);
         norm_free = ar_start + ar;
         r_->comm_seconds += ar;
-        end[i] = (offloaded ? lane(host_lane) : compute_free_) = norm_free;
+        end[i] = (offloaded ? lane(kHostLane) : compute_free_) = norm_free;
       }
       if (in.stream == Stream::host)
         r_->host_cpu_seconds += dur;
@@ -308,7 +312,7 @@ class Schedule {
       }
       if (opt_.trace && dur > 0)
         record(in,
-               offloaded ? stream_id(host_lane)
+               offloaded ? stream_id(kHostLane)
                : comm    ? stream_id("comm " + axes)
                          : 0,
                start, dur, category);

@@ -8,18 +8,19 @@
 
 namespace tessera {
 
-Result<SimResult> simulate_setup(RunSetup* s) {
+namespace {
+
+// The row's training graph at its micro-batch, with a tensor axis placed by the sharding search
+// at this cluster's FLOP/byte ratio (into s->plan).
+Result<ModelGraph> placed_graph(RunSetup* s) {
   ModelGraph m = build_model(s->model, s->batch, s->seq, ModelMode::train);
   if (s->plan.tensor_group() > 1) {
-    // Placements by the sharding search at this cluster's FLOP/byte ratio.
     SearchCost cost{flops_per_intra_byte(s->cluster, s->sim.precision)};
     TS_RETURN_IF_ERROR(
         place_tensor_parallel(s->model, s->batch, s->seq, m.graph, cost, &s->plan).status());
   }
-  return simulate_plan(m.graph, s->plan, s->cluster, s->sim);
+  return m;
 }
-
-namespace {
 
 bool unpublished(const RunSetup& s, const char* knob) {
   return std::find(s.unpublished.begin(), s.unpublished.end(), knob) != s.unpublished.end();
@@ -34,6 +35,11 @@ std::string describe_choice(const RunSetup& s) {
 }
 
 }  // namespace
+
+Result<SimResult> simulate_setup(RunSetup* s) {
+  TS_ASSIGN_OR_RETURN(ModelGraph m, placed_graph(s));
+  return simulate_plan(m.graph, s->plan, s->cluster, s->sim);
+}
 
 Result<SimResult> fill_unpublished(RunSetup* s) {
   const int dp = s->plan.data_group();
@@ -63,15 +69,10 @@ Result<SimResult> fill_unpublished(RunSetup* s) {
     c.batch = mb * dp;
     c.plan.micro_batches = static_cast<int>(rows / mb);
     // One graph and placement per micro-batch; ZeRO and recomputation are lowering choices.
-    ModelGraph m = build_model(c.model, c.batch, c.seq, ModelMode::train);
-    if (c.plan.tensor_group() > 1) {
-      SearchCost cost{flops_per_intra_byte(c.cluster, c.sim.precision)};
-      Status placed =
-          place_tensor_parallel(c.model, c.batch, c.seq, m.graph, cost, &c.plan).status();
-      if (!placed.ok()) {  // this micro-batch does not place: the others may
-        last = placed;
-        continue;
-      }
+    Result<ModelGraph> m = placed_graph(&c);
+    if (!m.ok()) {  // this micro-batch does not place: the others may
+      last = m.status();
+      continue;
     }
     for (int zero : zeros)
       for (RecomputePolicy rc : recomputes) {
@@ -79,7 +80,7 @@ Result<SimResult> fill_unpublished(RunSetup* s) {
         k.plan.zero = zero;
         k.plan.recompute = rc;
         if (!validate(k.plan).ok()) continue;
-        Result<SimResult> r = simulate_plan(m.graph, k.plan, k.cluster, k.sim);
+        Result<SimResult> r = simulate_plan(m->graph, k.plan, k.cluster, k.sim);
         if (!r.ok()) {
           last = r.status();
           continue;
