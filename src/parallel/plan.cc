@@ -296,6 +296,9 @@ Status validate(const Plan& p, int world) {
   if (static_cast<int>(p.offload) > static_cast<int>(OffloadPolicy::optimizer))
     return error("plan: offload policy " + std::to_string(static_cast<int>(p.offload)) +
                  " is not none or optimizer");
+  if (p.offloads_optimizer() && p.stages() > 1)
+    return error("plan: offloading the optimizer is not supported with pipeline stages yet",
+                 "use --offload none with --pp, or data and tensor parallelism with offload");
   if (p.sequence_parallel && p.tensor_group() < 2)
     return error("plan: sequence parallelism needs a tensor axis of 2 or more ranks",
                  "add --tp N (the sequence is split over the tensor-parallel ranks)");

@@ -154,7 +154,8 @@ std::vector<std::string> axes_of_key(const std::string& key);
 
 // Checks axis names and sizes, that every axis is a data or a tensor axis (not both),
 // zero_axes ⊆ data_axes, parameter placements (one per axis, Shard only on tensor axes), the
-// ZeRO stage, and (when world > 0) that the mesh has exactly `world` ranks.
+// ZeRO stage, offload (not with pipeline stages yet), and (when world > 0) that the mesh has
+// exactly `world` ranks.
 Status validate(const Plan& p, int world = 0);
 
 // "R", "P", "S(d)" (Placement::to_string's form); errors name the text.

@@ -79,9 +79,6 @@ Result<std::unique_ptr<StepRunner>> StepRunner::create_chunk(const Graph& model,
       return error("pipeline chunk parameter " + pl.name + " is not in the model");
   }
   TS_RETURN_IF_ERROR(check_runnable(chunk.program));
-  if (chunk.program.plan.offloads_optimizer())
-    return error("offloading the optimizer is not supported with pipeline stages yet",
-                 "use --offload none with --pp, or data and tensor parallelism with offload");
   return std::unique_ptr<StepRunner>(
       new StepRunner(model, chunk.program, backend, comms, opt, &chunk, std::move(arena)));
 }

@@ -467,9 +467,7 @@ Status check_sim_inputs(const Plan& plan, const ClusterSpec& cluster, const SimO
                      "optimizer cannot be timed",
                  "add host_memory_bandwidth_gbs and host_link_gbs to its [node] (the shipped "
                  "presets give them, e.g. clusters/dgx-h100.toml)");
-  if (plan.offloads_optimizer() && plan.stages() > 1)
-    return error("offloading the optimizer is not supported with pipeline stages yet",
-                 "use --offload none with --pp, or data and tensor parallelism with offload");
+  TS_RETURN_IF_ERROR(validate(plan));  // what a plan may not combine (offload with stages)
   const int devices = plan.mesh.size();
   if (devices > cluster.node.devices && cluster.network.node_bandwidth() <= 0)
     return error("cluster '" + cluster.name + "' is one node of " +
