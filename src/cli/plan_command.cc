@@ -76,7 +76,8 @@ Status run_plan(const PlanOptions& o) {
                  std::to_string(cfg.max_seq_len));
   if (o.dp < 1) return error("--dp must be at least 1, got " + std::to_string(o.dp));
   const PlanFlags& f = o.flags;
-  TS_ASSIGN_OR_RETURN(Plan plan, plan_from_flags(f, f.file.empty() ? o.dp * f.tp * f.pp : 0));
+  TS_ASSIGN_OR_RETURN(Plan plan,
+                      plan_from_flags(f, f.file.empty() ? o.dp * f.tp * f.pp * f.cp : 0));
   ModelGraph m = build_model(cfg, o.batch, seq, ModelMode::train);
   // The placements the search picks for a device whose FLOP/s are ~2,000 times its link's
   // bytes/s (H100 bf16 over NVLink 4); `simulate --tp` uses the cluster's own ratio.
@@ -173,7 +174,7 @@ void add_plan_command(CLI::App& app) {
       return;
     }
     for (const char* flag :
-         {"--dp", "--tp", "--pp", "--zero", "--hsdp", "--sequence-parallel", "--schedule",
+         {"--dp", "--tp", "--pp", "--cp", "--zero", "--hsdp", "--sequence-parallel", "--schedule",
           "--virtual-stages", "--stage-layers", "--recompute", "--recompute-layers", "--plan"})
       if (cmd->count(flag))  // the search chooses these: it would ignore them
         exit_on_error(error(std::string(flag) + " with --auto: the search chooses the plan",

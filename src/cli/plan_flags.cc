@@ -53,6 +53,10 @@ std::string describe_block_layout(const BlockLayout& b, const Plan& plan) {
 
 Result<Plan> plan_from_flags(const PlanFlags& f, int ranks, int64_t heads) {
   Plan plan;
+  if (!f.file.empty() && f.cp > 1)
+    return error("--cp with --plan: the plan file gives the mesh",
+                 "add an axis {\"name\": \"cp\", \"size\": " + std::to_string(f.cp) +
+                     "} to the plan's mesh instead");
   if (!f.file.empty()) {
     TS_ASSIGN_OR_RETURN(plan, load_plan(f.file));
   } else {
@@ -65,20 +69,23 @@ Result<Plan> plan_from_flags(const PlanFlags& f, int ranks, int64_t heads) {
                        (heads > 0 ? " and the model's " + std::to_string(heads) + " heads" : "") +
                        ": " + divisors(ranks, heads));
     if (f.pp < 1) return error("--pp must be at least 1, got " + std::to_string(f.pp));
-    const int inner = f.tp * f.pp;  // ranks of one data-parallel replica
+    if (f.cp < 1) return error("--cp must be at least 1, got " + std::to_string(f.cp));
+    const int inner = f.tp * f.pp * f.cp;  // ranks of one data-parallel replica
     if (f.dp == 0 && ranks % inner != 0)
-      return error("--pp " + std::to_string(f.pp) + " x --tp " + std::to_string(f.tp) + " = " +
+      return error("--pp " + std::to_string(f.pp) + " x --tp " + std::to_string(f.tp) +
+                       (f.cp > 1 ? " x --cp " + std::to_string(f.cp) : std::string()) + " = " +
                        std::to_string(inner) + " does not divide the " + std::to_string(ranks) +
                        " ranks",
-                   "use --pp and --tp whose product divides " + std::to_string(ranks) + ": " +
+                   "use --pp, --tp and --cp whose product divides " + std::to_string(ranks) + ": " +
                        divisors(ranks));
     const int dp = f.dp > 0 ? f.dp : ranks / inner;
     if (ranks > 0 && dp * inner != ranks)
       return error("--dp " + std::to_string(dp) + " x --tp " + std::to_string(f.tp) +
-                       (f.pp > 1 ? " x --pp " + std::to_string(f.pp) : std::string()) + " is " +
+                       (f.pp > 1 ? " x --pp " + std::to_string(f.pp) : std::string()) +
+                       (f.cp > 1 ? " x --cp " + std::to_string(f.cp) : std::string()) + " is " +
                        std::to_string(dp * inner) + " ranks, but the job has " +
                        std::to_string(ranks),
-                   "drop --dp (it defaults to ranks / (tp x pp)) or launch " +
+                   "drop --dp (it defaults to ranks / (tp x pp x cp)) or launch " +
                        std::to_string(dp * inner) + " ranks");
     if (f.pp > 1) {
       if (f.hsdp > 0)
@@ -97,6 +104,7 @@ Result<Plan> plan_from_flags(const PlanFlags& f, int ranks, int64_t heads) {
     } else {
       plan = Plan::data_parallel(dp, f.zero);
     }
+    TS_RETURN_IF_ERROR(add_context_axis(&plan, f.cp));
   }
   if (f.micro > 0) plan.micro_batches = f.micro;
   if (f.sequence_parallel) plan.sequence_parallel = true;
@@ -147,6 +155,11 @@ const char* const kOffloadHelp =
     "master weights and AdamW moments, AdamW on the host's cores; ZeRO-Offload). Default: "
     "the plan's, or none";
 
+const char* const kContextParallelHelp =
+    "Context-parallel ranks: each holds a contiguous chunk of every sequence; attention "
+    "gathers the keys and values of the whole sequence (language models; the sequence must "
+    "split evenly)";
+
 void add_plan_flags(CLI::App* cmd, PlanFlags* f) {
   cmd->add_option("--tp", f->tp,
                   "Tensor-parallel ranks, innermost (placements found by the sharding search)")
@@ -168,6 +181,7 @@ void add_plan_flags(CLI::App* cmd, PlanFlags* f) {
   cmd->add_option("--stage-layers", f->stage_layers,
                   "Blocks per model chunk, in order, e.g. 5,6,6,5 (default: balanced by cost)");
   cmd->add_option("--offload", f->offload, kOffloadHelp);
+  cmd->add_option("--cp", f->cp, kContextParallelHelp)->capture_default_str();
   cmd->add_flag("--sequence-parallel", f->sequence_parallel,
                 "Sequence parallelism with --tp: norms and residual adds split on the sequence "
                 "over the tensor-parallel ranks (reduce-scatter + all-gather instead of "

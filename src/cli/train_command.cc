@@ -37,7 +37,8 @@ PlanFlags plan_flags(const TrainOptions& o) {
                    o.schedule,
                    o.virtual_stages,
                    o.stage_layers,
-                   o.offload};
+                   o.offload,
+                   o.cp};
 }
 
 // The plan of a run on `ranks` ranks with its placements (the sharding search with --tp, the
@@ -64,9 +65,10 @@ Result<Plan> train_plan(const TrainOptions& o, const ModelConfig& cfg, int ranks
 // chose (global micro-batch, micro-batches) is written back into the options. With `print`,
 // why: the runners-up and, knob by knob, what the fastest other value costs.
 Result<Plan> auto_plan(TrainOptions* o, const ModelConfig& cfg, int ranks, bool print) {
-  if (o->dp > 0 || o->tp > 1 || o->pp > 1 || o->zero != 0 || o->hsdp > 0 || !o->recompute.empty() ||
-      o->sequence_parallel || !o->schedule.empty() || o->virtual_stages != -1 ||
-      !o->stage_layers.empty() || o->recompute_layers != -1 || !o->offload.empty())
+  if (o->dp > 0 || o->tp > 1 || o->pp > 1 || o->cp > 1 || o->zero != 0 || o->hsdp > 0 ||
+      !o->recompute.empty() || o->sequence_parallel || !o->schedule.empty() ||
+      o->virtual_stages != -1 || !o->stage_layers.empty() || o->recompute_layers != -1 ||
+      !o->offload.empty())
     return error("--plan auto chooses the parallel configuration itself",
                  "drop --dp/--tp/--pp/--zero/--hsdp/--recompute/--offload/--sequence-parallel/"
                  "--schedule "
@@ -175,12 +177,12 @@ Status run_train(const TrainOptions& options) {
   if (!o.plan.empty() && !automatic) TS_RETURN_IF_ERROR(load_plan(o.plan).status());
   // A distributed run: started by mpirun (or `tessera launch`), or asked for by flags.
   const bool wants_ranks =
-      o.dp > 1 || o.tp > 1 || o.pp > 1 || o.hsdp > 0 || (!o.plan.empty() && !automatic);
+      o.dp > 1 || o.tp > 1 || o.pp > 1 || o.cp > 1 || o.hsdp > 0 || (!o.plan.empty() && !automatic);
   TS_ASSIGN_OR_RETURN(std::unique_ptr<Communicator> world, join_mpi_job(o.collectives));
   if (world) {
     world->set_timeout(o.comm_timeout);
   } else if (wants_ranks) {
-    int n = std::max(o.dp, 1) * std::max(o.tp, 1) * std::max(o.pp, 1);
+    int n = std::max(o.dp, 1) * std::max(o.tp, 1) * std::max(o.pp, 1) * std::max(o.cp, 1);
     if (n == 1) n = 2;
     return error("a distributed plan needs one process per rank",
                  "run `tessera launch -n " + std::to_string(n) + " -- train ...` or `mpirun -np " +
@@ -310,6 +312,7 @@ void add_train_command(CLI::App& app, TrainOptions& o) {
                   "Default: the plan's, or none");
   cmd->add_option("--recompute-layers", o.recompute_layers, kRecomputeLayersHelp);
   cmd->add_option("--offload", o.offload, kOffloadHelp);
+  cmd->add_option("--cp", o.cp, kContextParallelHelp)->capture_default_str();
   cmd->add_option("--precision", o.precision,
                   "fp32; bf16 or fp16: parameters, activations and gradients in it with f32 "
                   "master weights and AdamW state (fp16 with dynamic loss scaling; GPT and "

@@ -92,9 +92,14 @@ OpTime op_time(const Graph& g, const Node& n, const DeviceSpec& dev,
     compute_s = t.flops / (peak * std::max(eff, 1e-6));
   } else if (n.op == OpKind::attention || n.op == OpKind::attention_grad) {
     // FLOPs are counted as full attention (the MFU convention); a causal kernel skips the
-    // masked half of the score matrix, a bidirectional one (encoders) computes all of it.
+    // masked part of the score matrix, a bidirectional one (encoders) computes all of it. The
+    // masked part is half of a square; of a context-parallel chunk's Tq x Tk rectangle it
+    // depends on the chunk, and the last one, the slowest (the others wait for it at the next
+    // collective), skips only Tq x Tq / 2: the fraction computed is 1 - Tq / (2 Tk).
     double eff = efficiency_or(op_efficiency, n.op, dev.attention_efficiency);
-    compute_s = (n.attr<AttentionAttrs>().causal ? 0.5 : 1.0) * t.flops / (peak * eff);
+    const double tq = static_cast<double>(in[0].shape[2]), tk = static_cast<double>(in[1].shape[2]);
+    const double computed = n.attr<AttentionAttrs>().causal && tk > 0 ? 1.0 - tq / (2.0 * tk) : 1.0;
+    compute_s = computed * t.flops / (peak * eff);
     memory_s = t.bytes / (bw * dev.memory_efficiency);
   } else {
     double eff = efficiency_or(op_efficiency, n.op, dev.memory_efficiency);

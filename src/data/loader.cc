@@ -146,8 +146,23 @@ void DataLoader::next(std::vector<int32_t>* inputs, std::vector<int32_t>* target
 
 void DataLoader::next(HostBatch* batch) {
   next(&x_, &y_);
-  batch->append(kTokensInput, x_.data(), x_.size());
-  batch->append(kTargetsInput, y_.data(), y_.size());
+  const int64_t len = T_ / chunks_, first = chunk_ * len;
+  for (int b = 0; b < B_; ++b) {
+    const size_t at = static_cast<size_t>(b * T_ + first);
+    batch->append(kTokensInput, x_.data() + at, static_cast<size_t>(len));
+    batch->append(kTargetsInput, y_.data() + at, static_cast<size_t>(len));
+  }
+}
+
+Status DataLoader::set_sequence_chunk(int index, int chunks) {
+  if (chunks < 1 || index < 0 || index >= chunks || T_ % chunks != 0)
+    return error("sequences of " + std::to_string(T_) + " tokens do not split into " +
+                     std::to_string(chunks) + " context-parallel chunks (chunk " +
+                     std::to_string(index) + ")",
+                 "use a --seq that is a multiple of " + std::to_string(chunks));
+  chunk_ = index;
+  chunks_ = chunks;
+  return Status();
 }
 
 LoaderState DataLoader::state() const {

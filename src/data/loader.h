@@ -50,8 +50,13 @@ class DataLoader : public BatchStream {
 
   // Fills inputs and targets with the next (B, T) batch of this rank and advances.
   void next(std::vector<int32_t>* inputs, std::vector<int32_t>* targets);
-  // The same, appended to the batch's "tokens" and "targets".
+  // The same, appended to the batch's "tokens" and "targets" (of each row only the sequence
+  // chunk set_sequence_chunk chose: the whole row unless it was called).
   void next(HostBatch* batch) override;
+  // Context parallelism: next(HostBatch*) gives chunk `index` of `chunks` equal chunks of every
+  // row's T tokens (and of its targets), the chunk this rank's graph takes. Fails unless
+  // 0 <= index < chunks and chunks divides T.
+  Status set_sequence_chunk(int index, int chunks);
 
   LoaderState state() const override;
   // Continues from `state`, which must come from a loader over the same shard (token count)
@@ -74,6 +79,7 @@ class DataLoader : public BatchStream {
   int64_t num_windows_;
   ExampleOrder order_;
   std::vector<int32_t> x_, y_;  // next(HostBatch*)'s staging
+  int chunk_ = 0, chunks_ = 1;  // set_sequence_chunk
 };
 
 }  // namespace tessera

@@ -117,6 +117,10 @@ Var Builder::matmul(Var a, Var b, bool transpose_a, bool transpose_b) {
   return op<OpKind::matmul>({a, b}, {.transpose_a = transpose_a, .transpose_b = transpose_b})[0];
 }
 
+Var Builder::matmul_folded(Var a, Var b) {
+  return op<OpKind::matmul>({a, b}, {.transpose_a = true, .fold_batch = true})[0];
+}
+
 Var Builder::linear(Var x, Var w, Var bias) {
   Var y = matmul(x, w, false, true);
   return bias.valid() ? y + bias : y;

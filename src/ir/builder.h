@@ -112,6 +112,8 @@ class Builder {
   // a [..., M, K] x b [..., K, N] (or b [K, N] shared across a's batch); transposes swap the
   // last two dims.
   Var matmul(Var a, Var b, bool transpose_a = false, bool transpose_b = false);
+  // a [..., R, M], b [..., R, N] -> [M, N]: a's rows times b's, summed (MatmulAttrs::fold_batch).
+  Var matmul_folded(Var a, Var b);
   // x [..., in] @ w[out, in]^T (+ bias[out]).
   Var linear(Var x, Var w, Var bias = Var{});
 

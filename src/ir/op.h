@@ -65,7 +65,7 @@ namespace tessera {
   X(layernorm_grad, 5, 3, NoAttrs)                     \
   X(rmsnorm, 2, 2, NormAttrs)                          \
   X(rmsnorm_grad, 4, 2, NoAttrs)                       \
-  X(rope, 1, 1, RopeAttrs)                             \
+  X(rope, -1, 1, RopeAttrs)                            \
   X(softmax, 1, 1, NoAttrs)                            \
   X(softmax_grad, 2, 1, NoAttrs)                       \
   X(causal_mask, 1, 1, ScalarAttrs)                    \
@@ -151,8 +151,13 @@ struct ConcatAttrs {
   int64_t axis = 0;
 };
 
+// fold_batch (with transpose_a): a [..., R, M] and b [..., R, N] of equal leading dims give
+// out [M, N], the sum over every leading dim and R of a's rows times b's (one GEMM over the
+// rows of both, flattened). A shared weight's gradient takes this form: unlike a reshape to
+// [rows, M], it needs no contiguous rows, so operands split on the sequence stay split.
 struct MatmulAttrs {
   bool transpose_a = false, transpose_b = false;  // swap the operand's last two dims
+  bool fold_batch = false;
 };
 
 // embedding_grad, vocab_embedding_grad: the rows of the table the gradient is for.
@@ -165,6 +170,9 @@ struct NormAttrs {
   double eps = 1e-5;
 };
 
+// rope(x [B,T,H,D][, block]): the rotation of position t (of dim 1). With `block`, an i32
+// scalar that the partition pass adds where context parallelism splits the sequence, x holds
+// the block-th of equal chunks of it: position block * T + t.
 struct RopeAttrs {
   double theta = 1e4;    // the base of the rotation frequencies
   bool inverse = false;  // rotate by -angle (the VJP)
@@ -177,7 +185,10 @@ struct PositionBucketsAttrs {
   bool bidirectional = false;
 };
 
-// attention, attention_grad.
+// attention(q, k, v[, bias][, block]), attention_grad(q, k, v, out, lse, dout[, bias][, block]).
+// With `block`, an i32 scalar that the partition pass adds where context parallelism splits the
+// sequence, the Tq queries are the block-th of equal chunks of the Tk keys' sequence (query i
+// at position block * Tq + i, for the causal mask).
 struct AttentionAttrs {
   double scale = 0.0;  // softmax scale
   bool causal = true;  // query i attends to keys <= i (else to all)
@@ -316,6 +327,14 @@ bool op_from_name(std::string_view name, OpKind* out);
 
 // all_reduce, reduce_scatter, all_gather: run on a Communicator, not a Backend (ops_comm.cc).
 bool is_collective(OpKind kind);
+
+// Where rope's and attention's optional inputs are among `in` (-1: absent): the score bias
+// ([H,Tq,Tk], f32) and the sequence block index (an i32 scalar, always last). `forward_inputs`:
+// the inputs before the optional ones (rope 1, attention 3, attention_grad 6).
+struct OptionalInputs {
+  int bias = -1, block = -1;
+};
+OptionalInputs optional_inputs(std::span<const TensorType> in, size_t forward_inputs);
 
 double op_flops(OpKind kind, const Attrs& a, std::span<const TensorType> in,
                 std::span<const TensorType> out);

@@ -16,6 +16,18 @@ Status infer_matmul(const Attrs& attrs, std::span<const TensorType> in,
   TS_RETURN_IF_ERROR(same_dtype(in[0], in[1]));
   TS_RETURN_IF_ERROR(need_float(in[0], "matmul operand"));
   if (sa.rank() < 2 || sb.rank() < 2) return error("matmul operands need rank >= 2");
+  if (a.fold_batch) {
+    std::vector<int64_t> ra = sa.dims(), rb = sb.dims();
+    ra.pop_back();
+    rb.pop_back();
+    if (!a.transpose_a || a.transpose_b || ra != rb)
+      return error(
+          "a batch-folding matmul takes a [..., R, M] and b [..., R, N] of equal leading "
+          "dims with transpose_a, got " +
+          sa.to_string() + " x " + sb.to_string());
+    out->push_back({Shape{sa[-1], sb[-1]}, in[0].dtype});
+    return Status();
+  }
   bool shared_b = sb.rank() == 2 && sa.rank() > 2;
   if (!shared_b && sa.rank() != sb.rank())
     return error("matmul batch ranks differ: " + sa.to_string() + " x " + sb.to_string());
@@ -40,7 +52,9 @@ Status infer_matmul(const Attrs& attrs, std::span<const TensorType> in,
 double flops_matmul(const Attrs& attrs, std::span<const TensorType> in,
                     std::span<const TensorType> out) {
   const MatmulAttrs& a = attrs_as<MatmulAttrs>(attrs);
-  int64_t k = a.transpose_a ? in[0].shape[-2] : in[0].shape[-1];
+  const Shape& sa = in[0].shape;
+  int64_t k =
+      a.fold_batch ? (sa[-1] > 0 ? sa.numel() / sa[-1] : 0) : (a.transpose_a ? sa[-2] : sa[-1]);
   return 2.0 * out_numel(out) * static_cast<double>(k);
 }
 
@@ -48,11 +62,14 @@ void vjp_matmul(Builder& b, const Node& n, std::span<const Var> g, std::vector<V
   Var A = in_var(b, n, 0), B = in_var(b, n, 1), dY = g[0];
   const MatmulAttrs& m = n.attr<MatmulAttrs>();
   const bool ta = m.transpose_a, tb = m.transpose_b;
-  if (A.rank() > 2 && B.rank() == 2) {  // shared weight: flatten the batch into rows
+  if (m.fold_batch) {  // out [M, N] = sum of a's rows [.., R, M] times b's [.., R, N]
+    (*dx)[0] = b.matmul(B, dY, false, true);
+    (*dx)[1] = b.matmul(A, dY, false, false);
+    return;
+  }
+  if (A.rank() > 2 && B.rank() == 2) {  // shared weight: its gradient sums over the batch
     (*dx)[0] = b.matmul(dY, B, false, !tb);
-    int64_t k = A.shape()[-1], cols = dY.shape()[-1];
-    Var A2 = b.reshape(A, Shape{-1, k}), dY2 = b.reshape(dY, Shape{-1, cols});
-    (*dx)[1] = tb ? b.matmul(dY2, A2, true, false) : b.matmul(A2, dY2, true, false);
+    (*dx)[1] = tb ? b.matmul_folded(dY, A) : b.matmul_folded(A, dY);
     return;
   }
   if (!ta && !tb) {
@@ -164,7 +181,18 @@ void vjp_rmsnorm(Builder& b, const Node& n, std::span<const Var> g, std::vector<
 
 // ---- rope, softmax, mask -----------------------------------------------------------------
 
+Status need_block(const TensorType& t, const char* op) {
+  if (t.dtype != DType::i32 || t.shape.rank() != 0)
+    return error(std::string(op) + ": the sequence block must be an i32 scalar, got " +
+                 t.to_string());
+  return Status();
+}
+
 Status infer_rope(const Attrs&, std::span<const TensorType> in, std::vector<TensorType>* out) {
+  if (in.size() != 1 && in.size() != 2)
+    return error("rope takes x and an optional sequence block, not " + std::to_string(in.size()) +
+                 " inputs");
+  if (in.size() == 2) TS_RETURN_IF_ERROR(need_block(in[1], "rope"));
   TS_RETURN_IF_ERROR(need_float(in[0], "rope input"));
   if (in[0].shape.rank() != 4 || in[0].shape[-1] % 2 != 0)
     return error("rope needs x [B,T,H,D] with even D, got " + in[0].shape.to_string());
@@ -204,16 +232,28 @@ void vjp_causal_mask(Builder& b, const Node&, std::span<const Var> g, std::vecto
 
 // ---- attention ---------------------------------------------------------------------------
 
-// q [B,H,Tq,D], k and v [B,Hkv,Tk,D] (Hkv dividing H), and with `bias_at` >= 0 an additive
-// f32 score bias [H,Tq,Tk] at that input (T5's relative positions). Causal needs Tq == Tk.
-Status check_qkv(const Attrs& attrs, std::span<const TensorType> in, size_t bias_at) {
+// q [B,H,Tq,D], k and v [B,Hkv,Tk,D] (Hkv dividing H), an optional additive f32 score bias
+// [H,Tq,Tk] (T5's relative positions) and an optional sequence block (op.h). Causal needs
+// Tq == Tk, or with a block Tk a multiple of Tq.
+Status check_qkv(const Attrs& attrs, std::span<const TensorType> in, size_t forward_inputs) {
   const AttentionAttrs& a = attrs_as<AttentionAttrs>(attrs);
+  const OptionalInputs opt = optional_inputs(in, forward_inputs);
+  const size_t expected = forward_inputs + (opt.bias >= 0) + (opt.block >= 0);
+  if (in.size() != expected)
+    return error(std::string(forward_inputs == 3 ? "attention" : "attention_grad") + " takes " +
+                 (forward_inputs == 3 ? "q, k, v" : "q, k, v, out, lse, dout") +
+                 ", an optional bias and an optional sequence block, not " +
+                 std::to_string(in.size()) + " inputs");
+  if (opt.block >= 0)
+    TS_RETURN_IF_ERROR(need_block(in[static_cast<size_t>(opt.block)], "attention"));
+  const size_t bias_at = opt.bias >= 0 ? static_cast<size_t>(opt.bias) : in.size();
   const Shape &q = in[0].shape, &k = in[1].shape, &v = in[2].shape;
   if (q.rank() != 4 || k.rank() != 4 || k != v)
     return error("attention needs q [B,H,Tq,D] and k, v [B,Hkv,Tk,D]");
   if (q[0] != k[0] || q[3] != k[3])
     return error("attention q " + q.to_string() + " and k " + k.to_string() + " disagree");
-  if (a.causal && q[2] != k[2])
+  const bool blocks = opt.block >= 0 && q[2] > 0 && k[2] % q[2] == 0;
+  if (a.causal && q[2] != k[2] && !blocks)
     return error("causal attention needs as many keys as queries, not " + std::to_string(k[2]) +
                      " keys for " + std::to_string(q[2]) + " queries",
                  "cross-attention is bidirectional (causal = false)");
@@ -231,9 +271,7 @@ Status check_qkv(const Attrs& attrs, std::span<const TensorType> in, size_t bias
 
 Status infer_attention(const Attrs& a, std::span<const TensorType> in,
                        std::vector<TensorType>* out) {
-  if (in.size() != 3 && in.size() != 4)
-    return error("attention takes q, k, v and an optional bias, not " + std::to_string(in.size()) +
-                 " inputs");
+  if (in.size() < 3) return error("attention takes q, k, v and optional inputs");
   TS_RETURN_IF_ERROR(check_qkv(a, in, 3));
   out->push_back(in[0]);
   out->push_back({Shape{in[0].shape[0], in[0].shape[1], in[0].shape[2]}, DType::f32});
@@ -243,14 +281,14 @@ Status infer_attention(const Attrs& a, std::span<const TensorType> in,
 // (q, k, v, out, lse, dout[, bias]) -> dq, dk, dv[, dbias]
 Status infer_attention_grad(const Attrs& a, std::span<const TensorType> in,
                             std::vector<TensorType>* out) {
-  if (in.size() != 6 && in.size() != 7)
-    return error("attention_grad takes q, k, v, out, lse, dout and an optional bias, not " +
-                 std::to_string(in.size()) + " inputs");
+  if (in.size() < 6)
+    return error("attention_grad takes q, k, v, out, lse, dout and optional inputs");
   TS_RETURN_IF_ERROR(check_qkv(a, in, 6));
   if (in[3].shape != in[0].shape || in[5].shape != in[0].shape)
     return error("attention_grad: out and dout must be shaped like q");
-  for (size_t i : {size_t{0}, size_t{1}, size_t{2}, size_t{6}})
-    if (i < in.size()) out->push_back(in[i]);
+  for (size_t i : {size_t{0}, size_t{1}, size_t{2}}) out->push_back(in[i]);
+  const int bias = optional_inputs(in, 6).bias;
+  if (bias >= 0) out->push_back(in[static_cast<size_t>(bias)]);
   return Status();
 }
 
@@ -266,7 +304,7 @@ double flops_attention_grad(const Attrs& a, std::span<const TensorType> in,
 }
 
 void vjp_attention(Builder& b, const Node& n, std::span<const Var> g, std::vector<Var>* dx) {
-  const bool biased = n.inputs.size() == 4;
+  const bool biased = n.inputs.size() == 4;  // (the model graph's: no sequence block)
   std::vector<Var> d =
       b.attention_grad(in_var(b, n, 0), in_var(b, n, 1), in_var(b, n, 2), out_var(b, n, 0),
                        out_var(b, n, 1), g[0], n.attr<AttentionAttrs>().scale,
@@ -290,17 +328,24 @@ Status infer_position_buckets(const Attrs& attrs, std::span<const TensorType>,
 
 // ---- cross-entropy -----------------------------------------------------------------------
 
+// logits [..., V] (rows: every dim but the last) and i32 targets [...] -> loss [], lse [...].
 Status infer_cross_entropy(const Attrs& attrs, std::span<const TensorType> in,
                            std::vector<TensorType>* out) {
   const CrossEntropyAttrs& a = attrs_as<CrossEntropyAttrs>(attrs);
   TS_RETURN_IF_ERROR(need_float(in[0], "logits"));
-  if (in[0].shape.rank() != 2 || in[1].shape != Shape{in[0].shape[0]} || in[1].dtype != DType::i32)
-    return error("cross_entropy needs logits [N,V] and i32 targets [N]");
-  if (a.classes < 0 || a.classes > in[0].shape[1])
+  const Shape& s = in[0].shape;
+  std::vector<int64_t> rows = s.dims();
+  if (!rows.empty()) rows.pop_back();
+  if (s.rank() < 2 || in[1].shape != Shape(rows) || in[1].dtype != DType::i32)
+    return error(
+        "cross_entropy needs logits [..., V] and i32 targets of the logits' leading "
+        "dims, got " +
+        in[0].to_string() + " and " + in[1].to_string());
+  if (a.classes < 0 || a.classes > s[-1])
     return error("cross_entropy: classes " + std::to_string(a.classes) + " outside [0, " +
-                 std::to_string(in[0].shape[1]) + "]");
+                 std::to_string(s[-1]) + "]");
   out->push_back({Shape{}, DType::f32});
-  out->push_back({Shape{in[0].shape[0]}, DType::f32});
+  out->push_back({Shape(rows), DType::f32});
   return Status();
 }
 
@@ -309,7 +354,7 @@ Status infer_cross_entropy_grad(const Attrs& a, std::span<const TensorType> in,
   std::vector<TensorType> fwd;
   TS_RETURN_IF_ERROR(infer_cross_entropy(a, in.subspan(0, 2), &fwd));
   if (in[2].shape != fwd[1].shape || in[3].shape.numel() != 1)
-    return error("cross_entropy_grad needs lse [N] and a scalar dloss");
+    return error("cross_entropy_grad needs lse shaped like the targets and a scalar dloss");
   out->push_back(in[0]);
   return Status();
 }
@@ -332,6 +377,12 @@ bool matmul(const ShardingRuleArgs& a, Out* out) {
     return ((x.is_partial() && y.is_replicate()) || (x.is_replicate() && y.is_partial())) &&
            all_outputs(a, out, P::partial());
   const MatmulAttrs& m = attrs_as<MatmulAttrs>(a.attrs);
+  if (m.fold_batch) {  // [.., R, M] x [.., R, N] -> [M, N]: every dim but the last is summed
+    if (x.is_shard() && y == x && x.dim < ra - 1) return all_outputs(a, out, P::partial());
+    if (x.is_shard(ra - 1) && y.is_replicate()) return all_outputs(a, out, P::shard(0));
+    if (x.is_replicate() && y.is_shard(rb - 1)) return all_outputs(a, out, P::shard(1));
+    return false;
+  }
   const int a_m = m.transpose_a ? ra - 1 : ra - 2, a_k = m.transpose_a ? ra - 2 : ra - 1;
   const int b_k = m.transpose_b ? rb - 1 : rb - 2, b_n = m.transpose_b ? rb - 2 : rb - 1;
   if (x.is_shard() && y.is_shard()) {
@@ -369,21 +420,31 @@ bool embedding_grad(const ShardingRuleArgs& a, Out* out) {
   return false;
 }
 
-// rope [B,T,H,D]: position-dependent along T (dim 1) and pairwise along D.
+// rope [B,T,H,D]: pairwise along D. Split on T (dim 1), each rank's chunk takes its positions
+// from its block index (the partition pass adds it: op.h).
 bool rope(const ShardingRuleArgs& a, Out* out) {
   const P& x = a.p(0);
   if (x.is_partial()) return all_outputs(a, out, x);  // a rotation is linear
-  return (x.dim == 0 || x.dim == 2) && all_outputs(a, out, x);
+  return x.dim != 3 && all_outputs(a, out, x);
 }
 
 // attention(q [B,H,Tq,D], k, v [B,Hkv,Tk,D][, bias [H,Tq,Tk]]) -> out [B,H,Tq,D], lse [B,H,Tq];
 // its grad takes (q, k, v, out, lse, dout[, bias]) -> (dq, dk, dv[, dbias]). Batch sharding
 // (the bias replicated: its gradient is a Partial sum over the examples) or head sharding
-// (the bias split on its heads too).
+// (the bias split on its heads too). Sequence sharding (dim 2 of every input but the bias, which
+// it does not take): each rank's queries against the whole sequence's keys and values, which
+// the partition pass gathers (and whose gradients it reduce-scatters), with the rank's block
+// index for the causal mask.
 bool attention(const ShardingRuleArgs& a, Out* out) {
   const P& q = a.p(0);
-  if (!q.is_shard() || q.dim > 1) return false;
   const size_t bias_at = a.in.size() == 4 || a.in.size() == 7 ? a.in.size() - 1 : a.in.size();
+  if (q.is_shard(2)) {
+    if (bias_at < a.in.size()) return false;
+    for (const P& p : a.placements)
+      if (!(p == q)) return false;
+    return all_outputs(a, out, q);
+  }
+  if (!q.is_shard() || q.dim > 1) return false;
   const P bias = q.dim == 0 ? P::replicate() : P::shard(0);
   for (size_t i = 0; i < a.placements.size(); ++i)
     if (!(a.placements[i] == (i == bias_at ? bias : q))) return false;
@@ -392,29 +453,34 @@ bool attention(const ShardingRuleArgs& a, Out* out) {
   return true;
 }
 
-// cross_entropy(logits [N,V], targets [N]) -> loss [], lse [N]: rows sharded -> the local mean
-// divides by the global row count (CrossEntropyAttrs::rows) and the losses add up (Partial).
-// Logits split on the vocabulary (columns) with whole rows of targets: the partition pass
-// lowers it to the vocab-parallel pieces (logsumexp of each block, gathered; the target logit
-// picked where it lies, summed), which leave the loss and lse Replicate.
+// cross_entropy(logits [..., V], targets [...]) -> loss [], lse [...]: rows sharded (any dim
+// but the last, the targets split alike) -> the local mean divides by the global row count
+// (CrossEntropyAttrs::rows) and the losses add up (Partial). Logits split on the vocabulary
+// (the last dim) with whole rows of targets: the partition pass lowers it to the
+// vocab-parallel pieces (logsumexp of each block, gathered; the target logit picked where it
+// lies, summed), which leave the loss and lse Replicate.
 bool cross_entropy(const ShardingRuleArgs& a, Out* out) {
-  if (a.p(0).is_shard(1) && a.p(1).is_replicate()) {
+  const int last = a.in[0].shape.rank() - 1;
+  if (a.p(0).is_shard(last) && a.p(1).is_replicate()) {
     *out = {P::replicate(), P::replicate()};
     return true;
   }
-  if (!a.p(0).is_shard(0) || !a.p(1).is_shard(0)) return false;
-  *out = {P::partial(), P::shard(0)};
+  if (!a.p(0).is_shard() || a.p(0).dim == last || !(a.p(1) == a.p(0))) return false;
+  *out = {P::partial(), a.p(0)};
   return true;
 }
 
 // cross_entropy_grad(logits, targets, lse, dloss) -> dlogits (vocab-split: lowered to
 // vocab_cross_entropy_grad)
 bool cross_entropy_grad(const ShardingRuleArgs& a, Out* out) {
-  if (a.p(0).is_shard(1) && a.p(1).is_replicate() && a.p(2).is_replicate() && a.p(3).is_replicate())
-    return all_outputs(a, out, P::shard(1));
-  if (!a.p(0).is_shard(0) || !a.p(1).is_shard(0) || !a.p(2).is_shard(0) || !a.p(3).is_replicate())
+  const int last = a.in[0].shape.rank() - 1;
+  if (a.p(0).is_shard(last) && a.p(1).is_replicate() && a.p(2).is_replicate() &&
+      a.p(3).is_replicate())
+    return all_outputs(a, out, P::shard(last));
+  if (!a.p(0).is_shard() || a.p(0).dim == last || !(a.p(1) == a.p(0)) || !(a.p(2) == a.p(0)) ||
+      !a.p(3).is_replicate())
     return false;
-  return all_outputs(a, out, P::shard(0));
+  return all_outputs(a, out, a.p(0));
 }
 
 bool softmax_like(const ShardingRuleArgs& a, Out* out) {

@@ -61,7 +61,7 @@ Attrs without_classes(const Attrs& a) {
 
 Status infer_vocab_logsumexp(const Attrs&, std::span<const TensorType> in,
                              std::vector<TensorType>* out) {
-  if (in[0].shape.rank() != 2) return error("vocab_logsumexp needs logits [N,Vl]");
+  if (in[0].shape.rank() < 2) return error("vocab_logsumexp needs logits [..., Vl]");
   return on_block(infer_logsumexp, {}, in, out, "vocab_logsumexp");
 }
 

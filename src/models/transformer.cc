@@ -165,7 +165,7 @@ ModelGraph build_model(const ModelConfig& c, int64_t batch, int64_t seq, ModelMo
   Var logits;
   {
     auto s = b.scope("lm_head");
-    logits = b.matmul(b.reshape(x, Shape{batch * seq, C}), head, false, true);  // [B*T, V]
+    logits = b.matmul(x, head, false, true);  // [B, T, V]
   }
   finish_model(b, &m, logits, kTargetsInput, Shape{batch, seq}, mode, keep_logits);
   return m;
@@ -181,7 +181,11 @@ void finish_model(Builder& b, ModelGraph* m, Var logits, const char* targets_nam
   Var loss;
   {
     auto s = b.scope("loss");
-    loss = b.cross_entropy(logits, b.reshape(targets, Shape{logits.shape()[0]}), m->classes)[0];
+    // The targets shaped as the logits' rows (every dim but the classes).
+    std::vector<int64_t> rows = logits.shape().dims();
+    rows.pop_back();
+    Var t = targets.shape() == Shape(rows) ? targets : b.reshape(targets, Shape(rows));
+    loss = b.cross_entropy(logits, t, m->classes)[0];
   }
   m->loss = loss.id;
   if (mode == ModelMode::loss) {

@@ -172,7 +172,11 @@ Status Pass::flush_bucket() {
     const Node& like = g_.producer(gv);
     // Tensor axes: the gradient takes its parameter's layout (a Shard is final; a Partial is
     // reduced, or reduce-scattered onto the parameter's shard).
+    // On the other axes a Shard is gathered: a gradient split like the activations it came
+    // from (GPT's position table, [T, C] rows on a context axis) is every rank's whole.
     Placements want = out_.placements[static_cast<size_t>(v)];
+    for (Placement& p : want)
+      if (p.is_shard()) p = Placement::replicate();
     for (const std::string& t : plan_.tensor_axes) {
       const size_t k = static_cast<size_t>(plan_.mesh.axis_index(t));
       want[k] = pl.layout.axes[k];
@@ -300,8 +304,10 @@ Status Pass::visit(NodeId id) {
 
   const OpDef& def = op_def(n.op);
   std::vector<Placements> out_pl(n.outputs.size(), Placements(naxes, Placement::replicate()));
-  const bool any_lazy =
-      std::any_of(lazy.begin(), lazy.end(), [](const Placements& p) { return !p.empty(); });
+  // (A scalar fill, the loss gradient's seed, has no sequence to split: it does not count.)
+  bool any_lazy = false;
+  for (size_t i = 0; i < ins.size(); ++i)
+    any_lazy = any_lazy || (!lazy[i].empty() && in_types[i].shape.rank() > 0);
   for (size_t k = 0; k < naxes; ++k) {
     Placements pk;
     for (size_t i = 0; i < ins.size(); ++i) pk.push_back(placement(i, k));
@@ -407,6 +413,23 @@ Status Pass::visit(NodeId id) {
       }
     }
     if (sliced) continue;
+    // A parameter's gradient summed from a partial and a whole part (GPT's tied token table
+    // under sequence parallelism: the head's gradient a partial sum over the sequence, the
+    // embedding's whole) stays a partial sum, reduced once per step with the other gradients:
+    // the whole part is scaled by 1/n, each rank adding its n-th.
+    if (n.op == OpKind::add && grad_of_.count(n.outputs[0]) && lazy[0].empty() && lazy[1].empty() &&
+        pk[0].is_partial() != pk[1].is_partial() &&
+        (pk[0].is_replicate() || pk[1].is_replicate())) {
+      const size_t whole = pk[0].is_replicate() ? 0 : 1;
+      Placements p = out_.placements[static_cast<size_t>(ins[whole])];
+      p[k] = Placement::partial();
+      TS_ASSIGN_OR_RETURN(
+          ins[whole],
+          emit(OpKind::scale, ScalarAttrs{.value = 1.0 / static_cast<double>(sizes_[k])},
+               {ins[whole]}, n, {p}, {}));
+      out_pl[0][k] = Placement::partial();
+      continue;
+    }
     // Fallback: replicate every non-replicated input on this axis.
     for (size_t i = 0; i < ins.size(); ++i) {
       if (pk[i].is_replicate()) continue;
@@ -424,6 +447,7 @@ Status Pass::visit(NodeId id) {
   }
 
   const std::vector<size_t> vocab = vocab_axes(n, ins, &out_pl);
+  const std::vector<size_t> blocks = sequence_block_axes(n, ins);
 
   // Localize attributes that hold global shapes or counts.
   Attrs a = n.attrs;
@@ -444,14 +468,16 @@ Status Pass::visit(NodeId id) {
     case OpKind::cross_entropy:
     case OpKind::cross_entropy_grad: {
       CrossEntropyAttrs& ce = attrs_as<CrossEntropyAttrs>(a);
-      if (ce.rows == 0) ce.rows = in_types[0].shape[0];
+      if (ce.rows == 0) ce.rows = in_types[0].shape.numel() / in_types[0].shape[-1];
       break;
     }
     default:
       break;
   }
   std::vector<ValueId> outs;
-  if (vocab.empty()) {
+  if (!blocks.empty()) {
+    TS_ASSIGN_OR_RETURN(outs, lower_sequence_blocks(n, a, ins, out_pl, expect, blocks));
+  } else if (vocab.empty()) {
     TS_ASSIGN_OR_RETURN(ValueId first, emit(n.op, a, ins, n, out_pl, expect));
     outs = out_.local.producer(first).outputs;
   } else {
@@ -474,6 +500,8 @@ Placements Pass::boundary_placements(const TensorType& t) const {
   Placements pl(sizes_.size(), Placement::replicate());
   for (const std::string& a : plan_.data_axes)
     pl[static_cast<size_t>(plan_.mesh.axis_index(a))] = Placement::shard(0);
+  if (plan_.context_group() > 1 && is_sequence(s))  // tokens, targets, activations [B, T, ...]
+    pl[static_cast<size_t>(plan_.mesh.axis_index(plan_.context_axis))] = Placement::shard(1);
   if (!plan_.sequence_parallel || seq_t_ < 0 || s.rank() < 2 || t.dtype == DType::i32) return pl;
   const int seq_dim = is_sequence(s) ? 1 : s[0] == seq_b_ * seq_t_ ? 0 : -1;
   if (seq_dim >= 0)
@@ -484,12 +512,21 @@ Placements Pass::boundary_placements(const TensorType& t) const {
 
 Result<Partitioned> Pass::run() {
   TS_RETURN_IF_ERROR(validate(plan_));
-  if (plan_.sequence_parallel && seq_t_ < 0) {  // [B, T] from the token inputs
+  const int cp = plan_.context_group();
+  if ((plan_.sequence_parallel || cp > 1) && seq_t_ < 0) {  // [B, T] from the token inputs
     const TokenShape t = token_shape(g_);
     if (t.seq > 0) seq_b_ = t.batch, seq_t_ = t.seq;
     if (seq_t_ < 0)
-      return error("partition: sequence parallelism needs [batch, sequence] token inputs",
-                   "drop sequence_parallel for this model");
+      return error(std::string("partition: ") + (cp > 1 ? "context" : "sequence") +
+                       " parallelism needs [batch, sequence] token inputs",
+                   cp > 1 ? "drop the context axis for this model"
+                          : "drop sequence_parallel for this model");
+  }
+  if (cp > 1 && seq_t_ % cp != 0)
+    return error("partition: sequence length " + std::to_string(seq_t_) + " does not split over " +
+                     std::to_string(cp) + " context-parallel ranks",
+                 "use a --seq that is a multiple of " + std::to_string(cp));
+  if (plan_.sequence_parallel) {
     if (seq_t_ % plan_.tensor_group() != 0)
       return error("partition: sequence length " + std::to_string(seq_t_) +
                        " does not split over " + std::to_string(plan_.tensor_group()) +

@@ -20,7 +20,7 @@ std::vector<size_t> Pass::vocab_axes(const Node& n, const std::vector<ValueId>& 
       break;
     case OpKind::cross_entropy:
     case OpKind::cross_entropy_grad:
-      split(1);
+      split(out_.local.type(ins[0]).shape.rank() - 1);  // the logits' columns
       break;
     case OpKind::embedding_grad: {
       // Replicate dy and ids: each rank scatter-adds into its block of the table's rows.
@@ -64,22 +64,28 @@ Result<std::vector<ValueId>> Pass::lower_vocab(const Node& n, Attrs a,
     case OpKind::cross_entropy_grad:
       return one(OpKind::vocab_cross_entropy_grad, {ins[0], ins[1], ins[2], ins[3]});
     case OpKind::cross_entropy: {
-      // lse over the whole vocabulary: each block's, gathered over the group and combined.
-      const int64_t rows = expect[1][0];
+      // lse over the whole vocabulary: each block's, gathered over the group and combined
+      // (the rows flattened: the logits may have several leading dims).
+      const Shape& lse_shape = expect[1];
+      const int64_t rows = lse_shape.numel();
       const Placements& lse_pl = out_pl[1];
       const CrossEntropyAttrs& ce = attrs_as<CrossEntropyAttrs>(a);
       // The classes; columns past them are padding.
       TS_ASSIGN_OR_RETURN(ValueId block,
                           emit(OpKind::vocab_logsumexp, CrossEntropyAttrs{.classes = ce.classes},
                                {ins[0], shard}, n, {lse_pl}, {}));
+      TS_ASSIGN_OR_RETURN(
+          block, emit(OpKind::reshape, ShapeAttrs{{rows}}, {block}, n, {lse_pl}, {Shape{rows}}));
       GroupAttrs ga = group;
       ga.shape = {group.size, rows};
       TS_ASSIGN_OR_RETURN(ValueId all, emit(OpKind::all_gather, ga, {block}, n, {lse_pl},
                                             {Shape{group.size, rows}}));
       TS_ASSIGN_OR_RETURN(ValueId t,
                           emit(OpKind::transpose, TransposeAttrs{{1, 0}}, {all}, n, {lse_pl}, {}));
-      TS_ASSIGN_OR_RETURN(ValueId lse,
+      TS_ASSIGN_OR_RETURN(ValueId flat,
                           emit(OpKind::logsumexp, {}, {t}, n, {lse_pl}, {Shape{rows}}));
+      TS_ASSIGN_OR_RETURN(ValueId lse, emit(OpKind::reshape, ShapeAttrs{lse_shape.dims()}, {flat},
+                                            n, {lse_pl}, {lse_shape}));
       // Each target's logit lies in one block: picked there, summed over the group.
       Placements part = lse_pl;
       for (size_t k : axes) part[k] = Placement::partial();
@@ -87,8 +93,10 @@ Result<std::vector<ValueId>> Pass::lower_vocab(const Node& n, Attrs a,
                           emit(OpKind::vocab_pick, {}, {ins[0], ins[1], shard}, n, {part}, {}));
       TS_ASSIGN_OR_RETURN(picked, emit(OpKind::all_reduce, group, {picked}, n, {lse_pl}, {}));
       TS_ASSIGN_OR_RETURN(ValueId diff, emit(OpKind::sub, {}, {lse, picked}, n, {lse_pl}, {}));
-      TS_ASSIGN_OR_RETURN(ValueId sum, emit(OpKind::reduce_sum, ReduceAttrs{.axes = {0}}, {diff}, n,
-                                            {out_pl[0]}, {Shape{}}));
+      std::vector<int64_t> all_dims(static_cast<size_t>(lse_shape.rank()));
+      for (size_t d = 0; d < all_dims.size(); ++d) all_dims[d] = static_cast<int64_t>(d);
+      TS_ASSIGN_OR_RETURN(ValueId sum, emit(OpKind::reduce_sum, ReduceAttrs{.axes = all_dims},
+                                            {diff}, n, {out_pl[0]}, {Shape{}}));
       // The mean over the global rows.
       const ScalarAttrs mean{.value = 1.0 / static_cast<double>(ce.rows)};
       TS_ASSIGN_OR_RETURN(ValueId loss,
@@ -194,7 +202,9 @@ Result<ValueId> Pass::sequence_convert(ValueId v, const Shape& global, size_t k,
   // alive in between); a split (reduce-scatter or slice) is shared by both passes.
   std::string key = std::to_string(v);
   if (p.is_replicate()) key += in_backward_pass(like) ? " bwd" : " fwd";
-  for (const Placement& t : target) key += " " + t.to_string();
+  // (On an axis of one rank every placement is the same data: the key leaves it out.)
+  for (size_t a = 0; a < target.size(); ++a)
+    key += sizes_[a] > 1 ? " " + target[a].to_string() : std::string(" -");
   auto it = seq_converted_.find(key);
   if (it != seq_converted_.end()) return it->second;
   out_.fallbacks.push_back(like.scope + " " + op_name(like.op) + ": " + from.to_string() + " -> " +

@@ -56,6 +56,16 @@ class Pass {
                                            const std::vector<Placements>& out_pl,
                                            const std::vector<Shape>& expect,
                                            const std::vector<size_t>& axes);
+  // Context parallelism (partition_context.cc): the mesh axes (of more than one rank) that split
+  // the sequence of a rope or attention node, and its lowering: the node with its sequence
+  // block index, attention with the keys and values gathered over those axes (their gradients
+  // reduce-scattered back).
+  std::vector<size_t> sequence_block_axes(const Node& n, const std::vector<ValueId>& ins) const;
+  Result<std::vector<ValueId>> lower_sequence_blocks(const Node& n, const Attrs& a,
+                                                     std::vector<ValueId> ins,
+                                                     const std::vector<Placements>& out_pl,
+                                                     const std::vector<Shape>& expect,
+                                                     const std::vector<size_t>& axes);
   // Sequence parallelism on tensor axis k, for a node whose sharding rule refused the inputs'
   // placements `pk` (DESIGN.md "Tensor layouts and redistribution"): first the sequence dim of
   // [B, T, ...] activations (Partial reduce-scattered onto it, Replicate sliced for free),

@@ -166,10 +166,39 @@ Plan Plan::pipeline_parallel(int pp, int dp, int tp, int zero) {
   return p;
 }
 
+Status add_context_axis(Plan* p, int cp) {
+  if (cp < 1) return error("--cp must be at least 1, got " + std::to_string(cp));
+  if (cp == 1) return Status();
+  if (!p->context_axis.empty())
+    return error("plan: it has a context axis ('" + p->context_axis + "') already");
+  if (!p->params.empty())
+    return error("plan: context parallelism on a plan that places parameters",
+                 "give the context axis in the plan file (\"context_axis\": \"cp\")");
+  std::vector<MeshAxis> axes = p->mesh.axes();
+  auto at = axes.end();
+  for (auto it = axes.begin(); it != axes.end(); ++it)
+    if (std::count(p->tensor_axes.begin(), p->tensor_axes.end(), it->name)) {
+      at = it;
+      break;
+    }
+  axes.insert(at, MeshAxis{"cp", cp});
+  p->mesh = Mesh(std::move(axes));
+  p->context_axis = "cp";
+  return Status();
+}
+
 std::vector<Placement> Plan::placements_of(const std::string& name) const {
   auto it = params.find(name);
   if (it != params.end()) return it->second;
   return std::vector<Placement>(mesh.axes().size(), Placement::replicate());
+}
+
+std::vector<std::string> Plan::with_context_axis(const std::vector<std::string>& axes) const {
+  std::vector<std::string> out;
+  for (const MeshAxis& a : mesh.axes())
+    if (a.name == context_axis || std::count(axes.begin(), axes.end(), a.name))
+      out.push_back(a.name);
+  return out;
 }
 
 std::vector<std::string> Plan::grad_norm_axes() const {
@@ -213,6 +242,7 @@ std::string Plan::describe() const {
     if (recompute_layers >= 0) s += " (first " + std::to_string(recompute_layers) + " blocks)";
   }
   if (sequence_parallel) s += " sequence-parallel";
+  if (context_group() > 1) s += " context-parallel";
   if (offload != OffloadPolicy::none) s += std::string(" offload=") + offload_name(offload);
   if (stages() > 1) {
     s += std::string(" schedule=") + schedule_name(schedule);
@@ -259,11 +289,27 @@ Status validate(const Plan& p, int world) {
       return error("plan: axis '" + p.pipeline_axis + "' is the pipeline axis and also a " +
                    (has(p.data_axes, p.pipeline_axis) ? "data" : "tensor") + " axis");
   }
+  if (!p.context_axis.empty()) {
+    if (!names.count(p.context_axis))
+      return error("plan: context axis '" + p.context_axis + "' is not a mesh axis");
+    if (has(p.data_axes, p.context_axis) || has(p.tensor_axes, p.context_axis) ||
+        p.context_axis == p.pipeline_axis)
+      return error("plan: axis '" + p.context_axis + "' is the context axis and also a " +
+                   (has(p.data_axes, p.context_axis)     ? "data"
+                    : has(p.tensor_axes, p.context_axis) ? "tensor"
+                                                         : "pipeline") +
+                   " axis");
+    if (p.context_group() > 1 && p.stages() > 1)
+      return error("plan: context parallelism is not supported with pipeline stages yet",
+                   "drop --pp, or --cp");
+  }
   for (const MeshAxis& a : p.mesh.axes())
-    if (!has(p.data_axes, a.name) && !has(p.tensor_axes, a.name) && a.name != p.pipeline_axis)
-      return error(
-          "plan: mesh axis '" + a.name + "' is neither a data, a tensor nor the pipeline axis",
-          "list it in data_axes or tensor_axes, or name it pipeline_axis");
+    if (!has(p.data_axes, a.name) && !has(p.tensor_axes, a.name) && a.name != p.pipeline_axis &&
+        a.name != p.context_axis)
+      return error("plan: mesh axis '" + a.name +
+                       "' is neither a data, a tensor, the pipeline nor the context axis",
+                   "list it in data_axes or tensor_axes, or name it pipeline_axis or "
+                   "context_axis");
   for (const auto& [name, pl] : p.params) {
     if (pl.size() != p.mesh.axes().size())
       return error("plan: parameter '" + name + "' has " + std::to_string(pl.size()) +
@@ -358,6 +404,7 @@ nlohmann::json plan_to_json(const Plan& p) {
           {"offload", offload_name(p.offload)},
           {"sequence_parallel", p.sequence_parallel},
           {"pipeline_axis", p.pipeline_axis},
+          {"context_axis", p.context_axis},
           {"schedule", schedule_name(p.schedule)},
           {"virtual_stages", p.virtual_stages},
           {"stage_layers", p.stage_layers}};
@@ -393,18 +440,19 @@ constexpr int64_t kInt64Max = std::numeric_limits<int64_t>::max();
 
 Result<Plan> plan_from_json(const nlohmann::json& j) {
   static const std::set<std::string> known = {
-      "mesh",           "data_axes", "zero_axes",        "tensor_axes",
-      "params",         "zero",      "micro_batches",    "bucket_bytes",
-      "prefetch_bytes", "recompute", "recompute_layers", "sequence_parallel",
-      "pipeline_axis",  "schedule",  "virtual_stages",   "stage_layers",
-      "offload"};
+      "mesh",           "data_axes",   "zero_axes",        "tensor_axes",
+      "params",         "zero",        "micro_batches",    "bucket_bytes",
+      "prefetch_bytes", "recompute",   "recompute_layers", "sequence_parallel",
+      "pipeline_axis",  "schedule",    "virtual_stages",   "stage_layers",
+      "offload",        "context_axis"};
   if (!j.is_object()) return error("plan: expected a JSON object");
   for (auto it = j.begin(); it != j.end(); ++it)
     if (!known.count(it.key()))
       return error("plan: unknown key '" + it.key() + "'",
                    "keys: mesh, data_axes, zero_axes, tensor_axes, params, zero, micro_batches, "
                    "bucket_bytes, prefetch_bytes, recompute, recompute_layers, offload, "
-                   "sequence_parallel, pipeline_axis, schedule, virtual_stages, stage_layers");
+                   "sequence_parallel, pipeline_axis, context_axis, schedule, virtual_stages, "
+                   "stage_layers");
   if (!j.contains("mesh"))
     return error("plan: key 'mesh' is missing",
                  "a plan names its mesh, e.g. \"mesh\": [{\"name\": \"dp\", \"size\": 2}]; "
@@ -431,6 +479,7 @@ Result<Plan> plan_from_json(const nlohmann::json& j) {
       for (const MeshAxis& a : p.mesh.axes()) {
         if (a.name == "tp") p.tensor_axes.push_back(a.name);
         if (a.name == "pp") p.pipeline_axis = a.name;
+        if (a.name == "cp") p.context_axis = a.name;
         if (a.name == "dp" || a.name == "dp_rep" || a.name == "dp_shard")
           p.data_axes.push_back(a.name);
       }
@@ -495,6 +544,8 @@ Result<Plan> plan_from_json(const nlohmann::json& j) {
       p.recompute_layers = integer_in<int>(j.at("recompute_layers"), -1, kIntMax);
     if (reading("pipeline_axis", "an axis name (\"\" for none)"))
       p.pipeline_axis = j.at("pipeline_axis").get<std::string>();
+    if (reading("context_axis", "an axis name (\"\" for none)"))
+      p.context_axis = j.at("context_axis").get<std::string>();
     if (reading("schedule", "\"gpipe\", \"1f1b\", \"interleaved\" or \"zb-h1\"")) {
       Result<ScheduleKind> r = parse_schedule(j.at("schedule").get<std::string>());
       if (!r.ok()) return error("plan: key 'schedule': " + r.status().message(), r.status().hint());

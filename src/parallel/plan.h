@@ -112,6 +112,14 @@ struct Plan {
   // the micro-batches flow through them in `schedule`'s order. Every other axis works within
   // a stage. Gradients are reduced once per step, after the last micro-batch.
   std::string pipeline_axis;
+  // Context parallelism: the ranks along `context_axis` ("" for none) split the sequence of
+  // every example into equal contiguous chunks (the token inputs are Shard(1) on it). Ops
+  // outside attention work on their chunk; RoPE takes each chunk's positions; attention
+  // gathers the keys and values of the whole sequence over the axis (Llama 3's all-gather
+  // form) and masks by global position, and its key and value gradients are reduce-scattered
+  // back. Parameters are replicated on the axis and their gradients, partial sums over the
+  // chunks, are reduced with the data axes'.
+  std::string context_axis;
   ScheduleKind schedule = ScheduleKind::one_f_one_b;
   int virtual_stages = 1;
   std::vector<int> stage_layers;
@@ -137,6 +145,10 @@ struct Plan {
   int tensor_group() const { return mesh.group_size(tensor_axes); }
   int stages() const { return pipeline_axis.empty() ? 1 : mesh.axis_size(pipeline_axis); }
   int chunks() const { return stages() * virtual_stages; }  // model chunks over all stages
+  int context_group() const { return context_axis.empty() ? 1 : mesh.axis_size(context_axis); }
+  // `axes` and the context axis (when there is one), in mesh order: the groups over which
+  // gradients and the loss are partial sums.
+  std::vector<std::string> with_context_axis(const std::vector<std::string>& axes) const;
   // The axes the gradient norm's sum of squares is all-reduced over (mesh order): the ZeRO
   // axes when gradients or optimizer state are sharded, and the tensor axes. Empty: every
   // rank already holds every gradient element.
@@ -147,12 +159,19 @@ struct Plan {
   std::string describe() const;
 };
 
+// Adds a context-parallel axis "cp" of `cp` ranks to `p` (inside the data and pipeline axes,
+// outside the tensor axes: a tensor group's ranks stay consecutive) and names it the context
+// axis; cp == 1 leaves the plan as it is. Errors when the plan has a context axis already or
+// places parameters (their placements would need one more axis).
+Status add_context_axis(Plan* p, int cp);
+
 // A rank group named by its mesh axes, as collectives' GroupAttrs::axes and MeshComms keys hold it:
 // {"dp_rep", "dp_shard"} <-> "dp_rep,dp_shard".
 std::string axes_key(const std::vector<std::string>& axes);
 std::vector<std::string> axes_of_key(const std::string& key);
 
-// Checks axis names and sizes, that every axis is a data or a tensor axis (not both),
+// Checks axis names and sizes, that every axis is a data, a tensor, the pipeline or the
+// context axis (one of them),
 // zero_axes ⊆ data_axes, parameter placements (one per axis, Shard only on tensor axes), the
 // ZeRO stage, offload (not with pipeline stages yet), and (when world > 0) that the mesh has
 // exactly `world` ranks.

@@ -203,11 +203,16 @@ double pipeline_schedule_bound(const Plan& plan, const PipelineCosts& costs,
   // Each micro-batch's gradients added into the chunk's sums, after its backward pass.
   const double accumulate =
       m > 1 ? 3.0 * 4.0 * costs.block_param_elems / optimizer_bandwidth(cluster) : 0.0;
+  // The ops outside the blocks (embedding, head, loss) as measured on the whole model, whose
+  // stream may stay whole; under sequence parallelism a stage's input arrives split on the
+  // sequence and they may run on 1/tp of it: that share is what is certain.
+  const double outside = plan.sequence_parallel ? 1.0 / plan.tensor_group() : 1.0;
   ChunkTimes t;
   size_t at = 0;
   for (int k = 0; k < chunks; ++k) {
-    double f = k == 0 ? costs.forward.before : 0.0, b = k == 0 ? costs.backward.before : 0.0;
-    if (k == chunks - 1) f += costs.forward.after, b += costs.backward.after;
+    double f = k == 0 ? outside * costs.forward.before : 0.0;
+    double b = k == 0 ? outside * costs.backward.before : 0.0;
+    if (k == chunks - 1) f += outside * costs.forward.after, b += outside * costs.backward.after;
     const int blocks = cut.value()[static_cast<size_t>(k)];
     for (int i = 0; i < blocks; ++i, ++at) {
       f += costs.forward.block[at];

@@ -1,5 +1,7 @@
 #include "runtime/mesh_comms.h"
 
+#include <algorithm>
+
 #include "base/check.h"
 #include "comm/local_comm.h"
 
@@ -14,14 +16,41 @@ Result<MeshComms> MeshComms::create(Communicator& world, const Plan& plan,
   mc.world_ = &world;
   mc.device_world_ = device_world;
   // Every group a Program may use: each axis, the data axes, the ZeRO axes, and the other
-  // data axes (HSDP replicas). Split in a fixed order so every rank makes the same calls.
+  // data axes (HSDP replicas). With a context axis, partial sums span it and the data axes,
+  // and under sequence parallelism the tensor axes too: every combination of those axes.
+  // Split in a fixed order so every rank makes the same calls.
   std::vector<std::string> keys;
   for (const MeshAxis& a : plan.mesh.axes()) keys.push_back(a.name);
   keys.push_back(axes_key(plan.data_axes));
   keys.push_back(axes_key(plan.zero_axes));
   if (!plan.replica_axes().empty()) keys.push_back(axes_key(plan.replica_axes()));
+  if (plan.context_group() > 1) {
+    std::vector<std::string> sums;  // the axes of more than one rank partial sums may span
+    for (const std::string& a : plan.with_context_axis(plan.data_axes))
+      if (plan.mesh.axis_size(a) > 1) sums.push_back(a);
+    for (const std::string& t : plan.tensor_axes)
+      if (plan.mesh.axis_size(t) > 1) sums.push_back(t);
+    std::vector<std::string> ordered;  // mesh order
+    for (const MeshAxis& a : plan.mesh.axes())
+      if (std::count(sums.begin(), sums.end(), a.name)) ordered.push_back(a.name);
+    for (uint32_t mask = 1; mask < (1u << ordered.size()); ++mask) {
+      std::vector<std::string> group;
+      for (size_t i = 0; i < ordered.size(); ++i)
+        if (mask & (1u << i)) group.push_back(ordered[i]);
+      keys.push_back(axes_key(group));
+    }
+  }
   keys.push_back(axes_key(plan.tensor_axes));
   keys.push_back(axes_key(plan.grad_norm_axes()));
+  // The partition pass names a partial sum's group by its axes of more than one rank: each
+  // group above without its axes of one rank, too.
+  const size_t named = keys.size();
+  for (size_t i = 0; i < named; ++i) {
+    std::vector<std::string> wide;
+    for (const std::string& a : axes_of_key(keys[i]))
+      if (plan.mesh.axis_size(a) > 1) wide.push_back(a);
+    keys.push_back(axes_key(wide));
+  }
   const int r = world.rank();
   for (const std::string& k : keys) {
     if (k.empty() || mc.groups_.count(k)) continue;

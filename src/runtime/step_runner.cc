@@ -275,6 +275,7 @@ bool StepRunner::first_holder(size_t i, bool zero_sharded) const {
   const Plan& plan = prog_.plan;
   std::vector<std::string> same = zero_sharded ? plan.replica_axes() : plan.data_axes;
   for (const std::string& t : replicated_tensor_axes(i)) same.push_back(t);
+  if (plan.context_group() > 1) same.push_back(plan.context_axis);  // parameters replicated
   return plan.mesh.group_index(rank_, same) == 0;
 }
 

@@ -369,7 +369,9 @@ MicroBatchCounts micro_batch_counts(const Program& p) {
   MicroBatchCounts c;
   const double ranks = p.plan.data_group();
   const ValueId tok = g.find_input(kTokensInput);
-  if (tok >= 0) c.tokens = static_cast<double>(g.type(tok).shape.numel()) * ranks;
+  // A context axis splits every sequence: each rank's tokens are a chunk of its rows'.
+  if (tok >= 0)
+    c.tokens = static_cast<double>(g.type(tok).shape.numel()) * ranks * p.plan.context_group();
   for (ValueId in : g.inputs())
     if (g.type(in).shape.rank() > 0) {
       c.examples = static_cast<double>(g.type(in).shape[0]) * ranks;

@@ -47,6 +47,7 @@ struct TrainOptions {
   std::string recompute;  // "none" | "full" | "selective" ("": the plan's, none without one)
   bool sequence_parallel = false;
   int pp = 1;                        // pipeline stages (the outermost mesh axis)
+  int cp = 1;                        // context-parallel ranks (--cp)
   std::string schedule;              // --schedule: gpipe | 1f1b | interleaved | zb-h1 ("": 1f1b)
   int virtual_stages = -1;           // --virtual-stages (interleaved); -1: not given (1)
   std::string stage_layers;          // --stage-layers "a,b,...": blocks per model chunk

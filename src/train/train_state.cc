@@ -260,8 +260,8 @@ double TrainState::accuracy(const std::vector<std::vector<float>>& whole, BatchS
     ex.read(gen.logits, logits_host.data());
     const float* logits = logits_host.data();
     const auto* labels = reinterpret_cast<const int32_t*>(batch.buffer(labels_name).data());
-    const int64_t rows = gen.graph.type(gen.logits).shape[0], cols = gen.classes,
-                  stride = gen.graph.type(gen.logits).shape[1];
+    const Shape& ls = gen.graph.type(gen.logits).shape;  // [..., classes + padding]
+    const int64_t stride = ls[-1], rows = ls.numel() / stride, cols = gen.classes;
     for (int64_t r = 0; r < rows; ++r) {
       const float* row = logits + r * stride;
       right += std::max_element(row, row + cols) - row == labels[r];

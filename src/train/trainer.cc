@@ -85,11 +85,17 @@ struct RunData {
   std::optional<Gpt2Tokenizer> tok;  // language models
 };
 
+// `chunk` of `chunks`: the part of every sequence this rank's graph takes (context
+// parallelism; 0 of 1 without).
 Result<RunData> open_data(const TrainOptions& o, const TrainJob& job, int data_index,
-                          int data_ranks) {
+                          int data_ranks, int chunk, int chunks) {
   const ModelConfig& cfg = job.cfg;
   const int rows = static_cast<int>(o.batch / data_ranks);
   RunData d;
+  if (chunks > 1 && task_of(cfg) != ModelTask::language_model)
+    return error("context parallelism splits the sequences of language models (gpt, llama); " +
+                     cfg.name + " is a " + cfg.family + " model",
+                 "drop --cp for this model");
   if (task_of(cfg) == ModelTask::image_classes) {
     const std::string dir =
         o.data.empty() || o.data == "fashion-mnist" ? fashion_mnist_dir() : o.data;
@@ -140,6 +146,8 @@ Result<RunData> open_data(const TrainOptions& o, const TrainJob& job, int data_i
                                                          data_ranks, o.seed));
   TS_ASSIGN_OR_RETURN(DataLoader val,
                       DataLoader::open(files.val, vocab, rows, seq, data_index, data_ranks, 0));
+  TS_RETURN_IF_ERROR(train.set_sequence_chunk(chunk, chunks));
+  TS_RETURN_IF_ERROR(val.set_sequence_chunk(chunk, chunks));
   d.train = std::make_unique<DataLoader>(std::move(train));
   d.val = std::make_unique<DataLoader>(std::move(val));
   return d;
@@ -310,6 +318,8 @@ Status train(const TrainOptions& o, const TrainJob& job) {
   const int ranks = world ? world->size() : 1;
   const int data_ranks = distributed ? plan.data_group() : 1;
   const int data_index = distributed ? plan.mesh.group_index(world->rank(), plan.data_axes) : 0;
+  const int chunks = distributed ? plan.context_group() : 1;
+  const int chunk = chunks > 1 ? plan.mesh.group_index(world->rank(), {plan.context_axis}) : 0;
   const bool leader = !world || world->rank() == 0;
   // Start-up, each rank on its own: the data, the run directory and (rank 0) its lock. A
   // failure on any rank is agreed on before the first collective (agree_on_start), so that no
@@ -318,7 +328,7 @@ Status train(const TrainOptions& o, const TrainJob& job) {
   std::optional<RunDirLock> lock;
   std::ofstream metrics;
   Status started = [&]() -> Status {
-    TS_ASSIGN_OR_RETURN(RunData d, open_data(o, job, data_index, data_ranks));
+    TS_ASSIGN_OR_RETURN(RunData d, open_data(o, job, data_index, data_ranks, chunk, chunks));
     opened.emplace(std::move(d));
     TS_RETURN_IF_ERROR(check_run_dir(o));
     TS_RETURN_IF_ERROR(make_dirs(o.out));

@@ -183,6 +183,50 @@ TEST_F(DistributedTrainTest, T5RunsUnderEveryPlanMatchOneRank) {
   EXPECT_NE(log.find("use --seq"), std::string::npos) << log;
 }
 
+// Context parallelism: llama-tiny's sequences split over 2 ranks (alone, with tensor
+// parallelism, with ZeRO-2 data parallelism) follow one rank step for step, and the
+// context-parallel run's checkpoint resumes on one rank; so does GPT (a learned position table
+// sliced by the chunk) with sequence parallelism beside it. A sequence that does not split
+// over the ranks and a model that is no language model are refused by name.
+TEST_F(DistributedTrainTest, ContextParallelRunsMatchOneRank) {
+  model_ = "llama-tiny";
+  seq_flag_ = "--seq 64";
+  const std::string flags = "--batch 4 --grad-accum 2 --steps 6 --lr 3e-3 ";
+  std::string log;
+  ASSERT_EQ(train(1, "straight", flags, &log), 0) << log;
+  ASSERT_EQ(train(2, "cp", flags + "--cp 2 --stop-after 3", &log), 0) << log;
+  EXPECT_NE(log.find("cp=2"), std::string::npos) << log;
+  ASSERT_EQ(train(1, "cp", flags + "--resume", &log), 0) << log;
+  EXPECT_NE(log.find("resumed from step 3"), std::string::npos) << log;
+  ASSERT_EQ(train(4, "cp_tp", flags + "--cp 2 --tp 2", &log), 0) << log;
+  ASSERT_EQ(train(4, "cp_dp", flags + "--cp 2 --dp 2 --zero 2", &log), 0) << log;
+  model_ = "gpt-tiny";
+  ASSERT_EQ(train(1, "gpt", flags, &log), 0) << log;
+  ASSERT_EQ(train(4, "gpt_cp_sp", flags + "--cp 2 --tp 2 --sequence-parallel", &log), 0) << log;
+  const std::pair<const char*, const char*> runs[] = {
+      {"cp", "straight"}, {"cp_tp", "straight"}, {"cp_dp", "straight"}, {"gpt_cp_sp", "gpt"}};
+  for (const auto& [out, ref] : runs) {
+    const fs::path m = dir_ / out / "metrics.jsonl", want = dir_ / ref / "metrics.jsonl";
+    for (size_t i = 0; i < 6; ++i)
+      EXPECT_NEAR(loss_at(m, i), loss_at(want, i), 1e-5 * loss_at(want, i)) << out << " step " << i;
+    EXPECT_NEAR(last_val_loss(m), last_val_loss(want), 1e-5 * last_val_loss(want)) << out;
+    const std::vector<double> norms = grad_norms(m), expect = grad_norms(want);
+    ASSERT_EQ(norms.size(), 6u) << out;
+    for (size_t i = 0; i < 6; ++i)
+      EXPECT_NEAR(norms[i], expect[i], 1e-4 * expect[i]) << out << " step " << i;
+  }
+  seq_flag_ = "--seq 63";
+  EXPECT_EQ(train(2, "odd", flags + "--cp 2", &log), 1) << log;
+  EXPECT_NE(log.find("error: "), std::string::npos) << log;
+  EXPECT_NE(log.find("63"), std::string::npos) << log;
+  model_ = "t5-tiny";
+  seq_flag_ = "--seq 40";
+  EXPECT_EQ(train(2, "t5", flags + "--cp 2", &log), 1) << log;
+  EXPECT_NE(log.find("context parallelism splits the sequences of language models"),
+            std::string::npos)
+      << log;
+}
+
 TEST_F(DistributedTrainTest, CheckpointFromFourRanksZero3ResumesOnTwoRanksZero1AndOneRank) {
   std::string log;
   ASSERT_EQ(train(1, "straight", "--batch 4 --steps 4", &log), 0) << log;

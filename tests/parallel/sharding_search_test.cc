@@ -65,10 +65,10 @@ TEST(ShardingSearch, FindsTheMegatronLayoutOfALlamaBlock) {
 // all-gathers of the output gradient, 2 all-gathers again of the normalized inputs for the
 // weight gradients (not kept from the forward pass) and 2 reduce-scatters. The first block
 // sends 2 fewer: the replicated embedding reaches q, k and v whole (the stream is split at
-// the first residual add, for free). Outside the block, 3: the final norm's output gathered
-// for the head, its input gradient reduce-scattered, the embedding's output gradient
-// gathered. The norm weights' gradients, now partial sums over the sequence, are all-reduced;
-// the cross-entropy sends what it sent before.
+// the first residual add, for free). Outside the block, 4: the final norm's output gathered
+// for the head and again for the head's weight gradient (as in the blocks), its input
+// gradient reduce-scattered, the embedding's output gradient gathered. The norm weights' gradients,
+// now partial sums over the sequence, are all-reduced; the cross-entropy sends what it sent before.
 TEST(ShardingSearch, SequenceParallelMovesReduceScattersAndAllGathers) {
   ModelConfig c = *find_preset("llama2-7b");
   c.n_layer = 1;
@@ -91,7 +91,7 @@ TEST(ShardingSearch, SequenceParallelMovesReduceScattersAndAllGathers) {
   const double piece = 7.0 / 8 * static_cast<double>(B * T * C) * 4;  // one gather or scatter
   const double rows = static_cast<double>(B * T) * 4;
   const double norm_grads = 3 * 2.0 * 7 / 8 * static_cast<double>(C) * 4;
-  const double analytic = (10 - 2 + 3) * piece + 7 * rows + 2.0 * 7 / 8 * rows + norm_grads;
+  const double analytic = (10 - 2 + 4) * piece + 7 * rows + 2.0 * 7 / 8 * rows + norm_grads;
   EXPECT_DOUBLE_EQ(b->tensor_bytes, analytic);
 }
 

@@ -105,8 +105,13 @@ class TensorParallelTest : public testing::TestWithParam<Case> {};
 
 TEST_P(TensorParallelTest, LlamaMatchesOneRank) {
   Plan plan = with_searched_layout(GetParam().plan, tiny_llama());
-  EXPECT_EQ(plan.params, with_megatron_llama(GetParam().plan, tiny_llama()).params);
+  const Plan megatron = with_megatron_llama(GetParam().plan, tiny_llama());
+  // Under sequence parallelism this tiny model's feed-forward weights cost less whole (each
+  // rank computes its part of the sequence; their gradients are all-reduced once) than split,
+  // so the search may keep them whole: both layouts must match one rank.
+  if (!plan.sequence_parallel) EXPECT_EQ(plan.params, megatron.params);
   expect_ranks_match(plan, 8, tiny_llama());
+  if (plan.params != megatron.params) expect_ranks_match(megatron, 8, tiny_llama());
 }
 
 // GPT's fused QKV projection split per head (whole heads of q, k and v on each rank), with

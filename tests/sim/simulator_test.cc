@@ -17,6 +17,13 @@ namespace {
 
 using testing::round_cluster;
 
+Program lowered_config(const ModelConfig& cfg, int64_t batch, int64_t seq, const Plan& plan) {
+  ModelGraph m = build_model(cfg, batch, seq, ModelMode::train);
+  Result<Program> p = lower(m.graph, plan);
+  EXPECT_TRUE(p.ok()) << p.status().message();
+  return std::move(*p);
+}
+
 Program lowered(const std::string& preset, int64_t batch, int64_t seq, const Plan& plan) {
   ModelGraph m = build_model(*find_preset(preset), batch, seq, ModelMode::train);
   Result<Program> p = lower(m.graph, plan);
@@ -384,6 +391,35 @@ TEST(Simulator, Gpt3OnAThousandDevicesInUnderASecond) {
   EXPECT_LT(secs, 20.0);
   EXPECT_GT(r->step_seconds, 1.0);
   EXPECT_EQ(r->devices, 1024);
+}
+
+
+// Context parallelism on 8 H100s (llama3-8b, one sequence of 8,192 tokens): each rank holds a
+// chunk of the sequence, so the activations per GPU fall with cp; the step still counts every
+// token and the model's FLOPs once (MFU as every other run reports it); the last chunk's
+// causal attention, which reads every key before it, is what the step waits for.
+TEST(Simulator, ContextParallelSplitsActivationsAndCountsEachTokenOnce) {
+  const ClusterSpec c = *load_cluster("dgx-h100");
+  SimOptions o;
+  o.precision = DType::bf16;
+  std::vector<SimResult> r;
+  for (int cp : {1, 2, 4}) {
+    Plan plan = Plan::tensor_parallel(1, 8 / cp);
+    ASSERT_TRUE(add_context_axis(&plan, cp).ok());
+    ModelConfig cfg = *find_preset("llama3-8b");
+    cfg.n_layer = 2;
+    Result<SimResult> s = simulate(lowered_config(cfg, 1, 8192, plan), c, o);
+    ASSERT_TRUE(s.ok()) << s.status().to_string();
+    r.push_back(*s);
+  }
+  for (size_t i = 1; i < r.size(); ++i) {
+    EXPECT_EQ(r[i].tokens_per_step, 8192) << i;
+    EXPECT_NEAR(r[i].model_flops_per_step, r[0].model_flops_per_step,
+                1e-9 * r[0].model_flops_per_step)
+        << i;
+    EXPECT_LT(r[i].arena_bytes, r[i - 1].arena_bytes) << i;
+  }
+  EXPECT_EQ(r[0].tokens_per_step, 8192);
 }
 
 }  // namespace

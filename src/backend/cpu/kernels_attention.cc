@@ -22,15 +22,25 @@ namespace {
 struct Dims {
   int64_t bsz, h, tq, tk, d, hkv, group;
   bool causal;
+  int64_t q0;  // the position of query row 0 in the keys' sequence (a sequence block's start)
   // Query row i attends to keys [0, row_end(i)).
-  int64_t row_end(int64_t i) const { return causal ? i + 1 : tk; }
+  int64_t row_end(int64_t i) const { return causal ? std::min(tk, q0 + i + 1) : tk; }
   // Query rows [i0, i1) together attend to keys [0, block_end(i1)).
-  int64_t block_end(int64_t i1) const { return causal ? i1 : tk; }
+  int64_t block_end(int64_t i1) const { return causal ? std::min(tk, q0 + i1) : tk; }
 };
 
-Dims dims_of(const Args& a) {
+// `forward_inputs`: 3 (attention) or 6 (attention_grad), before the optional bias and block.
+Dims dims_of(const Args& a, size_t forward_inputs) {
   const Shape &sq = a.in_shape(0), &sk = a.in_shape(1);
-  return {sq[0], sq[1], sq[2], sk[2], sq[3], sk[1], sq[1] / sk[1], a.attr<AttentionAttrs>().causal};
+  const int block = optional_inputs(a.in_types, forward_inputs).block;
+  const int64_t q0 = block >= 0 ? static_cast<int64_t>(a.iin(block)[0]) * sq[2] : 0;
+  return {sq[0], sq[1], sq[2], sk[2], sq[3], sk[1], sq[1] / sk[1], a.attr<AttentionAttrs>().causal,
+          q0};
+}
+
+const float* bias_of(const Args& a, size_t forward_inputs) {
+  const int bias = optional_inputs(a.in_types, forward_inputs).bias;
+  return bias >= 0 ? a.fin(bias) : nullptr;
 }
 
 // Query rows are taken in blocks of kBlock: causal, block [i0, i1) only meets keys [0, i1),
@@ -89,11 +99,11 @@ void position_buckets(const Args& a) {
 }
 
 void attention(const Args& a) {
-  const Dims z = dims_of(a);
+  const Dims z = dims_of(a, 3);
   const int64_t tq = z.tq, tk = z.tk, d = z.d;
   const float scale = static_cast<float>(a.attr<AttentionAttrs>().scale);
   const float *q = a.fin(0), *k = a.fin(1), *v = a.fin(2);
-  const float* bias = a.num_inputs() == 4 ? a.fin(3) : nullptr;
+  const float* bias = bias_of(a, 3);
   float *out = a.fout(0), *lse = a.fout(1);
   parallel_for(z.bsz * z.h, 1, [&](int64_t lo, int64_t hi) {
     std::vector<float> s(static_cast<size_t>(tq * tk));
@@ -117,12 +127,12 @@ void attention(const Args& a) {
 }
 
 void attention_grad(const Args& a) {
-  const Dims z = dims_of(a);
+  const Dims z = dims_of(a, 6);
   const int64_t tq = z.tq, tk = z.tk, d = z.d;
   const float scale = static_cast<float>(a.attr<AttentionAttrs>().scale);
   const float *q = a.fin(0), *k = a.fin(1), *v = a.fin(2), *out = a.fin(3), *lse = a.fin(4),
               *dout = a.fin(5);
-  const float* bias = a.num_inputs() == 7 ? a.fin(6) : nullptr;
+  const float* bias = bias_of(a, 6);
   float *dq = a.fout(0), *dk = a.fout(1), *dv = a.fout(2);
   float* dbias = bias ? a.fout(3) : nullptr;
   // One task per (batch, kv head): the query heads of a group write the same dk/dv rows. With

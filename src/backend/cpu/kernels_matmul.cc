@@ -78,6 +78,10 @@ void matmul(const Args& a) {
   int64_t lda = sa[-1], ldb = sb[-1];
   const float *A = a.fin(0), *B = a.fin(1);
   float* C = a.fout(0);
+  if (attrs.fold_batch) {  // [.., R, M]^T x [.., R, N]: one GEMM over the flattened rows
+    const int64_t rows = sa[-1] > 0 ? sa.numel() / sa[-1] : 0;
+    return sgemm(true, false, m, n, rows, A, lda, B, ldb, C, n, 0.0f);
+  }
   if (sb.rank() == 2) {
     int64_t rows = sc.numel() / n;  // batch folded into M (transpose_a excluded by inference)
     if (sa.rank() == 2) rows = m;

@@ -191,16 +191,18 @@ void rmsnorm_grad(const Args& a) {
   reduce_partials(pw, threads, c, dw);
 }
 
-// x [B,T,H,D], "rotate half" pairing (i, i + D/2), angle t * theta^(-2i/D).
+// x [B,T,H,D], "rotate half" pairing (i, i + D/2), angle t * theta^(-2i/D); with a sequence
+// block (op.h), position block * T + t.
 void rope(const Args& a) {
   const Shape& s = a.in_shape(0);
   int64_t bsz = s[0], t = s[1], h = s[2], d = s[3], half = d / 2;
+  const int64_t first = a.num_inputs() == 2 ? static_cast<int64_t>(a.iin(1)[0]) * t : 0;
   std::vector<float> cs(static_cast<size_t>(t * half)), sn(cs.size());
   const RopeAttrs& r = a.attr<RopeAttrs>();
   double theta = r.theta;
   for (int64_t p = 0; p < t; ++p)
     for (int64_t i = 0; i < half; ++i) {
-      double ang = static_cast<double>(p) *
+      double ang = static_cast<double>(first + p) *
                    std::pow(theta, -2.0 * static_cast<double>(i) / static_cast<double>(d));
       cs[static_cast<size_t>(p * half + i)] = static_cast<float>(std::cos(ang));
       sn[static_cast<size_t>(p * half + i)] =
@@ -317,7 +319,7 @@ void cross_entropy(const Args& a) {
   const float* logits = a.fin(0);
   const int32_t* tgt = a.iin(1);
   float *loss = a.fout(0), *lse = a.fout(1);
-  int64_t n = a.in_shape(0)[0], v = a.in_shape(0)[1], k = classes(a, v);
+  const int64_t v = a.in_shape(0)[-1], n = v > 0 ? a.in_shape(0).numel() / v : 0, k = classes(a, v);
   for (int64_t i = 0; i < n; ++i)
     TS_CHECK(tgt[i] >= 0 && tgt[i] < k) << "target " << tgt[i] << " out of range [0, " << k << ")";
   parallel_for(n, std::max<int64_t>(1, 16384 / v), [&](int64_t lo, int64_t hi) {
@@ -337,7 +339,7 @@ void cross_entropy_grad_cols(const Args& a, int64_t first) {
   const float *logits = a.fin(0), *lse = a.fin(2), *dloss = a.fin(3);
   const int32_t* tgt = a.iin(1);
   float* dl = a.fout(0);
-  int64_t n = a.in_shape(0)[0], v = a.in_shape(0)[1];
+  const int64_t v = a.in_shape(0)[-1], n = v > 0 ? a.in_shape(0).numel() / v : 0;
   const int64_t k = std::clamp<int64_t>(classes(a, first + v) - first, 0, v);
   const int64_t rows = mean_rows(a, n);
   float scale = dloss[0] / static_cast<float>(rows);
@@ -358,7 +360,7 @@ void cross_entropy_grad_cols(const Args& a, int64_t first) {
 
 void cross_entropy_grad(const Args& a) { cross_entropy_grad_cols(a, 0); }
 void vocab_cross_entropy_grad(const Args& a) {
-  cross_entropy_grad_cols(a, block_start(a, 4, a.in_shape(0)[1]));
+  cross_entropy_grad_cols(a, block_start(a, 4, a.in_shape(0)[-1]));
 }
 
 void logsumexp(const Args& a) {
@@ -373,7 +375,8 @@ void logsumexp(const Args& a) {
 void vocab_logsumexp(const Args& a) {
   const float* x = a.fin(0);
   float* y = a.fout(0);
-  const int64_t n = a.in_shape(0)[0], v = a.in_shape(0)[1], first = block_start(a, 1, v);
+  const int64_t v = a.in_shape(0)[-1], n = v > 0 ? a.in_shape(0).numel() / v : 0;
+  const int64_t first = block_start(a, 1, v);
   const int64_t k = std::clamp<int64_t>(classes(a, first + v) - first, 0, v);
   parallel_for(n, std::max<int64_t>(1, 16384 / v), [&](int64_t lo, int64_t hi) {
     for (int64_t i = lo; i < hi; ++i)
@@ -385,7 +388,7 @@ void vocab_pick(const Args& a) {
   const float* logits = a.fin(0);
   const int32_t* tgt = a.iin(1);
   float* y = a.fout(0);
-  const int64_t n = a.in_shape(0)[0], v = a.in_shape(0)[1];
+  const int64_t v = a.in_shape(0)[-1], n = v > 0 ? a.in_shape(0).numel() / v : 0;
   const int64_t first = block_start(a, 2, v);
   for (int64_t i = 0; i < n; ++i) {
     const int64_t t = tgt[i] - first;

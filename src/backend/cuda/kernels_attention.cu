@@ -285,7 +285,11 @@ __global__ void dkv_kernel(const float* q, const float* k, const float* v, const
   store_chunk<kC>(dv + row * z.d, z.d, part, dvr);
 }
 
-Dims dims_of(const Args& a) {
+// `forward_inputs`: 3 (attention) or 6 (attention_grad), before the optional bias and block.
+Dims dims_of(const Args& a, size_t forward_inputs) {
+  TS_CHECK(optional_inputs(a.in_types, forward_inputs).block < 0)
+      << "context-parallel attention (a sequence block) has no CUDA kernel yet (StepRunner "
+         "refuses such plans on a device)";
   const Shape &sq = a.in_shape(0), &sk = a.in_shape(1);
   Dims z{sq[0], sq[1], sq[2], sk[2], sq[3], sk[1], sq[1] / sk[1], a.attr<AttentionAttrs>().causal};
   TS_CHECK(z.d <= kMaxGroup * kBackwardChunk) << "the CUDA attention kernel takes head dims up to "
@@ -320,7 +324,7 @@ Launch launch_for(int64_t d, int chunk, int arrays, int per_row) {
 }
 
 void attention_f32(OpKind, const Args& a) {
-  const Dims z = dims_of(a);
+  const Dims z = dims_of(a, 3);
   if (z.b * z.h * z.tq == 0) return;
   const float* bias = a.num_inputs() == 4 ? a.fin(3) : nullptr;
   const float scale = static_cast<float>(a.attr<AttentionAttrs>().scale);
@@ -331,7 +335,7 @@ void attention_f32(OpKind, const Args& a) {
 }
 
 void attention_grad_f32(OpKind, const Args& a) {
-  const Dims z = dims_of(a);
+  const Dims z = dims_of(a, 6);
   if (z.b * z.h * z.tq == 0) return;
   const float scale = static_cast<float>(a.attr<AttentionAttrs>().scale);
   const float* bias = a.num_inputs() == 7 ? a.fin(6) : nullptr;

@@ -69,7 +69,10 @@ void matmul(OpKind, const Args& a) {
   const MatmulAttrs& attrs = a.attr<MatmulAttrs>();
   const bool ta = attrs.transpose_a, tb = attrs.transpose_b;
   int64_t m = sc[-2];
-  const int64_t n = sc[-1], k = ta ? sa[-2] : sa[-1];
+  // A batch-folding matmul is one GEMM whose k runs over a's rows, flattened.
+  const int64_t n = sc[-1], k = attrs.fold_batch ? (sa[-1] > 0 ? sa.numel() / sa[-1] : 0)
+                                : ta             ? sa[-2]
+                                                 : sa[-1];
   const int64_t lda = sa[-1], ldb = sb[-1];
   if (sc.numel() == 0) return;
   if (k == 0) {  // an empty sum: zeros, as on the CPU
@@ -77,7 +80,9 @@ void matmul(OpKind, const Args& a) {
     return;
   }
   int64_t batch = sc.numel() / (m * n);
-  if (sb.rank() == 2) {  // fold the batch into the rows (transpose_a excluded by inference)
+  if (attrs.fold_batch) {
+    batch = 1;
+  } else if (sb.rank() == 2) {  // fold the batch into the rows (transpose_a excluded by inference)
     if (sa.rank() > 2) m *= batch;
     batch = 1;
   }

@@ -1,8 +1,7 @@
 // CUDA kernels of the neural-network ops (embedding, norms, RoPE, softmax, causal mask,
-// cross-entropy and the vocab-parallel ops), the device twins of backend/cpu/kernels_nn.cc.
-// Row-wise ops run one block per row with a fixed-order reduction, embedding_grad sums each
-// table row's tokens in token order after a stable sort; nothing uses float atomics, so every
-// result is the same from run to run.
+// cross-entropy, vocab-parallel ops), the device twins of backend/cpu/kernels_nn.cc. Row-wise
+// ops reduce in a fixed order (one block per row), embedding_grad sums a row's tokens in token
+// order after a stable sort: no float atomics, so every run gives the same result.
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
@@ -63,9 +62,8 @@ __device__ Cols block_cols(const int32_t* shard, int64_t v, int64_t vocab) {
 // ---- embedding ---------------------------------------------------------------------------
 
 // One block per token. Row `first + r` of the vocabulary is row r of the table, first =
-// shard[0] * rows (0 without a shard). Ids outside the table give zero rows: the CPU kernel
-// checks plain embedding's ids are in range, but the device cannot report it, so a bad id
-// reads as a zero row instead of out of bounds.
+// shard[0] * rows (0 without a shard). An id outside the table gives a zero row (the CPU kernel
+// refuses plain embedding's bad ids; the device cannot report one) instead of out of bounds.
 __global__ void embedding_kernel(const float* __restrict__ table, const int32_t* __restrict__ ids,
                                  const int32_t* __restrict__ shard, float* __restrict__ y,
                                  int64_t rows, int64_t c, int64_t n) {
@@ -483,13 +481,14 @@ void rmsnorm_grad(OpKind op, const Args& a) {
 // ---- rope, softmax, mask -----------------------------------------------------------------
 
 // x [B,T,H,D]: one thread per (b, t, i < D/2) computes the angle t * theta^(-2i/D) in double
-// (as the CPU kernel's table) and rotates the pair (i, i + D/2) of every head.
-__global__ void rope_kernel(const float* __restrict__ x, float* __restrict__ y, int64_t t,
-                            int64_t h, int64_t d, double theta, bool inverse, int64_t n) {
-  const int64_t half = d / 2;
+// (as the CPU kernel's table) and rotates the pair (i, i + D/2) of every head (t from block * T).
+__global__ void rope_kernel(const float* __restrict__ x, float* __restrict__ y,
+                            const int32_t* __restrict__ block, int64_t t, int64_t h, int64_t d,
+                            double theta, bool inverse, int64_t n) {
+  const int64_t half = d / 2, first = block ? static_cast<int64_t>(block[0]) * t : 0;
   for (int64_t e = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; e < n;
        e += static_cast<int64_t>(gridDim.x) * blockDim.x) {
-    const int64_t bp = e / half, i = e - bp * half, p = bp % t;
+    const int64_t bp = e / half, i = e - bp * half, p = first + bp % t;
     const double ang =
         static_cast<double>(p) * pow(theta, -2.0 * static_cast<double>(i) / static_cast<double>(d));
     const float cs = static_cast<float>(cos(ang));
@@ -508,8 +507,9 @@ void rope(OpKind, const Args& a) {
   const int64_t n = s[0] * s[1] * (s[3] / 2);
   if (n == 0 || s[2] == 0) return;
   const RopeAttrs& r = a.attr<RopeAttrs>();
-  rope_kernel<<<blocks_for(n), 256, 0, a.stream>>>(a.fin(0), a.fout(0), s[1], s[2], s[3], r.theta,
-                                                   r.inverse, n);
+  const int32_t* block = a.num_inputs() == 2 ? a.iin(1) : nullptr;  // rope's optional input
+  rope_kernel<<<blocks_for(n), 256, 0, a.stream>>>(a.fin(0), a.fout(0), block, s[1], s[2], s[3],
+                                                   r.theta, r.inverse, n);
   TS_CUDA_LAUNCH();
 }
 
@@ -671,7 +671,7 @@ __global__ void ce_loss_kernel(const T* __restrict__ logits, const int32_t* __re
 // The logits as stored (f32, bf16, f16); the loss and the log-sum-exps are f32.
 void cross_entropy(OpKind op, const Args& a) {
   if (!one_storage(a, {0}, {})) return run_in_f32(op, a, cross_entropy);
-  const int64_t n = a.in_shape(0)[0], v = a.in_shape(0)[1];
+  const int64_t v = a.in_shape(0)[-1], n = v > 0 ? a.in_shape(0).numel() / v : 0;
   // The class columns (the rest is padding), the rows the mean divides by (all ranks' when they
   // are split). Launched for n == 0 too, to write the scalar loss (0 / rows, as on the CPU).
   const CrossEntropyAttrs& ce = a.attr<CrossEntropyAttrs>();
@@ -726,7 +726,7 @@ __global__ void ce_grad_kernel(const T* __restrict__ logits, const int32_t* __re
 // The logits and their gradient as stored; the log-sum-exps and the loss gradient f32.
 void ce_grad_impl(OpKind op, const Args& a, const int32_t* shard, KernelFn self) {
   if (!one_storage(a, {0}, {0})) return run_in_f32(op, a, self);
-  const int64_t n = a.in_shape(0)[0], v = a.in_shape(0)[1];
+  const int64_t v = a.in_shape(0)[-1], n = v > 0 ? a.in_shape(0).numel() / v : 0;
   if (n == 0 || v == 0) return;
   const CrossEntropyAttrs& ce = a.attr<CrossEntropyAttrs>();
   const int64_t rows = ce.rows > 0 ? ce.rows : n;  // the global rows when split across ranks
@@ -750,8 +750,8 @@ void logsumexp(OpKind, const Args& a) {
 }
 
 void vocab_logsumexp(OpKind, const Args& a) {
-  launch_lse<float>(a, a.iin(1), a.fout(0), a.in_shape(0)[0], a.in_shape(0)[1],
-                    a.attr<CrossEntropyAttrs>().classes);
+  const int64_t v = a.in_shape(0)[-1], n = v > 0 ? a.in_shape(0).numel() / v : 0;
+  launch_lse<float>(a, a.iin(1), a.fout(0), n, v, a.attr<CrossEntropyAttrs>().classes);
 }
 
 // y[i] = logits[i, target[i] - first] where the target is in the block, else 0.
@@ -767,7 +767,7 @@ __global__ void vocab_pick_kernel(const float* __restrict__ logits, const int32_
 }
 
 void vocab_pick(OpKind, const Args& a) {
-  const int64_t n = a.in_shape(0)[0], v = a.in_shape(0)[1];
+  const int64_t v = a.in_shape(0)[-1], n = v > 0 ? a.in_shape(0).numel() / v : 0;
   if (n == 0) return;
   vocab_pick_kernel<<<blocks_for(n), 256, 0, a.stream>>>(a.fin(0), a.iin(1), a.iin(2), a.fout(0), n,
                                                          v);

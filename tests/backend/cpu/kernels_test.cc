@@ -259,5 +259,69 @@ TEST_P(Attention, BlockedMatchesNaiveForwardAndBackward) {
 INSTANTIATE_TEST_SUITE_P(CausalOrNot, Attention, ::testing::Bool(),
                          [](const auto& info) { return info.param ? "Causal" : "Bidirectional"; });
 
+// Context parallelism: chunk c of the queries (a sequence block, op.h) against the whole
+// sequence's keys gives the whole attention's rows of that chunk, and the chunks' key and
+// value gradients add up to the whole's; rope of a chunk rotates by the chunk's positions.
+TEST(AttentionWithSequenceBlock, ChunksMatchTheirRowsOfTheWhole) {
+  set_num_threads(2);
+  const int64_t B = 2, H = 4, Hkv = 2, T = 160, D = 16, chunks = 2, Tq = T / chunks;
+  const double scale = 1.0 / std::sqrt(double(D));
+  const int64_t nq = B * H * T * D, nk = B * Hkv * T * D;
+  std::vector<float> q = randn(nq, 1), k = randn(nk, 2), v = randn(nk, 3), dout = randn(nq, 4);
+  const Reference want = reference_attention(q, k, v, dout, B, H, Hkv, T, D, scale, true);
+  const Attrs attrs = AttentionAttrs{.scale = scale, .causal = true};
+  const TensorType tq{Shape{B, H, Tq, D}, DType::f32}, tk{Shape{B, Hkv, T, D}, DType::f32},
+      tl{Shape{B, H, Tq}, DType::f32}, ti{Shape{}, DType::i32};
+  // Rows [c * Tq, (c + 1) * Tq) of each (b, h) of a [B, H, T, D] tensor, and back.
+  auto rows = [&](const std::vector<float>& x, int64_t c) {
+    std::vector<float> y(static_cast<size_t>(B * H * Tq * D));
+    for (int64_t bh = 0; bh < B * H; ++bh)
+      std::copy_n(x.begin() + (bh * T + c * Tq) * D, Tq * D, y.begin() + bh * Tq * D);
+    return y;
+  };
+  auto to_d = [](const std::vector<float>& x) { return std::vector<double>(x.begin(), x.end()); };
+  std::vector<double> dk(k.size(), 0.0), dv(v.size(), 0.0);
+  for (int32_t c = 0; c < chunks; ++c) {
+    std::vector<float> qc = rows(q, c), dc = rows(dout, c);
+    std::vector<float> out(qc.size()), lse(static_cast<size_t>(B * H * Tq));
+    std::vector<float> dq(qc.size()), dkc(k.size()), dvc(v.size());
+    std::vector<TensorType> fwd_in = {tq, tk, tk, ti}, fwd_out = {tq, tl};
+    attention(Args{
+        attrs, fwd_in, fwd_out, {qc.data(), k.data(), v.data(), &c}, {out.data(), lse.data()}});
+    std::vector<TensorType> bwd_in = {tq, tk, tk, tq, tl, tq, ti}, bwd_out = {tq, tk, tk};
+    attention_grad(Args{attrs,
+                        bwd_in,
+                        bwd_out,
+                        {qc.data(), k.data(), v.data(), out.data(), lse.data(), dc.data(), &c},
+                        {dq.data(), dkc.data(), dvc.data()}});
+    std::vector<float> want_out(want.out.begin(), want.out.end()),
+        want_dq(want.dq.begin(), want.dq.end());
+    EXPECT_LT(max_abs_diff(out, to_d(rows(want_out, c))), 1e-5) << "chunk " << c;
+    EXPECT_LT(max_abs_diff(dq, to_d(rows(want_dq, c))), 1e-4) << "chunk " << c;
+    for (size_t i = 0; i < dk.size(); ++i) dk[i] += dkc[i], dv[i] += dvc[i];
+  }
+  std::vector<float> dkf(dk.begin(), dk.end()), dvf(dv.begin(), dv.end());
+  EXPECT_LT(max_abs_diff(dkf, want.dk), 1e-4);
+  EXPECT_LT(max_abs_diff(dvf, want.dv), 1e-4);
+
+  // rope [B, T, H, D]: the chunk's rows of the whole sequence's rotation.
+  const std::vector<float> x = randn(B * T * H * D, 5);
+  const Attrs ra = RopeAttrs{.theta = 1e4};
+  std::vector<float> whole(x.size());
+  std::vector<TensorType> rin = {{Shape{B, T, H, D}, DType::f32}};
+  rope(Args{ra, rin, rin, {x.data()}, {whole.data()}});
+  for (int32_t c = 0; c < chunks; ++c) {
+    std::vector<float> xc(static_cast<size_t>(B * Tq * H * D)), yc(xc.size()), wc(xc.size());
+    for (int64_t b = 0; b < B; ++b) {
+      std::copy_n(x.begin() + (b * T + c * Tq) * H * D, Tq * H * D, xc.begin() + b * Tq * H * D);
+      std::copy_n(whole.begin() + (b * T + c * Tq) * H * D, Tq * H * D,
+                  wc.begin() + b * Tq * H * D);
+    }
+    std::vector<TensorType> cin = {{Shape{B, Tq, H, D}, DType::f32}, ti}, cout = {cin[0]};
+    rope(Args{ra, cin, cout, {xc.data(), &c}, {yc.data()}});
+    EXPECT_EQ(max_abs_diff(yc, to_d(wc)), 0.0) << "rope chunk " << c;
+  }
+}
+
 }  // namespace
 }  // namespace tessera::cpu

@@ -1,0 +1,72 @@
+// Context parallelism in the partition pass (parallel/partition_pass.h): rope and attention on
+// a sequence split over mesh axes. Every other op works on its chunk of the sequence as its
+// sharding rule says; these two need the chunk's place in the whole sequence, which the graph
+// (the same on every rank) takes from axis_index, and attention needs every key and value.
+#include <algorithm>
+
+#include "parallel/partition_pass.h"
+
+namespace tessera::partition_detail {
+
+std::vector<size_t> Pass::sequence_block_axes(const Node& n,
+                                              const std::vector<ValueId>& ins) const {
+  int dim = -1;                       // the sequence dim of input 0
+  if (n.op == OpKind::rope) dim = 1;  // [B,T,H,D]
+  if (n.op == OpKind::attention || n.op == OpKind::attention_grad) dim = 2;  // [B,H,T,D]
+  std::vector<size_t> axes;
+  if (dim < 0) return axes;
+  const Placements& pl = out_.placements[static_cast<size_t>(ins[0])];
+  for (size_t k = 0; k < sizes_.size(); ++k)
+    if (sizes_[k] > 1 && pl[k].is_shard(dim)) axes.push_back(k);
+  return axes;
+}
+
+Result<std::vector<ValueId>> Pass::lower_sequence_blocks(const Node& n, const Attrs& a,
+                                                         std::vector<ValueId> ins,
+                                                         const std::vector<Placements>& out_pl,
+                                                         const std::vector<Shape>& expect,
+                                                         const std::vector<size_t>& axes) {
+  // The chunk's index: row-major over the axes in mesh order, as a dim split over several
+  // axes is laid out (parallel/layout.h).
+  std::vector<std::string> names;
+  for (size_t k : axes) names.push_back(plan_.mesh.axes()[k].name);
+  const GroupAttrs group{.axes = axes_key(names), .size = plan_.mesh.group_size(names)};
+  const Placements rep(sizes_.size(), Placement::replicate());
+  TS_ASSIGN_OR_RETURN(ValueId block, emit(OpKind::axis_index, group, {}, n, {rep}, {Shape{}}));
+  if (n.op == OpKind::rope) {
+    ins.push_back(block);
+    TS_ASSIGN_OR_RETURN(ValueId y, emit(OpKind::rope, a, std::move(ins), n, out_pl, expect));
+    return std::vector<ValueId>{y};
+  }
+  // Attention: the whole sequence's keys and values (Llama 3's all-gather form of context
+  // parallelism: each rank's queries meet every key, the causal mask by global position).
+  auto whole = [&](size_t i) -> Result<ValueId> {
+    Placements target = out_.placements[static_cast<size_t>(ins[i])];
+    for (size_t k : axes) target[k] = Placement::replicate();
+    return convert(ins[i], g_.type(n.inputs[i]).shape, target, n);
+  };
+  TS_ASSIGN_OR_RETURN(ins[1], whole(1));
+  TS_ASSIGN_OR_RETURN(ins[2], whole(2));
+  ins.push_back(block);
+  if (n.op == OpKind::attention) {
+    TS_ASSIGN_OR_RETURN(ValueId y, emit(OpKind::attention, a, std::move(ins), n, out_pl, expect));
+    return out_.local.producer(y).outputs;
+  }
+  // attention_grad: dk and dv come out whole-sequence partial sums (each rank's queries' part),
+  // reduce-scattered onto the chunks the rule promised.
+  std::vector<Placements> pl = out_pl;
+  std::vector<Shape> shapes = expect;
+  for (size_t o : {size_t{1}, size_t{2}}) {
+    for (size_t k : axes) pl[o][k] = Placement::partial();
+    TS_ASSIGN_OR_RETURN(shapes[o], local_shape(g_.type(n.outputs[o]).shape, pl[o], n.scope));
+  }
+  TS_ASSIGN_OR_RETURN(ValueId first,
+                      emit(OpKind::attention_grad, a, std::move(ins), n, pl, shapes));
+  std::vector<ValueId> outs = out_.local.producer(first).outputs;
+  for (size_t o : {size_t{1}, size_t{2}}) {
+    TS_ASSIGN_OR_RETURN(outs[o], convert(outs[o], g_.type(n.outputs[o]).shape, out_pl[o], n));
+  }
+  return outs;
+}
+
+}  // namespace tessera::partition_detail

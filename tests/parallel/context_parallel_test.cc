@@ -1,0 +1,80 @@
+// Context parallelism (Plan::context_axis): the partition of a LLaMA step whose sequences are
+// split over a "cp" axis.
+#include <gtest/gtest.h>
+
+#include <map>
+#include <nlohmann/json.hpp>
+
+#include "models/model.h"
+#include "parallel/program.h"
+
+namespace tessera {
+namespace {
+
+// Every op runs on its chunk of the sequence (no fallback gathers anything); each attention
+// gathers its keys and values over cp, again in the backward pass, and reduce-scatters their
+// gradients; the parameters' gradients and the loss are all-reduced over cp; and the
+// activations shrink.
+TEST(ContextParallel, LlamaSplitsEverySequenceAndGathersOnlyKeysAndValues) {
+  const ModelConfig c = *find_preset("llama-tiny");
+  const int64_t B = 2, T = 64;
+  ModelGraph m = build_model(c, B, T, ModelMode::train);
+  Plan plan = Plan::data_parallel(1);
+  ASSERT_TRUE(add_context_axis(&plan, 2).ok());
+  EXPECT_EQ(plan.describe(), "dp=1 x cp=2 zero=0 context-parallel");
+  Result<Program> p = lower(m.graph, plan);
+  ASSERT_TRUE(p.ok()) << p.status().to_string();
+  EXPECT_TRUE(p->part.fallbacks.empty()) << p->part.fallbacks.front();
+  std::map<std::string, int> attention;  // "<op> <axes>" of the collectives in attention scopes
+  int grad_reductions = 0, other = 0;
+  for (const Node& n : p->part.local.nodes()) {
+    if (!is_collective(n.op)) continue;
+    const std::string key = std::string(op_name(n.op)) + " " + n.attr<GroupAttrs>().axes;
+    if (n.scope.size() > 5 && n.scope.compare(n.scope.size() - 5, 5, ".attn") == 0) {
+      ++attention[key];
+    } else if (key == "all_reduce cp") {
+      ++grad_reductions;
+    } else {
+      ++other;
+    }
+  }
+  const int layers = static_cast<int>(c.n_layer);
+  EXPECT_EQ(attention["all_gather cp"], 4 * layers);      // k and v, forward and backward
+  EXPECT_EQ(attention["reduce_scatter cp"], 2 * layers);  // dk and dv
+  EXPECT_EQ(attention.size(), 2u);
+  EXPECT_EQ(grad_reductions, static_cast<int>(m.graph.params().size()) + 1);  // and the loss
+  EXPECT_EQ(other, 0);
+  // Each rank's token inputs and every [B, T, ...] activation hold half the sequence.
+  const ValueId tokens = p->part.local.find_input(kTokensInput);
+  EXPECT_EQ(p->part.local.type(tokens).shape, (Shape{B, T / 2}));
+  Result<Program> one = lower(m.graph, Plan::data_parallel(1));
+  ASSERT_TRUE(one.ok());
+  EXPECT_LT(p->memory.arena_bytes, one->memory.arena_bytes * 0.8);
+}
+
+// A plan file names the context axis; a sequence that does not split, a second context axis and
+// a context axis with pipeline stages are refused by name.
+TEST(ContextParallel, PlansNameTheAxisAndRefuseWhatDoesNotSplit) {
+  Plan plan = Plan::tensor_parallel(2, 2);
+  ASSERT_TRUE(add_context_axis(&plan, 2).ok());
+  EXPECT_EQ(plan.mesh.to_string(), "{dp: 2, cp: 2, tp: 2}");  // tp innermost
+  Result<Plan> back = plan_from_json(plan_to_json(plan));
+  ASSERT_TRUE(back.ok()) << back.status().to_string();
+  EXPECT_EQ(back->context_axis, "cp");
+  EXPECT_EQ(back->context_group(), 2);
+  EXPECT_NE(add_context_axis(&plan, 2).message().find("already"), std::string::npos);
+  ModelGraph m = build_model(*find_preset("llama-tiny"), 2, 63, ModelMode::train);
+  Plan cp = Plan::data_parallel(1);
+  ASSERT_TRUE(add_context_axis(&cp, 2).ok());
+  Result<Program> odd = lower(m.graph, cp);
+  ASSERT_FALSE(odd.ok());
+  EXPECT_NE(odd.status().message().find("sequence length 63 does not split over 2"),
+            std::string::npos)
+      << odd.status().to_string();
+  Plan pp = Plan::pipeline_parallel(2, 1, 1);
+  ASSERT_TRUE(add_context_axis(&pp, 2).ok());
+  EXPECT_NE(validate(pp).message().find("not supported with pipeline stages"), std::string::npos);
+}
+
+}  // namespace
+}  // namespace tessera
