@@ -393,7 +393,6 @@ TEST(Simulator, Gpt3OnAThousandDevicesInUnderASecond) {
   EXPECT_EQ(r->devices, 1024);
 }
 
-
 // Context parallelism on 8 H100s (llama3-8b, one sequence of 8,192 tokens): each rank holds a
 // chunk of the sequence, so the activations per GPU fall with cp; the step still counts every
 // token and the model's FLOPs once (MFU as every other run reports it); the last chunk's
