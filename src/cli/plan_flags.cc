@@ -128,6 +128,14 @@ Result<Plan> plan_from_flags(const PlanFlags& f, int ranks, int64_t heads) {
     if (!r.ok()) return error("--offload: " + r.status().message(), r.status().hint());
     plan.offload = r.value();
   }
+  if (!f.cp_order.empty()) {
+    Result<ContextOrder> r = parse_context_order(f.cp_order);
+    if (!r.ok()) return error("--cp-order: " + r.status().message(), r.status().hint());
+    if (plan.context_group() == 1)
+      return error("--cp-order " + f.cp_order + " without context parallelism",
+                   "add --cp N (N >= 2)");
+    plan.context_order = r.value();
+  }
   if (!f.schedule.empty()) {
     Result<ScheduleKind> r = parse_schedule(f.schedule);
     if (!r.ok()) return error("--schedule: " + r.status().message(), r.status().hint());
@@ -160,6 +168,11 @@ const char* const kContextParallelHelp =
     "gathers the keys and values of the whole sequence (language models; the sequence must "
     "split evenly)";
 
+const char* const kContextOrderHelp =
+    "How --cp cuts each sequence: contiguous (rank r the r-th chunk; the last rank's causal "
+    "attention does the most) | zigzag (2 x cp halves, rank r halves r and 2cp-1-r: equal "
+    "work; not for learned position tables, GPT). Default: the plan's, or contiguous";
+
 void add_plan_flags(CLI::App* cmd, PlanFlags* f) {
   cmd->add_option("--tp", f->tp,
                   "Tensor-parallel ranks, innermost (placements found by the sharding search)")
@@ -182,6 +195,7 @@ void add_plan_flags(CLI::App* cmd, PlanFlags* f) {
                   "Blocks per model chunk, in order, e.g. 5,6,6,5 (default: balanced by cost)");
   cmd->add_option("--offload", f->offload, kOffloadHelp);
   cmd->add_option("--cp", f->cp, kContextParallelHelp)->capture_default_str();
+  cmd->add_option("--cp-order", f->cp_order, kContextOrderHelp);
   cmd->add_flag("--sequence-parallel", f->sequence_parallel,
                 "Sequence parallelism with --tp: norms and residual adds split on the sequence "
                 "over the tensor-parallel ranks (reduce-scatter + all-gather instead of "

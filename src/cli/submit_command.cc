@@ -82,7 +82,8 @@ Status run_submit(const SubmitOptions& so) {
   if (!(so.margin >= 0) || !std::isfinite(so.margin))
     return error("--time-margin must be a fraction >= 0, got " + std::to_string(so.margin));
   TS_ASSIGN_OR_RETURN(TrainOptions o, parse_train_args(so.args));
-  for (const char* flag : {"--plan", "--dp", "--tp", "--pp", "--zero", "--hsdp"})
+  for (const char* flag :
+       {"--plan", "--dp", "--tp", "--pp", "--cp", "--cp-order", "--zero", "--hsdp"})
     for (const std::string& a : so.args)
       if (a == flag || a.rfind(std::string(flag) + "=", 0) == 0)
         return error(std::string(flag) + ": submit chooses the plan for the flavor's devices",

@@ -38,7 +38,8 @@ PlanFlags plan_flags(const TrainOptions& o) {
                    o.virtual_stages,
                    o.stage_layers,
                    o.offload,
-                   o.cp};
+                   o.cp,
+                   o.cp_order};
 }
 
 // The plan of a run on `ranks` ranks with its placements (the sharding search with --tp, the
@@ -65,14 +66,13 @@ Result<Plan> train_plan(const TrainOptions& o, const ModelConfig& cfg, int ranks
 // chose (global micro-batch, micro-batches) is written back into the options. With `print`,
 // why: the runners-up and, knob by knob, what the fastest other value costs.
 Result<Plan> auto_plan(TrainOptions* o, const ModelConfig& cfg, int ranks, bool print) {
-  if (o->dp > 0 || o->tp > 1 || o->pp > 1 || o->cp > 1 || o->zero != 0 || o->hsdp > 0 ||
-      !o->recompute.empty() || o->sequence_parallel || !o->schedule.empty() ||
+  if (o->dp > 0 || o->tp > 1 || o->pp > 1 || o->cp > 1 || !o->cp_order.empty() || o->zero != 0 ||
+      o->hsdp > 0 || !o->recompute.empty() || o->sequence_parallel || !o->schedule.empty() ||
       o->virtual_stages != -1 || !o->stage_layers.empty() || o->recompute_layers != -1 ||
       !o->offload.empty())
     return error("--plan auto chooses the parallel configuration itself",
-                 "drop --dp/--tp/--pp/--zero/--hsdp/--recompute/--offload/--sequence-parallel/"
-                 "--schedule "
-                 "(or give them without --plan auto)");
+                 "drop --dp/--tp/--pp/--cp/--zero/--hsdp/--recompute/--offload/"
+                 "--sequence-parallel/--schedule (or give them without --plan auto)");
   TS_ASSIGN_OR_RETURN(ClusterSpec cluster, load_cluster(o->cluster));
   // The job's ranks all run on this machine: a spec without a network is one node of them all.
   if (cluster.network.nics == 0) cluster.node.devices = std::max(cluster.node.devices, ranks);
@@ -313,6 +313,7 @@ void add_train_command(CLI::App& app, TrainOptions& o) {
   cmd->add_option("--recompute-layers", o.recompute_layers, kRecomputeLayersHelp);
   cmd->add_option("--offload", o.offload, kOffloadHelp);
   cmd->add_option("--cp", o.cp, kContextParallelHelp)->capture_default_str();
+  cmd->add_option("--cp-order", o.cp_order, kContextOrderHelp);
   cmd->add_option("--precision", o.precision,
                   "fp32; bf16 or fp16: parameters, activations and gradients in it with f32 "
                   "master weights and AdamW state (fp16 with dynamic loss scaling; GPT and "

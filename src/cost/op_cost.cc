@@ -98,7 +98,11 @@ OpTime op_time(const Graph& g, const Node& n, const DeviceSpec& dev,
     // collective), skips only Tq x Tq / 2: the fraction computed is 1 - Tq / (2 Tk).
     double eff = efficiency_or(op_efficiency, n.op, dev.attention_efficiency);
     const double tq = static_cast<double>(in[0].shape[2]), tk = static_cast<double>(in[1].shape[2]);
-    const double computed = n.attr<AttentionAttrs>().causal && tk > 0 ? 1.0 - tq / (2.0 * tk) : 1.0;
+    // A zigzag order gives every chunk half of its rectangle.
+    const AttentionAttrs& at = n.attr<AttentionAttrs>();
+    const double computed = !at.causal || tk <= 0 ? 1.0
+                            : at.zigzag > 0       ? 0.5
+                                                  : 1.0 - tq / (2.0 * tk);
     compute_s = computed * t.flops / (peak * eff);
     memory_s = t.bytes / (bw * dev.memory_efficiency);
   } else {

@@ -146,22 +146,28 @@ void DataLoader::next(std::vector<int32_t>* inputs, std::vector<int32_t>* target
 
 void DataLoader::next(HostBatch* batch) {
   next(&x_, &y_);
-  const int64_t len = T_ / chunks_, first = chunk_ * len;
-  for (int b = 0; b < B_; ++b) {
-    const size_t at = static_cast<size_t>(b * T_ + first);
-    batch->append(kTokensInput, x_.data() + at, static_cast<size_t>(len));
-    batch->append(kTargetsInput, y_.data() + at, static_cast<size_t>(len));
-  }
+  // The pieces of each row this rank takes: its chunk, or its two zigzag halves.
+  const int64_t len = zigzag_ ? T_ / (2 * chunks_) : T_ / chunks_;
+  std::vector<int64_t> firsts = {chunk_ * len};
+  if (zigzag_) firsts.push_back((2 * chunks_ - 1 - chunk_) * len);
+  for (int b = 0; b < B_; ++b)
+    for (int64_t first : firsts) {
+      const size_t at = static_cast<size_t>(b * T_ + first);
+      batch->append(kTokensInput, x_.data() + at, static_cast<size_t>(len));
+      batch->append(kTargetsInput, y_.data() + at, static_cast<size_t>(len));
+    }
 }
 
-Status DataLoader::set_sequence_chunk(int index, int chunks) {
-  if (chunks < 1 || index < 0 || index >= chunks || T_ % chunks != 0)
+Status DataLoader::set_sequence_chunk(int index, int chunks, bool zigzag) {
+  const int pieces = zigzag ? 2 * chunks : chunks;
+  if (chunks < 1 || index < 0 || index >= chunks || T_ % pieces != 0)
     return error("sequences of " + std::to_string(T_) + " tokens do not split into " +
-                     std::to_string(chunks) + " context-parallel chunks (chunk " +
-                     std::to_string(index) + ")",
-                 "use a --seq that is a multiple of " + std::to_string(chunks));
+                     std::to_string(pieces) + " context-parallel " +
+                     (zigzag ? "halves" : "chunks") + " (chunk " + std::to_string(index) + ")",
+                 "use a --seq that is a multiple of " + std::to_string(pieces));
   chunk_ = index;
   chunks_ = chunks;
+  zigzag_ = zigzag;
   return Status();
 }
 

@@ -54,9 +54,10 @@ class DataLoader : public BatchStream {
   // chunk set_sequence_chunk chose: the whole row unless it was called).
   void next(HostBatch* batch) override;
   // Context parallelism: next(HostBatch*) gives chunk `index` of `chunks` equal chunks of every
-  // row's T tokens (and of its targets), the chunk this rank's graph takes. Fails unless
-  // 0 <= index < chunks and chunks divides T.
-  Status set_sequence_chunk(int index, int chunks);
+  // row's T tokens (and of its targets), the chunk this rank's graph takes; with `zigzag`,
+  // halves index and 2 chunks - 1 - index of 2 chunks (Plan::context_order). Fails unless
+  // 0 <= index < chunks and the chunks (halves) divide T.
+  Status set_sequence_chunk(int index, int chunks, bool zigzag = false);
 
   LoaderState state() const override;
   // Continues from `state`, which must come from a loader over the same shard (token count)
@@ -80,6 +81,7 @@ class DataLoader : public BatchStream {
   ExampleOrder order_;
   std::vector<int32_t> x_, y_;  // next(HostBatch*)'s staging
   int chunk_ = 0, chunks_ = 1;  // set_sequence_chunk
+  bool zigzag_ = false;
 };
 
 }  // namespace tessera

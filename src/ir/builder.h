@@ -138,7 +138,7 @@ class Builder {
                              Var bias = Var{});
   std::vector<Var> attention_grad(Var q, Var k, Var v, Var out, Var lse, Var dout, double scale,
                                   bool causal = true, Var bias = Var{});
-  // logits [N,V], targets int32 [N] -> mean loss [] and lse [N].
+  // logits [..., V], targets int32 [...] (the logits' leading dims) -> mean loss [] and lse [...].
   // classes: the logits' first columns that are classes (0: all; padding columns beyond them
   // take no probability).
   std::vector<Var> cross_entropy(Var logits, Var targets, int64_t classes = 0);

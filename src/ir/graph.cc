@@ -195,8 +195,10 @@ std::string attrs_to_string(const Attrs& attrs) {
                  },
                  [&](const ConcatAttrs& a) { s << " {axis=" << a.axis << "}"; },
                  [&](const MatmulAttrs& a) {
-                   if (a.transpose_a || a.transpose_b)
-                     s << " {" << (a.transpose_a ? "ta" : "") << (a.transpose_b ? "tb" : "") << "}";
+                   if (a.transpose_a || a.transpose_b) {
+                     s << " {" << (a.transpose_a ? "ta" : "") << (a.transpose_b ? "tb" : "")
+                       << (a.fold_batch ? " fold" : "") << "}";
+                   }
                  },
                  [&](const EmbeddingGradAttrs& a) { s << " {rows=" << a.rows << "}"; },
                  [&](const NormAttrs& a) { s << " {eps=" << a.eps << "}"; },

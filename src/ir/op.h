@@ -172,10 +172,12 @@ struct NormAttrs {
 
 // rope(x [B,T,H,D][, block]): the rotation of position t (of dim 1). With `block`, an i32
 // scalar that the partition pass adds where context parallelism splits the sequence, x holds
-// the block-th of equal chunks of it: position block * T + t.
+// the block-th of equal chunks of it: position block * T + t; with zigzag = N as well, the
+// halves block and 2N-1-block of 2N (sequence_position below).
 struct RopeAttrs {
   double theta = 1e4;    // the base of the rotation frequencies
   bool inverse = false;  // rotate by -angle (the VJP)
+  int64_t zigzag = 0;    // with a block: the chunks' count N of a zigzag order (0: contiguous)
 };
 
 // T5's relative position buckets (ir/position_buckets.h), i32 [tq, tk].
@@ -188,11 +190,21 @@ struct PositionBucketsAttrs {
 // attention(q, k, v[, bias][, block]), attention_grad(q, k, v, out, lse, dout[, bias][, block]).
 // With `block`, an i32 scalar that the partition pass adds where context parallelism splits the
 // sequence, the Tq queries are the block-th of equal chunks of the Tk keys' sequence (query i
-// at position block * Tq + i, for the causal mask).
+// at position block * Tq + i, for the causal mask; with zigzag = N, sequence_position below).
 struct AttentionAttrs {
   double scale = 0.0;  // softmax scale
   bool causal = true;  // query i attends to keys <= i (else to all)
+  int64_t zigzag = 0;  // with a block: the chunks' count N of a zigzag order (0: contiguous)
 };
+
+// The position in the whole sequence of row t of sequence chunk `block`, `len` rows long: the
+// block-th of equal chunks (zigzag 0), or of a zigzag order over N = zigzag ranks the halves
+// `block` and 2N-1-block of 2N (rows [0, len/2) and [len/2, len)). Increasing in t either way.
+constexpr int64_t sequence_position(int64_t t, int64_t block, int64_t len, int64_t zigzag) {
+  if (zigzag <= 0) return block * len + t;
+  const int64_t h = len / 2;
+  return t < h ? block * h + t : (2 * zigzag - 1 - block) * h + (t - h);
+}
 
 // cross_entropy(_grad), vocab_logsumexp, vocab_cross_entropy_grad.
 struct CrossEntropyAttrs {

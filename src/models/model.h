@@ -138,9 +138,11 @@ struct ModelGraph {
   Graph graph;
   // Language models: "tokens" i32 [B, T], then "targets" i32 [B, T] (loss and train modes).
   std::vector<ModelInput> inputs;
-  ValueId logits = -1;  // f32 [B*T, vocab_rows]; the first vocab_size columns are the classes
-  ValueId loss = -1;    // f32 [] (loss and train modes)
-  int64_t classes = 0;  // ModelConfig::vocab_size: the logits' columns that are tokens
+  // f32 [B, T, vocab_rows] (language models; T5 [B*T, ...], ViT [B, ...]); the first
+  // vocab_size columns are the classes.
+  ValueId logits = -1;
+  ValueId loss = -1;           // f32 [] (loss and train modes)
+  int64_t classes = 0;         // ModelConfig::vocab_size: the logits' columns that are tokens
   int64_t batch = 0, seq = 0;  // seq: tokens per example (vit: image_tokens(); t5: raw text)
 };
 

@@ -522,11 +522,28 @@ Result<Partitioned> Pass::run() {
                    cp > 1 ? "drop the context axis for this model"
                           : "drop sequence_parallel for this model");
   }
-  if (cp > 1 && seq_t_ % cp != 0)
+  const bool zigzag = cp > 1 && plan_.context_order == ContextOrder::zigzag;
+  const int pieces = zigzag ? 2 * cp : cp;  // a zigzag order cuts the sequence into halves
+  if (cp > 1 && seq_t_ % pieces != 0)
     return error("partition: sequence length " + std::to_string(seq_t_) + " does not split over " +
-                     std::to_string(cp) + " context-parallel ranks",
-                 "use a --seq that is a multiple of " + std::to_string(cp));
+                     std::to_string(cp) + " context-parallel ranks" +
+                     (zigzag ? " in 2 x " + std::to_string(cp) + " zigzag halves" : ""),
+                 "use a --seq that is a multiple of " + std::to_string(pieces));
+  // A zigzag order permutes the sequence over the ranks: only rope and attention know the
+  // rows' true positions, a learned position table sliced by the chunk would not.
+  for (const Node& n : g_.nodes())
+    if (zigzag && n.op == OpKind::slice && g_.producer(n.inputs[0]).op == OpKind::parameter &&
+        n.attr<SliceAttrs>().axis == 0 && g_.type(n.outputs[0]).shape[0] == seq_t_)
+      return error("partition: a zigzag context order needs positions from rope; '" +
+                       g_.name_of(n.inputs[0]) + "' is a learned position table",
+                   "use --cp-order contiguous for this model");
   if (plan_.sequence_parallel) {
+    if (cp > 1 && seq_t_ % (pieces * plan_.tensor_group()) != 0)
+      return error(
+          "partition: sequence length " + std::to_string(seq_t_) + " does not split over " +
+              std::to_string(cp) + " context-parallel x " + std::to_string(plan_.tensor_group()) +
+              " sequence-parallel ranks",
+          "use a --seq that is a multiple of " + std::to_string(pieces * plan_.tensor_group()));
     if (seq_t_ % plan_.tensor_group() != 0)
       return error("partition: sequence length " + std::to_string(seq_t_) +
                        " does not split over " + std::to_string(plan_.tensor_group()) +

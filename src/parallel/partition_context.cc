@@ -21,7 +21,32 @@ std::vector<size_t> Pass::sequence_block_axes(const Node& n,
   return axes;
 }
 
-Result<std::vector<ValueId>> Pass::lower_sequence_blocks(const Node& n, const Attrs& a,
+namespace {
+
+// The half of the sequence that the z-th half of a zigzag order over n ranks is: rank z / 2
+// holds halves z / 2 and 2n-1-z / 2, in that order.
+int64_t true_half(int64_t z, int64_t n) { return z % 2 == 0 ? z / 2 : 2 * n - 1 - z / 2; }
+
+}  // namespace
+
+// v (local, `shape`) with its halves along `dim` reordered: from the ranks' zigzag order to the
+// sequence's (to_sequence), or back. Slices and a concat, placements kept.
+Result<ValueId> Pass::reorder_halves(ValueId v, const Shape& shape, int dim, int64_t n,
+                                     bool to_sequence, const Node& like) {
+  const Placements pl = out_.placements[static_cast<size_t>(v)];
+  const int64_t h = shape[dim] / (2 * n);
+  std::vector<ValueId> parts(static_cast<size_t>(2 * n));
+  for (int64_t z = 0; z < 2 * n; ++z) {
+    const int64_t from = to_sequence ? z : true_half(z, n), to = to_sequence ? true_half(z, n) : z;
+    TS_ASSIGN_OR_RETURN(
+        parts[static_cast<size_t>(to)],
+        emit(OpKind::slice, SliceAttrs{.axis = dim, .start = from * h, .end = (from + 1) * h}, {v},
+             like, {pl}, {}));
+  }
+  return emit(OpKind::concat, ConcatAttrs{.axis = dim}, std::move(parts), like, {pl}, {shape});
+}
+
+Result<std::vector<ValueId>> Pass::lower_sequence_blocks(const Node& n, const Attrs& given,
                                                          std::vector<ValueId> ins,
                                                          const std::vector<Placements>& out_pl,
                                                          const std::vector<Shape>& expect,
@@ -31,6 +56,12 @@ Result<std::vector<ValueId>> Pass::lower_sequence_blocks(const Node& n, const At
   std::vector<std::string> names;
   for (size_t k : axes) names.push_back(plan_.mesh.axes()[k].name);
   const GroupAttrs group{.axes = axes_key(names), .size = plan_.mesh.group_size(names)};
+  // A zigzag order (Plan::context_order) on the context axis: the chunk's rows are two halves.
+  const bool zigzag = plan_.context_order == ContextOrder::zigzag &&
+                      names == std::vector<std::string>{plan_.context_axis};
+  Attrs a = given;
+  if (zigzag && n.op == OpKind::rope) attrs_as<RopeAttrs>(a).zigzag = group.size;
+  if (zigzag && n.op != OpKind::rope) attrs_as<AttentionAttrs>(a).zigzag = group.size;
   const Placements rep(sizes_.size(), Placement::replicate());
   TS_ASSIGN_OR_RETURN(ValueId block, emit(OpKind::axis_index, group, {}, n, {rep}, {Shape{}}));
   if (n.op == OpKind::rope) {
@@ -40,10 +71,13 @@ Result<std::vector<ValueId>> Pass::lower_sequence_blocks(const Node& n, const At
   }
   // Attention: the whole sequence's keys and values (Llama 3's all-gather form of context
   // parallelism: each rank's queries meet every key, the causal mask by global position).
+  // (Gathered in rank order, a zigzag order's halves are put back in the sequence's.)
   auto whole = [&](size_t i) -> Result<ValueId> {
     Placements target = out_.placements[static_cast<size_t>(ins[i])];
     for (size_t k : axes) target[k] = Placement::replicate();
-    return convert(ins[i], g_.type(n.inputs[i]).shape, target, n);
+    TS_ASSIGN_OR_RETURN(ValueId w, convert(ins[i], g_.type(n.inputs[i]).shape, target, n));
+    if (!zigzag) return w;
+    return reorder_halves(w, out_.local.type(w).shape, 2, group.size, true, n);
   };
   TS_ASSIGN_OR_RETURN(ins[1], whole(1));
   TS_ASSIGN_OR_RETURN(ins[2], whole(2));
@@ -64,6 +98,9 @@ Result<std::vector<ValueId>> Pass::lower_sequence_blocks(const Node& n, const At
                       emit(OpKind::attention_grad, a, std::move(ins), n, pl, shapes));
   std::vector<ValueId> outs = out_.local.producer(first).outputs;
   for (size_t o : {size_t{1}, size_t{2}}) {
+    if (zigzag) {
+      TS_ASSIGN_OR_RETURN(outs[o], reorder_halves(outs[o], shapes[o], 2, group.size, false, n));
+    }
     TS_ASSIGN_OR_RETURN(outs[o], convert(outs[o], g_.type(n.outputs[o]).shape, out_pl[o], n));
   }
   return outs;

@@ -122,6 +122,17 @@ Result<OffloadPolicy> parse_offload(std::string_view name) {
                "runs AdamW on the host (ZeRO-Offload)");
 }
 
+const char* context_order_name(ContextOrder o) {
+  return o == ContextOrder::zigzag ? "zigzag" : "contiguous";
+}
+
+Result<ContextOrder> parse_context_order(std::string_view name) {
+  for (ContextOrder o : {ContextOrder::contiguous, ContextOrder::zigzag})
+    if (name == context_order_name(o)) return o;
+  return error("context order '" + std::string(name) + "' is not one of: contiguous, zigzag",
+               "zigzag gives every context-parallel rank the same causal attention work");
+}
+
 std::vector<std::string> Plan::replica_axes() const {
   std::vector<std::string> rest;
   for (const std::string& a : data_axes)
@@ -242,7 +253,9 @@ std::string Plan::describe() const {
     if (recompute_layers >= 0) s += " (first " + std::to_string(recompute_layers) + " blocks)";
   }
   if (sequence_parallel) s += " sequence-parallel";
-  if (context_group() > 1) s += " context-parallel";
+  if (context_group() > 1)
+    s += std::string(" context-parallel") +
+         (context_order == ContextOrder::zigzag ? " (zigzag)" : "");
   if (offload != OffloadPolicy::none) s += std::string(" offload=") + offload_name(offload);
   if (stages() > 1) {
     s += std::string(" schedule=") + schedule_name(schedule);
@@ -405,6 +418,7 @@ nlohmann::json plan_to_json(const Plan& p) {
           {"sequence_parallel", p.sequence_parallel},
           {"pipeline_axis", p.pipeline_axis},
           {"context_axis", p.context_axis},
+          {"context_order", context_order_name(p.context_order)},
           {"schedule", schedule_name(p.schedule)},
           {"virtual_stages", p.virtual_stages},
           {"stage_layers", p.stage_layers}};
@@ -440,18 +454,19 @@ constexpr int64_t kInt64Max = std::numeric_limits<int64_t>::max();
 
 Result<Plan> plan_from_json(const nlohmann::json& j) {
   static const std::set<std::string> known = {
-      "mesh",           "data_axes",   "zero_axes",        "tensor_axes",
-      "params",         "zero",        "micro_batches",    "bucket_bytes",
-      "prefetch_bytes", "recompute",   "recompute_layers", "sequence_parallel",
-      "pipeline_axis",  "schedule",    "virtual_stages",   "stage_layers",
-      "offload",        "context_axis"};
+      "mesh",           "data_axes",    "zero_axes",        "tensor_axes",
+      "params",         "zero",         "micro_batches",    "bucket_bytes",
+      "prefetch_bytes", "recompute",    "recompute_layers", "sequence_parallel",
+      "pipeline_axis",  "schedule",     "virtual_stages",   "stage_layers",
+      "offload",        "context_axis", "context_order"};
   if (!j.is_object()) return error("plan: expected a JSON object");
   for (auto it = j.begin(); it != j.end(); ++it)
     if (!known.count(it.key()))
       return error("plan: unknown key '" + it.key() + "'",
                    "keys: mesh, data_axes, zero_axes, tensor_axes, params, zero, micro_batches, "
                    "bucket_bytes, prefetch_bytes, recompute, recompute_layers, offload, "
-                   "sequence_parallel, pipeline_axis, context_axis, schedule, virtual_stages, "
+                   "sequence_parallel, pipeline_axis, context_axis, context_order, schedule, "
+                   "virtual_stages, "
                    "stage_layers");
   if (!j.contains("mesh"))
     return error("plan: key 'mesh' is missing",
@@ -546,6 +561,12 @@ Result<Plan> plan_from_json(const nlohmann::json& j) {
       p.pipeline_axis = j.at("pipeline_axis").get<std::string>();
     if (reading("context_axis", "an axis name (\"\" for none)"))
       p.context_axis = j.at("context_axis").get<std::string>();
+    if (reading("context_order", "\"contiguous\" or \"zigzag\"")) {
+      Result<ContextOrder> o = parse_context_order(j.at("context_order").get<std::string>());
+      if (!o.ok())
+        return error("plan: key 'context_order': " + o.status().message(), o.status().hint());
+      p.context_order = o.value();
+    }
     if (reading("schedule", "\"gpipe\", \"1f1b\", \"interleaved\" or \"zb-h1\"")) {
       Result<ScheduleKind> r = parse_schedule(j.at("schedule").get<std::string>());
       if (!r.ok()) return error("plan: key 'schedule': " + r.status().message(), r.status().hint());

@@ -53,6 +53,18 @@ enum class OffloadPolicy : uint8_t { none, optimizer };
 const char* offload_name(OffloadPolicy p);  // "none", "optimizer"
 Result<OffloadPolicy> parse_offload(std::string_view name);
 
+// How context parallelism cuts a sequence over the N ranks of its axis: `contiguous`, rank r
+// holds the r-th of N equal chunks (causal attention then gives the last rank the most work:
+// its queries see every key); `zigzag`, the sequence is cut into 2N halves and rank r holds
+// halves r and 2N-1-r, so every rank's causal work is the same (Megatron's and Llama 3's
+// load balancing). Under zigzag the ranks' chunks, in rank order, are the sequence permuted;
+// rope and attention take each row's true position, and a model with a learned position
+// table (GPT) is refused.
+enum class ContextOrder : uint8_t { contiguous, zigzag };
+
+const char* context_order_name(ContextOrder o);  // "contiguous", "zigzag"
+Result<ContextOrder> parse_context_order(std::string_view name);
+
 struct MeshAxis {
   std::string name;
   int size = 1;
@@ -120,6 +132,7 @@ struct Plan {
   // back. Parameters are replicated on the axis and their gradients, partial sums over the
   // chunks, are reduced with the data axes'.
   std::string context_axis;
+  ContextOrder context_order = ContextOrder::contiguous;
   ScheduleKind schedule = ScheduleKind::one_f_one_b;
   int virtual_stages = 1;
   std::vector<int> stage_layers;

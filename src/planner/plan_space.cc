@@ -283,12 +283,6 @@ class MicroBatchCosts {
     // collective started once the stream has issued it and its input is ready, never queued
     // behind another: the ops, and the waits on the tensor-parallel collectives.
     const std::vector<Instruction> list = lower_instructions(local, {});
-    // The gradients' reductions run once per step, not per micro-batch (the data axes' are
-    // bounded by data_comm_time_bound): waiting on them here would count them per micro-batch
-    // and, in a pipeline, on the stage of their parameter's layer.
-    std::vector<char> gradient_collective(nodes.size(), 0);
-    for (const std::vector<NodeId>& bucket : part.buckets)
-      for (NodeId id : bucket) gradient_collective[static_cast<size_t>(id)] = 1;
     std::vector<double> end(list.size(), 0.0);
     std::vector<double> op_seconds(nodes.size(), 0.0);
     double compute = 0;
@@ -302,9 +296,6 @@ class MicroBatchCosts {
             group_layout(p.mesh, axes_of_key(n.attr<GroupAttrs>().axes), cluster_.node.devices);
         end[i] = std::max(ready, compute) +
                  collective_time(n.op, collective_bytes(local, n, scale), group, cluster_).seconds;
-      } else if (in.kind == Instruction::wait &&
-                 gradient_collective[static_cast<size_t>(in.node)]) {
-        end[i] = compute;
       } else if (in.kind == Instruction::wait) {
         const double idle = std::max(0.0, ready - compute);
         op_seconds[static_cast<size_t>(in.node)] += idle;  // the block's, for its stage

@@ -87,11 +87,6 @@ std::string SpmdDriver::describe_memory() const {
 Result<std::unique_ptr<StepDriver>> make_step_driver(const Graph& model, const Graph& eval,
                                                      const Plan& plan, Backend& backend,
                                                      MeshComms& comms, AdamWConfig opt) {
-  if (plan.context_group() > 1 && backend.memory() == MemSpace::device)
-    return error(
-        "context parallelism runs on the CPU backend so far: the CUDA attention "
-        "kernels do not take a sequence block (a chunk's offset for the causal mask) yet",
-        "drop --cp on --device cuda");
   if (plan.stages() > 1) {
     TS_ASSIGN_OR_RETURN(PipelineProgram pp, lower_pipeline(model, plan));
     TS_ASSIGN_OR_RETURN(

@@ -146,8 +146,9 @@ Result<RunData> open_data(const TrainOptions& o, const TrainJob& job, int data_i
                                                          data_ranks, o.seed));
   TS_ASSIGN_OR_RETURN(DataLoader val,
                       DataLoader::open(files.val, vocab, rows, seq, data_index, data_ranks, 0));
-  TS_RETURN_IF_ERROR(train.set_sequence_chunk(chunk, chunks));
-  TS_RETURN_IF_ERROR(val.set_sequence_chunk(chunk, chunks));
+  const bool zigzag = job.plan.context_order == ContextOrder::zigzag;
+  TS_RETURN_IF_ERROR(train.set_sequence_chunk(chunk, chunks, zigzag));
+  TS_RETURN_IF_ERROR(val.set_sequence_chunk(chunk, chunks, zigzag));
   d.train = std::make_unique<DataLoader>(std::move(train));
   d.val = std::make_unique<DataLoader>(std::move(val));
   return d;

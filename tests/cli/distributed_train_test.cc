@@ -186,8 +186,9 @@ TEST_F(DistributedTrainTest, T5RunsUnderEveryPlanMatchOneRank) {
 // Context parallelism: llama-tiny's sequences split over 2 ranks (alone, with tensor
 // parallelism, with ZeRO-2 data parallelism) follow one rank step for step, and the
 // context-parallel run's checkpoint resumes on one rank; so does GPT (a learned position table
-// sliced by the chunk) with sequence parallelism beside it. A sequence that does not split
-// over the ranks and a model that is no language model are refused by name.
+// sliced by the chunk) with sequence parallelism beside it, and LLaMA over 4 ranks in the
+// zigzag order (halves r and 7-r). A sequence that does not split over the ranks, a zigzag
+// order over a learned position table and a model that is no language model are refused.
 TEST_F(DistributedTrainTest, ContextParallelRunsMatchOneRank) {
   model_ = "llama-tiny";
   seq_flag_ = "--seq 64";
@@ -200,11 +201,15 @@ TEST_F(DistributedTrainTest, ContextParallelRunsMatchOneRank) {
   EXPECT_NE(log.find("resumed from step 3"), std::string::npos) << log;
   ASSERT_EQ(train(4, "cp_tp", flags + "--cp 2 --tp 2", &log), 0) << log;
   ASSERT_EQ(train(4, "cp_dp", flags + "--cp 2 --dp 2 --zero 2", &log), 0) << log;
+  ASSERT_EQ(train(4, "zigzag", flags + "--cp 4 --cp-order zigzag", &log), 0) << log;
   model_ = "gpt-tiny";
   ASSERT_EQ(train(1, "gpt", flags, &log), 0) << log;
   ASSERT_EQ(train(4, "gpt_cp_sp", flags + "--cp 2 --tp 2 --sequence-parallel", &log), 0) << log;
-  const std::pair<const char*, const char*> runs[] = {
-      {"cp", "straight"}, {"cp_tp", "straight"}, {"cp_dp", "straight"}, {"gpt_cp_sp", "gpt"}};
+  const std::pair<const char*, const char*> runs[] = {{"cp", "straight"},
+                                                      {"cp_tp", "straight"},
+                                                      {"cp_dp", "straight"},
+                                                      {"zigzag", "straight"},
+                                                      {"gpt_cp_sp", "gpt"}};
   for (const auto& [out, ref] : runs) {
     const fs::path m = dir_ / out / "metrics.jsonl", want = dir_ / ref / "metrics.jsonl";
     for (size_t i = 0; i < 6; ++i)
@@ -215,6 +220,9 @@ TEST_F(DistributedTrainTest, ContextParallelRunsMatchOneRank) {
     for (size_t i = 0; i < 6; ++i)
       EXPECT_NEAR(norms[i], expect[i], 1e-4 * expect[i]) << out << " step " << i;
   }
+  EXPECT_EQ(train(2, "gpt_zigzag", flags + "--cp 2 --cp-order zigzag", &log), 1) << log;
+  EXPECT_NE(log.find("'wpe' is a learned position table"), std::string::npos) << log;
+  model_ = "llama-tiny";
   seq_flag_ = "--seq 63";
   EXPECT_EQ(train(2, "odd", flags + "--cp 2", &log), 1) << log;
   EXPECT_NE(log.find("error: "), std::string::npos) << log;

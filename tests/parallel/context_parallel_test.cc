@@ -58,10 +58,15 @@ TEST(ContextParallel, PlansNameTheAxisAndRefuseWhatDoesNotSplit) {
   Plan plan = Plan::tensor_parallel(2, 2);
   ASSERT_TRUE(add_context_axis(&plan, 2).ok());
   EXPECT_EQ(plan.mesh.to_string(), "{dp: 2, cp: 2, tp: 2}");  // tp innermost
+  plan.context_order = ContextOrder::zigzag;
   Result<Plan> back = plan_from_json(plan_to_json(plan));
   ASSERT_TRUE(back.ok()) << back.status().to_string();
   EXPECT_EQ(back->context_axis, "cp");
   EXPECT_EQ(back->context_group(), 2);
+  EXPECT_EQ(back->context_order, ContextOrder::zigzag);
+  nlohmann::json bad = plan_to_json(plan);
+  bad["context_order"] = "ring";
+  EXPECT_NE(plan_from_json(bad).status().message().find("'ring' is not one of"), std::string::npos);
   EXPECT_NE(add_context_axis(&plan, 2).message().find("already"), std::string::npos);
   ModelGraph m = build_model(*find_preset("llama-tiny"), 2, 63, ModelMode::train);
   Plan cp = Plan::data_parallel(1);
@@ -71,6 +76,19 @@ TEST(ContextParallel, PlansNameTheAxisAndRefuseWhatDoesNotSplit) {
   EXPECT_NE(odd.status().message().find("sequence length 63 does not split over 2"),
             std::string::npos)
       << odd.status().to_string();
+  // Zigzag halves: 62 tokens split over 2 ranks but not into 4 halves; GPT's learned position
+  // table cannot follow the permuted order.
+  cp.context_order = ContextOrder::zigzag;
+  Result<Program> halves =
+      lower(build_model(*find_preset("llama-tiny"), 2, 62, ModelMode::train).graph, cp);
+  ASSERT_FALSE(halves.ok());
+  EXPECT_NE(halves.status().message().find("in 2 x 2 zigzag halves"), std::string::npos)
+      << halves.status().to_string();
+  Result<Program> gpt =
+      lower(build_model(*find_preset("gpt-tiny"), 2, 64, ModelMode::train).graph, cp);
+  ASSERT_FALSE(gpt.ok());
+  EXPECT_NE(gpt.status().message().find("'wpe' is a learned position table"), std::string::npos)
+      << gpt.status().to_string();
   Plan pp = Plan::pipeline_parallel(2, 1, 1);
   ASSERT_TRUE(add_context_axis(&pp, 2).ok());
   EXPECT_NE(validate(pp).message().find("not supported with pipeline stages"), std::string::npos);

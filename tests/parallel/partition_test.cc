@@ -187,12 +187,14 @@ TEST(Partition, SequenceParallelSplitsNormsAndResidualsAndShrinksTheArena) {
   EXPECT_LT(b->memory.arena_bytes, a->memory.arena_bytes * 0.95);
   int split = 0, reduce_scatters = 0, all_reduces_of_activations = 0;
   const Partitioned& part = b->part;
-  std::vector<Shape> gradients;  // (a parameter's gradient reduced over tp is no activation)
-  for (const ParamLayout& p : part.params) gradients.push_back(p.local_shape);
-  for (const Node& n : part.local.nodes()) {
-    const Shape& s = part.local.type(n.outputs[0]).shape;
-    const bool acts = n.outputs.size() == 1 && s.numel() >= 4 * 256 * 768 / 2 &&
-                      std::find(gradients.begin(), gradients.end(), s) == gradients.end();
+  std::vector<NodeId> gradients;  // (a parameter's gradient reduced over tp is no activation)
+  for (const std::vector<NodeId>& bucket : part.buckets)
+    gradients.insert(gradients.end(), bucket.begin(), bucket.end());
+  for (NodeId id = 0; id < static_cast<NodeId>(part.local.nodes().size()); ++id) {
+    const Node& n = part.local.node(id);
+    const bool acts = n.outputs.size() == 1 &&
+                      part.local.type(n.outputs[0]).shape.numel() >= 4 * 256 * 768 / 2 &&
+                      std::find(gradients.begin(), gradients.end(), id) == gradients.end();
     if (n.op == OpKind::layernorm &&
         part.placements[static_cast<size_t>(n.outputs[0])][1] == Placement::shard(1))
       ++split;

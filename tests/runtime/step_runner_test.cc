@@ -109,7 +109,9 @@ TEST_P(TensorParallelTest, LlamaMatchesOneRank) {
   // Under sequence parallelism this tiny model's feed-forward weights cost less whole (each
   // rank computes its part of the sequence; their gradients are all-reduced once) than split,
   // so the search may keep them whole: both layouts must match one rank.
-  if (!plan.sequence_parallel) EXPECT_EQ(plan.params, megatron.params);
+  if (!plan.sequence_parallel) {
+    EXPECT_EQ(plan.params, megatron.params);
+  }
   expect_ranks_match(plan, 8, tiny_llama());
   if (plan.params != megatron.params) expect_ranks_match(megatron, 8, tiny_llama());
 }

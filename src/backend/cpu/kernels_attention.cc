@@ -22,20 +22,26 @@ namespace {
 struct Dims {
   int64_t bsz, h, tq, tk, d, hkv, group;
   bool causal;
-  int64_t q0;  // the position of query row 0 in the keys' sequence (a sequence block's start)
+  int64_t block = 0, zigzag = 0;  // the queries' sequence chunk (op.h; 0 and 0 without one)
+  // Query row i's position among the keys (sequence_position: increasing in i).
+  int64_t position(int64_t i) const { return sequence_position(i, block, tq, zigzag); }
   // Query row i attends to keys [0, row_end(i)).
-  int64_t row_end(int64_t i) const { return causal ? std::min(tk, q0 + i + 1) : tk; }
+  int64_t row_end(int64_t i) const { return causal ? std::min(tk, position(i) + 1) : tk; }
   // Query rows [i0, i1) together attend to keys [0, block_end(i1)).
-  int64_t block_end(int64_t i1) const { return causal ? std::min(tk, q0 + i1) : tk; }
+  int64_t block_end(int64_t i1) const { return causal ? std::min(tk, position(i1 - 1) + 1) : tk; }
 };
 
 // `forward_inputs`: 3 (attention) or 6 (attention_grad), before the optional bias and block.
 Dims dims_of(const Args& a, size_t forward_inputs) {
   const Shape &sq = a.in_shape(0), &sk = a.in_shape(1);
   const int block = optional_inputs(a.in_types, forward_inputs).block;
-  const int64_t q0 = block >= 0 ? static_cast<int64_t>(a.iin(block)[0]) * sq[2] : 0;
-  return {sq[0], sq[1], sq[2], sk[2], sq[3], sk[1], sq[1] / sk[1], a.attr<AttentionAttrs>().causal,
-          q0};
+  const AttentionAttrs& at = a.attr<AttentionAttrs>();
+  Dims z{sq[0], sq[1], sq[2], sk[2], sq[3], sk[1], sq[1] / sk[1], at.causal};
+  if (block >= 0) {  // (zigzag only with a block)
+    z.block = static_cast<int64_t>(a.iin(block)[0]);
+    z.zigzag = at.zigzag;
+  }
+  return z;
 }
 
 const float* bias_of(const Args& a, size_t forward_inputs) {
@@ -43,7 +49,8 @@ const float* bias_of(const Args& a, size_t forward_inputs) {
   return bias >= 0 ? a.fin(bias) : nullptr;
 }
 
-// Query rows are taken in blocks of kBlock: causal, block [i0, i1) only meets keys [0, i1),
+// Query rows are taken in blocks of kBlock: causal, block [i0, i1) only meets keys
+// [0, block_end(i1)) ([0, i1) without a sequence block),
 // so the products skip the blocks above the diagonal (at T = 256, 5/8 of the square is
 // computed).
 constexpr int64_t kBlock = 64;

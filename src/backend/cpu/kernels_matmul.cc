@@ -1,3 +1,5 @@
+// matmul on OpenBLAS: batched, a shared rank-2 right operand (the batch folded into rows), or
+// MatmulAttrs::fold_batch (one GEMM over both operands' flattened rows).
 #include <cblas.h>
 
 #include <algorithm>

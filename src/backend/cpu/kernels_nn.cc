@@ -192,17 +192,19 @@ void rmsnorm_grad(const Args& a) {
 }
 
 // x [B,T,H,D], "rotate half" pairing (i, i + D/2), angle t * theta^(-2i/D); with a sequence
-// block (op.h), position block * T + t.
+// block (op.h), t is row's sequence_position.
 void rope(const Args& a) {
   const Shape& s = a.in_shape(0);
   int64_t bsz = s[0], t = s[1], h = s[2], d = s[3], half = d / 2;
-  const int64_t first = a.num_inputs() == 2 ? static_cast<int64_t>(a.iin(1)[0]) * t : 0;
-  std::vector<float> cs(static_cast<size_t>(t * half)), sn(cs.size());
   const RopeAttrs& r = a.attr<RopeAttrs>();
+  const bool blocked = a.num_inputs() == 2;  // (zigzag only with a block)
+  const int64_t block = blocked ? static_cast<int64_t>(a.iin(1)[0]) : 0,
+                zz = blocked ? r.zigzag : 0;
+  std::vector<float> cs(static_cast<size_t>(t * half)), sn(cs.size());
   double theta = r.theta;
   for (int64_t p = 0; p < t; ++p)
     for (int64_t i = 0; i < half; ++i) {
-      double ang = static_cast<double>(first + p) *
+      double ang = static_cast<double>(sequence_position(p, block, t, zz)) *
                    std::pow(theta, -2.0 * static_cast<double>(i) / static_cast<double>(d));
       cs[static_cast<size_t>(p * half + i)] = static_cast<float>(std::cos(ang));
       sn[static_cast<size_t>(p * half + i)] =

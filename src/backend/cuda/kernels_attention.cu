@@ -288,8 +288,8 @@ __global__ void dkv_kernel(const float* q, const float* k, const float* v, const
 // `forward_inputs`: 3 (attention) or 6 (attention_grad), before the optional bias and block.
 Dims dims_of(const Args& a, size_t forward_inputs) {
   TS_CHECK(optional_inputs(a.in_types, forward_inputs).block < 0)
-      << "context-parallel attention (a sequence block) has no CUDA kernel yet (StepRunner "
-         "refuses such plans on a device)";
+      << "context-parallel attention (a sequence block) has no CUDA kernel yet (StepRunner's "
+         "check_kernels refuses it on a device)";
   const Shape &sq = a.in_shape(0), &sk = a.in_shape(1);
   Dims z{sq[0], sq[1], sq[2], sk[2], sq[3], sk[1], sq[1] / sk[1], a.attr<AttentionAttrs>().causal};
   TS_CHECK(z.d <= kMaxGroup * kBackwardChunk) << "the CUDA attention kernel takes head dims up to "

@@ -481,14 +481,14 @@ void rmsnorm_grad(OpKind op, const Args& a) {
 // ---- rope, softmax, mask -----------------------------------------------------------------
 
 // x [B,T,H,D]: one thread per (b, t, i < D/2) computes the angle t * theta^(-2i/D) in double
-// (as the CPU kernel's table) and rotates the pair (i, i + D/2) of every head (t from block * T).
+// (as the CPU kernel's table; t: sequence_position) and rotates the pair (i, i + D/2) per head.
 __global__ void rope_kernel(const float* __restrict__ x, float* __restrict__ y,
                             const int32_t* __restrict__ block, int64_t t, int64_t h, int64_t d,
-                            double theta, bool inverse, int64_t n) {
-  const int64_t half = d / 2, first = block ? static_cast<int64_t>(block[0]) * t : 0;
+                            double theta, bool inverse, int64_t zigzag, int64_t n) {
+  const int64_t half = d / 2, b = block ? block[0] : 0, z = block ? zigzag : 0;
   for (int64_t e = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; e < n;
        e += static_cast<int64_t>(gridDim.x) * blockDim.x) {
-    const int64_t bp = e / half, i = e - bp * half, p = first + bp % t;
+    const int64_t bp = e / half, i = e - bp * half, p = sequence_position(bp % t, b, t, z);
     const double ang =
         static_cast<double>(p) * pow(theta, -2.0 * static_cast<double>(i) / static_cast<double>(d));
     const float cs = static_cast<float>(cos(ang));
@@ -509,7 +509,7 @@ void rope(OpKind, const Args& a) {
   const RopeAttrs& r = a.attr<RopeAttrs>();
   const int32_t* block = a.num_inputs() == 2 ? a.iin(1) : nullptr;  // rope's optional input
   rope_kernel<<<blocks_for(n), 256, 0, a.stream>>>(a.fin(0), a.fout(0), block, s[1], s[2], s[3],
-                                                   r.theta, r.inverse, n);
+                                                   r.theta, r.inverse, r.zigzag, n);
   TS_CUDA_LAUNCH();
 }
 

@@ -261,22 +261,28 @@ INSTANTIATE_TEST_SUITE_P(CausalOrNot, Attention, ::testing::Bool(),
 
 // Context parallelism: chunk c of the queries (a sequence block, op.h) against the whole
 // sequence's keys gives the whole attention's rows of that chunk, and the chunks' key and
-// value gradients add up to the whole's; rope of a chunk rotates by the chunk's positions.
-TEST(AttentionWithSequenceBlock, ChunksMatchTheirRowsOfTheWhole) {
+// value gradients add up to the whole's; rope of a chunk rotates by the chunk's positions. The
+// chunks are contiguous, or each two zigzag halves (c and 2N-1-c of 2N).
+class AttentionWithSequenceBlock : public ::testing::TestWithParam<int64_t> {};
+
+TEST_P(AttentionWithSequenceBlock, ChunksMatchTheirRowsOfTheWhole) {
+  const int64_t zigzag = GetParam();
   set_num_threads(2);
   const int64_t B = 2, H = 4, Hkv = 2, T = 160, D = 16, chunks = 2, Tq = T / chunks;
   const double scale = 1.0 / std::sqrt(double(D));
   const int64_t nq = B * H * T * D, nk = B * Hkv * T * D;
   std::vector<float> q = randn(nq, 1), k = randn(nk, 2), v = randn(nk, 3), dout = randn(nq, 4);
   const Reference want = reference_attention(q, k, v, dout, B, H, Hkv, T, D, scale, true);
-  const Attrs attrs = AttentionAttrs{.scale = scale, .causal = true};
+  const Attrs attrs = AttentionAttrs{.scale = scale, .causal = true, .zigzag = zigzag};
   const TensorType tq{Shape{B, H, Tq, D}, DType::f32}, tk{Shape{B, Hkv, T, D}, DType::f32},
       tl{Shape{B, H, Tq}, DType::f32}, ti{Shape{}, DType::i32};
-  // Rows [c * Tq, (c + 1) * Tq) of each (b, h) of a [B, H, T, D] tensor, and back.
+  // Chunk c's rows (sequence_position) of each (b, h) of a [B, H, T, D] tensor.
   auto rows = [&](const std::vector<float>& x, int64_t c) {
     std::vector<float> y(static_cast<size_t>(B * H * Tq * D));
     for (int64_t bh = 0; bh < B * H; ++bh)
-      std::copy_n(x.begin() + (bh * T + c * Tq) * D, Tq * D, y.begin() + bh * Tq * D);
+      for (int64_t t = 0; t < Tq; ++t)
+        std::copy_n(x.begin() + (bh * T + sequence_position(t, c, Tq, zigzag)) * D, D,
+                    y.begin() + (bh * Tq + t) * D);
     return y;
   };
   auto to_d = [](const std::vector<float>& x) { return std::vector<double>(x.begin(), x.end()); };
@@ -306,22 +312,26 @@ TEST(AttentionWithSequenceBlock, ChunksMatchTheirRowsOfTheWhole) {
 
   // rope [B, T, H, D]: the chunk's rows of the whole sequence's rotation.
   const std::vector<float> x = randn(B * T * H * D, 5);
-  const Attrs ra = RopeAttrs{.theta = 1e4};
+  const Attrs ra = RopeAttrs{.theta = 1e4, .zigzag = zigzag};
   std::vector<float> whole(x.size());
   std::vector<TensorType> rin = {{Shape{B, T, H, D}, DType::f32}};
   rope(Args{ra, rin, rin, {x.data()}, {whole.data()}});
   for (int32_t c = 0; c < chunks; ++c) {
     std::vector<float> xc(static_cast<size_t>(B * Tq * H * D)), yc(xc.size()), wc(xc.size());
-    for (int64_t b = 0; b < B; ++b) {
-      std::copy_n(x.begin() + (b * T + c * Tq) * H * D, Tq * H * D, xc.begin() + b * Tq * H * D);
-      std::copy_n(whole.begin() + (b * T + c * Tq) * H * D, Tq * H * D,
-                  wc.begin() + b * Tq * H * D);
-    }
+    for (int64_t b = 0; b < B; ++b)
+      for (int64_t t = 0; t < Tq; ++t) {
+        const int64_t from = (b * T + sequence_position(t, c, Tq, zigzag)) * H * D;
+        std::copy_n(x.begin() + from, H * D, xc.begin() + (b * Tq + t) * H * D);
+        std::copy_n(whole.begin() + from, H * D, wc.begin() + (b * Tq + t) * H * D);
+      }
     std::vector<TensorType> cin = {{Shape{B, Tq, H, D}, DType::f32}, ti}, cout = {cin[0]};
     rope(Args{ra, cin, cout, {xc.data(), &c}, {yc.data()}});
     EXPECT_EQ(max_abs_diff(yc, to_d(wc)), 0.0) << "rope chunk " << c;
   }
 }
+
+INSTANTIATE_TEST_SUITE_P(Order, AttentionWithSequenceBlock, ::testing::Values(0, 2),
+                         [](const auto& info) { return info.param ? "Zigzag" : "Contiguous"; });
 
 }  // namespace
 }  // namespace tessera::cpu
