@@ -3,6 +3,7 @@
 // logits. The partition pass emits them when a tensor axis splits the vocabulary (shard comes
 // from axis_index); model code never does.
 //
+// ([N, Vl] below: the logits' rows N may be several leading dims, [..., Vl], as cross_entropy's.)
 //   logsumexp(x [..., V])                         -> [...]: log sum exp over the last dim
 //   vocab_logsumexp(logits [N,Vl], shard)         -> [N]: logsumexp of the block's class
 //                                                    columns (-inf when it has none)

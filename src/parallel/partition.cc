@@ -201,7 +201,17 @@ Status Pass::flush_bucket() {
     if (pl.grads_sharded) {
       for (const std::string& z : plan_.zero_axes) {
         auto it = std::find(rest.begin(), rest.end(), z);
-        if (it != rest.end()) {
+        const size_t k = static_cast<size_t>(plan_.mesh.axis_index(z));
+        if (it == rest.end() && z == plan_.context_axis && sizes_[k] > 1 && cur[k].is_replicate()) {
+          // A whole gradient on the context axis (GPT's position table, gathered above) is
+          // made a partial sum to be reduce-scattered: each rank adds its n-th.
+          Placements p = out_.placements[static_cast<size_t>(v)];
+          p[k] = Placement::partial();
+          TS_ASSIGN_OR_RETURN(
+              v, emit(OpKind::scale, ScalarAttrs{.value = 1.0 / static_cast<double>(sizes_[k])},
+                      {v}, like, {p}, {}));
+          cur = p;
+        } else if (it != rest.end()) {
           rest.erase(it);
         } else if (plan_.mesh.axis_size(z) > 1) {
           return error("partition: gradient of " + pl.name + " is not Partial on ZeRO axis " + z,

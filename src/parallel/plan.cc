@@ -195,6 +195,9 @@ Status add_context_axis(Plan* p, int cp) {
   axes.insert(at, MeshAxis{"cp", cp});
   p->mesh = Mesh(std::move(axes));
   p->context_axis = "cp";
+  // ZeRO shards over the context ranks too (their parameters are replicas, as the data ranks'),
+  // unless the plan shards within a group of the data ranks only (HSDP).
+  if (p->zero_axes == p->data_axes) p->zero_axes = p->with_context_axis(p->zero_axes);
   return Status();
 }
 
@@ -283,8 +286,9 @@ Status validate(const Plan& p, int world) {
     if (!names.count(a)) return error("plan: data axis '" + a + "' is not a mesh axis");
   for (const std::string& a : p.zero_axes) {
     if (!names.count(a)) return error("plan: zero axis '" + a + "' is not a mesh axis");
-    if (std::find(p.data_axes.begin(), p.data_axes.end(), a) == p.data_axes.end())
-      return error("plan: zero axis '" + a + "' must also be a data axis");
+    if (std::find(p.data_axes.begin(), p.data_axes.end(), a) == p.data_axes.end() &&
+        a != p.context_axis)
+      return error("plan: zero axis '" + a + "' must also be a data axis (or the context axis)");
   }
   auto has = [](const std::vector<std::string>& v, const std::string& a) {
     return std::find(v.begin(), v.end(), a) != v.end();

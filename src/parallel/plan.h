@@ -99,8 +99,9 @@ class Mesh {
 struct Plan {
   Mesh mesh{{{"dp", 1}}};
   std::vector<std::string> data_axes{"dp"};  // the batch is Shard(0) over these
-  std::vector<std::string> zero_axes{"dp"};  // ZeRO shards over these (subset of data_axes)
-  std::vector<std::string> tensor_axes;      // parameters laid out by `params` over these
+  // ZeRO shards over these (a subset of data_axes, with context_axis: add_context_axis adds it)
+  std::vector<std::string> zero_axes{"dp"};
+  std::vector<std::string> tensor_axes;  // parameters laid out by `params` over these
   // Per-parameter placements, one per mesh axis; only tensor axes may be non-Replicate.
   std::map<std::string, std::vector<Placement>> params;
   int zero = 0;                       // 0: plain data parallel; 1, 2, 3 (FSDP)

@@ -295,7 +295,10 @@ bool StepRunner::first_holder(size_t i, bool zero_sharded) const {
   const Plan& plan = prog_.plan;
   std::vector<std::string> same = zero_sharded ? plan.replica_axes() : plan.data_axes;
   for (const std::string& t : replicated_tensor_axes(i)) same.push_back(t);
-  if (plan.context_group() > 1) same.push_back(plan.context_axis);  // parameters replicated
+  // Parameters are replicated over a context axis, unless ZeRO shards over it.
+  const bool context_sharded =
+      zero_sharded && std::count(plan.zero_axes.begin(), plan.zero_axes.end(), plan.context_axis);
+  if (plan.context_group() > 1 && !context_sharded) same.push_back(plan.context_axis);
   return plan.mesh.group_index(rank_, same) == 0;
 }
 

@@ -184,11 +184,12 @@ TEST_F(DistributedTrainTest, T5RunsUnderEveryPlanMatchOneRank) {
 }
 
 // Context parallelism: llama-tiny's sequences split over 2 ranks (alone, with tensor
-// parallelism, with ZeRO-2 data parallelism) follow one rank step for step, and the
-// context-parallel run's checkpoint resumes on one rank; so does GPT (a learned position table
-// sliced by the chunk) with sequence parallelism beside it, and LLaMA over 4 ranks in the
-// zigzag order (halves r and 7-r). A sequence that does not split over the ranks, a zigzag
-// order over a learned position table and a model that is no language model are refused.
+// parallelism, with data parallelism and ZeRO-3 over both axes) follow one rank step for step,
+// and the context-parallel run's checkpoint resumes on one rank; so does GPT (a learned
+// position table sliced by the chunk) with sequence parallelism and ZeRO-2 beside it, and LLaMA
+// over 4 ranks in the zigzag order (halves r and 7-r). A sequence that does not split over the
+// ranks, a zigzag order over a learned position table and a model that is no language model are
+// refused.
 TEST_F(DistributedTrainTest, ContextParallelRunsMatchOneRank) {
   model_ = "llama-tiny";
   seq_flag_ = "--seq 64";
@@ -200,11 +201,12 @@ TEST_F(DistributedTrainTest, ContextParallelRunsMatchOneRank) {
   ASSERT_EQ(train(1, "cp", flags + "--resume", &log), 0) << log;
   EXPECT_NE(log.find("resumed from step 3"), std::string::npos) << log;
   ASSERT_EQ(train(4, "cp_tp", flags + "--cp 2 --tp 2", &log), 0) << log;
-  ASSERT_EQ(train(4, "cp_dp", flags + "--cp 2 --dp 2 --zero 2", &log), 0) << log;
+  ASSERT_EQ(train(4, "cp_dp", flags + "--cp 2 --dp 2 --zero 3", &log), 0) << log;
   ASSERT_EQ(train(4, "zigzag", flags + "--cp 4 --cp-order zigzag", &log), 0) << log;
   model_ = "gpt-tiny";
   ASSERT_EQ(train(1, "gpt", flags, &log), 0) << log;
-  ASSERT_EQ(train(4, "gpt_cp_sp", flags + "--cp 2 --tp 2 --sequence-parallel", &log), 0) << log;
+  ASSERT_EQ(train(4, "gpt_cp_sp", flags + "--cp 2 --tp 2 --sequence-parallel --zero 2", &log), 0)
+      << log;
   const std::pair<const char*, const char*> runs[] = {{"cp", "straight"},
                                                       {"cp_tp", "straight"},
                                                       {"cp_dp", "straight"},

@@ -52,12 +52,14 @@ TEST(ContextParallel, LlamaSplitsEverySequenceAndGathersOnlyKeysAndValues) {
   EXPECT_LT(p->memory.arena_bytes, one->memory.arena_bytes * 0.8);
 }
 
-// A plan file names the context axis; a sequence that does not split, a second context axis and
-// a context axis with pipeline stages are refused by name.
+// A plan file names the context axis and its order; ZeRO shards over it; a sequence that does not
+// split, a second context axis and a context axis with pipeline stages are refused by name.
 TEST(ContextParallel, PlansNameTheAxisAndRefuseWhatDoesNotSplit) {
   Plan plan = Plan::tensor_parallel(2, 2);
   ASSERT_TRUE(add_context_axis(&plan, 2).ok());
   EXPECT_EQ(plan.mesh.to_string(), "{dp: 2, cp: 2, tp: 2}");  // tp innermost
+  // ZeRO shards over the context ranks too: they hold replicas of the parameters.
+  EXPECT_EQ(plan.zero_axes, (std::vector<std::string>{"dp", "cp"}));
   plan.context_order = ContextOrder::zigzag;
   Result<Plan> back = plan_from_json(plan_to_json(plan));
   ASSERT_TRUE(back.ok()) << back.status().to_string();
