@@ -539,6 +539,15 @@ Result<Partitioned> Pass::run() {
                      std::to_string(cp) + " context-parallel ranks" +
                      (zigzag ? " in 2 x " + std::to_string(cp) + " zigzag halves" : ""),
                  "use a --seq that is a multiple of " + std::to_string(pieces));
+  // Attention with a score bias (T5's relative positions) has no sequence-split form yet: it
+  // would gather everything; say so rather than run slowly.
+  for (const Node& n : g_.nodes())
+    if (cp > 1 && n.op == OpKind::attention && n.inputs.size() == 4)
+      return error(
+          "partition: context parallelism does not split attention with a position "
+          "bias (T5's) yet, at '" +
+              n.scope + "'",
+          "drop the context axis for this model");
   // A zigzag order permutes the sequence over the ranks: only rope and attention know the
   // rows' true positions, a learned position table sliced by the chunk would not.
   for (const Node& n : g_.nodes())

@@ -143,5 +143,32 @@ TEST(OpTime, ReshapeIsAViewUnlessMeasured) {
   EXPECT_GT(op_time(g, n, c.device, {{"reshape", 0.5}}, DType::f32).seconds, 5e-6);
 }
 
+// Causal attention computes the unmasked part of its score matrix: half of a square; of a
+// context-parallel chunk (Tq queries of Tk keys, a sequence block) the last chunk's, the
+// slowest, 1 - Tq / 2Tk; of a zigzag order's chunk half. The FLOPs stay the full rectangle's.
+TEST(OpTime, CausalAttentionTimesTheUnmaskedPartOfItsChunk) {
+  const DeviceSpec dev = round_cluster().device;
+  auto seconds = [&](int64_t tq, int64_t tk, bool block, int64_t zigzag) {
+    Graph g;
+    Builder b(&g);
+    Var q = b.input("q", Shape{4, 16, tq, 128}, DType::bf16);
+    Var k = b.input("k", Shape{4, 16, tk, 128}, DType::bf16);
+    Var v = b.input("v", Shape{4, 16, tk, 128}, DType::bf16);
+    std::vector<Var> in = {q, k, v};
+    if (block) in.push_back(b.input("block", Shape{}, DType::i32));
+    Var out = b.op<OpKind::attention>(in, {.scale = 0.1, .causal = true, .zigzag = zigzag})[0];
+    const OpTime t = op_time(g, g.node(g.value(out.id).producer), dev, {}, DType::bf16);
+    EXPECT_EQ(t.bound, OpTime::compute);
+    return std::pair{t.seconds - dev.launch_overhead, t.flops};
+  };
+  const auto [whole, whole_flops] = seconds(8192, 8192, false, 0);
+  const auto [last, chunk_flops] = seconds(2048, 8192, true, 0);
+  const auto [zigzag, zigzag_flops] = seconds(2048, 8192, true, 4);
+  EXPECT_DOUBLE_EQ(chunk_flops, whole_flops / 4);
+  EXPECT_DOUBLE_EQ(zigzag_flops, chunk_flops);
+  EXPECT_NEAR(last / whole, (1.0 - 2048.0 / (2 * 8192)) / 4 / 0.5, 1e-9);  // 7/8 of 1/4, vs 1/2
+  EXPECT_NEAR(zigzag / whole, 0.25, 1e-9);
+}
+
 }  // namespace
 }  // namespace tessera

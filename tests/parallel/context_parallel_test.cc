@@ -53,7 +53,8 @@ TEST(ContextParallel, LlamaSplitsEverySequenceAndGathersOnlyKeysAndValues) {
 }
 
 // A plan file names the context axis and its order; ZeRO shards over it; a sequence that does not
-// split, a second context axis and a context axis with pipeline stages are refused by name.
+// split, a zigzag order over a learned position table, T5's biased attention, a second context
+// axis and a context axis with pipeline stages are refused by name.
 TEST(ContextParallel, PlansNameTheAxisAndRefuseWhatDoesNotSplit) {
   Plan plan = Plan::tensor_parallel(2, 2);
   ASSERT_TRUE(add_context_axis(&plan, 2).ok());
@@ -91,6 +92,12 @@ TEST(ContextParallel, PlansNameTheAxisAndRefuseWhatDoesNotSplit) {
   ASSERT_FALSE(gpt.ok());
   EXPECT_NE(gpt.status().message().find("'wpe' is a learned position table"), std::string::npos)
       << gpt.status().to_string();
+  cp.context_order = ContextOrder::contiguous;
+  Result<Program> t5 =
+      lower(build_model(*find_preset("t5-tiny"), 2, 40, ModelMode::train).graph, cp);
+  ASSERT_FALSE(t5.ok());
+  EXPECT_NE(t5.status().message().find("attention with a position bias"), std::string::npos)
+      << t5.status().to_string();
   Plan pp = Plan::pipeline_parallel(2, 1, 1);
   ASSERT_TRUE(add_context_axis(&pp, 2).ok());
   EXPECT_NE(validate(pp).message().find("not supported with pipeline stages"), std::string::npos);

@@ -217,6 +217,25 @@ TEST(CudaBackend, RunsEveryOpOfGptAndLlamaTrainingGraphsLikeTheCpu) {
   print(report);
 }
 
+// rope of a context-parallel rank's chunk (a sequence block input, contiguous or zigzag: op.h's
+// sequence_position) as the CPU rotates it. (Attention with a block has no CUDA kernel yet: the
+// runner refuses it on a device.)
+TEST(CudaBackend, RopeOfASequenceChunkLikeTheCpu) {
+  REQUIRE_DEVICE();
+  std::map<std::string, OpReport> report;
+  for (int64_t zigzag : {0, 2}) {
+    Graph g;
+    Builder b(&g);
+    Var x = b.input("x", Shape{2, 16, 4, 8});
+    Var block = b.input("block", Shape{}, DType::i32);  // 0 or 1: check_graph's ids below 2
+    b.op<OpKind::rope>({x, block}, {.theta = 1e4, .zigzag = zigzag});
+    std::set<std::string> missing = check_graph(g, 2, &report);
+    EXPECT_TRUE(missing.empty()) << joined(missing);
+  }
+  EXPECT_TRUE(report.count("rope"));
+  print(report);
+}
+
 // The same graphs built in bf16 and f16 (ModelConfig::dtype): every op's low-precision path,
 // as stored (matmul, attention, the norms, cross-entropy, the sums, the elementwise ops) or
 // widened.
