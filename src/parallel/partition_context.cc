@@ -51,19 +51,14 @@ Result<std::vector<ValueId>> Pass::lower_sequence_blocks(const Node& n, const At
                                                          const std::vector<Placements>& out_pl,
                                                          const std::vector<Shape>& expect,
                                                          const std::vector<size_t>& axes) {
-  // The chunk's index: row-major over the axes in mesh order, as a dim split over several
-  // axes is laid out (parallel/layout.h).
-  std::vector<std::string> names;
-  for (size_t k : axes) names.push_back(plan_.mesh.axes()[k].name);
-  const GroupAttrs group{.axes = axes_key(names), .size = plan_.mesh.group_size(names)};
+  const GroupAttrs group = group_over(axes);
   // A zigzag order (Plan::context_order) on the context axis: the chunk's rows are two halves.
-  const bool zigzag = plan_.context_order == ContextOrder::zigzag &&
-                      names == std::vector<std::string>{plan_.context_axis};
+  const bool zigzag =
+      plan_.context_order == ContextOrder::zigzag && group.axes == plan_.context_axis;
   Attrs a = given;
   if (zigzag && n.op == OpKind::rope) attrs_as<RopeAttrs>(a).zigzag = group.size;
   if (zigzag && n.op != OpKind::rope) attrs_as<AttentionAttrs>(a).zigzag = group.size;
-  const Placements rep(sizes_.size(), Placement::replicate());
-  TS_ASSIGN_OR_RETURN(ValueId block, emit(OpKind::axis_index, group, {}, n, {rep}, {Shape{}}));
+  TS_ASSIGN_OR_RETURN(ValueId block, index_in(group, n));
   if (n.op == OpKind::rope) {
     ins.push_back(block);
     TS_ASSIGN_OR_RETURN(ValueId y, emit(OpKind::rope, a, std::move(ins), n, out_pl, expect));

@@ -40,16 +40,24 @@ std::vector<size_t> Pass::vocab_axes(const Node& n, const std::vector<ValueId>& 
   return axes;
 }
 
+GroupAttrs Pass::group_over(const std::vector<size_t>& axes) const {
+  std::vector<std::string> names;
+  for (size_t k : axes) names.push_back(plan_.mesh.axes()[k].name);
+  return GroupAttrs{.axes = axes_key(names), .size = plan_.mesh.group_size(names)};
+}
+
+Result<ValueId> Pass::index_in(const GroupAttrs& group, const Node& like) {
+  const Placements rep(sizes_.size(), Placement::replicate());
+  return emit(OpKind::axis_index, group, {}, like, {rep}, {Shape{}});
+}
+
 Result<std::vector<ValueId>> Pass::lower_vocab(const Node& n, Attrs a,
                                                const std::vector<ValueId>& ins,
                                                const std::vector<Placements>& out_pl,
                                                const std::vector<Shape>& expect,
                                                const std::vector<size_t>& axes) {
-  std::vector<std::string> names;
-  for (size_t k : axes) names.push_back(plan_.mesh.axes()[k].name);
-  const GroupAttrs group{.axes = axes_key(names), .size = plan_.mesh.group_size(names)};
-  const Placements rep(sizes_.size(), Placement::replicate());
-  TS_ASSIGN_OR_RETURN(ValueId shard, emit(OpKind::axis_index, group, {}, n, {rep}, {Shape{}}));
+  const GroupAttrs group = group_over(axes);
+  TS_ASSIGN_OR_RETURN(ValueId shard, index_in(group, n));
   auto one = [&](OpKind op, std::vector<ValueId> in) -> Result<std::vector<ValueId>> {
     in.push_back(shard);
     TS_ASSIGN_OR_RETURN(ValueId y, emit(op, a, std::move(in), n, out_pl, expect));

@@ -48,6 +48,11 @@ class Pass {
                           const Node& like, std::vector<NodeId>* bucket = nullptr);
   Result<ValueId> lower_step(const CommStep& s, ValueId v, const Node& like,
                              std::vector<NodeId>* bucket);
+  // The rank group over the mesh axes `axes` (indices), and this rank's index in it, from
+  // axis_index: row-major over the axes in mesh order, as a dim split over several axes is laid
+  // out (parallel/layout.h).
+  GroupAttrs group_over(const std::vector<size_t>& axes) const;
+  Result<ValueId> index_in(const GroupAttrs& group, const Node& like);
   // Vocab parallelism: the mesh axes (of more than one rank) that split the vocabulary of an
   // embedding or cross-entropy node, and its lowering to the vocab-parallel ops (ops_vocab.cc).
   std::vector<size_t> vocab_axes(const Node& n, const std::vector<ValueId>& ins,
