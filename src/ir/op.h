@@ -212,6 +212,11 @@ struct CrossEntropyAttrs {
   int64_t rows = 0;     // the rows the mean divides by (0: the input's rows)
 };
 
+// The rows of logits [..., V] (every dim but the classes): what cross_entropy averages over.
+inline int64_t logit_rows(const Shape& logits) {
+  return logits.rank() > 0 && logits[-1] > 0 ? logits.numel() / logits[-1] : 0;
+}
+
 struct CastAttrs {
   DType dtype = DType::f32;
 };

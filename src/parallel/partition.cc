@@ -47,6 +47,13 @@ Result<ValueId> Pass::to_replicate(ValueId local, const Shape& global, int axis,
   return convert(local, global, pl, like);
 }
 
+Result<ValueId> Pass::to_partial(ValueId local, size_t axis, const Node& like) {
+  Placements pl = out_.placements[static_cast<size_t>(local)];
+  pl[axis] = Placement::partial();
+  const ScalarAttrs share{.value = 1.0 / static_cast<double>(sizes_[axis])};
+  return emit(OpKind::scale, share, {local}, like, {pl}, {});
+}
+
 Result<ValueId> Pass::convert(ValueId local, const Shape& global, const Placements& target,
                               const Node& like, std::vector<NodeId>* bucket) {
   const TensorLayout from{global, out_.placements[static_cast<size_t>(local)], {}};
@@ -204,13 +211,9 @@ Status Pass::flush_bucket() {
         const size_t k = static_cast<size_t>(plan_.mesh.axis_index(z));
         if (it == rest.end() && z == plan_.context_axis && sizes_[k] > 1 && cur[k].is_replicate()) {
           // A whole gradient on the context axis (GPT's position table, gathered above) is
-          // made a partial sum to be reduce-scattered: each rank adds its n-th.
-          Placements p = out_.placements[static_cast<size_t>(v)];
-          p[k] = Placement::partial();
-          TS_ASSIGN_OR_RETURN(
-              v, emit(OpKind::scale, ScalarAttrs{.value = 1.0 / static_cast<double>(sizes_[k])},
-                      {v}, like, {p}, {}));
-          cur = p;
+          // made a partial sum to be reduce-scattered.
+          TS_ASSIGN_OR_RETURN(v, to_partial(v, k, like));
+          cur = out_.placements[static_cast<size_t>(v)];
         } else if (it != rest.end()) {
           rest.erase(it);
         } else if (plan_.mesh.axis_size(z) > 1) {
@@ -425,18 +428,12 @@ Status Pass::visit(NodeId id) {
     if (sliced) continue;
     // A parameter's gradient summed from a partial and a whole part (GPT's tied token table
     // under sequence parallelism: the head's gradient a partial sum over the sequence, the
-    // embedding's whole) stays a partial sum, reduced once per step with the other gradients:
-    // the whole part is scaled by 1/n, each rank adding its n-th.
+    // embedding's whole) stays a partial sum, reduced once per step with the other gradients.
     if (n.op == OpKind::add && grad_of_.count(n.outputs[0]) && lazy[0].empty() && lazy[1].empty() &&
         pk[0].is_partial() != pk[1].is_partial() &&
         (pk[0].is_replicate() || pk[1].is_replicate())) {
       const size_t whole = pk[0].is_replicate() ? 0 : 1;
-      Placements p = out_.placements[static_cast<size_t>(ins[whole])];
-      p[k] = Placement::partial();
-      TS_ASSIGN_OR_RETURN(
-          ins[whole],
-          emit(OpKind::scale, ScalarAttrs{.value = 1.0 / static_cast<double>(sizes_[k])},
-               {ins[whole]}, n, {p}, {}));
+      TS_ASSIGN_OR_RETURN(ins[whole], to_partial(ins[whole], k, n));
       out_pl[0][k] = Placement::partial();
       continue;
     }
@@ -478,7 +475,7 @@ Status Pass::visit(NodeId id) {
     case OpKind::cross_entropy:
     case OpKind::cross_entropy_grad: {
       CrossEntropyAttrs& ce = attrs_as<CrossEntropyAttrs>(a);
-      if (ce.rows == 0) ce.rows = in_types[0].shape.numel() / in_types[0].shape[-1];
+      if (ce.rows == 0) ce.rows = logit_rows(in_types[0].shape);
       break;
     }
     default:

@@ -41,6 +41,8 @@ class Pass {
   Result<Shape> local_shape(const Shape& global, const Placements& pl,
                             const std::string& what) const;
   Result<ValueId> to_replicate(ValueId local, const Shape& global, int axis, const Node& like);
+  // A value whole on mesh axis `axis` as a partial sum there, for free: each rank's n-th.
+  Result<ValueId> to_partial(ValueId local, size_t axis, const Node& like);
   // Converts a local value laid out as its recorded placements into `target` (redistribute(),
   // each step lowered to collectives and the reshapes/transposes that pack them). `bucket`
   // collects the collectives emitted.

@@ -321,7 +321,7 @@ void cross_entropy(const Args& a) {
   const float* logits = a.fin(0);
   const int32_t* tgt = a.iin(1);
   float *loss = a.fout(0), *lse = a.fout(1);
-  const int64_t v = a.in_shape(0)[-1], n = v > 0 ? a.in_shape(0).numel() / v : 0, k = classes(a, v);
+  const int64_t v = a.in_shape(0)[-1], n = logit_rows(a.in_shape(0)), k = classes(a, v);
   for (int64_t i = 0; i < n; ++i)
     TS_CHECK(tgt[i] >= 0 && tgt[i] < k) << "target " << tgt[i] << " out of range [0, " << k << ")";
   parallel_for(n, std::max<int64_t>(1, 16384 / v), [&](int64_t lo, int64_t hi) {
@@ -341,7 +341,7 @@ void cross_entropy_grad_cols(const Args& a, int64_t first) {
   const float *logits = a.fin(0), *lse = a.fin(2), *dloss = a.fin(3);
   const int32_t* tgt = a.iin(1);
   float* dl = a.fout(0);
-  const int64_t v = a.in_shape(0)[-1], n = v > 0 ? a.in_shape(0).numel() / v : 0;
+  const int64_t v = a.in_shape(0)[-1], n = logit_rows(a.in_shape(0));
   const int64_t k = std::clamp<int64_t>(classes(a, first + v) - first, 0, v);
   const int64_t rows = mean_rows(a, n);
   float scale = dloss[0] / static_cast<float>(rows);
@@ -377,7 +377,7 @@ void logsumexp(const Args& a) {
 void vocab_logsumexp(const Args& a) {
   const float* x = a.fin(0);
   float* y = a.fout(0);
-  const int64_t v = a.in_shape(0)[-1], n = v > 0 ? a.in_shape(0).numel() / v : 0;
+  const int64_t v = a.in_shape(0)[-1], n = logit_rows(a.in_shape(0));
   const int64_t first = block_start(a, 1, v);
   const int64_t k = std::clamp<int64_t>(classes(a, first + v) - first, 0, v);
   parallel_for(n, std::max<int64_t>(1, 16384 / v), [&](int64_t lo, int64_t hi) {
@@ -390,7 +390,7 @@ void vocab_pick(const Args& a) {
   const float* logits = a.fin(0);
   const int32_t* tgt = a.iin(1);
   float* y = a.fout(0);
-  const int64_t v = a.in_shape(0)[-1], n = v > 0 ? a.in_shape(0).numel() / v : 0;
+  const int64_t v = a.in_shape(0)[-1], n = logit_rows(a.in_shape(0));
   const int64_t first = block_start(a, 2, v);
   for (int64_t i = 0; i < n; ++i) {
     const int64_t t = tgt[i] - first;

@@ -671,7 +671,7 @@ __global__ void ce_loss_kernel(const T* __restrict__ logits, const int32_t* __re
 // The logits as stored (f32, bf16, f16); the loss and the log-sum-exps are f32.
 void cross_entropy(OpKind op, const Args& a) {
   if (!one_storage(a, {0}, {})) return run_in_f32(op, a, cross_entropy);
-  const int64_t v = a.in_shape(0)[-1], n = v > 0 ? a.in_shape(0).numel() / v : 0;
+  const int64_t v = a.in_shape(0)[-1], n = logit_rows(a.in_shape(0));
   // The class columns (the rest is padding), the rows the mean divides by (all ranks' when they
   // are split). Launched for n == 0 too, to write the scalar loss (0 / rows, as on the CPU).
   const CrossEntropyAttrs& ce = a.attr<CrossEntropyAttrs>();
@@ -726,7 +726,7 @@ __global__ void ce_grad_kernel(const T* __restrict__ logits, const int32_t* __re
 // The logits and their gradient as stored; the log-sum-exps and the loss gradient f32.
 void ce_grad_impl(OpKind op, const Args& a, const int32_t* shard, KernelFn self) {
   if (!one_storage(a, {0}, {0})) return run_in_f32(op, a, self);
-  const int64_t v = a.in_shape(0)[-1], n = v > 0 ? a.in_shape(0).numel() / v : 0;
+  const int64_t v = a.in_shape(0)[-1], n = logit_rows(a.in_shape(0));
   if (n == 0 || v == 0) return;
   const CrossEntropyAttrs& ce = a.attr<CrossEntropyAttrs>();
   const int64_t rows = ce.rows > 0 ? ce.rows : n;  // the global rows when split across ranks
@@ -750,7 +750,7 @@ void logsumexp(OpKind, const Args& a) {
 }
 
 void vocab_logsumexp(OpKind, const Args& a) {
-  const int64_t v = a.in_shape(0)[-1], n = v > 0 ? a.in_shape(0).numel() / v : 0;
+  const int64_t v = a.in_shape(0)[-1], n = logit_rows(a.in_shape(0));
   launch_lse<float>(a, a.iin(1), a.fout(0), n, v, a.attr<CrossEntropyAttrs>().classes);
 }
 
@@ -767,7 +767,7 @@ __global__ void vocab_pick_kernel(const float* __restrict__ logits, const int32_
 }
 
 void vocab_pick(OpKind, const Args& a) {
-  const int64_t v = a.in_shape(0)[-1], n = v > 0 ? a.in_shape(0).numel() / v : 0;
+  const int64_t v = a.in_shape(0)[-1], n = logit_rows(a.in_shape(0));
   if (n == 0) return;
   vocab_pick_kernel<<<blocks_for(n), 256, 0, a.stream>>>(a.fin(0), a.iin(1), a.iin(2), a.fout(0), n,
                                                          v);
