@@ -42,6 +42,12 @@ Status run_graph(const GraphOptions& o) {
       "shape            %lld layers, width %lld, %lld heads (%lld kv), ffn %lld, vocab %lld\n",
       (long long)cfg.n_layer, (long long)cfg.n_embd, (long long)cfg.n_head,
       (long long)cfg.kv_heads(), (long long)cfg.ffn(), (long long)cfg.vocab_size);
+  if (cfg.is_moe())
+    std::printf(
+        "experts          %lld per block, %lld per token, capacity %lld slots each (factor "
+        "%.3g)\n",
+        (long long)cfg.n_experts, (long long)cfg.experts_per_token,
+        (long long)cfg.expert_capacity(o.batch, seq), cfg.capacity_factor);
   std::printf("ops              %zu (forward %lld, backward %lld)\n", g.nodes().size(),
               (long long)fwd_nodes,
               (long long)(static_cast<int64_t>(g.nodes().size()) - fwd_nodes));

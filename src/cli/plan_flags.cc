@@ -53,6 +53,10 @@ std::string describe_block_layout(const BlockLayout& b, const Plan& plan) {
 
 Result<Plan> plan_from_flags(const PlanFlags& f, int ranks, int64_t heads) {
   Plan plan;
+  if (!f.file.empty() && f.ep > 1)
+    return error("--ep with --plan: the plan file gives the mesh",
+                 "add an axis {\"name\": \"ep\", \"size\": " + std::to_string(f.ep) +
+                     "} to the plan's mesh instead");
   if (!f.file.empty() && f.cp > 1)
     return error("--cp with --plan: the plan file gives the mesh",
                  "add an axis {\"name\": \"cp\", \"size\": " + std::to_string(f.cp) +
@@ -70,22 +74,25 @@ Result<Plan> plan_from_flags(const PlanFlags& f, int ranks, int64_t heads) {
                        ": " + divisors(ranks, heads));
     if (f.pp < 1) return error("--pp must be at least 1, got " + std::to_string(f.pp));
     if (f.cp < 1) return error("--cp must be at least 1, got " + std::to_string(f.cp));
-    const int inner = f.tp * f.pp * f.cp;  // ranks of one data-parallel replica
+    if (f.ep < 1) return error("--ep must be at least 1, got " + std::to_string(f.ep));
+    const int inner = f.tp * f.pp * f.cp * f.ep;  // ranks of one data-parallel replica
     if (f.dp == 0 && ranks % inner != 0)
       return error("--pp " + std::to_string(f.pp) + " x --tp " + std::to_string(f.tp) +
-                       (f.cp > 1 ? " x --cp " + std::to_string(f.cp) : std::string()) + " = " +
+                       (f.cp > 1 ? " x --cp " + std::to_string(f.cp) : std::string()) +
+                       (f.ep > 1 ? " x --ep " + std::to_string(f.ep) : std::string()) + " = " +
                        std::to_string(inner) + " does not divide the " + std::to_string(ranks) +
                        " ranks",
-                   "use --pp, --tp and --cp whose product divides " + std::to_string(ranks) + ": " +
-                       divisors(ranks));
+                   "use --pp, --tp, --cp and --ep whose product divides " + std::to_string(ranks) +
+                       ": " + divisors(ranks));
     const int dp = f.dp > 0 ? f.dp : ranks / inner;
     if (ranks > 0 && dp * inner != ranks)
       return error("--dp " + std::to_string(dp) + " x --tp " + std::to_string(f.tp) +
                        (f.pp > 1 ? " x --pp " + std::to_string(f.pp) : std::string()) +
-                       (f.cp > 1 ? " x --cp " + std::to_string(f.cp) : std::string()) + " is " +
+                       (f.cp > 1 ? " x --cp " + std::to_string(f.cp) : std::string()) +
+                       (f.ep > 1 ? " x --ep " + std::to_string(f.ep) : std::string()) + " is " +
                        std::to_string(dp * inner) + " ranks, but the job has " +
                        std::to_string(ranks),
-                   "drop --dp (it defaults to ranks / (tp x pp x cp)) or launch " +
+                   "drop --dp (it defaults to ranks / (tp x pp x cp x ep)) or launch " +
                        std::to_string(dp * inner) + " ranks");
     if (f.pp > 1) {
       if (f.hsdp > 0)
@@ -105,6 +112,7 @@ Result<Plan> plan_from_flags(const PlanFlags& f, int ranks, int64_t heads) {
       plan = Plan::data_parallel(dp, f.zero);
     }
     TS_RETURN_IF_ERROR(add_context_axis(&plan, f.cp));
+    TS_RETURN_IF_ERROR(add_expert_axis(&plan, f.ep));
   }
   if (f.micro > 0) plan.micro_batches = f.micro;
   if (f.sequence_parallel) plan.sequence_parallel = true;
@@ -173,6 +181,11 @@ const char* const kContextOrderHelp =
     "attention does the most) | zigzag (2 x cp halves, rank r halves r and 2cp-1-r: equal "
     "work; not for learned position tables, GPT). Default: the plan's, or contiguous";
 
+const char* const kExpertParallelHelp =
+    "Expert-parallel ranks (mixture-of-experts models): each holds n_experts / ep of every "
+    "block's experts and its own share of the batch; tokens reach their experts and come "
+    "back by all-to-all";
+
 void add_plan_flags(CLI::App* cmd, PlanFlags* f) {
   cmd->add_option("--tp", f->tp,
                   "Tensor-parallel ranks, innermost (placements found by the sharding search)")
@@ -196,6 +209,7 @@ void add_plan_flags(CLI::App* cmd, PlanFlags* f) {
   cmd->add_option("--offload", f->offload, kOffloadHelp);
   cmd->add_option("--cp", f->cp, kContextParallelHelp)->capture_default_str();
   cmd->add_option("--cp-order", f->cp_order, kContextOrderHelp);
+  cmd->add_option("--ep", f->ep, kExpertParallelHelp)->capture_default_str();
   cmd->add_flag("--sequence-parallel", f->sequence_parallel,
                 "Sequence parallelism with --tp: norms and residual adds split on the sequence "
                 "over the tensor-parallel ranks (reduce-scatter + all-gather instead of "

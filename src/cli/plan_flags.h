@@ -40,11 +40,14 @@ struct PlanFlags {
   std::string offload;             // --offload none|optimizer; "": the plan file's (none)
   int cp = 1;                      // context-parallel ranks (inside dp and pp, outside tp)
   std::string cp_order;            // --cp-order contiguous|zigzag; "": the plan's (contiguous)
+  int ep = 1;                      // expert-parallel ranks (a data axis inside dp, outside tp)
 };
 
 // The help text of --cp (the same on train, plan and simulate).
 extern const char* const kContextParallelHelp;
 extern const char* const kContextOrderHelp;
+// The help text of --ep (the same on train, plan and simulate).
+extern const char* const kExpertParallelHelp;
 
 // The help text of --recompute-layers (the same on train, plan and simulate).
 extern const char* const kRecomputeLayersHelp;
@@ -53,7 +56,7 @@ extern const char* const kOffloadHelp;
 
 // Registers the plan flags `plan` and `simulate` share — --tp, --zero, --hsdp, --grad-accum,
 // --plan, --recompute, --recompute-layers, --sequence-parallel, --pp, --schedule,
-// --virtual-stages, --stage-layers, --offload, --cp, --cp-order — into *f (which must outlive
+// --virtual-stages, --stage-layers, --offload, --cp, --cp-order, --ep — into *f (which must outlive
 // the parse); the defaults shown are f's values. (`train` keeps its own, with longer help.)
 void add_plan_flags(CLI::App* cmd, PlanFlags* f);
 

@@ -83,7 +83,7 @@ Status run_submit(const SubmitOptions& so) {
     return error("--time-margin must be a fraction >= 0, got " + std::to_string(so.margin));
   TS_ASSIGN_OR_RETURN(TrainOptions o, parse_train_args(so.args));
   for (const char* flag :
-       {"--plan", "--dp", "--tp", "--pp", "--cp", "--cp-order", "--zero", "--hsdp"})
+       {"--plan", "--dp", "--tp", "--pp", "--cp", "--cp-order", "--ep", "--zero", "--hsdp"})
     for (const std::string& a : so.args)
       if (a == flag || a.rfind(std::string(flag) + "=", 0) == 0)
         return error(std::string(flag) + ": submit chooses the plan for the flavor's devices",

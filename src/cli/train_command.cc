@@ -39,7 +39,8 @@ PlanFlags plan_flags(const TrainOptions& o) {
                    o.stage_layers,
                    o.offload,
                    o.cp,
-                   o.cp_order};
+                   o.cp_order,
+                   o.ep};
 }
 
 // The plan of a run on `ranks` ranks with its placements (the sharding search with --tp, the
@@ -66,12 +67,12 @@ Result<Plan> train_plan(const TrainOptions& o, const ModelConfig& cfg, int ranks
 // chose (global micro-batch, micro-batches) is written back into the options. With `print`,
 // why: the runners-up and, knob by knob, what the fastest other value costs.
 Result<Plan> auto_plan(TrainOptions* o, const ModelConfig& cfg, int ranks, bool print) {
-  if (o->dp > 0 || o->tp > 1 || o->pp > 1 || o->cp > 1 || !o->cp_order.empty() || o->zero != 0 ||
-      o->hsdp > 0 || !o->recompute.empty() || o->sequence_parallel || !o->schedule.empty() ||
-      o->virtual_stages != -1 || !o->stage_layers.empty() || o->recompute_layers != -1 ||
-      !o->offload.empty())
+  if (o->dp > 0 || o->tp > 1 || o->pp > 1 || o->cp > 1 || !o->cp_order.empty() || o->ep > 1 ||
+      o->zero != 0 || o->hsdp > 0 || !o->recompute.empty() || o->sequence_parallel ||
+      !o->schedule.empty() || o->virtual_stages != -1 || !o->stage_layers.empty() ||
+      o->recompute_layers != -1 || !o->offload.empty())
     return error("--plan auto chooses the parallel configuration itself",
-                 "drop --dp/--tp/--pp/--cp/--zero/--hsdp/--recompute/--offload/"
+                 "drop --dp/--tp/--pp/--cp/--ep/--zero/--hsdp/--recompute/--offload/"
                  "--sequence-parallel/--schedule (or give them without --plan auto)");
   TS_ASSIGN_OR_RETURN(ClusterSpec cluster, load_cluster(o->cluster));
   // The job's ranks all run on this machine: a spec without a network is one node of them all.
@@ -176,13 +177,14 @@ Status run_train(const TrainOptions& options) {
   // A plan file that cannot be read is that error, whatever the number of processes.
   if (!o.plan.empty() && !automatic) TS_RETURN_IF_ERROR(load_plan(o.plan).status());
   // A distributed run: started by mpirun (or `tessera launch`), or asked for by flags.
-  const bool wants_ranks =
-      o.dp > 1 || o.tp > 1 || o.pp > 1 || o.cp > 1 || o.hsdp > 0 || (!o.plan.empty() && !automatic);
+  const bool wants_ranks = o.dp > 1 || o.tp > 1 || o.pp > 1 || o.cp > 1 || o.ep > 1 || o.hsdp > 0 ||
+                           (!o.plan.empty() && !automatic);
   TS_ASSIGN_OR_RETURN(std::unique_ptr<Communicator> world, join_mpi_job(o.collectives));
   if (world) {
     world->set_timeout(o.comm_timeout);
   } else if (wants_ranks) {
-    int n = std::max(o.dp, 1) * std::max(o.tp, 1) * std::max(o.pp, 1) * std::max(o.cp, 1);
+    int n = std::max(o.dp, 1) * std::max(o.tp, 1) * std::max(o.pp, 1) * std::max(o.cp, 1) *
+            std::max(o.ep, 1);
     if (n == 1) n = 2;
     return error("a distributed plan needs one process per rank",
                  "run `tessera launch -n " + std::to_string(n) + " -- train ...` or `mpirun -np " +
@@ -314,6 +316,7 @@ void add_train_command(CLI::App& app, TrainOptions& o) {
   cmd->add_option("--offload", o.offload, kOffloadHelp);
   cmd->add_option("--cp", o.cp, kContextParallelHelp)->capture_default_str();
   cmd->add_option("--cp-order", o.cp_order, kContextOrderHelp);
+  cmd->add_option("--ep", o.ep, kExpertParallelHelp)->capture_default_str();
   cmd->add_option("--precision", o.precision,
                   "fp32; bf16 or fp16: parameters, activations and gradients in it with f32 "
                   "master weights and AdamW state (fp16 with dynamic loss scaling; GPT and "

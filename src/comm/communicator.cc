@@ -32,6 +32,13 @@ Request Communicator::all_gather(const void* in, void* out, int64_t count, DType
   return do_all_gather(in, out, count, dtype, std::move(what));
 }
 
+Request Communicator::all_to_all(const void* in, void* out, int64_t count, DType dtype,
+                                 std::string what) {
+  TS_CHECK_GE(count, 0) << "all_to_all '" << what << "'";
+  TS_CHECK(count == 0 || in != out) << "all_to_all '" << what << "': in and out overlap";
+  return do_all_to_all(in, out, count, dtype, std::move(what));
+}
+
 Request Communicator::broadcast(void* data, int64_t count, DType dtype, int root,
                                 std::string what) {
   TS_CHECK_GE(count, 0) << "broadcast '" << what << "'";

@@ -18,8 +18,8 @@
 //   TS_ASSIGN_OR_RETURN(double loss, dp->all_reduce_scalar(local_loss, /*max=*/false, "loss"));
 //
 // Element types: f32, bf16 and f16 everywhere, i32 for the operations that only move data
-// (all_gather, broadcast, send, recv). The host implementations reduce bf16/f16 in f32 (widened
-// on the comm thread, narrowed once at the end, so the result is that of an f32 reduction
+// (all_gather, all_to_all, broadcast, send, recv). The host implementations reduce bf16/f16 in f32
+// (widened on the comm thread, narrowed once at the end, so the result is that of an f32 reduction
 // rounded once) and move their partial sums as f32; the operations that only move data move
 // the stored bytes.
 //
@@ -35,6 +35,7 @@
 //   all_reduce     2*count*4 - 4*(chunk r + chunk (r+1)%n)   ≈ 2(n-1)/n · B
 //   reduce_scatter (n-1)*count*4   (count = per-rank block)    = (n-1)/n · B of the input
 //   all_gather     (n-1)*count*e   (count = per-rank block)    = (n-1)/n · B of the output
+//   all_to_all     (n-1)*count*e   (count = per-rank block)    = (n-1)/n · B of the input
 //   broadcast      count*e on every rank but the last of the chain root, root+1, ..., root-1
 //                  (which sends 0): a pipeline of 256 KiB segments
 //   barrier        n-1 bytes; all_reduce_scalar 8(n-1) bytes (an all_gather of the values)
@@ -104,6 +105,9 @@ class Communicator {
   Request reduce_scatter(const void* in, void* out, int64_t count, DType dtype, std::string what);
   // in: count; out: size()*count, block r from rank r.
   Request all_gather(const void* in, void* out, int64_t count, DType dtype, std::string what);
+  // in: size()*count, block j for rank j; out: size()*count, block i from rank i (expert
+  // parallelism's dispatch and combine). in and out must not overlap.
+  Request all_to_all(const void* in, void* out, int64_t count, DType dtype, std::string what);
   // Copies root's `count` elements to every rank.
   Request broadcast(void* data, int64_t count, DType dtype, int root, std::string what);
 
@@ -171,6 +175,8 @@ class Communicator {
   virtual Request do_reduce_scatter(const void* in, void* out, int64_t count, DType dtype,
                                     std::string what) = 0;
   virtual Request do_all_gather(const void* in, void* out, int64_t count, DType dtype,
+                                std::string what) = 0;
+  virtual Request do_all_to_all(const void* in, void* out, int64_t count, DType dtype,
                                 std::string what) = 0;
   virtual Request do_broadcast(void* data, int64_t count, DType dtype, int root,
                                std::string what) = 0;

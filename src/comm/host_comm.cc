@@ -435,6 +435,8 @@ class HostCommunicator final : public Communicator {
                             std::string what) override;
   Request do_all_gather(const void* in, void* out, int64_t count, DType dt,
                         std::string what) override;
+  Request do_all_to_all(const void* in, void* out, int64_t count, DType dt,
+                        std::string what) override;
   Request do_broadcast(void* data, int64_t count, DType dt, int root, std::string what) override;
   Request do_p2p(bool receiving, void* data, int64_t count, DType dt, int peer, int tag,
                  std::string what) override;
@@ -519,6 +521,15 @@ Request HostCommunicator::do_all_gather(const void* in, void* out, int64_t count
   const int64_t bytes = count * dtype_size(dt);
   return issue(*state_, "all_gather", std::move(what), bytes * size(),
                [=](RingOp& op) { return all_gather_bytes(op, in, out, bytes); });
+}
+
+// The ring's pairwise exchange whatever the algorithm (the MPI library's MPI_Alltoall is not
+// wired yet).
+Request HostCommunicator::do_all_to_all(const void* in, void* out, int64_t count, DType dt,
+                                        std::string what) {
+  const int64_t bytes = count * dtype_size(dt);
+  return issue(*state_, "all_to_all", std::move(what), bytes * size(),
+               [=](RingOp& op) { return pairwise_all_to_all(op, in, out, bytes); });
 }
 
 Request HostCommunicator::do_broadcast(void* data, int64_t count, DType dt, int root,

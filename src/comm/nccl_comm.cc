@@ -303,6 +303,23 @@ class NcclCommunicator final : public Communicator {
       return ncclAllGather(in, out, static_cast<size_t>(count), nccl_type(dt), comm_, stream_);
     });
   }
+  // Grouped point-to-point: a send to and a receive from every rank (NCCL has no all-to-all).
+  Request do_all_to_all(const void* in, void* out, int64_t count, DType dt,
+                        std::string what) override {
+    const int64_t bytes = count * dtype_size(dt), moved = bytes * (size() - 1);
+    return enqueue("all_to_all", what, bytes * size(), moved, moved, [&] {
+      ncclResult_t r = ncclGroupStart();
+      for (int p = 0; p < size() && r == ncclSuccess; ++p) {
+        r = ncclSend(static_cast<const char*>(in) + p * bytes, static_cast<size_t>(count),
+                     nccl_type(dt), p, comm_, stream_);
+        if (r == ncclSuccess)
+          r = ncclRecv(static_cast<char*>(out) + p * bytes, static_cast<size_t>(count),
+                       nccl_type(dt), p, comm_, stream_);
+      }
+      const ncclResult_t end = ncclGroupEnd();
+      return r != ncclSuccess ? r : end;
+    });
+  }
   Request do_broadcast(void* data, int64_t count, DType dt, int root, std::string what) override {
     const int64_t bytes = count * dtype_size(dt);
     // Counted as the contract's chain root, root+1, ...: every rank but the last sends.

@@ -218,6 +218,21 @@ Status ring_all_gather(RingOp& op, const void* in, void* out, int64_t bytes_per_
   return gather_phase(op, base, off, 0);
 }
 
+Status pairwise_all_to_all(RingOp& op, const void* in, void* out, int64_t bytes_per_rank) {
+  const int n = op.size(), r = op.rank;
+  const uint8_t* src = static_cast<const uint8_t*>(in);
+  uint8_t* dst = static_cast<uint8_t*>(out);
+  if (bytes_per_rank == 0) return Status();
+  std::memcpy(dst + r * bytes_per_rank, src + r * bytes_per_rank, bytes_per_rank);
+  for (int s = 1; s < n; ++s) {
+    const int to = mod(r + s, n), from = mod(r - s, n);
+    Xfer x[2] = {post_recv(op, from, s, dst + from * bytes_per_rank, bytes_per_rank),
+                 post_send(op, to, s, src + to * bytes_per_rank, bytes_per_rank)};
+    TS_RETURN_IF_ERROR(wait_all(op, x, 2));
+  }
+  return Status();
+}
+
 Status chain_broadcast(RingOp& op, void* data, int64_t bytes, int root) {
   const int n = op.size();
   if (n == 1 || bytes == 0) return Status();

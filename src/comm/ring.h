@@ -41,6 +41,9 @@ Status ring_reduce_scatter(RingOp& op, const float* in, float* out, int64_t coun
 // Byte-level: every rank contributes `bytes_per_rank` bytes; out holds size() blocks.
 Status ring_all_gather(RingOp& op, const void* in, void* out, int64_t bytes_per_rank);
 Status chain_broadcast(RingOp& op, void* data, int64_t bytes, int root);
+// Pairwise exchange: block j of `in` (bytes_per_rank each) to local rank j, block i of `out`
+// from rank i; in step s = 1 .. n-1 rank r sends to r+s and receives from r-s. in != out.
+Status pairwise_all_to_all(RingOp& op, const void* in, void* out, int64_t bytes_per_rank);
 
 // The collectives as the operation asks (op.native: the transport's own, where the counts fit
 // an int; else the ring's, as above). A native collective counts the bytes the ring would

@@ -77,6 +77,18 @@ double hierarchical(OpKind kind, double S, const GroupLayout& grp, const Links& 
   return intra + inter;
 }
 
+// All-to-all as a pairwise exchange: p-1 steps, each rank sending S/p to every other member,
+// the k-1 on its node over the intra-node links while the p-k beyond it share its part of the
+// NICs (inter_bw / k per device): the slower of the two, plus a latency per step.
+double all_to_all(double S, const GroupLayout& grp, const Links& l) {
+  const double p = grp.size, k = grp.per_node;
+  const bool spans = grp.nodes() > 1;
+  const double lat = spans ? std::max(l.intra_lat, l.inter_lat) : l.intra_lat;
+  const double intra = (k - 1) * S / p / l.intra_bw;
+  const double inter = spans ? (p - k) * S / p / (l.inter_bw / k) : 0.0;
+  return (p - 1) * lat + std::max(intra, inter);
+}
+
 }  // namespace
 
 CollTime collective_time(OpKind kind, double bytes, const GroupLayout& grp, const ClusterSpec& c,
@@ -84,6 +96,10 @@ CollTime collective_time(OpKind kind, double bytes, const GroupLayout& grp, cons
   CollTime t;
   if (grp.size <= 1 || bytes <= 0) return t;
   Links l = links_of(grp, c);
+  if (kind == OpKind::all_to_all) {  // one algorithm whatever `algo` says
+    t.seconds = all_to_all(bytes, grp, l);
+    return t;
+  }
   auto eval = [&](CollAlgo a) {
     switch (a) {
       case CollAlgo::ring:

@@ -31,7 +31,11 @@ const std::vector<std::string> kKeys = {"preset",
                                         "head_size",
                                         "ffn_activation",
                                         "relative_buckets",
-                                        "relative_max_distance"};
+                                        "relative_max_distance",
+                                        "n_experts",
+                                        "experts_per_token",
+                                        "capacity_factor",
+                                        "router_aux_loss_coef"};
 
 Result<ModelConfig> preset_or_error(const std::string& name, const std::string& where) {
   if (auto p = find_preset(name)) return *p;
@@ -76,6 +80,11 @@ Result<ModelConfig> from_table(const TomlTable& root) {
   TS_ASSIGN_OR_RETURN(c.rope_theta, t.get_float("rope_theta", c.rope_theta));
   TS_ASSIGN_OR_RETURN(c.tied_embeddings, t.get_bool("tied_embeddings", c.tied_embeddings));
   TS_ASSIGN_OR_RETURN(c.init_std, t.get_float("init_std", c.init_std));
+  TS_ASSIGN_OR_RETURN(c.n_experts, t.get_int("n_experts", c.n_experts));
+  TS_ASSIGN_OR_RETURN(c.experts_per_token, t.get_int("experts_per_token", c.experts_per_token));
+  TS_ASSIGN_OR_RETURN(c.capacity_factor, t.get_float("capacity_factor", c.capacity_factor));
+  TS_ASSIGN_OR_RETURN(c.router_aux_loss_coef,
+                      t.get_float("router_aux_loss_coef", c.router_aux_loss_coef));
   Status s = validate(c);
   if (!s.ok()) return error(root.source() + ": [model] " + s.message(), s.hint());
   return c;
@@ -140,6 +149,12 @@ nlohmann::json model_config_to_json(const ModelConfig& c) {
                         {"relative_max_distance", c.relative_max_distance}})
     if (v != 0) j[key] = v;
   if (!c.ffn_activation.empty()) j["ffn_activation"] = c.ffn_activation;
+  if (c.is_moe()) {
+    j["n_experts"] = c.n_experts;
+    j["experts_per_token"] = c.experts_per_token;
+    j["capacity_factor"] = c.capacity_factor;
+    j["router_aux_loss_coef"] = c.router_aux_loss_coef;
+  }
   return j;
 }
 
@@ -167,6 +182,10 @@ Result<ModelConfig> model_config_from_json(const nlohmann::json& j) {
     c.ffn_activation = j.value("ffn_activation", std::string());
     c.relative_buckets = j.value("relative_buckets", int64_t{0});
     c.relative_max_distance = j.value("relative_max_distance", int64_t{0});
+    c.n_experts = j.value("n_experts", int64_t{0});
+    c.experts_per_token = j.value("experts_per_token", int64_t{0});
+    c.capacity_factor = j.value("capacity_factor", c.capacity_factor);
+    c.router_aux_loss_coef = j.value("router_aux_loss_coef", c.router_aux_loss_coef);
     TS_RETURN_IF_ERROR(validate(c));
     if (c.family == "gpt" && j.value("qkv_rows", std::string("q|k|v")) != kGptQkvRows)
       return error(

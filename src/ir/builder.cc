@@ -34,13 +34,27 @@ std::vector<Var> Builder::apply(OpKind op, const Attrs& attrs, const std::vector
   return out;
 }
 
-Var Builder::parameter(const std::string& name, Shape shape, Init init, double std, DType dtype) {
+namespace {
+SourceAttrs parameter_attrs(const std::string& scope, const std::string& name, const Shape& shape,
+                            Init init, double std, DType dtype) {
   SourceAttrs a;
-  a.name = scope_.empty() ? name : scope_ + "." + name;
+  a.name = scope.empty() ? name : scope + "." + name;
   a.shape = shape.dims();
   a.init = init;
   a.init_std = std;
-  a.dtype = dtype == DType::f32 ? param_dtype_ : dtype;
+  a.dtype = dtype;
+  return a;
+}
+}  // namespace
+
+Var Builder::parameter(const std::string& name, Shape shape, Init init, double std, DType dtype) {
+  return op<OpKind::parameter>({}, parameter_attrs(scope_, name, shape, init, std,
+                                                   dtype == DType::f32 ? param_dtype_ : dtype))[0];
+}
+
+Var Builder::expert_parameter(const std::string& name, Shape shape, Init init, double std) {
+  SourceAttrs a = parameter_attrs(scope_, name, shape, init, std, param_dtype_);
+  a.experts = true;
   return op<OpKind::parameter>({}, std::move(a))[0];
 }
 

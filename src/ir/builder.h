@@ -73,6 +73,9 @@ class Builder {
   // Sources.
   Var parameter(const std::string& name, Shape shape, Init init, double std = 0.0,
                 DType dtype = DType::f32);
+  // A parameter whose dim 0 indexes the experts of a mixture-of-experts layer
+  // (SourceAttrs::experts).
+  Var expert_parameter(const std::string& name, Shape shape, Init init, double std = 0.0);
   Var input(const std::string& name, Shape shape, DType dtype = DType::f32);
   Var fill(Shape shape, double value, DType dtype = DType::f32);
 

@@ -91,6 +91,11 @@ void Graph::mark_output(ValueId v) {
   outputs_.push_back(v);
 }
 
+void Graph::add_metric(const std::string& name, ValueId v) {
+  metrics_.emplace_back(name, v);
+  mark_output(v);
+}
+
 void Graph::set_loss(ValueId v) {
   TS_CHECK_EQ(type(v).shape.numel(), 1) << "the loss must be a scalar";
   loss_ = v;
@@ -215,6 +220,10 @@ std::string attrs_to_string(const Attrs& attrs) {
                  [&](const CrossEntropyAttrs& a) {
                    if (a.classes > 0 || a.rows > 0)
                      s << " {classes=" << a.classes << " rows=" << a.rows << "}";
+                 },
+                 [&](const TopKAttrs& a) { s << " {k=" << a.k << "}"; },
+                 [&](const MoeAttrs& a) {
+                   s << " {experts=" << a.experts << " capacity=" << a.capacity << "}";
                  },
                  [&](const GroupAttrs& a) { s << " '" << a.axes << "' {ranks=" << a.size << "}"; },
                  [&](const ShardSliceAttrs& a) {

@@ -77,6 +77,11 @@ class Graph {
   const std::vector<ValueId>& outputs() const { return outputs_; }
   ValueId loss() const { return loss_; }
   void set_loss(ValueId v);
+  // Named scalars a step reports beside the loss (a mixture of experts' routes that found a
+  // slot): f32 [], sums over the examples (a data-parallel run's are the ranks' sums). Marked
+  // outputs.
+  void add_metric(const std::string& name, ValueId v);
+  const std::vector<std::pair<std::string, ValueId>>& metrics() const { return metrics_; }
   // The backward pass's seed, d loss / d loss = 1 (a fill; append_backward sets it): the
   // value a runtime scales for fp16 loss scaling.
   ValueId loss_seed() const { return loss_seed_; }
@@ -97,6 +102,7 @@ class Graph {
   std::vector<ValueId> params_, inputs_, outputs_;
   std::map<std::string, ValueId> param_by_name_, input_by_name_;
   std::map<ValueId, ValueId> param_grads_;
+  std::vector<std::pair<std::string, ValueId>> metrics_;
   ValueId loss_ = -1;
   ValueId loss_seed_ = -1;
 };

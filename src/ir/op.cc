@@ -30,6 +30,7 @@ struct Registry {
     ops_detail::define_nn_ops(defs.data());
     ops_detail::define_comm_ops(defs.data());
     ops_detail::define_vocab_ops(defs.data());
+    ops_detail::define_moe_ops(defs.data());
     for (const OpDef& d : defs)
       TS_CHECK(d.infer != nullptr) << "op '" << d.name << "' has no definition";
   }

@@ -80,12 +80,19 @@ namespace tessera {
   X(vocab_embedding_grad, 3, 1, EmbeddingGradAttrs)    \
   X(vocab_pick, 3, 1, NoAttrs)                         \
   X(vocab_cross_entropy_grad, 5, 1, CrossEntropyAttrs) \
+  X(top_k, 1, 2, TopKAttrs)                            \
+  X(top_k_grad, 2, 1, TopKAttrs)                       \
+  X(moe_slots, 1, 1, MoeAttrs)                         \
+  X(moe_dispatch, -1, 1, MoeAttrs)                     \
+  X(moe_combine, -1, 1, MoeAttrs)                      \
+  X(moe_combine_grad, 3, 1, MoeAttrs)                  \
   X(axis_index, 0, 1, GroupAttrs)                      \
   X(shard_slice, 2, 1, ShardSliceAttrs)                \
   X(cast, 1, 1, CastAttrs)                             \
   X(all_reduce, 1, 1, GroupAttrs)                      \
   X(reduce_scatter, 1, 1, GroupAttrs)                  \
-  X(all_gather, 1, 1, GroupAttrs)
+  X(all_gather, 1, 1, GroupAttrs)                      \
+  X(all_to_all, 1, 1, GroupAttrs)
 
 enum class OpKind : uint16_t {
 #define TS_OP_ENUM(name, in, out, attrs) name,
@@ -115,6 +122,9 @@ struct SourceAttrs {
   DType dtype = DType::f32;
   Init init = Init::zeros;  // parameter
   double init_std = 0.0;    // parameter, Init::normal
+  // parameter: dim 0 indexes the experts of a mixture-of-experts layer (expert parallelism
+  // splits it: each rank of the expert axis holds its experts' rows).
+  bool experts = false;
 };
 
 struct FillAttrs {
@@ -217,6 +227,21 @@ inline int64_t logit_rows(const Shape& logits) {
   return logits.rank() > 0 && logits[-1] > 0 ? logits.numel() / logits[-1] : 0;
 }
 
+// top_k(x [..., n]) -> values [..., k], indices i32 [..., k]: each row's k largest entries in
+// decreasing order (ties: the lower index first). top_k_grad(dvalues, indices) -> [..., n]: the
+// values' gradient put back at their indices, zeros elsewhere (n, the rows' width).
+struct TopKAttrs {
+  int64_t k = 1;
+  int64_t n = 0;  // top_k_grad
+};
+
+// Mixture-of-experts routing (ops_moe.cc): `experts` experts of `capacity` token slots each.
+// A slot index is expert * capacity + position; -1 is a token dropped by a full expert.
+struct MoeAttrs {
+  int64_t experts = 0;
+  int64_t capacity = 0;
+};
+
 struct CastAttrs {
   DType dtype = DType::f32;
 };
@@ -252,6 +277,8 @@ struct ShardSliceAttrs {
   X(PositionBucketsAttrs)  \
   X(AttentionAttrs)        \
   X(CrossEntropyAttrs)     \
+  X(TopKAttrs)             \
+  X(MoeAttrs)              \
   X(CastAttrs)             \
   X(GroupAttrs)            \
   X(ShardSliceAttrs)
@@ -342,7 +369,8 @@ const char* op_name(OpKind kind);
 std::span<const OpKind> all_ops();
 bool op_from_name(std::string_view name, OpKind* out);
 
-// all_reduce, reduce_scatter, all_gather: run on a Communicator, not a Backend (ops_comm.cc).
+// all_reduce, reduce_scatter, all_gather, all_to_all: run on a Communicator, not a Backend
+// (ops_comm.cc).
 bool is_collective(OpKind kind);
 
 // Where rope's and attention's optional inputs are among `in` (-1: absent): the score bias
@@ -365,6 +393,7 @@ void define_shape_ops(OpDef* table);
 void define_nn_ops(OpDef* table);
 void define_comm_ops(OpDef* table);
 void define_vocab_ops(OpDef* table);
+void define_moe_ops(OpDef* table);
 }  // namespace ops_detail
 
 }  // namespace tessera

@@ -7,6 +7,9 @@
 //                       zero-padded sum: [ceil(numel / size)].
 //   all_gather(x)       x is one rank's block [c] of a flattened tensor; returns the whole
 //                       tensor, of GroupAttrs::shape (the first numel of size * c elements).
+//   all_to_all(x)       x [size * b, ...]: block j of dim 0 goes to rank j; the output, of the
+//                       same shape, holds in block i what rank i sent (the partition pass
+//                       moves a split from one dim to another with it: parallel/redistribute.h)
 //   axis_index()        this rank's index in the group, an i32 scalar (what rank-dependent
 //                       ops such as vocab_embedding take as their shard). Not a collective
 //                       (nothing is sent); like them it runs on the runtime, which knows the
@@ -16,7 +19,8 @@
 namespace tessera {
 
 bool is_collective(OpKind k) {
-  return k == OpKind::all_reduce || k == OpKind::reduce_scatter || k == OpKind::all_gather;
+  return k == OpKind::all_reduce || k == OpKind::reduce_scatter || k == OpKind::all_gather ||
+         k == OpKind::all_to_all;
 }
 
 namespace ops_detail {
@@ -61,6 +65,18 @@ Status infer_all_gather(const Attrs& attrs, std::span<const TensorType> in,
   return Status();
 }
 
+Status infer_all_to_all(const Attrs& attrs, std::span<const TensorType> in,
+                        std::vector<TensorType>* out) {
+  const GroupAttrs& a = attrs_as<GroupAttrs>(attrs);
+  TS_RETURN_IF_ERROR(need_group(attrs));
+  TS_RETURN_IF_ERROR(need_float(in[0], "all_to_all operand"));
+  if (in[0].shape.rank() < 1 || in[0].shape[0] % a.size != 0)
+    return error("all_to_all of " + in[0].to_string() + ": dim 0 does not split into " +
+                 std::to_string(a.size) + " blocks");
+  out->push_back(in[0]);
+  return Status();
+}
+
 // Bytes moved over the network by one rank (ring algorithms).
 double bytes_all_reduce(const Attrs& attrs, std::span<const TensorType> in,
                         std::span<const TensorType>) {
@@ -72,6 +88,12 @@ double bytes_reduce_scatter(const Attrs& attrs, std::span<const TensorType>,
                             std::span<const TensorType> out) {
   const GroupAttrs& a = attrs_as<GroupAttrs>(attrs);
   return static_cast<double>(a.size - 1) * static_cast<double>(out[0].bytes());
+}
+double bytes_all_to_all(const Attrs& attrs, std::span<const TensorType> in,
+                        std::span<const TensorType>) {
+  const GroupAttrs& a = attrs_as<GroupAttrs>(attrs);
+  return static_cast<double>(a.size - 1) / static_cast<double>(a.size) *
+         static_cast<double>(in[0].bytes());
 }
 Status infer_axis_index(const Attrs& a, std::span<const TensorType>, std::vector<TensorType>* out) {
   TS_RETURN_IF_ERROR(need_group(a));
@@ -94,6 +116,8 @@ void define_comm_ops(OpDef* t) {
   def(t, OpKind::reduce_scatter).bytes = bytes_reduce_scatter;
   def(t, OpKind::all_gather).infer = infer_all_gather;
   def(t, OpKind::all_gather).bytes = bytes_all_gather;
+  def(t, OpKind::all_to_all).infer = infer_all_to_all;
+  def(t, OpKind::all_to_all).bytes = bytes_all_to_all;
   def(t, OpKind::axis_index).infer = infer_axis_index;
 }
 

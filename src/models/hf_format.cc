@@ -244,6 +244,10 @@ Result<HfConfig> model_config_from_hf(const nlohmann::json& config) {
 
 Result<nlohmann::json> model_config_to_hf(const ModelConfig& c) {
   TS_RETURN_IF_ERROR(validate(c));
+  if (c.is_moe())
+    return error("a mixture of experts (n_experts = " + std::to_string(c.n_experts) +
+                     ") has no Hugging Face mapping yet",
+                 "MixtralForCausalLM import and export are not built yet");
   if (c.family == "gpt")
     return json{{"architectures", {"GPT2LMHeadModel"}},
                 {"model_type", "gpt2"},

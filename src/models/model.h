@@ -59,7 +59,21 @@ struct ModelConfig {
   // gpt and llama: the storage of parameters, activations and gradients (bf16/f16: mixed
   // precision, with f32 master weights and optimizer state kept by the optimizer).
   DType dtype = DType::f32;
+  // llama: a mixture of experts in place of each block's MLP (Mixtral; models/moe.cc) when
+  // n_experts > 0: a router picks experts_per_token of n_experts SwiGLU experts (each of
+  // ffn_hidden) per token and sums their outputs weighted by the softmax of the picked router
+  // logits. Each expert takes at most capacity_factor x its even share of the tokens of an
+  // example (the rest are dropped there: their other experts and the residual carry them);
+  // capacity_factor >= n_experts / experts_per_token drops nothing. The loss adds
+  // router_aux_loss_coef x the load-balancing loss (Switch Transformer's, averaged over blocks).
+  int64_t n_experts = 0;
+  int64_t experts_per_token = 0;
+  double capacity_factor = 1.25;
+  double router_aux_loss_coef = 0.02;
 
+  bool is_moe() const { return n_experts > 0; }
+  // Token slots per expert for `tokens` tokens of `examples` examples (models/moe.cc).
+  int64_t expert_capacity(int64_t examples, int64_t tokens) const;
   int64_t head_dim() const { return head_size > 0 ? head_size : n_embd / n_head; }
   int64_t kv_heads() const { return n_kv_head > 0 ? n_kv_head : n_head; }
   int64_t ffn() const { return ffn_hidden > 0 ? ffn_hidden : 4 * n_embd; }
@@ -85,6 +99,9 @@ Status validate(const ModelConfig& cfg);
 // vit-tiny on 28 x 28 grey images, 10 classes; t5-tiny on the GPT-2 tokens and sentinels).
 std::optional<ModelConfig> find_preset(const std::string& name);
 std::vector<std::string> preset_names();
+
+// The metric (Graph::metrics) of a mixture of experts: the routes of a step that found a slot.
+inline constexpr char kMoeKeptMetric[] = "moe_routes_kept";
 
 // The inputs of the language models (GPT, LLaMA).
 inline constexpr char kTokensInput[] = "tokens";
@@ -144,6 +161,9 @@ struct ModelGraph {
   ValueId loss = -1;           // f32 [] (loss and train modes)
   int64_t classes = 0;         // ModelConfig::vocab_size: the logits' columns that are tokens
   int64_t batch = 0, seq = 0;  // seq: tokens per example (vit: image_tokens(); t5: raw text)
+  // A mixture of experts (loss and train modes): its (token, expert) routes over all blocks;
+  // the graph's metric kMoeKeptMetric counts those that found a slot (the rest were dropped).
+  int64_t moe_routes = 0;
 };
 
 // What a model graph computes: logits only (sampling), the loss (evaluation), or the loss and

@@ -36,6 +36,13 @@ ModelConfig llama(const char* name, int64_t layers, int64_t width, int64_t heads
   return c;
 }
 
+// A LLaMA whose MLPs are mixtures of `experts` experts, `top_k` per token.
+ModelConfig moe(ModelConfig c, int64_t experts, int64_t top_k) {
+  c.n_experts = experts;
+  c.experts_per_token = top_k;
+  return c;
+}
+
 // ViT with the ImageNet-1k head (the public vit-base/large/huge checkpoints' shapes).
 ModelConfig vit(const char* name, int64_t layers, int64_t width, int64_t heads, int64_t image,
                 int64_t patch, int64_t channels, int64_t classes) {
@@ -84,6 +91,7 @@ std::vector<ModelConfig> all_presets() {
       gpt("gpt-mini", 4, 192, 6, 128),
       gpt("gpt-tiny", 2, 64, 4, 64),
       llama("llama-tiny", 2, 64, 4, 2, 128, 50257, 64, 10000.0),
+      moe(llama("moe-tiny", 2, 64, 4, 2, 128, 50257, 64, 10000.0), 8, 2),
       // Fashion-MNIST's 28 x 28 grey images in 7 x 7 patches, 10 classes.
       vit("vit-tiny", 4, 64, 4, 28, 7, 1, 10),
       // GPT-2's tokens, then 100 sentinels and the decoder's start token (kT5ExtraTokens).
@@ -115,6 +123,8 @@ std::vector<ModelConfig> all_presets() {
       llama("llama3-8b", 32, 4096, 32, 8, 14336, 128256, 8192, 500000.0),
       llama("llama3-70b", 80, 8192, 64, 8, 28672, 128256, 8192, 500000.0),
       llama("llama3-405b", 126, 16384, 128, 8, 53248, 128256, 8192, 500000.0),
+      // Mixtral 8x7B (Jiang et al. 2024): Mistral 7B's attention, 8 experts, 2 per token.
+      moe(llama("mixtral-8x7b", 32, 4096, 32, 8, 14336, 32000, 32768, 1e6), 8, 2),
       // ViT (Dosovitskiy et al. 2021, Table 1) at 224 x 224 with 1000 classes.
       vit("vit-b16", 12, 768, 12, 224, 16, 3, 1000),
       vit("vit-l16", 24, 1024, 16, 224, 16, 3, 1000),
@@ -178,7 +188,9 @@ T params_as(const ModelConfig& c) {
     return V * C + tables + L * (encoder + decoder) + 2 * C + (c.tied_embeddings ? 0 : V * C);
   }
   T kv = static_cast<T>(c.kv_heads() * c.head_dim());
-  T block = 2 * C + C * C + 2 * kv * C + C * C + 3 * F * C;
+  T mlp = 3 * F * C;
+  if (c.is_moe()) mlp = static_cast<T>(c.n_experts) * (mlp + C);  // the experts and the router
+  T block = 2 * C + C * C + 2 * kv * C + C * C + mlp;
   return V * C + L * block + C + (c.tied_embeddings ? 0 : V * C);
 }
 
@@ -216,6 +228,30 @@ Status validate_t5_keys(const ModelConfig& c) {
   if (c.max_seq_len < 2)
     return error("key 'max_seq_len' = " + std::to_string(c.max_seq_len) +
                  ": a t5 needs at least 2 tokens of text to corrupt a span of");
+  return Status();
+}
+
+// The mixture-of-experts keys (family "llama" only) and their constraints.
+Status validate_moe_keys(const ModelConfig& c) {
+  if (c.n_experts < 0 || c.n_experts > 4096)
+    return error("key 'n_experts' = " + std::to_string(c.n_experts) + " must be in [0, 4096]",
+                 "0 for a dense MLP; Mixtral uses 8");
+  if (c.n_experts == 0) {
+    if (c.experts_per_token != 0)
+      return error("key 'experts_per_token' needs n_experts > 0 (a mixture of experts)");
+    return Status();
+  }
+  if (c.family != "llama")
+    return error("key 'n_experts': mixtures of experts are built for family \"llama\" only");
+  if (c.experts_per_token < 1 || c.experts_per_token > c.n_experts)
+    return error("key 'experts_per_token' = " + std::to_string(c.experts_per_token) +
+                     " must be in [1, n_experts = " + std::to_string(c.n_experts) + "]",
+                 "Mixtral routes each token to 2 experts");
+  if (!(c.capacity_factor > 0) || !(c.capacity_factor <= 1e6))
+    return error("key 'capacity_factor' must be in (0, 1e6]",
+                 "1.25 is usual; n_experts / experts_per_token drops no token");
+  if (!(c.router_aux_loss_coef >= 0) || !(c.router_aux_loss_coef <= 1e6))
+    return error("key 'router_aux_loss_coef' must be in [0, 1e6]", "Mixtral uses 0.02");
   return Status();
 }
 
@@ -274,6 +310,7 @@ Status validate(const ModelConfig& c) {
   if (c.family == "llama" && c.head_dim() % 2 != 0)
     return error("head_dim = n_embd / n_head = " + std::to_string(c.head_dim()) +
                  " must be even for RoPE");
+  TS_RETURN_IF_ERROR(validate_moe_keys(c));
   if (c.ffn_hidden < 0) return error("key 'ffn_hidden' must be >= 0 (0 = 4 * n_embd)");
   if (!(c.norm_eps > 0)) return error("key 'norm_eps' must be > 0");
   if (!(c.rope_theta > 0)) return error("key 'rope_theta' must be > 0");

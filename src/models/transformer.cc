@@ -69,8 +69,9 @@ Var gpt_block(Builder& b, const ModelConfig& c, Var x, bool causal) {
 
 namespace {
 
-// LLaMA block: x + attn(rmsnorm(x)), then x + swiglu-mlp(rmsnorm(x)).
-Var llama_block(Builder& b, const ModelConfig& c, Var x) {
+// LLaMA block: x + attn(rmsnorm(x)), then x + swiglu-mlp(rmsnorm(x)) (or a mixture of
+// SwiGLU experts, whose load-balancing loss and kept routes are added to *moe).
+Var llama_block(Builder& b, const ModelConfig& c, Var x, MoeOutputs* moe) {
   const int64_t C = c.n_embd, H = c.n_head, Hkv = c.kv_heads(), D = c.head_dim(), F = c.ffn();
   const Shape& xs = x.shape();
   const double proj_std = c.init_std / std::sqrt(2.0 * static_cast<double>(c.n_layer));
@@ -96,6 +97,13 @@ Var llama_block(Builder& b, const ModelConfig& c, Var x) {
     x = x + linear("o", merge_heads(b, att), C, H * D, proj_std);
   }
   Var h = norm("mlp_norm", x);
+  if (c.is_moe()) {
+    auto s = b.scope("moe");
+    MoeOutputs o = moe_mlp(b, c, h);
+    moe->aux = moe->aux.valid() ? moe->aux + o.aux : o.aux;
+    moe->kept = moe->kept.valid() ? moe->kept + o.kept : o.kept;
+    return x + o.y;
+  }
   auto s = b.scope("mlp");
   Var gate = linear("gate", h, F, C, c.init_std);
   Var up = linear("up", h, F, C, c.init_std);
@@ -144,12 +152,20 @@ ModelGraph build_model(const ModelConfig& c, int64_t batch, int64_t seq, ModelMo
     emb = b.parameter("tok_emb", Shape{V, C}, Init::normal, c.init_std);
     x = b.embedding(emb, tokens);
   }
+  MoeOutputs moe;  // aux and kept summed over the blocks
   for (int64_t l = 0; l < c.n_layer; ++l) {
     b.set_layer(static_cast<int>(l));
     auto s = b.scope("h." + std::to_string(l));
-    x = c.family == "gpt" ? gpt_block(b, c, x, /*causal=*/true) : llama_block(b, c, x);
+    x = c.family == "gpt" ? gpt_block(b, c, x, /*causal=*/true) : llama_block(b, c, x, &moe);
   }
   b.set_layer(-1);
+  Var aux_loss;
+  if (c.is_moe() && mode != ModelMode::logits) {
+    auto s = b.scope("moe_balance");
+    aux_loss = b.scale(moe.aux, c.router_aux_loss_coef / static_cast<double>(c.n_layer));
+    m.graph.add_metric(kMoeKeptMetric, moe.kept.id);
+    m.moe_routes = batch * seq * c.experts_per_token * c.n_layer;
+  }
   Var head;
   if (c.family == "gpt") {
     auto s = b.scope("ln_f");
@@ -167,12 +183,12 @@ ModelGraph build_model(const ModelConfig& c, int64_t batch, int64_t seq, ModelMo
     auto s = b.scope("lm_head");
     logits = b.matmul(x, head, false, true);  // [B, T, V]
   }
-  finish_model(b, &m, logits, kTargetsInput, Shape{batch, seq}, mode, keep_logits);
+  finish_model(b, &m, logits, kTargetsInput, Shape{batch, seq}, mode, keep_logits, aux_loss);
   return m;
 }
 
 void finish_model(Builder& b, ModelGraph* m, Var logits, const char* targets_name,
-                  const Shape& targets_shape, ModelMode mode, bool keep_logits) {
+                  const Shape& targets_shape, ModelMode mode, bool keep_logits, Var extra_loss) {
   m->logits = logits.id;
   if (mode == ModelMode::logits || keep_logits) m->graph.mark_output(logits.id);
   if (mode == ModelMode::logits) return;
@@ -186,6 +202,7 @@ void finish_model(Builder& b, ModelGraph* m, Var logits, const char* targets_nam
     rows.pop_back();
     Var t = targets.shape() == Shape(rows) ? targets : b.reshape(targets, Shape(rows));
     loss = b.cross_entropy(logits, t, m->classes)[0];
+    if (extra_loss.valid()) loss = loss + b.cast(extra_loss, loss.dtype());
   }
   m->loss = loss.id;
   if (mode == ModelMode::loss) {

@@ -56,7 +56,13 @@ Result<ValueId> Pass::to_partial(ValueId local, size_t axis, const Node& like) {
 
 Result<ValueId> Pass::convert(ValueId local, const Shape& global, const Placements& target,
                               const Node& like, std::vector<NodeId>* bucket) {
-  const TensorLayout from{global, out_.placements[static_cast<size_t>(local)], {}};
+  // On an axis of one rank every placement holds the same data: relabel it first, so that a
+  // dim split over it and another axis (dp of 1 and ep) is not gathered over the other to
+  // undo it.
+  Placements& have = out_.placements[static_cast<size_t>(local)];
+  for (size_t k = 0; k < have.size(); ++k)
+    if (sizes_[k] == 1) have[k] = target[k];
+  const TensorLayout from{global, have, {}};
   Result<std::vector<CommStep>> steps = redistribute(from, {global, target, {}}, plan_.mesh);
   if (!steps.ok()) return steps.status().with_context("partition: '" + like.scope + "'");
   for (const CommStep& s : steps.value()) {
@@ -118,6 +124,29 @@ Result<ValueId> Pass::lower_step(const CommStep& s, ValueId v, const Node& like,
       TS_ASSIGN_OR_RETURN(ValueId r,
                           collective(OpKind::reduce_scatter, flat, Shape{s.out_shape.numel()}));
       return reshape(r, s.out_shape, after);
+    }
+    case CommStep::all_to_all: {
+      // Dim e (scattered) cut into n blocks, the block index brought to the front: block j is
+      // rank j's. What arrives in block i is rank i's piece of dim d (gathered): the block
+      // index goes back in front of dim d and merges with it.
+      const int d = s.dim, e = s.to_dim, r = in.rank();
+      const int64_t n = s.group;
+      std::vector<int64_t> split = in.dims();
+      split[static_cast<size_t>(e)] /= n;
+      split.insert(split.begin() + e, n);
+      std::vector<int64_t> front{e};
+      for (int i = 0; i <= r; ++i)
+        if (i != e) front.push_back(i);
+      TS_ASSIGN_OR_RETURN(ValueId x, reshape(v, Shape(split), before));
+      TS_ASSIGN_OR_RETURN(x,
+                          emit(OpKind::transpose, TransposeAttrs{front}, {x}, like, {before}, {}));
+      TS_ASSIGN_OR_RETURN(x, collective(OpKind::all_to_all, x, out_.local.type(x).shape));
+      std::vector<int64_t> back;  // packed dims: 0 the source rank, 1 + j the piece's dim j
+      for (int j = 0; j < d; ++j) back.push_back(1 + j);
+      back.push_back(0);
+      for (int j = d; j < r; ++j) back.push_back(1 + j);
+      TS_ASSIGN_OR_RETURN(x, emit(OpKind::transpose, TransposeAttrs{back}, {x}, like, {after}, {}));
+      return reshape(x, s.out_shape, after);
     }
     case CommStep::local_slice: {  // this rank's block: its coordinate picks it
       TS_ASSIGN_OR_RETURN(
@@ -181,12 +210,17 @@ Status Pass::flush_bucket() {
     // reduced, or reduce-scattered onto the parameter's shard).
     // On the other axes a Shard is gathered: a gradient split like the activations it came
     // from (GPT's position table, [T, C] rows on a context axis) is every rank's whole.
+    // (An expert weight's gradient is its shard on the expert axis, like the weight.)
     Placements want = out_.placements[static_cast<size_t>(v)];
     for (Placement& p : want)
       if (p.is_shard()) p = Placement::replicate();
     for (const std::string& t : plan_.tensor_axes) {
       const size_t k = static_cast<size_t>(plan_.mesh.axis_index(t));
       want[k] = pl.layout.axes[k];
+    }
+    if (!plan_.expert_axis.empty()) {
+      const size_t k = static_cast<size_t>(plan_.mesh.axis_index(plan_.expert_axis));
+      if (pl.layout.axes[k].is_shard()) want[k] = pl.layout.axes[k];
     }
     TS_ASSIGN_OR_RETURN(v, convert(v, pl.global_shape, want, like, &bucket));
     Placements cur = out_.placements[static_cast<size_t>(v)];
@@ -259,6 +293,17 @@ Status Pass::visit(NodeId id) {
     pl.grads_sharded = plan_.shards_grads();
     pl.params_sharded = plan_.shards_params();
     pl.layout = TensorLayout{pl.global_shape, plan_.placements_of(pl.name), {}};
+    // A mixture of experts' expert weights [E, ...]: each rank of the expert axis holds its
+    // experts' rows.
+    if (n.attr<SourceAttrs>().experts && !plan_.expert_axis.empty()) {
+      const int e = plan_.mesh.axis_index(plan_.expert_axis);
+      if (pl.global_shape[0] % plan_.expert_group() != 0)
+        return error("partition: the " + std::to_string(pl.global_shape[0]) + " experts of '" +
+                         pl.name + "' do not split over " + std::to_string(plan_.expert_group()) +
+                         " expert-parallel ranks",
+                     "use an --ep that divides the number of experts");
+      pl.layout.axes[static_cast<size_t>(e)] = Placement::shard(0);
+    }
     Result<Shape> ls = pl.layout.local_shape(plan_.mesh);
     if (!ls.ok()) return ls.status().with_context("plan: parameter '" + pl.name + "'");
     pl.local_shape = ls.value();
@@ -407,11 +452,16 @@ Status Pass::visit(NodeId id) {
     // A replicated input computed from parameters alone is any Shard for free (a local
     // slice): T5's position bias [H, Tq, Tk], computed whole, meets queries split on the heads.
     // One input, the first dim that a rule takes, before gathering the sharded inputs instead.
-    // (Not an activation: a stream sliced here would stay split and be gathered at every norm.)
+    // (Not an activation on a tensor axis: a stream sliced there would stay split and be
+    // gathered at every norm. On a data axis, where activations are split on the batch, an
+    // activation made whole by a reduction is sliced back: a mixture of experts' balance-loss
+    // gradient, the same for every token, meets the router's batch-split probabilities.)
+    const bool data_axis =
+        std::count(plan_.data_axes.begin(), plan_.data_axes.end(), plan_.mesh.axes()[k].name) > 0;
     bool sliced = false;
     for (size_t i = 0; i < ins.size() && !sliced; ++i) {
       if (!pk[i].is_replicate() || !lazy[i].empty() || sizes_[k] == 1 ||
-          !batch_free_[static_cast<size_t>(n.inputs[i])])
+          !(data_axis || batch_free_[static_cast<size_t>(n.inputs[i])]))
         continue;
       for (int d = 0; d < in_types[i].shape.rank() && !sliced; ++d) {
         if (in_types[i].shape[d] % sizes_[k] != 0) continue;
@@ -429,14 +479,67 @@ Status Pass::visit(NodeId id) {
     // A parameter's gradient summed from a partial and a whole part (GPT's tied token table
     // under sequence parallelism: the head's gradient a partial sum over the sequence, the
     // embedding's whole) stays a partial sum, reduced once per step with the other gradients.
-    if (n.op == OpKind::add && grad_of_.count(n.outputs[0]) && lazy[0].empty() && lazy[1].empty() &&
-        pk[0].is_partial() != pk[1].is_partial() &&
+    // So does a scalar (the loss plus a mixture of experts' balance loss, whole on every rank).
+    if (n.op == OpKind::add && (grad_of_.count(n.outputs[0]) || out_types[0].shape.rank() == 0) &&
+        lazy[0].empty() && lazy[1].empty() && pk[0].is_partial() != pk[1].is_partial() &&
         (pk[0].is_replicate() || pk[1].is_replicate())) {
       const size_t whole = pk[0].is_replicate() ? 0 : 1;
       TS_ASSIGN_OR_RETURN(ins[whole], to_partial(ins[whole], k, n));
       out_pl[0][k] = Placement::partial();
       continue;
     }
+    // Expert parallelism: an activation split on one dim that the op takes split on another
+    // (the experts' buffer, split by token slots, meeting the expert weights split by experts;
+    // and back before the combine) moves by an all_to_all. A move already made is reused (the
+    // buffer of both expert matmuls, and of their weights' gradients); among new moves, one
+    // that leaves no partial sum (an expert weight's gradient whole on every rank) is chosen.
+    bool moved = false;
+    if (plan_.mesh.axes()[k].name == plan_.expert_axis && sizes_[k] > 1) {
+      struct Move {
+        size_t i;
+        int d;
+        std::vector<Placement> res;
+        std::string key;
+      };
+      std::vector<Move> moves;
+      for (size_t i = 0; i < ins.size(); ++i) {
+        if (!pk[i].is_shard() || !lazy[i].empty() || param_index_.count(n.inputs[i])) continue;
+        for (int d = 0; d < in_types[i].shape.rank(); ++d) {
+          if (d == pk[i].dim || in_types[i].shape[d] % sizes_[k] != 0) continue;
+          Placements p = pk;
+          p[i] = Placement::shard(d);
+          if (!try_rule(p)) continue;
+          Placements target = out_.placements[static_cast<size_t>(ins[i])];
+          target[k] = Placement::shard(d);
+          std::string key = std::to_string(ins[i]);  // axes of one rank are any placement
+          for (size_t a = 0; a < target.size(); ++a)
+            key += " " + (sizes_[a] > 1 ? target[a].to_string() : std::string("-"));
+          moves.push_back({i, d, res, key});
+        }
+      }
+      auto pick = [&](auto pred) { return std::find_if(moves.begin(), moves.end(), pred); };
+      auto it = pick([&](const Move& m) { return expert_moved_.count(m.key) > 0; });
+      if (it == moves.end())
+        it = pick([](const Move& m) {
+          return std::none_of(m.res.begin(), m.res.end(),
+                              [](const Placement& p) { return p.is_partial(); });
+        });
+      if (it == moves.end() && !moves.empty()) it = moves.begin();
+      if (it != moves.end()) {
+        auto done = expert_moved_.find(it->key);
+        if (done != expert_moved_.end()) {
+          ins[it->i] = done->second;
+        } else {
+          Placements target = out_.placements[static_cast<size_t>(ins[it->i])];
+          target[k] = Placement::shard(it->d);
+          TS_ASSIGN_OR_RETURN(ins[it->i], convert(ins[it->i], in_types[it->i].shape, target, n));
+          expert_moved_[it->key] = ins[it->i];
+        }
+        for (size_t o = 0; o < it->res.size(); ++o) out_pl[o][k] = it->res[o];
+        moved = true;
+      }
+    }
+    if (moved) continue;
     // Fallback: replicate every non-replicated input on this axis.
     for (size_t i = 0; i < ins.size(); ++i) {
       if (pk[i].is_replicate()) continue;
@@ -472,6 +575,22 @@ Status Pass::visit(NodeId id) {
     case OpKind::fill:
       attrs_as<FillAttrs>(a).shape = expect[0].dims();
       break;
+    // A mixture of experts split over the tokens routes each rank's tokens into its own
+    // share of every expert's slots (ir/ops_moe.cc).
+    case OpKind::moe_dispatch:
+      attrs_as<MoeAttrs>(a).capacity = expect[0][1];
+      break;
+    case OpKind::moe_slots: {
+      const int64_t rows = in_types[0].shape[0], local = out_.local.type(ins[0]).shape[0];
+      MoeAttrs& m = attrs_as<MoeAttrs>(a);
+      if (m.capacity * local % rows != 0)
+        return error("partition: the " + std::to_string(m.capacity) + " slots per expert at '" +
+                         n.scope + "' do not split over the " + std::to_string(rows / local) +
+                         " ranks splitting its tokens",
+                     "use a global batch that is a multiple of the data-parallel size");
+      m.capacity = m.capacity * local / rows;
+      break;
+    }
     case OpKind::cross_entropy:
     case OpKind::cross_entropy_grad: {
       CrossEntropyAttrs& ce = attrs_as<CrossEntropyAttrs>(a);
@@ -612,8 +731,27 @@ Result<Partitioned> Pass::run() {
   // Other outputs leave as inputs arrive (a pipeline chunk's activations and input gradients
   // are the next chunk's inputs): boundary_placements (a Partial sum over a tensor axis is
   // all-reduced, or reduce-scattered onto the sequence).
+  // The loss and the metrics come out Partial on the data axes: each is all-reduced (a scalar).
+  auto summed = [&](ValueId global) -> Result<ValueId> {
+    ValueId v = out_.global_to_local[static_cast<size_t>(global)];
+    std::vector<std::string> partial_axes;
+    for (size_t k = 0; k < sizes_.size(); ++k)
+      if (out_.placements[static_cast<size_t>(v)][k].is_partial() && sizes_[k] > 1)
+        partial_axes.push_back(plan_.mesh.axes()[k].name);
+    if (partial_axes.empty()) return v;
+    const GroupAttrs a{.axes = axes_key(partial_axes), .size = plan_.mesh.group_size(partial_axes)};
+    return emit(OpKind::all_reduce, a, {v}, g_.producer(global),
+                {Placements(sizes_.size(), Placement::replicate())}, {Shape{}});
+  };
+  std::set<ValueId> metric_values;
+  for (const auto& [name, v] : g_.metrics()) {
+    TS_ASSIGN_OR_RETURN(ValueId local, summed(v));
+    out_.local.add_metric(name, local);
+    out_.metrics.emplace_back(name, local);
+    metric_values.insert(v);
+  }
   for (ValueId v : g_.outputs()) {
-    if (v == g_.loss() || grad_of_.count(v)) continue;
+    if (v == g_.loss() || grad_of_.count(v) || metric_values.count(v)) continue;
     ValueId& local = out_.global_to_local[static_cast<size_t>(v)];
     const Placements want = boundary_placements(g_.type(v));
     if (g_.type(v).shape.rank() > 0 && out_.placements[static_cast<size_t>(local)] != want) {
@@ -622,17 +760,7 @@ Result<Partitioned> Pass::run() {
     out_.local.mark_output(local);
   }
   if (g_.loss() < 0) return std::move(out_);
-  // The loss comes out Partial on the data axes: all-reduce it (one scalar).
-  ValueId loss = out_.global_to_local[static_cast<size_t>(g_.loss())];
-  std::vector<std::string> partial_axes;
-  for (size_t k = 0; k < sizes_.size(); ++k)
-    if (out_.placements[static_cast<size_t>(loss)][k].is_partial() && sizes_[k] > 1)
-      partial_axes.push_back(plan_.mesh.axes()[k].name);
-  if (!partial_axes.empty()) {
-    const GroupAttrs a{.axes = axes_key(partial_axes), .size = plan_.mesh.group_size(partial_axes)};
-    TS_ASSIGN_OR_RETURN(loss, emit(OpKind::all_reduce, a, {loss}, g_.producer(g_.loss()),
-                                   {Placements(sizes_.size(), Placement::replicate())}, {Shape{}}));
-  }
+  TS_ASSIGN_OR_RETURN(ValueId loss, summed(g_.loss()));
   out_.loss = loss;
   out_.local.set_loss(loss);
   out_.local.mark_output(loss);

@@ -62,6 +62,8 @@ struct Partitioned {
   std::vector<ParamLayout> params;       // in global parameter order
   std::vector<ValueId> global_to_local;  // indexed by global ValueId, -1 if none
   ValueId loss = -1;                     // local, replicated (all-reduced) loss
+  // The global graph's metrics (Graph::metrics), local and replicated (all-reduced as the loss).
+  std::vector<std::pair<std::string, ValueId>> metrics;
   // The local fills of the global graph's backward seed (Graph::loss_seed; a fill is emitted
   // at each reader, so there may be several): what fp16 loss scaling overwrites.
   std::vector<ValueId> loss_seeds;

@@ -132,6 +132,9 @@ class Pass {
   // Sequence parallelism: the conversions already emitted (value, target placements, pass ->
   // converted value).
   std::map<std::string, ValueId> seq_converted_;
+  // Expert parallelism: the all-to-all moves already emitted (local value and target
+  // placements -> moved value), shared by the forward and backward passes.
+  std::map<std::string, ValueId> expert_moved_;
   std::vector<size_t> pending_;  // params whose gradient waits in the open bucket
   int64_t pending_bytes_ = 0;
 };

@@ -109,6 +109,13 @@ Result<std::vector<ChunkGraph>> split_pipeline(const Graph& g, const std::vector
       return error("pipeline: value %" + std::to_string(v) + " of '" + p.scope + "' (chunk " +
                        std::to_string(from) + ") is read in chunk " + std::to_string(c),
                    "a chunk reads values of earlier chunks only; cut the model at other blocks");
+    // What crosses a stage boundary is split on the batch like every stage's inputs: a scalar
+    // summed over the blocks (a mixture of experts' balance loss) is not, yet.
+    if (g.type(v).shape.rank() == 0)
+      return error("pipeline: '" + p.scope +
+                       "' passes a scalar to a later stage (a mixture of "
+                       "experts' balance loss), which pipeline stages do not carry yet",
+                   "drop --pp for this model (expert and data parallelism split it instead)");
     // A chunk that only passes v on holds it outside its blocks (layer -1): the reader's block
     // is a later chunk's.
     Node passing;

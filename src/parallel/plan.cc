@@ -201,6 +201,32 @@ Status add_context_axis(Plan* p, int cp) {
   return Status();
 }
 
+Status add_expert_axis(Plan* p, int ep) {
+  if (ep < 1) return error("--ep must be at least 1, got " + std::to_string(ep));
+  if (ep == 1) return Status();
+  if (!p->expert_axis.empty())
+    return error("plan: it has an expert axis ('" + p->expert_axis + "') already");
+  if (!p->params.empty())
+    return error("plan: expert parallelism on a plan that places parameters",
+                 "give the expert axis in the plan file (\"expert_axis\": \"ep\")");
+  std::vector<MeshAxis> axes = p->mesh.axes();
+  auto at = axes.end();
+  for (auto it = axes.begin(); it != axes.end(); ++it)
+    if (std::count(p->tensor_axes.begin(), p->tensor_axes.end(), it->name)) {
+      at = it;
+      break;
+    }
+  axes.insert(at, MeshAxis{"ep", ep});
+  p->mesh = Mesh(std::move(axes));
+  p->expert_axis = "ep";
+  std::vector<std::string> data;  // in mesh order
+  for (const MeshAxis& a : p->mesh.axes())
+    if (a.name == "ep" || std::count(p->data_axes.begin(), p->data_axes.end(), a.name))
+      data.push_back(a.name);
+  p->data_axes = std::move(data);
+  return Status();
+}
+
 std::vector<Placement> Plan::placements_of(const std::string& name) const {
   auto it = params.find(name);
   if (it != params.end()) return it->second;
@@ -222,7 +248,8 @@ std::vector<std::string> Plan::grad_norm_axes() const {
     const bool z = zero_sharded && std::count(zero_axes.begin(), zero_axes.end(), a.name);
     const bool t = tensor_group() > 1 && std::count(tensor_axes.begin(), tensor_axes.end(), a.name);
     const bool pp = stages() > 1 && a.name == pipeline_axis;
-    if (z || t || pp) out.push_back(a.name);
+    const bool e = expert_group() > 1 && a.name == expert_axis;  // each rank's own experts
+    if (z || t || pp || e) out.push_back(a.name);
   }
   return out;
 }
@@ -259,6 +286,7 @@ std::string Plan::describe() const {
   if (context_group() > 1)
     s += std::string(" context-parallel") +
          (context_order == ContextOrder::zigzag ? " (zigzag)" : "");
+  if (expert_group() > 1) s += " expert-parallel";
   if (offload != OffloadPolicy::none) s += std::string(" offload=") + offload_name(offload);
   if (stages() > 1) {
     s += std::string(" schedule=") + schedule_name(schedule);
@@ -320,6 +348,14 @@ Status validate(const Plan& p, int world) {
       return error("plan: context parallelism is not supported with pipeline stages yet",
                    "drop --pp, or --cp");
   }
+  if (!p.expert_axis.empty()) {
+    if (!has(p.data_axes, p.expert_axis))
+      return error("plan: expert axis '" + p.expert_axis + "' must also be a data axis",
+                   "list it in data_axes: the batch splits over the expert-parallel ranks");
+    if (has(p.zero_axes, p.expert_axis) && p.mesh.axis_size(p.expert_axis) > 1)
+      return error("plan: ZeRO over the expert axis '" + p.expert_axis + "' is not supported",
+                   "leave it out of zero_axes (ZeRO shards over the other data axes)");
+  }
   for (const MeshAxis& a : p.mesh.axes())
     if (!has(p.data_axes, a.name) && !has(p.tensor_axes, a.name) && a.name != p.pipeline_axis &&
         a.name != p.context_axis)
@@ -336,7 +372,7 @@ Status validate(const Plan& p, int world) {
       if (pl[i].is_partial())
         return error("plan: parameter '" + name + "' is Partial on '" + axis +
                      "'; a parameter is Replicate or Shard(dim)");
-      if (pl[i].is_shard() && !has(p.tensor_axes, axis))
+      if (pl[i].is_shard() && !has(p.tensor_axes, axis) && axis != p.expert_axis)
         return error("plan: parameter '" + name + "' is sharded on data axis '" + axis + "'",
                      "data axes shard parameters through the ZeRO stage; shard on a tensor axis");
     }
@@ -423,6 +459,7 @@ nlohmann::json plan_to_json(const Plan& p) {
           {"pipeline_axis", p.pipeline_axis},
           {"context_axis", p.context_axis},
           {"context_order", context_order_name(p.context_order)},
+          {"expert_axis", p.expert_axis},
           {"schedule", schedule_name(p.schedule)},
           {"virtual_stages", p.virtual_stages},
           {"stage_layers", p.stage_layers}};
@@ -462,14 +499,15 @@ Result<Plan> plan_from_json(const nlohmann::json& j) {
       "params",         "zero",         "micro_batches",    "bucket_bytes",
       "prefetch_bytes", "recompute",    "recompute_layers", "sequence_parallel",
       "pipeline_axis",  "schedule",     "virtual_stages",   "stage_layers",
-      "offload",        "context_axis", "context_order"};
+      "offload",        "context_axis", "context_order",    "expert_axis"};
   if (!j.is_object()) return error("plan: expected a JSON object");
   for (auto it = j.begin(); it != j.end(); ++it)
     if (!known.count(it.key()))
       return error("plan: unknown key '" + it.key() + "'",
                    "keys: mesh, data_axes, zero_axes, tensor_axes, params, zero, micro_batches, "
                    "bucket_bytes, prefetch_bytes, recompute, recompute_layers, offload, "
-                   "sequence_parallel, pipeline_axis, context_axis, context_order, schedule, "
+                   "sequence_parallel, pipeline_axis, context_axis, context_order, expert_axis, "
+                   "schedule, "
                    "virtual_stages, "
                    "stage_layers");
   if (!j.contains("mesh"))
@@ -499,10 +537,13 @@ Result<Plan> plan_from_json(const nlohmann::json& j) {
         if (a.name == "tp") p.tensor_axes.push_back(a.name);
         if (a.name == "pp") p.pipeline_axis = a.name;
         if (a.name == "cp") p.context_axis = a.name;
-        if (a.name == "dp" || a.name == "dp_rep" || a.name == "dp_shard")
+        if (a.name == "ep") p.expert_axis = a.name;
+        if (a.name == "dp" || a.name == "dp_rep" || a.name == "dp_shard" || a.name == "ep")
           p.data_axes.push_back(a.name);
       }
-      p.zero_axes = p.data_axes;
+      p.zero_axes.clear();
+      for (const std::string& a : p.data_axes)
+        if (a != p.expert_axis) p.zero_axes.push_back(a);
     }
     if (reading("data_axes", "a list of axis names"))
       p.data_axes = j.at("data_axes").get<std::vector<std::string>>();
@@ -565,6 +606,8 @@ Result<Plan> plan_from_json(const nlohmann::json& j) {
       p.pipeline_axis = j.at("pipeline_axis").get<std::string>();
     if (reading("context_axis", "an axis name (\"\" for none)"))
       p.context_axis = j.at("context_axis").get<std::string>();
+    if (reading("expert_axis", "an axis name (\"\" for none)"))
+      p.expert_axis = j.at("expert_axis").get<std::string>();
     if (reading("context_order", "\"contiguous\" or \"zigzag\"")) {
       Result<ContextOrder> o = parse_context_order(j.at("context_order").get<std::string>());
       if (!o.ok())

@@ -134,6 +134,13 @@ struct Plan {
   // chunks, are reduced with the data axes'.
   std::string context_axis;
   ContextOrder context_order = ContextOrder::contiguous;
+  // Expert parallelism: the expert axis ("" for none) is one of the data axes (the batch is
+  // split over it) on which the expert parameters of mixture-of-experts layers
+  // (SourceAttrs::experts: [E, ...]) are Shard(0), each rank holding E / n experts. The
+  // partition pass moves the experts' token buffers from their split by token slots to their
+  // split by experts and back with all_to_all (dispatch and combine). Every other parameter is
+  // replicated on it, as on any data axis. ZeRO does not shard over it (zero_axes exclude it).
+  std::string expert_axis;
   ScheduleKind schedule = ScheduleKind::one_f_one_b;
   int virtual_stages = 1;
   std::vector<int> stage_layers;
@@ -160,6 +167,7 @@ struct Plan {
   int stages() const { return pipeline_axis.empty() ? 1 : mesh.axis_size(pipeline_axis); }
   int chunks() const { return stages() * virtual_stages; }  // model chunks over all stages
   int context_group() const { return context_axis.empty() ? 1 : mesh.axis_size(context_axis); }
+  int expert_group() const { return expert_axis.empty() ? 1 : mesh.axis_size(expert_axis); }
   // `axes` and the context axis (when there is one), in mesh order: the groups over which
   // gradients and the loss are partial sums.
   std::vector<std::string> with_context_axis(const std::vector<std::string>& axes) const;
@@ -179,13 +187,18 @@ struct Plan {
 // places parameters (their placements would need one more axis).
 Status add_context_axis(Plan* p, int cp);
 
+// Adds an expert-parallel axis "ep" of `ep` ranks to `p` (inside the data, pipeline and context
+// axes, outside the tensor axes), a data axis that ZeRO does not shard over, and names it the
+// expert axis; ep == 1 leaves the plan as it is. Errors as add_context_axis.
+Status add_expert_axis(Plan* p, int ep);
+
 // A rank group named by its mesh axes, as collectives' GroupAttrs::axes and MeshComms keys hold it:
 // {"dp_rep", "dp_shard"} <-> "dp_rep,dp_shard".
 std::string axes_key(const std::vector<std::string>& axes);
 std::vector<std::string> axes_of_key(const std::string& key);
 
 // Checks axis names and sizes, that every axis is a data, a tensor, the pipeline or the
-// context axis (one of them),
+// context axis (one of them), that the expert axis is a data axis outside zero_axes,
 // zero_axes ⊆ data_axes, parameter placements (one per axis, Shard only on tensor axes), the
 // ZeRO stage, offload (not with pipeline stages yet), and (when world > 0) that the mesh has
 // exactly `world` ranks.

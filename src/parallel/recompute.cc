@@ -105,6 +105,7 @@ Result<Graph> apply_recompute(const Graph& g, RecomputePolicy policy,
 
   for (ValueId v : g.outputs()) out.mark_output(map[static_cast<size_t>(v)]);
   if (g.loss() >= 0) out.set_loss(map[static_cast<size_t>(g.loss())]);
+  for (const auto& [name, v] : g.metrics()) out.add_metric(name, map[static_cast<size_t>(v)]);
   for (auto [param, grad] : g.param_grads())
     out.set_param_grad(map[static_cast<size_t>(param)], map[static_cast<size_t>(grad)]);
   TS_RETURN_IF_ERROR(verify(out));

@@ -41,6 +41,14 @@ Result<MeshComms> MeshComms::create(Communicator& world, const Plan& plan,
     }
   }
   keys.push_back(axes_key(plan.tensor_axes));
+  if (plan.expert_group() > 1) {  // expert weights split over the expert and tensor axes
+    std::vector<std::string> split;
+    for (const MeshAxis& a : plan.mesh.axes())
+      if (a.name == plan.expert_axis ||
+          std::count(plan.tensor_axes.begin(), plan.tensor_axes.end(), a.name))
+        split.push_back(a.name);
+    keys.push_back(axes_key(split));
+  }
   keys.push_back(axes_key(plan.grad_norm_axes()));
   // The partition pass names a partial sum's group by its axes of more than one rank: each
   // group above without its axes of one rank, too.

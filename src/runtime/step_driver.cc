@@ -20,6 +20,9 @@ class SpmdDriver final : public StepDriver {
   Result<float> forward_backward(const Feed& feed) override {
     return runner_->forward_backward(feed);
   }
+  std::vector<std::pair<std::string, double>> take_metrics() override {
+    return runner_->take_metrics();
+  }
   Result<double> apply(double lr, double clip) override { return runner_->apply(lr, clip); }
   double loss_scale() const override { return runner_->loss_scale(); }
   int64_t loss_scale_good_steps() const override { return runner_->loss_scale_good_steps(); }

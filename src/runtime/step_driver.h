@@ -36,6 +36,9 @@ class StepDriver {
   // `feed`: this rank's rows of micro_batches_per_call() micro-batches, one after the other.
   // Returns their mean loss (global, the same on every rank).
   virtual Result<float> forward_backward(const Feed& feed) = 0;
+  // The model's metrics (Graph::metrics, global) summed over the forward_backward calls since
+  // the last take, in the graph's order; then zero. None under pipeline stages (yet).
+  virtual std::vector<std::pair<std::string, double>> take_metrics() { return {}; }
   // After plan().micro_batches micro-batches: clips to `clip` (<= 0: none) by the global norm
   // and steps AdamW. Returns the pre-clip norm (0 for an fp16 step skipped on overflow).
   virtual Result<double> apply(double lr, double clip) = 0;

@@ -283,7 +283,9 @@ Box StepRunner::param_box(size_t i) const {
 std::vector<std::string> StepRunner::replicated_tensor_axes(size_t i) const {
   const Plan& plan = prog_.plan;
   std::vector<std::string> out;
-  for (const std::string& t : plan.tensor_axes)
+  std::vector<std::string> axes = plan.tensor_axes;
+  if (plan.expert_group() > 1) axes.push_back(plan.expert_axis);  // in the norm's group too
+  for (const std::string& t : axes)
     if (prog_.part.params[i]
             .layout.axes[static_cast<size_t>(plan.mesh.axis_index(t))]
             .is_replicate())
@@ -293,8 +295,13 @@ std::vector<std::string> StepRunner::replicated_tensor_axes(size_t i) const {
 
 bool StepRunner::first_holder(size_t i, bool zero_sharded) const {
   const Plan& plan = prog_.plan;
-  std::vector<std::string> same = zero_sharded ? plan.replica_axes() : plan.data_axes;
-  for (const std::string& t : replicated_tensor_axes(i)) same.push_back(t);
+  std::vector<std::string> same;  // the axes along which the rank's piece is repeated
+  const ParamLayout& pl = prog_.part.params[i];
+  for (const std::string& a : zero_sharded ? plan.replica_axes() : plan.data_axes)
+    if (!pl.layout.axes[static_cast<size_t>(plan.mesh.axis_index(a))].is_shard())  // experts
+      same.push_back(a);
+  for (const std::string& t : replicated_tensor_axes(i))
+    if (std::count(same.begin(), same.end(), t) == 0) same.push_back(t);
   // Parameters are replicated over a context axis, unless ZeRO shards over it.
   const bool context_sharded =
       zero_sharded && std::count(plan.zero_axes.begin(), plan.zero_axes.end(), plan.context_axis);
@@ -404,6 +411,9 @@ Status StepRunner::start(const Node& n, Executor& ex) {
       break;
     case OpKind::all_gather:
       r = c.all_gather(in, out, in_count, wire, what);
+      break;
+    case OpKind::all_to_all:
+      r = c.all_to_all(in, out, in_count / group.size, wire, what);
       break;
     default:
       return error("not a collective: " + std::string(op_name(n.op)));
@@ -515,7 +525,17 @@ Result<float> StepRunner::forward_backward(const Feed& feed) {
                                 prog_.local().type(prog_.part.params[i].local_grad).dtype,
                                 grad_count(i), accumulated_ == 0);
   ++accumulated_;
+  metric_sums_.resize(prog_.part.metrics.size(), 0.0);
+  for (size_t i = 0; i < prog_.part.metrics.size(); ++i)
+    metric_sums_[i] += exec_->read_scalar(prog_.part.metrics[i].second);
   return exec_->read_scalar(prog_.part.loss);
+}
+
+std::vector<std::pair<std::string, double>> StepRunner::take_metrics() {
+  std::vector<std::pair<std::string, double>> out;
+  for (size_t i = 0; i < metric_sums_.size(); ++i)
+    out.emplace_back(prog_.part.metrics[i].first, std::exchange(metric_sums_[i], 0.0));
+  return out;
 }
 
 Status StepRunner::run_phase(int ph) {
@@ -733,15 +753,19 @@ Status StepRunner::gather_params(std::vector<std::vector<float>>* whole) {
       w = std::move(piece);
       continue;
     }
-    // The pieces of the tensor axes' group, each placed at its box.
-    const int tg = plan.tensor_group();
+    // The pieces of the group over the axes that split it (tensor axes; the expert axis for
+    // expert weights), each placed at its box.
+    std::vector<std::string> split;
+    for (size_t k = 0; k < plan.mesh.axes().size(); ++k)
+      if (pl.layout.axes[k].is_shard()) split.push_back(plan.mesh.axes()[k].name);
+    const int tg = plan.mesh.group_size(split);
     std::vector<float> all(static_cast<size_t>(local * tg));
-    Communicator& c = comms_.group(axes_key(plan.tensor_axes));
+    Communicator& c = comms_.group(axes_key(split));
     Request r = c.all_gather(piece.data(), all.data(), local, "gather " + pl.name);
     TS_RETURN_IF_ERROR(c.wait(r));
     w.assign(static_cast<size_t>(pl.global_shape.numel()), 0.0f);
     for (int k = 0; k < tg; ++k) {
-      const int q = group_member(plan.mesh, rank_, plan.tensor_axes, k);
+      const int q = group_member(plan.mesh, rank_, split, k);
       place_box(all.data() + k * local, pl.global_shape, pl.layout.local_box(plan.mesh, q),
                 w.data());
     }

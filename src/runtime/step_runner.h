@@ -75,6 +75,9 @@ class StepRunner {
   // (Backend::record: a CUDA graph) runs eagerly once, is recorded the second time and
   // replayed from then on, unless set_record_steps(false).
   Result<float> forward_backward(const Feed& feed);
+  // The program's metrics (Partitioned::metrics) summed over the forward_backward calls since
+  // the last take; then zero.
+  std::vector<std::pair<std::string, double>> take_metrics();
   void set_record_steps(bool on) { record_steps_ = on; }
   // When set, each instruction run (compute, and the waits for collectives) and each apply()
   // is added to `trace` as a span on its compute track (runtime/step_trace.h); a traced
@@ -192,7 +195,8 @@ class StepRunner {
   void grad_to_host(size_t i);
   void param_to_device(size_t i);
   LocalPiece block_of(size_t i) const;  // this rank's block in the ZeRO group
-  // The tensor axes on which parameter i is Replicate.
+  // The tensor axes (and the expert axis) on which parameter i is Replicate: where the
+  // gradient norm's group holds copies of its elements.
   std::vector<std::string> replicated_tensor_axes(size_t i) const;
   // Whether no rank before this one holds the same piece of parameter i (ZeRO-sharded or not).
   bool first_holder(size_t i, bool zero_sharded) const;
@@ -243,8 +247,9 @@ class StepRunner {
   std::map<NodeId, Staged> staged_;
   std::vector<float> scratch_;  // padded all-gather staging for ZeRO-1/2 parameter sync
   int accumulated_ = 0;
-  double loss_scale_ = 0;   // fp16 only
-  int64_t good_steps_ = 0;  // steps since the scale last changed
+  std::vector<double> metric_sums_;  // per Partitioned::metrics
+  double loss_scale_ = 0;            // fp16 only
+  int64_t good_steps_ = 0;           // steps since the scale last changed
   bool skipped_ = false;
   std::vector<char> grad_started_;  // chunk runners: parameter i has a gradient this step
   // Chunk runners: per stash entry into the reduce phase, its sum over this step's

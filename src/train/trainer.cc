@@ -495,6 +495,14 @@ Status train(const TrainOptions& o, const TrainJob& job) {
                           {"peak_flops_per_rank", peak},
                           {"step_s", dt}};
     if (st.loss_scale() > 0) rec["loss_scale"] = st.loss_scale();
+    // A mixture of experts: the (token, expert) routes of the step that found no slot.
+    for (const auto& [name, sum] : st.step->take_metrics())
+      if (name == kMoeKeptMetric) {
+        const double routes =
+            static_cast<double>(st.model.moe_routes) * static_cast<double>(o.grad_accum);
+        rec["moe_routes"] = routes;
+        rec["moe_dropped_routes"] = std::round(routes - sum);
+      }
     if (skipped) {
       rec["grad_norm"] = nullptr;
       rec["skipped"] = true;

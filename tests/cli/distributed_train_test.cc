@@ -237,6 +237,37 @@ TEST_F(DistributedTrainTest, ContextParallelRunsMatchOneRank) {
       << log;
 }
 
+// The tiny mixture of experts with room for every route (capacity factor E / k): each
+// expert-parallel rank holds 4 of the 8 experts and its share of the batch; the tokens reach
+// their experts and come back by all-to-all. Losses and gradient norms are one rank's, through a
+// checkpoint that reshards from 2 expert-parallel ranks to 1.
+TEST_F(DistributedTrainTest, ExpertParallelRunsMatchOneRank) {
+  const fs::path toml = dir_ / "moe.toml";
+  std::ofstream(toml) << "[model]\npreset = \"moe-tiny\"\ncapacity_factor = 4.0\n";
+  model_ = toml.string();
+  seq_flag_ = "--seq 32";
+  const std::string flags = "--batch 4 --grad-accum 2 --steps 6 --lr 3e-3 ";
+  std::string log;
+  ASSERT_EQ(train(1, "straight", flags, &log), 0) << log;
+  ASSERT_EQ(train(2, "ep", flags + "--ep 2 --stop-after 3", &log), 0) << log;
+  EXPECT_NE(log.find("ep=2"), std::string::npos) << log;
+  ASSERT_EQ(train(1, "ep", flags + "--resume", &log), 0) << log;
+  EXPECT_NE(log.find("resumed from step 3"), std::string::npos) << log;
+  ASSERT_EQ(train(4, "ep_dp", flags + "--ep 2 --dp 2 --zero 1", &log), 0) << log;
+  ASSERT_EQ(train(4, "ep_tp", flags + "--ep 2 --tp 2", &log), 0) << log;
+  for (const char* out : {"ep", "ep_dp", "ep_tp"}) {
+    const fs::path m = dir_ / out / "metrics.jsonl", want = dir_ / "straight" / "metrics.jsonl";
+    for (size_t i = 0; i < 6; ++i)
+      EXPECT_NEAR(loss_at(m, i), loss_at(want, i), 1e-5 * loss_at(want, i)) << out << " step " << i;
+    const std::vector<double> norms = grad_norms(m), expect = grad_norms(want);
+    ASSERT_EQ(norms.size(), 6u) << out;
+    for (size_t i = 0; i < 6; ++i)
+      EXPECT_NEAR(norms[i], expect[i], 1e-4 * expect[i]) << out << " step " << i;
+  }
+  EXPECT_EQ(train(3, "ep3", "--batch 3 --steps 1 --ep 3", &log), 1) << log;  // 8 experts, 3 ranks
+  EXPECT_NE(log.find("do not split over 3 expert-parallel ranks"), std::string::npos) << log;
+}
+
 TEST_F(DistributedTrainTest, CheckpointFromFourRanksZero3ResumesOnTwoRanksZero1AndOneRank) {
   std::string log;
   ASSERT_EQ(train(1, "straight", "--batch 4 --steps 4", &log), 0) << log;

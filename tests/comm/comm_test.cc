@@ -161,6 +161,27 @@ TEST(Comm, AllGatherCollectsBlocksInRankOrder) {
   }
 }
 
+// Block j of rank r's input lands in block r of rank j's output; the bytes each rank sends are
+// the n - 1 blocks it does not keep (communicator.h).
+TEST(Comm, AllToAllSwapsBlocksBetweenRanks) {
+  for (int n = 1; n <= 4; ++n) {
+    Comms comms = make_local_comms(n);
+    for (int64_t count : kCounts) {
+      run_ranks(n, [&](int r) {
+        std::vector<float> in(n * count), out(n * count, -1.f);
+        for (int64_t i = 0; i < n * count; ++i) in[i] = value(r, i);
+        Communicator& c = *comms[r];
+        c.reset_stats();
+        ASSERT_TRUE(c.wait(c.all_to_all(in.data(), out.data(), count, DType::f32, "a2a")).ok());
+        for (int q = 0; q < n; ++q)
+          for (int64_t i = 0; i < count; ++i)
+            ASSERT_EQ(out[q * count + i], value(q, r * count + i)) << "n=" << n << " from " << q;
+        EXPECT_EQ(c.stats().bytes_sent, (n - 1) * count * 4);
+      });
+    }
+  }
+}
+
 TEST(Comm, BroadcastFromEveryRoot) {
   for (int n = 1; n <= 4; ++n) {
     Comms comms = make_local_comms(n);

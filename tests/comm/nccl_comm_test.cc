@@ -38,6 +38,11 @@ TEST(NcclComm, OneRankRunsEveryOperationInStreamOrder) {
   gpu.to_host(back.data(), gathered.data(), n * 2);
   EXPECT_EQ(back, x);
   EXPECT_TRUE(c.test(r));
+  Buffer swapped = gpu.allocate(n * 2);  // all-to-all on one rank: its own block back
+  r = c.all_to_all(d.data(), swapped.data(), n, DType::bf16, "swap");
+  ASSERT_TRUE(c.wait(r).ok());
+  gpu.to_host(back.data(), swapped.data(), n * 2);
+  EXPECT_EQ(back, x);
   auto sum = c.all_reduce_scalar(2.5, /*max=*/false, "scalar");
   ASSERT_TRUE(sum.ok());
   EXPECT_EQ(*sum, 2.5);

@@ -640,6 +640,7 @@ std::vector<Entry> build_entries() {
   fwd("vocab_cross_entropy_grad", "vocab_cross_entropy_grad_padded",
       [=](Net& n) { ce_grad_blocks(n, 5); });
 
+  add_moe_entries(&e);
   add_gradient_entries(&e);
   return e;
 }

@@ -28,4 +28,7 @@ void add_gradient_entries(std::vector<Entry>* e);
 // Appends the forward entries of attention and position_buckets (op_entries_attention.cc).
 void add_attention_entries(std::vector<Entry>* e);
 
+// Appends the entries of the mixture-of-experts routing ops (op_entries_moe.cc).
+void add_moe_entries(std::vector<Entry>* e);
+
 }  // namespace tessera::op_test

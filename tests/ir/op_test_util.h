@@ -176,6 +176,10 @@ class Net {
     }
     e.run();
   }
+  std::vector<float> read_ids(Var v) {  // an i32 value (small ids), as floats for expect_close
+    const int32_t* p = static_cast<const int32_t*>(ex().raw(v.id));
+    return std::vector<float>(p, p + v.shape().numel());
+  }
   std::vector<float> read(Var v) {
     std::vector<float> out(static_cast<size_t>(v.shape().numel()));
     convert_elements(ex().raw(v.id), v.dtype(), out.data(), DType::f32, v.shape().numel());

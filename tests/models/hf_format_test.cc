@@ -21,6 +21,10 @@ TEST(HfFormat, EveryParameterOfEveryPresetHasOneHfTensor) {
       EXPECT_NE(model_config_to_hf(c).status().message().find("\"vit\""), std::string::npos);
       continue;
     }
+    if (c.is_moe()) {  // MixtralForCausalLM: not mapped yet, refused by name
+      EXPECT_NE(model_config_to_hf(c).status().message().find("experts"), std::string::npos);
+      continue;
+    }
     ModelGraph m = build_model(c, 1, 1, ModelMode::logits);
     std::vector<HfTensor> t = hf_tensors(c);
     ASSERT_EQ(t.size(), m.graph.params().size()) << name;

@@ -86,12 +86,12 @@ TEST(Plan, BadPlansNameTheProblem) {
             std::string::npos);
   // An axis of another name has no role by default (it is not silently a data axis).
   j = plan_to_json(Plan::data_parallel(4));
-  j["mesh"] = {{{"name", "dp"}, {"size", 2}}, {{"name", "ep"}, {"size", 2}}};
+  j["mesh"] = {{{"name", "dp"}, {"size", 2}}, {{"name", "xp"}, {"size", 2}}};
   j.erase("data_axes");
   j.erase("zero_axes");
   j.erase("tensor_axes");
   EXPECT_NE(plan_from_json(j).status().message().find(
-                "mesh axis 'ep' is neither a data, a tensor, the pipeline nor the context axis"),
+                "mesh axis 'xp' is neither a data, a tensor, the pipeline nor the context axis"),
             std::string::npos)
       << plan_from_json(j).status().message();
   // A value of the wrong JSON type names the key and what it takes.

@@ -140,6 +140,11 @@ class OpaqueCommunicator final : public Communicator {
     return host_->all_gather(view(in, count, dt), view(out, count * size(), dt), count, dt,
                              std::move(what));
   }
+  Request do_all_to_all(const void* in, void* out, int64_t count, DType dt,
+                        std::string what) override {
+    return host_->all_to_all(view(in, count * size(), dt), view(out, count * size(), dt), count, dt,
+                             std::move(what));
+  }
   Request do_broadcast(void* data, int64_t count, DType dt, int root, std::string what) override {
     return host_->broadcast(view(data, count, dt), count, dt, root, std::move(what));
   }

@@ -58,6 +58,7 @@ const cpu::KernelTable& kernels() {
     cpu::register_shape_kernels(t);
     cpu::register_matmul_kernels(t);
     cpu::register_nn_kernels(t);
+    cpu::register_moe_kernels(t);
     cpu::register_attention_kernels(t);
     return t;
   }();

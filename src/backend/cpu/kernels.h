@@ -30,6 +30,7 @@ void register_shape_kernels(KernelTable& t);        // kernels_shape.cc
 void register_matmul_kernels(KernelTable& t);       // kernels_matmul.cc
 void register_nn_kernels(KernelTable& t);           // kernels_nn.cc
 void register_attention_kernels(KernelTable& t);    // kernels_attention.cc
+void register_moe_kernels(KernelTable& t);          // kernels_moe.cc
 
 // kernels_elementwise.cc
 void fill(const Args& a);
