@@ -71,8 +71,8 @@ Status infer_top_k(const Attrs& attrs, std::span<const TensorType> in,
 }
 
 void vjp_top_k(Builder& b, const Node& n, std::span<const Var> g, std::vector<Var>* dx) {
-  const int64_t width = n.attr<TopKAttrs>().n > 0 ? n.attr<TopKAttrs>().n
-                                                   : b.graph().type(n.inputs[0]).shape[-1];
+  const int64_t width =
+      n.attr<TopKAttrs>().n > 0 ? n.attr<TopKAttrs>().n : b.graph().type(n.inputs[0]).shape[-1];
   (*dx)[0] = b.op<OpKind::top_k_grad>({g[0], out_var(b, n, 1)},
                                       {.k = n.attr<TopKAttrs>().k, .n = width})[0];
 }
@@ -127,7 +127,8 @@ Status infer_moe_combine(const Attrs&, std::span<const TensorType> in,
   if (in.size() != 2 && in.size() != 3)
     return error("moe_combine takes y, slots and optional weights");
   TS_RETURN_IF_ERROR(need_routes(in[1], in.size() == 3 ? &in[2] : nullptr));
-  if (in[0].shape.rank() != 3) return error("moe_combine needs y [E, C, D], got " + in[0].to_string());
+  if (in[0].shape.rank() != 3)
+    return error("moe_combine needs y [E, C, D], got " + in[0].to_string());
   TS_RETURN_IF_ERROR(check_buffer(in[0], in[1], in[1].shape[0], in[0].shape[2]));
   out->push_back({Shape{in[1].shape[0], in[0].shape[2]}, in[0].dtype});
   return Status();

@@ -51,17 +51,17 @@ void add_moe_entries(std::vector<Entry>* entries) {
   });
   fwd("moe_slots", "moe_slots_first_choices_first", [](Net& n) {
     Var choices = n.ids(Shape{kN, kK}, kChoices);
-    Var slots =
-        n.keep(n.b.op<OpKind::moe_slots>({choices}, {.experts = kE, .capacity = kCap})[0]);
+    Var slots = n.keep(n.b.op<OpKind::moe_slots>({choices}, {.experts = kE, .capacity = kCap})[0]);
     n.run();
-    expect_close(n.read_ids(slots), std::vector<double>(kSlots.begin(), kSlots.end()), 0.0, "slots");
+    expect_close(n.read_ids(slots), std::vector<double>(kSlots.begin(), kSlots.end()), 0.0,
+                 "slots");
   });
   fwd("moe_dispatch", "moe_dispatch_weighted", [](Net& n) {
     Var x = n.param(Shape{kN, kD});
     Var w = n.param(Shape{kN, kK});
     Var slots = n.ids(Shape{kN, kK}, kSlots);
-    Var buf = n.keep(
-        n.b.op<OpKind::moe_dispatch>({x, slots, w}, {.experts = kE, .capacity = kCap})[0]);
+    Var buf =
+        n.keep(n.b.op<OpKind::moe_dispatch>({x, slots, w}, {.experts = kE, .capacity = kCap})[0]);
     EXPECT_EQ(buf.shape(), (Shape{kE, kCap, kD}));
     n.run();
     std::vector<double> want(static_cast<size_t>(kE * kCap * kD), 0.0);
@@ -74,8 +74,8 @@ void add_moe_entries(std::vector<Entry>* entries) {
     Var y = n.param(Shape{kE, kCap, kD});
     Var w = n.param(Shape{kN, kK});
     Var slots = n.ids(Shape{kN, kK}, kSlots);
-    Var out = n.keep(
-        n.b.op<OpKind::moe_combine>({y, slots, w}, {.experts = kE, .capacity = kCap})[0]);
+    Var out =
+        n.keep(n.b.op<OpKind::moe_combine>({y, slots, w}, {.experts = kE, .capacity = kCap})[0]);
     n.run();
     std::vector<double> want(static_cast<size_t>(kN * kD), 0.0);
     for (size_t r = 0; r < kSlots.size(); ++r)
@@ -92,10 +92,11 @@ void add_moe_entries(std::vector<Entry>* entries) {
         {n.param(Shape{kN, kD}), n.ids(Shape{kN, kK}, kSlots), n.param(Shape{kN, kK})},
         {.experts = kE, .capacity = kCap})[0];
   });
-  grad("moe_dispatch", "moe_dispatch_unweighted", [](Net& n) {  // its gradient: an unweighted combine
-    return n.b.op<OpKind::moe_dispatch>({n.param(Shape{kN, kD}), n.ids(Shape{kN, kK}, kSlots)},
-                                        {.experts = kE, .capacity = kCap})[0];
-  });
+  grad("moe_dispatch", "moe_dispatch_unweighted",
+       [](Net& n) {  // its gradient: an unweighted combine
+         return n.b.op<OpKind::moe_dispatch>({n.param(Shape{kN, kD}), n.ids(Shape{kN, kK}, kSlots)},
+                                             {.experts = kE, .capacity = kCap})[0];
+       });
   grad("moe_combine", "moe_combine", [](Net& n) {
     return n.b.op<OpKind::moe_combine>(
         {n.param(Shape{kE, kCap, kD}), n.ids(Shape{kN, kK}, kSlots), n.param(Shape{kN, kK})},

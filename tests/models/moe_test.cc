@@ -26,10 +26,10 @@ TEST(Moe, MixtralHasThePublishedParameterCount) {
 
 // Per example: ceil(factor x tokens x k / E), at least 1 and at most every token.
 TEST(Moe, CapacityIsPerExampleAndBounded) {
-  ModelConfig c = preset("moe-tiny");  // 8 experts, 2 per token, factor 1.25
+  ModelConfig c = preset("moe-tiny");       // 8 experts, 2 per token, factor 1.25
   EXPECT_EQ(c.expert_capacity(1, 64), 20);  // 1.25 * 64 * 2 / 8
   EXPECT_EQ(c.expert_capacity(4, 64), 80);
-  c.capacity_factor = 4.0;                  // E / k: every route finds a slot
+  c.capacity_factor = 4.0;  // E / k: every route finds a slot
   EXPECT_EQ(c.expert_capacity(2, 64), 128);
   c.capacity_factor = 100.0;
   EXPECT_EQ(c.expert_capacity(2, 64), 128);

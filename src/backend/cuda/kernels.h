@@ -47,6 +47,7 @@ void register_shape_kernels(KernelTable& t);        // kernels_shape.cu
 void register_matmul_kernels(KernelTable& t);       // kernels_matmul.cc (cuBLASLt)
 void register_nn_kernels(KernelTable& t);           // kernels_nn.cu
 void register_attention_kernels(KernelTable& t);    // kernels_attention.cu
+void register_moe_kernels(KernelTable& t);          // kernels_moe.cu
 
 // Converts n elements between f32, bf16 and f16 on the stream (kernels_elementwise.cu); i32
 // only to i32.

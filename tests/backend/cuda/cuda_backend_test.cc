@@ -195,7 +195,7 @@ TEST(CudaBackend, RunsEveryOpOfGptAndLlamaTrainingGraphsLikeTheCpu) {
   REQUIRE_DEVICE();
   std::printf("device: %s\n", CudaBackend().device_name().c_str());
   std::map<std::string, OpReport> report;
-  for (const char* name : {"gpt-tiny", "llama-tiny"}) {
+  for (const char* name : {"gpt-tiny", "llama-tiny", "moe-tiny"}) {
     for (int wide = 0; wide < 2; ++wide) {
       ModelConfig c = preset(name);
       // A small padded vocabulary keeps the graph quick (the padding columns are checked too);
