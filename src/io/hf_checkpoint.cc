@@ -108,6 +108,8 @@ Result<HfImport> import_hf(const std::string& hf_dir, const std::string& checkpo
     for (const std::string& a : hf_name_aliases(want[i].hf_name)) by_hf_name[a] = i;
   }
   std::vector<std::string> found_in(want.size());
+  // Expert-stacked parameters (Mixtral's experts): the slices read so far, by parameter.
+  std::map<std::string, std::pair<std::vector<float>, int64_t>> stacking;
 
   TS_ASSIGN_OR_RETURN(std::vector<std::string> files, model_files(hf_dir));
   if (path_exists(join_path(checkpoint_root, checkpoint_name(0))))
@@ -168,9 +170,18 @@ Result<HfImport> import_hf(const std::string& hf_dir, const std::string& checkpo
                      "the weights are damaged; nothing was written (export them again from "
                      "the model that made them)");
       if (data.dtype != DType::f32) ++out.converted[safetensors_dtype_name(data.dtype)];
-      converted.emplace_back(it->second, hf_to_tessera(out.cfg, t, values.data()));
-      out.params += static_cast<int64_t>(converted.back().second.size());
+      std::vector<float> mine = hf_to_tessera(out.cfg, t, values.data());
+      out.params += static_cast<int64_t>(mine.size());
       ++out.tensors;
+      if (t.expert >= 0) {  // into its place in the stack; the stack is written once whole
+        auto& [stack, have] = stacking[t.name];
+        stack.resize(static_cast<size_t>(shape_numel(t.shape)));
+        std::copy(mine.begin(), mine.end(), stack.begin() + t.expert * shape_numel(t.hf_shape));
+        if (++have < t.shape[0]) continue;
+        mine = std::move(stack);
+        stacking.erase(t.name);
+      }
+      converted.emplace_back(it->second, std::move(mine));
     }
     NamedTensorRefs refs;
     for (const auto& [i, values] : converted)
@@ -250,8 +261,11 @@ Status write_hf_folder(const ShardedCheckpoint& ck, const ModelConfig& cfg,
     NamedTensorRefs refs;
     for (size_t i : shards[s]) {
       const HfTensor& t = tensors[i];
-      std::vector<float> whole(static_cast<size_t>(shape_numel(t.shape)));
-      TS_RETURN_IF_ERROR(ck.read(t.name, 0, shape_numel(t.shape), whole.data()));
+      // (An expert's slice of an expert-stacked parameter: its rows [expert] of the stack.)
+      const int64_t count = shape_numel(t.expert >= 0 ? t.hf_shape : t.shape);
+      std::vector<float> whole(static_cast<size_t>(count));
+      TS_RETURN_IF_ERROR(
+          ck.read(t.name, std::max<int64_t>(t.expert, 0) * count, count, whole.data()));
       data.push_back(encode(tessera_to_hf(cfg, t, whole.data()), opt.dtype));
       refs.push_back({t.hf_name, TensorRef{opt.dtype, t.hf_shape, data.back().data()}});
       weight_map[t.hf_name] = file;

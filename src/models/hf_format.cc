@@ -159,6 +159,27 @@ Status llama_from_hf(ConfigReader& r, ModelConfig* c) {
   return Status();
 }
 
+// Mixtral: LLaMA's attention and norms, a mixture of experts in each block. HF's Mixtral drops
+// no token, so the import takes the capacity that drops none (n_experts / experts_per_token).
+Status mixtral_from_hf(ConfigReader& r, ModelConfig* c) {
+  TS_RETURN_IF_ERROR(llama_from_hf(r, c));
+  TS_RETURN_IF_ERROR(r.int_key("num_local_experts", &c->n_experts, true));
+  TS_RETURN_IF_ERROR(r.int_key("num_experts_per_tok", &c->experts_per_token, true));
+  TS_RETURN_IF_ERROR(r.float_key("router_aux_loss_coef", &c->router_aux_loss_coef));
+  c->capacity_factor = static_cast<double>(c->n_experts) /
+                       static_cast<double>(std::max<int64_t>(1, c->experts_per_token));
+  TS_RETURN_IF_ERROR(r.require("sliding_window", nullptr,
+                               "attention over the whole sequence (sliding-window attention is "
+                               "not implemented)"));
+  if (const json* j = r.find("router_jitter_noise");
+      j && !(j->is_number() && j->get<double>() == 0))
+    return error(
+        "config.json: \"router_jitter_noise\" = " + j->dump() + ": Tessera's router adds no noise",
+        "set it to 0");
+  r.ignore({"output_router_logits"});
+  return Status();
+}
+
 Status t5_from_hf(ConfigReader& r, ModelConfig* c) {
   const std::string name = c->name;
   *c = family_defaults("t5");  // T5Config's defaults: relu, 32 buckets up to 128, eps 1e-6
@@ -228,13 +249,15 @@ Result<HfConfig> model_config_from_hf(const nlohmann::json& config) {
     TS_RETURN_IF_ERROR(gpt2_from_hf(r, &out.cfg));
   } else if (model_type == "llama") {
     TS_RETURN_IF_ERROR(llama_from_hf(r, &out.cfg));
+  } else if (model_type == "mixtral") {
+    TS_RETURN_IF_ERROR(mixtral_from_hf(r, &out.cfg));
   } else if (model_type == "t5") {
     TS_RETURN_IF_ERROR(t5_from_hf(r, &out.cfg));
   } else {
     return error(
         "config.json: model_type \"" + model_type + "\" is not supported",
-        "Tessera imports \"gpt2\" (GPT2LMHeadModel), \"llama\" (LlamaForCausalLM) and \"t5\" "
-        "(T5ForConditionalGeneration)");
+        "Tessera imports \"gpt2\" (GPT2LMHeadModel), \"llama\" (LlamaForCausalLM), \"mixtral\" "
+        "(MixtralForCausalLM) and \"t5\" (T5ForConditionalGeneration)");
   }
   Status s = validate(out.cfg);
   if (!s.ok()) return s.with_context("config.json");
@@ -244,10 +267,34 @@ Result<HfConfig> model_config_from_hf(const nlohmann::json& config) {
 
 Result<nlohmann::json> model_config_to_hf(const ModelConfig& c) {
   TS_RETURN_IF_ERROR(validate(c));
-  if (c.is_moe())
-    return error("a mixture of experts (n_experts = " + std::to_string(c.n_experts) +
-                     ") has no Hugging Face mapping yet",
-                 "MixtralForCausalLM import and export are not built yet");
+  if (c.is_moe()) {  // MixtralForCausalLM, which drops no token
+    if (c.capacity_factor * static_cast<double>(c.experts_per_token) <
+        static_cast<double>(c.n_experts))
+      return error("capacity_factor = " + std::to_string(c.capacity_factor) +
+                       " drops tokens, which Hugging Face's Mixtral never does",
+                   "export a model trained with capacity_factor >= n_experts / experts_per_token "
+                   "(its weights compute the same either way; only the dropping differs)");
+    return json{{"architectures", {"MixtralForCausalLM"}},
+                {"model_type", "mixtral"},
+                {"vocab_size", c.vocab_size},
+                {"hidden_size", c.n_embd},
+                {"intermediate_size", c.ffn()},
+                {"num_hidden_layers", c.n_layer},
+                {"num_attention_heads", c.n_head},
+                {"num_key_value_heads", c.kv_heads()},
+                {"head_dim", c.head_dim()},
+                {"max_position_embeddings", c.max_seq_len},
+                {"rms_norm_eps", c.norm_eps},
+                {"rope_theta", c.rope_theta},
+                {"hidden_act", "silu"},
+                {"sliding_window", nullptr},
+                {"num_local_experts", c.n_experts},
+                {"num_experts_per_tok", c.experts_per_token},
+                {"router_aux_loss_coef", c.router_aux_loss_coef},
+                {"output_router_logits", false},
+                {"tie_word_embeddings", c.tied_embeddings},
+                {"initializer_range", c.init_std}};
+  }
   if (c.family == "gpt")
     return json{{"architectures", {"GPT2LMHeadModel"}},
                 {"model_type", "gpt2"},
@@ -393,6 +440,24 @@ std::vector<HfTensor> hf_tensors(const ModelConfig& c) {
       add(p + "attn.v.weight", hp + "self_attn.v_proj.weight", HfLayout::same, {KV, C});
       add(p + "attn.o.weight", hp + "self_attn.o_proj.weight", HfLayout::same, {C, Q});
       add(p + "mlp_norm.weight", hp + "post_attention_layernorm.weight", HfLayout::same, {C});
+      if (c.is_moe()) {  // Mixtral: w1 the gate, w3 the up projection, w2 the down one
+        const int64_t E = c.n_experts;
+        const std::string moe = hp + "block_sparse_moe.";
+        add(p + "moe.router.weight", moe + "gate.weight", HfLayout::same, {E, C});
+        for (auto [mine, hf] :
+             {std::pair<const char*, const char*>{"gate", "w1"}, {"up", "w3"}, {"down", "w2"}}) {
+          const std::vector<int64_t> slice =
+              std::string(mine) == "down" ? std::vector<int64_t>{C, F} : std::vector<int64_t>{F, C};
+          for (int64_t e = 0; e < E; ++e)
+            out.push_back({p + "moe.experts." + mine,
+                           moe + "experts." + std::to_string(e) + "." + hf + ".weight",
+                           HfLayout::same,
+                           {E, slice[0], slice[1]},
+                           slice,
+                           e});
+        }
+        continue;
+      }
       add(p + "mlp.gate.weight", hp + "mlp.gate_proj.weight", HfLayout::same, {F, C});
       add(p + "mlp.up.weight", hp + "mlp.up_proj.weight", HfLayout::same, {F, C});
       add(p + "mlp.down.weight", hp + "mlp.down_proj.weight", HfLayout::same, {C, F});
@@ -424,7 +489,7 @@ bool hf_tensor_is_skipped(const ModelConfig& c, const std::string& hf_name) {
 }
 
 std::vector<float> hf_to_tessera(const ModelConfig& c, const HfTensor& t, const float* data) {
-  const int64_t n = numel(t.shape);
+  const int64_t n = t.expert >= 0 ? numel(t.hf_shape) : numel(t.shape);  // an expert's slice
   switch (t.layout) {
     case HfLayout::same: {
       std::vector<float> out(static_cast<size_t>(n), 0.0f);  // padded vocabulary rows: zero

@@ -1,5 +1,6 @@
 // How Tessera's models are named and laid out in Hugging Face `transformers` checkpoints:
-// GPT (GPT2LMHeadModel, model_type "gpt2"), LLaMA (LlamaForCausalLM, "llama") and T5
+// GPT (GPT2LMHeadModel, model_type "gpt2"), LLaMA (LlamaForCausalLM, "llama"), a LLaMA with
+// mixtures of experts (MixtralForCausalLM, "mixtral": each expert its own HF tensors) and T5
 // (T5ForConditionalGeneration, "t5": HF's names, Tessera's layouts; the relative bias tables
 // that HF keeps in block 0 are Tessera's encoder/decoder.relative_attention_bias). The file
 // I/O lives in io/hf_checkpoint.h; this is the model-family knowledge it needs.
@@ -57,9 +58,14 @@ struct HfTensor {
   HfLayout layout = HfLayout::same;
   std::vector<int64_t> shape;     // Tessera's shape
   std::vector<int64_t> hf_shape;  // in the HF file
+  // >= 0: the HF tensor is expert `expert`'s slice [expert] of the Tessera tensor (its experts
+  // [E, ...] stacked; Mixtral's experts.N.w1/w2/w3), hf_shape the slice's shape; the layout
+  // functions below take and give the slice.
+  int64_t expert = -1;
 };
 
-// Every parameter of build_model(cfg), in the graph's order, with its HF key and layout.
+// Every parameter of build_model(cfg), in the graph's order, with its HF key and layout (an
+// expert-stacked parameter: one entry per expert, in expert order).
 std::vector<HfTensor> hf_tensors(const ModelConfig& cfg);
 
 // Keys a reader also accepts for `hf_name` (GPT-2 files saved from GPT2Model lack the

@@ -12,6 +12,7 @@
 
 #include "io/checkpoint.h"
 #include "io/safetensors.h"
+#include "models/hf_format.h"
 #include "test_util.h"
 
 namespace tessera {
@@ -219,6 +220,63 @@ TEST(HfCheckpoint, NothingIsOverwrittenOrLeftBehind) {
   Result<HfExport> ok = export_hf(tmp / "ckpt", tmp / "empty");
   ASSERT_TRUE(ok.ok()) << ok.status().to_string();
   EXPECT_TRUE(fs::exists(tmp / "empty/config.json"));
+}
+
+// A tiny Mixtral folder: each expert's w1/w3/w2 HF tensor becomes its rows of Tessera's
+// stacked experts (whichever file holds it), and an export writes them back as they were.
+TEST(HfCheckpoint, MixtralExpertsStackOnImportAndSplitOnExport) {
+  TempDir tmp;
+  ModelConfig c = *find_preset("moe-tiny");
+  c.vocab_size = 97;
+  c.n_embd = 16;
+  c.n_head = 2;
+  c.n_kv_head = 1;
+  c.ffn_hidden = 8;
+  c.n_experts = 4;
+  c.capacity_factor = 2.0;  // 4 experts / 2 per token: drops nothing, as HF's Mixtral
+  ASSERT_TRUE(validate(c).ok()) << validate(c).to_string();
+  const std::string dir = tmp / "hf";
+  fs::create_directories(dir);
+  write_json(dir + "/config.json", model_config_to_hf(c).value());
+  std::map<std::string, std::vector<float>> values;  // by HF name
+  NamedTensorRefs first, second;                     // the tensors over two files: stacks span both
+  int k = 0;
+  for (const HfTensor& t : hf_tensors(c)) {
+    std::vector<float>& v = values[t.hf_name];
+    int64_t n = 1;
+    for (int64_t d : t.hf_shape) n *= d;
+    for (int64_t i = 0; i < n; ++i) v.push_back(static_cast<float>(k * 1000 + i) * 1e-3f);
+    (k++ % 2 ? second : first).push_back({t.hf_name, TensorRef{DType::f32, t.hf_shape, v.data()}});
+  }
+  Status saved = save_safetensors(dir + "/model-00001-of-00002.safetensors", first);
+  ASSERT_TRUE(saved.ok()) << saved.to_string();
+  saved = save_safetensors(dir + "/model-00002-of-00002.safetensors", second);
+  ASSERT_TRUE(saved.ok()) << saved.to_string();
+  nlohmann::json map;
+  for (const auto& [refs, file] : {std::pair{&first, "model-00001-of-00002.safetensors"},
+                                   std::pair{&second, "model-00002-of-00002.safetensors"}})
+    for (const auto& [name, ref] : *refs) map[name] = file;
+  write_json(dir + "/model.safetensors.index.json", {{"weight_map", map}});
+  Result<HfImport> r = import_hf(dir, tmp / "ckpt");
+  ASSERT_TRUE(r.ok()) << r.status().to_string();
+  EXPECT_EQ(r->cfg.n_experts, 4);
+  Checkpoint ck = load_checkpoint(tmp / "ckpt").value();
+  const TensorData& down = ck.get("h.1.moe.experts.down");
+  ASSERT_EQ(down.shape, (std::vector<int64_t>{4, 16, 8}));
+  const std::vector<float>& w2 = values.at("model.layers.1.block_sparse_moe.experts.2.w2.weight");
+  const float* stacked = reinterpret_cast<const float*>(down.bytes.data());
+  for (size_t i = 0; i < w2.size(); ++i) ASSERT_EQ(stacked[2 * 16 * 8 + i], w2[i]) << i;
+  Result<HfExport> e = export_hf(tmp / "ckpt", tmp / "out", {DType::f32, 4096});
+  ASSERT_TRUE(e.ok()) << e.status().to_string();
+  EXPECT_EQ(read_json(tmp / "out/config.json")["model_type"], "mixtral");
+  std::map<std::string, std::vector<float>> back;
+  for (const auto& entry : fs::directory_iterator(tmp / "out"))
+    if (entry.path().extension() == ".safetensors")
+      for (auto& [name, t] : f32_tensors(entry.path().string())) {
+        const float* x = reinterpret_cast<const float*>(t.bytes.data());
+        back[name].assign(x, x + t.numel());
+      }
+  EXPECT_EQ(back, values);
 }
 
 }  // namespace

@@ -3,6 +3,7 @@
 
 #include <gtest/gtest.h>
 
+#include <map>
 #include <numeric>
 #include <set>
 
@@ -21,20 +22,28 @@ TEST(HfFormat, EveryParameterOfEveryPresetHasOneHfTensor) {
       EXPECT_NE(model_config_to_hf(c).status().message().find("\"vit\""), std::string::npos);
       continue;
     }
-    if (c.is_moe()) {  // MixtralForCausalLM: not mapped yet, refused by name
-      EXPECT_NE(model_config_to_hf(c).status().message().find("experts"), std::string::npos);
-      continue;
-    }
     ModelGraph m = build_model(c, 1, 1, ModelMode::logits);
     std::vector<HfTensor> t = hf_tensors(c);
-    ASSERT_EQ(t.size(), m.graph.params().size()) << name;
-    std::set<std::string> hf_names;
+    // A parameter of stacked experts (Mixtral's) is one entry per expert, in expert order.
+    std::vector<HfTensor> per_param;
     for (size_t i = 0; i < t.size(); ++i) {
-      ValueId p = m.graph.params()[i];
-      EXPECT_EQ(t[i].name, m.graph.name_of(p)) << name;
-      EXPECT_EQ(t[i].shape, m.graph.type(p).shape.dims()) << name << " " << t[i].name;
-      EXPECT_TRUE(hf_names.insert(t[i].hf_name).second) << name << " " << t[i].hf_name;
+      if (t[i].expert > 0) {
+        EXPECT_EQ(t[i].name, t[i - 1].name) << name;
+        EXPECT_EQ(t[i].expert, t[i - 1].expert + 1) << name << " " << t[i].hf_name;
+        continue;
+      }
+      per_param.push_back(t[i]);
     }
+    ASSERT_EQ(per_param.size(), m.graph.params().size()) << name;
+    std::set<std::string> hf_names;
+    for (size_t i = 0; i < per_param.size(); ++i) {
+      ValueId p = m.graph.params()[i];
+      EXPECT_EQ(per_param[i].name, m.graph.name_of(p)) << name;
+      EXPECT_EQ(per_param[i].shape, m.graph.type(p).shape.dims())
+          << name << " " << per_param[i].name;
+    }
+    for (const HfTensor& x : t)
+      EXPECT_TRUE(hf_names.insert(x.hf_name).second) << name << " " << x.hf_name;
   }
 }
 
@@ -147,6 +156,43 @@ TEST(HfFormat, ConfigsRoundTripThroughConfigJson) {
     want.padded_vocab_size = 0;  // HF files hold vocab_size rows
     EXPECT_EQ(back->cfg, want) << name;
   }
+}
+
+// Mixtral: one HF tensor per expert (w1 the gate, w3 the up, w2 the down projection) and the
+// router as block_sparse_moe.gate; HF's Mixtral drops no token, so an import takes the
+// capacity that drops none and an export of a capacity that drops is refused.
+TEST(HfFormat, MixtralNamesEachExpertAndDropsNoToken) {
+  ModelConfig c = *find_preset("mixtral-8x7b");
+  EXPECT_NE(model_config_to_hf(c).status().message().find("drops tokens"), std::string::npos);
+  c.capacity_factor = 4.0;  // 8 experts / 2 per token
+  auto j = model_config_to_hf(c);
+  ASSERT_TRUE(j.ok()) << j.status().to_string();
+  EXPECT_EQ((*j)["model_type"], "mixtral");
+  EXPECT_EQ((*j)["num_local_experts"], 8);
+  EXPECT_EQ((*j)["num_experts_per_tok"], 2);
+  auto back = model_config_from_hf(*j);
+  ASSERT_TRUE(back.ok()) << back.status().to_string();
+  EXPECT_TRUE(back->unknown_keys.empty());
+  ModelConfig want = c;
+  want.name = back->cfg.name;
+  EXPECT_EQ(back->cfg, want);
+  std::map<std::string, HfTensor> by_hf;
+  for (const HfTensor& t : hf_tensors(c)) by_hf[t.hf_name] = t;
+  const HfTensor& w2 = by_hf.at("model.layers.31.block_sparse_moe.experts.7.w2.weight");
+  EXPECT_EQ(w2.name, "h.31.moe.experts.down");
+  EXPECT_EQ(w2.expert, 7);
+  EXPECT_EQ(w2.hf_shape, (std::vector<int64_t>{4096, 14336}));
+  EXPECT_EQ(w2.shape, (std::vector<int64_t>{8, 4096, 14336}));
+  EXPECT_EQ(by_hf.at("model.layers.0.block_sparse_moe.experts.0.w1.weight").name,
+            "h.0.moe.experts.gate");
+  EXPECT_EQ(by_hf.at("model.layers.0.block_sparse_moe.experts.3.w3.weight").name,
+            "h.0.moe.experts.up");
+  EXPECT_EQ(by_hf.at("model.layers.5.block_sparse_moe.gate.weight").hf_shape,
+            (std::vector<int64_t>{8, 4096}));
+  nlohmann::json windowed = *j;
+  windowed["sliding_window"] = 4096;
+  EXPECT_NE(model_config_from_hf(windowed).status().message().find("sliding_window"),
+            std::string::npos);
 }
 
 TEST(HfFormat, ConfigKeysTesseraCannotComputeAreRefusedByName) {

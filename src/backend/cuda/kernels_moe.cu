@@ -107,8 +107,7 @@ __global__ void moe_combine_grad_kernel(const float* a, const float* y, const in
 void top_k(OpKind, const Args& a) {
   const int64_t n = a.in_shape(0)[-1], k = a.attr<TopKAttrs>().k;
   const int64_t rows = a.in_shape(0).numel() / n;
-  top_k_kernel<<<blocks_for(rows), 256, 0, a.stream>>>(a.fin(0), a.fout(0), iout(a, 1), rows, n,
-                                                         k);
+  top_k_kernel<<<blocks_for(rows), 256, 0, a.stream>>>(a.fin(0), a.fout(0), iout(a, 1), rows, n, k);
   TS_CUDA_LAUNCH();
 }
 
@@ -141,8 +140,8 @@ void moe_dispatch(OpKind, const Args& a) {
 void moe_combine(OpKind, const Args& a) {
   const int64_t tokens = a.in_shape(1)[0], k = a.in_shape(1)[1], d = a.in_shape(0)[2];
   const float* w = a.num_inputs() == 3 ? a.fin(2) : nullptr;
-  moe_combine_kernel<<<blocks_for(tokens * d), 256, 0, a.stream>>>(a.fin(0), a.iin(1), w,
-                                                                   a.fout(0), tokens, k, d);
+  moe_combine_kernel<<<blocks_for(tokens * d), 256, 0, a.stream>>>(a.fin(0), a.iin(1), w, a.fout(0),
+                                                                   tokens, k, d);
   TS_CUDA_LAUNCH();
 }
 
