@@ -199,5 +199,7 @@ int64_t num_blocks(const ModelConfig& cfg);
 
 // Parameter count from the config alone (checked against the built graph in tests).
 int64_t count_params(const ModelConfig& cfg);
+// Of them, the experts' (a mixture of experts' stacked gate, up and down weights; 0 when dense).
+int64_t count_expert_params(const ModelConfig& cfg);
 
 }  // namespace tessera

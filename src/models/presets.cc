@@ -345,4 +345,8 @@ Status validate(const ModelConfig& c) {
 
 int64_t count_params(const ModelConfig& c) { return params_as<int64_t>(c); }
 
+int64_t count_expert_params(const ModelConfig& c) {
+  return c.is_moe() ? c.n_layer * c.n_experts * 3 * c.ffn() * c.n_embd : 0;
+}
+
 }  // namespace tessera

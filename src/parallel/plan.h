@@ -155,7 +155,9 @@ struct Plan {
   // mesh {pp: pp, dp: dp, tp: tp} (pp outermost: a stage's ranks are consecutive), 1F1B.
   static Plan pipeline_parallel(int pp, int dp, int tp, int zero = 0);
 
-  // Data axes ZeRO does not shard over: HSDP's replica groups (empty otherwise).
+  // Data axes ZeRO does not shard over: HSDP's replica groups, and the expert axis (on which
+  // every parameter but the experts' is replicated: their gradient blocks are all-reduced over
+  // it, as HSDP's replicas'); empty otherwise.
   std::vector<std::string> replica_axes() const;
   int zero_group() const { return mesh.group_size(zero_axes); }
   int data_group() const { return mesh.group_size(data_axes); }

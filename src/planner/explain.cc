@@ -39,9 +39,15 @@ const std::vector<Knob>& knobs() {
          if (c.plan.virtual_stages > 1) s += " v=" + std::to_string(c.plan.virtual_stages);
          return s;
        }},
+      {"expert parallel",  // mixtures of experts whose experts are split
+       [](const PlanCandidate& c) -> std::string {
+         if (c.plan.expert_group() == 1) return "";
+         return "ep " + std::to_string(c.plan.expert_group());
+       }},
       {"ZeRO stage",
        [](const PlanCandidate& c) {
-         if (!c.plan.replica_axes().empty())
+         // (The expert axis replicates the other parameters too, but is not HSDP's.)
+         if (c.plan.zero_group() * c.plan.expert_group() < c.plan.data_group())
            return "HSDP (ZeRO-3 in groups of " + std::to_string(c.plan.zero_group()) + ")";
          return "ZeRO-" + std::to_string(c.plan.zero);
        }},

@@ -63,58 +63,69 @@ std::vector<PlanCandidate> enumerate(const ModelConfig& cfg, const ClusterSpec& 
     if (cfg.n_kv_head > 0 && cfg.n_kv_head % tp != 0 && tp % cfg.n_kv_head != 0) continue;
     for (int pp : divisors(o.gpus / tp)) {
       if (pp > cfg.n_layer) continue;
-      const int dp = o.gpus / (tp * pp);
-      if (batch % dp != 0) continue;
-      const int64_t rows = batch / dp;  // sequences per data-parallel rank per step
-      for (int mb : divisors(rows)) {
-        if (mb > o.max_micro_batch) continue;
-        const int m = static_cast<int>(rows / mb);
-        struct Sched {
-          ScheduleKind kind;
-          int v;
-        };
-        std::vector<Sched> scheds = {{ScheduleKind::one_f_one_b, 1}};
-        if (pp > 1) {
-          scheds.push_back({ScheduleKind::zb_h1, 1});
-          // Interleaved (its micro-batches a multiple of the stages, each chunk at least one
-          // block) with 2 or 4 model chunks per stage, and with every chunk count up to 8
-          // that cuts each stage's blocks evenly (Megatron's rule: 105 blocks over 35 stages
-          // interleave 3 ways).
-          for (int v : interleavings(cfg.n_layer, pp))
-            if (m % pp == 0) scheds.push_back({ScheduleKind::interleaved, v});
-        }
-        // Data-parallel sharding: ZeRO-1/2/3 over all data ranks (pipelines: ZeRO-1), and
-        // HSDP: ZeRO-3 within groups of the data ranks of 1, 2 or 4 nodes, replicated across
-        // the groups (one node: the parameter gathers stay on NVLink; more: the shards are
-        // smaller, for models one node's memory does not hold); the replicas all-reduce the
-        // gradient blocks. An HSDP entry is minus its shard group's size.
-        // With one data rank the stages shard nothing: one plan, not three alike.
-        std::vector<int> zeros =
-            pp > 1 || dp == 1 ? std::vector<int>{1} : std::vector<int>{1, 2, 3};
-        for (int nodes = 1; nodes <= 4 && pp == 1; nodes *= 2) {
-          const int shards = nodes * per_node / tp;
-          if (shards > 1 && dp > shards && dp % shards == 0) zeros.push_back(-shards);
-        }
-        for (const Sched& s : scheds)
-          for (int zero : zeros)
-            for (bool sp : tp > 1 ? std::vector<bool>{false, true} : std::vector<bool>{false})
-              for (RecomputePolicy rc :
-                   {RecomputePolicy::none, RecomputePolicy::selective, RecomputePolicy::full}) {
-                PlanCandidate c;
-                c.plan = zero < 0 ? Plan::hybrid_sharded(dp / -zero, -zero, tp)
-                         : pp > 1 ? Plan::pipeline_parallel(pp, dp, tp, zero)
-                         : tp > 1 ? Plan::tensor_parallel(dp, tp, zero)
-                                  : Plan::data_parallel(dp, zero);
-                c.plan.micro_batches = m;
-                c.plan.recompute = rc;
-                c.plan.sequence_parallel = sp;
-                if (pp > 1) {
-                  c.plan.schedule = s.kind;
-                  c.plan.virtual_stages = s.v;
+      if (pp > 1 && cfg.is_moe()) continue;  // its balance loss would cross the stages
+      const int data = o.gpus / (tp * pp);
+      if (batch % data != 0) continue;
+      const int64_t rows = batch / data;  // sequences per data-parallel rank per step
+      // Expert parallelism (mixtures of experts): the data ranks' groups of ep, each holding
+      // 1 / ep of the experts (a power of two dividing the experts).
+      std::vector<int> eps = {1};
+      for (int ep : divisors(data))
+        if (cfg.is_moe() && ep > 1 && power_of_two(ep) && cfg.n_experts % ep == 0)
+          eps.push_back(ep);
+      for (int ep : eps) {
+        const int dp = data / ep;
+        for (int mb : divisors(rows)) {
+          if (mb > o.max_micro_batch) continue;
+          const int m = static_cast<int>(rows / mb);
+          struct Sched {
+            ScheduleKind kind;
+            int v;
+          };
+          std::vector<Sched> scheds = {{ScheduleKind::one_f_one_b, 1}};
+          if (pp > 1) {
+            scheds.push_back({ScheduleKind::zb_h1, 1});
+            // Interleaved (its micro-batches a multiple of the stages, each chunk at least one
+            // block) with 2 or 4 model chunks per stage, and with every chunk count up to 8
+            // that cuts each stage's blocks evenly (Megatron's rule: 105 blocks over 35 stages
+            // interleave 3 ways).
+            for (int v : interleavings(cfg.n_layer, pp))
+              if (m % pp == 0) scheds.push_back({ScheduleKind::interleaved, v});
+          }
+          // Data-parallel sharding: ZeRO-1/2/3 over all data ranks (pipelines: ZeRO-1), and
+          // HSDP: ZeRO-3 within groups of the data ranks of 1, 2 or 4 nodes, replicated across
+          // the groups (one node: the parameter gathers stay on NVLink; more: the shards are
+          // smaller, for models one node's memory does not hold); the replicas all-reduce the
+          // gradient blocks. An HSDP entry is minus its shard group's size.
+          // With one data rank the stages shard nothing: one plan, not three alike.
+          std::vector<int> zeros =
+              pp > 1 || dp == 1 ? std::vector<int>{1} : std::vector<int>{1, 2, 3};
+          for (int nodes = 1; nodes <= 4 && pp == 1 && ep == 1; nodes *= 2) {
+            const int shards = nodes * per_node / tp;
+            if (shards > 1 && dp > shards && dp % shards == 0) zeros.push_back(-shards);
+          }
+          for (const Sched& s : scheds)
+            for (int zero : zeros)
+              for (bool sp : tp > 1 ? std::vector<bool>{false, true} : std::vector<bool>{false})
+                for (RecomputePolicy rc :
+                     {RecomputePolicy::none, RecomputePolicy::selective, RecomputePolicy::full}) {
+                  PlanCandidate c;
+                  c.plan = zero < 0 ? Plan::hybrid_sharded(dp / -zero, -zero, tp)
+                           : pp > 1 ? Plan::pipeline_parallel(pp, dp, tp, zero)
+                           : tp > 1 ? Plan::tensor_parallel(dp, tp, zero)
+                                    : Plan::data_parallel(dp, zero);
+                  if (!add_expert_axis(&c.plan, ep).ok()) continue;
+                  c.plan.micro_batches = m;
+                  c.plan.recompute = rc;
+                  c.plan.sequence_parallel = sp;
+                  if (pp > 1) {
+                    c.plan.schedule = s.kind;
+                    c.plan.virtual_stages = s.v;
+                  }
+                  c.micro_batch = mb;
+                  out.push_back(std::move(c));
                 }
-                c.micro_batch = mb;
-                out.push_back(std::move(c));
-              }
+        }
       }
     }
   }
@@ -250,7 +261,8 @@ class MicroBatchCosts {
   // Compute seconds (all, and the forward pass's) and kept bytes of the ops of a model of
   // `blocks` blocks lowered for key k.
   // Parameter tensors by (local elements, read by the backward pass, split over tp): how many.
-  using Tensors = std::map<std::tuple<int64_t, bool, bool>, double>;
+  // (and an expert-stacked tensor, which an expert axis splits): how many.
+  using Tensors = std::map<std::tuple<int64_t, bool, bool, bool>, double>;
   struct Measured {
     double seconds = 0, forward_seconds = 0, waits = 0, forward_waits = 0, kept = 0;
     Tensors params;
@@ -329,7 +341,8 @@ class MicroBatchCosts {
         for (ValueId v : n.inputs) read_backward[static_cast<size_t>(v)] = 1;
     for (const ParamLayout& pl : part.params)
       out.params[{pl.local_shape.numel(), read_backward[static_cast<size_t>(pl.global)] != 0,
-                  pl.local_shape.numel() < pl.global_shape.numel()}] += 1;
+                  pl.local_shape.numel() < pl.global_shape.numel(),
+                  global.producer(pl.global).attr<SourceAttrs>().experts}] += 1;
     // Kept for the backward pass: what the blocks produce before the first backward node and a
     // node at or after it reads — all live at that point. Views (reshapes) share their input's
     // bytes and are not counted.
@@ -372,7 +385,8 @@ class MicroBatchCosts {
     Tensors all = one.params;
     for (const auto& [key, n] : block) all[key] += more * n;
     for (const auto& [key, n] : all)
-      c.params.push_back({std::get<0>(key), std::get<1>(key), std::get<2>(key), n});
+      c.params.push_back(
+          {std::get<0>(key), std::get<1>(key), std::get<2>(key), n, std::get<3>(key)});
     if (num_blocks(cfg_) == cfg_.n_layer) {
       c.pipe = pipeline_costs(one, two);
       for (const auto& [key, n] : block)
@@ -588,9 +602,8 @@ Result<std::unique_ptr<PlanSpace>> PlanSpace::create(const ModelConfig& cfg,
   const int ranks_per_node = s.cluster.node.ranks_per_node(o.gpus);
   for (PlanCandidate& c : cands) {
     c.memory_bound = plan_memory_bound(s.cfg, c.plan, o.precision);
-    const double host = static_cast<double>(count_params(s.cfg)) /
-                        static_cast<double>(c.plan.tensor_group() * c.plan.stages()) *
-                        host_bytes_per_param(c.plan) * ranks_per_node;
+    const double host =
+        params_per_rank(s.cfg, c.plan) * host_bytes_per_param(c.plan) * ranks_per_node;
     if (host_capacity > 0 && host > host_capacity) {
       ++s.pruned_by_memory;
       continue;
@@ -606,7 +619,10 @@ Result<std::unique_ptr<PlanSpace>> PlanSpace::create(const ModelConfig& cfg,
   ModelConfig one = s.cfg, two = s.cfg;
   one.n_layer = 1;
   two.n_layer = 2;
-  const double params_per_block = static_cast<double>(count_params(two) - count_params(one));
+  const double experts_per_block =
+      static_cast<double>(count_expert_params(two) - count_expert_params(one));
+  const double params_per_block =
+      static_cast<double>(count_params(two) - count_params(one)) - experts_per_block;
   s.costs =
       std::make_unique<MicroBatchCosts>(s.cfg, s.cluster, o.seq, o.precision, o.fp8, *s.placements);
   MicroBatchCosts& costs = *s.costs;
@@ -617,7 +633,8 @@ Result<std::unique_ptr<PlanSpace>> PlanSpace::create(const ModelConfig& cfg,
       ++s.failed_bounds;
       continue;
     }
-    const double state_per_block = params_per_block / static_cast<double>(c.plan.tensor_group()) *
+    const double state_per_block = (params_per_block + experts_per_block / c.plan.expert_group()) /
+                                   static_cast<double>(c.plan.tensor_group()) *
                                    state_bytes_per_param(c.plan, o.precision);
     c.memory_bound = with_activations(c.plan, c.memory_bound, state_per_block,
                                       mb->saved_bytes_per_block, s.cfg.n_layer);

@@ -21,10 +21,23 @@ double optimizer_bandwidth(const ClusterSpec& cluster) {
   return cluster.device.memory_bandwidth * cluster.device.optimizer_efficiency;
 }
 
-double local_param_elems(const std::vector<ParamTensors>& params) {
+// A tensor's elements on a rank of `plan`: an expert-stacked one is split over the expert axis.
+double rank_elems(const ParamTensors& p, const Plan& plan) {
+  return static_cast<double>(p.elems) / (p.experts ? plan.expert_group() : 1);
+}
+
+double local_param_elems(const std::vector<ParamTensors>& params, const Plan& plan) {
   double n = 0;
-  for (const ParamTensors& p : params) n += p.count * static_cast<double>(p.elems);
+  for (const ParamTensors& p : params) n += p.count * rank_elems(p, plan);
   return n;
+}
+
+// The axes a gradient is summed over: the data axes, but for an expert weight's.
+std::vector<std::string> reduced_over(const ParamTensors& p, const Plan& plan) {
+  std::vector<std::string> axes;
+  for (const std::string& a : plan.data_axes)
+    if (!p.experts || a != plan.expert_axis) axes.push_back(a);
+  return axes;
 }
 
 }  // namespace
@@ -34,15 +47,18 @@ std::string PlanCandidate::describe() const {
   std::string s =
       "tp=" + std::to_string(p.tensor_group()) + " pp=" + std::to_string(p.stages()) +
       " dp=" + std::to_string(p.data_group()) +
-      // hsdp=R as --hsdp R means it: R replica groups, each ZeRO-3 over `shard` ranks
-      (p.replica_axes().empty() ? " zero=" + std::to_string(p.zero)
-                                : " hsdp=" + std::to_string(p.data_group() / p.zero_group()) +
-                                      " shard=" + std::to_string(p.zero_group())) +
+      // hsdp=R as --hsdp R means it: R replica groups, each ZeRO-3 over `shard` ranks (the
+      // expert axis replicates too, but is ep=)
+      (p.zero_group() * p.expert_group() == p.data_group()
+           ? " zero=" + std::to_string(p.zero)
+           : " hsdp=" + std::to_string(p.data_group() / p.expert_group() / p.zero_group()) +
+                 " shard=" + std::to_string(p.zero_group())) +
       " mb=" + std::to_string(micro_batch) + "x" + std::to_string(p.micro_batches);
   if (p.stages() > 1) {
     s += std::string(" ") + schedule_name(p.schedule);
     if (p.virtual_stages > 1) s += " v=" + std::to_string(p.virtual_stages);
   }
+  if (p.expert_group() > 1) s += " ep=" + std::to_string(p.expert_group());
   s += std::string(" rc=") + recompute_name(p.recompute);
   if (p.sequence_parallel) s += " sp";
   if (p.offloads_optimizer()) s += " offload";
@@ -76,10 +92,15 @@ double host_bytes_per_param(const Plan& plan) {
   return 4.0 / (plan.shards_params() ? dp : 1.0) + 12.0 / (plan.shards_optimizer() ? dp : 1.0);
 }
 
+double params_per_rank(const ModelConfig& cfg, const Plan& plan) {
+  const double experts = static_cast<double>(count_expert_params(cfg));
+  const double rest = static_cast<double>(count_params(cfg)) - experts;
+  return (rest + experts / plan.expert_group()) /
+         static_cast<double>(plan.tensor_group() * plan.stages());
+}
+
 double plan_memory_bound(const ModelConfig& cfg, const Plan& plan, DType precision) {
-  const double per_rank = static_cast<double>(count_params(cfg)) /
-                          static_cast<double>(plan.tensor_group() * plan.stages());
-  return per_rank * state_bytes_per_param(plan, precision);
+  return params_per_rank(cfg, plan) * state_bytes_per_param(plan, precision);
 }
 
 double with_activations(const Plan& plan, double state_bound, double state_per_block,
@@ -106,16 +127,14 @@ double with_activations(const Plan& plan, double state_bound, double state_per_b
 double optimizer_time_bound(const ModelConfig& cfg, const ClusterSpec& cluster, const Plan& plan) {
   // AdamW reads the parameter, gradient and two moments and writes three (fp32) per element of
   // this rank's share (ZeRO-1 and up: 1 / dp of it), at the optimizer's streaming bandwidth.
-  const double elems = static_cast<double>(count_params(cfg)) /
-                       static_cast<double>(plan.tensor_group() * plan.stages()) /
+  const double elems = params_per_rank(cfg, plan) /
                        (plan.shards_optimizer() ? static_cast<double>(plan.zero_group()) : 1.0);
   return 7.0 * 4.0 * elems / optimizer_bandwidth(cluster);
 }
 
 double offload_time_bound(const ModelConfig& cfg, const ClusterSpec& cluster, const Plan& plan,
                           DType precision, double sync_seconds) {
-  const double local = static_cast<double>(count_params(cfg)) /
-                       static_cast<double>(plan.tensor_group() * plan.stages());
+  const double local = params_per_rank(cfg, plan);
   const double zg = static_cast<double>(plan.zero_group());
   const double block = local / (plan.shards_optimizer() ? zg : 1.0);
   const double piece = local / (plan.shards_params() ? zg : 1.0);
@@ -143,10 +162,10 @@ double data_comm_time_bound(const std::vector<ParamTensors>& params, const Clust
   // counted when its gradients are all-reduced.
   double sharded = 0, replicas = 0, reduced = 0;
   for (const ParamTensors& p : params) {
-    const double bytes = static_cast<double>(p.elems) * elem;
+    const double bytes = rank_elems(p, plan) * elem;
     if (!plan.shards_grads()) {
       if (p.tp_split || plan.tensor_group() == 1)
-        reduced += p.count * time(OpKind::all_reduce, bytes, plan.data_axes);
+        reduced += p.count * time(OpKind::all_reduce, bytes, reduced_over(p, plan));
       continue;
     }
     sharded += p.count * time(OpKind::reduce_scatter, bytes, plan.zero_axes);
@@ -171,8 +190,7 @@ double param_sync_time_bound(const std::vector<ParamTensors>& params, const Clus
   double t = 0;
   for (const ParamTensors& p : params)
     t += p.count *
-         collective_time(OpKind::all_gather, static_cast<double>(p.elems) * elem, group, cluster)
-             .seconds;
+         collective_time(OpKind::all_gather, rank_elems(p, plan) * elem, group, cluster).seconds;
   return t / plan.stages();  // a pipeline stage gathers its own blocks: at least the average
 }
 
@@ -181,7 +199,7 @@ double accumulate_time_bound(const std::vector<ParamTensors>& params, const Clus
   const int m = plan.micro_batches;
   if (m <= 1) return 0;
   // The reduced f32 gradient (ZeRO-2/3: this rank's block of it).
-  const double bytes = 4.0 * local_param_elems(params) /
+  const double bytes = 4.0 * local_param_elems(params, plan) /
                        (plan.shards_grads() ? static_cast<double>(plan.zero_group()) : 1.0);
   // A pipeline's chunks add each micro-batch's into their sums (read both, write one); without
   // one the first micro-batch copies (read, write) and the rest add.

@@ -160,6 +160,9 @@ Result<PlanSearch> search_plans(PlanSpace& space);
 double state_bytes_per_param(const Plan& plan, DType precision);
 double host_bytes_per_param(const Plan& plan);
 double plan_memory_bound(const ModelConfig& cfg, const Plan& plan, DType precision);
+// The parameters one rank holds a piece of, at most: the model's over the tensor and pipeline
+// ranks, its experts' over the expert-parallel ranks too.
+double params_per_rank(const ModelConfig& cfg, const Plan& plan);
 // The state's bound with the activations: a rank keeps `saved_per_block` bytes of each of its
 // blocks per micro-batch in flight (the schedule's count), besides `state_per_block` bytes of
 // each block's state (see planner.cc for the pipeline's arithmetic).
@@ -187,10 +190,13 @@ struct MicroBatchTime {
 // (ZeRO-3 then gathers them a second time), whether the tensor axis splits them (a replicated
 // one reduces its gradient over the tensor axis as well, possibly as one collective over both),
 // and how many of the model's tensors are like this.
+// An expert-stacked tensor (SourceAttrs::experts) is split over the expert axis as well, and its
+// gradient is not reduced over that axis.
 struct ParamTensors {
   int64_t elems = 0;
   bool read_backward = false, tp_split = false;
   double count = 0;
+  bool experts = false;
 };
 // A lower bound on the seconds the busiest data-parallel comm stream is busy for one
 // micro-batch (pipelines: for the step's one reduction, averaged over the stages): a

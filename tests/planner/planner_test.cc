@@ -72,6 +72,31 @@ TEST(Planner, BoundsStayBelowTheSimulatedFiguresAndTheBestFitFastestFirst) {
   }
 }
 
+// A mixture of experts: the search adds expert parallelism (the experts split over groups of
+// the data ranks, ZeRO over the rest), and the bounds hold on its candidates too (the experts'
+// state and gradients divided by the expert ranks, their gradients not reduced over them).
+// Mixtral 8x7B on 64 H100s fits only with its experts split.
+TEST(Planner, MixturesOfExpertsSearchExpertParallelism) {
+  ModelConfig small = preset("mixtral-8x7b");
+  small.n_layer = 2;
+  Result<PlanSearch> s = search_plans(small, cluster("dgx-h100"), options(16, 32, 1024, 1000000));
+  ASSERT_TRUE(s.ok()) << s.status().to_string();
+  std::set<int> eps;
+  for (const PlanCandidate& p : s->all) {
+    eps.insert(p.plan.expert_group());
+    EXPECT_EQ(p.plan.stages(), 1) << p.describe();  // the balance loss does not cross stages
+    EXPECT_LE(p.time_bound, p.sim.step_seconds) << p.describe();
+    EXPECT_LE(p.memory_bound, p.sim.peak_memory_bytes) << p.describe();
+  }
+  EXPECT_EQ(eps, (std::set<int>{1, 2, 4, 8}));
+  Result<PlanSearch> big =
+      search_plans(preset("mixtral-8x7b"), cluster("dgx-h100"), options(64, 256, 4096, 1));
+  ASSERT_TRUE(big.ok()) << big.status().to_string();
+  ASSERT_FALSE(big->best.empty());
+  EXPECT_GT(big->best[0].plan.expert_group(), 1) << big->best[0].describe();
+  EXPECT_TRUE(big->best[0].fits(cluster("dgx-h100").device.memory_bytes));
+}
+
 // On a cluster whose network is slow, where the data-parallel collectives decide the step
 // (one per parameter tensor, each with its latencies; ZeRO-3 gathering before both passes), the
 // bound follows the simulator closely.
