@@ -264,6 +264,27 @@ TEST_F(DistributedTrainTest, ExpertParallelRunsMatchOneRank) {
     for (size_t i = 0; i < 6; ++i)
       EXPECT_NEAR(norms[i], expect[i], 1e-4 * expect[i]) << out << " step " << i;
   }
+  // Every route found a slot, and metrics.jsonl says so; a capacity of half the even share
+  // drops routes, and says how many.
+  auto dropped = [](const fs::path& metrics) {
+    std::ifstream in(metrics);
+    std::vector<double> out;
+    for (std::string line; std::getline(in, line);)
+      if (auto p = line.find("\"moe_dropped_routes\":"); p != std::string::npos)
+        out.push_back(std::stod(line.substr(p + 21)));
+    return out;
+  };
+  EXPECT_EQ(dropped(dir_ / "straight" / "metrics.jsonl"), std::vector<double>(6, 0.0));
+  EXPECT_LT(loss_at(dir_ / "straight" / "metrics.jsonl", 5),
+            loss_at(dir_ / "straight" / "metrics.jsonl", 0));
+  const fs::path tight = dir_ / "tight.toml";
+  std::ofstream(tight) << "[model]\npreset = \"moe-tiny\"\ncapacity_factor = 0.5\n";
+  model_ = tight.string();
+  ASSERT_EQ(train(2, "tight", "--batch 4 --steps 2 --ep 2", &log), 0) << log;
+  const std::vector<double> tight_drops = dropped(dir_ / "tight" / "metrics.jsonl");
+  ASSERT_EQ(tight_drops.size(), 2u);
+  // Of 4 x 32 x 2 routes per block, at most 8 experts x 16 slots (4 per example) find one.
+  EXPECT_GE(tight_drops[0], 2 * (4 * 32 * 2 - 8 * 16));
   EXPECT_EQ(train(3, "ep3", "--batch 3 --steps 1 --ep 3", &log), 1) << log;  // 8 experts, 3 ranks
   EXPECT_NE(log.find("do not split over 3 expert-parallel ranks"), std::string::npos) << log;
 }
