@@ -267,34 +267,6 @@ Result<HfConfig> model_config_from_hf(const nlohmann::json& config) {
 
 Result<nlohmann::json> model_config_to_hf(const ModelConfig& c) {
   TS_RETURN_IF_ERROR(validate(c));
-  if (c.is_moe()) {  // MixtralForCausalLM, which drops no token
-    if (c.capacity_factor * static_cast<double>(c.experts_per_token) <
-        static_cast<double>(c.n_experts))
-      return error("capacity_factor = " + std::to_string(c.capacity_factor) +
-                       " drops tokens, which Hugging Face's Mixtral never does",
-                   "export a model trained with capacity_factor >= n_experts / experts_per_token "
-                   "(its weights compute the same either way; only the dropping differs)");
-    return json{{"architectures", {"MixtralForCausalLM"}},
-                {"model_type", "mixtral"},
-                {"vocab_size", c.vocab_size},
-                {"hidden_size", c.n_embd},
-                {"intermediate_size", c.ffn()},
-                {"num_hidden_layers", c.n_layer},
-                {"num_attention_heads", c.n_head},
-                {"num_key_value_heads", c.kv_heads()},
-                {"head_dim", c.head_dim()},
-                {"max_position_embeddings", c.max_seq_len},
-                {"rms_norm_eps", c.norm_eps},
-                {"rope_theta", c.rope_theta},
-                {"hidden_act", "silu"},
-                {"sliding_window", nullptr},
-                {"num_local_experts", c.n_experts},
-                {"num_experts_per_tok", c.experts_per_token},
-                {"router_aux_loss_coef", c.router_aux_loss_coef},
-                {"output_router_logits", false},
-                {"tie_word_embeddings", c.tied_embeddings},
-                {"initializer_range", c.init_std}};
-  }
   if (c.family == "gpt")
     return json{{"architectures", {"GPT2LMHeadModel"}},
                 {"model_type", "gpt2"},
@@ -310,25 +282,43 @@ Result<nlohmann::json> model_config_to_hf(const ModelConfig& c) {
                 {"scale_attn_weights", true},
                 {"tie_word_embeddings", c.tied_embeddings},
                 {"initializer_range", c.init_std}};
-  if (c.family == "llama")
-    return json{{"architectures", {"LlamaForCausalLM"}},
-                {"model_type", "llama"},
-                {"vocab_size", c.vocab_size},
-                {"hidden_size", c.n_embd},
-                {"intermediate_size", c.ffn()},
-                {"num_hidden_layers", c.n_layer},
-                {"num_attention_heads", c.n_head},
-                {"num_key_value_heads", c.kv_heads()},
-                {"head_dim", c.head_dim()},
-                {"max_position_embeddings", c.max_seq_len},
-                {"rms_norm_eps", c.norm_eps},
-                {"rope_theta", c.rope_theta},
-                {"rope_scaling", nullptr},
-                {"hidden_act", "silu"},
-                {"attention_bias", false},
-                {"mlp_bias", false},
-                {"tie_word_embeddings", c.tied_embeddings},
-                {"initializer_range", c.init_std}};
+  if (c.family == "llama") {
+    json j = json{{"architectures", {"LlamaForCausalLM"}},
+                  {"model_type", "llama"},
+                  {"vocab_size", c.vocab_size},
+                  {"hidden_size", c.n_embd},
+                  {"intermediate_size", c.ffn()},
+                  {"num_hidden_layers", c.n_layer},
+                  {"num_attention_heads", c.n_head},
+                  {"num_key_value_heads", c.kv_heads()},
+                  {"head_dim", c.head_dim()},
+                  {"max_position_embeddings", c.max_seq_len},
+                  {"rms_norm_eps", c.norm_eps},
+                  {"rope_theta", c.rope_theta},
+                  {"rope_scaling", nullptr},
+                  {"hidden_act", "silu"},
+                  {"attention_bias", false},
+                  {"mlp_bias", false},
+                  {"tie_word_embeddings", c.tied_embeddings},
+                  {"initializer_range", c.init_std}};
+    if (!c.is_moe()) return j;
+    // MixtralForCausalLM, which drops no token.
+    if (c.capacity_factor * static_cast<double>(c.experts_per_token) <
+        static_cast<double>(c.n_experts))
+      return error("capacity_factor = " + std::to_string(c.capacity_factor) +
+                       " drops tokens, which Hugging Face's Mixtral never does",
+                   "export a model trained with capacity_factor >= n_experts / experts_per_token "
+                   "(its weights compute the same either way; only the dropping differs)");
+    j["architectures"] = {"MixtralForCausalLM"};
+    j["model_type"] = "mixtral";
+    for (const char* k : {"rope_scaling", "attention_bias", "mlp_bias"}) j.erase(k);
+    j["sliding_window"] = nullptr;
+    j["num_local_experts"] = c.n_experts;
+    j["num_experts_per_tok"] = c.experts_per_token;
+    j["router_aux_loss_coef"] = c.router_aux_loss_coef;
+    j["output_router_logits"] = false;
+    return j;
+  }
   if (c.family == "t5")
     return json{{"architectures", {"T5ForConditionalGeneration"}},
                 {"model_type", "t5"},

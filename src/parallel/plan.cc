@@ -177,14 +177,24 @@ Plan Plan::pipeline_parallel(int pp, int dp, int tp, int zero) {
   return p;
 }
 
-Status add_context_axis(Plan* p, int cp) {
-  if (cp < 1) return error("--cp must be at least 1, got " + std::to_string(cp));
-  if (cp == 1) return Status();
-  if (!p->context_axis.empty())
-    return error("plan: it has a context axis ('" + p->context_axis + "') already");
+namespace {
+
+// Checks that `p` may take a new axis of `size` ranks for `role` ("context", flag --cp, name
+// cp), held in *field: refused when it has one already or places parameters (their placements
+// would need one more axis). Inserts it inside the data and pipeline axes, outside the tensor
+// axes (a tensor group's ranks stay consecutive). false: size 1, nothing to add.
+Result<bool> insert_inner_axis(Plan* p, int size, const char* role, const char* name,
+                               std::string* field) {
+  const std::string flag = std::string("--") + name;
+  if (size < 1) return error(flag + " must be at least 1, got " + std::to_string(size));
+  if (size == 1) return false;
+  if (!field->empty())
+    return error("plan: it has " + std::string(role[0] == 'e' ? "an " : "a ") + role + " axis ('" +
+                 *field + "') already");
   if (!p->params.empty())
-    return error("plan: context parallelism on a plan that places parameters",
-                 "give the context axis in the plan file (\"context_axis\": \"cp\")");
+    return error("plan: " + std::string(role) + " parallelism on a plan that places parameters",
+                 "give the " + std::string(role) + " axis in the plan file (\"" + role +
+                     "_axis\": \"" + name + "\")");
   std::vector<MeshAxis> axes = p->mesh.axes();
   auto at = axes.end();
   for (auto it = axes.begin(); it != axes.end(); ++it)
@@ -192,9 +202,17 @@ Status add_context_axis(Plan* p, int cp) {
       at = it;
       break;
     }
-  axes.insert(at, MeshAxis{"cp", cp});
+  axes.insert(at, MeshAxis{name, size});
   p->mesh = Mesh(std::move(axes));
-  p->context_axis = "cp";
+  *field = name;
+  return true;
+}
+
+}  // namespace
+
+Status add_context_axis(Plan* p, int cp) {
+  TS_ASSIGN_OR_RETURN(bool added, insert_inner_axis(p, cp, "context", "cp", &p->context_axis));
+  if (!added) return Status();
   // ZeRO shards over the context ranks too (their parameters are replicas, as the data ranks'),
   // unless the plan shards within a group of the data ranks only (HSDP).
   if (p->zero_axes == p->data_axes) p->zero_axes = p->with_context_axis(p->zero_axes);
@@ -202,23 +220,8 @@ Status add_context_axis(Plan* p, int cp) {
 }
 
 Status add_expert_axis(Plan* p, int ep) {
-  if (ep < 1) return error("--ep must be at least 1, got " + std::to_string(ep));
-  if (ep == 1) return Status();
-  if (!p->expert_axis.empty())
-    return error("plan: it has an expert axis ('" + p->expert_axis + "') already");
-  if (!p->params.empty())
-    return error("plan: expert parallelism on a plan that places parameters",
-                 "give the expert axis in the plan file (\"expert_axis\": \"ep\")");
-  std::vector<MeshAxis> axes = p->mesh.axes();
-  auto at = axes.end();
-  for (auto it = axes.begin(); it != axes.end(); ++it)
-    if (std::count(p->tensor_axes.begin(), p->tensor_axes.end(), it->name)) {
-      at = it;
-      break;
-    }
-  axes.insert(at, MeshAxis{"ep", ep});
-  p->mesh = Mesh(std::move(axes));
-  p->expert_axis = "ep";
+  TS_ASSIGN_OR_RETURN(bool added, insert_inner_axis(p, ep, "expert", "ep", &p->expert_axis));
+  if (!added) return Status();
   std::vector<std::string> data;  // in mesh order
   for (const MeshAxis& a : p->mesh.axes())
     if (a.name == "ep" || std::count(p->data_axes.begin(), p->data_axes.end(), a.name))
