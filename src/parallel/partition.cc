@@ -488,57 +488,9 @@ Status Pass::visit(NodeId id) {
       out_pl[0][k] = Placement::partial();
       continue;
     }
-    // Expert parallelism: an activation split on one dim that the op takes split on another
-    // (the experts' buffer, split by token slots, meeting the expert weights split by experts;
-    // and back before the combine) moves by an all_to_all. A move already made is reused (the
-    // buffer of both expert matmuls, and of their weights' gradients); among new moves, one
-    // that leaves no partial sum (an expert weight's gradient whole on every rank) is chosen.
-    bool moved = false;
-    if (plan_.mesh.axes()[k].name == plan_.expert_axis && sizes_[k] > 1) {
-      struct Move {
-        size_t i;
-        int d;
-        std::vector<Placement> res;
-        std::string key;
-      };
-      std::vector<Move> moves;
-      for (size_t i = 0; i < ins.size(); ++i) {
-        if (!pk[i].is_shard() || !lazy[i].empty() || param_index_.count(n.inputs[i])) continue;
-        for (int d = 0; d < in_types[i].shape.rank(); ++d) {
-          if (d == pk[i].dim || in_types[i].shape[d] % sizes_[k] != 0) continue;
-          Placements p = pk;
-          p[i] = Placement::shard(d);
-          if (!try_rule(p)) continue;
-          Placements target = out_.placements[static_cast<size_t>(ins[i])];
-          target[k] = Placement::shard(d);
-          std::string key = std::to_string(ins[i]);  // axes of one rank are any placement
-          for (size_t a = 0; a < target.size(); ++a)
-            key += " " + (sizes_[a] > 1 ? target[a].to_string() : std::string("-"));
-          moves.push_back({i, d, res, key});
-        }
-      }
-      auto pick = [&](auto pred) { return std::find_if(moves.begin(), moves.end(), pred); };
-      auto it = pick([&](const Move& m) { return expert_moved_.count(m.key) > 0; });
-      if (it == moves.end())
-        it = pick([](const Move& m) {
-          return std::none_of(m.res.begin(), m.res.end(),
-                              [](const Placement& p) { return p.is_partial(); });
-        });
-      if (it == moves.end() && !moves.empty()) it = moves.begin();
-      if (it != moves.end()) {
-        auto done = expert_moved_.find(it->key);
-        if (done != expert_moved_.end()) {
-          ins[it->i] = done->second;
-        } else {
-          Placements target = out_.placements[static_cast<size_t>(ins[it->i])];
-          target[k] = Placement::shard(it->d);
-          TS_ASSIGN_OR_RETURN(ins[it->i], convert(ins[it->i], in_types[it->i].shape, target, n));
-          expert_moved_[it->key] = ins[it->i];
-        }
-        for (size_t o = 0; o < it->res.size(); ++o) out_pl[o][k] = it->res[o];
-        moved = true;
-      }
-    }
+    // Expert parallelism: an activation moved to another dim by an all_to_all.
+    TS_ASSIGN_OR_RETURN(const bool moved,
+                        move_to_experts(n, k, pk, lazy, in_types, try_rule, res, &ins, &out_pl));
     if (moved) continue;
     // Fallback: replicate every non-replicated input on this axis.
     for (size_t i = 0; i < ins.size(); ++i) {

@@ -4,6 +4,7 @@
 #pragma once
 
 #include <deque>
+#include <functional>
 #include <map>
 #include <set>
 #include <string>
@@ -63,6 +64,15 @@ class Pass {
                                            const std::vector<Placements>& out_pl,
                                            const std::vector<Shape>& expect,
                                            const std::vector<size_t>& axes);
+  // Expert parallelism (partition_experts.cc): on the expert axis k, where the op's rule refused
+  // the inputs' placements `pk`, moves one activation to another split dim that `try_rule`
+  // (which fills `res`) accepts, by all_to_all; sets out_pl's axis k. False: no such move.
+  Result<bool> move_to_experts(const Node& n, size_t k, const Placements& pk,
+                               const std::vector<Placements>& lazy,
+                               const std::vector<TensorType>& in_types,
+                               const std::function<bool(const Placements&)>& try_rule,
+                               const std::vector<Placement>& res, std::vector<ValueId>* ins,
+                               std::vector<Placements>* out_pl);
   // Context parallelism (partition_context.cc): the mesh axes (of more than one rank) that split
   // the sequence of a rope or attention node, and its lowering: the node with its sequence
   // block index, attention with the keys and values gathered over those axes (their gradients
