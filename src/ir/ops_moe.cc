@@ -41,6 +41,9 @@ Status need_moe(const MoeAttrs& m) {
   if (m.experts <= 0 || m.capacity <= 0)
     return error("moe ops need experts > 0 and capacity > 0, got " + std::to_string(m.experts) +
                  " and " + std::to_string(m.capacity));
+  if (m.experts > (int64_t{1} << 31) / m.capacity)  // slots are i32
+    return error("moe ops index experts x capacity = " + std::to_string(m.experts) + " x " +
+                 std::to_string(m.capacity) + " slots, over 2^31");
   return Status();
 }
 

@@ -304,7 +304,7 @@ Result<nlohmann::json> model_config_to_hf(const ModelConfig& c) {
     if (!c.is_moe()) return j;
     // MixtralForCausalLM, which drops no token.
     if (c.capacity_factor * static_cast<double>(c.experts_per_token) <
-        static_cast<double>(c.n_experts))
+        static_cast<double>(c.n_experts) * (1 - 1e-9))  // (E / k x k may round below E)
       return error("capacity_factor = " + std::to_string(c.capacity_factor) +
                        " drops tokens, which Hugging Face's Mixtral never does",
                    "export a model trained with capacity_factor >= n_experts / experts_per_token "

@@ -51,9 +51,10 @@ MoeOutputs moe_mlp(Builder& b, const ModelConfig& c, Var x) {
 
   MoeOutputs out;
   out.y = b.reshape(y, xs);
-  // Load balancing (Switch Transformer eq. 4): E x sum over experts of the fraction of the
-  // routes sent to it times its mean router probability. The fraction counts the top-k
-  // picks (constant: no gradient), the probability carries the gradient to the router.
+  // Load balancing (Switch Transformer eq. 4, Hugging Face Mixtral's form): E x sum over
+  // experts of the routes sent to it per token (summing to k) times its mean router
+  // probability. The routes count the top-k picks (constant: no gradient); the probability
+  // carries the gradient to the router.
   auto s = b.scope("balance");
   const double per_token = 1.0 / static_cast<double>(N);
   Var picked = b.op<OpKind::top_k_grad>({b.fill(Shape{N, K}, 1.0, logits.dtype()), top[1]},

@@ -295,7 +295,7 @@ Status Pass::visit(NodeId id) {
     pl.layout = TensorLayout{pl.global_shape, plan_.placements_of(pl.name), {}};
     // A mixture of experts' expert weights [E, ...]: each rank of the expert axis holds its
     // experts' rows.
-    if (n.attr<SourceAttrs>().experts && !plan_.expert_axis.empty()) {
+    if (n.attr<SourceAttrs>().experts && plan_.expert_group() > 1) {
       const int e = plan_.mesh.axis_index(plan_.expert_axis);
       if (pl.global_shape[0] % plan_.expert_group() != 0)
         return error("partition: the " + std::to_string(pl.global_shape[0]) + " experts of '" +
@@ -460,8 +460,10 @@ Status Pass::visit(NodeId id) {
         std::count(plan_.data_axes.begin(), plan_.data_axes.end(), plan_.mesh.axes()[k].name) > 0;
     bool sliced = false;
     for (size_t i = 0; i < ins.size() && !sliced; ++i) {
+      // (Not ids: a whole mixture of experts' slots index the whole capacity, not a rank's.)
       if (!pk[i].is_replicate() || !lazy[i].empty() || sizes_[k] == 1 ||
-          !(data_axis || batch_free_[static_cast<size_t>(n.inputs[i])]))
+          !((data_axis && in_types[i].dtype != DType::i32) ||
+            batch_free_[static_cast<size_t>(n.inputs[i])]))
         continue;
       for (int d = 0; d < in_types[i].shape.rank() && !sliced; ++d) {
         if (in_types[i].shape[d] % sizes_[k] != 0) continue;
@@ -539,7 +541,8 @@ Status Pass::visit(NodeId id) {
         return error("partition: the " + std::to_string(m.capacity) + " slots per expert at '" +
                          n.scope + "' do not split over the " + std::to_string(rows / local) +
                          " ranks splitting its tokens",
-                     "use a global batch that is a multiple of the data-parallel size");
+                     "a mixture of experts' capacity is per example: split whole examples "
+                     "(drop the context or sequence split of its tokens)");
       m.capacity = m.capacity * local / rows;
       break;
     }

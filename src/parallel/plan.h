@@ -102,7 +102,8 @@ struct Plan {
   // ZeRO shards over these (a subset of data_axes, with context_axis: add_context_axis adds it)
   std::vector<std::string> zero_axes{"dp"};
   std::vector<std::string> tensor_axes;  // parameters laid out by `params` over these
-  // Per-parameter placements, one per mesh axis; only tensor axes may be non-Replicate.
+  // Per-parameter placements, one per mesh axis; only tensor axes (and the expert axis) may be
+  // non-Replicate. (The partition pass places expert weights on the expert axis itself.)
   std::map<std::string, std::vector<Placement>> params;
   int zero = 0;                       // 0: plain data parallel; 1, 2, 3 (FSDP)
   int micro_batches = 1;              // gradient accumulation steps per optimizer step
@@ -201,7 +202,8 @@ std::vector<std::string> axes_of_key(const std::string& key);
 
 // Checks axis names and sizes, that every axis is a data, a tensor, the pipeline or the
 // context axis (one of them), that the expert axis is a data axis outside zero_axes,
-// zero_axes ⊆ data_axes, parameter placements (one per axis, Shard only on tensor axes), the
+// zero_axes ⊆ data_axes, parameter placements (one per axis, Shard only on tensor axes and the
+// expert axis), the
 // ZeRO stage, offload (not with pipeline stages yet), and (when world > 0) that the mesh has
 // exactly `world` ranks.
 Status validate(const Plan& p, int world = 0);

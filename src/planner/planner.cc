@@ -32,12 +32,21 @@ double local_param_elems(const std::vector<ParamTensors>& params, const Plan& pl
   return n;
 }
 
-// The axes a gradient is summed over: the data axes, but for an expert weight's.
+// `axes` but the expert axis for an expert weight (its gradient is not summed over it).
+std::vector<std::string> without_experts(const std::vector<std::string>& axes,
+                                         const ParamTensors& p, const Plan& plan) {
+  std::vector<std::string> out;
+  for (const std::string& a : axes)
+    if (!p.experts || a != plan.expert_axis) out.push_back(a);
+  return out;
+}
+// The axes a gradient is all-reduced over (without ZeRO), and its block (with ZeRO-2/3: HSDP's
+// replicas and the expert axis).
 std::vector<std::string> reduced_over(const ParamTensors& p, const Plan& plan) {
-  std::vector<std::string> axes;
-  for (const std::string& a : plan.data_axes)
-    if (!p.experts || a != plan.expert_axis) axes.push_back(a);
-  return axes;
+  return without_experts(plan.data_axes, p, plan);
+}
+std::vector<std::string> replicated_over(const ParamTensors& p, const Plan& plan) {
+  return without_experts(plan.replica_axes(), p, plan);
 }
 
 }  // namespace
@@ -174,7 +183,7 @@ double data_comm_time_bound(const std::vector<ParamTensors>& params, const Clust
           p.count * (p.read_backward ? 2.0 : 1.0) * time(OpKind::all_gather, bytes, plan.zero_axes);
     if (p.tp_split || plan.tensor_group() == 1)
       replicas +=
-          p.count * time(OpKind::all_reduce, bytes / plan.zero_group(), plan.replica_axes());
+          p.count * time(OpKind::all_reduce, bytes / plan.zero_group(), replicated_over(p, plan));
   }
   const double busiest = std::max({sharded, replicas, reduced});
   // A pipeline reduces once per step, each stage its own blocks: at least the average share.

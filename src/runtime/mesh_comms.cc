@@ -41,7 +41,13 @@ Result<MeshComms> MeshComms::create(Communicator& world, const Plan& plan,
     }
   }
   keys.push_back(axes_key(plan.tensor_axes));
-  if (plan.expert_group() > 1) {  // expert weights split over the expert and tensor axes
+  if (plan.expert_group() > 1) {
+    // Expert weights: their gradients are summed over the other data axes; they are split
+    // over the expert and tensor axes.
+    std::vector<std::string> others;
+    for (const std::string& a : plan.data_axes)
+      if (a != plan.expert_axis) others.push_back(a);
+    keys.push_back(axes_key(others));
     std::vector<std::string> split;
     for (const MeshAxis& a : plan.mesh.axes())
       if (a.name == plan.expert_axis ||

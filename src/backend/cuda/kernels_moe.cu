@@ -12,29 +12,30 @@ namespace {
 
 int32_t* iout(const Args& a, int i) { return static_cast<int32_t*>(a.out[static_cast<size_t>(i)]); }
 
-// One thread per row: k passes over its n entries, ties to the lower index.
+// One thread per row (grid-stride): k passes over its n entries, ties to the lower index.
 __global__ void top_k_kernel(const float* x, float* values, int32_t* idx, int64_t rows, int64_t n,
                              int64_t k) {
-  const int64_t r = blockIdx.x * int64_t{blockDim.x} + threadIdx.x;
-  if (r >= rows) return;
-  const float* row = x + r * n;
-  for (int64_t j = 0; j < k; ++j) {
-    int64_t best = -1;
-    for (int64_t e = 0; e < n; ++e) {
-      bool taken = false;
-      for (int64_t i = 0; i < j; ++i) taken = taken || idx[r * k + i] == e;
-      if (!taken && (best < 0 || row[e] > row[best])) best = e;
+  for (int64_t r = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; r < rows;
+       r += int64_t{gridDim.x} * blockDim.x) {
+    const float* row = x + r * n;
+    for (int64_t j = 0; j < k; ++j) {
+      int64_t best = -1;
+      for (int64_t e = 0; e < n; ++e) {
+        bool taken = false;
+        for (int64_t i = 0; i < j; ++i) taken = taken || idx[r * k + i] == e;
+        if (!taken && (best < 0 || row[e] > row[best])) best = e;
+      }
+      idx[r * k + j] = static_cast<int32_t>(best);
+      values[r * k + j] = row[best];
     }
-    idx[r * k + j] = static_cast<int32_t>(best);
-    values[r * k + j] = row[best];
   }
 }
 
 __global__ void top_k_grad_kernel(const float* dv, const int32_t* idx, float* dx, int64_t rows,
                                   int64_t n, int64_t k) {
-  const int64_t i = blockIdx.x * int64_t{blockDim.x} + threadIdx.x;
-  if (i >= rows * k) return;
-  atomicAdd(&dx[(i / k) * n + idx[i]], dv[i]);
+  for (int64_t i = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; i < rows * k;
+       i += int64_t{gridDim.x} * blockDim.x)
+    atomicAdd(&dx[(i / k) * n + idx[i]], dv[i]);
 }
 
 // One block per expert: the routes in choice-major order (every token's first choice, then the
@@ -90,18 +91,20 @@ __global__ void moe_combine_kernel(const float* y, const int32_t* slots, const f
   }
 }
 
-// One warp per route: dot(a[token], y[slot]).
+// One warp per route (grid-stride over the routes): dot(a[token], y[slot]).
 __global__ void moe_combine_grad_kernel(const float* a, const float* y, const int32_t* slots,
                                         float* dw, int64_t routes, int64_t k, int64_t d) {
-  const int64_t r = (blockIdx.x * int64_t{blockDim.x} + threadIdx.x) / 32;
   const int lane = threadIdx.x % 32;
-  if (r >= routes) return;
-  const int64_t s = slots[r];
-  float sum = 0.0f;
-  if (s >= 0)
-    for (int64_t c = lane; c < d; c += 32) sum += a[(r / k) * d + c] * y[s * d + c];
-  for (int off = 16; off > 0; off /= 2) sum += __shfl_down_sync(0xffffffffu, sum, off);
-  if (lane == 0) dw[r] = sum;
+  const int64_t warps = int64_t{gridDim.x} * blockDim.x / 32;
+  for (int64_t r = (blockIdx.x * int64_t{blockDim.x} + threadIdx.x) / 32; r < routes;
+       r += warps) {  // the same count of passes for every lane of a warp
+    const int64_t s = slots[r];
+    float sum = 0.0f;
+    if (s >= 0)
+      for (int64_t c = lane; c < d; c += 32) sum += a[(r / k) * d + c] * y[s * d + c];
+    for (int off = 16; off > 0; off /= 2) sum += __shfl_down_sync(0xffffffffu, sum, off);
+    if (lane == 0) dw[r] = sum;
+  }
 }
 
 void top_k(OpKind, const Args& a) {
