@@ -31,8 +31,8 @@ int64_t true_half(int64_t z, int64_t n) { return z % 2 == 0 ? z / 2 : 2 * n - 1 
 
 // v (local, `shape`) with its halves along `dim` reordered: from the ranks' zigzag order to the
 // sequence's (to_sequence), or back. Slices and a concat, placements kept.
-Result<ValueId> Pass::reorder_halves(ValueId v, const Shape& shape, int dim, int64_t n,
-                                     bool to_sequence, const Node& like) {
+Result<ValueId> Pass::reorder_halves(ValueId v, Shape shape, int dim, int64_t n, bool to_sequence,
+                                     const Node& like) {
   const Placements pl = out_.placements[static_cast<size_t>(v)];
   const int64_t h = shape[dim] / (2 * n);
   std::vector<ValueId> parts(static_cast<size_t>(2 * n));
@@ -72,6 +72,7 @@ Result<std::vector<ValueId>> Pass::lower_sequence_blocks(const Node& n, const At
     for (size_t k : axes) target[k] = Placement::replicate();
     TS_ASSIGN_OR_RETURN(ValueId w, convert(ins[i], g_.type(n.inputs[i]).shape, target, n));
     if (!zigzag) return w;
+    // (The shape by value: emitting nodes may move the local graph's value table.)
     return reorder_halves(w, out_.local.type(w).shape, 2, group.size, true, n);
   };
   TS_ASSIGN_OR_RETURN(ins[1], whole(1));

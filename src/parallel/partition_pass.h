@@ -78,8 +78,8 @@ class Pass {
   // block index, attention with the keys and values gathered over those axes (their gradients
   // reduce-scattered back).
   std::vector<size_t> sequence_block_axes(const Node& n, const std::vector<ValueId>& ins) const;
-  Result<ValueId> reorder_halves(ValueId v, const Shape& shape, int dim, int64_t n,
-                                 bool to_sequence, const Node& like);
+  Result<ValueId> reorder_halves(ValueId v, Shape shape, int dim, int64_t n, bool to_sequence,
+                                 const Node& like);
   Result<std::vector<ValueId>> lower_sequence_blocks(const Node& n, const Attrs& given,
                                                      std::vector<ValueId> ins,
                                                      const std::vector<Placements>& out_pl,

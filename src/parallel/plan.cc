@@ -140,6 +140,12 @@ std::vector<std::string> Plan::replica_axes() const {
   return rest;
 }
 
+bool Plan::hsdp() const {
+  for (const std::string& a : replica_axes())
+    if (a != expert_axis) return true;
+  return false;
+}
+
 Plan Plan::data_parallel(int n, int zero) {
   Plan p;
   p.mesh = Mesh({{"dp", n}});
@@ -279,7 +285,7 @@ std::string Plan::describe() const {
   for (size_t i = 0; i < mesh.axes().size(); ++i)
     s += (i ? " x " : "") + mesh.axes()[i].name + "=" + std::to_string(mesh.axes()[i].size);
   s += " zero=" + std::to_string(zero);
-  if (zero >= 1 && zero_group() * expert_group() < data_group() && zero_group() > 1) s += " (HSDP)";
+  if (zero >= 1 && hsdp() && zero_group() > 1) s += " (HSDP)";
   if (micro_batches > 1) s += " micro_batches=" + std::to_string(micro_batches);
   if (recompute != RecomputePolicy::none) {
     s += std::string(" recompute=") + recompute_name(recompute);

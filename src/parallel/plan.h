@@ -160,6 +160,9 @@ struct Plan {
   // every parameter but the experts' is replicated: their gradient blocks are all-reduced over
   // it, as HSDP's replicas'); empty otherwise.
   std::vector<std::string> replica_axes() const;
+  // HSDP: ZeRO within groups of the data ranks, replicated across them (replica axes besides the
+  // expert axis).
+  bool hsdp() const;
   int zero_group() const { return mesh.group_size(zero_axes); }
   int data_group() const { return mesh.group_size(data_axes); }
   bool shards_optimizer() const { return zero >= 1 && zero_group() > 1; }

@@ -39,6 +39,11 @@ const std::vector<Knob>& knobs() {
          if (c.plan.virtual_stages > 1) s += " v=" + std::to_string(c.plan.virtual_stages);
          return s;
        }},
+      {"context parallel",
+       [](const PlanCandidate& c) {
+         return c.plan.context_group() == 1 ? std::string("none")
+                                            : "cp " + std::to_string(c.plan.context_group());
+       }},
       {"expert parallel",  // mixtures of experts whose experts are split
        [](const PlanCandidate& c) -> std::string {
          if (c.plan.expert_group() == 1) return "";
@@ -47,7 +52,7 @@ const std::vector<Knob>& knobs() {
       {"ZeRO stage",
        [](const PlanCandidate& c) {
          // (The expert axis replicates the other parameters too, but is not HSDP's.)
-         if (c.plan.zero_group() * c.plan.expert_group() < c.plan.data_group())
+         if (c.plan.hsdp())
            return "HSDP (ZeRO-3 in groups of " + std::to_string(c.plan.zero_group()) + ")";
          return "ZeRO-" + std::to_string(c.plan.zero);
        }},

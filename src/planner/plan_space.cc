@@ -64,67 +64,80 @@ std::vector<PlanCandidate> enumerate(const ModelConfig& cfg, const ClusterSpec& 
     for (int pp : divisors(o.gpus / tp)) {
       if (pp > cfg.n_layer) continue;
       if (pp > 1 && cfg.is_moe()) continue;  // its balance loss would cross the stages
-      const int data = o.gpus / (tp * pp);
-      if (batch % data != 0) continue;
-      const int64_t rows = batch / data;  // sequences per data-parallel rank per step
-      // Expert parallelism (mixtures of experts): the data ranks' groups of ep, each holding
-      // 1 / ep of the experts (a power of two dividing the experts).
-      std::vector<int> eps = {1};
-      for (int ep : divisors(data))
-        if (cfg.is_moe() && ep > 1 && power_of_two(ep) && cfg.n_experts % ep == 0)
-          eps.push_back(ep);
-      for (int ep : eps) {
-        const int dp = data / ep;
-        for (int mb : divisors(rows)) {
-          if (mb > o.max_micro_batch) continue;
-          const int m = static_cast<int>(rows / mb);
-          struct Sched {
-            ScheduleKind kind;
-            int v;
-          };
-          std::vector<Sched> scheds = {{ScheduleKind::one_f_one_b, 1}};
-          if (pp > 1) {
-            scheds.push_back({ScheduleKind::zb_h1, 1});
-            // Interleaved (its micro-batches a multiple of the stages, each chunk at least one
-            // block) with 2 or 4 model chunks per stage, and with every chunk count up to 8
-            // that cuts each stage's blocks evenly (Megatron's rule: 105 blocks over 35 stages
-            // interleave 3 ways).
-            for (int v : interleavings(cfg.n_layer, pp))
-              if (m % pp == 0) scheds.push_back({ScheduleKind::interleaved, v});
-          }
-          // Data-parallel sharding: ZeRO-1/2/3 over all data ranks (pipelines: ZeRO-1), and
-          // HSDP: ZeRO-3 within groups of the data ranks of 1, 2 or 4 nodes, replicated across
-          // the groups (one node: the parameter gathers stay on NVLink; more: the shards are
-          // smaller, for models one node's memory does not hold); the replicas all-reduce the
-          // gradient blocks. An HSDP entry is minus its shard group's size.
-          // With one data rank the stages shard nothing: one plan, not three alike.
-          std::vector<int> zeros =
-              pp > 1 || dp == 1 ? std::vector<int>{1} : std::vector<int>{1, 2, 3};
-          for (int nodes = 1; nodes <= 4 && pp == 1 && ep == 1; nodes *= 2) {
-            const int shards = nodes * per_node / tp;
-            if (shards > 1 && dp > shards && dp % shards == 0) zeros.push_back(-shards);
-          }
-          for (const Sched& s : scheds)
-            for (int zero : zeros)
-              for (bool sp : tp > 1 ? std::vector<bool>{false, true} : std::vector<bool>{false})
-                for (RecomputePolicy rc :
-                     {RecomputePolicy::none, RecomputePolicy::selective, RecomputePolicy::full}) {
-                  PlanCandidate c;
-                  c.plan = zero < 0 ? Plan::hybrid_sharded(dp / -zero, -zero, tp)
-                           : pp > 1 ? Plan::pipeline_parallel(pp, dp, tp, zero)
-                           : tp > 1 ? Plan::tensor_parallel(dp, tp, zero)
-                                    : Plan::data_parallel(dp, zero);
-                  if (!add_expert_axis(&c.plan, ep).ok()) continue;
-                  c.plan.micro_batches = m;
-                  c.plan.recompute = rc;
-                  c.plan.sequence_parallel = sp;
-                  if (pp > 1) {
-                    c.plan.schedule = s.kind;
-                    c.plan.virtual_stages = s.v;
+      // Context parallelism (language models of dense blocks, without a pipeline): groups of
+      // cp ranks, a power of two, each holding a chunk of every sequence (LLaMA: zigzag halves,
+      // GPT's position table: contiguous chunks).
+      const bool zigzag = cfg.family == "llama";
+      std::vector<int> cps = {1};
+      for (int cp : divisors(o.gpus / (tp * pp)))
+        if (cp > 1 && power_of_two(cp) && pp == 1 && !cfg.is_moe() &&
+            (cfg.family == "llama" || cfg.family == "gpt") && o.seq % ((zigzag ? 2 : 1) * cp) == 0)
+          cps.push_back(cp);
+      for (int cp : cps) {
+        const int data = o.gpus / (tp * pp * cp);
+        if (batch % data != 0) continue;
+        const int64_t rows = batch / data;  // sequences per data-parallel rank per step
+        // Expert parallelism (mixtures of experts): the data ranks' groups of ep, each holding
+        // 1 / ep of the experts (a power of two dividing the experts).
+        std::vector<int> eps = {1};
+        for (int ep : divisors(data))
+          if (cfg.is_moe() && ep > 1 && power_of_two(ep) && cfg.n_experts % ep == 0)
+            eps.push_back(ep);
+        for (int ep : eps) {
+          const int dp = data / ep;
+          for (int mb : divisors(rows)) {
+            if (mb > o.max_micro_batch) continue;
+            const int m = static_cast<int>(rows / mb);
+            struct Sched {
+              ScheduleKind kind;
+              int v;
+            };
+            std::vector<Sched> scheds = {{ScheduleKind::one_f_one_b, 1}};
+            if (pp > 1) {
+              scheds.push_back({ScheduleKind::zb_h1, 1});
+              // Interleaved (its micro-batches a multiple of the stages, each chunk at least one
+              // block) with 2 or 4 model chunks per stage, and with every chunk count up to 8
+              // that cuts each stage's blocks evenly (Megatron's rule: 105 blocks over 35 stages
+              // interleave 3 ways).
+              for (int v : interleavings(cfg.n_layer, pp))
+                if (m % pp == 0) scheds.push_back({ScheduleKind::interleaved, v});
+            }
+            // Data-parallel sharding: ZeRO-1/2/3 over all data ranks (pipelines: ZeRO-1), and
+            // HSDP: ZeRO-3 within groups of the data ranks of 1, 2 or 4 nodes, replicated across
+            // the groups (one node: the parameter gathers stay on NVLink; more: the shards are
+            // smaller, for models one node's memory does not hold); the replicas all-reduce the
+            // gradient blocks. An HSDP entry is minus its shard group's size.
+            // With one data rank the stages shard nothing: one plan, not three alike.
+            std::vector<int> zeros =
+                pp > 1 || dp == 1 ? std::vector<int>{1} : std::vector<int>{1, 2, 3};
+            for (int nodes = 1; nodes <= 4 && pp == 1 && ep == 1 && cp == 1; nodes *= 2) {
+              const int shards = nodes * per_node / tp;
+              if (shards > 1 && dp > shards && dp % shards == 0) zeros.push_back(-shards);
+            }
+            for (const Sched& s : scheds)
+              for (int zero : zeros)
+                for (bool sp : tp > 1 ? std::vector<bool>{false, true} : std::vector<bool>{false})
+                  for (RecomputePolicy rc :
+                       {RecomputePolicy::none, RecomputePolicy::selective, RecomputePolicy::full}) {
+                    PlanCandidate c;
+                    c.plan = zero < 0 ? Plan::hybrid_sharded(dp / -zero, -zero, tp)
+                             : pp > 1 ? Plan::pipeline_parallel(pp, dp, tp, zero)
+                             : tp > 1 ? Plan::tensor_parallel(dp, tp, zero)
+                                      : Plan::data_parallel(dp, zero);
+                    if (!add_expert_axis(&c.plan, ep).ok() || !add_context_axis(&c.plan, cp).ok())
+                      continue;
+                    if (cp > 1 && zigzag) c.plan.context_order = ContextOrder::zigzag;
+                    c.plan.micro_batches = m;
+                    c.plan.recompute = rc;
+                    c.plan.sequence_parallel = sp;
+                    if (pp > 1) {
+                      c.plan.schedule = s.kind;
+                      c.plan.virtual_stages = s.v;
+                    }
+                    c.micro_batch = mb;
+                    out.push_back(std::move(c));
                   }
-                  c.micro_batch = mb;
-                  out.push_back(std::move(c));
-                }
+          }
         }
       }
     }
@@ -234,8 +247,8 @@ class MicroBatchCosts {
         fp8_(fp8),
         placements_(placements) {}
 
-  // Costs every (rows, recompute, tp, sequence parallel) the candidates need, on `threads`
-  // threads.
+  // Costs every (rows, recompute, tp, sequence parallel, context parallel) the candidates need,
+  // on `threads` threads.
   void prepare(const std::vector<PlanCandidate>& cands, int threads) {
     for (const PlanCandidate& c : cands) cache_.emplace(key(c.plan, c.micro_batch), error("none"));
     std::vector<std::map<Key, Result<MicroBatchCost>>::iterator> todo;
@@ -253,9 +266,15 @@ class MicroBatchCosts {
   }
 
  private:
-  using Key = std::tuple<int64_t, int, int, bool>;
+  // (rows, recompute, tp, sp, cp, zigzag)
+  using Key = std::tuple<int64_t, int, int, bool, int, bool>;
   static Key key(const Plan& p, int64_t rows) {
-    return {rows, static_cast<int>(p.recompute), p.tensor_group(), p.sequence_parallel};
+    return {rows,
+            static_cast<int>(p.recompute),
+            p.tensor_group(),
+            p.sequence_parallel,
+            p.context_group(),
+            p.context_order == ContextOrder::zigzag};
   }
 
   // Compute seconds (all, and the forward pass's) and kept bytes of the ops of a model of
@@ -265,15 +284,18 @@ class MicroBatchCosts {
   using Tensors = std::map<std::tuple<int64_t, bool, bool, bool>, double>;
   struct Measured {
     double seconds = 0, forward_seconds = 0, waits = 0, forward_waits = 0, kept = 0;
+    double context_comm = 0;  // the context axis's collectives, one after another
     Tensors params;
     LayerCosts flops, forward, backward;  // by block (pipeline_schedule_bound)
   };
   Result<Measured> measure(const Key& k, int64_t blocks) {
-    const auto [rows, rc, tp, sp] = k;
+    const auto [rows, rc, tp, sp, cp, zigzag] = k;
     ModelConfig c = cfg_;
     c.n_layer = blocks;
     ModelGraph m = build_model(c, rows, seq_, ModelMode::train);
     Plan p = Plan::tensor_parallel(1, tp);
+    TS_RETURN_IF_ERROR(add_context_axis(&p, cp));  // one rank's chunk of every sequence
+    if (zigzag) p.context_order = ContextOrder::zigzag;
     p.sequence_parallel = sp;
     p.recompute = static_cast<RecomputePolicy>(rc);
     TS_RETURN_IF_ERROR(placements_.place(m.graph, &p));
@@ -304,10 +326,12 @@ class MicroBatchCosts {
       for (int d : in.deps) ready = std::max(ready, end[static_cast<size_t>(d)]);
       const Node& n = local.node(in.node);
       if (in.kind == Instruction::start) {
-        const GroupLayout group =
-            group_layout(p.mesh, axes_of_key(n.attr<GroupAttrs>().axes), cluster_.node.devices);
-        end[i] = std::max(ready, compute) +
-                 collective_time(n.op, collective_bytes(local, n, scale), group, cluster_).seconds;
+        const std::vector<std::string> axes = axes_of_key(n.attr<GroupAttrs>().axes);
+        const GroupLayout group = group_layout(p.mesh, axes, cluster_.node.devices);
+        const double t =
+            collective_time(n.op, collective_bytes(local, n, scale), group, cluster_).seconds;
+        end[i] = std::max(ready, compute) + t;
+        if (std::count(axes.begin(), axes.end(), p.context_axis)) out.context_comm += t;
       } else if (in.kind == Instruction::wait) {
         const double idle = std::max(0.0, ready - compute);
         op_seconds[static_cast<size_t>(in.node)] += idle;  // the block's, for its stage
@@ -376,6 +400,7 @@ class MicroBatchCosts {
     c.time.wait_seconds = one.waits + (two.waits - one.waits) * more;
     c.time.forward_wait_seconds =
         one.forward_waits + (two.forward_waits - one.forward_waits) * more;
+    c.time.context_comm_seconds = one.context_comm + (two.context_comm - one.context_comm) * more;
     // T5's pipeline blocks are its encoder's and decoder's, of different costs: no one block.
     if (num_blocks(cfg_) != cfg_.n_layer) c.time.block_seconds = 0;
     c.saved_bytes_per_block = (two.kept - one.kept) * scale;
@@ -644,8 +669,17 @@ Result<std::unique_ptr<PlanSpace>> PlanSpace::create(const ModelConfig& cfg,
       continue;
     }
     const double sync = param_sync_time_bound(mb->params, s.cluster, c.plan, o.precision);
+    // Context parallelism: the ops alone, or the context axis's comm stream if it is busier
+    // (the keys' and values' gathers overlap attention in the simulator in ways the waits
+    // measured above do not bound).
+    MicroBatchTime time = mb->time;
+    if (c.plan.context_group() > 1) {
+      time.seconds = std::max(time.seconds - time.wait_seconds, time.context_comm_seconds);
+      time.forward_seconds -= time.forward_wait_seconds;
+      time.wait_seconds = time.forward_wait_seconds = 0;
+    }
     c.time_bound =
-        plan_time_bound(c.plan, mb->time, num_blocks(s.cfg),
+        plan_time_bound(c.plan, time, num_blocks(s.cfg),
                         c.plan.offloads_optimizer()
                             ? offload_time_bound(s.cfg, s.cluster, c.plan, o.precision, sync)
                             : optimizer_time_bound(s.cfg, s.cluster, c.plan) + sync,

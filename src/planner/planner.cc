@@ -40,10 +40,11 @@ std::vector<std::string> without_experts(const std::vector<std::string>& axes,
     if (!p.experts || a != plan.expert_axis) out.push_back(a);
   return out;
 }
-// The axes a gradient is all-reduced over (without ZeRO), and its block (with ZeRO-2/3: HSDP's
-// replicas and the expert axis).
+// The axes a gradient is all-reduced over (without ZeRO: the data axes and the context axis,
+// over which it is a partial sum too), and its block (with ZeRO-2/3: HSDP's replicas and the
+// expert axis).
 std::vector<std::string> reduced_over(const ParamTensors& p, const Plan& plan) {
-  return without_experts(plan.data_axes, p, plan);
+  return without_experts(plan.with_context_axis(plan.data_axes), p, plan);
 }
 std::vector<std::string> replicated_over(const ParamTensors& p, const Plan& plan) {
   return without_experts(plan.replica_axes(), p, plan);
@@ -56,17 +57,17 @@ std::string PlanCandidate::describe() const {
   std::string s =
       "tp=" + std::to_string(p.tensor_group()) + " pp=" + std::to_string(p.stages()) +
       " dp=" + std::to_string(p.data_group()) +
-      // hsdp=R as --hsdp R means it: R replica groups, each ZeRO-3 over `shard` ranks (the
-      // expert axis replicates too, but is ep=)
-      (p.zero_group() * p.expert_group() == p.data_group()
+      // hsdp=R as --hsdp R means it: R replica groups, each ZeRO-3 over `shard` ranks
+      (!p.hsdp()
            ? " zero=" + std::to_string(p.zero)
-           : " hsdp=" + std::to_string(p.data_group() / p.expert_group() / p.zero_group()) +
+           : " hsdp=" + std::to_string(p.mesh.group_size(p.replica_axes()) / p.expert_group()) +
                  " shard=" + std::to_string(p.zero_group())) +
       " mb=" + std::to_string(micro_batch) + "x" + std::to_string(p.micro_batches);
   if (p.stages() > 1) {
     s += std::string(" ") + schedule_name(p.schedule);
     if (p.virtual_stages > 1) s += " v=" + std::to_string(p.virtual_stages);
   }
+  if (p.context_group() > 1) s += " cp=" + std::to_string(p.context_group());
   if (p.expert_group() > 1) s += " ep=" + std::to_string(p.expert_group());
   s += std::string(" rc=") + recompute_name(p.recompute);
   if (p.sequence_parallel) s += " sp";

@@ -1,7 +1,9 @@
 // The planner: chooses the parallel configuration of a training run from the cost model. It
 // enumerates plans — data parallelism with ZeRO-1, 2 or 3, or HSDP (ZeRO-3 within groups of 1,
 // 2 or 4 nodes, replicated across them), tensor parallelism within a node
-// (with or without sequence parallelism), pipeline stages with their schedules, the
+// (with or without sequence parallelism), pipeline stages with their schedules, context
+// parallelism (language models without a pipeline: groups of 2, 4, ... ranks, LLaMA's in
+// zigzag order), expert parallelism (mixtures of experts, without a pipeline), the
 // micro-batch size, recomputation and, where the cluster spec gives its host side, offloading
 // the optimizer to host memory (not with a pipeline) — for a model, a cluster, a device count and a
 // global batch; prunes those that cannot fit or cannot beat the best found (analytic bounds,
@@ -181,9 +183,12 @@ double offload_time_bound(const ModelConfig& cfg, const ClusterSpec& cluster, co
 // forward pass's all-reduce before the residual add costs, and the backward's); the forward
 // pass's part of it; one block's (0 when the blocks differ, as T5's); and the waits among
 // them, all and the forward pass's (zb-h1's bubble is bounded on the ops alone).
+// With context parallelism, the seconds of the collectives over the context axis too, one after
+// another (its comm stream is busy that long).
 struct MicroBatchTime {
   double seconds = 0, forward_seconds = 0, block_seconds = 0;
   double wait_seconds = 0, forward_wait_seconds = 0;
+  double context_comm_seconds = 0;
 };
 // Parameter tensors of one shape on a tensor-parallel rank, the unit of the data-parallel
 // collectives (one per tensor): the local elements, whether the backward pass reads them

@@ -97,6 +97,27 @@ TEST(Planner, MixturesOfExpertsSearchExpertParallelism) {
   EXPECT_TRUE(big->best[0].fits(cluster("dgx-h100").device.memory_bytes));
 }
 
+// Long sequences: the search adds context parallelism (LLaMA's in zigzag order), and the bounds
+// hold on its candidates (each rank's chunk of the sequence lowered as the run would lower it,
+// attention's gathered keys and values included).
+TEST(Planner, LongSequencesSearchContextParallelism) {
+  ModelConfig small = preset("llama3-8b");
+  small.n_layer = 2;
+  Result<PlanSearch> s = search_plans(small, cluster("dgx-h100"), options(16, 16, 8192, 1000000));
+  ASSERT_TRUE(s.ok()) << s.status().to_string();
+  std::set<int> cps;
+  for (const PlanCandidate& p : s->all) {
+    cps.insert(p.plan.context_group());
+    if (p.plan.context_group() > 1) {
+      EXPECT_EQ(p.plan.context_order, ContextOrder::zigzag) << p.describe();
+      EXPECT_EQ(p.plan.stages(), 1) << p.describe();
+    }
+    EXPECT_LE(p.time_bound, p.sim.step_seconds) << p.describe();
+    EXPECT_LE(p.memory_bound, p.sim.peak_memory_bytes) << p.describe();
+  }
+  EXPECT_EQ(cps, (std::set<int>{1, 2, 4, 8, 16}));
+}
+
 // On a cluster whose network is slow, where the data-parallel collectives decide the step
 // (one per parameter tensor, each with its latencies; ZeRO-3 gathering before both passes), the
 // bound follows the simulator closely.
@@ -183,8 +204,10 @@ TEST(Planner, NothingFittingIsOneErrorWithTheSmallestNeed) {
       << s.status().to_string();
   EXPECT_NE(s.status().hint().find("devices"), std::string::npos) << s.status().to_string();
   s = search_plans(preset("gpt2-small"), cluster("dgx-a100"), options(8, 12, 1024, 3));
-  ASSERT_TRUE(s.ok()) << s.status().to_string();  // 12 sequences: dp 4 (tp 2) or dp 2 (tp 4)
-  for (const PlanCandidate& p : s->best) EXPECT_GE(p.plan.tensor_group() * p.plan.stages(), 2);
+  // 12 sequences over 8 devices: dp 4 or 2, the rest tensor, pipeline or context parallel.
+  ASSERT_TRUE(s.ok()) << s.status().to_string();
+  for (const PlanCandidate& p : s->best)
+    EXPECT_GE(p.plan.tensor_group() * p.plan.stages() * p.plan.context_group(), 2);
   s = search_plans(preset("gpt2-small"), cluster("dgx-a100"), options(8, 0, 1024, 0));
   ASSERT_FALSE(s.ok());
   EXPECT_EQ(s.status().message(), "--top must be at least 1, got 0");
