@@ -52,10 +52,16 @@ std::vector<int> interleavings(int64_t layers, int pp) {
   return out;
 }
 
-// Every plan of the search space for `gpus` devices (bounds not yet computed).
-std::vector<PlanCandidate> enumerate(const ModelConfig& cfg, const ClusterSpec& cluster,
-                                     const PlannerOptions& o, int64_t batch) {
-  std::vector<PlanCandidate> out;
+// The degrees of a candidate's parallel dimensions: tensor, pipeline, context and expert
+// parallel ranks (the data-parallel ranks are the rest of the devices).
+struct Degrees {
+  int tp = 1, pp = 1, cp = 1, ep = 1;
+};
+
+// Every combination of degrees the search tries for `gpus` devices and `batch` sequences.
+std::vector<Degrees> degrees(const ModelConfig& cfg, const ClusterSpec& cluster,
+                             const PlannerOptions& o, int64_t batch) {
+  std::vector<Degrees> out;
   const int per_node = std::max(1, cluster.node.devices);
   for (int tp : divisors(o.gpus)) {
     // Tensor parallelism within a node, on whole heads (and key/value heads).
@@ -67,79 +73,84 @@ std::vector<PlanCandidate> enumerate(const ModelConfig& cfg, const ClusterSpec& 
       // Context parallelism (language models of dense blocks, without a pipeline): groups of
       // cp ranks, a power of two, each holding a chunk of every sequence (LLaMA: zigzag halves,
       // GPT's position table: contiguous chunks).
-      const bool zigzag = cfg.family == "llama";
-      std::vector<int> cps = {1};
-      for (int cp : divisors(o.gpus / (tp * pp)))
-        if (cp > 1 && power_of_two(cp) && pp == 1 && !cfg.is_moe() &&
-            (cfg.family == "llama" || cfg.family == "gpt") && o.seq % ((zigzag ? 2 : 1) * cp) == 0)
-          cps.push_back(cp);
-      for (int cp : cps) {
+      const int halves = cfg.family == "llama" ? 2 : 1;
+      for (int cp : divisors(o.gpus / (tp * pp))) {
+        if (cp > 1 &&
+            !(power_of_two(cp) && pp == 1 && !cfg.is_moe() &&
+              (cfg.family == "llama" || cfg.family == "gpt") && o.seq % (halves * cp) == 0))
+          continue;
         const int data = o.gpus / (tp * pp * cp);
         if (batch % data != 0) continue;
-        const int64_t rows = batch / data;  // sequences per data-parallel rank per step
         // Expert parallelism (mixtures of experts): the data ranks' groups of ep, each holding
         // 1 / ep of the experts (a power of two dividing the experts).
-        std::vector<int> eps = {1};
         for (int ep : divisors(data))
-          if (cfg.is_moe() && ep > 1 && power_of_two(ep) && cfg.n_experts % ep == 0)
-            eps.push_back(ep);
-        for (int ep : eps) {
-          const int dp = data / ep;
-          for (int mb : divisors(rows)) {
-            if (mb > o.max_micro_batch) continue;
-            const int m = static_cast<int>(rows / mb);
-            struct Sched {
-              ScheduleKind kind;
-              int v;
-            };
-            std::vector<Sched> scheds = {{ScheduleKind::one_f_one_b, 1}};
-            if (pp > 1) {
-              scheds.push_back({ScheduleKind::zb_h1, 1});
-              // Interleaved (its micro-batches a multiple of the stages, each chunk at least one
-              // block) with 2 or 4 model chunks per stage, and with every chunk count up to 8
-              // that cuts each stage's blocks evenly (Megatron's rule: 105 blocks over 35 stages
-              // interleave 3 ways).
-              for (int v : interleavings(cfg.n_layer, pp))
-                if (m % pp == 0) scheds.push_back({ScheduleKind::interleaved, v});
-            }
-            // Data-parallel sharding: ZeRO-1/2/3 over all data ranks (pipelines: ZeRO-1), and
-            // HSDP: ZeRO-3 within groups of the data ranks of 1, 2 or 4 nodes, replicated across
-            // the groups (one node: the parameter gathers stay on NVLink; more: the shards are
-            // smaller, for models one node's memory does not hold); the replicas all-reduce the
-            // gradient blocks. An HSDP entry is minus its shard group's size.
-            // With one data rank the stages shard nothing: one plan, not three alike.
-            std::vector<int> zeros =
-                pp > 1 || dp == 1 ? std::vector<int>{1} : std::vector<int>{1, 2, 3};
-            for (int nodes = 1; nodes <= 4 && pp == 1 && ep == 1 && cp == 1; nodes *= 2) {
-              const int shards = nodes * per_node / tp;
-              if (shards > 1 && dp > shards && dp % shards == 0) zeros.push_back(-shards);
-            }
-            for (const Sched& s : scheds)
-              for (int zero : zeros)
-                for (bool sp : tp > 1 ? std::vector<bool>{false, true} : std::vector<bool>{false})
-                  for (RecomputePolicy rc :
-                       {RecomputePolicy::none, RecomputePolicy::selective, RecomputePolicy::full}) {
-                    PlanCandidate c;
-                    c.plan = zero < 0 ? Plan::hybrid_sharded(dp / -zero, -zero, tp)
-                             : pp > 1 ? Plan::pipeline_parallel(pp, dp, tp, zero)
-                             : tp > 1 ? Plan::tensor_parallel(dp, tp, zero)
-                                      : Plan::data_parallel(dp, zero);
-                    if (!add_expert_axis(&c.plan, ep).ok() || !add_context_axis(&c.plan, cp).ok())
-                      continue;
-                    if (cp > 1 && zigzag) c.plan.context_order = ContextOrder::zigzag;
-                    c.plan.micro_batches = m;
-                    c.plan.recompute = rc;
-                    c.plan.sequence_parallel = sp;
-                    if (pp > 1) {
-                      c.plan.schedule = s.kind;
-                      c.plan.virtual_stages = s.v;
-                    }
-                    c.micro_batch = mb;
-                    out.push_back(std::move(c));
-                  }
-          }
-        }
+          if (ep == 1 || (cfg.is_moe() && power_of_two(ep) && cfg.n_experts % ep == 0))
+            out.push_back({tp, pp, cp, ep});
       }
+    }
+  }
+  return out;
+}
+
+// Every plan of the search space for `gpus` devices (bounds not yet computed).
+std::vector<PlanCandidate> enumerate(const ModelConfig& cfg, const ClusterSpec& cluster,
+                                     const PlannerOptions& o, int64_t batch) {
+  std::vector<PlanCandidate> out;
+  const int per_node = std::max(1, cluster.node.devices);
+  for (const auto [tp, pp, cp, ep] : degrees(cfg, cluster, o, batch)) {
+    const int dp = o.gpus / (tp * pp * cp * ep);
+    const int64_t rows = batch / (dp * ep);  // sequences per data-parallel rank per step
+    for (int mb : divisors(rows)) {
+      if (mb > o.max_micro_batch) continue;
+      const int m = static_cast<int>(rows / mb);
+      struct Sched {
+        ScheduleKind kind;
+        int v;
+      };
+      std::vector<Sched> scheds = {{ScheduleKind::one_f_one_b, 1}};
+      if (pp > 1) {
+        scheds.push_back({ScheduleKind::zb_h1, 1});
+        // Interleaved (its micro-batches a multiple of the stages, each chunk at least one
+        // block) with 2 or 4 model chunks per stage, and with every chunk count up to 8 that
+        // cuts each stage's blocks evenly (Megatron's rule: 105 blocks over 35 stages
+        // interleave 3 ways).
+        for (int v : interleavings(cfg.n_layer, pp))
+          if (m % pp == 0) scheds.push_back({ScheduleKind::interleaved, v});
+      }
+      // Data-parallel sharding: ZeRO-1/2/3 over all data ranks (pipelines: ZeRO-1), and HSDP:
+      // ZeRO-3 within groups of the data ranks of 1, 2 or 4 nodes, replicated across the groups
+      // (one node: the parameter gathers stay on NVLink; more: the shards are smaller, for
+      // models one node's memory does not hold); the replicas all-reduce the gradient blocks.
+      // An HSDP entry is minus its shard group's size. With one data rank the stages shard
+      // nothing: one plan, not three alike.
+      std::vector<int> zeros = pp > 1 || dp == 1 ? std::vector<int>{1} : std::vector<int>{1, 2, 3};
+      for (int nodes = 1; nodes <= 4 && pp == 1 && ep == 1 && cp == 1; nodes *= 2) {
+        const int shards = nodes * per_node / tp;
+        if (shards > 1 && dp > shards && dp % shards == 0) zeros.push_back(-shards);
+      }
+      for (const Sched& s : scheds)
+        for (int zero : zeros)
+          for (bool sp : tp > 1 ? std::vector<bool>{false, true} : std::vector<bool>{false})
+            for (RecomputePolicy rc :
+                 {RecomputePolicy::none, RecomputePolicy::selective, RecomputePolicy::full}) {
+              PlanCandidate c;
+              c.plan = zero < 0 ? Plan::hybrid_sharded(dp / -zero, -zero, tp)
+                       : pp > 1 ? Plan::pipeline_parallel(pp, dp, tp, zero)
+                       : tp > 1 ? Plan::tensor_parallel(dp, tp, zero)
+                                : Plan::data_parallel(dp, zero);
+              if (!add_expert_axis(&c.plan, ep).ok() || !add_context_axis(&c.plan, cp).ok())
+                continue;
+              if (cp > 1 && cfg.family == "llama") c.plan.context_order = ContextOrder::zigzag;
+              c.plan.micro_batches = m;
+              c.plan.recompute = rc;
+              c.plan.sequence_parallel = sp;
+              if (pp > 1) {
+                c.plan.schedule = s.kind;
+                c.plan.virtual_stages = s.v;
+              }
+              c.micro_batch = mb;
+              out.push_back(std::move(c));
+            }
     }
   }
   return out;

@@ -50,16 +50,29 @@ class DistributedTrainTest : public ::testing::Test {
     return l.size() > i ? std::stod(l[i].substr(7)) : 0.0;
   }
 
-  // The "grad_norm" of each step record of a run's metrics.jsonl, in order.
-  static std::vector<double> grad_norms(const fs::path& metrics) {
+  // The numeric `key` of each record of a run's metrics.jsonl that has it, in order.
+  static std::vector<double> metric_values(const fs::path& metrics, const std::string& key) {
     std::ifstream in(metrics);
     std::vector<double> out;
-    std::string line;
-    while (std::getline(in, line)) {
-      auto p = line.find("\"grad_norm\":");
-      if (p != std::string::npos) out.push_back(std::stod(line.substr(p + 12)));
-    }
+    const std::string field = "\"" + key + "\":";
+    for (std::string line; std::getline(in, line);)
+      if (auto p = line.find(field); p != std::string::npos)
+        out.push_back(std::stod(line.substr(p + field.size())));
     return out;
+  }
+  static std::vector<double> grad_norms(const fs::path& metrics) {
+    return metric_values(metrics, "grad_norm");
+  }
+
+  // Run `out`'s first `steps` losses (to 1e-5) and gradient norms (to 1e-4) are run `ref`'s.
+  void expect_steps_match(const std::string& out, const std::string& ref, size_t steps) {
+    const fs::path m = dir_ / out / "metrics.jsonl", want = dir_ / ref / "metrics.jsonl";
+    for (size_t i = 0; i < steps; ++i)
+      EXPECT_NEAR(loss_at(m, i), loss_at(want, i), 1e-5 * loss_at(want, i)) << out << " step " << i;
+    const std::vector<double> norms = grad_norms(m), expect = grad_norms(want);
+    ASSERT_EQ(norms.size(), steps) << out;
+    for (size_t i = 0; i < steps; ++i)
+      EXPECT_NEAR(norms[i], expect[i], 1e-4 * expect[i]) << out << " step " << i;
   }
 
   void expect_plans_match_one_rank(const std::string& flags);
@@ -213,14 +226,9 @@ TEST_F(DistributedTrainTest, ContextParallelRunsMatchOneRank) {
                                                       {"zigzag", "straight"},
                                                       {"gpt_cp_sp", "gpt"}};
   for (const auto& [out, ref] : runs) {
+    expect_steps_match(out, ref, 6);
     const fs::path m = dir_ / out / "metrics.jsonl", want = dir_ / ref / "metrics.jsonl";
-    for (size_t i = 0; i < 6; ++i)
-      EXPECT_NEAR(loss_at(m, i), loss_at(want, i), 1e-5 * loss_at(want, i)) << out << " step " << i;
     EXPECT_NEAR(last_val_loss(m), last_val_loss(want), 1e-5 * last_val_loss(want)) << out;
-    const std::vector<double> norms = grad_norms(m), expect = grad_norms(want);
-    ASSERT_EQ(norms.size(), 6u) << out;
-    for (size_t i = 0; i < 6; ++i)
-      EXPECT_NEAR(norms[i], expect[i], 1e-4 * expect[i]) << out << " step " << i;
   }
   EXPECT_EQ(train(2, "gpt_zigzag", flags + "--cp 2 --cp-order zigzag", &log), 1) << log;
   EXPECT_NE(log.find("'wpe' is a learned position table"), std::string::npos) << log;
@@ -255,24 +263,11 @@ TEST_F(DistributedTrainTest, ExpertParallelRunsMatchOneRank) {
   EXPECT_NE(log.find("resumed from step 3"), std::string::npos) << log;
   ASSERT_EQ(train(4, "ep_dp", flags + "--ep 2 --dp 2 --zero 1", &log), 0) << log;
   ASSERT_EQ(train(4, "ep_tp", flags + "--ep 2 --tp 2", &log), 0) << log;
-  for (const char* out : {"ep", "ep_dp", "ep_tp"}) {
-    const fs::path m = dir_ / out / "metrics.jsonl", want = dir_ / "straight" / "metrics.jsonl";
-    for (size_t i = 0; i < 6; ++i)
-      EXPECT_NEAR(loss_at(m, i), loss_at(want, i), 1e-5 * loss_at(want, i)) << out << " step " << i;
-    const std::vector<double> norms = grad_norms(m), expect = grad_norms(want);
-    ASSERT_EQ(norms.size(), 6u) << out;
-    for (size_t i = 0; i < 6; ++i)
-      EXPECT_NEAR(norms[i], expect[i], 1e-4 * expect[i]) << out << " step " << i;
-  }
+  for (const char* out : {"ep", "ep_dp", "ep_tp"}) expect_steps_match(out, "straight", 6);
   // Every route found a slot, and metrics.jsonl says so; a capacity of half the even share
   // drops routes, and says how many.
   auto dropped = [](const fs::path& metrics) {
-    std::ifstream in(metrics);
-    std::vector<double> out;
-    for (std::string line; std::getline(in, line);)
-      if (auto p = line.find("\"moe_dropped_routes\":"); p != std::string::npos)
-        out.push_back(std::stod(line.substr(p + 21)));
-    return out;
+    return metric_values(metrics, "moe_dropped_routes");
   };
   EXPECT_EQ(dropped(dir_ / "straight" / "metrics.jsonl"), std::vector<double>(6, 0.0));
   EXPECT_LT(loss_at(dir_ / "straight" / "metrics.jsonl", 5),
