@@ -358,6 +358,8 @@ Status validate(const Plan& p, int world) {
                    "drop --pp, or --cp");
   }
   if (!p.expert_axis.empty()) {
+    if (!names.count(p.expert_axis))
+      return error("plan: expert axis '" + p.expert_axis + "' is not a mesh axis");
     if (!has(p.data_axes, p.expert_axis))
       return error("plan: expert axis '" + p.expert_axis + "' must also be a data axis",
                    "list it in data_axes: the batch splits over the expert-parallel ranks");

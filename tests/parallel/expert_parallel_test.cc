@@ -53,6 +53,10 @@ TEST(ExpertParallel, PlansNameTheAxisAndKeepZeroOffIt) {
   Plan zero_on_ep = plan;
   zero_on_ep.zero_axes = {"dp", "ep"};
   EXPECT_NE(validate(zero_on_ep).message().find("ZeRO over the expert axis"), std::string::npos);
+  nlohmann::json unknown = plan_to_json(plan);
+  unknown["expert_axis"] = "zz";
+  EXPECT_NE(plan_from_json(unknown).status().message().find("'zz' is not a mesh axis"),
+            std::string::npos);
   Plan not_data = plan;
   not_data.data_axes = {"dp"};
   EXPECT_NE(validate(not_data).message().find("must also be a data axis"), std::string::npos);
