@@ -10,4 +10,5 @@ scripts/install_deps.sh
 scripts/install_deps.sh chromium
 scripts/check_style.sh
 scripts/build.sh
+scripts/make_tokenizers.sh  # Llama 3/2 tokenizer.json for the tokenizer tests (needs npm)
 ctest --test-dir build --output-on-failure -j "$(nproc)" -LE timing "$@"

@@ -7,7 +7,7 @@
 #include "backend/cpu/cpu_backend.h"
 #include "cli/commands.h"
 #include "cli/common.h"
-#include "data/bpe_tokenizer.h"
+#include "data/tokenizer.h"
 #include "io/model_config.h"
 #include "io/sharded_checkpoint.h"
 #include "runtime/sampler.h"
@@ -49,9 +49,9 @@ Status run_sample(const SampleArgs& a) {
                      ", an encoder-decoder trained to fill corrupted spans",
                  "sample continues a prompt with a decoder-only language model (gpt, llama); "
                  "a T5's val_loss is in its run's metrics.jsonl");
-  TS_ASSIGN_OR_RETURN(Gpt2Tokenizer tok, Gpt2Tokenizer::load(default_data_dir() + "/gpt2"));
+  TS_ASSIGN_OR_RETURN(Tokenizer tok, Tokenizer::load(default_data_dir() + "/gpt2"));
   std::vector<int32_t> prompt = tok.encode(a.prompt);
-  if (prompt.empty()) prompt.push_back(Gpt2Tokenizer::kEndOfText);
+  if (prompt.empty()) prompt.push_back(kGpt2EndOfText);
   for (int32_t id : prompt)
     if (id >= cfg.vocab_size)
       return error("the prompt's GPT-2 token " + std::to_string(id) + " (\"" +

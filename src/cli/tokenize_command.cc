@@ -4,8 +4,8 @@
 
 #include "cli/commands.h"
 #include "cli/common.h"
-#include "data/bpe_tokenizer.h"
 #include "data/tokenize_corpus.h"
+#include "data/tokenizer.h"
 
 namespace tessera {
 
@@ -26,7 +26,7 @@ Status run_tokenize(const TokenizeArgs& a) {
       return error("--out '" + a.out + "' already holds " + shard +
                        " (token shards a run may be reading, or resume from)",
                    "choose another --out, or pass --force to replace the shards");
-  TS_ASSIGN_OR_RETURN(Gpt2Tokenizer tok, Gpt2Tokenizer::load(default_data_dir() + "/gpt2"));
+  TS_ASSIGN_OR_RETURN(Tokenizer tok, Tokenizer::load(default_data_dir() + "/gpt2"));
   TS_RETURN_IF_ERROR(tokenize_corpus(a.input, a.out, a.val_fraction, tok));
   std::fprintf(stderr, "wrote %s/train.bin and %s/val.bin\n", a.out.c_str(), a.out.c_str());
   return Status();

@@ -19,7 +19,6 @@ constexpr std::string_view kEndOfTextText = "<|endoftext|>";
 constexpr size_t kChunkBytes = size_t{1} << 20;
 
 bool is_line_break(char c) { return c == '\n' || c == '\r'; }
-bool is_printable_ascii(char c) { return c > ' ' && c < 0x7F; }
 
 // The offset of the first byte of `text` that is not part of well-formed UTF-8 (overlong
 // forms, surrogates and code points past U+10FFFF included), or npos.
@@ -60,13 +59,14 @@ constexpr int64_t kMinSplitTokens = 2;
 
 }  // namespace
 
-std::vector<std::string_view> split_for_encoding(std::string_view text, size_t target_bytes) {
+std::vector<std::string_view> split_for_encoding(std::string_view text, size_t target_bytes,
+                                                 const Tokenizer& tokenizer) {
   std::vector<std::string_view> chunks;
   size_t start = 0;
   while (text.size() - start > target_bytes) {
     // The first safe cut at or after start + target_bytes; none left -> one last chunk.
     size_t cut = start + std::max<size_t>(target_bytes, 1);
-    while (cut < text.size() && !(text[cut] == '\n' && is_printable_ascii(text[cut - 1]))) {
+    while (cut < text.size() && !tokenizer.can_cut_before(text, cut)) {
       cut = text.find('\n', cut + 1);
       if (cut == std::string_view::npos) cut = text.size();
     }
@@ -94,7 +94,7 @@ std::vector<std::string_view> split_documents(std::string_view text) {
 }
 
 Status tokenize_corpus(const std::string& text_path, const std::string& out_dir,
-                       double val_fraction, const Gpt2Tokenizer& tokenizer) {
+                       double val_fraction, const Tokenizer& tokenizer) {
   if (!(val_fraction >= 0.0 && val_fraction < 1.0)) {
     return error("tokenize: val_fraction " + std::to_string(val_fraction) + " is outside [0, 1)",
                  "pass e.g. 0.1 to keep the last 10% of the tokens for validation");
@@ -134,9 +134,11 @@ Status tokenize_corpus(const std::string& text_path, const std::string& out_dir,
   std::vector<int32_t> tokens;
   tokens.reserve(text.size() / 4 + docs.size() + 1);
   for (std::string_view doc : docs) {
-    tokens.push_back(Gpt2Tokenizer::kEndOfText);
-    for (std::string_view chunk : split_for_encoding(doc, kChunkBytes)) {
-      tokenizer.encode_append(chunk, &tokens);
+    tokens.push_back(tokenizer.document_start());
+    bool first = true;
+    for (std::string_view chunk : split_for_encoding(doc, kChunkBytes, tokenizer)) {
+      tokenizer.encode_append(chunk, &tokens, first);
+      first = false;
     }
   }
   double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();

@@ -4,7 +4,7 @@
 #include <cstdio>
 #include <utility>
 
-#include "data/bpe_tokenizer.h"
+#include "data/tokenizer.h"
 #include "parallel/plan.h"
 
 namespace tessera {
@@ -36,17 +36,21 @@ Status check_train_options(const TrainOptions& o, const ModelConfig& cfg) {
     return error("--seq " + std::to_string(o.seq) + " exceeds max_seq_len " +
                      std::to_string(cfg.max_seq_len) + " of model " + cfg.name,
                  "use --seq <= " + std::to_string(cfg.max_seq_len));
-  if (task_of(cfg) == ModelTask::language_model && cfg.vocab_size < Gpt2Tokenizer::kVocabSize)
+  if (task_of(cfg) == ModelTask::language_model && o.data.empty() &&
+      cfg.vocab_size < kGpt2VocabSize)
     return error("model vocab_size " + std::to_string(cfg.vocab_size) +
-                 " is smaller than the GPT-2 tokenizer's 50257");
+                     " is smaller than the GPT-2 tokenizer's 50257, which the shipped corpus is "
+                     "tokenized with",
+                 "train a config with vocab_size >= 50257, or tokenize a text with this model's "
+                 "tokenizer (tessera tokenize --tokenizer PATH) and pass --data DIR");
   if (task_of(cfg) == ModelTask::span_corruption &&
-      cfg.vocab_size < Gpt2Tokenizer::kVocabSize + kT5ExtraTokens)
+      cfg.vocab_size < kGpt2VocabSize + kT5ExtraTokens)
     return error("model " + cfg.name + " has vocab_size " + std::to_string(cfg.vocab_size) +
                      "; span corruption on the corpus needs the GPT-2 tokenizer's 50257 ids, " +
                      std::to_string(kT5Sentinels) + " sentinels and a start token, " +
-                     std::to_string(Gpt2Tokenizer::kVocabSize + kT5ExtraTokens) + " in all",
+                     std::to_string(kGpt2VocabSize + kT5ExtraTokens) + " in all",
                  "train t5-tiny, or a config with vocab_size >= " +
-                     std::to_string(Gpt2Tokenizer::kVocabSize + kT5ExtraTokens) +
+                     std::to_string(kGpt2VocabSize + kT5ExtraTokens) +
                      " (the T5 checkpoints' 32128-id SentencePiece vocabulary is not the "
                      "corpus's)");
   if (task_of(cfg) == ModelTask::span_corruption && o.sequence_parallel && o.tp > 1 && o.seq >= 2) {

@@ -273,7 +273,7 @@ double TrainState::accuracy(const std::vector<std::vector<float>>& whole, BatchS
 
 Result<std::string> TrainState::sample(const std::vector<std::vector<float>>& whole,
                                        const std::vector<int32_t>& prompt, int tokens,
-                                       uint64_t seed, const Gpt2Tokenizer& tok) {
+                                       uint64_t seed, const Tokenizer& tok) {
   ModelGraph gen = build_model(in_f32(cfg), 1, opts.seq, ModelMode::logits);
   Executor ex(gen.graph, backend);
   load_whole(ex, gen, model.graph, whole);

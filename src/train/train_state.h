@@ -7,7 +7,7 @@
 
 #include "backend/backend.h"
 #include "data/batch_stream.h"
-#include "data/bpe_tokenizer.h"
+#include "data/tokenizer.h"
 #include "io/sharded_checkpoint.h"
 #include "models/model.h"
 #include "runtime/step_driver.h"
@@ -105,7 +105,7 @@ class TrainState {
   // Generates from `whole` (StepRunner::gather_params) in one process.
   Result<std::string> sample(const std::vector<std::vector<float>>& whole,
                              const std::vector<int32_t>& prompt, int tokens, uint64_t seed,
-                             const Gpt2Tokenizer& tok);
+                             const Tokenizer& tok);
 
  private:
   TrainState(const ModelConfig& cfg, const TrainOptions& opts, Backend& backend);

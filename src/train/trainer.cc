@@ -19,11 +19,11 @@
 #include "backend/cpu/kernels.h"
 #include "base/check.h"
 #include "base/format.h"
-#include "data/bpe_tokenizer.h"
 #include "data/image_set.h"
 #include "data/loader.h"
 #include "data/span_corruption.h"
 #include "data/tokenize_corpus.h"
+#include "data/tokenizer.h"
 #include "io/checkpoint.h"
 #include "io/fs.h"
 #include "ir/builder.h"
@@ -43,7 +43,7 @@ namespace {
 using Clock = std::chrono::steady_clock;
 
 // The data directory, tokenizing the shipped corpus on first use when no --data was given.
-Result<std::string> prepare_data(const TrainOptions& o, const std::optional<Gpt2Tokenizer>& tok,
+Result<std::string> prepare_data(const TrainOptions& o, const std::optional<Tokenizer>& tok,
                                  const std::string& shipped) {
   if (!o.data.empty()) {
     if (!fs::exists(o.data))
@@ -82,7 +82,7 @@ std::string fashion_mnist_dir() {
 // models the validation batches whole, for rank 0's accuracy.
 struct RunData {
   std::unique_ptr<BatchStream> train, val, val_whole;
-  std::optional<Gpt2Tokenizer> tok;  // language models
+  std::optional<Tokenizer> tok;  // language models
 };
 
 // `chunk` of `chunks`: the part of every sequence this rank's graph takes (context
@@ -123,13 +123,13 @@ Result<RunData> open_data(const TrainOptions& o, const TrainJob& job, int data_i
   }
   // The tokenizer: to tokenize the shipped corpus (no --data) and to sample at the end.
   if (o.data.empty() || (o.sample_tokens > 0 && task_of(cfg) == ModelTask::language_model)) {
-    TS_ASSIGN_OR_RETURN(Gpt2Tokenizer tok, Gpt2Tokenizer::load(job.shipped_data_dir + "/gpt2"));
+    TS_ASSIGN_OR_RETURN(Tokenizer tok, Tokenizer::load(job.shipped_data_dir + "/gpt2"));
     d.tok = std::move(tok);
   }
   TS_ASSIGN_OR_RETURN(std::string data_dir, prepare_data(o, d.tok, job.shipped_data_dir));
   const int seq = static_cast<int>(o.seq);
   if (task_of(cfg) == ModelTask::span_corruption) {
-    const int text_vocab = Gpt2Tokenizer::kVocabSize;
+    const int text_vocab = kGpt2VocabSize;
     TS_ASSIGN_OR_RETURN(SpanCorruptionLoader train,
                         SpanCorruptionLoader::open(data_dir + "/train.bin", text_vocab, rows, seq,
                                                    data_index, data_ranks, o.seed));

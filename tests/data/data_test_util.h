@@ -3,7 +3,7 @@
 //
 //   ScratchDir dir;
 //   write_bytes(dir.file("x.bin"), "...");
-//   const Gpt2Tokenizer& tok = repo_tokenizer();
+//   const Tokenizer& tok = repo_tokenizer();
 #pragma once
 
 #include <gtest/gtest.h>
@@ -14,7 +14,7 @@
 #include <sstream>
 #include <string>
 
-#include "data/bpe_tokenizer.h"
+#include "data/tokenizer.h"
 
 namespace tessera::testing_util {
 
@@ -63,14 +63,14 @@ inline void write_bytes(const std::string& path, const std::string& bytes) {
 
 // The tokenizer of data/gpt2/, loaded on first use (aborts the test binary if it fails,
 // since every tokenizer test depends on it).
-inline const Gpt2Tokenizer& repo_tokenizer() {
-  static const Gpt2Tokenizer* tok = [] {
-    auto r = Gpt2Tokenizer::load(kRepo + "/data/gpt2");
+inline const Tokenizer& repo_tokenizer() {
+  static const Tokenizer* tok = [] {
+    auto r = Tokenizer::load(kRepo + "/data/gpt2");
     if (!r.ok()) {
       ADD_FAILURE() << r.status().to_string();
       std::abort();
     }
-    return new Gpt2Tokenizer(std::move(r).value());
+    return new Tokenizer(std::move(r).value());
   }();
   return *tok;
 }

@@ -6,7 +6,7 @@
 #include <cmath>
 #include <filesystem>
 
-#include "data/gpt2_pretokenizer.h"
+#include "data/pretokenizer.h"
 #include "data/token_shards.h"
 #include "data_test_util.h"
 
@@ -19,10 +19,10 @@ using testing_util::repo_tokenizer;
 using testing_util::ScratchDir;
 using testing_util::write_bytes;
 
-constexpr int32_t kEot = Gpt2Tokenizer::kEndOfText;
+constexpr int32_t kEot = kGpt2EndOfText;
 
 std::vector<int32_t> shard_tokens(const std::string& path) {
-  auto shard = TokenShard::open(path, Gpt2Tokenizer::kVocabSize);
+  auto shard = TokenShard::open(path, kGpt2VocabSize);
   EXPECT_TRUE(shard.ok()) << shard.status().to_string();
   if (!shard.ok()) return {};
   std::vector<int32_t> out(shard->size());
@@ -36,7 +36,7 @@ std::vector<int32_t> concat(std::vector<int32_t> a, const std::vector<int32_t>& 
 }
 
 TEST(TokenizeCorpus, WritesTrainAndValWithDocumentsSeparatedByEndOfText) {
-  const Gpt2Tokenizer& tok = repo_tokenizer();
+  const Tokenizer& tok = repo_tokenizer();
   ScratchDir dir;
   std::string doc1 = "First document.\nIt has two lines, and 3 numbers: 1 2 3.";
   std::string doc2 = "Second one \u2014 with \u00e9l\u00e8ve and \u4e16\u754c.\n\nEnd.";
@@ -115,12 +115,12 @@ TEST(SplitDocuments, TrimsLineBreaksAndDropsEmptyDocuments) {
 
 // Chunked encoding must give exactly the ids of encoding the whole text.
 TEST(SplitForEncoding, ChunkedIdsEqualWholeTextIds) {
-  const Gpt2Tokenizer& tok = repo_tokenizer();
+  const Tokenizer& tok = repo_tokenizer();
   std::string corpus = read_bytes(kRepo + "/data/corpus/moby_dick.txt");
   // Tricky line ends: spaces before newlines, blank lines, CRLF, non-ASCII before '\n'.
   std::string text = corpus.substr(200000, 40000) +
                      "end  \n\n  next\r\nword\u3000\nx.\n\n\ny \n\tz\n" + corpus.substr(0, 5000);
-  std::vector<std::string_view> chunks = split_for_encoding(text, 500);
+  std::vector<std::string_view> chunks = split_for_encoding(text, 500, tok);
   EXPECT_GT(chunks.size(), 50u);
   std::string joined;
   std::vector<int32_t> ids;
@@ -140,10 +140,10 @@ TEST(SplitForEncoding, ChunkedIdsEqualWholeTextIds) {
 
 TEST(SplitForEncoding, TextWithoutCutPointsStaysWhole) {
   std::string text(3000, 'a');
-  EXPECT_EQ(split_for_encoding(text, 100).size(), 1u);
+  EXPECT_EQ(split_for_encoding(text, 100, repo_tokenizer()).size(), 1u);
   std::string spaced = "aaa \nbbb \nccc \n";  // every '\n' follows a space: no safe cut
-  EXPECT_EQ(split_for_encoding(spaced, 2).size(), 1u);
-  EXPECT_EQ(split_for_encoding("ab\ncd\nef", 1).size(), 3u);
+  EXPECT_EQ(split_for_encoding(spaced, 2, repo_tokenizer()).size(), 1u);
+  EXPECT_EQ(split_for_encoding("ab\ncd\nef", 1, repo_tokenizer()).size(), 3u);
 }
 
 // The committed corpus is real, valid UTF-8 English text of at least 1 MB.

@@ -1,4 +1,4 @@
-#include "data/bpe_tokenizer.h"
+#include "data/tokenizer.h"
 
 #include <gtest/gtest.h>
 
@@ -8,7 +8,7 @@
 #include <nlohmann/json.hpp>
 #include <random>
 
-#include "data/gpt2_pretokenizer.h"
+#include "data/pretokenizer.h"
 #include "data_test_util.h"
 
 namespace tessera {
@@ -28,10 +28,10 @@ std::vector<std::string> pieces_of(std::string_view text) {
 
 // --- Golden: ids from the gpt-3-encoder JS package (tools/make_tokenizer_golden.js) ---
 
-TEST(Gpt2Tokenizer, MatchesJsEncoderGoldenIds) {
+TEST(Tokenizer, MatchesJsEncoderGoldenIds) {
   nlohmann::json golden =
       nlohmann::json::parse(read_bytes(kRepo + "/tests/data/golden/tokenizer_golden.json"));
-  const Gpt2Tokenizer& tok = repo_tokenizer();
+  const Tokenizer& tok = repo_tokenizer();
   ASSERT_GE(golden["cases"].size(), 40u);
   size_t total_ids = 0;
   for (const auto& c : golden["cases"]) {
@@ -45,8 +45,8 @@ TEST(Gpt2Tokenizer, MatchesJsEncoderGoldenIds) {
   EXPECT_GT(total_ids, 2000u);
 }
 
-TEST(Gpt2Tokenizer, KnownIdsAndEndOfText) {
-  const Gpt2Tokenizer& tok = repo_tokenizer();
+TEST(Tokenizer, KnownIdsAndEndOfText) {
+  const Tokenizer& tok = repo_tokenizer();
   EXPECT_EQ(tok.vocab_size(), 50257);
   EXPECT_EQ(tok.encode("Hello, world!"), (std::vector<int32_t>{15496, 11, 995, 0}));
   EXPECT_EQ(tok.token_bytes(995), " world");
@@ -54,13 +54,13 @@ TEST(Gpt2Tokenizer, KnownIdsAndEndOfText) {
   // The literal text is ordinary text, never the special id; the id decodes to the text.
   std::vector<int32_t> ids = tok.encode("<|endoftext|>");
   EXPECT_GT(ids.size(), 1u);
-  EXPECT_EQ(std::count(ids.begin(), ids.end(), Gpt2Tokenizer::kEndOfText), 0);
-  std::vector<int32_t> eot = {Gpt2Tokenizer::kEndOfText};
+  EXPECT_EQ(std::count(ids.begin(), ids.end(), kGpt2EndOfText), 0);
+  std::vector<int32_t> eot = {kGpt2EndOfText};
   EXPECT_EQ(tok.decode(eot), "<|endoftext|>");
 }
 
-TEST(Gpt2Tokenizer, RoundTripsArbitraryBytesIncludingInvalidUtf8) {
-  const Gpt2Tokenizer& tok = repo_tokenizer();
+TEST(Tokenizer, RoundTripsArbitraryBytesIncludingInvalidUtf8) {
+  const Tokenizer& tok = repo_tokenizer();
   std::mt19937 rng(7);
   const std::string alphabet = std::string("ab Z9'\n\t\r.,") + "\xC3\xA9" + "\xE4\xB8\x96" +
                                "\xF0\x9F\x98\x80" + "\x80\xFF\xC0\xED\xA0" + '\0';
@@ -70,12 +70,12 @@ TEST(Gpt2Tokenizer, RoundTripsArbitraryBytesIncludingInvalidUtf8) {
     for (int i = 0; i < len; ++i) text += alphabet[rng() % alphabet.size()];
     std::vector<int32_t> ids = tok.encode(text);
     EXPECT_EQ(tok.decode(ids), text) << "trial " << trial;
-    for (int32_t id : ids) ASSERT_TRUE(id >= 0 && id < Gpt2Tokenizer::kEndOfText);
+    for (int32_t id : ids) ASSERT_TRUE(id >= 0 && id < kGpt2EndOfText);
   }
 }
 
-TEST(Gpt2Tokenizer, CacheGivesSameIdsOnRepeat) {
-  const Gpt2Tokenizer& tok = repo_tokenizer();
+TEST(Tokenizer, CacheGivesSameIdsOnRepeat) {
+  const Tokenizer& tok = repo_tokenizer();
   std::string text = "repetition repetition, repetition! Repetition repetition";
   std::vector<int32_t> first = tok.encode(text);
   EXPECT_EQ(tok.encode(text), first);
@@ -85,11 +85,11 @@ TEST(Gpt2Tokenizer, CacheGivesSameIdsOnRepeat) {
 }
 
 // Not a timed assertion: reports the rate on a 300 KB excerpt of the corpus.
-TEST(Gpt2Tokenizer, ReportsThroughputOnCorpusExcerpt) {
+TEST(Tokenizer, ReportsThroughputOnCorpusExcerpt) {
   std::string corpus = read_bytes(kRepo + "/data/corpus/moby_dick.txt");
   ASSERT_GT(corpus.size(), 400000u);
   std::string excerpt = corpus.substr(100000, 300000);
-  auto fresh = Gpt2Tokenizer::load(kRepo + "/data/gpt2");  // an empty piece cache
+  auto fresh = Tokenizer::load(kRepo + "/data/gpt2");  // an empty piece cache
   ASSERT_TRUE(fresh.ok());
   auto t0 = std::chrono::steady_clock::now();
   std::vector<int32_t> ids = fresh->encode(excerpt);
@@ -176,43 +176,43 @@ TEST(Gpt2Pretokenizer, PiecesAlwaysConcatenateToInput) {
 
 // --- load() errors ---
 
-TEST(Gpt2TokenizerLoad, MissingDirectoryNamesIt) {
-  auto r = Gpt2Tokenizer::load("/nonexistent/gpt2_dir");
+TEST(TokenizerLoad, MissingDirectoryNamesIt) {
+  auto r = Tokenizer::load("/nonexistent/gpt2_dir");
   ASSERT_FALSE(r.ok());
   EXPECT_NE(r.status().message().find("/nonexistent/gpt2_dir"), std::string::npos);
   EXPECT_NE(r.status().hint().find("data/gpt2"), std::string::npos);
 }
 
-TEST(Gpt2TokenizerLoad, MissingFileNamesTheFile) {
+TEST(TokenizerLoad, MissingFileNamesTheFile) {
   ScratchDir dir;
   std::filesystem::copy_file(kRepo + "/data/gpt2/encoder.json", dir.file("encoder.json"));
-  auto r = Gpt2Tokenizer::load(dir.path());
+  auto r = Tokenizer::load(dir.path());
   ASSERT_FALSE(r.ok());
   EXPECT_NE(r.status().message().find("vocab.bpe"), std::string::npos) << r.status().message();
   EXPECT_NE(r.status().message().find(dir.path()), std::string::npos);
 }
 
-TEST(Gpt2TokenizerLoad, CorruptEncoderJsonIsReported) {
+TEST(TokenizerLoad, CorruptEncoderJsonIsReported) {
   ScratchDir dir;
   std::filesystem::copy_file(kRepo + "/data/gpt2/vocab.bpe", dir.file("vocab.bpe"));
   write_bytes(dir.file("encoder.json"), "{\"a\": 1, ");
-  auto r = Gpt2Tokenizer::load(dir.path());
+  auto r = Tokenizer::load(dir.path());
   ASSERT_FALSE(r.ok());
   EXPECT_NE(r.status().message().find("encoder.json"), std::string::npos);
   EXPECT_NE(r.status().message().find("not valid JSON"), std::string::npos);
 
   write_bytes(dir.file("encoder.json"), "{\"a\": 0, \"b\": 1}");
-  r = Gpt2Tokenizer::load(dir.path());
+  r = Tokenizer::load(dir.path());
   ASSERT_FALSE(r.ok());
   EXPECT_NE(r.status().message().find("50257"), std::string::npos) << r.status().message();
 }
 
-TEST(Gpt2TokenizerLoad, TruncatedMergesAreReported) {
+TEST(TokenizerLoad, TruncatedMergesAreReported) {
   ScratchDir dir;
   std::filesystem::copy_file(kRepo + "/data/gpt2/encoder.json", dir.file("encoder.json"));
   std::string merges = read_bytes(kRepo + "/data/gpt2/vocab.bpe");
   write_bytes(dir.file("vocab.bpe"), merges.substr(0, merges.size() / 2));
-  auto r = Gpt2Tokenizer::load(dir.path());
+  auto r = Tokenizer::load(dir.path());
   ASSERT_FALSE(r.ok());
   EXPECT_NE(r.status().message().find("vocab.bpe"), std::string::npos);
   // Either the cut line or the short merge count is named.
@@ -221,7 +221,7 @@ TEST(Gpt2TokenizerLoad, TruncatedMergesAreReported) {
       << r.status().message();
 
   write_bytes(dir.file("vocab.bpe"), "#version: 0.2\nq x y\n");
-  r = Gpt2Tokenizer::load(dir.path());
+  r = Tokenizer::load(dir.path());
   ASSERT_FALSE(r.ok());
   EXPECT_NE(r.status().message().find("line 2"), std::string::npos) << r.status().message();
 }

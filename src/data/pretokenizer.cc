@@ -1,4 +1,4 @@
-#include "data/gpt2_pretokenizer.h"
+#include "data/pretokenizer.h"
 
 #include <algorithm>
 #include <array>
@@ -60,6 +60,22 @@ size_t contraction_length(std::string_view text, size_t pos) {
   char c2 = text[pos + 2];
   if ((c1 == 'r' && c2 == 'e') || (c1 == 'v' && c2 == 'e') || (c1 == 'l' && c2 == 'l')) return 3;
   return 0;
+}
+
+// Length of a contraction matched case-insensitively (Llama 3: 'S, 'Re, 'LL ...) at pos.
+size_t contraction_length_any_case(std::string_view text, size_t pos) {
+  if (text[pos] != '\'' || pos + 1 >= text.size()) return 0;
+  auto lower = [](char c) { return c >= 'A' && c <= 'Z' ? static_cast<char>(c + 32) : c; };
+  char c1 = lower(text[pos + 1]);
+  if (c1 == 's' || c1 == 't' || c1 == 'm' || c1 == 'd') return 2;
+  if (pos + 2 >= text.size()) return 0;
+  char c2 = lower(text[pos + 2]);
+  if ((c1 == 'r' && c2 == 'e') || (c1 == 'v' && c2 == 'e') || (c1 == 'l' && c2 == 'l')) return 3;
+  return 0;
+}
+
+bool is_cr_or_lf(std::string_view text, size_t pos) {
+  return text[pos] == '\r' || text[pos] == '\n';
 }
 
 }  // namespace
@@ -134,10 +150,79 @@ size_t gpt2_next_piece(std::string_view text, size_t pos) {
   return end - pos;
 }
 
-std::vector<std::string_view> gpt2_pretokenize(std::string_view text) {
+size_t llama3_next_piece(std::string_view text, size_t pos) {
+  const size_t n = text.size();
+  // (?i:'s|'t|'re|'ve|'m|'ll|'d)
+  if (size_t c = contraction_length_any_case(text, pos)) return c;
+
+  size_t len0 = 0;
+  CharClass c0 = class_at(text, pos, &len0);
+  // [^\r\n\p{L}\p{N}]?\p{L}+ : letters, after at most one code point that is neither a
+  // letter, a number nor a line break.
+  if (c0 == CharClass::letter) return run_end(text, pos, CharClass::letter) - pos;
+  const bool may_lead = c0 != CharClass::number && !is_cr_or_lf(text, pos);
+  if (may_lead && pos + len0 < n) {
+    size_t len1 = 0;
+    if (class_at(text, pos + len0, &len1) == CharClass::letter)
+      return run_end(text, pos + len0, CharClass::letter) - pos;
+  }
+  // \p{N}{1,3}
+  if (c0 == CharClass::number) {
+    size_t end = pos;
+    for (int k = 0; k < 3 && end < n; ++k) {
+      size_t len = 0;
+      if (class_at(text, end, &len) != CharClass::number) break;
+      end += len;
+    }
+    return end - pos;
+  }
+  //  ?[^\s\p{L}\p{N}]+[\r\n]* : symbols (after an optional space), then any line breaks.
+  size_t body = pos;
+  if (text[pos] == ' ' && pos + 1 < n) {
+    size_t len1 = 0;
+    if (class_at(text, pos + 1, &len1) == CharClass::other) body = pos + 1;
+  }
+  size_t len_body = 0;
+  if (class_at(text, body, &len_body) == CharClass::other) {
+    size_t end = run_end(text, body, CharClass::other);
+    while (end < n && is_cr_or_lf(text, end)) ++end;
+    return end - pos;
+  }
+  // Whitespace from here: the run [pos, end) and where its last line break ends.
+  size_t end = pos;
+  size_t last_len = 0;
+  size_t after_break = 0;  // 0: no \r or \n in the run
+  while (end < n) {
+    size_t len = 0;
+    if (class_at(text, end, &len) != CharClass::space) break;
+    if (is_cr_or_lf(text, end)) after_break = end + 1;
+    end += len;
+    last_len = len;
+  }
+  // \s*[\r\n]+ : the run up to its last line break.
+  if (after_break != 0) return after_break - pos;
+  // \s+(?!\S) | \s+ : as GPT-2's.
+  if (end == n) return end - pos;
+  if (end - pos > last_len) return end - last_len - pos;
+  return end - pos;
+}
+
+size_t next_piece(Pretokenizer kind, std::string_view text, size_t pos) {
+  switch (kind) {
+    case Pretokenizer::gpt2:
+      return gpt2_next_piece(text, pos);
+    case Pretokenizer::llama3:
+      return llama3_next_piece(text, pos);
+    case Pretokenizer::none:
+      break;
+  }
+  return text.size() - pos;
+}
+
+std::vector<std::string_view> pretokenize(Pretokenizer kind, std::string_view text) {
   std::vector<std::string_view> pieces;
   for (size_t pos = 0; pos < text.size();) {
-    size_t len = gpt2_next_piece(text, pos);
+    size_t len = next_piece(kind, text, pos);
     pieces.push_back(text.substr(pos, len));
     pos += len;
   }
