@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <filesystem>
+#include <fstream>
 #include <nlohmann/json.hpp>
 
 #include "base/check.h"
@@ -25,11 +26,54 @@ int64_t windows_in(const std::vector<TokenShard>& shards, int T) {
   return w;
 }
 
+// The shards manifest.json (tokenize_to_shards) lists, each checked to be there with the
+// size the manifest gives.
+Result<ShardFiles> shards_of_manifest(const std::string& dir) {
+  namespace fs = std::filesystem;
+  const fs::path path = fs::path(dir) / "manifest.json";
+  const std::string hint = "re-run `tessera tokenize` into a fresh --out";
+  nlohmann::json m;
+  try {
+    std::ifstream in(path);
+    m = nlohmann::json::parse(in);
+  } catch (const nlohmann::json::exception& e) {
+    return error("data manifest '" + path.string() + "' is not valid JSON (" + e.what() + ")",
+                 hint);
+  }
+  ShardFiles f;
+  for (const char* split : {"train", "val"}) {
+    if (!m.contains(split) || !m[split].is_array() || m[split].empty())
+      return error("data manifest '" + path.string() + "' lists no " + split + " shards", hint);
+    for (const nlohmann::json& e : m[split]) {
+      if (!e.is_object() || !e.contains("file") || !e["file"].is_string() ||
+          !e.contains("bytes") || !e["bytes"].is_number_integer())
+        return error("data manifest '" + path.string() + "': " + split + " entry " + e.dump() +
+                         " is not {\"file\": NAME, \"bytes\": N, ...}",
+                     hint);
+      const fs::path shard = fs::path(dir) / e["file"].get<std::string>();
+      std::error_code ec;
+      const auto size = fs::file_size(shard, ec);
+      if (ec)
+        return error("data directory '" + dir + "': manifest.json lists " + shard.string() +
+                         ", which is missing (" + ec.message() + ")",
+                     hint);
+      if (static_cast<int64_t>(size) != e["bytes"].get<int64_t>())
+        return error("data directory '" + dir + "': " + shard.string() + " has " +
+                         std::to_string(size) + " bytes, manifest.json says " +
+                         std::to_string(e["bytes"].get<int64_t>()) + " (truncated or replaced?)",
+                     hint);
+      (std::string(split) == "train" ? f.train : f.val).push_back(shard.string());
+    }
+  }
+  return f;
+}
+
 }  // namespace
 
 Result<ShardFiles> find_token_shards(const std::string& dir) {
   namespace fs = std::filesystem;
   const fs::path d(dir);
+  if (fs::exists(d / "manifest.json")) return shards_of_manifest(dir);
   if (fs::exists(d / "train.bin") && fs::exists(d / "val.bin"))
     return ShardFiles{{(d / "train.bin").string()}, {(d / "val.bin").string()}};
   ShardFiles f;

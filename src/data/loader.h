@@ -28,10 +28,10 @@
 
 namespace tessera {
 
-// The token shards of a data directory: train.bin and val.bin (`tessera tokenize`), or else
-// every .bin whose name says "train" and every one that says "val" (llm.c's
-// fineweb_train_000001.bin, ...), each split in name order. Errors name the directory and what
-// it lacks.
+// The token shards of a data directory: those its manifest.json lists (`tessera tokenize`;
+// each must be there with the listed size), else train.bin and val.bin, else every .bin
+// whose name says "train" and every one that says "val" (llm.c's fineweb_train_000001.bin,
+// ...), each split in name order. Errors name the directory, the file and what is wrong.
 struct ShardFiles {
   std::vector<std::string> train, val;
 };

@@ -1,12 +1,16 @@
 #include "data/tokenize_corpus.h"
 
+#include <unistd.h>
+#include <zlib.h>
+
 #include <algorithm>
 #include <chrono>
 #include <cmath>
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
-#include <sstream>
+#include <nlohmann/json.hpp>
+#include <thread>
 
 #include "base/format.h"
 #include "base/log.h"
@@ -15,49 +19,145 @@
 namespace tessera {
 namespace {
 
-constexpr std::string_view kEndOfTextText = "<|endoftext|>";
-constexpr size_t kChunkBytes = size_t{1} << 20;
+namespace fs = std::filesystem;
 
-bool is_line_break(char c) { return c == '\n' || c == '\r'; }
+constexpr size_t kEncodeBytes = size_t{1} << 20;      // a document's pieces for encoding
+constexpr size_t kBatchBytesPerThread = size_t{8} << 20;  // text read per thread per batch
+constexpr int64_t kMinSplitTokens = 2;  // a split needs one input token and its target
 
-// The offset of the first byte of `text` that is not part of well-formed UTF-8 (overlong
-// forms, surrogates and code points past U+10FFFF included), or npos.
-size_t first_invalid_utf8(std::string_view text) {
-  const auto* b = reinterpret_cast<const unsigned char*>(text.data());
-  const size_t n = text.size();
-  for (size_t i = 0; i < n;) {
-    const unsigned char c = b[i];
-    if (c < 0x80) {
-      ++i;
-      continue;
-    }
-    size_t len = 0;
-    unsigned char lo = 0x80, hi = 0xBF;  // the second byte's range
-    if (c >= 0xC2 && c <= 0xDF) {
-      len = 2;
-    } else if (c >= 0xE0 && c <= 0xEF) {
-      len = 3;
-      if (c == 0xE0) lo = 0xA0;
-      if (c == 0xED) hi = 0x9F;
-    } else if (c >= 0xF0 && c <= 0xF4) {
-      len = 4;
-      if (c == 0xF0) lo = 0x90;
-      if (c == 0xF4) hi = 0x8F;
-    } else {
-      return i;
-    }
-    if (i + len > n || b[i + 1] < lo || b[i + 1] > hi) return i;
-    for (size_t k = 2; k < len; ++k)
-      if (b[i + k] < 0x80 || b[i + k] > 0xBF) return i;
-    i += len;
+struct Shard {
+  std::string path;
+  int64_t tokens = 0;
+};
+
+// The crc32 (zlib's) and size of a file.
+std::pair<uint32_t, int64_t> file_crc32(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  std::vector<char> block(size_t{1} << 20);
+  uLong crc = crc32(0L, Z_NULL, 0);
+  int64_t bytes = 0;
+  while (in) {
+    in.read(block.data(), static_cast<std::streamsize>(block.size()));
+    const std::streamsize n = in.gcount();
+    crc = crc32(crc, reinterpret_cast<const Bytef*>(block.data()), static_cast<uInt>(n));
+    bytes += n;
   }
-  return std::string_view::npos;
+  return {static_cast<uint32_t>(crc), bytes};
 }
 
-// A split needs one input token and its target.
-constexpr int64_t kMinSplitTokens = 2;
+// The token stream, cut into staged shards of `limit` tokens.
+class ShardSink {
+ public:
+  ShardSink(std::string dir, int64_t limit, int vocab) : dir_(std::move(dir)), limit_(limit), vocab_(vocab) {}
+  Status add(const std::vector<int32_t>& ids) {
+    for (size_t at = 0; at < ids.size();) {
+      const size_t take = std::min(ids.size() - at, static_cast<size_t>(limit_) - buf_.size());
+      buf_.insert(buf_.end(), ids.begin() + at, ids.begin() + at + take);
+      at += take;
+      if (static_cast<int64_t>(buf_.size()) == limit_) TS_RETURN_IF_ERROR(flush());
+    }
+    return Status();
+  }
+  Status flush() {
+    if (buf_.empty()) return Status();
+    char name[32];
+    std::snprintf(name, sizeof name, "part_%06zu.bin", shards_.size());
+    const std::string path = (fs::path(dir_) / name).string();
+    TS_RETURN_IF_ERROR(write_token_shard(path, buf_, vocab_));
+    shards_.push_back({path, static_cast<int64_t>(buf_.size())});
+    total_ += static_cast<int64_t>(buf_.size());
+    buf_.clear();
+    buf_.shrink_to_fit();
+    return Status();
+  }
+  std::vector<Shard>& shards() { return shards_; }
+  int64_t total() const { return total_; }
+
+ private:
+  std::string dir_;
+  int64_t limit_;
+  int vocab_;
+  std::vector<int32_t> buf_;
+  std::vector<Shard> shards_;
+  int64_t total_ = 0;
+};
+
+// Moves the last `val` tokens of `train`'s shards into val shards (splitting one shard where
+// the cut falls inside it).
+Result<std::vector<Shard>> carve_val(std::vector<Shard>* train, int64_t val, int vocab,
+                                     const std::string& staging) {
+  std::vector<Shard> out;
+  while (val > 0) {
+    Shard last = train->back();
+    if (last.tokens <= val) {
+      out.insert(out.begin(), last);
+      train->pop_back();
+      val -= last.tokens;
+      continue;
+    }
+    const int64_t keep = last.tokens - val;
+    std::vector<int32_t> head(static_cast<size_t>(keep)), tail(static_cast<size_t>(val));
+    {
+      TS_ASSIGN_OR_RETURN(TokenShard shard, TokenShard::open(last.path, vocab));
+      shard.read(0, keep, head.data());
+      shard.read(keep, val, tail.data());
+    }  // unmapped before the file is replaced
+    const std::string val_path = (fs::path(staging) / "val_split.bin").string();
+    TS_RETURN_IF_ERROR(write_token_shard(val_path, tail, vocab));
+    TS_RETURN_IF_ERROR(write_token_shard(last.path, head, vocab));
+    train->back().tokens = keep;
+    out.insert(out.begin(), Shard{val_path, val});
+    val = 0;
+  }
+  return out;
+}
+
+std::string shard_name(const std::string& split, size_t index, size_t count) {
+  if (count == 1) return split + ".bin";
+  char name[32];
+  std::snprintf(name, sizeof name, "%s_%06zu.bin", split.c_str(), index);
+  return name;
+}
+
+// Encodes pieces [first, last) of `batch` into *out, in order.
+void encode_pieces(const std::vector<TextPiece>& batch, size_t first, size_t last,
+                   const Tokenizer& tok, std::vector<int32_t>* out) {
+  for (size_t i = first; i < last; ++i) {
+    const TextPiece& p = batch[i];
+    if (p.starts_document) out->push_back(tok.document_start());
+    bool start = p.starts_document;
+    for (std::string_view chunk : split_for_encoding(p.text, kEncodeBytes, tok)) {
+      tok.encode_append(chunk, out, start);
+      start = false;
+    }
+  }
+}
+
+// Removes the staging folder (and `out` itself, when this run created it and left it empty)
+// unless released.
+struct StagingGuard {
+  std::string staging, out;
+  bool created_out = false;
+  ~StagingGuard() {
+    std::error_code ec;
+    fs::remove_all(staging, ec);
+    if (created_out && fs::is_empty(out, ec)) fs::remove(out, ec);
+  }
+};
 
 }  // namespace
+
+bool is_tokenized_shard_name(const std::string& name) {
+  for (const char* split : {"train", "val"}) {
+    const std::string s = split;
+    if (name == s + ".bin") return true;
+    if (name.size() == s.size() + 11 && name.rfind(s + "_", 0) == 0 &&
+        name.compare(name.size() - 4, 4, ".bin") == 0 &&
+        std::all_of(name.begin() + s.size() + 1, name.end() - 4, ::isdigit))
+      return true;
+  }
+  return false;
+}
 
 std::vector<std::string_view> split_for_encoding(std::string_view text, size_t target_bytes,
                                                  const Tokenizer& tokenizer) {
@@ -78,107 +178,166 @@ std::vector<std::string_view> split_for_encoding(std::string_view text, size_t t
   return chunks;
 }
 
-std::vector<std::string_view> split_documents(std::string_view text) {
-  std::vector<std::string_view> docs;
-  size_t start = 0;
-  while (start <= text.size()) {
-    size_t end = text.find(kEndOfTextText, start);
-    if (end == std::string_view::npos) end = text.size();
-    std::string_view doc = text.substr(start, end - start);
-    while (!doc.empty() && is_line_break(doc.front())) doc.remove_prefix(1);
-    while (!doc.empty() && is_line_break(doc.back())) doc.remove_suffix(1);
-    if (!doc.empty()) docs.push_back(doc);
-    start = end + kEndOfTextText.size();
+Result<TokenizeSummary> tokenize_to_shards(const TokenizeOptions& o, const Tokenizer& tok) {
+  if (o.shard_tokens < 1)
+    return error("tokenize: --shard-tokens must be positive, got " + std::to_string(o.shard_tokens));
+  if (o.val_tokens < 0 && !(o.val_fraction >= 0.0 && o.val_fraction < 1.0))
+    return error("tokenize: val fraction " + std::to_string(o.val_fraction) + " is outside [0, 1)",
+                 "pass e.g. 0.05 to keep the last 5% of the tokens for validation");
+  TS_ASSIGN_OR_RETURN(CorpusReader reader, CorpusReader::open(o.inputs, o.corpus, tok));
+
+  StagingGuard guard;
+  std::error_code ec;
+  guard.out = o.out;
+  guard.created_out = !fs::exists(o.out, ec);
+  fs::create_directories(o.out, ec);
+  if (ec || !fs::is_directory(o.out))
+    return error("tokenize: cannot create output directory '" + o.out + "'" +
+                     (ec ? ": " + ec.message() : std::string(" (a file is there)")),
+                 "choose a writable output directory");
+  guard.staging = (fs::path(o.out) / (".tokenize-staging-" + std::to_string(::getpid()))).string();
+  fs::remove_all(guard.staging, ec);
+  fs::create_directories(guard.staging, ec);
+  if (ec)
+    return error("tokenize: cannot create '" + guard.staging + "': " + ec.message(),
+                 "choose a writable output directory");
+
+  TokenizeSummary sum;
+  sum.threads = o.threads > 0 ? o.threads
+                              : std::max(1, static_cast<int>(std::thread::hardware_concurrency()));
+  auto t0 = std::chrono::steady_clock::now();
+  ShardSink sink(guard.staging, o.shard_tokens, tok.vocab_size());
+  std::vector<TextPiece> batch;
+  bool more = true;
+  while (more) {
+    // Read a batch of pieces, then encode it on every thread, in order.
+    batch.clear();
+    size_t bytes = 0;
+    const size_t want = kBatchBytesPerThread * static_cast<size_t>(sum.threads);
+    while (bytes < want) {
+      TextPiece piece;
+      TS_ASSIGN_OR_RETURN(more, reader.next(&piece));
+      if (!more) break;
+      bytes += piece.text.size();
+      batch.push_back(std::move(piece));
+    }
+    sum.bytes += static_cast<int64_t>(bytes);
+    // Contiguous groups of about equal bytes, one per thread.
+    std::vector<size_t> bounds = {0};
+    size_t acc = 0;
+    for (size_t i = 0; i < batch.size(); ++i) {
+      acc += batch[i].text.size();
+      if (acc * sum.threads >= bytes * bounds.size() && bounds.size() < size_t(sum.threads))
+        bounds.push_back(i + 1);
+    }
+    if (bounds.back() != batch.size()) bounds.push_back(batch.size());
+    std::vector<std::vector<int32_t>> ids(bounds.size() - 1);
+    std::vector<std::thread> workers;
+    for (size_t g = 0; g + 1 < bounds.size(); ++g)
+      workers.emplace_back(encode_pieces, std::cref(batch), bounds[g], bounds[g + 1], std::cref(tok),
+                           &ids[g]);
+    for (std::thread& w : workers) w.join();
+    for (const std::vector<int32_t>& group : ids) TS_RETURN_IF_ERROR(sink.add(group));
   }
-  return docs;
+  TS_RETURN_IF_ERROR(sink.flush());
+  for (const CorpusSource& s : reader.sources()) sum.documents += s.documents;
+  sum.tokens = sink.total();
+  sum.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+
+  // The validation split: the last tokens.
+  const std::string what = o.inputs.size() == 1 ? "'" + o.inputs[0] + "'"
+                                                : std::to_string(o.inputs.size()) + " inputs";
+  const int64_t val = o.val_tokens >= 0
+                          ? o.val_tokens
+                          : static_cast<int64_t>(std::floor(o.val_fraction * double(sum.tokens)));
+  if (sum.tokens == 0)
+    return error("tokenize: " + what + " holds no text to tokenize (0 tokens)",
+                 "pass non-empty UTF-8 text or JSONL");
+  const int64_t train = sum.tokens - val;
+  const bool wants_val = o.val_tokens >= 0 ? o.val_tokens > 0 : o.val_fraction > 0;
+  if (train < kMinSplitTokens || (wants_val && val < kMinSplitTokens)) {
+    const std::string split = o.val_tokens >= 0 ? "--val-tokens " + std::to_string(o.val_tokens)
+                                                : "val fraction " + format_fixed(o.val_fraction, 3);
+    return error("tokenize: " + what + " gives " + format_count(sum.tokens) + " tokens: " +
+                     format_count(std::max<int64_t>(train, 0)) + " for training and " +
+                     format_count(val) + " for validation (" + split +
+                     "); each split needs at least " + std::to_string(kMinSplitTokens),
+                 sum.tokens < 2 * kMinSplitTokens
+                     ? std::string("use a longer text")
+                     : "choose a validation split that leaves both splits " +
+                           std::to_string(kMinSplitTokens) + " tokens or more");
+  }
+  std::vector<Shard> train_shards = std::move(sink.shards());
+  TS_ASSIGN_OR_RETURN(std::vector<Shard> val_shards,
+                      carve_val(&train_shards, val, tok.vocab_size(), guard.staging));
+  if (val_shards.empty()) {  // a run without validation still has a (empty) val shard
+    const std::string p = (fs::path(guard.staging) / "val_empty.bin").string();
+    TS_RETURN_IF_ERROR(write_token_shard(p, {}, tok.vocab_size()));
+    val_shards.push_back({p, 0});
+  }
+
+  // Replace an earlier run's shards, move the new ones in, then the manifest.
+  for (const fs::directory_entry& e : fs::directory_iterator(o.out, ec)) {
+    const std::string name = e.path().filename().string();
+    if (is_tokenized_shard_name(name) || name == "manifest.json") fs::remove(e.path(), ec);
+  }
+  nlohmann::json manifest = {{"format", "tessera token shards"}, {"version", 1}};
+  manifest["tokenizer"] = {{"name", tok.name()},
+                           {"vocab_size", tok.vocab_size()},
+                           {"document_start", tok.document_start()},
+                           {"files", tok.files()}};
+  for (const CorpusSource& s : reader.sources())
+    manifest["sources"].push_back({{"path", s.path}, {"bytes", s.bytes}, {"documents", s.documents}});
+  manifest["documents"] = sum.documents;
+  manifest["tokens"] = sum.tokens;
+  for (auto [split, shards, paths] :
+       {std::tuple{"train", &train_shards, &sum.train_shards},
+        std::tuple{"val", &val_shards, &sum.val_shards}}) {
+    manifest[split] = nlohmann::json::array();
+    for (size_t i = 0; i < shards->size(); ++i) {
+      const std::string name = shard_name(split, i, shards->size());
+      const std::string to = (fs::path(o.out) / name).string();
+      fs::rename((*shards)[i].path, to, ec);
+      if (ec)
+        return error("tokenize: cannot move a shard into '" + to + "': " + ec.message(),
+                     "check the output directory's permissions");
+      const auto [crc, bytes] = file_crc32(to);
+      char hex[16];
+      std::snprintf(hex, sizeof hex, "%08x", crc);
+      manifest[split].push_back(
+          {{"file", name}, {"tokens", (*shards)[i].tokens}, {"bytes", bytes}, {"crc32", hex}});
+      paths->push_back(to);
+    }
+  }
+  sum.train_tokens = train;
+  sum.val_tokens = val;
+  const std::string manifest_path = (fs::path(o.out) / "manifest.json").string();
+  {
+    std::ofstream m(manifest_path + ".tmp");
+    m << manifest.dump(1) << "\n";
+    if (!m.good())
+      return error("tokenize: cannot write '" + manifest_path + "'", "check free disk space");
+  }
+  fs::rename(manifest_path + ".tmp", manifest_path, ec);
+  if (ec) return error("tokenize: cannot write '" + manifest_path + "': " + ec.message());
+  TS_LOG(info) << "tokenized " << what << ": " << format_bytes(double(sum.bytes)) << ", "
+               << sum.documents << " document(s), " << format_count(sum.tokens) << " tokens in "
+               << format_duration(sum.seconds) << " on " << sum.threads << " thread(s) -> "
+               << o.out << " (" << sum.train_shards.size() << " train shard(s), "
+               << format_count(train) << " tokens; " << sum.val_shards.size()
+               << " val shard(s), " << format_count(val) << ")";
+  return sum;
 }
 
 Status tokenize_corpus(const std::string& text_path, const std::string& out_dir,
                        double val_fraction, const Tokenizer& tokenizer) {
-  if (!(val_fraction >= 0.0 && val_fraction < 1.0)) {
-    return error("tokenize: val_fraction " + std::to_string(val_fraction) + " is outside [0, 1)",
-                 "pass e.g. 0.1 to keep the last 10% of the tokens for validation");
-  }
-  std::error_code ec;
-  if (!std::filesystem::is_regular_file(text_path, ec)) {
-    return error("tokenize: text file '" + text_path + "' does not exist or is not a file",
-                 "pass the path of a UTF-8 text file, e.g. data/corpus/moby_dick.txt");
-  }
-  std::ifstream in(text_path, std::ios::binary);
-  if (!in) {
-    return error("tokenize: cannot read '" + text_path + "'", "check the file's permissions");
-  }
-  std::ostringstream buffer;
-  buffer << in.rdbuf();
-  std::string text = std::move(buffer).str();
-  if (text.rfind("\xEF\xBB\xBF", 0) == 0) text.erase(0, 3);  // a byte-order mark is no text
-  if (const size_t bad = first_invalid_utf8(text); bad != std::string_view::npos) {
-    const bool gzip = text.size() >= 2 && static_cast<unsigned char>(text[0]) == 0x1f &&
-                      static_cast<unsigned char>(text[1]) == 0x8b;
-    const int64_t line = std::count(text.begin(), text.begin() + bad, '\n') + 1;
-    char byte[8];
-    std::snprintf(byte, sizeof byte, "0x%02X", static_cast<unsigned char>(text[bad]));
-    return error("tokenize: '" + text_path + "' is not UTF-8 text" +
-                     (gzip ? " (it is gzip-compressed)"
-                           : ": byte " + std::string(byte) + " at offset " + std::to_string(bad) +
-                                 " (line " + std::to_string(line) + ") is not valid UTF-8"),
-                 gzip ? "decompress it first: zcat " + text_path + " > " +
-                            (text_path.size() > 3 && text_path.substr(text_path.size() - 3) == ".gz"
-                                 ? text_path.substr(0, text_path.size() - 3)
-                                 : text_path + ".txt")
-                      : "pass a UTF-8 text file (convert others with iconv -t UTF-8)");
-  }
-
-  auto t0 = std::chrono::steady_clock::now();
-  std::vector<std::string_view> docs = split_documents(text);
-  std::vector<int32_t> tokens;
-  tokens.reserve(text.size() / 4 + docs.size() + 1);
-  for (std::string_view doc : docs) {
-    tokens.push_back(tokenizer.document_start());
-    bool first = true;
-    for (std::string_view chunk : split_for_encoding(doc, kChunkBytes, tokenizer)) {
-      tokenizer.encode_append(chunk, &tokens, first);
-      first = false;
-    }
-  }
-  double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-
-  const int64_t total = static_cast<int64_t>(tokens.size());
-  const int64_t num_val = static_cast<int64_t>(std::floor(val_fraction * total));
-  const int64_t num_train = total - num_val;
-  if (num_train <= 0 && num_val == 0) {
-    return error("tokenize: '" + text_path + "' holds no text to tokenize (" +
-                     std::to_string(total) + " tokens)",
-                 "pass a non-empty UTF-8 text file");
-  }
-  if (num_train < kMinSplitTokens || (val_fraction > 0 && num_val < kMinSplitTokens)) {
-    char frac[32];
-    std::snprintf(frac, sizeof frac, "%g", val_fraction);
-    const bool too_short = total < (val_fraction > 0 ? 2 : 1) * kMinSplitTokens;
-    return error("tokenize: '" + text_path + "' gives " + format_count(total) +
-                     " tokens: " + format_count(num_train) + " for training and " +
-                     format_count(num_val) + " for validation (val fraction " + frac +
-                     "); each split needs at least " + std::to_string(kMinSplitTokens),
-                 too_short ? std::string("use a longer text")
-                           : "use a --val-fraction that leaves both splits " +
-                                 std::to_string(kMinSplitTokens) + " tokens or more");
-  }
-  std::filesystem::create_directories(out_dir, ec);
-  if (ec) {
-    return error("tokenize: cannot create output directory '" + out_dir + "': " + ec.message(),
-                 "choose a writable output directory");
-  }
-  std::span<const int32_t> all(tokens);
-  const std::string train_path = (std::filesystem::path(out_dir) / "train.bin").string();
-  const std::string val_path = (std::filesystem::path(out_dir) / "val.bin").string();
-  TS_RETURN_IF_ERROR(write_token_shard(train_path, all.first(num_train), tokenizer.vocab_size()));
-  TS_RETURN_IF_ERROR(write_token_shard(val_path, all.subspan(num_train), tokenizer.vocab_size()));
-  TS_LOG(info) << "tokenized " << text_path << ": " << format_bytes(double(text.size())) << ", "
-               << docs.size() << " document(s), " << format_count(total) << " tokens in "
-               << format_duration(seconds) << " -> " << train_path << " ("
-               << format_count(num_train) << "), " << val_path << " (" << format_count(num_val)
-               << ")";
-  return Status();
+  TokenizeOptions o;
+  o.inputs = {text_path};
+  o.corpus.format = CorpusFormat::text;
+  o.out = out_dir;
+  o.val_fraction = val_fraction;
+  o.shard_tokens = int64_t{1} << 40;  // one shard per split
+  return tokenize_to_shards(o, tokenizer).status();
 }
 
 }  // namespace tessera

@@ -80,7 +80,7 @@ TEST(TokenizeCorpus, BadValFractionAndEmptyTextAreErrors) {
   EXPECT_NE(s.message().find("no text"), std::string::npos);
 }
 
-// Bytes that are not UTF-8 (a gzip file, a lone continuation byte, an overlong form) are
+// Bytes that are not UTF-8 (a cut gzip file, a lone continuation byte, an overlong form) are
 // refused naming where; a byte-order mark is dropped; a split of fewer than 2 tokens (no input
 // and target) is refused.
 TEST(TokenizeCorpus, NonUtf8InputAndTinySplitsAreRefusedAndABomDropped) {
@@ -91,7 +91,7 @@ TEST(TokenizeCorpus, NonUtf8InputAndTinySplitsAreRefusedAndABomDropped) {
     EXPECT_FALSE(s.ok()) << text;
     EXPECT_NE(s.to_string().find(text), std::string::npos) << s.to_string();
   };
-  refused(std::string("\x1f\x8b\x08\x00\x00\x00", 6), "gzip-compressed");
+  refused(std::string("\x1f\x8b\x08\x00\x00\x00", 6), "corrupt .gz");
   refused("caf\xc3\xa9 ok\nthen \x80 here", "byte 0x80 at offset 14 (line 2)");
   refused("overlong \xc0\xaf", "byte 0xC0 at offset 9");
   refused("surrogate \xed\xa0\x80", "byte 0xED");
@@ -105,12 +105,29 @@ TEST(TokenizeCorpus, NonUtf8InputAndTinySplitsAreRefusedAndABomDropped) {
   EXPECT_EQ(shard_tokens(dir.file("a/train.bin")), shard_tokens(dir.file("b/train.bin")));
 }
 
+// The documents CorpusReader gives for a text.
+std::vector<std::string> documents_of(const std::string& text) {
+  ScratchDir dir;
+  write_bytes(dir.file("in.txt"), text);
+  auto reader = CorpusReader::open({dir.file("in.txt")}, {}, repo_tokenizer());
+  EXPECT_TRUE(reader.ok()) << reader.status().to_string();
+  std::vector<std::string> docs;
+  TextPiece piece;
+  while (reader.ok()) {
+    auto more = reader->next(&piece);
+    EXPECT_TRUE(more.ok()) << more.status().to_string();
+    if (!more.ok() || !*more) break;
+    EXPECT_TRUE(piece.starts_document);
+    docs.push_back(piece.text);
+  }
+  return docs;
+}
+
 TEST(SplitDocuments, TrimsLineBreaksAndDropsEmptyDocuments) {
-  std::vector<std::string_view> docs =
-      split_documents("\r\nA\n\n<|endoftext|><|endoftext|>\n  B \n<|endoftext|>");
-  EXPECT_EQ(docs, (std::vector<std::string_view>{"A", "  B "}));
-  EXPECT_EQ(split_documents("no separator\n"), (std::vector<std::string_view>{"no separator"}));
-  EXPECT_TRUE(split_documents("").empty());
+  EXPECT_EQ(documents_of("\r\nA\n\n<|endoftext|><|endoftext|>\n  B \n<|endoftext|>"),
+            (std::vector<std::string>{"A", "  B "}));
+  EXPECT_EQ(documents_of("no separator\n"), (std::vector<std::string>{"no separator"}));
+  EXPECT_TRUE(documents_of("").empty());
 }
 
 // Chunked encoding must give exactly the ids of encoding the whole text.
