@@ -33,8 +33,7 @@ Status run_tokenize(const TokenizeArgs& a) {
   if (a.shard_tokens < 1)
     return error("--shard-tokens must be positive, got " + std::to_string(a.shard_tokens));
   if (a.threads < 0)
-    return error("--threads must be 0 (every core) or positive, got " +
-                 std::to_string(a.threads));
+    return error("--threads must be 0 (every core) or positive, got " + std::to_string(a.threads));
   TokenizeOptions o;
   o.inputs = a.inputs;
   o.out = a.out;
@@ -58,9 +57,9 @@ Status run_tokenize(const TokenizeArgs& a) {
                          " (token shards a run may be reading, or resume from)",
                      "choose another --out, or pass --force to replace the shards");
     }
-  TS_ASSIGN_OR_RETURN(Tokenizer tok, Tokenizer::load(a.tokenizer.empty()
-                                                         ? default_data_dir() + "/gpt2"
-                                                         : a.tokenizer));
+  TS_ASSIGN_OR_RETURN(
+      Tokenizer tok,
+      Tokenizer::load(a.tokenizer.empty() ? default_data_dir() + "/gpt2" : a.tokenizer));
   TS_ASSIGN_OR_RETURN(TokenizeSummary done, tokenize_to_shards(o, tok));
   const double per_core = double(done.bytes) / done.seconds / done.threads;
   std::fprintf(stderr,
@@ -85,13 +84,11 @@ void add_tokenize_command(CLI::App& app) {
   cmd->add_option("--input", a->inputs,
                   "Text or JSONL files, folders of them (recursively), or - for stdin")
       ->required();
-  cmd->add_option("--out", a->out, "Output directory for the shards and manifest.json")
-      ->required();
+  cmd->add_option("--out", a->out, "Output directory for the shards and manifest.json")->required();
   cmd->add_option("--tokenizer", a->tokenizer,
                   "A Hugging Face tokenizer.json, or the model folder holding it (default: "
                   "GPT-2's, shipped in data/gpt2)");
-  cmd->add_option("--format", a->format,
-                  "auto (by name: .jsonl/.ndjson are JSONL), text or jsonl")
+  cmd->add_option("--format", a->format, "auto (by name: .jsonl/.ndjson are JSONL), text or jsonl")
       ->capture_default_str();
   cmd->add_option("--field", a->field, "The JSONL field that holds each document's text")
       ->capture_default_str();

@@ -18,7 +18,8 @@ constexpr size_t kReadBytes = size_t{1} << 20;
 bool is_line_break(char c) { return c == '\n' || c == '\r'; }
 
 bool ends_with(const std::string& s, std::string_view suffix) {
-  return s.size() >= suffix.size() && s.compare(s.size() - suffix.size(), suffix.size(), suffix) == 0;
+  return s.size() >= suffix.size() &&
+         s.compare(s.size() - suffix.size(), suffix.size(), suffix) == 0;
 }
 
 // The name without a trailing .gz.
@@ -30,7 +31,7 @@ CorpusFormat format_of(const std::string& path, CorpusFormat asked) {
   if (asked != CorpusFormat::automatic) return asked;
   const std::string name = plain_name(path);
   return ends_with(name, ".jsonl") || ends_with(name, ".ndjson") ? CorpusFormat::jsonl
-                                                                  : CorpusFormat::text;
+                                                                 : CorpusFormat::text;
 }
 
 bool is_corpus_file(const fs::path& p) {
@@ -84,9 +85,9 @@ struct CorpusReader::State {
   // The file being read.
   gzFile gz = nullptr;
   CorpusFormat format = CorpusFormat::text;
-  std::string buf;          // read, from file offset buf_offset
-  size_t pos = 0;           // consumed up to here
-  size_t sep_scan = 0;      // no separator starts before here (past pos)
+  std::string buf;      // read, from file offset buf_offset
+  size_t pos = 0;       // consumed up to here
+  size_t sep_scan = 0;  // no separator starts before here (past pos)
   int64_t buf_offset = 0;
   int64_t buf_line = 1;  // the line buf[0] is on
   bool eof = false;
@@ -104,7 +105,8 @@ struct CorpusReader::State {
     const auto& [path, fmt] = files[next_file++];
     gz = path == "-" ? gzdopen(::dup(0), "rb") : gzopen(path.c_str(), "rb");
     if (gz == nullptr)
-      return error("cannot read corpus file '" + path + "'", "check that it exists and is readable");
+      return error("cannot read corpus file '" + path + "'",
+                   "check that it exists and is readable");
     gzbuffer(gz, kReadBytes);
     format = fmt;
     buf.clear();
@@ -156,9 +158,9 @@ struct CorpusReader::State {
       std::snprintf(byte, sizeof byte, "0x%02X", static_cast<unsigned char>(text[bad]));
       const auto at = buf.begin() + static_cast<std::ptrdiff_t>(from + bad);
       const int64_t line_no = buf_line + std::count(buf.begin(), at, '\n');
-      return error("corpus file '" + path() + "' is not UTF-8 text: byte " + byte +
-                       " at offset " + std::to_string(buf_offset + int64_t(from + bad)) +
-                       " (line " + std::to_string(line_no) + ") is not valid UTF-8",
+      return error("corpus file '" + path() + "' is not UTF-8 text: byte " + byte + " at offset " +
+                       std::to_string(buf_offset + int64_t(from + bad)) + " (line " +
+                       std::to_string(line_no) + ") is not valid UTF-8",
                    "pass UTF-8 text (convert others with iconv -t UTF-8)");
     }
     const bool starts = !in_doc;
@@ -270,8 +272,8 @@ Result<CorpusReader> CorpusReader::open(const std::vector<std::string>& inputs,
     std::error_code ec;
     if (in == "-") {
       if (++stdin_inputs > 1) return error("stdin (-) is given as an input twice");
-      s->files.emplace_back(in, options.format == CorpusFormat::jsonl ? CorpusFormat::jsonl
-                                                                      : CorpusFormat::text);
+      s->files.emplace_back(
+          in, options.format == CorpusFormat::jsonl ? CorpusFormat::jsonl : CorpusFormat::text);
     } else if (fs::is_directory(in, ec)) {
       std::vector<std::string> found;
       for (fs::recursive_directory_iterator it(in, ec), end; !ec && it != end; it.increment(ec))
@@ -279,8 +281,9 @@ Result<CorpusReader> CorpusReader::open(const std::vector<std::string>& inputs,
           found.push_back(it->path().string());
       if (ec) return error("cannot list corpus folder '" + in + "': " + ec.message());
       if (found.empty())
-        return error("corpus folder '" + in + "' holds no .txt, .text, .md, .jsonl or .ndjson "
-                     "file (plain or .gz)",
+        return error("corpus folder '" + in +
+                         "' holds no .txt, .text, .md, .jsonl or .ndjson "
+                         "file (plain or .gz)",
                      "pass the folder that holds the corpus files, or the files themselves");
       std::sort(found.begin(), found.end());
       for (std::string& f : found) s->files.emplace_back(f, format_of(f, options.format));
@@ -300,8 +303,8 @@ Result<bool> CorpusReader::next(TextPiece* piece) {
       if (s_->next_file == s_->files.size()) return false;
       TS_RETURN_IF_ERROR(s_->open_next());
     }
-    TS_ASSIGN_OR_RETURN(bool got, s_->format == CorpusFormat::jsonl ? s_->next_jsonl(piece)
-                                                                    : s_->next_text(piece));
+    TS_ASSIGN_OR_RETURN(
+        bool got, s_->format == CorpusFormat::jsonl ? s_->next_jsonl(piece) : s_->next_text(piece));
     if (got) return true;
     s_->close();
   }

@@ -45,8 +45,8 @@ Result<ShardFiles> shards_of_manifest(const std::string& dir) {
     if (!m.contains(split) || !m[split].is_array() || m[split].empty())
       return error("data manifest '" + path.string() + "' lists no " + split + " shards", hint);
     for (const nlohmann::json& e : m[split]) {
-      if (!e.is_object() || !e.contains("file") || !e["file"].is_string() ||
-          !e.contains("bytes") || !e["bytes"].is_number_integer())
+      if (!e.is_object() || !e.contains("file") || !e["file"].is_string() || !e.contains("bytes") ||
+          !e["bytes"].is_number_integer())
         return error("data manifest '" + path.string() + "': " + split + " entry " + e.dump() +
                          " is not {\"file\": NAME, \"bytes\": N, ...}",
                      hint);

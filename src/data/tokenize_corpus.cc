@@ -21,7 +21,7 @@ namespace {
 
 namespace fs = std::filesystem;
 
-constexpr size_t kEncodeBytes = size_t{1} << 20;      // a document's pieces for encoding
+constexpr size_t kEncodeBytes = size_t{1} << 20;          // a document's pieces for encoding
 constexpr size_t kBatchBytesPerThread = size_t{8} << 20;  // text read per thread per batch
 constexpr int64_t kMinSplitTokens = 2;  // a split needs one input token and its target
 
@@ -48,7 +48,8 @@ std::pair<uint32_t, int64_t> file_crc32(const std::string& path) {
 // The token stream, cut into staged shards of `limit` tokens.
 class ShardSink {
  public:
-  ShardSink(std::string dir, int64_t limit, int vocab) : dir_(std::move(dir)), limit_(limit), vocab_(vocab) {}
+  ShardSink(std::string dir, int64_t limit, int vocab)
+      : dir_(std::move(dir)), limit_(limit), vocab_(vocab) {}
   Status add(const std::vector<int32_t>& ids) {
     for (size_t at = 0; at < ids.size();) {
       const size_t take = std::min(ids.size() - at, static_cast<size_t>(limit_) - buf_.size());
@@ -180,7 +181,8 @@ std::vector<std::string_view> split_for_encoding(std::string_view text, size_t t
 
 Result<TokenizeSummary> tokenize_to_shards(const TokenizeOptions& o, const Tokenizer& tok) {
   if (o.shard_tokens < 1)
-    return error("tokenize: --shard-tokens must be positive, got " + std::to_string(o.shard_tokens));
+    return error("tokenize: --shard-tokens must be positive, got " +
+                 std::to_string(o.shard_tokens));
   if (o.val_tokens < 0 && !(o.val_fraction >= 0.0 && o.val_fraction < 1.0))
     return error("tokenize: val fraction " + std::to_string(o.val_fraction) + " is outside [0, 1)",
                  "pass e.g. 0.05 to keep the last 5% of the tokens for validation");
@@ -234,8 +236,8 @@ Result<TokenizeSummary> tokenize_to_shards(const TokenizeOptions& o, const Token
     std::vector<std::vector<int32_t>> ids(bounds.size() - 1);
     std::vector<std::thread> workers;
     for (size_t g = 0; g + 1 < bounds.size(); ++g)
-      workers.emplace_back(encode_pieces, std::cref(batch), bounds[g], bounds[g + 1], std::cref(tok),
-                           &ids[g]);
+      workers.emplace_back(encode_pieces, std::cref(batch), bounds[g], bounds[g + 1],
+                           std::cref(tok), &ids[g]);
     for (std::thread& w : workers) w.join();
     for (const std::vector<int32_t>& group : ids) TS_RETURN_IF_ERROR(sink.add(group));
   }
@@ -245,8 +247,8 @@ Result<TokenizeSummary> tokenize_to_shards(const TokenizeOptions& o, const Token
   sum.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
 
   // The validation split: the last tokens.
-  const std::string what = o.inputs.size() == 1 ? "'" + o.inputs[0] + "'"
-                                                : std::to_string(o.inputs.size()) + " inputs";
+  const std::string what =
+      o.inputs.size() == 1 ? "'" + o.inputs[0] + "'" : std::to_string(o.inputs.size()) + " inputs";
   const int64_t val = o.val_tokens >= 0
                           ? o.val_tokens
                           : static_cast<int64_t>(std::floor(o.val_fraction * double(sum.tokens)));
@@ -258,9 +260,9 @@ Result<TokenizeSummary> tokenize_to_shards(const TokenizeOptions& o, const Token
   if (train < kMinSplitTokens || (wants_val && val < kMinSplitTokens)) {
     const std::string split = o.val_tokens >= 0 ? "--val-tokens " + std::to_string(o.val_tokens)
                                                 : "val fraction " + format_fixed(o.val_fraction, 3);
-    return error("tokenize: " + what + " gives " + format_count(sum.tokens) + " tokens: " +
-                     format_count(std::max<int64_t>(train, 0)) + " for training and " +
-                     format_count(val) + " for validation (" + split +
+    return error("tokenize: " + what + " gives " + format_count(sum.tokens) +
+                     " tokens: " + format_count(std::max<int64_t>(train, 0)) +
+                     " for training and " + format_count(val) + " for validation (" + split +
                      "); each split needs at least " + std::to_string(kMinSplitTokens),
                  sum.tokens < 2 * kMinSplitTokens
                      ? std::string("use a longer text")
@@ -287,12 +289,12 @@ Result<TokenizeSummary> tokenize_to_shards(const TokenizeOptions& o, const Token
                            {"document_start", tok.document_start()},
                            {"files", tok.files()}};
   for (const CorpusSource& s : reader.sources())
-    manifest["sources"].push_back({{"path", s.path}, {"bytes", s.bytes}, {"documents", s.documents}});
+    manifest["sources"].push_back(
+        {{"path", s.path}, {"bytes", s.bytes}, {"documents", s.documents}});
   manifest["documents"] = sum.documents;
   manifest["tokens"] = sum.tokens;
-  for (auto [split, shards, paths] :
-       {std::tuple{"train", &train_shards, &sum.train_shards},
-        std::tuple{"val", &val_shards, &sum.val_shards}}) {
+  for (auto [split, shards, paths] : {std::tuple{"train", &train_shards, &sum.train_shards},
+                                      std::tuple{"val", &val_shards, &sum.val_shards}}) {
     manifest[split] = nlohmann::json::array();
     for (size_t i = 0; i < shards->size(); ++i) {
       const std::string name = shard_name(split, i, shards->size());
@@ -322,10 +324,10 @@ Result<TokenizeSummary> tokenize_to_shards(const TokenizeOptions& o, const Token
   if (ec) return error("tokenize: cannot write '" + manifest_path + "': " + ec.message());
   TS_LOG(info) << "tokenized " << what << ": " << format_bytes(double(sum.bytes)) << ", "
                << sum.documents << " document(s), " << format_count(sum.tokens) << " tokens in "
-               << format_duration(sum.seconds) << " on " << sum.threads << " thread(s) -> "
-               << o.out << " (" << sum.train_shards.size() << " train shard(s), "
-               << format_count(train) << " tokens; " << sum.val_shards.size()
-               << " val shard(s), " << format_count(val) << ")";
+               << format_duration(sum.seconds) << " on " << sum.threads << " thread(s) -> " << o.out
+               << " (" << sum.train_shards.size() << " train shard(s), " << format_count(train)
+               << " tokens; " << sum.val_shards.size() << " val shard(s), " << format_count(val)
+               << ")";
   return sum;
 }
 

@@ -80,9 +80,10 @@ Result<Tokenizer> Tokenizer::load(const std::string& path) {
     return load_gpt2_tokenizer(path);
   std::string hint = "pass a folder with a tokenizer.json (a Hugging Face model folder)";
   if (fs::exists(fs::path(path) / "tokenizer.model"))
-    hint = "this folder has only SentencePiece's tokenizer.model; Tessera reads the "
-           "tokenizer.json that Hugging Face ships beside it (transformers' "
-           "AutoTokenizer.from_pretrained(...).save_pretrained(DIR) writes one)";
+    hint =
+        "this folder has only SentencePiece's tokenizer.model; Tessera reads the "
+        "tokenizer.json that Hugging Face ships beside it (transformers' "
+        "AutoTokenizer.from_pretrained(...).save_pretrained(DIR) writes one)";
   return error("folder '" + path + "' holds no tokenizer.json (nor GPT-2's encoder.json)", hint);
 }
 
@@ -185,8 +186,7 @@ bool Tokenizer::can_cut_before(std::string_view text, size_t pos) const {
   const Impl& m = *impl_;
   if (pos == 0 || pos >= text.size() || text[pos] != '\n') return false;
   const unsigned char before = static_cast<unsigned char>(text[pos - 1]);
-  if (m.alphabet == Impl::Alphabet::sentencepiece)
-    return m.newline_is_barrier && !m.ignore_merges;
+  if (m.alphabet == Impl::Alphabet::sentencepiece) return m.newline_is_barrier && !m.ignore_merges;
   switch (m.pre) {
     case Pretokenizer::gpt2:  // no piece but \s+ runs holds a '\n'; none ends on a symbol
       return before > ' ' && before < 0x7F;

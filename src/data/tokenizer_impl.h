@@ -54,8 +54,7 @@ struct Tokenizer::Impl {
   std::unordered_map<uint64_t, Merge> merges;  // bpe_pair_key(left, right) -> merge
 
   std::mutex cache_mu;
-  std::unordered_map<std::string, std::vector<int32_t>, TokenizerStringHash, std::equal_to<>>
-      cache;
+  std::unordered_map<std::string, std::vector<int32_t>, TokenizerStringHash, std::equal_to<>> cache;
 };
 
 }  // namespace tessera

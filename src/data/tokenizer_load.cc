@@ -1,8 +1,8 @@
 // Reading tokenizers: GPT-2's encoder.json + vocab.bpe, and Hugging Face's tokenizer.json.
 #include <array>
-#include <functional>
 #include <filesystem>
 #include <fstream>
+#include <functional>
 #include <nlohmann/json.hpp>
 #include <sstream>
 
@@ -263,8 +263,8 @@ Result<Tokenizer> load_hf_tokenizer(const std::string& json_path) {
     const std::string t = n.value("type", "");
     if (t == "Prepend" && n.value("prepend", "") == kMetaspace) {
       prepend = true;
-    } else if (t == "Replace" && n.contains("pattern") &&
-               n["pattern"].value("String", "") == " " && n.value("content", "") == kMetaspace) {
+    } else if (t == "Replace" && n.contains("pattern") && n["pattern"].value("String", "") == " " &&
+               n.value("content", "") == kMetaspace) {
       space_to_metaspace = true;
     } else if (t == "NFC") {
       // Text that is NFC already (as nearly all UTF-8 text on the web) is unchanged.
@@ -284,10 +284,9 @@ Result<Tokenizer> load_hf_tokenizer(const std::string& json_path) {
         split_regex = true;
       }
     } else if (t == "Split") {
-      const std::string pattern =
-          p.contains("pattern") && p["pattern"].contains("Regex")
-              ? p["pattern"]["Regex"].get<std::string>()
-              : "";
+      const std::string pattern = p.contains("pattern") && p["pattern"].contains("Regex")
+                                      ? p["pattern"]["Regex"].get<std::string>()
+                                      : "";
       if (p.value("behavior", "") != "Isolated" || p.value("invert", false))
         return unsupported("splits with behavior " + p.value("behavior", std::string("?")));
       if (pattern == kGpt2Pattern) {
@@ -407,12 +406,12 @@ Result<Tokenizer> load_hf_tokenizer(const std::string& json_path) {
   }
   if (model.contains("unk_token") && model["unk_token"].is_string()) {
     auto it = m.id_of.find(model["unk_token"].get<std::string>());
-    m.unk = it != m.id_of.end() ? it->second
-                                : find_token(m, model["unk_token"].get<std::string>());
+    m.unk = it != m.id_of.end() ? it->second : find_token(m, model["unk_token"].get<std::string>());
   }
   if (m.alphabet == Impl::Alphabet::sentencepiece && !m.byte_fallback && m.unk < 0)
-    return corrupt("has neither byte fallback nor an unk_token for characters outside its "
-                   "vocabulary");
+    return corrupt(
+        "has neither byte fallback nor an unk_token for characters outside its "
+        "vocabulary");
 
   // The merges, by rank: "left right" strings, or [left, right] pairs.
   const json& merges = model["merges"];
@@ -459,9 +458,9 @@ Result<Tokenizer> load_hf_tokenizer(const std::string& json_path) {
       cfg = json::parse(cfg_text);
       m.files.push_back(cfg_path.string());
     } catch (const json::parse_error& e) {
-      return error("tokenizer config '" + cfg_path.string() + "' is not valid JSON (" +
-                       e.what() + ")",
-                   "fix or remove it (it names the bos and eos tokens)");
+      return error(
+          "tokenizer config '" + cfg_path.string() + "' is not valid JSON (" + e.what() + ")",
+          "fix or remove it (it names the bos and eos tokens)");
     }
   }
   if (std::string b = config_token(cfg, "bos_token"); !b.empty()) m.bos = find_token(m, b);

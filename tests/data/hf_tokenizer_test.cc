@@ -37,8 +37,7 @@ json gpt2_tokenizer_json(const json& pre_tokenizer) {
   while (std::getline(lines, line))
     if (!line.empty() && line[0] != '#') merges.push_back(line);
   return {{"version", "1.0"},
-          {"added_tokens",
-           {{{"id", 50256}, {"content", "<|endoftext|>"}, {"special", true}}}},
+          {"added_tokens", {{{"id", 50256}, {"content", "<|endoftext|>"}, {"special", true}}}},
           {"normalizer", nullptr},
           {"pre_tokenizer", pre_tokenizer},
           {"decoder", {{"type", "ByteLevel"}}},
@@ -120,9 +119,9 @@ std::optional<Tokenizer> meta_tokenizer(const std::string& name) {
   return std::move(r).value();
 }
 
-#define SKIP_WITHOUT(tok, name)                                                              \
-  if (!tok)                                                                                  \
-  GTEST_SKIP() << name << "'s tokenizer.json is not in " TESSERA_BINARY_DIR "/tokenizers "   \
+#define SKIP_WITHOUT(tok, name)                                                                 \
+  if (!tok)                                                                                     \
+  GTEST_SKIP() << name << "'s tokenizer.json is not in " TESSERA_BINARY_DIR "/tokenizers "      \
                << "(scripts/make_tokenizers.sh writes it from the npm packages; it needs node " \
                   "and npm)"
 
@@ -184,7 +183,10 @@ json small_sentencepiece_json(const json& normalizer, const json& pre_tokenizer)
     vocab[hex] = 3 + b;
   }
   int id = 259;
-  for (const char* t : {"\xE2\x96\x81", "a", "b", "c", "ab", "\xE2\x96\x81" "ab", "abc", "\xC3\xA9"})
+  for (const char* t : {"\xE2\x96\x81", "a", "b", "c", "ab",
+                        "\xE2\x96\x81"
+                        "ab",
+                        "abc", "\xC3\xA9"})
     vocab[t] = id++;
   return {{"added_tokens",
            {{{"id", 0}, {"content", "<unk>"}, {"special", true}},
