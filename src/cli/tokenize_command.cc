@@ -1,6 +1,8 @@
 // `tessera tokenize --input PATH... --out DIR`: token shards (train*.bin, val*.bin) and a
 // manifest from text or JSONL files, folders of them or stdin, with GPT-2's tokenizer or a
 // model's tokenizer.json (data/tokenize_corpus.h).
+#include <sys/resource.h>
+
 #include <cstdio>
 #include <filesystem>
 
@@ -62,16 +64,18 @@ Status run_tokenize(const TokenizeArgs& a) {
       Tokenizer::load(a.tokenizer.empty() ? default_data_dir() + "/gpt2" : a.tokenizer));
   TS_ASSIGN_OR_RETURN(TokenizeSummary done, tokenize_to_shards(o, tok));
   const double per_core = double(done.bytes) / done.seconds / done.threads;
+  rusage usage{};
+  getrusage(RUSAGE_SELF, &usage);  // ru_maxrss: KiB on Linux
   std::fprintf(stderr,
                "wrote %zu train and %zu val shard(s) and manifest.json to %s: %s tokens (%s "
                "train, %s val) from %s in %lld document(s); %s tokens/s on %d thread(s), %s/s "
-               "of text per thread\n",
+               "of text per thread; peak memory %s\n",
                done.train_shards.size(), done.val_shards.size(), a.out.c_str(),
                format_count(done.tokens).c_str(), format_count(done.train_tokens).c_str(),
                format_count(done.val_tokens).c_str(), format_bytes(double(done.bytes)).c_str(),
                static_cast<long long>(done.documents),
                format_si(double(done.tokens) / done.seconds).c_str(), done.threads,
-               format_bytes(per_core).c_str());
+               format_bytes(per_core).c_str(), format_bytes(1024.0 * usage.ru_maxrss).c_str());
   return Status();
 }
 

@@ -175,38 +175,35 @@ struct CorpusReader::State {
   Result<bool> next_text(TextPiece* piece) {
     while (true) {
       const size_t sep = buf.find(kSeparator, std::max(pos, sep_scan));
-      if (sep != std::string::npos) {
-        TS_ASSIGN_OR_RETURN(bool got, text_piece(pos, sep, true, piece));
-        pos = sep_scan = sep + kSeparator.size();
-        if (got) return true;
-        continue;
-      }
-      sep_scan = std::max(pos, buf.size() - std::min(buf.size(), kSeparator.size() - 1));
-      if (eof) {
-        if (pos >= buf.size()) return false;
-        TS_ASSIGN_OR_RETURN(bool got, text_piece(pos, buf.size(), true, piece));
-        pos = buf.size();
-        if (got) return true;
-        return false;
-      }
-      if (buf.size() - pos > opt.piece_bytes) {
+      if (sep == std::string::npos)
+        sep_scan = std::max(pos, buf.size() - std::min(buf.size(), kSeparator.size() - 1));
+      const size_t end = sep != std::string::npos ? sep : buf.size();
+      const bool complete = sep != std::string::npos || eof;  // [pos, end) ends the document
+      if (end - pos > opt.piece_bytes) {
         // The first place after piece_bytes where the document may be cut.
         size_t cut = buf.find('\n', pos + opt.piece_bytes);
-        while (cut != std::string::npos && !tok->can_cut_before(buf, cut))
-          cut = buf.find('\n', cut + 1);
-        if (cut != std::string::npos) {
+        while (cut < end && !tok->can_cut_before(buf, cut)) cut = buf.find('\n', cut + 1);
+        if (cut < end) {
           TS_ASSIGN_OR_RETURN(bool got, text_piece(pos, cut, false, piece));
           pos = cut;
           if (got) return true;
           continue;
         }
-        if (buf.size() - pos > kMaxPieceBytes)
+        if (!complete && end - pos > kMaxPieceBytes)
           return error("corpus file '" + path() + "': the document at offset " +
                            std::to_string(buf_offset + int64_t(pos)) + " runs " +
                            std::to_string(kMaxPieceBytes >> 20) +
                            " MiB with no line break where the tokenizer can cut it",
                        "split the text into documents (\"<|endoftext|>\" between them, or one "
                        "JSONL line each)");
+      }
+      if (complete) {
+        if (pos >= buf.size() && eof) return false;
+        TS_ASSIGN_OR_RETURN(bool got, text_piece(pos, end, true, piece));
+        pos = end + (sep != std::string::npos ? kSeparator.size() : 0);
+        sep_scan = std::max(sep_scan, pos);
+        if (got) return true;
+        continue;
       }
       TS_RETURN_IF_ERROR(fill());
     }

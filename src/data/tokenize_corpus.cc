@@ -24,6 +24,7 @@ namespace fs = std::filesystem;
 constexpr size_t kEncodeBytes = size_t{1} << 20;          // a document's pieces for encoding
 constexpr size_t kBatchBytesPerThread = size_t{8} << 20;  // text read per thread per batch
 constexpr int64_t kMinSplitTokens = 2;  // a split needs one input token and its target
+constexpr int64_t kMaxReservedTokens = int64_t{1} << 30;
 
 struct Shard {
   std::string path;
@@ -51,6 +52,9 @@ class ShardSink {
   ShardSink(std::string dir, int64_t limit, int vocab)
       : dir_(std::move(dir)), limit_(limit), vocab_(vocab) {}
   Status add(const std::vector<int32_t>& ids) {
+    // One shard's worth, not a doubling vector's overshoot (up to 2x).
+    if (buf_.capacity() == 0 && limit_ <= kMaxReservedTokens)
+      buf_.reserve(static_cast<size_t>(limit_));
     for (size_t at = 0; at < ids.size();) {
       const size_t take = std::min(ids.size() - at, static_cast<size_t>(limit_) - buf_.size());
       buf_.insert(buf_.end(), ids.begin() + at, ids.begin() + at + take);
@@ -210,6 +214,7 @@ Result<TokenizeSummary> tokenize_to_shards(const TokenizeOptions& o, const Token
   auto t0 = std::chrono::steady_clock::now();
   ShardSink sink(guard.staging, o.shard_tokens, tok.vocab_size());
   std::vector<TextPiece> batch;
+  std::vector<std::vector<int32_t>> ids;  // each thread's tokens of a batch
   bool more = true;
   while (more) {
     // Read a batch of pieces, then encode it on every thread, in order.
@@ -233,13 +238,14 @@ Result<TokenizeSummary> tokenize_to_shards(const TokenizeOptions& o, const Token
         bounds.push_back(i + 1);
     }
     if (bounds.back() != batch.size()) bounds.push_back(batch.size());
-    std::vector<std::vector<int32_t>> ids(bounds.size() - 1);
+    for (std::vector<int32_t>& group : ids) group.clear();  // capacity kept: no new memory
+    ids.resize(std::max(ids.size(), bounds.size() - 1));
     std::vector<std::thread> workers;
     for (size_t g = 0; g + 1 < bounds.size(); ++g)
       workers.emplace_back(encode_pieces, std::cref(batch), bounds[g], bounds[g + 1],
                            std::cref(tok), &ids[g]);
     for (std::thread& w : workers) w.join();
-    for (const std::vector<int32_t>& group : ids) TS_RETURN_IF_ERROR(sink.add(group));
+    for (size_t g = 0; g + 1 < bounds.size(); ++g) TS_RETURN_IF_ERROR(sink.add(ids[g]));
   }
   TS_RETURN_IF_ERROR(sink.flush());
   for (const CorpusSource& s : reader.sources()) sum.documents += s.documents;

@@ -11,7 +11,7 @@ namespace {
 
 // Pieces cached at most (dropped when it grows past this; a few hundred MB of text has far
 // fewer distinct pieces), and the longest piece cached.
-constexpr size_t kMaxCacheEntries = size_t{1} << 20;
+constexpr size_t kMaxCacheEntries = size_t{1} << 18;
 constexpr size_t kMaxCachedPiece = 256;
 
 constexpr std::string_view kMetaspace = "\xE2\x96\x81";  // U+2581 "▁"

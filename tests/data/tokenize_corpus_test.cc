@@ -5,7 +5,9 @@
 #include <algorithm>
 #include <cmath>
 #include <filesystem>
+#include <nlohmann/json.hpp>
 
+#include "data/loader.h"
 #include "data/pretokenizer.h"
 #include "data/token_shards.h"
 #include "data_test_util.h"
@@ -192,6 +194,126 @@ TEST(TokenizeCorpus, ExcerptOfShippedCorpus) {
   std::string_view body = excerpt;
   while (!body.empty() && body.back() == '\n') body.remove_suffix(1);
   EXPECT_EQ(decoded, "<|endoftext|>" + std::string(body));
+}
+
+}  // namespace
+}  // namespace tessera
+
+namespace tessera {
+namespace {
+
+// The tokens of a tokenized folder, train then val, in order.
+std::vector<int32_t> folder_tokens(const std::string& dir, int vocab = kGpt2VocabSize) {
+  auto files = find_token_shards(dir);
+  EXPECT_TRUE(files.ok()) << files.status().to_string();
+  std::vector<int32_t> all;
+  if (!files.ok()) return all;
+  for (const auto* split : {&files->train, &files->val})
+    for (const std::string& f : *split) {
+      auto shard = TokenShard::open(f, vocab);
+      EXPECT_TRUE(shard.ok()) << shard.status().to_string();
+      std::vector<int32_t> ids(shard->size());
+      shard->read(0, shard->size(), ids.data());
+      all.insert(all.end(), ids.begin(), ids.end());
+    }
+  return all;
+}
+
+// Documents of moby_dick.txt, written as JSONL and as one text file with separators.
+void write_corpus(const ScratchDir& dir, int docs) {
+  const std::string book = read_bytes(kRepo + "/data/corpus/moby_dick.txt");
+  std::string jsonl, text;
+  for (int i = 0; i < docs; ++i) {
+    size_t from = static_cast<size_t>(i) * 7919 % 900000, to = from + 500 + i * 37 % 3000;
+    auto continuation = [&](size_t at) {
+      return (static_cast<unsigned char>(book[at]) & 0xC0) == 0x80;
+    };
+    while (continuation(from)) ++from;  // whole UTF-8 characters
+    while (continuation(to)) ++to;
+    std::string doc = book.substr(from, to - from);
+    while (!doc.empty() && (doc.back() == '\n' || doc.back() == '\r')) doc.pop_back();
+    while (!doc.empty() && (doc.front() == '\n' || doc.front() == '\r')) doc.erase(0, 1);
+    jsonl += nlohmann::json{{"text", doc}}.dump() + "\n";
+    text += doc + "<|endoftext|>";
+  }
+  write_bytes(dir.file("docs.jsonl"), jsonl);
+  write_bytes(dir.file("docs.txt"), text);
+}
+
+TEST(TokenizeToShards, ManyShardsHoldTheTokensOfOneAndTheLastAreValidation) {
+  ScratchDir dir;
+  write_corpus(dir, 200);
+  TokenizeOptions one;
+  one.inputs = {dir.file("docs.txt")};
+  one.out = dir.file("one");
+  one.shard_tokens = int64_t{1} << 40;
+  one.val_tokens = 3000;
+  auto a = tokenize_to_shards(one, repo_tokenizer());
+  ASSERT_TRUE(a.ok()) << a.status().to_string();
+  EXPECT_EQ(a->train_shards.size(), 1u);
+  EXPECT_EQ(a->documents, 200);
+  TokenizeOptions many = one;
+  many.inputs = {dir.file("docs.jsonl")};
+  many.out = dir.file("many");
+  many.shard_tokens = 7000;
+  many.threads = 3;
+  auto b = tokenize_to_shards(many, repo_tokenizer());
+  ASSERT_TRUE(b.ok()) << b.status().to_string();
+  EXPECT_GT(b->train_shards.size(), 5u);
+  EXPECT_EQ(b->val_shards.size(), 1u);  // 3000 of a 7000-token shard: one split shard
+  EXPECT_EQ(b->val_tokens, 3000);
+  const std::vector<int32_t> tokens = folder_tokens(dir.file("one"));
+  EXPECT_EQ(folder_tokens(dir.file("many")), tokens);
+  EXPECT_EQ(std::count(tokens.begin(), tokens.end(), kEot), 200);
+  EXPECT_EQ(tokens.front(), kEot);
+  // The manifest lists every shard; a truncated one is named.
+  auto manifest = nlohmann::json::parse(read_bytes(dir.file("many/manifest.json")));
+  EXPECT_EQ(manifest["tokens"], static_cast<int64_t>(tokens.size()));
+  EXPECT_EQ(manifest["train"].size(), b->train_shards.size());
+  std::filesystem::resize_file(b->train_shards[2], 100);
+  auto files = find_token_shards(dir.file("many"));
+  ASSERT_FALSE(files.ok());
+  EXPECT_NE(files.status().message().find("train_000002.bin has 100 bytes, manifest.json says"),
+            std::string::npos)
+      << files.status().message();
+}
+
+TEST(TokenizeToShards, AFailureLeavesTheEarlierShardsAndNoStaging) {
+  ScratchDir dir;
+  write_corpus(dir, 20);
+  TokenizeOptions o;
+  o.inputs = {dir.file("docs.jsonl")};
+  o.out = dir.file("out");
+  o.shard_tokens = 2000;
+  ASSERT_TRUE(tokenize_to_shards(o, repo_tokenizer()).ok());
+  const std::vector<std::string> before = [&] {
+    std::vector<std::string> names;
+    for (const auto& e : std::filesystem::directory_iterator(dir.file("out")))
+      names.push_back(e.path().filename().string());
+    std::sort(names.begin(), names.end());
+    return names;
+  }();
+  write_bytes(dir.file("bad.jsonl"), "{\"text\": \"fine\"}\n{\"nope\": 1}\n");
+  o.inputs = {dir.file("docs.jsonl"), dir.file("bad.jsonl")};
+  auto r = tokenize_to_shards(o, repo_tokenizer());
+  ASSERT_FALSE(r.ok());
+  EXPECT_NE(r.status().message().find("bad.jsonl' line 2"), std::string::npos);
+  std::vector<std::string> after;
+  for (const auto& e : std::filesystem::directory_iterator(dir.file("out")))
+    after.push_back(e.path().filename().string());
+  std::sort(after.begin(), after.end());
+  EXPECT_EQ(after, before);  // no staging folder, nothing replaced
+  // A second run with fewer shards replaces all of the first's.
+  o.inputs = {dir.file("docs.jsonl")};
+  o.shard_tokens = int64_t{1} << 40;
+  ASSERT_TRUE(tokenize_to_shards(o, repo_tokenizer()).ok());
+  EXPECT_FALSE(std::filesystem::exists(dir.file("out/train_000001.bin")));
+  EXPECT_TRUE(std::filesystem::exists(dir.file("out/train.bin")));
+  // A failure into a new folder leaves no folder.
+  o.inputs = {dir.file("bad.jsonl")};
+  o.out = dir.file("fresh");
+  EXPECT_FALSE(tokenize_to_shards(o, repo_tokenizer()).ok());
+  EXPECT_FALSE(std::filesystem::exists(dir.file("fresh")));
 }
 
 }  // namespace
