@@ -1,10 +1,12 @@
 // `tessera import hf DIR --out CKPT` and `tessera export hf CKPT --out DIR`: Hugging Face
 // model folders (GPT-2, LLaMA, T5) in and out of Tessera checkpoints (io/hf_checkpoint.h).
 #include <cstdio>
+#include <filesystem>
 
 #include "base/format.h"
 #include "cli/commands.h"
 #include "cli/common.h"
+#include "data/tokenizer.h"
 #include "io/hf_checkpoint.h"
 
 namespace tessera {
@@ -43,6 +45,21 @@ Status run_import(const HfArgs& a) {
     for (const std::string& k : in.unknown_keys) keys += (keys.empty() ? "" : ", ") + k;
     std::printf("note: config.json keys Tessera does not know, ignored: %s\n", keys.c_str());
   }
+  // The model folder's tokenizer goes beside the checkpoint, where sample finds it.
+  const std::string tok_json = (std::filesystem::path(a.from) / "tokenizer.json").string();
+  if (std::filesystem::exists(tok_json)) {
+    Result<Tokenizer> tok = Tokenizer::load(tok_json);
+    if (tok.ok()) {
+      TS_RETURN_IF_ERROR(tok->copy_to(a.out));
+      std::printf("tokenizer: %d tokens, copied to %s (sample and export use it)\n",
+                  tok->vocab_size(), a.out.c_str());
+    } else {
+      std::printf(
+          "note: the folder's tokenizer.json is not one Tessera reads (%s); sample "
+          "needs --tokenizer\n",
+          tok.status().message().c_str());
+    }
+  }
   if (task_of(in.cfg) == ModelTask::language_model)  // sample continues prompts
     std::printf("sample: tessera sample --checkpoint %s\n", a.out.c_str());
   return Status();
@@ -57,6 +74,12 @@ Status run_export(const HfArgs& a) {
   opt.dtype = *dtype;
   opt.max_shard_bytes = a.max_shard_bytes;
   TS_ASSIGN_OR_RETURN(HfExport out, export_hf(a.from, a.out, opt));
+  // The tokenizer beside the checkpoint (import hf or train put it there) goes with it.
+  if (const std::string tok_json = find_tokenizer_near(a.from); !tok_json.empty()) {
+    TS_ASSIGN_OR_RETURN(Tokenizer tok, Tokenizer::load(tok_json));
+    TS_RETURN_IF_ERROR(tok.copy_to(a.out));
+    std::printf("tokenizer: copied %s to %s\n", tok_json.c_str(), a.out.c_str());
+  }
   std::printf("exported %s (%s) to %s: %lld tensors, %s in %zu files\n", a.from.c_str(),
               out.cfg.family.c_str(), a.out.c_str(), static_cast<long long>(out.tensors),
               format_bytes(out.bytes).c_str(), out.files.size());

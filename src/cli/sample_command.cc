@@ -23,6 +23,7 @@ struct SampleArgs {
   double temperature = 0.8;
   int top_k = 40;
   uint64_t seed = 0;
+  std::string tokenizer;
 };
 
 Status run_sample(const SampleArgs& a) {
@@ -49,18 +50,33 @@ Status run_sample(const SampleArgs& a) {
                      ", an encoder-decoder trained to fill corrupted spans",
                  "sample continues a prompt with a decoder-only language model (gpt, llama); "
                  "a T5's val_loss is in its run's metrics.jsonl");
-  TS_ASSIGN_OR_RETURN(Tokenizer tok, Tokenizer::load(default_data_dir() + "/gpt2"));
-  std::vector<int32_t> prompt = tok.encode(a.prompt);
-  if (prompt.empty()) prompt.push_back(kGpt2EndOfText);
+  // The tokenizer: --tokenizer, else the one beside the checkpoint (import hf and train copy
+  // it there), else GPT-2's.
+  std::string tok_path = a.tokenizer;
+  if (tok_path.empty()) tok_path = find_tokenizer_near(ck.dir());
+  const bool gpt2 = tok_path.empty();
+  TS_ASSIGN_OR_RETURN(Tokenizer tok,
+                      Tokenizer::load(gpt2 ? default_data_dir() + "/gpt2" : tok_path));
+  if (tok.vocab_size() > cfg.vocab_size)
+    std::fprintf(stderr, "note: the tokenizer (%s) has %d tokens, the model %lld: %s\n",
+                 tok.name().c_str(), tok.vocab_size(), static_cast<long long>(cfg.vocab_size),
+                 gpt2 ? "no tokenizer.json is beside the checkpoint, so GPT-2's is used; pass "
+                        "the model's with --tokenizer"
+                      : "is it this model's tokenizer?");
+  // A document's start token first, as in training (unless the model's vocabulary lacks it).
+  std::vector<int32_t> prompt;
+  if (tok.document_start() >= 0 && tok.document_start() < cfg.vocab_size)
+    prompt.push_back(tok.document_start());
+  tok.encode_append(a.prompt, &prompt);
+  if (prompt.empty()) return error("--prompt is empty and the tokenizer has no start token");
   for (int32_t id : prompt)
     if (id >= cfg.vocab_size)
-      return error("the prompt's GPT-2 token " + std::to_string(id) + " (\"" +
+      return error("the prompt's token " + std::to_string(id) + " (\"" +
                        tok.decode(std::span<const int32_t>(&id, 1)) +
                        "\") is beyond the model's vocabulary of " + std::to_string(cfg.vocab_size) +
                        " tokens",
-                   "sample speaks GPT-2's tokenizer; this model has another vocabulary, so only "
-                   "prompts of tokens below " +
-                       std::to_string(cfg.vocab_size) + " can be given");
+                   "pass the model's tokenizer with --tokenizer (a tokenizer.json or the model "
+                   "folder holding it)");
   ModelGraph m = build_model(cfg, 1, cfg.max_seq_len, ModelMode::logits);
   CpuBackend cpu;
   Executor ex(m.graph, cpu);
@@ -76,7 +92,7 @@ Status run_sample(const SampleArgs& a) {
   std::mt19937_64 rng(a.seed);
   SampleOptions opt{a.temperature, a.top_k};
   TS_ASSIGN_OR_RETURN(std::vector<int32_t> out, sample_tokens(ex, m, prompt, a.tokens, opt, rng));
-  std::printf("%s%s\n", a.prompt.c_str(), tok.decode(out).c_str());
+  std::printf("%s%s\n", a.prompt.c_str(), tok.decode(out, /*document_start=*/false).c_str());
   return Status();
 }
 
@@ -95,6 +111,9 @@ void add_sample_command(CLI::App& app) {
   cmd->add_option("--top-k", a->top_k, "Sample among the k most likely tokens (0: all)")
       ->capture_default_str();
   cmd->add_option("--seed", a->seed, "Sampling seed")->capture_default_str();
+  cmd->add_option("--tokenizer", a->tokenizer,
+                  "A tokenizer.json or the folder holding it (default: the one beside the "
+                  "checkpoint, else GPT-2's)");
   cmd->callback([a] { exit_on_error(run_sample(*a)); });
 }
 

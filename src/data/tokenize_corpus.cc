@@ -150,7 +150,29 @@ struct StagingGuard {
   }
 };
 
+std::vector<std::string> absolute_paths(const std::vector<std::string>& paths) {
+  std::vector<std::string> out;
+  std::error_code ec;
+  for (const std::string& p : paths) out.push_back(fs::absolute(p, ec).lexically_normal().string());
+  return out;
+}
+
 }  // namespace
+
+std::string data_tokenizer(const std::string& dir) {
+  try {
+    std::ifstream in(fs::path(dir) / "manifest.json");
+    if (!in) return "";
+    const nlohmann::json m = nlohmann::json::parse(in);
+    const nlohmann::json& t = m.at("tokenizer");
+    if (t.value("name", "") == "gpt2") return "";
+    for (const nlohmann::json& f : t.at("files"))
+      if (fs::path(f.get<std::string>()).filename() == "tokenizer.json")
+        return f.get<std::string>();
+  } catch (const nlohmann::json::exception&) {
+  }
+  return "";
+}
 
 bool is_tokenized_shard_name(const std::string& name) {
   for (const char* split : {"train", "val"}) {
@@ -293,7 +315,7 @@ Result<TokenizeSummary> tokenize_to_shards(const TokenizeOptions& o, const Token
   manifest["tokenizer"] = {{"name", tok.name()},
                            {"vocab_size", tok.vocab_size()},
                            {"document_start", tok.document_start()},
-                           {"files", tok.files()}};
+                           {"files", absolute_paths(tok.files())}};
   for (const CorpusSource& s : reader.sources())
     manifest["sources"].push_back(
         {{"path", s.path}, {"bytes", s.bytes}, {"documents", s.documents}});

@@ -73,6 +73,10 @@ Status tokenize_corpus(const std::string& text_path, const std::string& out_dir,
 std::vector<std::string_view> split_for_encoding(std::string_view text, size_t target_bytes,
                                                  const Tokenizer& tokenizer);
 
+// The tokenizer.json a tokenized folder's manifest names, or "" (GPT-2's files, or a folder
+// without a manifest, as llm.c's).
+std::string data_tokenizer(const std::string& dir);
+
 // Whether `name` is a shard name tokenize_to_shards writes (train.bin, val_000003.bin, ...).
 bool is_tokenized_shard_name(const std::string& name);
 

@@ -60,7 +60,7 @@ class Tokenizer {
   // The bytes of the tokens, concatenated (special tokens as their text). Not necessarily
   // valid UTF-8 when `ids` cuts a multi-byte character. `document_start`: the ids begin a
   // document (SentencePiece-style tokenizers then drop the space they prepended); false for
-  // a continuation. TS_CHECKs every id is in range.
+  // a continuation. An id outside the vocabulary (a model's padding rows) decodes as U+FFFD.
   std::string decode(std::span<const int32_t> ids, bool document_start = true) const;
   const std::string& token_bytes(int32_t id) const;
 
@@ -80,6 +80,8 @@ class Tokenizer {
   const std::string& name() const;
   // The file(s) it was read from (for a manifest, or to copy beside a checkpoint).
   const std::vector<std::string>& files() const;
+  // Copies a tokenizer.json's files (and tokenizer_config.json) into `dir`; nothing for GPT-2's.
+  Status copy_to(const std::string& dir) const;
 
   struct Impl;
 
@@ -91,6 +93,10 @@ class Tokenizer {
 
   std::unique_ptr<Impl> impl_;
 };
+
+// The tokenizer.json in `dir` or in one of its `levels` parent folders (a checkpoint step
+// inside a run: step-N, checkpoints/, the run), or "".
+std::string find_tokenizer_near(const std::string& dir, int levels = 2);
 
 // The loaders behind Tokenizer::load (tokenizer_load.cc).
 Result<Tokenizer> load_gpt2_tokenizer(const std::string& dir);

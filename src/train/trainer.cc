@@ -121,10 +121,15 @@ Result<RunData> open_data(const TrainOptions& o, const TrainJob& job, int data_i
     d.val_whole = std::make_unique<ImageLoader>(std::move(whole));
     return d;
   }
-  // The tokenizer: to tokenize the shipped corpus (no --data) and to sample at the end.
-  if (o.data.empty() || (o.sample_tokens > 0 && task_of(cfg) == ModelTask::language_model)) {
-    TS_ASSIGN_OR_RETURN(Tokenizer tok, Tokenizer::load(job.shipped_data_dir + "/gpt2"));
-    d.tok = std::move(tok);
+  // The tokenizer: to tokenize the shipped corpus (no --data) and to sample at the end; the
+  // one a tokenized folder's manifest names (copied into the run directory for `sample`).
+  if (o.data.empty() || task_of(cfg) == ModelTask::language_model) {
+    const std::string named = o.data.empty() ? "" : data_tokenizer(o.data);
+    if (o.data.empty() || o.sample_tokens > 0 || !named.empty()) {
+      TS_ASSIGN_OR_RETURN(Tokenizer tok,
+                          Tokenizer::load(named.empty() ? job.shipped_data_dir + "/gpt2" : named));
+      d.tok = std::move(tok);
+    }
   }
   TS_ASSIGN_OR_RETURN(std::string data_dir, prepare_data(o, d.tok, job.shipped_data_dir));
   const int seq = static_cast<int>(o.seq);
@@ -338,6 +343,7 @@ Status train(const TrainOptions& o, const TrainJob& job) {
     if (!leader) return Status();
     TS_ASSIGN_OR_RETURN(RunDirLock l, RunDirLock::acquire(o.out));
     lock.emplace(std::move(l));
+    if (opened->tok) TS_RETURN_IF_ERROR(opened->tok->copy_to(o.out));  // for sample, export
     if (!o.resume) {
       TS_ASSIGN_OR_RETURN(metrics, open_run_metrics(o.out, false, 0));
     }

@@ -120,6 +120,32 @@ TEST_F(HfCommand, T5GoesOutAndComesBackBitExact) {
   EXPECT_EQ(bytes(dir_ / "hf/config.json"), bytes(dir_ / "again/config.json"));
 }
 
+// A LLaMA folder with Llama 2's tokenizer.json: import copies the tokenizer beside the
+// checkpoint, sample encodes and decodes with it, export takes it along.
+TEST_F(HfCommand, ALlamaFolderWithATokenizerSamplesWithIt) {
+  const std::string tok = std::string(TESSERA_BINARY_DIR) + "/tokenizers/llama2";
+  if (!std::filesystem::exists(tok + "/tokenizer.json"))
+    GTEST_SKIP() << "Llama 2's tokenizer.json is not in " << tok
+                 << " (scripts/make_tokenizers.sh writes it from the npm packages)";
+  TrainOptions o = tiny_options("llama");
+  o.model = "llama-tiny";
+  o.steps = 2;
+  o.warmup = 0;
+  ASSERT_TRUE(run_train(o).ok());
+  tessera("export hf " + path("llama/checkpoints") + " --out " + path("hf"), 0);
+  for (const char* f : {"tokenizer.json", "tokenizer_config.json"})
+    std::filesystem::copy_file(tok + "/" + f, dir_ / "hf" / f);
+  std::string out = tessera("import hf " + path("hf") + " --out " + path("imported"), 0);
+  EXPECT_NE(out.find("tokenizer: 32000 tokens, copied to"), std::string::npos) << out;
+  out = tessera("sample --checkpoint " + path("imported") +
+                    " --prompt 'The whale said' --tokens 8 --temperature 0",
+                0);
+  EXPECT_EQ(out.rfind("The whale said", 0), 0u) << out;
+  EXPECT_EQ(out.find("note:"), std::string::npos) << out;  // its own tokenizer, no GPT-2
+  tessera("export hf " + path("imported") + " --out " + path("again"), 0);
+  EXPECT_TRUE(std::filesystem::exists(dir_ / "again/tokenizer.json"));
+}
+
 TEST_F(HfCommand, BadUsesAreOneError) {
   std::string out = tessera("import safetensors " + path("x") + " --out " + path("y"), 1);
   EXPECT_NE(out.find("unknown checkpoint format \"safetensors\""), std::string::npos) << out;
