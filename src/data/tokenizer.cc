@@ -157,11 +157,15 @@ void Tokenizer::encode_append(std::string_view text, std::vector<int32_t>* out,
     normalized += text;
     text = normalized;
   }
-  if (m.alphabet == Impl::Alphabet::sentencepiece && m.spm_split) {
-    // A piece starts at every "▁" (Metaspace's split).
+  if (m.alphabet == Impl::Alphabet::sentencepiece && (m.spm_split || m.spm_words)) {
+    // A piece starts at every "▁" (Metaspace's split), or at every "▁" after another
+    // character (spm_words).
     size_t start = 0;
     while (start < text.size()) {
       size_t end = text.find(kMetaspace, start + 1);
+      while (m.spm_words && end != std::string_view::npos && end >= kMetaspace.size() &&
+             text.compare(end - kMetaspace.size(), kMetaspace.size(), kMetaspace) == 0)
+        end = text.find(kMetaspace, end + 1);
       if (end == std::string_view::npos) end = text.size();
       encode_piece(text.substr(start, end - start), out);
       start = end;
@@ -207,7 +211,8 @@ const std::string& Tokenizer::token_bytes(int32_t id) const {
 
 std::string Tokenizer::decode(std::span<const int32_t> ids, bool document_start) const {
   std::string text;
-  for (int32_t id : ids) text += token_bytes(id);
+  for (int32_t id : ids)
+    text += id >= 0 && id < vocab_size() ? impl_->token_bytes[id] : "\xEF\xBF\xBD";
   // SentencePiece's decoders strip the space its normalizer put before the document.
   if (document_start && impl_->spm_prepend && !text.empty() && text[0] == ' ') text.erase(0, 1);
   return text;
@@ -219,5 +224,33 @@ int32_t Tokenizer::eos() const { return impl_->eos; }
 int32_t Tokenizer::bos() const { return impl_->bos; }
 const std::string& Tokenizer::name() const { return impl_->name; }
 const std::vector<std::string>& Tokenizer::files() const { return impl_->files; }
+
+Status Tokenizer::copy_to(const std::string& dir) const {
+  namespace fs = std::filesystem;
+  if (impl_->name == "gpt2") return Status();
+  std::error_code ec;
+  for (const std::string& f : impl_->files) {
+    const fs::path to = fs::path(dir) / fs::path(f).filename();
+    if (fs::exists(to, ec) && fs::equivalent(f, to, ec)) continue;
+    fs::copy_file(f, to, fs::copy_options::overwrite_existing, ec);
+    if (ec)
+      return error(
+          "cannot copy the tokenizer file '" + f + "' to '" + to.string() + "': " + ec.message(),
+          "check that the folder is writable");
+  }
+  return Status();
+}
+
+std::string find_tokenizer_near(const std::string& dir, int levels) {
+  namespace fs = std::filesystem;
+  std::error_code ec;
+  fs::path p = fs::absolute(dir, ec).lexically_normal();
+  if (!p.has_filename()) p = p.parent_path();
+  for (int up = 0; up <= levels && !p.empty(); ++up, p = p.parent_path()) {
+    if (fs::exists(p / "tokenizer.json", ec)) return (p / "tokenizer.json").string();
+    if (p == p.parent_path()) break;
+  }
+  return "";
+}
 
 }  // namespace tessera

@@ -37,7 +37,11 @@ struct Tokenizer::Impl {
   bool add_prefix_space = false;  // bytes: a ' ' before a document not starting with one
   bool spm_prepend = false;       // sentencepiece: a "▁" before every document
   bool spm_split = false;         // sentencepiece: a piece starts at every "▁"
-  bool ignore_merges = false;     // a piece that is a token is that token
+  // sentencepiece: no token has a "▁" after another character, so no token spans the start
+  // of a word and a piece may start at every "▁" that follows another character (exact,
+  // and words are cached: Llama 2's vocabulary is so).
+  bool spm_words = false;
+  bool ignore_merges = false;  // a piece that is a token is that token
   bool byte_fallback = false;
   bool fuse_unk = false;
   bool newline_is_barrier = false;  // sentencepiece: '\n' is a byte token no merge touches

@@ -439,6 +439,14 @@ Result<Tokenizer> load_hf_tokenizer(const std::string& json_path) {
     }
     TS_RETURN_IF_ERROR(add_merge(m, left, right, static_cast<int32_t>(rank), corrupt));
   }
+  if (m.alphabet == Impl::Alphabet::sentencepiece && !m.spm_split && !m.ignore_merges) {
+    m.spm_words = true;
+    for (const auto& [symbol, id] : m.id_of) {
+      size_t lead = 0;
+      while (symbol.compare(lead, kMetaspace.size(), kMetaspace) == 0) lead += kMetaspace.size();
+      if (symbol.find(kMetaspace, lead) != std::string::npos) m.spm_words = false;
+    }
+  }
   if (m.alphabet == Impl::Alphabet::sentencepiece) {
     const int32_t nl = m.byte_token['\n'];
     bool touched = m.id_of.count("\n") > 0 || nl < 0;
