@@ -217,10 +217,12 @@ void add_train_command(CLI::App& app, TrainOptions& o) {
   CLI::Option* model = cmd->add_option("--model", o.model, "Preset name or config.toml");
   model->capture_default_str();
   cmd->add_option("--data", o.data,
-                  "Directory with train.bin and val.bin, or a folder of token shards whose "
-                  "names say train and val (llm.c's .bin shards read as they are) (default: the "
-                  "shipped corpus, under the build's data/ or $TESSERA_DATA_DIR); for image "
-                  "models a folder of IDX files, or fashion-mnist (the default)");
+                  "A folder `tessera tokenize` wrote (train and val shards, manifest.json), or "
+                  "of token shards whose names say train and val (llm.c's .bin shards read as "
+                  "they are), or a weighted mixture of such folders, FOLDER=WEIGHT,... (e.g. "
+                  "web=0.7,code=0.3) (default: the shipped corpus, under the build's data/ or "
+                  "$TESSERA_DATA_DIR); for image models a folder of IDX files, or fashion-mnist "
+                  "(the default)");
   cmd->add_option("--out", o.out, "Run directory: metrics.jsonl and checkpoints/")
       ->capture_default_str();
   cmd->add_option("--batch", o.batch, "Sequences per micro-batch")->capture_default_str();

@@ -11,6 +11,7 @@ void to_json(nlohmann::json& j, const LoaderState& s) {
   j = nlohmann::json{{"epoch", s.epoch},     {"position", s.position},
                      {"seed", s.seed},       {"global_rows", s.global_rows},
                      {"seq_len", s.seq_len}, {"num_tokens", s.num_tokens}};
+  if (!s.mixture.empty()) j["mixture"] = s.mixture;
 }
 
 void from_json(const nlohmann::json& j, LoaderState& s) {
@@ -20,6 +21,7 @@ void from_json(const nlohmann::json& j, LoaderState& s) {
   j.at("global_rows").get_to(s.global_rows);
   j.at("seq_len").get_to(s.seq_len);
   j.at("num_tokens").get_to(s.num_tokens);
+  s.mixture = j.contains("mixture") ? j.at("mixture").get<std::string>() : "";
 }
 
 Result<LoaderState> loader_state_from_json(const nlohmann::json& j) {
@@ -57,14 +59,19 @@ void ExampleOrder::start_epoch(uint64_t epoch) {
     order_.clear();
     return;
   }
-  order_.resize(static_cast<size_t>(examples_));
-  std::iota(order_.begin(), order_.end(), int64_t{0});
+  order_ = shuffled_order(examples_, seed_, epoch);
+}
+
+std::vector<int64_t> shuffled_order(int64_t n, uint64_t seed, uint64_t epoch) {
+  std::vector<int64_t> order(static_cast<size_t>(n));
+  std::iota(order.begin(), order.end(), int64_t{0});
   // The stream depends only on (seed, epoch): mix them so nearby seeds/epochs differ.
-  SplitMix64 rng(SplitMix64(seed_).next() ^ (epoch * 0xD1B54A32D192ED03ull + 1));
-  for (size_t i = order_.size() - 1; i > 0; --i) {
-    size_t j = static_cast<size_t>(rng.below(i + 1));
-    std::swap(order_[i], order_[j]);
+  SplitMix64 rng(SplitMix64(seed).next() ^ (epoch * 0xD1B54A32D192ED03ull + 1));
+  for (size_t i = order.size(); i > 1; --i) {
+    size_t j = static_cast<size_t>(rng.below(i));
+    std::swap(order[i - 1], order[j]);
   }
+  return order;
 }
 
 void ExampleOrder::next(std::vector<int64_t>* examples) {

@@ -58,12 +58,16 @@ struct LoaderState {
   int64_t global_rows = 0;  // world * B
   int64_t seq_len = 0;      // tokens: T; images: values per image
   int64_t num_tokens = 0;   // tokens: tokens in the shard; images: images in the set
+  // A mixture of folders (MixtureLoader): each source's tokens and slots per period, e.g.
+  // "1000000:7000,500000:3000"; empty for one folder. position then counts global batches
+  // since the start (epoch 0).
+  std::string mixture;
   bool operator==(const LoaderState&) const = default;
 };
 
 // nlohmann::json conversions: {"epoch": .., "position": .., "seed": .., "global_rows": ..,
-// "seq_len": .., "num_tokens": ..}. from_json throws nlohmann::json::exception on a missing
-// or mistyped key; loader_state_from_json returns an error instead.
+// "seq_len": .., "num_tokens": ..[, "mixture": ..]}. from_json throws nlohmann::json::exception on
+// a missing or mistyped key; loader_state_from_json returns an error instead.
 void to_json(nlohmann::json& j, const LoaderState& state);
 void from_json(const nlohmann::json& j, LoaderState& state);
 Result<LoaderState> loader_state_from_json(const nlohmann::json& j);
@@ -94,6 +98,9 @@ class BatchStream {
   // past the end of an epoch, leaving this stream unchanged.
   virtual Status restore(const LoaderState& state) = 0;
 };
+
+// The order of `n` examples in pass `epoch`: a permutation that depends only on (seed, epoch).
+std::vector<int64_t> shuffled_order(int64_t n, uint64_t seed, uint64_t epoch);
 
 class ExampleOrder {
  public:

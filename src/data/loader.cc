@@ -15,17 +15,6 @@ std::string shape_text(int64_t rows, int64_t T) {
   return std::to_string(rows) + " rows x " + std::to_string(T) + " tokens";
 }
 
-// The windows of T + 1 tokens a shard is cut into (consecutive ones share a token).
-int64_t windows_in(const TokenShard& shard, int T) {
-  return shard.size() > 0 ? (shard.size() - 1) / T : 0;
-}
-
-int64_t windows_in(const std::vector<TokenShard>& shards, int T) {
-  int64_t w = 0;
-  for (const TokenShard& s : shards) w += windows_in(s, T);
-  return w;
-}
-
 // The shards manifest.json (tokenize_to_shards) lists, each checked to be there with the
 // size the manifest gives.
 Result<ShardFiles> shards_of_manifest(const std::string& dir) {
@@ -124,49 +113,22 @@ Result<DataLoader> DataLoader::open(const std::vector<std::string>& paths, int v
                  "rank must be in [0, world)");
   }
   if (paths.empty()) return error("data loader: no token shards given");
-  std::vector<TokenShard> shards;
-  int64_t tokens = 0;
-  for (const std::string& p : paths) {
-    TS_ASSIGN_OR_RETURN(TokenShard shard, TokenShard::open(p, vocab_size));
-    tokens += shard.size();
-    shards.push_back(std::move(shard));
-  }
+  TS_ASSIGN_OR_RETURN(TokenWindows windows, TokenWindows::open(paths, vocab_size, T));
   int64_t rows = static_cast<int64_t>(world) * B;
-  if (windows_in(shards, T) < rows) {
-    return error("token shard '" + path + "' has " + std::to_string(tokens) +
+  if (windows.size() < rows) {
+    return error("token shard '" + path + "' has " + std::to_string(windows.num_tokens()) +
                      " tokens, too few for one global batch of " + shape_text(rows, T) +
                      " (needs " + std::to_string(rows * T + 1) +
-                     (shards.size() > 1 ? ", in windows of T + 1 within a shard" : "") + ")",
+                     (paths.size() > 1 ? ", in windows of T + 1 within a shard" : "") + ")",
                  "use a smaller batch size B or sequence length T, or tokenize more text");
   }
-  return DataLoader(std::move(shards), B, T, rank, world, seed);
+  return DataLoader(std::move(windows), B, T, rank, world, seed);
 }
 
-DataLoader::DataLoader(std::vector<TokenShard> shards, int B, int T, int rank, int world,
-                       uint64_t seed)
-    : shards_(std::move(shards)),
-      B_(B),
-      T_(T),
-      num_windows_(windows_in(shards_, T)),
-      order_(num_windows_, B, rank, world, seed) {
-  int64_t w = 0;
-  for (const TokenShard& s : shards_) {
-    first_window_.push_back(w);
-    w += windows_in(s, T);
-  }
-}
+DataLoader::DataLoader(TokenWindows windows, int B, int T, int rank, int world, uint64_t seed)
+    : windows_(std::move(windows)), B_(B), T_(T), order_(windows_.size(), B, rank, world, seed) {}
 
-int64_t DataLoader::num_tokens() const {
-  int64_t n = 0;
-  for (const TokenShard& s : shards_) n += s.size();
-  return n;
-}
-
-std::string DataLoader::what() const {
-  return shards_[0].path() + (shards_.size() > 1
-                                  ? " and " + std::to_string(shards_.size() - 1) + " more shards"
-                                  : std::string());
-}
+int64_t DataLoader::num_tokens() const { return windows_.num_tokens(); }
 
 void DataLoader::next(std::vector<int32_t>* inputs, std::vector<int32_t>* targets) {
   TS_CHECK(inputs != nullptr && targets != nullptr);
@@ -177,12 +139,7 @@ void DataLoader::next(std::vector<int32_t>* inputs, std::vector<int32_t>* target
   std::vector<int64_t> windows;
   order_.next(&windows);
   for (int b = 0; b < B_; ++b) {
-    // The shard holding window w: the last one whose first window is at most w.
-    const int64_t w = windows[static_cast<size_t>(b)];
-    const size_t s =
-        static_cast<size_t>(std::upper_bound(first_window_.begin(), first_window_.end(), w) -
-                            first_window_.begin() - 1);
-    shards_[s].read((w - first_window_[s]) * T_, T_ + 1, window.data());
+    windows_.read(windows[static_cast<size_t>(b)], window.data());
     std::copy(window.begin(), window.end() - 1, inputs->begin() + b * T_);
     std::copy(window.begin() + 1, window.end(), targets->begin() + b * T_);
   }
@@ -190,25 +147,11 @@ void DataLoader::next(std::vector<int32_t>* inputs, std::vector<int32_t>* target
 
 void DataLoader::next(HostBatch* batch) {
   next(&x_, &y_);
-  // The pieces of each row this rank takes: its chunk, or its two zigzag halves.
-  const int64_t len = zigzag_ ? T_ / (2 * chunks_) : T_ / chunks_;
-  std::vector<int64_t> firsts = {chunk_ * len};
-  if (zigzag_) firsts.push_back((2 * chunks_ - 1 - chunk_) * len);
-  for (int b = 0; b < B_; ++b)
-    for (int64_t first : firsts) {
-      const size_t at = static_cast<size_t>(b * T_ + first);
-      batch->append(kTokensInput, x_.data() + at, static_cast<size_t>(len));
-      batch->append(kTargetsInput, y_.data() + at, static_cast<size_t>(len));
-    }
+  append_sequence_chunks(x_, y_, B_, T_, chunk_, chunks_, zigzag_, batch);
 }
 
 Status DataLoader::set_sequence_chunk(int index, int chunks, bool zigzag) {
-  const int pieces = zigzag ? 2 * chunks : chunks;
-  if (chunks < 1 || index < 0 || index >= chunks || T_ % pieces != 0)
-    return error("sequences of " + std::to_string(T_) + " tokens do not split into " +
-                     std::to_string(pieces) + " context-parallel " +
-                     (zigzag ? "halves" : "chunks") + " (chunk " + std::to_string(index) + ")",
-                 "use a --seq that is a multiple of " + std::to_string(pieces));
+  TS_RETURN_IF_ERROR(check_sequence_chunk(T_, index, chunks, zigzag));
   chunk_ = index;
   chunks_ = chunks;
   zigzag_ = zigzag;
@@ -224,10 +167,15 @@ LoaderState DataLoader::state() const {
 }
 
 Status DataLoader::restore(const LoaderState& s) {
-  const std::string what = "cannot restore the data loader of '" + this->what() + "'";
+  const std::string what = "cannot restore the data loader of '" + windows_.what() + "'";
   const std::string hint =
       "resume with the token file, sequence length, global batch (world*B) and seed of the "
       "run that saved the checkpoint";
+  if (!s.mixture.empty())
+    return error(what +
+                     ": the saved state is of a mixture of folders (--data A=W,B=W), this "
+                     "run reads one folder",
+                 hint);
   if (s.num_tokens != num_tokens()) {
     return error(what + ": the saved state is for a file of " + std::to_string(s.num_tokens) +
                      " tokens, this one has " + std::to_string(num_tokens()) +

@@ -25,6 +25,7 @@
 #include "base/status.h"
 #include "data/batch_stream.h"
 #include "data/token_shards.h"
+#include "data/token_windows.h"
 
 namespace tessera {
 
@@ -66,18 +67,15 @@ class DataLoader : public BatchStream {
   Status restore(const LoaderState& state) override;
 
   int64_t batches_per_epoch() const { return order_.batches_per_epoch(); }
-  int64_t num_windows() const { return num_windows_; }
+  int64_t num_windows() const { return windows_.size(); }
   int64_t num_tokens() const;  // over every shard
 
  private:
-  DataLoader(std::vector<TokenShard> shards, int B, int T, int rank, int world, uint64_t seed);
-  std::string what() const;  // the shard, or the first and how many more
+  DataLoader(TokenWindows windows, int B, int T, int rank, int world, uint64_t seed);
 
-  std::vector<TokenShard> shards_;
-  std::vector<int64_t> first_window_;  // of each shard, in the numbering of all windows
+  TokenWindows windows_;
   int B_;
   int T_;
-  int64_t num_windows_;
   ExampleOrder order_;
   std::vector<int32_t> x_, y_;  // next(HostBatch*)'s staging
   int chunk_ = 0, chunks_ = 1;  // set_sequence_chunk

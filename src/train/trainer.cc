@@ -21,6 +21,7 @@
 #include "base/format.h"
 #include "data/image_set.h"
 #include "data/loader.h"
+#include "data/mixture_loader.h"
 #include "data/span_corruption.h"
 #include "data/tokenize_corpus.h"
 #include "data/tokenizer.h"
@@ -45,6 +46,15 @@ using Clock = std::chrono::steady_clock;
 // The data directory, tokenizing the shipped corpus on first use when no --data was given.
 Result<std::string> prepare_data(const TrainOptions& o, const std::optional<Tokenizer>& tok,
                                  const std::string& shipped) {
+  if (is_mixture_spec(o.data)) {  // each folder of the mixture, checked as one
+    TS_ASSIGN_OR_RETURN(MixtureSpec spec, parse_mixture_spec(o.data));
+    for (const std::string& dir : spec.dirs) {
+      TrainOptions one = o;
+      one.data = dir;
+      TS_RETURN_IF_ERROR(prepare_data(one, tok, shipped).status());
+    }
+    return o.data;
+  }
   if (!o.data.empty()) {
     if (!fs::exists(o.data))
       return error("data path '" + o.data + "' does not exist",
@@ -92,6 +102,11 @@ Result<RunData> open_data(const TrainOptions& o, const TrainJob& job, int data_i
   const ModelConfig& cfg = job.cfg;
   const int rows = static_cast<int>(o.batch / data_ranks);
   RunData d;
+  const bool mixture = is_mixture_spec(o.data);
+  if (mixture && task_of(cfg) != ModelTask::language_model)
+    return error("a --data mixture (FOLDER=WEIGHT,...) feeds language models (gpt, llama); " +
+                     cfg.name + " is a " + cfg.family + " model",
+                 "pass one --data folder for it");
   if (chunks > 1 && task_of(cfg) != ModelTask::language_model)
     return error("context parallelism splits the sequences of language models (gpt, llama); " +
                      cfg.name + " is a " + cfg.family + " model",
@@ -124,7 +139,12 @@ Result<RunData> open_data(const TrainOptions& o, const TrainJob& job, int data_i
   // The tokenizer: to tokenize the shipped corpus (no --data) and to sample at the end; the
   // one a tokenized folder's manifest names (copied into the run directory for `sample`).
   if (o.data.empty() || task_of(cfg) == ModelTask::language_model) {
-    const std::string named = o.data.empty() ? "" : data_tokenizer(o.data);
+    std::string first = o.data;  // a mixture's folders share a tokenizer: the first's
+    if (mixture) {
+      TS_ASSIGN_OR_RETURN(MixtureSpec spec, parse_mixture_spec(o.data));
+      first = spec.dirs[0];
+    }
+    const std::string named = o.data.empty() ? "" : data_tokenizer(first);
     if (o.data.empty() || o.sample_tokens > 0 || !named.empty()) {
       TS_ASSIGN_OR_RETURN(Tokenizer tok,
                           Tokenizer::load(named.empty() ? job.shipped_data_dir + "/gpt2" : named));
@@ -146,12 +166,32 @@ Result<RunData> open_data(const TrainOptions& o, const TrainJob& job, int data_i
     return d;
   }
   const int vocab = static_cast<int>(cfg.vocab_size);
+  const bool zigzag = job.plan.context_order == ContextOrder::zigzag;
+  if (mixture) {
+    TS_ASSIGN_OR_RETURN(MixtureSpec spec, parse_mixture_spec(o.data));
+    std::vector<std::vector<std::string>> train_shards, val_shards;
+    for (const std::string& dir : spec.dirs) {
+      TS_ASSIGN_OR_RETURN(ShardFiles files, find_token_shards(dir));
+      train_shards.push_back(files.train);
+      val_shards.push_back(files.val);
+    }
+    TS_ASSIGN_OR_RETURN(MixtureLoader train,
+                        MixtureLoader::open(train_shards, spec.weights, vocab, rows, seq,
+                                            data_index, data_ranks, o.seed));
+    TS_ASSIGN_OR_RETURN(
+        MixtureLoader val,
+        MixtureLoader::open(val_shards, spec.weights, vocab, rows, seq, data_index, data_ranks, 0));
+    TS_RETURN_IF_ERROR(train.set_sequence_chunk(chunk, chunks, zigzag));
+    TS_RETURN_IF_ERROR(val.set_sequence_chunk(chunk, chunks, zigzag));
+    d.train = std::make_unique<MixtureLoader>(std::move(train));
+    d.val = std::make_unique<MixtureLoader>(std::move(val));
+    return d;
+  }
   TS_ASSIGN_OR_RETURN(ShardFiles files, find_token_shards(data_dir));
   TS_ASSIGN_OR_RETURN(DataLoader train, DataLoader::open(files.train, vocab, rows, seq, data_index,
                                                          data_ranks, o.seed));
   TS_ASSIGN_OR_RETURN(DataLoader val,
                       DataLoader::open(files.val, vocab, rows, seq, data_index, data_ranks, 0));
-  const bool zigzag = job.plan.context_order == ContextOrder::zigzag;
   TS_RETURN_IF_ERROR(train.set_sequence_chunk(chunk, chunks, zigzag));
   TS_RETURN_IF_ERROR(val.set_sequence_chunk(chunk, chunks, zigzag));
   d.train = std::make_unique<DataLoader>(std::move(train));

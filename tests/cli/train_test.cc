@@ -53,6 +53,37 @@ TEST_F(TrainTest, ResumeContinuesExactly) {
   EXPECT_LT(std::stod(a.back().substr(7)), std::stod(a.front().substr(7)));
 }
 
+// A weighted mixture of two folders trains, stops and resumes bit for bit; its checkpoint
+// does not resume a run on one folder.
+TEST_F(TrainTest, AMixtureOfFoldersResumesExactly) {
+  write_learnable_tokens(dir_ / "more");
+  const std::string mix = (dir_ / "data").string() + "=0.7," + (dir_ / "more").string() + "=0.3";
+  TrainOptions straight = options("mix_straight");
+  straight.data = mix;
+  ASSERT_TRUE(run_train(straight).ok());
+  TrainOptions first = options("mix_resumed");
+  first.data = mix;
+  first.stop_after = 10;
+  ASSERT_TRUE(run_train(first).ok());
+  TrainOptions second = first;
+  second.stop_after = 0;
+  second.resume = true;
+  Status s = run_train(second);
+  ASSERT_TRUE(s.ok()) << s.to_string();
+  const std::vector<std::string> a = losses(dir_ / "mix_straight/metrics.jsonl");
+  ASSERT_EQ(a.size(), 20u);
+  EXPECT_EQ(losses(dir_ / "mix_resumed/metrics.jsonl"), a);
+  TrainOptions one = options("mix_resumed");
+  one.resume = true;
+  one.steps = 30;
+  s = run_train(one);
+  EXPECT_NE(s.message().find("of a mixture of folders"), std::string::npos) << s.to_string();
+  TrainOptions bad = options("mix_bad");
+  bad.data = (dir_ / "data").string() + "=0.7," + (dir_ / "nowhere").string() + "=0.3";
+  s = run_train(bad);
+  EXPECT_NE(s.message().find("nowhere' does not exist"), std::string::npos) << s.to_string();
+}
+
 // Resuming with another model names the keys that differ, not two whole configs.
 TEST_F(TrainTest, ResumeWithAnotherModelNamesTheKeysThatDiffer) {
   TrainOptions first = options("run");
