@@ -75,9 +75,19 @@ Status run_export(const HfArgs& a) {
   opt.max_shard_bytes = a.max_shard_bytes;
   TS_ASSIGN_OR_RETURN(HfExport out, export_hf(a.from, a.out, opt));
   // The tokenizer beside the checkpoint (import hf or train put it there) goes with it.
+  // Copied as it is (the model is written already: a tokenizer Tessera does not read must
+  // not fail the export).
   if (const std::string tok_json = find_tokenizer_near(a.from); !tok_json.empty()) {
-    TS_ASSIGN_OR_RETURN(Tokenizer tok, Tokenizer::load(tok_json));
-    TS_RETURN_IF_ERROR(tok.copy_to(a.out));
+    const std::filesystem::path from = std::filesystem::path(tok_json).parent_path();
+    for (const char* f : {"tokenizer.json", "tokenizer_config.json"}) {
+      std::error_code ec;
+      if (!std::filesystem::exists(from / f)) continue;
+      std::filesystem::copy_file(from / f, std::filesystem::path(a.out) / f,
+                                 std::filesystem::copy_options::overwrite_existing, ec);
+      if (ec)
+        std::printf("note: %s was not copied into %s: %s\n", (from / f).c_str(), a.out.c_str(),
+                    ec.message().c_str());
+    }
     std::printf("tokenizer: copied %s to %s\n", tok_json.c_str(), a.out.c_str());
   }
   std::printf("exported %s (%s) to %s: %lld tensors, %s in %zu files\n", a.from.c_str(),

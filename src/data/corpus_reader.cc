@@ -88,6 +88,7 @@ struct CorpusReader::State {
   std::string buf;      // read, from file offset buf_offset
   size_t pos = 0;       // consumed up to here
   size_t sep_scan = 0;  // no separator starts before here (past pos)
+  size_t cut_scan = 0;  // no place to cut before here (past pos + piece_bytes)
   int64_t buf_offset = 0;
   int64_t buf_line = 1;  // the line buf[0] is on
   bool eof = false;
@@ -110,7 +111,7 @@ struct CorpusReader::State {
     gzbuffer(gz, kReadBytes);
     format = fmt;
     buf.clear();
-    pos = sep_scan = 0;
+    pos = sep_scan = cut_scan = 0;
     buf_offset = 0;
     buf_line = 1;
     eof = in_doc = false;
@@ -126,6 +127,7 @@ struct CorpusReader::State {
       buf.erase(0, pos);
       buf_offset += static_cast<int64_t>(pos);
       sep_scan = sep_scan > pos ? sep_scan - pos : 0;
+      cut_scan = cut_scan > pos ? cut_scan - pos : 0;
       pos = 0;
     }
     const size_t have = buf.size();
@@ -181,8 +183,9 @@ struct CorpusReader::State {
       const bool complete = sep != std::string::npos || eof;  // [pos, end) ends the document
       if (end - pos > opt.piece_bytes) {
         // The first place after piece_bytes where the document may be cut.
-        size_t cut = buf.find('\n', pos + opt.piece_bytes);
+        size_t cut = buf.find('\n', std::max(pos + opt.piece_bytes, cut_scan));
         while (cut < end && !tok->can_cut_before(buf, cut)) cut = buf.find('\n', cut + 1);
+        cut_scan = std::min(cut, end);  // searched up to here
         if (cut < end) {
           TS_ASSIGN_OR_RETURN(bool got, text_piece(pos, cut, false, piece));
           pos = cut;
@@ -230,7 +233,7 @@ struct CorpusReader::State {
       nlohmann::json doc;
       try {
         doc = nlohmann::json::parse(row);
-      } catch (const nlohmann::json::parse_error& e) {
+      } catch (const nlohmann::json::exception& e) {  // syntax, or a number out of range
         return error(where + " is not JSON: " + e.what(),
                      "pass JSONL (one JSON object per line), or --format text for plain text");
       }

@@ -1,9 +1,11 @@
 #include "data/tokenize_corpus.h"
 
+#include <signal.h>
 #include <unistd.h>
 #include <zlib.h>
 
 #include <algorithm>
+#include <cerrno>
 #include <chrono>
 #include <cmath>
 #include <cstdio>
@@ -25,6 +27,7 @@ constexpr size_t kEncodeBytes = size_t{1} << 20;          // a document's pieces
 constexpr size_t kBatchBytesPerThread = size_t{8} << 20;  // text read per thread per batch
 constexpr int64_t kMinSplitTokens = 2;  // a split needs one input token and its target
 constexpr int64_t kMaxReservedTokens = int64_t{1} << 30;
+constexpr std::string_view kStagingPrefix = ".tokenize-staging-";
 
 struct Shard {
   std::string path;
@@ -150,13 +153,6 @@ struct StagingGuard {
   }
 };
 
-std::vector<std::string> absolute_paths(const std::vector<std::string>& paths) {
-  std::vector<std::string> out;
-  std::error_code ec;
-  for (const std::string& p : paths) out.push_back(fs::absolute(p, ec).lexically_normal().string());
-  return out;
-}
-
 }  // namespace
 
 std::string data_tokenizer(const std::string& dir) {
@@ -166,9 +162,11 @@ std::string data_tokenizer(const std::string& dir) {
     const nlohmann::json m = nlohmann::json::parse(in);
     const nlohmann::json& t = m.at("tokenizer");
     if (t.value("name", "") == "gpt2") return "";
-    for (const nlohmann::json& f : t.at("files"))
-      if (fs::path(f.get<std::string>()).filename() == "tokenizer.json")
-        return f.get<std::string>();
+    for (const nlohmann::json& f : t.at("files")) {
+      const fs::path file = f.get<std::string>();
+      if (file.filename() == "tokenizer.json")  // beside the shards, or where it was
+        return (file.is_relative() ? fs::path(dir) / file : file).string();
+    }
   } catch (const nlohmann::json::exception&) {
   }
   return "";
@@ -223,7 +221,16 @@ Result<TokenizeSummary> tokenize_to_shards(const TokenizeOptions& o, const Token
     return error("tokenize: cannot create output directory '" + o.out + "'" +
                      (ec ? ": " + ec.message() : std::string(" (a file is there)")),
                  "choose a writable output directory");
-  guard.staging = (fs::path(o.out) / (".tokenize-staging-" + std::to_string(::getpid()))).string();
+  // Staging folders of runs that were killed (their process is gone) go.
+  for (const fs::directory_entry& e : fs::directory_iterator(o.out, ec)) {
+    const std::string name = e.path().filename().string();
+    if (name.rfind(kStagingPrefix, 0) != 0) continue;
+    const long pid = std::strtol(name.c_str() + kStagingPrefix.size(), nullptr, 10);
+    if (pid > 0 && ::kill(static_cast<pid_t>(pid), 0) != 0 && errno == ESRCH)
+      fs::remove_all(e.path(), ec);
+  }
+  guard.staging =
+      (fs::path(o.out) / (std::string(kStagingPrefix) + std::to_string(::getpid()))).string();
   fs::remove_all(guard.staging, ec);
   fs::create_directories(guard.staging, ec);
   if (ec)
@@ -306,50 +313,66 @@ Result<TokenizeSummary> tokenize_to_shards(const TokenizeOptions& o, const Token
     val_shards.push_back({p, 0});
   }
 
-  // Replace an earlier run's shards, move the new ones in, then the manifest.
-  for (const fs::directory_entry& e : fs::directory_iterator(o.out, ec)) {
-    const std::string name = e.path().filename().string();
-    if (is_tokenized_shard_name(name) || name == "manifest.json") fs::remove(e.path(), ec);
-  }
+  // The final names, the tokenizer and the manifest in staging; then into `out` (replacing
+  // an earlier run's shards), the manifest last. A failed move takes the moved files back out.
   nlohmann::json manifest = {{"format", "tessera token shards"}, {"version", 1}};
-  manifest["tokenizer"] = {{"name", tok.name()},
+  TS_RETURN_IF_ERROR(tok.copy_to(guard.staging));  // travels with the shards
+  const bool gpt2 = tok.name() == "gpt2";
+  std::vector<std::string> tok_files;
+  for (const std::string& f : tok.files())
+    tok_files.push_back(gpt2 ? fs::absolute(f, ec).lexically_normal().string()
+                             : fs::path(f).filename().string());
+  manifest["tokenizer"] = {{"name", gpt2 ? "gpt2" : "tokenizer.json"},
                            {"vocab_size", tok.vocab_size()},
                            {"document_start", tok.document_start()},
-                           {"files", absolute_paths(tok.files())}};
+                           {"files", tok_files}};
   for (const CorpusSource& s : reader.sources())
     manifest["sources"].push_back(
         {{"path", s.path}, {"bytes", s.bytes}, {"documents", s.documents}});
   manifest["documents"] = sum.documents;
   manifest["tokens"] = sum.tokens;
+  std::vector<std::string> staged;  // names, moved into `out` in this order
   for (auto [split, shards, paths] : {std::tuple{"train", &train_shards, &sum.train_shards},
                                       std::tuple{"val", &val_shards, &sum.val_shards}}) {
     manifest[split] = nlohmann::json::array();
     for (size_t i = 0; i < shards->size(); ++i) {
       const std::string name = shard_name(split, i, shards->size());
-      const std::string to = (fs::path(o.out) / name).string();
-      fs::rename((*shards)[i].path, to, ec);
-      if (ec)
-        return error("tokenize: cannot move a shard into '" + to + "': " + ec.message(),
-                     "check the output directory's permissions");
-      const auto [crc, bytes] = file_crc32(to);
+      fs::rename((*shards)[i].path, fs::path(guard.staging) / name, ec);
+      if (ec) return error("tokenize: cannot rename a staged shard: " + ec.message());
+      const auto [crc, bytes] = file_crc32((fs::path(guard.staging) / name).string());
       char hex[16];
       std::snprintf(hex, sizeof hex, "%08x", crc);
       manifest[split].push_back(
           {{"file", name}, {"tokens", (*shards)[i].tokens}, {"bytes", bytes}, {"crc32", hex}});
-      paths->push_back(to);
+      paths->push_back((fs::path(o.out) / name).string());
+      staged.push_back(name);
     }
+  }
+  if (!gpt2)
+    for (const std::string& f : tok_files) staged.push_back(f);
+  {
+    std::ofstream m(fs::path(guard.staging) / "manifest.json");
+    m << manifest.dump(1) << "\n";
+    if (!m.good())
+      return error("tokenize: cannot write manifest.json in '" + guard.staging + "'",
+                   "check free disk space");
+  }
+  staged.push_back("manifest.json");
+  for (const fs::directory_entry& e : fs::directory_iterator(o.out, ec)) {
+    const std::string name = e.path().filename().string();
+    if (is_tokenized_shard_name(name) || name == "manifest.json") fs::remove(e.path(), ec);
+  }
+  for (size_t i = 0; i < staged.size(); ++i) {
+    fs::rename(fs::path(guard.staging) / staged[i], fs::path(o.out) / staged[i], ec);
+    if (!ec) continue;
+    const std::string cause = ec.message();
+    for (size_t k = 0; k < i; ++k) fs::remove(fs::path(o.out) / staged[k], ec);
+    return error("tokenize: cannot move " + staged[i] + " into '" + o.out + "': " + cause +
+                     " (the shards written are removed)",
+                 "check the output directory's permissions and free space");
   }
   sum.train_tokens = train;
   sum.val_tokens = val;
-  const std::string manifest_path = (fs::path(o.out) / "manifest.json").string();
-  {
-    std::ofstream m(manifest_path + ".tmp");
-    m << manifest.dump(1) << "\n";
-    if (!m.good())
-      return error("tokenize: cannot write '" + manifest_path + "'", "check free disk space");
-  }
-  fs::rename(manifest_path + ".tmp", manifest_path, ec);
-  if (ec) return error("tokenize: cannot write '" + manifest_path + "': " + ec.message());
   TS_LOG(info) << "tokenized " << what << ": " << format_bytes(double(sum.bytes)) << ", "
                << sum.documents << " document(s), " << format_count(sum.tokens) << " tokens in "
                << format_duration(sum.seconds) << " on " << sum.threads << " thread(s) -> " << o.out

@@ -144,7 +144,8 @@ void Tokenizer::encode_append(std::string_view text, std::vector<int32_t>* out,
   std::string normalized;
   if (m.alphabet == Impl::Alphabet::sentencepiece) {
     normalized.reserve(text.size() + text.size() / 4 + 3);
-    if (document_start && m.spm_prepend) normalized += kMetaspace;
+    if (document_start && m.spm_prepend && !(m.spm_prepend_unless_space && text[0] == ' '))
+      normalized += kMetaspace;
     for (char c : text) {
       if (c == ' ')
         normalized += kMetaspace;
@@ -190,7 +191,8 @@ bool Tokenizer::can_cut_before(std::string_view text, size_t pos) const {
   const Impl& m = *impl_;
   if (pos == 0 || pos >= text.size() || text[pos] != '\n') return false;
   const unsigned char before = static_cast<unsigned char>(text[pos - 1]);
-  if (m.alphabet == Impl::Alphabet::sentencepiece) return m.newline_is_barrier && !m.ignore_merges;
+  if (m.alphabet == Impl::Alphabet::sentencepiece)  // not inside a run of line breaks
+    return m.newline_is_barrier && !m.ignore_merges && before != '\n' && before != '\r';
   switch (m.pre) {
     case Pretokenizer::gpt2:  // no piece but \s+ runs holds a '\n'; none ends on a symbol
       return before > ' ' && before < 0x7F;

@@ -1,6 +1,7 @@
-// Byte-pair-encoding tokenizers: GPT-2's, and any Hugging Face tokenizer.json of the BPE kind
-// that current language models ship (byte-level as GPT-2, Llama 3, Qwen, Mistral-Nemo ...;
-// SentencePiece-style with byte fallback as Llama 2, Mistral 7B and Mixtral).
+// Byte-pair-encoding tokenizers: GPT-2's, and Hugging Face tokenizer.json files of the BPE
+// kind: byte-level with GPT-2's or Llama 3's pre-tokenization regex (GPT-2, Llama 3 and 3.1;
+// other regexes, as Qwen2's or Mistral-Nemo's, are refused by name), and SentencePiece-style
+// with byte fallback (Llama 2, Mistral 7B, Mixtral).
 //
 //   TS_ASSIGN_OR_RETURN(Tokenizer gpt2, Tokenizer::load("data/gpt2"));   // encoder.json+vocab.bpe
 //   TS_ASSIGN_OR_RETURN(Tokenizer l3, Tokenizer::load("Meta-Llama-3-8B"));  // its tokenizer.json

@@ -36,6 +36,7 @@ struct Tokenizer::Impl {
   Pretokenizer pre = Pretokenizer::gpt2;
   bool add_prefix_space = false;  // bytes: a ' ' before a document not starting with one
   bool spm_prepend = false;       // sentencepiece: a "▁" before every document
+  bool spm_prepend_unless_space = false;  // Metaspace: not before one that starts with ' '
   bool spm_split = false;         // sentencepiece: a piece starts at every "▁"
   // sentencepiece: no token has a "▁" after another character, so no token spans the start
   // of a word and a piece may start at every "▁" that follows another character (exact,

@@ -105,7 +105,37 @@ std::vector<json> flatten(const json& node, const char* list_key) {
 
 }  // namespace
 
+namespace {
+
+Result<std::unique_ptr<Impl>> read_gpt2_tokenizer(const std::string& dir);
+Result<std::unique_ptr<Impl>> read_hf_tokenizer(const std::string& json_path);
+
+}  // namespace
+
+// A file whose JSON has the wrong types (a string where an id goes, ...) throws from
+// nlohmann's accessors: one error naming the file, never an abort.
 Result<Tokenizer> load_gpt2_tokenizer(const std::string& dir) {
+  try {
+    TS_ASSIGN_OR_RETURN(std::unique_ptr<Impl> impl, read_gpt2_tokenizer(dir));
+    return Tokenizer(std::move(impl));
+  } catch (const nlohmann::json::exception& e) {
+    return gpt2_corrupt(dir, "encoder.json", e.what());
+  }
+}
+
+Result<Tokenizer> load_hf_tokenizer(const std::string& json_path) {
+  try {
+    TS_ASSIGN_OR_RETURN(std::unique_ptr<Impl> impl, read_hf_tokenizer(json_path));
+    return Tokenizer(std::move(impl));
+  } catch (const nlohmann::json::exception& e) {
+    return error("tokenizer '" + json_path + "' is malformed: " + e.what(),
+                 "pass the tokenizer.json of a Hugging Face model folder (as the Hub ships it)");
+  }
+}
+
+namespace {
+
+Result<std::unique_ptr<Impl>> read_gpt2_tokenizer(const std::string& dir) {
   const std::string hint =
       "the repository ships GPT-2's encoder.json and vocab.bpe in data/gpt2/; tessera reads "
       "them from <data>/gpt2, where <data> is the build's data/ or $TESSERA_DATA_DIR when set";
@@ -210,10 +240,10 @@ Result<Tokenizer> load_gpt2_tokenizer(const std::string& dir) {
     return gpt2_corrupt(dir, "vocab.bpe",
                         "has " + std::to_string(rank) + " merges, GPT-2 has " +
                             std::to_string(kNumMerges) + " (truncated file?)");
-  return Tokenizer(std::move(impl));
+  return impl;
 }
 
-Result<Tokenizer> load_hf_tokenizer(const std::string& json_path) {
+Result<std::unique_ptr<Impl>> read_hf_tokenizer(const std::string& json_path) {
   const std::string hint =
       "pass the tokenizer.json of a Hugging Face model folder (as the Hub ships it)";
   TS_ASSIGN_OR_RETURN(std::string text, slurp(json_path, hint));
@@ -222,9 +252,9 @@ Result<Tokenizer> load_hf_tokenizer(const std::string& json_path) {
   };
   auto unsupported = [&](const std::string& what) {
     return error("tokenizer '" + json_path + "' " + what + ", which Tessera does not implement",
-                 "Tessera reads byte-pair-encoding tokenizers: byte-level (GPT-2, Llama 3, "
-                 "Qwen ...; GPT-2's or Llama 3's pre-tokenization regex) and SentencePiece-style "
-                 "with byte fallback (Llama 2, Mistral, Mixtral)");
+                 "Tessera reads byte-pair-encoding tokenizers: byte-level with GPT-2's or "
+                 "Llama 3's pre-tokenization regex (GPT-2, Llama 3) and SentencePiece-style "
+                 "with byte fallback (Llama 2, Mistral 7B, Mixtral)");
   };
   json j;
   try {
@@ -258,11 +288,12 @@ Result<Tokenizer> load_hf_tokenizer(const std::string& json_path) {
 
   // How the text becomes symbols: the normalizer and the pre-tokenizers.
   bool byte_level = false, metaspace = false, prepend = false, space_to_metaspace = false;
+  bool prepend_always = false;  // the Prepend normalizer: even before a leading space
   bool split_regex = false;
   for (const json& n : flatten(j.value("normalizer", json()), "normalizers")) {
     const std::string t = n.value("type", "");
     if (t == "Prepend" && n.value("prepend", "") == kMetaspace) {
-      prepend = true;
+      prepend = prepend_always = true;
     } else if (t == "Replace" && n.contains("pattern") && n["pattern"].value("String", "") == " " &&
                n.value("content", "") == kMetaspace) {
       space_to_metaspace = true;
@@ -320,6 +351,7 @@ Result<Tokenizer> load_hf_tokenizer(const std::string& json_path) {
     m.alphabet = Impl::Alphabet::sentencepiece;
     m.pre = Pretokenizer::none;
     m.spm_prepend = prepend;
+    m.spm_prepend_unless_space = !prepend_always;  // Metaspace's: not before a "▁" already
   } else {
     return unsupported(
         "is neither byte-level (a ByteLevel pre-tokenizer) nor SentencePiece-style (spaces "
@@ -453,7 +485,7 @@ Result<Tokenizer> load_hf_tokenizer(const std::string& json_path) {
     for (const auto& [key, merge] : m.merges)
       touched = touched || static_cast<int32_t>(key >> 32) == nl ||
                 static_cast<int32_t>(key & 0xFFFFFFFFu) == nl;
-    m.newline_is_barrier = !touched;
+    m.newline_is_barrier = !touched && m.byte_fallback;  // else '\n' may fuse into an unk
   }
 
   // Beginning and end of text: tokenizer_config.json beside it, else the post-processor's
@@ -484,7 +516,9 @@ Result<Tokenizer> load_hf_tokenizer(const std::string& json_path) {
     return error("tokenizer '" + json_path + "' names no beginning- or end-of-text token",
                  "put a tokenizer_config.json beside it with \"eos_token\" (the token that "
                  "separates documents)");
-  return Tokenizer(std::move(impl));
+  return impl;
 }
+
+}  // namespace
 
 }  // namespace tessera

@@ -641,8 +641,16 @@ Status train(const TrainOptions& o, const TrainJob& job) {
     // Every rank takes part in gathering the whole parameters; rank 0 samples.
     std::vector<std::vector<float>> whole;
     TS_RETURN_IF_ERROR(st.gather_params(&whole));
-    if (leader) {
-      std::vector<int32_t> prompt = data.tok->encode("The whale");
+    std::vector<int32_t> prompt = data.tok->encode("The whale");
+    const bool fits = std::all_of(prompt.begin(), prompt.end(),
+                                  [&](int32_t id) { return id < cfg.vocab_size; });
+    if (leader && !fits)
+      std::fprintf(stderr,
+                   "note: no sample: the prompt's tokens (%s) lie beyond the model's "
+                   "vocabulary of %lld; tokenize the data with the model's tokenizer "
+                   "(tessera tokenize --tokenizer) or pass --sample-tokens 0\n",
+                   data.tok->name().c_str(), static_cast<long long>(cfg.vocab_size));
+    if (leader && fits) {
       TS_ASSIGN_OR_RETURN(
           std::string text,
           st.sample(whole, prompt, static_cast<int>(o.sample_tokens), o.seed, *data.tok));

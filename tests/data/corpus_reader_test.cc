@@ -91,6 +91,10 @@ TEST(CorpusReader, BadJsonlLinesAreNamedByFileAndLine) {
   write_bytes(dir.file("c.jsonl"), "{\"text\": 5}\n");
   r = read_all({dir.file("c.jsonl")});
   EXPECT_FALSE(r.status.ok());
+  write_bytes(dir.file("d.jsonl"), "{\"text\": \"a\", \"x\": 1e400}\n");  // out of range
+  r = read_all({dir.file("d.jsonl")});
+  ASSERT_FALSE(r.status.ok());
+  EXPECT_NE(r.status.message().find("line 1 is not JSON"), std::string::npos);
 }
 
 TEST(CorpusReader, FoldersAreReadRecursivelyInNameOrderPlainOrGzip) {

@@ -309,6 +309,12 @@ TEST(TokenizeToShards, AFailureLeavesTheEarlierShardsAndNoStaging) {
   ASSERT_TRUE(tokenize_to_shards(o, repo_tokenizer()).ok());
   EXPECT_FALSE(std::filesystem::exists(dir.file("out/train_000001.bin")));
   EXPECT_TRUE(std::filesystem::exists(dir.file("out/train.bin")));
+  // A killed run's staging folder (its process gone) is removed by the next run.
+  const std::string stale = dir.file("out/.tokenize-staging-4194999");  // above pid_max
+  std::filesystem::create_directories(stale);
+  write_bytes(stale + "/part_000000.bin", "x");
+  ASSERT_TRUE(tokenize_to_shards(o, repo_tokenizer()).ok());
+  EXPECT_FALSE(std::filesystem::exists(stale));
   // A failure into a new folder leaves no folder.
   o.inputs = {dir.file("bad.jsonl")};
   o.out = dir.file("fresh");
