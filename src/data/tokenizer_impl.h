@@ -34,10 +34,10 @@ struct Tokenizer::Impl {
   std::vector<std::string> files;
   Alphabet alphabet = Alphabet::bytes;
   Pretokenizer pre = Pretokenizer::gpt2;
-  bool add_prefix_space = false;  // bytes: a ' ' before a document not starting with one
-  bool spm_prepend = false;       // sentencepiece: a "▁" before every document
+  bool add_prefix_space = false;          // bytes: a ' ' before a document not starting with one
+  bool spm_prepend = false;               // sentencepiece: a "▁" before every document
   bool spm_prepend_unless_space = false;  // Metaspace: not before one that starts with ' '
-  bool spm_split = false;         // sentencepiece: a piece starts at every "▁"
+  bool spm_split = false;                 // sentencepiece: a piece starts at every "▁"
   // sentencepiece: no token has a "▁" after another character, so no token spans the start
   // of a word and a piece may start at every "▁" that follows another character (exact,
   // and words are cached: Llama 2's vocabulary is so).

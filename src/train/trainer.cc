@@ -642,8 +642,8 @@ Status train(const TrainOptions& o, const TrainJob& job) {
     std::vector<std::vector<float>> whole;
     TS_RETURN_IF_ERROR(st.gather_params(&whole));
     std::vector<int32_t> prompt = data.tok->encode("The whale");
-    const bool fits = std::all_of(prompt.begin(), prompt.end(),
-                                  [&](int32_t id) { return id < cfg.vocab_size; });
+    const bool fits =
+        std::all_of(prompt.begin(), prompt.end(), [&](int32_t id) { return id < cfg.vocab_size; });
     if (leader && !fits)
       std::fprintf(stderr,
                    "note: no sample: the prompt's tokens (%s) lie beyond the model's "
