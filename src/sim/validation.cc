@@ -10,6 +10,7 @@
 #include "cost/flops.h"
 #include "io/fs.h"
 #include "parallel/sharding_search.h"
+#include "sim/framework_terms.h"
 
 namespace tessera {
 
@@ -187,17 +188,68 @@ Result<ModelConfig> model_for(const PublishedRun& r, double tp, RunSetup* s) {
     return error("T5 model '" + name + "' without a matching preset");
   }
   if (contains(r.at("architecture"), "llama")) {
-    // LLaMA rows do not list ffn_hidden / kv_heads; take them from the named model.
-    for (const char* size : {"70B", "13B", "7B"})
-      if (contains(name, "llama2") && contains(name, size)) {
-        std::string preset = std::string("llama2-") + (size[1] == '0'   ? "70b"
-                                                       : size[0] == '1' ? "13b"
-                                                                        : "7b");
-        s->assumptions.push_back("dimensions of preset " + preset);
-        return *find_preset(preset);
+    // A named Llama 2 / Llama 3 size takes its preset's dimensions where the row leaves
+    // them out; a row that gives its width, depth and heads is read as it is (the MLP width
+    // LLaMA's rule makes when not published: 8/3 x width up to a multiple of 256).
+    std::string preset;
+    for (const char* family : {"llama2", "llama3"})
+      for (const char* size : {"405b", "70b", "13b", "8b", "7b"}) {
+        const bool family_named =
+            contains(name, family) ||
+            contains(name, (std::string(family, 5) + "-" + family[5]).c_str()) ||
+            contains(name, (std::string(family, 5) + " " + family[5]).c_str());
+        const std::string candidate = std::string(family) + "-" + size;
+        if (preset.empty() && family_named && contains(name, size) && find_preset(candidate))
+          preset = candidate;
       }
-    return error("LLaMA-style model '" + name + "' without a matching preset (ffn_hidden, " +
-                 "kv_heads not published)");
+    double layers, hidden, heads, seq, vocab;
+    if (r.at("hidden").empty() || r.at("layers").empty() || r.at("heads").empty()) {
+      if (preset.empty())
+        return error("LLaMA-style model '" + name + "' without a matching preset (hidden, " +
+                     "layers or heads not published)");
+      s->assumptions.push_back("dimensions of preset " + preset);
+      ModelConfig c = *find_preset(preset);
+      if (number(r.at("seq_len"), &seq))
+        c.max_seq_len = std::max(c.max_seq_len, static_cast<int64_t>(seq));
+      return c;
+    }
+    TS_RETURN_IF_ERROR(need(r, "hidden", &hidden));
+    TS_RETURN_IF_ERROR(need(r, "layers", &layers));
+    TS_RETURN_IF_ERROR(need(r, "heads", &heads));
+    TS_RETURN_IF_ERROR(need(r, "seq_len", &seq));
+    const std::optional<ModelConfig> known =
+        preset.empty() ? std::nullopt : find_preset(preset);
+    ModelConfig c = known ? *known : ModelConfig{};
+    c.name = name;
+    c.family = "llama";
+    c.tied_embeddings = false;
+    c.n_layer = static_cast<int64_t>(layers);
+    c.n_embd = static_cast<int64_t>(hidden);
+    c.n_head = static_cast<int64_t>(heads);
+    double kv = heads, ffn;
+    if (number(r.at("kv_heads"), &kv)) {
+      c.n_kv_head = static_cast<int64_t>(kv);
+    } else if (!known || known->n_embd != c.n_embd) {
+      c.n_kv_head = c.n_head;
+      s->assumptions.push_back("as many key/value heads as heads (kv_heads not published)");
+    }
+    if (number(r.at("ffn_hidden"), &ffn)) {
+      c.ffn_hidden = static_cast<int64_t>(ffn);
+    } else if (!known || known->n_embd != c.n_embd) {
+      c.ffn_hidden = (8 * c.n_embd / 3 + 255) / 256 * 256;
+      s->assumptions.push_back("MLP width " + std::to_string(c.ffn_hidden) +
+                               " (LLaMA's 8/3 x width rule; not published)");
+    }
+    if (number(r.at("vocab"), &vocab)) {
+      c.vocab_size = static_cast<int64_t>(vocab);
+    } else if (!known) {
+      c.vocab_size = 32000;
+      s->assumptions.push_back("vocabulary 32,000 (LLaMA 1/2's; not published)");
+    }
+    c.max_seq_len = std::max(c.max_seq_len, static_cast<int64_t>(seq));
+    if (c.rope_theta <= 0) c.rope_theta = 10000.0;
+    TS_RETURN_IF_ERROR(validate(c));
+    return c;
   }
   double layers, hidden, heads, seq, vocab;
   TS_RETURN_IF_ERROR(need(r, "seq_len", &seq));
@@ -290,11 +342,19 @@ Result<RunSetup> setup_run(const PublishedRun& r, const std::string& cluster_dir
     return error("vp_interleave='" + vps + "' is not a positive integer");
   const std::string& sp = r.at("sequence_parallel");
   const bool sequence_parallel = tp > 1 && !sp.empty() && !contains(sp, "no");
-  for (const char* col : {"cp", "ep"}) {
-    double v;
-    if (!r.at(col).empty() && (!number(r.at(col), &v) || v != 1))
-      return error(std::string(col) + "=" + r.at(col) + " is not in the Program yet");
+  // Context and expert parallelism: axes of the Program (inside the data axes).
+  double cp = 1, ep = 1;
+  for (auto [col, v] : {std::pair{"cp", &cp}, std::pair{"ep", &ep}}) {
+    const std::string& text = r.at(col);
+    if (!text.empty() && (!number(text, v) || *v < 1 || *v != std::floor(*v)))
+      return error(std::string(col) + "='" + text + "' is not a positive integer");
   }
+  if (cp > 1 && pp > 1)
+    return error("cp=" + r.at("cp") + " with pp=" + r.at("pp") +
+                 ": context parallelism with pipeline stages is not in the Program yet");
+  if (ep > 1 && pp > 1)
+    return error("ep=" + r.at("ep") + " with pp=" + r.at("pp") +
+                 ": mixtures of experts with pipeline stages are not in the Program yet");
   // "8-512" GPUs with a scaling efficiency: the per-GPU throughput at the largest count over
   // that at the smallest, in percent.
   static const std::regex range(R"((\d+)\s*-\s*(\d+))");
@@ -312,13 +372,16 @@ Result<RunSetup> setup_run(const PublishedRun& r, const std::string& cluster_dir
   }
   if (gpus < 1 || gpus != std::floor(gpus))
     return error("num_gpus='" + r.at("num_gpus") + "' is not a positive integer");
-  double dp = gpus / (tp * pp);
+  // The expert axis is one of the data axes (its ranks hold other experts, the same tokens'
+  // share): dp counts it; the context axis is not.
+  double dp = gpus / (tp * pp * cp);
+  const std::string cps = cp > 1 ? " x cp=" + r.at("cp") : "";
   if (dp < 1 || dp != std::floor(dp))
-    return error("tp=" + tps + " x pp=" + (pps.empty() ? "1" : pps) +
+    return error("tp=" + tps + " x pp=" + (pps.empty() ? "1" : pps) + cps +
                  " does not divide num_gpus=" + r.at("num_gpus"));
-  if (!r.at("dp").empty() && (!number(r.at("dp"), &dp) || dp * tp * pp != gpus))
+  if (!r.at("dp").empty() && (!number(r.at("dp"), &dp) || dp * tp * pp * cp != gpus))
     return error("dp=" + r.at("dp") + " x tp=" + (tps.empty() ? "1" : tps) +
-                 " x pp=" + (pps.empty() ? "1" : pps) + " on " + r.at("num_gpus") +
+                 " x pp=" + (pps.empty() ? "1" : pps) + cps + " on " + r.at("num_gpus") +
                  " GPUs implies model parallelism of unknown kind");
   if (tps.empty() || pps.empty()) s.assumptions.push_back("tp=pp=1 (not published; dp = num_gpus)");
   // "8 and 16": runs at several micro-batches, the first modelled.
@@ -333,23 +396,32 @@ Result<RunSetup> setup_run(const PublishedRun& r, const std::string& cluster_dir
     TS_RETURN_IF_ERROR(need(r, "micro_batch", &micro));
   }
 
+  // Precision, recomputation and sharding in any framework's words (framework_terms.h); an
+  // empty one is not published.
   const std::string& prec = r.at("precision");
-  if (contains(prec, "fp8")) {
+  if (prec.empty()) {
     s.sim.precision = DType::bf16;
-    s.sim.fp8 = true;
-    s.assumptions.push_back("FP8 GEMMs in the blocks (Transformer Engine), bf16 elsewhere");
-  } else if (contains(prec, "bf16") || prec.empty()) {
-    s.sim.precision = DType::bf16;
-    if (prec.empty()) s.assumptions.push_back("bf16 mixed precision (not published)");
-  } else if (contains(prec, "fp16") || contains(prec, "16-bit")) {
-    s.sim.precision = DType::f16;
+    s.assumptions.push_back("bf16 mixed precision (not published)");
   } else {
-    return error("precision '" + prec + "' is not modeled");
+    TS_ASSIGN_OR_RETURN(PrecisionTerm p, parse_precision_term(prec));
+    s.sim.precision = p.dtype;
+    s.sim.fp8 = p.fp8;
+    if (p.fp8)
+      s.assumptions.push_back("FP8 GEMMs in the blocks (Transformer Engine), bf16 elsewhere");
+  }
+  const std::string& rc = r.at("activation_recompute");
+  std::optional<RecomputeTerm> recompute;
+  if (!rc.empty()) {
+    TS_ASSIGN_OR_RETURN(RecomputeTerm t, parse_recompute_term(rc));
+    recompute = t;
+  }
+  const std::string& z = r.at("zero_or_fsdp");
+  std::optional<ShardingTerm> sharding;
+  if (!z.empty()) {
+    TS_ASSIGN_OR_RETURN(ShardingTerm t, parse_sharding_term(z));
+    sharding = t;
   }
 
-  const std::string& rc = r.at("activation_recompute");
-  if (contains(rc, "selective") && contains(rc, "every"))
-    return error("recomputation of some blocks only ('" + rc + "') is not modeled");
   s.plan = tp > 1 ? Plan::tensor_parallel(static_cast<int>(dp), static_cast<int>(tp), 0)
                   : Plan::data_parallel(static_cast<int>(dp), 0);
   if (pp > 1) {
@@ -362,43 +434,64 @@ Result<RunSetup> setup_run(const PublishedRun& r, const std::string& cluster_dir
     s.assumptions.push_back(std::string("pipeline schedule ") + schedule_name(s.plan.schedule) +
                             ", stages balanced by the cost model");
   }
+  if (sharding && sharding->hsdp) {
+    if (pp > 1 || cp > 1 || ep > 1)
+      return error("sharding '" + z +
+                   "' (HSDP) with pipeline, context or expert parallelism is "
+                   "not modeled");
+    // Without a published degree, a shard group is a node's data-parallel ranks (PyTorch's).
+    double per_node = 8;
+    number(r.at("gpus_per_node"), &per_node);
+    const int shard =
+        sharding->shard > 0 ? sharding->shard : std::max(1, static_cast<int>(per_node / tp));
+    if (static_cast<int64_t>(dp) % shard != 0)
+      return error("sharding '" + z + "': a shard group of " + std::to_string(shard) +
+                   " does not divide the " + std::to_string(static_cast<int64_t>(dp)) +
+                   " data-parallel ranks");
+    s.plan = Plan::hybrid_sharded(static_cast<int>(dp) / shard, shard, static_cast<int>(tp));
+    if (sharding->zero == 2) s.plan.zero = 2;
+    if (sharding->shard == 0)
+      s.assumptions.push_back("HSDP shard groups of " + std::to_string(shard) +
+                              " ranks (a node's; not published)");
+  }
   s.plan.sequence_parallel = sequence_parallel;
-  if (contains(rc, "full")) {
-    s.plan.recompute = RecomputePolicy::full;
-  } else if (contains(rc, "selective")) {
+  if (ep > 1) {
+    if (static_cast<int64_t>(dp) % static_cast<int64_t>(ep) != 0)
+      return error("ep=" + r.at("ep") + " does not divide the " +
+                   std::to_string(static_cast<int64_t>(dp)) + " data-parallel ranks");
+    // The expert axis splits the data axis: dp / ep replicas of ep expert ranks.
+    s.plan = tp > 1 ? Plan::tensor_parallel(static_cast<int>(dp / ep), static_cast<int>(tp), 0)
+                    : Plan::data_parallel(static_cast<int>(dp / ep), 0);
+    s.plan.sequence_parallel = sequence_parallel;
+    TS_RETURN_IF_ERROR(add_expert_axis(&s.plan, static_cast<int>(ep)));
+  }
+  if (cp > 1) {
+    // Megatron-Core's and NeMo's context parallelism balances the causal work as the zigzag
+    // order does (chunks i and 2cp-1-i); a learned position table (GPT) takes contiguous.
+    TS_RETURN_IF_ERROR(add_context_axis(&s.plan, static_cast<int>(cp)));
+    s.assumptions.push_back("context parallelism: keys and values all-gathered over cp");
+  }
+  if (recompute) {
+    s.plan.recompute = recompute->policy;
     // Korthikanti et al.'s selective recompute re-runs the attention core; Tessera's fused
     // attention stores no score matrix, and its selective policy re-runs the cheap ops.
-    s.plan.recompute = RecomputePolicy::selective;
-    s.assumptions.push_back("selective recompute as Tessera's (cheap ops re-run; fused attention)");
-  } else if (rc.empty() && !r.at("zero_or_fsdp").empty()) {
+    if (recompute->policy == RecomputePolicy::selective)
+      s.assumptions.push_back(
+          "selective recompute as Tessera's (cheap ops re-run; fused attention)");
+  } else if (sharding) {
     s.assumptions.push_back("no activation recomputation (not published)");
-  } else if (rc.empty()) {
-    // Neither recomputation nor the ZeRO stage: both chosen by fill_unpublished (below).
-  } else if (!contains(rc, "none")) {
-    return error("activation_recompute '" + rc + "' is not modeled");
   }
-
-  const std::string& z = r.at("zero_or_fsdp");
-  if (z.empty() && rc.empty()) {  // both chosen by fill_unpublished
+  if (!sharding && !recompute) {  // both chosen by fill_unpublished
     s.unpublished.push_back("zero");
     s.unpublished.push_back("recompute");
-  }
-  if (contains(z, "FULL_SHARD") || contains(z, "ZeRO-3") || z == "FSDP")
-    s.plan.zero = 3;
-  else if (contains(z, "SHARD_GRAD_OP") || contains(z, "ZeRO-2"))
-    s.plan.zero = 2;
-  else if (contains(z, "ZeRO-1"))
-    s.plan.zero = 1;
-  else if (z.empty() && !rc.empty())
+  } else if (sharding && !sharding->hsdp) {
+    s.plan.zero = sharding->zero;
+  } else if (!sharding) {
     s.assumptions.push_back("plain data parallelism (no ZeRO stage published)");
-  else if (z.empty())
-    ;  // chosen by fill_unpublished with the recomputation
-  else if (!contains(z, "none"))
-    return error("sharding '" + z + "' is not modeled");
-  if (contains(z, "ZeRO-R"))
-    return error("ZeRO-R (partitioned activations with MP) is not modeled");
+  }
 
   TS_ASSIGN_OR_RETURN(s.model, model_for(r, tp, &s));
+  if (cp > 1 && s.model.family == "llama") s.plan.context_order = ContextOrder::zigzag;
   // The rows list the tokenizer's vocabulary; the frameworks train a padded table (Megatron-LM
   // and Megatron-DeepSpeed to a multiple of 128 x tp, llm.c GPT-2's 50,257 to 50,304). Where a
   // tensor rank's rows would not be a multiple of 8 (GEMMs off the tensor cores' alignment:
@@ -583,7 +676,10 @@ std::string format_report(const ValidationReport& rep, bool per_row) {
                                                       : std::string()) +
                                 " "
                           : std::string()) +
-          "zero=" + std::to_string(p.zero) +
+          (p.context_group() > 1 ? "cp=" + std::to_string(p.context_group()) + " " : "") +
+          (p.expert_group() > 1 ? "ep=" + std::to_string(p.expert_group()) + " " : "") +
+          (p.hsdp() ? "hsdp shard=" + std::to_string(p.zero_group())
+                    : "zero=" + std::to_string(p.zero)) +
           " mb=" + std::to_string(r.setup.batch / p.data_group()) + "x" +
           std::to_string(p.micro_batches) +
           (p.recompute == RecomputePolicy::full        ? " rc"

@@ -177,6 +177,50 @@ TEST(SetupRun, SaysWhyARowCannotBeModelled) {
   EXPECT_NE(reason({{"tokens_per_s_per_gpu", ""}}).find("no comparable metric"), std::string::npos);
 }
 
+// Context parallelism (NeMo's cp=2) is an axis of the plan, zigzag for LLaMA-style models;
+// with pipeline stages it is refused by name. HSDP's spellings give shard groups (a node's
+// data-parallel ranks when no degree is published).
+TEST(SetupRun, ContextParallelAndHybridShardedRows) {
+  PublishedRun r = mosaic_like();
+  r.fields["cp"] = "2";
+  Result<RunSetup> s = setup_run(r);
+  ASSERT_TRUE(s.ok()) << s.status().to_string();
+  EXPECT_EQ(s->plan.context_group(), 2);
+  EXPECT_EQ(s->plan.data_group(), 16);
+  EXPECT_EQ(s->plan.zero, 3);
+  r.fields["architecture"] = "LLaMA decoder (GQA)";
+  r.fields["model_name"] = "llama-like";
+  s = setup_run(r);
+  ASSERT_TRUE(s.ok()) << s.status().to_string();
+  EXPECT_EQ(s->plan.context_order, ContextOrder::zigzag);
+  r.fields["pp"] = "2";
+  r.fields["zero_or_fsdp"] = "ZeRO-1";
+  s = setup_run(r);
+  ASSERT_FALSE(s.ok());
+  EXPECT_NE(s.status().message().find("context parallelism with pipeline stages"),
+            std::string::npos);
+
+  PublishedRun h = mosaic_like();
+  h.fields["zero_or_fsdp"] = "HYBRID_SHARD";
+  h.fields["gpus_per_node"] = "8";
+  s = setup_run(h);
+  ASSERT_TRUE(s.ok()) << s.status().to_string();
+  EXPECT_TRUE(s->plan.hsdp());
+  EXPECT_EQ(s->plan.mesh.axis_size("dp_shard"), 8);
+  h.fields["zero_or_fsdp"] = "FSDP2 dp_shard=16";
+  s = setup_run(h);
+  ASSERT_TRUE(s.ok()) << s.status().to_string();
+  EXPECT_EQ(s->plan.mesh.axis_size("dp_shard"), 16);
+  h.fields["zero_or_fsdp"] = "distributed optimizer";
+  s = setup_run(h);
+  ASSERT_TRUE(s.ok()) << s.status().to_string();
+  EXPECT_EQ(s->plan.zero, 1);
+  h.fields["zero_or_fsdp"] = "tensor-sliced magic";
+  s = setup_run(h);
+  ASSERT_FALSE(s.ok());
+  EXPECT_NE(s.status().message().find("is not a spelling Tessera knows"), std::string::npos);
+}
+
 // A GPT decoder row without its depth or heads: the depth whose blocks and embeddings come
 // nearest the published size (MPT-7B: 32 blocks of 4096 make 6.65B parameters with its 50,368
 // vocabulary, published as 6.7B), and 128-wide heads, or the count nearest them that divides

@@ -1,0 +1,65 @@
+// The words training frameworks use for a plan's knobs, mapped to what they mean in a Plan:
+// how `validate` reads a published run's sharding, precision and recomputation, whatever
+// framework the paper or table was written in.
+//
+//   TS_ASSIGN_OR_RETURN(ShardingTerm s, parse_sharding_term("HYBRID_SHARD"));  // ZeRO-3, HSDP
+//   TS_ASSIGN_OR_RETURN(PrecisionTerm p, parse_precision_term("float8 rowwise"));  // fp8
+//   TS_ASSIGN_OR_RETURN(RecomputeTerm r, parse_recompute_term("--recompute-granularity full"));
+//
+// Spellings are matched case-insensitively, '-', '_' and spaces alike. Sharding:
+//   none, NO_SHARD, DDP, ZeRO-0 .................................. no sharding
+//   ZeRO-1, stage 1, P_os, distributed optimizer (Megatron-Core, NeMo),
+//     use_distributed_optimizer, sharded optimizer, ZeroRedundancyOptimizer .. ZeRO-1
+//   ZeRO-2, stage 2, P_os+g, SHARD_GRAD_OP ........................ ZeRO-2
+//   ZeRO-3, stage 3, P_os+g+p, FULL_SHARD, FSDP (PyTorch's default strategy), FSDP2,
+//     fully_shard, MaxText's fsdp ................................... ZeRO-3
+//   HYBRID_SHARD, HSDP, _HYBRID_SHARD_ZERO2, FSDP2 with a shard degree (dp_shard=N,
+//     "shard degree 8", torchtitan's data_parallel_shard_degree) ... ZeRO-3 (ZeRO-2 for
+//     _ZERO2) within groups of the shard degree, replicated across them (HSDP); without a
+//     degree, the group is a node, as PyTorch's default
+//   ZeRO-R (partitioned activations with model parallelism) ....... refused: not modeled
+// Precision:
+//   fp8, float8 (tensorwise, rowwise), delayed scaling, Transformer Engine's FP8 (hybrid
+//     E4M3/E5M2), amp_fp8 ........................................... FP8 GEMMs beside bf16
+//   bf16, bfloat16, amp_bf16, BF16Optimizer, pure bf16 ............... bf16 mixed precision
+//   fp16, float16, half, amp (PyTorch's default autocast), apex O1/O2, 16-bit ... fp16 mixed
+//   fp32, float32, tf32, single ....................................... fp32
+//   "mixed" alone names no format: refused
+// Recomputation:
+//   full, activation checkpointing, gradient checkpointing, checkpoint_activations, every
+//     block/layer, --recompute-granularity full ...................... every block
+//   selective, --recompute-granularity selective, core attention ..... selective
+//   none, no, off, disabled, false, -r 0 .............................. none
+//   some blocks only ("selective (every n blocks)", "every 2nd layer") refused: not modeled
+// An empty text is "not published" (the caller fills it as the planner would); a text that
+// matches none of these is refused naming it and the spellings known.
+#pragma once
+
+#include <string>
+
+#include "base/status.h"
+#include "ir/dtype.h"
+#include "parallel/plan.h"
+
+namespace tessera {
+
+struct ShardingTerm {
+  int zero = 0;  // ZeRO stage 0-3
+  bool hsdp = false;
+  int shard = 0;  // HSDP: ranks per shard group; 0 when the text gives none
+};
+
+struct PrecisionTerm {
+  DType dtype = DType::bf16;
+  bool fp8 = false;  // the blocks' GEMMs in FP8 beside `dtype`
+};
+
+struct RecomputeTerm {
+  RecomputePolicy policy = RecomputePolicy::none;
+};
+
+Result<ShardingTerm> parse_sharding_term(const std::string& text);
+Result<PrecisionTerm> parse_precision_term(const std::string& text);
+Result<RecomputeTerm> parse_recompute_term(const std::string& text);
+
+}  // namespace tessera
