@@ -217,8 +217,7 @@ Result<ModelConfig> model_for(const PublishedRun& r, double tp, RunSetup* s) {
     TS_RETURN_IF_ERROR(need(r, "layers", &layers));
     TS_RETURN_IF_ERROR(need(r, "heads", &heads));
     TS_RETURN_IF_ERROR(need(r, "seq_len", &seq));
-    const std::optional<ModelConfig> known =
-        preset.empty() ? std::nullopt : find_preset(preset);
+    const std::optional<ModelConfig> known = preset.empty() ? std::nullopt : find_preset(preset);
     ModelConfig c = known ? *known : ModelConfig{};
     c.name = name;
     c.family = "llama";
