@@ -71,6 +71,11 @@ PipelineRunner::PipelineRunner(const Graph& model, const PipelineProgram& progra
 
 PipelineRunner::~PipelineRunner() = default;
 
+int64_t PipelineRunner::planned_bytes() const {
+  const size_t u = static_cast<size_t>(stage());
+  return pp_.stage_arena_bytes[u] + pp_.stage_p2p_bytes[u] + pp_.stage_persistent_bytes[u];
+}
+
 Result<std::unique_ptr<PipelineRunner>> PipelineRunner::create(
     const Graph& model, std::unique_ptr<PipelineProgram> program, Backend& backend,
     MeshComms& comms, AdamWConfig opt) {

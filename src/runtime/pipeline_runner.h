@@ -101,6 +101,7 @@ class PipelineRunner final : public StepDriver {
   // The plan and, per stage, its blocks, arena (with the stash), send buffers and persistent
   // bytes.
   std::string describe_memory() const override;
+  int64_t planned_bytes() const override;
   void set_trace(StepTrace* trace) override {
     for (auto& c : chunks_) c->set_trace(trace);
     comms_.set_trace_sink(trace);

@@ -40,6 +40,14 @@ class SpmdDriver final : public StepDriver {
   }
   int64_t planned_arena_bytes() const override { return runner_->executor().plan().arena_bytes; }
   std::string describe_memory() const override;
+  int64_t planned_bytes() const override {
+    const Program& prog = runner_->program();
+    const Plan& p = prog.plan;
+    return runner_->executor().plan().arena_bytes + prog.param_bytes +
+           (p.micro_batches > 1 ? prog.grad_bytes : 0) +
+           (p.offloads_optimizer() ? prog.host_bytes : prog.optim_bytes) +
+           runner_->eval_executor()->plan().arena_bytes;
+  }
   void set_trace(StepTrace* trace) override {
     runner_->set_trace(trace);
     comms().set_trace_sink(trace);

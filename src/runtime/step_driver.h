@@ -62,6 +62,10 @@ class StepDriver {
   // The planned memory of this plan, as printed before step 0: "per rank arena ..." (one line
   // per stage with stages).
   virtual std::string describe_memory() const = 0;
+  // The bytes that description adds up to for this rank: what its process should hold beyond
+  // the program itself (arena, parameters, gradients, optimizer state on the device or the
+  // host, evaluation arena; a pipeline stage's stash and send buffers).
+  virtual int64_t planned_bytes() const = 0;
   // This rank's pipeline stage, or -1 without stages (for messages).
   virtual int stage() const { return -1; }
   // Records what the step runs into `trace` (null: stop): the compute of every runner and

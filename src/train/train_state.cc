@@ -40,12 +40,19 @@ Result<std::unique_ptr<TrainState>> TrainState::create(const ModelConfig& cfg,
 }
 
 std::string TrainState::describe_memory() const {
-  if (distributed()) return step->describe_memory();
+  const int64_t snapshot = snapshot_bytes();
+  const std::string checkpoints =
+      snapshot > 0 ? "checkpoints: a snapshot of " + format_bytes(static_cast<double>(snapshot)) +
+                         " per rank in host memory while one is written (--sync-checkpoints: "
+                         "none)\n"
+                   : "";
+  if (distributed()) return step->describe_memory() + checkpoints;
   const Graph& g = model.graph;
   return "model " + cfg.name + ": " + format_count(g.param_count()) + " parameters, " +
          format_si(g.total_flops() /
                    static_cast<double>(opts.batch * tokens_per_example(cfg, opts.seq))) +
-         " FLOPs/token (train)\n" + step->describe_memory() + unaligned_vocabulary_note();
+         " FLOPs/token (train)\n" + step->describe_memory() + checkpoints +
+         unaligned_vocabulary_note();
 }
 
 // On a device in bf16/f16, a table whose rows are not a multiple of 8 puts the LM head's GEMMs

@@ -64,8 +64,15 @@ class TrainState {
   void paint_arena() { step->paint_arena(); }
   int64_t measured_arena_bytes() const { return step->measured_arena_bytes(); }
   int64_t planned_arena_bytes() const { return step->planned_arena_bytes(); }
-  // What memory the plan gives this run, printed before step 0 (per stage with a pipeline).
+  // What memory the plan gives this run, printed before step 0 (per stage with a pipeline),
+  // with the host memory a checkpoint's snapshot takes.
   std::string describe_memory() const;
+  // The bytes begin_save() copies to host memory (this rank's pieces of the parameters and
+  // AdamW moments, as f32); 0 when checkpoints are written from host-resident state directly
+  // (--sync-checkpoints).
+  int64_t snapshot_bytes() const;
+  // What this rank's process should hold beyond the program: its plan and the snapshot.
+  int64_t planned_process_bytes() const { return step->planned_bytes() + snapshot_bytes(); }
   // A line for a device run in bf16/f16 whose vocabulary rows are unaligned (else empty).
   std::string unaligned_vocabulary_note() const;
 

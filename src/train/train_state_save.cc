@@ -39,6 +39,24 @@ TrainState::~TrainState() {
   if (pending_ && pending_->writer.joinable()) pending_->writer.join();
 }
 
+int64_t TrainState::snapshot_bytes() const {
+  int64_t floats = 0;
+  const bool sharded = distributed();
+  for (const HeldParam& h : held_params()) {
+    StepRunner& r = *h.runner;  // (state_backend() is not const)
+    // Written at once from host memory, the state itself serves (begin_save's `copy`).
+    if (opts.sync_checkpoints && r.state_backend().memory() == MemSpace::host) continue;
+    const ParamLayout& pl = r.program().part.params[h.index];
+    if (!sharded) {
+      floats += 3 * pl.global_shape.numel();  // the parameter and its two moments, whole
+      continue;
+    }
+    if (h.writes_param) floats += r.param_piece(h.index).count;
+    if (h.writes_optim) floats += 2 * r.optim_piece(h.index).count;
+  }
+  return floats * static_cast<int64_t>(sizeof(float));
+}
+
 Status TrainState::begin_save(const std::string& root, int64_t completed,
                               const BatchStream& train) {
   TS_RETURN_IF_ERROR(finish_save().status());  // at most one in flight

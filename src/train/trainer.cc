@@ -324,6 +324,45 @@ Status write_trace(const TrainOptions& o, Communicator* world, const TrainState&
   return Status();
 }
 
+// This process's resident memory (Linux's /proc/self/status VmRSS and VmHWM), 0 where unknown.
+struct ResidentMemory {
+  int64_t now = 0, peak = 0;
+};
+ResidentMemory resident_memory() {
+  ResidentMemory m;
+  std::ifstream in("/proc/self/status");
+  std::string line;
+  while (std::getline(in, line)) {
+    long long kib = 0;
+    if (std::sscanf(line.c_str(), "VmRSS: %lld kB", &kib) == 1) m.now = kib * 1024;
+    if (std::sscanf(line.c_str(), "VmHWM: %lld kB", &kib) == 1) m.peak = kib * 1024;
+  }
+  return m;
+}
+
+// A rank's peak resident memory against its plan: what the plan names (with a checkpoint's
+// snapshot), what the process held before training (the program, its libraries), and the
+// rest, which the plan does not name. Printed by rank 0, and by any rank whose rest is more
+// than 10% of the others.
+void report_resident_memory(const TrainState& st, const ResidentMemory& at_start,
+                            const Communicator* world) {
+  const ResidentMemory m = resident_memory();
+  if (m.peak == 0) return;
+  const int64_t planned = st.planned_process_bytes();
+  const int64_t rest = m.peak - planned - at_start.now;
+  const bool over = 10 * rest > planned + at_start.now;
+  if (!st.is_leader() && !over) return;
+  auto b = [](int64_t n) { return format_bytes(static_cast<double>(n)); };
+  std::fprintf(stderr,
+               "%speak resident memory %s = the plan's %s + %s at start-up (the program and its "
+               "libraries) %s %s the plan does not name (%+.1f%% of plan and start-up)%s\n",
+               world ? ("rank " + std::to_string(world->rank()) + ": ").c_str() : "",
+               b(m.peak).c_str(), b(planned).c_str(), b(at_start.now).c_str(),
+               rest >= 0 ? "+" : "-", b(rest >= 0 ? rest : -rest).c_str(),
+               100.0 * static_cast<double>(rest) / static_cast<double>(planned + at_start.now),
+               over ? "  OVER THE PLAN" : "");
+}
+
 // The arena's measured high-water after the first step against the plan: printed by rank 0 and
 // by the first rank of every pipeline stage, and by any rank where they differ.
 void report_arena(const TrainState& st, const Communicator* world) {
@@ -357,6 +396,7 @@ Status check_run_dir(const TrainOptions& o) {
 }
 
 Status train(const TrainOptions& o, const TrainJob& job) {
+  const ResidentMemory at_start = resident_memory();
   const ModelConfig& cfg = job.cfg;
   const Plan& plan = job.plan;
   Communicator* world = job.world;
@@ -636,6 +676,7 @@ Status train(const TrainOptions& o, const TrainJob& job) {
                    format_si(peak).c_str());
   }
 
+  report_resident_memory(st, at_start, world);  // before the sample gathers the parameters
   if (o.sample_tokens > 0 && task_of(cfg) == ModelTask::language_model &&
       start_step + steps_this_run == o.steps) {
     // Every rank takes part in gathering the whole parameters; rank 0 samples.

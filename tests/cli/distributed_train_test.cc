@@ -11,6 +11,7 @@
 #include <filesystem>
 #include <fstream>
 #include <random>
+#include <regex>
 
 #include "data/image_set.h"
 #include "train_fixture.h"
@@ -282,6 +283,31 @@ TEST_F(DistributedTrainTest, ExpertParallelRunsMatchOneRank) {
   EXPECT_GE(tight_drops[0], 2 * (4 * 32 * 2 - 8 * 16));
   EXPECT_EQ(train(3, "ep3", "--batch 3 --steps 1 --ep 3", &log), 1) << log;  // 8 experts, 3 ranks
   EXPECT_NE(log.find("do not split over 3 expert-parallel ranks"), std::string::npos) << log;
+}
+
+// Every rank's process holds its plan (arena, parameters, gradients, optimizer, evaluation
+// arena, a checkpoint's snapshot in host memory) and what it held at start-up, within 10%:
+// gpt2-small on 2 ranks under ZeRO-3 with evaluation on, and under tp 2.
+TEST_F(DistributedTrainTest, ProcessMemoryIsThePlanWithin10Percent) {
+  for (const std::string plan : {"--zero 3", "--tp 2"}) {
+    std::string log;
+    const std::string cmd = "OMP_NUM_THREADS=1 " + std::string(TESSERA_BINARY) +
+                            " launch -n 2 -- train --model gpt2-small --data " +
+                            (dir_ / "data").string() + " --out " +
+                            (dir_ / ("memory" + plan.substr(2, 2))).string() +
+                            " --seq 128 --batch 4 --steps 2 --warmup 1 --eval-every 2 "
+                            "--eval-batches 1 --sample-tokens 0 " +
+                            plan;
+    ASSERT_EQ(run_command(cmd, &log), 0) << log;
+    std::smatch m;
+    ASSERT_TRUE(std::regex_search(
+        log, m, std::regex(R"(peak resident memory .* \(([-+][0-9.]+)% of plan and start-up\))")))
+        << log;
+    const double over = std::stod(m[1]);
+    std::printf("%s: %s\n", plan.c_str(), m[0].str().c_str());
+    EXPECT_LT(std::abs(over), 10.0) << log;
+    EXPECT_EQ(log.find("OVER THE PLAN"), std::string::npos) << log;  // no rank beyond 10%
+  }
 }
 
 TEST_F(DistributedTrainTest, CheckpointFromFourRanksZero3ResumesOnTwoRanksZero1AndOneRank) {
