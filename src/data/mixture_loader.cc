@@ -2,12 +2,16 @@
 
 #include <algorithm>
 #include <cmath>
+#include <filesystem>
 
 #include "base/check.h"
 
 namespace tessera {
 
-bool is_mixture_spec(const std::string& data) { return data.find('=') != std::string::npos; }
+bool is_mixture_spec(const std::string& data) {
+  std::error_code ec;  // a folder whose path holds a '=' (dt=2024-01-01/) is one folder
+  return data.find('=') != std::string::npos && !std::filesystem::is_directory(data, ec);
+}
 
 Result<MixtureSpec> parse_mixture_spec(const std::string& data) {
   const std::string hint =

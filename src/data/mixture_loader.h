@@ -33,7 +33,8 @@ struct MixtureSpec {
   std::vector<double> weights;  // normalized to sum to 1
 };
 
-// Whether a --data value is a mixture ("PATH=WEIGHT,..."): it holds a '='.
+// Whether a --data value is a mixture ("PATH=WEIGHT,..."): it holds a '=' and is not itself a
+// folder.
 bool is_mixture_spec(const std::string& data);
 // Parses "PATH=WEIGHT,PATH=WEIGHT,..."; errors name the part that is not PATH=WEIGHT or whose
 // weight is not a positive number.

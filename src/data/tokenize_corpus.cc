@@ -172,6 +172,21 @@ std::string data_tokenizer(const std::string& dir) {
   return "";
 }
 
+std::string data_tokenizer_identity(const std::string& dir) {
+  try {
+    std::ifstream in(fs::path(dir) / "manifest.json");
+    if (!in) return "";
+    const nlohmann::json t = nlohmann::json::parse(in).at("tokenizer");
+    std::string id = t.value("name", "") + "|" + std::to_string(t.value("vocab_size", 0)) + "|" +
+                     std::to_string(t.value("document_start", -1));
+    if (const std::string json = data_tokenizer(dir); !json.empty())
+      id += "|" + std::to_string(file_crc32(json).first);
+    return id;
+  } catch (const nlohmann::json::exception&) {
+    return "";
+  }
+}
+
 bool is_tokenized_shard_name(const std::string& name) {
   for (const char* split : {"train", "val"}) {
     const std::string s = split;

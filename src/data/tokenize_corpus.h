@@ -80,6 +80,10 @@ std::vector<std::string_view> split_for_encoding(std::string_view text, size_t t
 // without a manifest, as llm.c's).
 std::string data_tokenizer(const std::string& dir);
 
+// What identifies the tokenizer of a tokenized folder's manifest ("gpt2|50257|50256", or
+// "tokenizer.json|VOCAB|START|CRC" of its tokenizer.json), or "" without one.
+std::string data_tokenizer_identity(const std::string& dir);
+
 // Whether `name` is a shard name tokenize_to_shards writes (train.bin, val_000003.bin, ...).
 bool is_tokenized_shard_name(const std::string& name);
 

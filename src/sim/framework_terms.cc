@@ -36,26 +36,28 @@ Result<ShardingTerm> parse_sharding_term(const std::string& text) {
   if (matches(s, R"(zero_?r(?![a-z0-9]))"))
     return error("ZeRO-R (partitioned activations with model parallelism, in '" + text +
                  "') is not modeled");
-  // A shard degree: "dp_shard=8", "shard degree 8", "data_parallel_shard_degree 8".
+  const bool zero2 = has(s, "shard_grad_op") || matches(s, R"(zero_?(stage_?)?2(?![a-z0-9]))") ||
+                     matches(s, R"(stage_?2(?![a-z0-9]))") ||
+                     (has(s, "p_os+g") && !has(s, "p_os+g+p"));
+  // A shard degree, named as one: "dp_shard=8", "shard degree 8", "data_parallel_shard_degree
+  // 8", "shard=8" (not a bare "shard 64", which may be a GPU count).
   std::smatch m;
-  const std::regex degree(R"(shard(?:_degree)?_?[=:]?_?(\d+))");
+  const std::regex degree(R"((?:dp_shard|shard_degree|shard_?=)_?[=:]?_?(\d+))");
   const bool with_degree = std::regex_search(s, m, degree);
-  if (has(s, "hybrid_shard") || matches(s, R"((^|[^a-z])hsdp)") ||
-      (with_degree && (has(s, "fsdp") || has(s, "dp_shard") || has(s, "shard_degree")))) {
+  if (has(s, "hybrid_shard") || matches(s, R"((^|[^a-z])hsdp)") || with_degree) {
     t.hsdp = true;
-    t.zero = has(s, "zero2") || has(s, "zero_2") ? 2 : 3;
-    if (with_degree) t.shard = std::stoi(m[1].str());
-    if (with_degree && t.shard < 1)
-      return error("sharding '" + text + "' names a shard degree below 1");
+    t.zero = zero2 ? 2 : 3;
+    if (with_degree) {
+      const long long n = std::strtoll(m[1].str().c_str(), nullptr, 10);
+      if (n < 1 || n > (1 << 24))
+        return error("sharding '" + text + "' names a shard degree of " + m[1].str() +
+                     ", outside 1 to 16,777,216");
+      t.shard = static_cast<int>(n);
+    }
     return t;
   }
-  if (has(s, "no_shard") || matches(s, R"(^(none|ddp|no|off)(?![a-z0-9]))") ||
-      matches(s, R"(zero_?0(?![a-z0-9]))") || matches(s, R"(stage_?0(?![a-z0-9]))")) {
-    t.zero = 0;
-    return t;
-  }
-  if (has(s, "shard_grad_op") || matches(s, R"(zero_?(stage_?)?2(?![a-z0-9]))") ||
-      matches(s, R"(stage_?2(?![a-z0-9]))") || (has(s, "p_os+g") && !has(s, "p_os+g+p"))) {
+  if (has(s, "no_shard")) return t;  // FSDP's NO_SHARD: plain data parallelism
+  if (zero2) {
     t.zero = 2;
     return t;
   }
@@ -71,6 +73,10 @@ Result<ShardingTerm> parse_sharding_term(const std::string& text) {
     t.zero = 1;
     return t;
   }
+  // Last, so that "DDP + ZeRO-1" is ZeRO-1.
+  if (matches(s, R"(^(none|ddp|no|off)(?![a-z0-9]))") || matches(s, R"(zero_?0(?![a-z0-9]))") ||
+      matches(s, R"(stage_?0(?![a-z0-9]))"))
+    return t;
   return error("sharding '" + text + "' is not a spelling Tessera knows",
                "known: none/NO_SHARD/DDP, ZeRO-1/distributed optimizer, ZeRO-2/SHARD_GRAD_OP, "
                "ZeRO-3/FULL_SHARD/FSDP/FSDP2, HYBRID_SHARD/HSDP (with a shard degree)");

@@ -48,10 +48,20 @@ Result<std::string> prepare_data(const TrainOptions& o, const std::optional<Toke
                                  const std::string& shipped) {
   if (is_mixture_spec(o.data)) {  // each folder of the mixture, checked as one
     TS_ASSIGN_OR_RETURN(MixtureSpec spec, parse_mixture_spec(o.data));
-    for (const std::string& dir : spec.dirs) {
+    std::string first_identity;
+    for (size_t i = 0; i < spec.dirs.size(); ++i) {
       TrainOptions one = o;
-      one.data = dir;
+      one.data = spec.dirs[i];
       TS_RETURN_IF_ERROR(prepare_data(one, tok, shipped).status());
+      // Folders tokenized by different tokenizers would mix ids of different meanings.
+      const std::string identity = data_tokenizer_identity(spec.dirs[i]);
+      if (i == 0) first_identity = identity;
+      if (!identity.empty() && !first_identity.empty() && identity != first_identity)
+        return error("--data mixture: '" + spec.dirs[i] +
+                         "' was tokenized by another "
+                         "tokenizer than '" +
+                         spec.dirs[0] + "' (their manifests differ)",
+                     "tokenize every folder of a mixture with the same --tokenizer");
     }
     return o.data;
   }
@@ -324,9 +334,11 @@ Status write_trace(const TrainOptions& o, Communicator* world, const TrainState&
   return Status();
 }
 
-// This process's resident memory (Linux's /proc/self/status VmRSS and VmHWM), 0 where unknown.
+// This process's resident memory (Linux's /proc/self/status), 0 where unknown: its high-water
+// (VmHWM), and now its private memory (RssAnon) and its pages of mapped files (RssFile: the
+// program's code and libraries, the token shards read).
 struct ResidentMemory {
-  int64_t now = 0, peak = 0;
+  int64_t peak = 0, anon = 0, file = 0;
 };
 ResidentMemory resident_memory() {
   ResidentMemory m;
@@ -334,32 +346,36 @@ ResidentMemory resident_memory() {
   std::string line;
   while (std::getline(in, line)) {
     long long kib = 0;
-    if (std::sscanf(line.c_str(), "VmRSS: %lld kB", &kib) == 1) m.now = kib * 1024;
     if (std::sscanf(line.c_str(), "VmHWM: %lld kB", &kib) == 1) m.peak = kib * 1024;
+    if (std::sscanf(line.c_str(), "RssAnon: %lld kB", &kib) == 1) m.anon = kib * 1024;
+    if (std::sscanf(line.c_str(), "RssFile: %lld kB", &kib) == 1) m.file = kib * 1024;
   }
   return m;
 }
 
 // A rank's peak resident memory against its plan: what the plan names (with a checkpoint's
-// snapshot), what the process held before training (the program, its libraries), and the
-// rest, which the plan does not name. Printed by rank 0, and by any rank whose rest is more
-// than 10% of the others.
+// snapshot), the private memory the process held before training, the pages of mapped files
+// (program, libraries, token shards read), and the rest, which the plan does not name.
+// Printed by rank 0, and by any rank whose rest is more than 10% of the others. On a GPU the
+// plan's bytes are device memory, so there is nothing to compare.
 void report_resident_memory(const TrainState& st, const ResidentMemory& at_start,
                             const Communicator* world) {
   const ResidentMemory m = resident_memory();
-  if (m.peak == 0) return;
+  if (m.peak == 0 || st.backend.memory() == MemSpace::device) return;
   const int64_t planned = st.planned_process_bytes();
-  const int64_t rest = m.peak - planned - at_start.now;
-  const bool over = 10 * rest > planned + at_start.now;
+  const int64_t named = planned + at_start.anon + m.file;
+  const int64_t rest = m.peak - named;
+  const bool over = 10 * rest > named;
   if (!st.is_leader() && !over) return;
   auto b = [](int64_t n) { return format_bytes(static_cast<double>(n)); };
   std::fprintf(stderr,
-               "%speak resident memory %s = the plan's %s + %s at start-up (the program and its "
-               "libraries) %s %s the plan does not name (%+.1f%% of plan and start-up)%s\n",
+               "%speak resident memory %s = the plan's %s + %s held at start-up + %s of mapped "
+               "files (the program, its libraries, the token shards read) %s %s the plan does "
+               "not name (%+.1f%%)%s\n",
                world ? ("rank " + std::to_string(world->rank()) + ": ").c_str() : "",
-               b(m.peak).c_str(), b(planned).c_str(), b(at_start.now).c_str(),
+               b(m.peak).c_str(), b(planned).c_str(), b(at_start.anon).c_str(), b(m.file).c_str(),
                rest >= 0 ? "+" : "-", b(rest >= 0 ? rest : -rest).c_str(),
-               100.0 * static_cast<double>(rest) / static_cast<double>(planned + at_start.now),
+               100.0 * static_cast<double>(rest) / static_cast<double>(named),
                over ? "  OVER THE PLAN" : "");
 }
 

@@ -140,6 +140,22 @@ TEST_F(TokenizeCommand, AJsonlFolderBecomesShardsInBoundedMemoryAndTrainsResumin
   EXPECT_EQ(metric_losses(dir_ / "resumed/metrics.jsonl"), a);
 }
 
+// A mixture's folders must share a tokenizer; a folder whose path holds a '=' is one folder.
+TEST_F(TokenizeCommand, MixturesOfTwoTokenizersAreRefusedAndEqualsSignsInPathsAreFolders) {
+  write_corpus(dir_ / "c", dir_ / "c.txt", 1, 2);
+  run("tokenize --input c --out a --val-tokens 2000");
+  run("tokenize --input c --out b --val-tokens 2000");
+  nlohmann::json m = nlohmann::json::parse(std::ifstream(dir_ / "b/manifest.json"));
+  m["tokenizer"]["vocab_size"] = 50000;  // as if another tokenizer had written it
+  std::ofstream(dir_ / "b/manifest.json") << m.dump();
+  const std::string train =
+      "train --model gpt-tiny --seq 16 --batch 2 --steps 1 --sample-tokens 0 ";
+  std::string out = run(train + "--data a=1,b=1 --out mix", 1);
+  EXPECT_NE(out.find("'b' was tokenized by another tokenizer than 'a'"), std::string::npos) << out;
+  fs::rename(dir_ / "a", dir_ / "dt=2024");
+  run(train + "--data dt=2024 --out one");
+}
+
 TEST_F(TokenizeCommand, BadInputsAreNamedAndLeaveNothing) {
   std::ofstream(dir_ / "bad.jsonl") << "{\"text\": \"ok\"}\n{\"body\": \"no text\"}\n";
   std::string out = run("tokenize --input bad.jsonl --out bad_out", 1);

@@ -40,6 +40,13 @@ TEST(FrameworkTerms, ShardingSpellings) {
   expect_sharding("HSDP shard degree 8", 3, true, 8);
   expect_sharding("FSDP2 dp_shard=16", 3, true, 16);
   expect_sharding("torchtitan data_parallel_shard_degree 32", 3, true, 32);
+  expect_sharding("HSDP SHARD_GRAD_OP", 2, true);
+  expect_sharding("HSDP (ZeRO stage 2)", 2, true);
+  expect_sharding("FSDP full_shard 64 GPUs", 3);  // a GPU count is no shard degree
+  expect_sharding("DDP + ZeRO-1", 1);
+  expect_sharding("DDP with ZeroRedundancyOptimizer", 1);
+  expect_sharding("no TP; ZeRO-3", 3);
+  EXPECT_FALSE(parse_sharding_term("dp_shard=99999999999").ok());  // no overflow
   for (const char* refused : {"ZeRO-2 (P_os+g) + ZeRO-R", "ZeRO-R"}) {
     auto t = parse_sharding_term(refused);
     ASSERT_FALSE(t.ok()) << refused;
