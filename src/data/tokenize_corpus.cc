@@ -153,6 +153,114 @@ struct StagingGuard {
   }
 };
 
+// Reads every piece of the corpus and encodes it into `sink`, in order: batches of about
+// kBatchBytesPerThread per thread, each cut into `threads` contiguous groups of about equal
+// bytes encoded side by side.
+Status encode_corpus(CorpusReader& reader, const Tokenizer& tok, int threads, ShardSink* sink,
+                     int64_t* total_bytes) {
+  std::vector<TextPiece> batch;
+  std::vector<std::vector<int32_t>> ids;  // each thread's tokens of a batch
+  bool more = true;
+  while (more) {
+    // Read a batch of pieces, then encode it on every thread, in order.
+    batch.clear();
+    size_t bytes = 0;
+    const size_t want = kBatchBytesPerThread * static_cast<size_t>(threads);
+    while (bytes < want) {
+      TextPiece piece;
+      TS_ASSIGN_OR_RETURN(more, reader.next(&piece));
+      if (!more) break;
+      bytes += piece.text.size();
+      batch.push_back(std::move(piece));
+    }
+    *total_bytes += static_cast<int64_t>(bytes);
+    // Contiguous groups of about equal bytes, one per thread.
+    std::vector<size_t> bounds = {0};
+    size_t acc = 0;
+    for (size_t i = 0; i < batch.size(); ++i) {
+      acc += batch[i].text.size();
+      if (acc * threads >= bytes * bounds.size() && bounds.size() < size_t(threads))
+        bounds.push_back(i + 1);
+    }
+    if (bounds.back() != batch.size()) bounds.push_back(batch.size());
+    for (std::vector<int32_t>& group : ids) group.clear();  // capacity kept: no new memory
+    ids.resize(std::max(ids.size(), bounds.size() - 1));
+    std::vector<std::thread> workers;
+    for (size_t g = 0; g + 1 < bounds.size(); ++g)
+      workers.emplace_back(encode_pieces, std::cref(batch), bounds[g], bounds[g + 1],
+                           std::cref(tok), &ids[g]);
+    for (std::thread& w : workers) w.join();
+    for (size_t g = 0; g + 1 < bounds.size(); ++g) TS_RETURN_IF_ERROR(sink->add(ids[g]));
+  }
+  return Status();
+}
+
+// The final names, the tokenizer and the manifest in `staging`; then all into `out`
+// (replacing an earlier run's shards), the manifest last. A failed move takes the moved
+// files back out. Fills sum's shard paths.
+Status commit_shards(const std::string& out, const std::string& staging, const Tokenizer& tok,
+                     const std::vector<CorpusSource>& sources, std::vector<Shard>& train,
+                     std::vector<Shard>& val, TokenizeSummary* sum) {
+  std::error_code ec;
+  nlohmann::json manifest = {{"format", "tessera token shards"}, {"version", 1}};
+  TS_RETURN_IF_ERROR(tok.copy_to(staging));  // travels with the shards
+  const bool gpt2 = tok.name() == "gpt2";
+  std::vector<std::string> tok_files;
+  for (const std::string& f : tok.files())
+    tok_files.push_back(gpt2 ? fs::absolute(f, ec).lexically_normal().string()
+                             : fs::path(f).filename().string());
+  manifest["tokenizer"] = {{"name", gpt2 ? "gpt2" : "tokenizer.json"},
+                           {"vocab_size", tok.vocab_size()},
+                           {"document_start", tok.document_start()},
+                           {"files", tok_files}};
+  for (const CorpusSource& s : sources)
+    manifest["sources"].push_back(
+        {{"path", s.path}, {"bytes", s.bytes}, {"documents", s.documents}});
+  manifest["documents"] = sum->documents;
+  manifest["tokens"] = sum->tokens;
+  std::vector<std::string> staged;  // names, moved into `out` in this order
+  for (auto [split, shards, paths] : {std::tuple{"train", &train, &sum->train_shards},
+                                      std::tuple{"val", &val, &sum->val_shards}}) {
+    manifest[split] = nlohmann::json::array();
+    for (size_t i = 0; i < shards->size(); ++i) {
+      const std::string name = shard_name(split, i, shards->size());
+      fs::rename((*shards)[i].path, fs::path(staging) / name, ec);
+      if (ec) return error("tokenize: cannot rename a staged shard: " + ec.message());
+      const auto [crc, bytes] = file_crc32((fs::path(staging) / name).string());
+      char hex[16];
+      std::snprintf(hex, sizeof hex, "%08x", crc);
+      manifest[split].push_back(
+          {{"file", name}, {"tokens", (*shards)[i].tokens}, {"bytes", bytes}, {"crc32", hex}});
+      paths->push_back((fs::path(out) / name).string());
+      staged.push_back(name);
+    }
+  }
+  if (!gpt2)
+    for (const std::string& f : tok_files) staged.push_back(f);
+  {
+    std::ofstream m(fs::path(staging) / "manifest.json");
+    m << manifest.dump(1) << "\n";
+    if (!m.good())
+      return error("tokenize: cannot write manifest.json in '" + staging + "'",
+                   "check free disk space");
+  }
+  staged.push_back("manifest.json");
+  for (const fs::directory_entry& e : fs::directory_iterator(out, ec)) {
+    const std::string name = e.path().filename().string();
+    if (is_tokenized_shard_name(name) || name == "manifest.json") fs::remove(e.path(), ec);
+  }
+  for (size_t i = 0; i < staged.size(); ++i) {
+    fs::rename(fs::path(staging) / staged[i], fs::path(out) / staged[i], ec);
+    if (!ec) continue;
+    const std::string cause = ec.message();
+    for (size_t k = 0; k < i; ++k) fs::remove(fs::path(out) / staged[k], ec);
+    return error("tokenize: cannot move " + staged[i] + " into '" + out + "': " + cause +
+                     " (the shards written are removed)",
+                 "check the output directory's permissions and free space");
+  }
+  return Status();
+}
+
 }  // namespace
 
 std::string data_tokenizer(const std::string& dir) {
@@ -257,40 +365,7 @@ Result<TokenizeSummary> tokenize_to_shards(const TokenizeOptions& o, const Token
                               : std::max(1, static_cast<int>(std::thread::hardware_concurrency()));
   auto t0 = std::chrono::steady_clock::now();
   ShardSink sink(guard.staging, o.shard_tokens, tok.vocab_size());
-  std::vector<TextPiece> batch;
-  std::vector<std::vector<int32_t>> ids;  // each thread's tokens of a batch
-  bool more = true;
-  while (more) {
-    // Read a batch of pieces, then encode it on every thread, in order.
-    batch.clear();
-    size_t bytes = 0;
-    const size_t want = kBatchBytesPerThread * static_cast<size_t>(sum.threads);
-    while (bytes < want) {
-      TextPiece piece;
-      TS_ASSIGN_OR_RETURN(more, reader.next(&piece));
-      if (!more) break;
-      bytes += piece.text.size();
-      batch.push_back(std::move(piece));
-    }
-    sum.bytes += static_cast<int64_t>(bytes);
-    // Contiguous groups of about equal bytes, one per thread.
-    std::vector<size_t> bounds = {0};
-    size_t acc = 0;
-    for (size_t i = 0; i < batch.size(); ++i) {
-      acc += batch[i].text.size();
-      if (acc * sum.threads >= bytes * bounds.size() && bounds.size() < size_t(sum.threads))
-        bounds.push_back(i + 1);
-    }
-    if (bounds.back() != batch.size()) bounds.push_back(batch.size());
-    for (std::vector<int32_t>& group : ids) group.clear();  // capacity kept: no new memory
-    ids.resize(std::max(ids.size(), bounds.size() - 1));
-    std::vector<std::thread> workers;
-    for (size_t g = 0; g + 1 < bounds.size(); ++g)
-      workers.emplace_back(encode_pieces, std::cref(batch), bounds[g], bounds[g + 1],
-                           std::cref(tok), &ids[g]);
-    for (std::thread& w : workers) w.join();
-    for (size_t g = 0; g + 1 < bounds.size(); ++g) TS_RETURN_IF_ERROR(sink.add(ids[g]));
-  }
+  TS_RETURN_IF_ERROR(encode_corpus(reader, tok, sum.threads, &sink, &sum.bytes));
   TS_RETURN_IF_ERROR(sink.flush());
   for (const CorpusSource& s : reader.sources()) sum.documents += s.documents;
   sum.tokens = sink.total();
@@ -328,64 +403,8 @@ Result<TokenizeSummary> tokenize_to_shards(const TokenizeOptions& o, const Token
     val_shards.push_back({p, 0});
   }
 
-  // The final names, the tokenizer and the manifest in staging; then into `out` (replacing
-  // an earlier run's shards), the manifest last. A failed move takes the moved files back out.
-  nlohmann::json manifest = {{"format", "tessera token shards"}, {"version", 1}};
-  TS_RETURN_IF_ERROR(tok.copy_to(guard.staging));  // travels with the shards
-  const bool gpt2 = tok.name() == "gpt2";
-  std::vector<std::string> tok_files;
-  for (const std::string& f : tok.files())
-    tok_files.push_back(gpt2 ? fs::absolute(f, ec).lexically_normal().string()
-                             : fs::path(f).filename().string());
-  manifest["tokenizer"] = {{"name", gpt2 ? "gpt2" : "tokenizer.json"},
-                           {"vocab_size", tok.vocab_size()},
-                           {"document_start", tok.document_start()},
-                           {"files", tok_files}};
-  for (const CorpusSource& s : reader.sources())
-    manifest["sources"].push_back(
-        {{"path", s.path}, {"bytes", s.bytes}, {"documents", s.documents}});
-  manifest["documents"] = sum.documents;
-  manifest["tokens"] = sum.tokens;
-  std::vector<std::string> staged;  // names, moved into `out` in this order
-  for (auto [split, shards, paths] : {std::tuple{"train", &train_shards, &sum.train_shards},
-                                      std::tuple{"val", &val_shards, &sum.val_shards}}) {
-    manifest[split] = nlohmann::json::array();
-    for (size_t i = 0; i < shards->size(); ++i) {
-      const std::string name = shard_name(split, i, shards->size());
-      fs::rename((*shards)[i].path, fs::path(guard.staging) / name, ec);
-      if (ec) return error("tokenize: cannot rename a staged shard: " + ec.message());
-      const auto [crc, bytes] = file_crc32((fs::path(guard.staging) / name).string());
-      char hex[16];
-      std::snprintf(hex, sizeof hex, "%08x", crc);
-      manifest[split].push_back(
-          {{"file", name}, {"tokens", (*shards)[i].tokens}, {"bytes", bytes}, {"crc32", hex}});
-      paths->push_back((fs::path(o.out) / name).string());
-      staged.push_back(name);
-    }
-  }
-  if (!gpt2)
-    for (const std::string& f : tok_files) staged.push_back(f);
-  {
-    std::ofstream m(fs::path(guard.staging) / "manifest.json");
-    m << manifest.dump(1) << "\n";
-    if (!m.good())
-      return error("tokenize: cannot write manifest.json in '" + guard.staging + "'",
-                   "check free disk space");
-  }
-  staged.push_back("manifest.json");
-  for (const fs::directory_entry& e : fs::directory_iterator(o.out, ec)) {
-    const std::string name = e.path().filename().string();
-    if (is_tokenized_shard_name(name) || name == "manifest.json") fs::remove(e.path(), ec);
-  }
-  for (size_t i = 0; i < staged.size(); ++i) {
-    fs::rename(fs::path(guard.staging) / staged[i], fs::path(o.out) / staged[i], ec);
-    if (!ec) continue;
-    const std::string cause = ec.message();
-    for (size_t k = 0; k < i; ++k) fs::remove(fs::path(o.out) / staged[k], ec);
-    return error("tokenize: cannot move " + staged[i] + " into '" + o.out + "': " + cause +
-                     " (the shards written are removed)",
-                 "check the output directory's permissions and free space");
-  }
+  TS_RETURN_IF_ERROR(
+      commit_shards(o.out, guard.staging, tok, reader.sources(), train_shards, val_shards, &sum));
   sum.train_tokens = train;
   sum.val_tokens = val;
   TS_LOG(info) << "tokenized " << what << ": " << format_bytes(double(sum.bytes)) << ", "
