@@ -183,8 +183,7 @@ struct CorpusReader::State {
       const bool complete = sep != std::string::npos || eof;  // [pos, end) ends the document
       if (end - pos > opt.piece_bytes) {
         // The first place after piece_bytes where the document may be cut.
-        size_t cut = buf.find('\n', std::max(pos + opt.piece_bytes, cut_scan));
-        while (cut < end && !tok->can_cut_before(buf, cut)) cut = buf.find('\n', cut + 1);
+        const size_t cut = tok->next_cut(buf, std::max(pos + opt.piece_bytes, cut_scan), end);
         cut_scan = std::min(cut, end);  // searched up to here
         if (cut < end) {
           TS_ASSIGN_OR_RETURN(bool got, text_piece(pos, cut, false, piece));

@@ -313,12 +313,9 @@ std::vector<std::string_view> split_for_encoding(std::string_view text, size_t t
   size_t start = 0;
   while (text.size() - start > target_bytes) {
     // The first safe cut at or after start + target_bytes; none left -> one last chunk.
-    size_t cut = start + std::max<size_t>(target_bytes, 1);
-    while (cut < text.size() && !tokenizer.can_cut_before(text, cut)) {
-      cut = text.find('\n', cut + 1);
-      if (cut == std::string_view::npos) cut = text.size();
-    }
-    if (cut >= text.size()) break;
+    const size_t cut =
+        tokenizer.next_cut(text, start + std::max<size_t>(target_bytes, 1), text.size());
+    if (cut == std::string_view::npos) break;
     chunks.push_back(text.substr(start, cut - start));
     start = cut;
   }

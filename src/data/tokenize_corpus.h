@@ -22,8 +22,8 @@
 // split_for_encoding), so the ids equal those of encoding each document whole. Peak memory:
 // about 4 bytes x shard_tokens (one shard's buffer) + 8 MiB of text per thread, plus the
 // longest document that has no place to cut it (JSONL: the longest line; text whose lines
-// end in "\r\n", or for Llama 3 in punctuation, cannot be cut: at most
-// CorpusReader::kMaxPieceBytes).
+// all end in punctuation for Llama 3, or in "\r\n" for a SentencePiece-style tokenizer,
+// cannot be cut: at most CorpusReader::kMaxPieceBytes).
 //
 // Nothing half-written is left in `out`: shards are written into a staging folder inside it
 // and moved in (replacing an earlier run's shards) only when all are complete.

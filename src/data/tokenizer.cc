@@ -189,10 +189,13 @@ std::vector<int32_t> Tokenizer::encode(std::string_view text) const {
 
 bool Tokenizer::can_cut_before(std::string_view text, size_t pos) const {
   const Impl& m = *impl_;
-  if (pos == 0 || pos >= text.size() || text[pos] != '\n') return false;
+  if (pos == 0 || pos >= text.size()) return false;
+  // A line break: '\n', or the "\r\n" of a CRLF line (both are \s to the regexes).
+  const bool crlf = text[pos] == '\r' && pos + 1 < text.size() && text[pos + 1] == '\n';
+  if (text[pos] != '\n' && !crlf) return false;
   const unsigned char before = static_cast<unsigned char>(text[pos - 1]);
   if (m.alphabet == Impl::Alphabet::sentencepiece)  // not inside a run of line breaks
-    return m.newline_is_barrier && !m.ignore_merges && before != '\n' && before != '\r';
+    return !crlf && m.newline_is_barrier && !m.ignore_merges && before != '\n' && before != '\r';
   switch (m.pre) {
     case Pretokenizer::gpt2:  // no piece but \s+ runs holds a '\n'; none ends on a symbol
       return before > ' ' && before < 0x7F;
@@ -203,6 +206,14 @@ bool Tokenizer::can_cut_before(std::string_view text, size_t pos) const {
       break;
   }
   return false;
+}
+
+size_t Tokenizer::next_cut(std::string_view text, size_t from, size_t end) const {
+  for (size_t nl = text.find('\n', from); nl < end; nl = text.find('\n', nl + 1)) {
+    if (nl > from && text[nl - 1] == '\r' && can_cut_before(text, nl - 1)) return nl - 1;
+    if (can_cut_before(text, nl)) return nl;
+  }
+  return std::string_view::npos;
 }
 
 const std::string& Tokenizer::token_bytes(int32_t id) const {

@@ -67,8 +67,11 @@ class Tokenizer {
 
   // Whether encoding text[0, pos) and then text[pos, end) as a continuation gives exactly the
   // ids of encoding the whole: the places a long document can be split for parallel or
-  // bounded-memory encoding (always before a '\n', after a character that ends any piece).
+  // bounded-memory encoding (always before a line break, '\n' or a CRLF's "\r\n", after a
+  // character that ends any piece; SentencePiece-style: before a '\n' only).
   bool can_cut_before(std::string_view text, size_t pos) const;
+  // The first such place in [from, end), or npos.
+  size_t next_cut(std::string_view text, size_t from, size_t end) const;
 
   int vocab_size() const;  // ids are [0, vocab_size), special tokens included
   // The id that starts every document of a token stream: the tokenizer's beginning-of-text

@@ -149,12 +149,28 @@ TEST(SplitForEncoding, ChunkedIdsEqualWholeTextIds) {
   }
   EXPECT_EQ(joined, text);
   EXPECT_EQ(ids, tok.encode(text));
-  // Every cut is just before a '\n' that follows printable ASCII.
+  // Every cut is just before a line break ('\n' or "\r\n") that follows printable ASCII.
   for (size_t i = 1; i < chunks.size(); ++i) {
-    EXPECT_EQ(chunks[i].front(), '\n');
+    EXPECT_TRUE(chunks[i].front() == '\n' || chunks[i].substr(0, 2) == "\r\n") << "chunk " << i;
     char before = chunks[i - 1].back();
     EXPECT_TRUE(before > ' ' && before < 0x7F) << "chunk " << i;
   }
+}
+
+// Text with CRLF line ends is cut before the "\r\n" (a '\n' after '\r' is no cut point).
+TEST(SplitForEncoding, CrlfTextIsCutBeforeItsLineBreaks) {
+  const Tokenizer& tok = repo_tokenizer();
+  std::string text;
+  for (char c : read_bytes(kRepo + "/data/corpus/moby_dick.txt").substr(50000, 30000))
+    text += c == '\n' ? std::string("\r\n") : std::string(1, c);
+  std::vector<std::string_view> chunks = split_for_encoding(text, 500, tok);
+  EXPECT_GT(chunks.size(), 30u);
+  std::vector<int32_t> ids;
+  for (size_t i = 0; i < chunks.size(); ++i) {
+    if (i > 0) EXPECT_EQ(chunks[i].substr(0, 2), "\r\n") << "chunk " << i;
+    tok.encode_append(chunks[i], &ids, i == 0);
+  }
+  EXPECT_EQ(ids, tok.encode(text));
 }
 
 TEST(SplitForEncoding, TextWithoutCutPointsStaysWhole) {
