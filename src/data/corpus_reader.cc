@@ -17,27 +17,22 @@ constexpr size_t kReadBytes = size_t{1} << 20;
 
 bool is_line_break(char c) { return c == '\n' || c == '\r'; }
 
-bool ends_with(const std::string& s, std::string_view suffix) {
-  return s.size() >= suffix.size() &&
-         s.compare(s.size() - suffix.size(), suffix.size(), suffix) == 0;
-}
-
 // The name without a trailing .gz.
 std::string plain_name(const std::string& path) {
-  return ends_with(path, ".gz") ? path.substr(0, path.size() - 3) : path;
+  return path.ends_with(".gz") ? path.substr(0, path.size() - 3) : path;
 }
 
 CorpusFormat format_of(const std::string& path, CorpusFormat asked) {
   if (asked != CorpusFormat::automatic) return asked;
   const std::string name = plain_name(path);
-  return ends_with(name, ".jsonl") || ends_with(name, ".ndjson") ? CorpusFormat::jsonl
-                                                                 : CorpusFormat::text;
+  return name.ends_with(".jsonl") || name.ends_with(".ndjson") ? CorpusFormat::jsonl
+                                                               : CorpusFormat::text;
 }
 
 bool is_corpus_file(const fs::path& p) {
   const std::string name = plain_name(p.filename().string());
   for (std::string_view ext : {".txt", ".text", ".md", ".jsonl", ".ndjson"})
-    if (ends_with(name, ext)) return true;
+    if (name.ends_with(ext)) return true;
   return false;
 }
 

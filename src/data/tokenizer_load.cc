@@ -5,6 +5,7 @@
 #include <functional>
 #include <nlohmann/json.hpp>
 #include <sstream>
+#include <unordered_set>
 
 #include "data/tokenizer_impl.h"
 
@@ -359,7 +360,7 @@ Result<std::unique_ptr<Impl>> read_hf_tokenizer(const std::string& json_path) {
   }
 
   // The vocabulary: model.vocab and added_tokens (special tokens decode as their text).
-  std::unordered_map<std::string, bool> added;  // content -> special
+  std::unordered_set<std::string> added;  // the added tokens' texts
   int64_t size = 0;
   if (j.contains("added_tokens") && j["added_tokens"].is_array()) {
     for (const json& a : j["added_tokens"]) {
@@ -382,7 +383,7 @@ Result<std::unique_ptr<Impl>> read_hf_tokenizer(const std::string& json_path) {
       if (id < 0) return corrupt("added token " + a.dump() + " has a negative id");
       m.token_bytes[id] = a["content"].get<std::string>();
       seen[id] = true;
-      added.emplace(a["content"].get<std::string>(), true);
+      added.insert(a["content"].get<std::string>());
     }
   }
   ByteAlphabet alphabet;

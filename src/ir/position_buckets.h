@@ -9,11 +9,7 @@
 #include <cmath>
 #include <cstdint>
 
-#ifdef __CUDACC__
-#define TS_HOST_DEVICE __host__ __device__
-#else
-#define TS_HOST_DEVICE
-#endif
+#include "base/host_device.h"
 
 namespace tessera {
 

@@ -192,15 +192,12 @@ Result<ModelConfig> model_for(const PublishedRun& r, double tp, RunSetup* s) {
     // them out; a row that gives its width, depth and heads is read as it is (the MLP width
     // LLaMA's rule makes when not published: 8/3 x width up to a multiple of 256).
     std::string preset;
-    for (const char* family : {"llama2", "llama3"})
+    static const std::regex family(R"(llama[-_ ]?([23]))", std::regex::icase);
+    std::smatch named;
+    if (std::regex_search(name, named, family))
       for (const char* size : {"405b", "70b", "13b", "8b", "7b"}) {
-        const bool family_named =
-            contains(name, family) ||
-            contains(name, (std::string(family, 5) + "-" + family[5]).c_str()) ||
-            contains(name, (std::string(family, 5) + " " + family[5]).c_str());
-        const std::string candidate = std::string(family) + "-" + size;
-        if (preset.empty() && family_named && contains(name, size) && find_preset(candidate))
-          preset = candidate;
+        const std::string candidate = "llama" + named[1].str() + "-" + size;
+        if (preset.empty() && contains(name, size) && find_preset(candidate)) preset = candidate;
       }
     double layers, hidden, heads, seq, vocab;
     if (r.at("hidden").empty() || r.at("layers").empty() || r.at("heads").empty()) {

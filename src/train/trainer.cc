@@ -43,39 +43,40 @@ namespace {
 
 using Clock = std::chrono::steady_clock;
 
+// A --data folder: it exists, is a folder, and holds token shards.
+Status check_data_dir(const std::string& dir) {
+  if (!fs::exists(dir))
+    return error("data path '" + dir + "' does not exist",
+                 "create it with `tessera tokenize --input TEXT --out " + dir + "`");
+  if (!fs::is_directory(dir))
+    return error("data path '" + dir +
+                     "' is a file; --data takes the directory holding train.bin and val.bin "
+                     "(or a folder of llm.c shards)",
+                 "tokenize a text into a directory with `tessera tokenize --input TEXT --out "
+                 "DIR`, then pass --data DIR");
+  return find_token_shards(dir).status();
+}
+
+// Every folder of a --data mixture, checked as one, and tokenized by one tokenizer: folders
+// tokenized by different ones would mix ids of different meanings.
+Status check_mixture(const MixtureSpec& spec) {
+  const std::string first = data_tokenizer_identity(spec.dirs[0]);
+  for (const std::string& dir : spec.dirs) {
+    TS_RETURN_IF_ERROR(check_data_dir(dir));
+    const std::string identity = data_tokenizer_identity(dir);
+    if (!identity.empty() && !first.empty() && identity != first)
+      return error("--data mixture: '" + dir + "' was tokenized by another tokenizer than '" +
+                       spec.dirs[0] + "' (their manifests differ)",
+                   "tokenize every folder of a mixture with the same --tokenizer");
+  }
+  return Status();
+}
+
 // The data directory, tokenizing the shipped corpus on first use when no --data was given.
 Result<std::string> prepare_data(const TrainOptions& o, const std::optional<Tokenizer>& tok,
                                  const std::string& shipped) {
-  if (is_mixture_spec(o.data)) {  // each folder of the mixture, checked as one
-    TS_ASSIGN_OR_RETURN(MixtureSpec spec, parse_mixture_spec(o.data));
-    std::string first_identity;
-    for (size_t i = 0; i < spec.dirs.size(); ++i) {
-      TrainOptions one = o;
-      one.data = spec.dirs[i];
-      TS_RETURN_IF_ERROR(prepare_data(one, tok, shipped).status());
-      // Folders tokenized by different tokenizers would mix ids of different meanings.
-      const std::string identity = data_tokenizer_identity(spec.dirs[i]);
-      if (i == 0) first_identity = identity;
-      if (!identity.empty() && !first_identity.empty() && identity != first_identity)
-        return error("--data mixture: '" + spec.dirs[i] +
-                         "' was tokenized by another "
-                         "tokenizer than '" +
-                         spec.dirs[0] + "' (their manifests differ)",
-                     "tokenize every folder of a mixture with the same --tokenizer");
-    }
-    return o.data;
-  }
   if (!o.data.empty()) {
-    if (!fs::exists(o.data))
-      return error("data path '" + o.data + "' does not exist",
-                   "create it with `tessera tokenize --input TEXT --out " + o.data + "`");
-    if (!fs::is_directory(o.data))
-      return error("data path '" + o.data +
-                       "' is a file; --data takes the directory holding train.bin and val.bin "
-                       "(or a folder of llm.c shards)",
-                   "tokenize a text into a directory with `tessera tokenize --input TEXT --out "
-                   "DIR`, then pass --data DIR");
-    TS_RETURN_IF_ERROR(find_token_shards(o.data).status());
+    TS_RETURN_IF_ERROR(check_data_dir(o.data));
     return o.data;
   }
   std::string dir = shipped + "/corpus";
@@ -112,11 +113,16 @@ Result<RunData> open_data(const TrainOptions& o, const TrainJob& job, int data_i
   const ModelConfig& cfg = job.cfg;
   const int rows = static_cast<int>(o.batch / data_ranks);
   RunData d;
-  const bool mixture = is_mixture_spec(o.data);
-  if (mixture && task_of(cfg) != ModelTask::language_model)
-    return error("a --data mixture (FOLDER=WEIGHT,...) feeds language models (gpt, llama); " +
-                     cfg.name + " is a " + cfg.family + " model",
-                 "pass one --data folder for it");
+  std::optional<MixtureSpec> mixture;
+  if (is_mixture_spec(o.data)) {
+    if (task_of(cfg) != ModelTask::language_model)
+      return error("a --data mixture (FOLDER=WEIGHT,...) feeds language models (gpt, llama); " +
+                       cfg.name + " is a " + cfg.family + " model",
+                   "pass one --data folder for it");
+    TS_ASSIGN_OR_RETURN(MixtureSpec spec, parse_mixture_spec(o.data));
+    TS_RETURN_IF_ERROR(check_mixture(spec));
+    mixture = std::move(spec);
+  }
   if (chunks > 1 && task_of(cfg) != ModelTask::language_model)
     return error("context parallelism splits the sequences of language models (gpt, llama); " +
                      cfg.name + " is a " + cfg.family + " model",
@@ -149,19 +155,19 @@ Result<RunData> open_data(const TrainOptions& o, const TrainJob& job, int data_i
   // The tokenizer: to tokenize the shipped corpus (no --data) and to sample at the end; the
   // one a tokenized folder's manifest names (copied into the run directory for `sample`).
   if (o.data.empty() || task_of(cfg) == ModelTask::language_model) {
-    std::string first = o.data;  // a mixture's folders share a tokenizer: the first's
-    if (mixture) {
-      TS_ASSIGN_OR_RETURN(MixtureSpec spec, parse_mixture_spec(o.data));
-      first = spec.dirs[0];
-    }
-    const std::string named = o.data.empty() ? "" : data_tokenizer(first);
+    // A mixture's folders share a tokenizer (check_mixture): the first's.
+    const std::string named =
+        o.data.empty() ? "" : data_tokenizer(mixture ? mixture->dirs[0] : o.data);
     if (o.data.empty() || o.sample_tokens > 0 || !named.empty()) {
       TS_ASSIGN_OR_RETURN(Tokenizer tok,
                           Tokenizer::load(named.empty() ? job.shipped_data_dir + "/gpt2" : named));
       d.tok = std::move(tok);
     }
   }
-  TS_ASSIGN_OR_RETURN(std::string data_dir, prepare_data(o, d.tok, job.shipped_data_dir));
+  std::string data_dir;  // a mixture's folders are checked above
+  if (!mixture) {
+    TS_ASSIGN_OR_RETURN(data_dir, prepare_data(o, d.tok, job.shipped_data_dir));
+  }
   const int seq = static_cast<int>(o.seq);
   if (task_of(cfg) == ModelTask::span_corruption) {
     const int text_vocab = kGpt2VocabSize;
@@ -178,7 +184,7 @@ Result<RunData> open_data(const TrainOptions& o, const TrainJob& job, int data_i
   const int vocab = static_cast<int>(cfg.vocab_size);
   const bool zigzag = job.plan.context_order == ContextOrder::zigzag;
   if (mixture) {
-    TS_ASSIGN_OR_RETURN(MixtureSpec spec, parse_mixture_spec(o.data));
+    const MixtureSpec& spec = *mixture;
     std::vector<std::vector<std::string>> train_shards, val_shards;
     for (const std::string& dir : spec.dirs) {
       TS_ASSIGN_OR_RETURN(ShardFiles files, find_token_shards(dir));

@@ -167,7 +167,9 @@ TEST(SplitForEncoding, CrlfTextIsCutBeforeItsLineBreaks) {
   EXPECT_GT(chunks.size(), 30u);
   std::vector<int32_t> ids;
   for (size_t i = 0; i < chunks.size(); ++i) {
-    if (i > 0) EXPECT_EQ(chunks[i].substr(0, 2), "\r\n") << "chunk " << i;
+    if (i > 0) {
+      EXPECT_EQ(chunks[i].substr(0, 2), "\r\n") << "chunk " << i;
+    }
     tok.encode_append(chunks[i], &ids, i == 0);
   }
   EXPECT_EQ(ids, tok.encode(text));

@@ -5,6 +5,7 @@
 
 #include "backend/cpu/kernels.h"
 #include "backend/cpu/thread_pool.h"
+#include "ir/top_k_row.h"
 
 namespace tessera::cpu {
 
@@ -12,8 +13,7 @@ namespace {
 
 int32_t* iout(const Args& a, int i) { return static_cast<int32_t*>(a.out[static_cast<size_t>(i)]); }
 
-// Per row of n: the k largest in decreasing order, ties to the lower index (a partial
-// selection: k is small).
+// Per row of n: the k largest in decreasing order (ir/top_k_row.h).
 void top_k(const Args& a) {
   const int64_t k = a.attr<TopKAttrs>().k, n = a.in_shape(0)[-1];
   const int64_t rows = a.in_shape(0).numel() / n;
@@ -21,19 +21,7 @@ void top_k(const Args& a) {
   float* values = a.fout(0);
   int32_t* idx = iout(a, 1);
   parallel_for(rows, std::max<int64_t>(1, 4096 / n), [&](int64_t lo, int64_t hi) {
-    for (int64_t r = lo; r < hi; ++r) {
-      const float* row = x + r * n;
-      for (int64_t j = 0; j < k; ++j) {
-        int64_t best = -1;
-        for (int64_t e = 0; e < n; ++e) {
-          bool taken = false;
-          for (int64_t i = 0; i < j; ++i) taken = taken || idx[r * k + i] == e;
-          if (!taken && (best < 0 || row[e] > row[best])) best = e;
-        }
-        idx[r * k + j] = static_cast<int32_t>(best);
-        values[r * k + j] = row[best];
-      }
-    }
+    for (int64_t r = lo; r < hi; ++r) top_k_row(x + r * n, n, k, values + r * k, idx + r * k);
   });
 }
 

@@ -5,6 +5,7 @@
 #include <cub/block/block_scan.cuh>
 
 #include "backend/cuda/kernels.h"
+#include "ir/top_k_row.h"
 
 namespace tessera::cuda {
 
@@ -12,23 +13,12 @@ namespace {
 
 int32_t* iout(const Args& a, int i) { return static_cast<int32_t*>(a.out[static_cast<size_t>(i)]); }
 
-// One thread per row (grid-stride): k passes over its n entries, ties to the lower index.
+// One thread per row (grid-stride), each its top_k_row (ir/top_k_row.h).
 __global__ void top_k_kernel(const float* x, float* values, int32_t* idx, int64_t rows, int64_t n,
                              int64_t k) {
   for (int64_t r = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; r < rows;
-       r += int64_t{gridDim.x} * blockDim.x) {
-    const float* row = x + r * n;
-    for (int64_t j = 0; j < k; ++j) {
-      int64_t best = -1;
-      for (int64_t e = 0; e < n; ++e) {
-        bool taken = false;
-        for (int64_t i = 0; i < j; ++i) taken = taken || idx[r * k + i] == e;
-        if (!taken && (best < 0 || row[e] > row[best])) best = e;
-      }
-      idx[r * k + j] = static_cast<int32_t>(best);
-      values[r * k + j] = row[best];
-    }
-  }
+       r += int64_t{gridDim.x} * blockDim.x)
+    top_k_row(x + r * n, n, k, values + r * k, idx + r * k);
 }
 
 __global__ void top_k_grad_kernel(const float* dv, const int32_t* idx, float* dx, int64_t rows,
