@@ -5,6 +5,7 @@
 
 #include <cstdio>
 #include <filesystem>
+#include <optional>
 
 #include "base/format.h"
 #include "cli/commands.h"
@@ -24,7 +25,7 @@ struct TokenizeArgs {
   std::string format = "auto";
   int64_t shard_tokens = 100'000'000;
   double val_fraction = 0.05;
-  int64_t val_tokens = -1;
+  std::optional<int64_t> val_tokens;
   int threads = 0;
   bool force = false;
 };
@@ -48,7 +49,10 @@ Status run_tokenize(const TokenizeArgs& a) {
     return error("--format must be auto, text or jsonl, got '" + a.format + "'");
   o.shard_tokens = a.shard_tokens;
   o.val_fraction = a.val_fraction;
-  o.val_tokens = a.val_tokens;
+  if (a.val_tokens && *a.val_tokens < 0)
+    return error("--val-tokens must be 0 (no validation) or positive, got " +
+                 std::to_string(*a.val_tokens));
+  o.val_tokens = a.val_tokens.value_or(-1);
   o.threads = a.threads;
   std::error_code ec;
   if (!a.force && std::filesystem::is_directory(a.out, ec))
@@ -97,11 +101,12 @@ void add_tokenize_command(CLI::App& app) {
   cmd->add_option("--field", a->field, "The JSONL field that holds each document's text")
       ->capture_default_str();
   cmd->add_option("--shard-tokens", a->shard_tokens, "Tokens per shard")->capture_default_str();
-  cmd->add_option("--val-fraction", a->val_fraction,
-                  "Share of the tokens (the last ones) for validation")
-      ->capture_default_str();
+  CLI::Option* fraction = cmd->add_option("--val-fraction", a->val_fraction,
+                                          "Share of the tokens (the last ones) for validation")
+                              ->capture_default_str();
   cmd->add_option("--val-tokens", a->val_tokens,
-                  "Tokens (the last ones) for validation, instead of --val-fraction");
+                  "Tokens (the last ones) for validation, instead of --val-fraction")
+      ->excludes(fraction);
   cmd->add_option("--threads", a->threads, "Encoding threads (0: every core)")
       ->capture_default_str();
   cmd->add_flag("--force", a->force, "Replace the shards when --out holds some");

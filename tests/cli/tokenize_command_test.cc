@@ -165,6 +165,11 @@ TEST_F(TokenizeCommand, BadInputsAreNamedAndLeaveNothing) {
   EXPECT_FALSE(fs::exists(dir_ / "bad_out"));
   out = run("tokenize --input bad.jsonl --field body --out bad_out --shard-tokens 0", 1);
   EXPECT_NE(out.find("--shard-tokens must be positive"), std::string::npos) << out;
+  out = run("tokenize --input bad.jsonl --field body --out x --val-tokens -5", 1);
+  EXPECT_NE(out.find("--val-tokens must be 0 (no validation) or positive"), std::string::npos)
+      << out;
+  out = run("tokenize --input bad.jsonl --out x --val-tokens 5 --val-fraction 0.1", 2);
+  EXPECT_NE(out.find("excludes"), std::string::npos) << out;
   out = run("tokenize --input bad.jsonl --out x --format csv", 1);
   EXPECT_NE(out.find("--format must be auto, text or jsonl"), std::string::npos) << out;
   out = run("tokenize --input bad.jsonl --out x --tokenizer nowhere", 1);
