@@ -156,4 +156,32 @@ std::string device_description(const Backend& b) {
   return b.name();
 }
 
+std::string flag_value(const std::vector<std::string>& args, const std::string& name) {
+  for (size_t i = 0; i < args.size(); ++i) {
+    if (args[i] == name && i + 1 < args.size()) return args[i + 1];
+    if (args[i].rfind(name + "=", 0) == 0) return args[i].substr(name.size() + 1);
+  }
+  return "";
+}
+
+bool has_flag(const std::vector<std::string>& args, const std::string& name) {
+  for (const std::string& a : args)
+    if (a == name || a.rfind(name + "=", 0) == 0) return true;
+  return false;
+}
+
+std::vector<std::string> without_flag(const std::vector<std::string>& args, const std::string& name,
+                                      bool takes_value) {
+  std::vector<std::string> kept;
+  for (size_t i = 0; i < args.size(); ++i) {
+    if (args[i] == name) {
+      if (takes_value) ++i;
+      continue;
+    }
+    if (args[i].rfind(name + "=", 0) == 0) continue;
+    kept.push_back(args[i]);
+  }
+  return kept;
+}
+
 }  // namespace tessera

@@ -4,6 +4,7 @@
 #include <cstdlib>
 #include <memory>
 #include <string>
+#include <vector>
 
 #include "backend/backend.h"
 #include "base/status.h"
@@ -16,6 +17,15 @@ namespace tessera {
 int run_captured(const std::string& command, std::string* out);
 // `s` as one word of a POSIX shell command (quoted where it must be).
 std::string shell_quote(const std::string& s);
+
+// A command line's flags, as another command passes them on.
+// The value of `--name` ("--name V" or "--name=V"); "" when absent.
+std::string flag_value(const std::vector<std::string>& args, const std::string& name);
+// Whether `--name` (or `--name=V`) is among `args`.
+bool has_flag(const std::vector<std::string>& args, const std::string& name);
+// `args` without `--name` (and its value, when it takes one).
+std::vector<std::string> without_flag(const std::vector<std::string>& args, const std::string& name,
+                                      bool takes_value);
 
 // Prints "error: message\nHINT: hint" and exits 1 when `s` is an error.
 void exit_on_error(const Status& s);

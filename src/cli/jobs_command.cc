@@ -51,37 +51,44 @@ Status run_jobs(const JobsOptions& o) {
   std::string ids;
   for (const SubmittedJob& j : jobs) ids += (ids.empty() ? "" : ",") + j.id;
   std::string said;
-  const int rc = run_captured(shell_quote(o.sacct) + " -X --noheader --parsable2 -j " + ids +
+  // -D: a requeued job's every run (its earlier runs used the devices too), oldest first.
+  const int rc = run_captured(shell_quote(o.sacct) + " -X -D --noheader --parsable2 -j " + ids +
                                   " --format=JobID,State,Elapsed",
                               &said);
   if (rc != 0)
     return error("Slurm's accounting (`" + o.sacct + "`) failed (exit code " + std::to_string(rc) +
                      "): " + said,
                  "run tessera jobs where Slurm's sacct works (its accounting storage enabled)");
-  std::map<std::string, std::pair<std::string, double>> state;  // id -> (state, seconds)
+  struct Used {
+    std::string state;   // the last run's
+    double seconds = 0;  // every run's elapsed time
+    int runs = 0;
+  };
+  std::map<std::string, Used> used;
   std::istringstream lines(said);
   std::string line;
   while (std::getline(lines, line)) {
     const size_t a = line.find('|'), b = line.find('|', a + 1);
     if (a == std::string::npos || b == std::string::npos) continue;
-    state[line.substr(0, a)] = {line.substr(a + 1, b - a - 1),
-                                slurm_elapsed_seconds(line.substr(b + 1))};
+    Used& u = used[line.substr(0, a)];
+    u.state = line.substr(a + 1, b - a - 1);
+    u.seconds += std::max(slurm_elapsed_seconds(line.substr(b + 1)), 0.0);
+    ++u.runs;
   }
-  std::printf("%-10s %-18s %-12s %-13s %8s %12s %10s %10s %12s\n", "job", "model", "flavor",
-              "state", "step", "tokens/s", "GPU-hours", "cost $", "$/M tokens");
+  std::printf("%-10s %-18s %-14s %-11s %4s %6s %10s %12s %10s %12s\n", "job", "model", "flavor",
+              "state", "runs", "step", "tokens/s", "GPU-hours", "cost $", "$/M tokens");
   for (const SubmittedJob& j : jobs) {
-    const auto it = state.find(j.id);
-    const std::string st = it == state.end() ? "UNKNOWN" : it->second.first;
-    const double secs = it == state.end() ? -1 : it->second.second;
+    const auto it = used.find(j.id);
+    const Used u = it == used.end() ? Used{"UNKNOWN", 0, 0} : it->second;
     const auto [step, rate] = last_record(j.out);
-    const double gpu_hours = secs >= 0 ? secs / 3600 * j.devices : 0;
-    const double cost = secs >= 0 ? secs / 3600 * j.price_per_hour : 0;
+    const double gpu_hours = u.seconds / 3600 * j.devices;
+    const double cost = u.seconds / 3600 * j.price_per_hour;
     const double tokens = static_cast<double>(step + 1) * j.tokens_per_step;
     char per_million[32] = "-";
     if (tokens > 0 && j.price_per_hour > 0)
       std::snprintf(per_million, sizeof per_million, "%.4f", cost / tokens * 1e6);
-    std::printf("%-10s %-18s %-12s %-13s %8s %12s %10.2f %10.2f %12s\n", j.id.c_str(),
-                j.model.c_str(), j.flavor.c_str(), st.c_str(),
+    std::printf("%-10s %-18s %-14s %-11s %4d %6s %10s %12.4f %10.4f %12s\n", j.id.c_str(),
+                j.model.c_str(), j.flavor.c_str(), u.state.c_str(), u.runs,
                 step >= 0 ? std::to_string(step + 1).c_str() : "-",
                 rate > 0 ? format_si(rate).c_str() : "-", gpu_hours, cost, per_million);
   }

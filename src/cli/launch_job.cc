@@ -15,6 +15,7 @@
 #include <nlohmann/json.hpp>
 #include <sstream>
 
+#include "cli/common.h"
 #include "io/fs.h"
 #include "io/sharded_checkpoint.h"
 #include "train/run_metrics.h"
@@ -120,36 +121,6 @@ int run_child(std::vector<std::string> argv, const char* env_name, const std::st
 extern "C" void on_launch_signal(int sig) {
   g_stopped = sig;
   ++g_signals;
-}
-
-// The value of `--name` ("--name V" or "--name=V"); "" when absent.
-std::string flag_value(const std::vector<std::string>& args, const std::string& name) {
-  for (size_t i = 0; i < args.size(); ++i) {
-    if (args[i] == name && i + 1 < args.size()) return args[i + 1];
-    if (args[i].rfind(name + "=", 0) == 0) return args[i].substr(name.size() + 1);
-  }
-  return "";
-}
-
-bool has_flag(const std::vector<std::string>& args, const std::string& name) {
-  for (const std::string& a : args)
-    if (a == name || a.rfind(name + "=", 0) == 0) return true;
-  return false;
-}
-
-// `args` without `--name` (and its value, when it takes one).
-std::vector<std::string> without_flag(const std::vector<std::string>& args, const std::string& name,
-                                      bool takes_value) {
-  std::vector<std::string> kept;
-  for (size_t i = 0; i < args.size(); ++i) {
-    if (args[i] == name) {
-      if (takes_value) ++i;
-      continue;
-    }
-    if (args[i].rfind(name + "=", 0) == 0) continue;
-    kept.push_back(args[i]);
-  }
-  return kept;
 }
 
 // The step of the last complete checkpoint under OUT/checkpoints; -1 when there is none.

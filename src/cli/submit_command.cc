@@ -30,6 +30,7 @@ struct SubmitOptions {
   std::string cluster = "dgx-h100";  // with --gpus
   std::string flavors;               // a user's flavors file
   double margin = 0.2;               // the time limit's share above the prediction
+  int max_requeues = 3;              // runs again after a task died
   bool dry_run = false;
   std::string sbatch = "sbatch";
   std::vector<std::string> args;  // `train` and its flags
@@ -81,13 +82,15 @@ Status run_submit(const SubmitOptions& so) {
                  "tessera submit --flavor xlarge.640gb -- train ...; `--flavor x` lists them");
   if (!(so.margin >= 0) || !std::isfinite(so.margin))
     return error("--time-margin must be a fraction >= 0, got " + std::to_string(so.margin));
+  if (so.max_requeues < 0)
+    return error("--max-requeues must be >= 0, got " + std::to_string(so.max_requeues),
+                 "0 never runs a job again after a task died");
   TS_ASSIGN_OR_RETURN(TrainOptions o, parse_train_args(so.args));
   for (const char* flag :
        {"--plan", "--dp", "--tp", "--pp", "--cp", "--cp-order", "--ep", "--zero", "--hsdp"})
-    for (const std::string& a : so.args)
-      if (a == flag || a.rfind(std::string(flag) + "=", 0) == 0)
-        return error(std::string(flag) + ": submit chooses the plan for the flavor's devices",
-                     "drop the plan flags; `tessera simulate` times a plan of your own");
+    if (has_flag(so.args, flag))
+      return error(std::string(flag) + ": submit chooses the plan for the flavor's devices",
+                   "drop the plan flags; `tessera simulate` times a plan of your own");
   TS_ASSIGN_OR_RETURN(ModelConfig cfg, load_model_config(o.model));
   TS_RETURN_IF_ERROR(check_train_options(o, cfg));
   cfg.dtype = *parse_dtype(o.precision);
@@ -130,20 +133,16 @@ Status run_submit(const SubmitOptions& so) {
   // The user's flags but the step's split, which the plan chose (--batch x --grad-accum
   // sequences per step either way).
   std::string train = shell_quote(self);
-  for (size_t i = 0; i < so.args.size(); ++i) {
-    const std::string& a = so.args[i];
-    if (a == "--batch" || a == "--grad-accum") {
-      ++i;
-      continue;
-    }
-    if (a.rfind("--batch=", 0) == 0 || a.rfind("--grad-accum=", 0) == 0) continue;
+  for (const std::string& a :
+       without_flag(without_flag(so.args, "--batch", true), "--grad-accum", true))
     train += " " + shell_quote(a);
-  }
   train += " --batch " + std::to_string(c.micro_batch * c.plan.data_group()) + " --grad-accum " +
            std::to_string(c.plan.micro_batches) + " --plan " + shell_quote(plan_path);
-  bool has_device = false;
-  for (const std::string& a : so.args) has_device = has_device || a.rfind("--device", 0) == 0;
-  if (!has_device) train += " --device cuda";
+  std::string device = flag_value(so.args, "--device");
+  if (device.empty()) {
+    device = "cuda";
+    train += " --device cuda";
+  }
   char head[512];
   std::snprintf(head, sizeof head,
                 "# tessera submit --flavor %s: %s on %d x %s, predicted %.3f s per step (%s "
@@ -152,19 +151,38 @@ Status run_submit(const SubmitOptions& so) {
                 cluster.device.name.c_str(), c.sim.step_seconds,
                 format_si(c.sim.tokens_per_second).c_str(), (long long)o.steps,
                 flavor.price_per_hour);
-  std::string script =
-      "#!/bin/bash\n" + std::string(head) + "#SBATCH --job-name=tessera-" + cfg.name + "\n" +
-      "#SBATCH --nodes=" + std::to_string(nodes) + "\n" +
-      "#SBATCH --ntasks-per-node=" + std::to_string(per_node) + "\n" +
-      "#SBATCH --gpus-per-task=1\n" + "#SBATCH --time=" + slurm_time(limit) + "\n" +
-      "#SBATCH --output=" + out + "/slurm-%j.out\n" + "#SBATCH --signal=TERM@120\n" +
-      "#SBATCH --requeue\n" + "set -euo pipefail\n" +
-      "# SIGTERM 120 s before the limit: every rank finishes its step and saves\n" +
-      "# a requeued job (a node died) resumes from the last checkpoint\n" + "srun " + train +
-      (o.resume
-           ? ""
-           : " $( [ -e " + shell_quote(out + "/checkpoints/latest") + " ] && echo --resume )") +
-      "\n";
+  std::string script = "#!/bin/bash\n" + std::string(head) + "#SBATCH --job-name=tessera-" +
+                       cfg.name + "\n" + "#SBATCH --nodes=" + std::to_string(nodes) + "\n" +
+                       "#SBATCH --ntasks-per-node=" + std::to_string(per_node) + "\n";
+  if (device != "cpu") script += "#SBATCH --gpus-per-task=1\n";
+  script += "#SBATCH --time=" + slurm_time(limit) + "\n" + "#SBATCH --output=" + out +
+            "/slurm-%j.out\n" +
+            "#SBATCH --open-mode=append\n"
+            "#SBATCH --signal=TERM@120\n"
+            "#SBATCH --requeue\n"
+            "set -uo pipefail\n"
+            "# SIGTERM 120 s before the limit: every rank finishes its step and saves.\n"
+            "# A requeued job (a rank or a node died) resumes from the last complete checkpoint.\n"
+            "resume=\n";
+  if (!o.resume)
+    script += "[ -e " + shell_quote(out + "/checkpoints/latest") + " ] && resume=--resume\n";
+  script += "srun --kill-on-bad-exit=1 " + train + " $resume\n";
+  // The requeue: a task that died (exit code 128 + its signal), not a stop the user or the time
+  // limit asked for (SIGTERM, SIGINT) nor an error the run printed (exit code 1).
+  const std::string most = std::to_string(so.max_requeues);
+  script += R"(rc=$?
+# A task died (killed, crashed, its node lost): Slurm runs the job again, at most )" +
+            most + R"( times.
+runs=${SLURM_RESTART_COUNT:-0}
+if [ $rc -gt 128 ] && [ $rc -ne 143 ] && [ $rc -ne 130 ] && [ "$runs" -lt )" +
+            most + R"( ]; then
+  echo "tessera submit: a task of job $SLURM_JOB_ID ended with exit code $rc (a rank died);" \
+       "requeued (restart $((runs + 1)) of at most )" +
+            most + R"(): it resumes from the last checkpoint"
+  scontrol requeue "$SLURM_JOB_ID" && exit 0
+fi
+exit $rc
+)";
   const std::string plan_json = plan_to_json(c.plan).dump(2) + "\n";
   if (so.dry_run) {
     std::printf("plan (%s):\n%s\nbatch script:\n%s", plan_path.c_str(), plan_json.c_str(),
@@ -211,6 +229,10 @@ void add_submit_command(CLI::App& app) {
   cmd->add_option("--flavors", o->flavors, "A TOML file of [[flavor]] sections to add");
   cmd->add_option("--time-margin", o->margin,
                   "The time limit above the predicted steps, as a fraction (plus 15 minutes)")
+      ->capture_default_str();
+  cmd->add_option("--max-requeues", o->max_requeues,
+                  "How many times the job runs again (from its last checkpoint) after a task "
+                  "died")
       ->capture_default_str();
   cmd->add_flag("--dry-run", o->dry_run, "Print the plan and the batch script; submit nothing");
   cmd->add_option("--sbatch", o->sbatch, "The submission command")->capture_default_str();

@@ -505,8 +505,18 @@ Status train(const TrainOptions& o, const TrainJob& job) {
                          "' has already taken " + std::to_string(start_step) + " steps",
                      "pass a larger --steps to train it further");
       if (!leader) return Status();
+      // The steps the stopped run took after its last checkpoint (its records say how far it
+      // got) are redone: a requeued Slurm job's log says how many.
+      const int64_t reached = last_recorded_step(o.out) + 1;
       TS_ASSIGN_OR_RETURN(metrics, open_run_metrics(o.out, true, start_step));
-      std::fprintf(stderr, "resumed from step %lld\n", (long long)start_step);
+      if (reached > start_step)
+        std::fprintf(
+            stderr,
+            "resumed from step %lld (the run before reached step %lld: %lld step%s redone)\n",
+            (long long)start_step, (long long)reached, (long long)(reached - start_step),
+            reached - start_step == 1 ? "" : "s");
+      else
+        std::fprintf(stderr, "resumed from step %lld\n", (long long)start_step);
       if (!st.resume_changes.empty()) {
         std::string list;
         for (const std::string& c : st.resume_changes) list += (list.empty() ? "" : ", ") + c;

@@ -50,11 +50,24 @@ TEST_F(Submit, DryRunPrintsThePlanAndTheBatchScript) {
        {"\"mesh\"", "#SBATCH --nodes=1\n", "#SBATCH --ntasks-per-node=8\n",
         "#SBATCH --gpus-per-task=1\n", "#SBATCH --time=0-", "#SBATCH --signal=TERM@120\n",
         "#SBATCH --requeue\n", " --plan ", "/run/plan.json", " --device cuda", "--precision bf16",
-        "8 x H100-SXM5-80GB, predicted", "echo --resume"})
+        "8 x H100-SXM5-80GB, predicted", "resume=--resume"})
     EXPECT_NE(out.find(want), std::string::npos) << want << "\n" << out;
   // The step's split is the plan's: the user's --batch 64 is not passed on twice.
   EXPECT_EQ(out.find("--batch 64"), std::string::npos) << out;
   EXPECT_FALSE(fs::exists(dir_ / "run")) << "a dry run writes nothing";
+  // A task that dies requeues the job (at most --max-requeues times), which resumes.
+  for (const char* want :
+       {"srun --kill-on-bad-exit=1 ", "[ -e ", "/run/checkpoints/latest ] && resume=--resume\n",
+        "\"$runs\" -lt 3 ]", "scontrol requeue \"$SLURM_JOB_ID\""})
+    EXPECT_NE(out.find(want), std::string::npos) << want << "\n" << out;
+  // A CPU job asks Slurm for no GPUs.
+  const std::string cpu = tessera(
+      "submit --gpus 2 --cluster cpu-local --max-requeues 1 --dry-run -- train --model gpt-tiny "
+      "--seq 16 --device cpu",
+      0);
+  EXPECT_EQ(cpu.find("--gpus-per-task"), std::string::npos) << cpu;
+  EXPECT_NE(cpu.find("\"$runs\" -lt 1 ]"), std::string::npos) << cpu;
+  EXPECT_EQ(cpu.find("--device cuda"), std::string::npos) << cpu;
   // Two nodes for 16 devices.
   const std::string two =
       tessera("submit --flavor 2xlarge.1280gb --dry-run -- train --model gpt-tiny --seq 16", 0);
@@ -78,6 +91,8 @@ TEST_F(Submit, BadFlavorsAndNoSlurmAreOneError) {
   EXPECT_NE(out.find("--tp: submit chooses the plan"), std::string::npos) << out;
   out = tessera("submit --dry-run" + job, 1);
   EXPECT_NE(out.find("needs --flavor NAME or --gpus N"), std::string::npos) << out;
+  out = tessera("submit --flavor small.80gb --max-requeues -1 --dry-run" + job, 1);
+  EXPECT_NE(out.find("--max-requeues must be >= 0, got -1"), std::string::npos) << out;
 }
 
 // Through a stand-in sbatch: the plan and the script are written into --out and the job id is
@@ -117,12 +132,13 @@ TEST_F(Submit, JobsShowCostAndCancelStopsGracefully) {
           0);
   std::ofstream(dir_ / "run/metrics.jsonl") << "{\"step\":8,\"loss\":9.0,\"tokens_per_s\":1500}\n"
                                             << "{\"step\":9,\"loss\":8.5,\"tokens_per_s\":2000}\n";
-  const std::string sacct = fake("sacct", "4242|COMPLETED|01:30:00", 0);
+  // Requeued once: a run of 30 minutes, then one of an hour (sacct -D lists both).
+  const std::string sacct = fake("sacct", "4242|REQUEUED|30:00\n4242|COMPLETED|01:00:00", 0);
   std::string out = tessera("jobs --sacct " + sacct, 0);
   // 1.5 h on medium.160gb: 2 H100s at dgx-h100's 12.29 per device-hour.
   EXPECT_NE(out.find("4242"), std::string::npos) << out;
-  EXPECT_NE(out.find("COMPLETED"), std::string::npos) << out;
-  EXPECT_NE(out.find("      3.00      36.87"), std::string::npos) << out;
+  EXPECT_NE(out.find("COMPLETED      2 "), std::string::npos) << out;  // the last run's state
+  EXPECT_NE(out.find("      3.0000    36.8700"), std::string::npos) << out;
   EXPECT_NE(out.find(" 10 "), std::string::npos) << out;  // steps reached
   const std::string scancel = fake("scancel", "", 0);
   out = tessera("cancel 4242 --scancel " + scancel, 0);
