@@ -7,7 +7,8 @@ packages=(build-essential cmake ninja-build pkg-config git
           nlohmann-json3-dev libtomlplusplus-dev libcli11-dev libgtest-dev libgmock-dev libbenchmark-dev
           libopenmpi-dev openmpi-bin
           gnuplot-nox zlib1g-dev  # tessera report: plots; its test reads PNGs; IDX images
-          dataset-fashion-mnist)  # `train --model vit-tiny --data fashion-mnist`
+          dataset-fashion-mnist  # `train --model vit-tiny --data fashion-mnist`
+          slurm-wlm slurmdbd munge mariadb-server)  # scripts/slurm_local.sh: the slurm tests
 [ $# -gt 0 ] && packages=("$@")
 missing=()
 for p in "${packages[@]}"; do

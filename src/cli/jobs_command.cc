@@ -24,73 +24,28 @@ struct JobsOptions {
   std::string job;  // cancel's
 };
 
-// The last training record of a run: its step (0-based) and tokens/s (or images/s); -1 and 0
-// when it has none yet.
-std::pair<int64_t, double> last_record(const std::string& out) {
-  std::ifstream f(out + "/metrics.jsonl");
-  std::string line;
-  int64_t step = -1;
-  double rate = 0;
-  while (std::getline(f, line)) {
-    const nlohmann::json j = nlohmann::json::parse(line, nullptr, /*allow_exceptions=*/false);
-    if (!j.is_object() || !j.contains("loss") || !j.contains("step")) continue;
-    if (!j["step"].is_number_integer()) continue;
-    step = j["step"].get<int64_t>();
-    for (const char* key : {"tokens_per_s", "images_per_s"})
-      if (j.contains(key) && j[key].is_number()) rate = j[key].get<double>();
-  }
-  return {step, rate};
-}
-
 Status run_jobs(const JobsOptions& o) {
   TS_ASSIGN_OR_RETURN(std::vector<SubmittedJob> jobs, recorded_jobs());
   if (jobs.empty()) {
     std::printf("no jobs submitted from here (%s)\n", jobs_file().c_str());
     return Status();
   }
-  std::string ids;
-  for (const SubmittedJob& j : jobs) ids += (ids.empty() ? "" : ",") + j.id;
-  std::string said;
-  // -D: a requeued job's every run (its earlier runs used the devices too), oldest first.
-  const int rc = run_captured(shell_quote(o.sacct) + " -X -D --noheader --parsable2 -j " + ids +
-                                  " --format=JobID,State,Elapsed",
-                              &said);
-  if (rc != 0)
-    return error("Slurm's accounting (`" + o.sacct + "`) failed (exit code " + std::to_string(rc) +
-                     "): " + said,
-                 "run tessera jobs where Slurm's sacct works (its accounting storage enabled)");
-  struct Used {
-    std::string state;   // the last run's
-    double seconds = 0;  // every run's elapsed time
-    int runs = 0;
-  };
-  std::map<std::string, Used> used;
-  std::istringstream lines(said);
-  std::string line;
-  while (std::getline(lines, line)) {
-    const size_t a = line.find('|'), b = line.find('|', a + 1);
-    if (a == std::string::npos || b == std::string::npos) continue;
-    Used& u = used[line.substr(0, a)];
-    u.state = line.substr(a + 1, b - a - 1);
-    u.seconds += std::max(slurm_elapsed_seconds(line.substr(b + 1)), 0.0);
-    ++u.runs;
-  }
+  std::vector<std::string> ids;
+  for (const SubmittedJob& j : jobs) ids.push_back(j.id);
+  TS_ASSIGN_OR_RETURN(auto used, slurm_usage(o.sacct, ids));
   std::printf("%-10s %-18s %-14s %-11s %4s %6s %10s %12s %10s %12s\n", "job", "model", "flavor",
               "state", "runs", "step", "tokens/s", "GPU-hours", "cost $", "$/M tokens");
   for (const SubmittedJob& j : jobs) {
-    const auto it = used.find(j.id);
-    const Used u = it == used.end() ? Used{"UNKNOWN", 0, 0} : it->second;
-    const auto [step, rate] = last_record(j.out);
-    const double gpu_hours = u.seconds / 3600 * j.devices;
-    const double cost = u.seconds / 3600 * j.price_per_hour;
-    const double tokens = static_cast<double>(step + 1) * j.tokens_per_step;
+    const JobUsage u = used.count(j.id) ? used.at(j.id) : JobUsage{};
+    const auto [step, rate] = last_training_record(j.out);
+    const JobCost c = job_cost(j, u, static_cast<double>(step + 1) * j.tokens_per_step);
     char per_million[32] = "-";
-    if (tokens > 0 && j.price_per_hour > 0)
-      std::snprintf(per_million, sizeof per_million, "%.4f", cost / tokens * 1e6);
+    if (c.per_million_tokens >= 0)
+      std::snprintf(per_million, sizeof per_million, "%.4f", c.per_million_tokens);
     std::printf("%-10s %-18s %-14s %-11s %4d %6s %10s %12.4f %10.4f %12s\n", j.id.c_str(),
                 j.model.c_str(), j.flavor.c_str(), u.state.c_str(), u.runs,
                 step >= 0 ? std::to_string(step + 1).c_str() : "-",
-                rate > 0 ? format_si(rate).c_str() : "-", gpu_hours, cost, per_million);
+                rate > 0 ? format_si(rate).c_str() : "-", c.device_hours, c.dollars, per_million);
   }
   return Status();
 }

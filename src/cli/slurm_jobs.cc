@@ -1,9 +1,12 @@
 #include "cli/slurm_jobs.h"
 
 #include <cstdlib>
+#include <filesystem>
 #include <fstream>
 #include <nlohmann/json.hpp>
+#include <sstream>
 
+#include "cli/common.h"
 #include "io/fs.h"
 
 namespace tessera {
@@ -77,6 +80,80 @@ double slurm_elapsed_seconds(const std::string& text) {
   double s = 0;
   for (double p : parts) s = s * 60 + p;  // [HH:]MM:SS
   return parts.size() > 3 || parts.size() < 2 ? -1 : days * 86400 + s;
+}
+
+Result<std::map<std::string, JobUsage>> slurm_usage(const std::string& sacct,
+                                                    const std::vector<std::string>& ids) {
+  std::string list;
+  for (const std::string& id : ids) list += (list.empty() ? "" : ",") + id;
+  // -D: a requeued job's every run (its earlier runs held the devices too), oldest first.
+  std::string said;
+  const int rc = run_captured(shell_quote(sacct) + " -X -D --noheader --parsable2 -j " +
+                                  shell_quote(list) + " --format=JobID,State,Elapsed",
+                              &said);
+  if (rc != 0)
+    return error("Slurm's accounting (`" + sacct + "`) failed (exit code " + std::to_string(rc) +
+                     "): " + said,
+                 "run this where Slurm's sacct works (its accounting storage enabled)");
+  std::map<std::string, JobUsage> used;
+  std::istringstream lines(said);
+  for (std::string line; std::getline(lines, line);) {
+    const size_t a = line.find('|'), b = line.find('|', a + 1);
+    if (a == std::string::npos || b == std::string::npos) continue;
+    JobUsage& u = used[line.substr(0, a)];
+    u.state = line.substr(a + 1, b - a - 1);
+    u.seconds += std::max(slurm_elapsed_seconds(line.substr(b + 1)), 0.0);
+    ++u.runs;
+  }
+  return used;
+}
+
+JobCost job_cost(const SubmittedJob& job, const JobUsage& used, double tokens) {
+  JobCost c;
+  c.device_hours = used.seconds / 3600 * job.devices;
+  c.dollars = used.seconds / 3600 * job.price_per_hour;
+  if (tokens > 0 && job.price_per_hour > 0) c.per_million_tokens = c.dollars / tokens * 1e6;
+  return c;
+}
+
+std::pair<int64_t, double> last_training_record(const std::string& out) {
+  std::ifstream f(out + "/metrics.jsonl");
+  std::string line;
+  int64_t step = -1;
+  double rate = 0;
+  while (std::getline(f, line)) {
+    const nlohmann::json j = nlohmann::json::parse(line, nullptr, /*allow_exceptions=*/false);
+    if (!j.is_object() || !j.contains("loss") || !j.contains("step")) continue;
+    if (!j["step"].is_number_integer()) continue;
+    step = j["step"].get<int64_t>();
+    for (const char* key : {"tokens_per_s", "images_per_s"})
+      if (j.contains(key) && j[key].is_number()) rate = j[key].get<double>();
+  }
+  return {step, rate};
+}
+
+Result<std::string> submitted_run_cost(const std::string& run_dir, const std::string& sacct) {
+  TS_ASSIGN_OR_RETURN(std::vector<SubmittedJob> jobs, recorded_jobs());
+  std::error_code ec;
+  const std::filesystem::path dir = std::filesystem::weakly_canonical(run_dir, ec);
+  const SubmittedJob* job = nullptr;  // the newest submission of this directory
+  for (const SubmittedJob& j : jobs)
+    if (std::filesystem::weakly_canonical(j.out, ec) == dir) job = &j;
+  if (job == nullptr) return std::string();
+  TS_ASSIGN_OR_RETURN(auto used, slurm_usage(sacct, {job->id}));
+  const JobUsage u = used.count(job->id) ? used.at(job->id) : JobUsage{};
+  const int64_t steps = last_training_record(job->out).first + 1;
+  const JobCost c = job_cost(*job, u, static_cast<double>(steps) * job->tokens_per_step);
+  char line[512];
+  std::snprintf(line, sizeof line, "job %s on %s (%d run%s, %s): %.4f GPU-hours, $%.4f",
+                job->id.c_str(), job->flavor.c_str(), u.runs, u.runs == 1 ? "" : "s",
+                u.state.c_str(), c.device_hours, c.dollars);
+  std::string s = line;
+  if (c.per_million_tokens >= 0) {
+    std::snprintf(line, sizeof line, ", $%.4f per million tokens", c.per_million_tokens);
+    s += line;
+  }
+  return s;
 }
 
 }  // namespace tessera

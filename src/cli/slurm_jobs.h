@@ -8,7 +8,9 @@
 #pragma once
 
 #include <cstdint>
+#include <map>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "base/status.h"
@@ -31,6 +33,32 @@ std::string jobs_file();
 Status record_job(const SubmittedJob& job);
 // Every submission recorded, oldest first (none when the file does not exist).
 Result<std::vector<SubmittedJob>> recorded_jobs();
+
+// What a job used, by Slurm's accounting: every run of it (a requeued job runs again).
+struct JobUsage {
+  std::string state = "UNKNOWN";  // the last run's (COMPLETED, RUNNING, FAILED, ...)
+  double seconds = 0;             // elapsed, every run together
+  int runs = 0;
+};
+// The usage of each job in `ids` that `sacct` (the command) knows, by job id.
+Result<std::map<std::string, JobUsage>> slurm_usage(const std::string& sacct,
+                                                    const std::vector<std::string>& ids);
+
+// What a job has cost: device-hours used, dollars at its flavor's price, and dollars per
+// million tokens over `tokens` trained (-1 when none were, or the flavor has no price).
+struct JobCost {
+  double device_hours = 0, dollars = 0, per_million_tokens = -1;
+};
+JobCost job_cost(const SubmittedJob& job, const JobUsage& used, double tokens);
+
+// The last training record of a run directory's metrics.jsonl: its step (0-based) and tokens/s
+// (or images/s); -1 and 0 when it has none yet.
+std::pair<int64_t, double> last_training_record(const std::string& out);
+
+// The cost of the run in `run_dir` when `tessera submit` sent it (the registry names its
+// directory), as one line: "job 42 on xlarge.640gb (2 runs, COMPLETED): 3.2 GPU-hours, $39.33,
+// $0.0120 per million tokens"; "" for a run submit did not send.
+Result<std::string> submitted_run_cost(const std::string& run_dir, const std::string& sacct);
 
 // Slurm's elapsed time ("[D-]HH:MM:SS", "MM:SS" or "MM:SS.mmm") in seconds; -1 if unreadable.
 double slurm_elapsed_seconds(const std::string& text);

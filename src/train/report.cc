@@ -252,7 +252,8 @@ std::string summary_table(const Metrics& m, const json& manifest) {
 
 }  // namespace
 
-Result<RunReport> write_report(const std::string& run_dir, const std::string& out_dir) {
+Result<RunReport> write_report(const std::string& run_dir, const std::string& out_dir,
+                               const std::vector<std::string>& facts) {
   const std::string metrics_path = join_path(run_dir, "metrics.jsonl");
   if (!is_directory(run_dir))
     return error("run directory " + run_dir + " does not exist",
@@ -295,6 +296,7 @@ Result<RunReport> write_report(const std::string& run_dir, const std::string& ou
         "pre{background:#f6f6f6;padding:1em;overflow:auto}</style></head><body>\n"
         "<h1>Tessera run " +
         escape(run_dir) + "</h1>\n" + summary_table(m, manifest);
+    for (const std::string& fact : facts) html += "<p>" + escape(fact) + "</p>\n";
     if (m.cut_last_line)
       html += "<p>The last line of metrics.jsonl was cut off (a killed run) and is left out.</p>\n";
     for (const std::string& note : m.notes) html += "<p>Note: " + escape(note) + ".</p>\n";

@@ -31,6 +31,8 @@ struct RunReport {
   std::vector<std::string> notes;  // e.g. a step whose loss is not finite (a diverged run)
 };
 
-Result<RunReport> write_report(const std::string& run_dir, const std::string& out_dir);
+// `facts`: lines the page shows under the summary (the cost of a Slurm job).
+Result<RunReport> write_report(const std::string& run_dir, const std::string& out_dir,
+                               const std::vector<std::string>& facts = {});
 
 }  // namespace tessera

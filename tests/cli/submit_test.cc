@@ -130,8 +130,9 @@ TEST_F(Submit, JobsShowCostAndCancelStopsGracefully) {
   tessera("submit --flavor medium.160gb --sbatch " + ok +
               " -- train --model gpt-tiny --seq 16 --steps 10 --out run",
           0);
-  std::ofstream(dir_ / "run/metrics.jsonl") << "{\"step\":8,\"loss\":9.0,\"tokens_per_s\":1500}\n"
-                                            << "{\"step\":9,\"loss\":8.5,\"tokens_per_s\":2000}\n";
+  std::ofstream(dir_ / "run/metrics.jsonl")
+      << "{\"step\":8,\"loss\":9.0,\"lr\":0.001,\"tokens_per_s\":1500}\n"
+      << "{\"step\":9,\"loss\":8.5,\"lr\":0.001,\"tokens_per_s\":2000}\n";
   // Requeued once: a run of 30 minutes, then one of an hour (sacct -D lists both).
   const std::string sacct = fake("sacct", "4242|REQUEUED|30:00\n4242|COMPLETED|01:00:00", 0);
   std::string out = tessera("jobs --sacct " + sacct, 0);
@@ -140,6 +141,15 @@ TEST_F(Submit, JobsShowCostAndCancelStopsGracefully) {
   EXPECT_NE(out.find("COMPLETED      2 "), std::string::npos) << out;  // the last run's state
   EXPECT_NE(out.find("      3.0000    36.8700"), std::string::npos) << out;
   EXPECT_NE(out.find(" 10 "), std::string::npos) << out;  // steps reached
+  // The run's report carries its cost.
+  out = tessera("report run --sacct " + sacct, 0);
+  EXPECT_NE(out.find("cost: job 4242 on medium.160gb (2 runs, COMPLETED): 3.0000 GPU-hours, "
+                     "$36.8700, $"),
+            std::string::npos)
+      << out;
+  std::ifstream page(dir_ / "run/report/index.html");
+  const std::string html((std::istreambuf_iterator<char>(page)), {});
+  EXPECT_NE(html.find("<p>cost: job 4242 on medium.160gb"), std::string::npos);
   const std::string scancel = fake("scancel", "", 0);
   out = tessera("cancel 4242 --scancel " + scancel, 0);
   EXPECT_NE(out.find("asked job 4242 to stop"), std::string::npos) << out;
