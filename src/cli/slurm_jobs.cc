@@ -89,7 +89,7 @@ Result<std::map<std::string, JobUsage>> slurm_usage(const std::string& sacct,
   // -D: a requeued job's every run (its earlier runs held the devices too), oldest first.
   std::string said;
   const int rc = run_captured(shell_quote(sacct) + " -X -D --noheader --parsable2 -j " +
-                                  shell_quote(list) + " --format=JobID,State,Elapsed",
+                                  shell_quote(list) + " --format=JobID,State,Elapsed,ExitCode",
                               &said);
   if (rc != 0)
     return error("Slurm's accounting (`" + sacct + "`) failed (exit code " + std::to_string(rc) +
@@ -98,11 +98,23 @@ Result<std::map<std::string, JobUsage>> slurm_usage(const std::string& sacct,
   std::map<std::string, JobUsage> used;
   std::istringstream lines(said);
   for (std::string line; std::getline(lines, line);) {
-    const size_t a = line.find('|'), b = line.find('|', a + 1);
-    if (a == std::string::npos || b == std::string::npos) continue;
-    JobUsage& u = used[line.substr(0, a)];
-    u.state = line.substr(a + 1, b - a - 1);
-    u.seconds += std::max(slurm_elapsed_seconds(line.substr(b + 1)), 0.0);
+    std::vector<std::string> f;  // JobID, State, Elapsed[, ExitCode]
+    for (size_t at = 0;;) {
+      const size_t bar = line.find('|', at);
+      f.push_back(line.substr(at, bar == std::string::npos ? std::string::npos : bar - at));
+      if (bar == std::string::npos) break;
+      at = bar + 1;
+    }
+    if (f.size() < 3) continue;
+    JobUsage& u = used[f[0]];
+    u.state = f[1];
+    // Ranks that stopped on SIGTERM or SIGINT (tessera cancel, the time limit's warning) saved
+    // a checkpoint, and the batch script exits with their 143 or 130: Slurm says FAILED, with
+    // the exit code less 128 (it reads 128 + N as the shell's "signal N").
+    if (u.state == "FAILED" && f.size() > 3 &&
+        (f[3] == "15:0" || f[3] == "2:0" || f[3] == "143:0" || f[3] == "130:0"))
+      u.state = "STOPPED";
+    u.seconds += std::max(slurm_elapsed_seconds(f[2]), 0.0);
     ++u.runs;
   }
   return used;

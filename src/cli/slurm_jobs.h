@@ -36,7 +36,9 @@ Result<std::vector<SubmittedJob>> recorded_jobs();
 
 // What a job used, by Slurm's accounting: every run of it (a requeued job runs again).
 struct JobUsage {
-  std::string state = "UNKNOWN";  // the last run's (COMPLETED, RUNNING, FAILED, ...)
+  // The last run's: Slurm's (COMPLETED, RUNNING, FAILED, ...), or STOPPED when its ranks
+  // stopped on SIGTERM or SIGINT with a checkpoint (tessera cancel; Slurm says FAILED).
+  std::string state = "UNKNOWN";
   double seconds = 0;             // elapsed, every run together
   int runs = 0;
 };

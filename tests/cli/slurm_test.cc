@@ -181,5 +181,36 @@ TEST_F(Slurm, SubmittedJobsTrainAsLaunchDoesAndARequeuedOneResumes) {
       << log;
 }
 
+// tessera cancel: the job's ranks get SIGTERM, finish their step and save a checkpoint; the job
+// is not requeued, and `--resume` goes on from the checkpoint.
+TEST_F(Slurm, CancelStopsAJobWithACheckpoint) {
+  std::string log;
+  ASSERT_EQ(sh(std::string(TESSERA_BINARY) + " submit --flavors flavors.toml --flavor cpu.2 -- " +
+                   std::regex_replace(train_flags("long"), std::regex("--steps 8"),
+                                      "--steps 100000 --log-every 1"),
+               &log),
+            0)
+      << log;
+  std::smatch m;
+  ASSERT_TRUE(std::regex_search(log, m, std::regex("submitted job ([0-9]+)"))) << log;
+  const std::string id = m[1].str();
+  // Cancelled once it has trained a few steps.
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::minutes(3);
+  while (last_training_record((dir_ / "long").string()).first < 3 &&
+         std::chrono::steady_clock::now() < deadline)
+    std::this_thread::sleep_for(std::chrono::milliseconds(200));
+  ASSERT_EQ(sh(std::string(TESSERA_BINARY) + " cancel " + id, &log), 0) << log;
+  const std::string state = wait_for(id);
+  const std::string said = slurm_log("long", id);
+  EXPECT_NE(said.find("stopped by SIGTERM after step"), std::string::npos) << said;
+  EXPECT_EQ(said.find("requeued"), std::string::npos) << said;
+  EXPECT_EQ(runs(id).size(), 1u) << state;
+  ASSERT_EQ(sh(std::string(TESSERA_BINARY) + " jobs", &log), 0) << log;
+  EXPECT_NE(log.find("cpu.2          STOPPED        1 "), std::string::npos) << log;
+  EXPECT_TRUE(fs::exists(dir_ / "long/checkpoints/latest"));
+  if (std::getenv("TESSERA_VERBOSE"))
+    std::printf("cancelled job: %s\n%s", state.c_str(), said.c_str());
+}
+
 }  // namespace
 }  // namespace tessera
