@@ -39,7 +39,7 @@ struct JobUsage {
   // The last run's: Slurm's (COMPLETED, RUNNING, FAILED, ...), or STOPPED when its ranks
   // stopped on SIGTERM or SIGINT with a checkpoint (tessera cancel; Slurm says FAILED).
   std::string state = "UNKNOWN";
-  double seconds = 0;             // elapsed, every run together
+  double seconds = 0;  // elapsed, every run together
   int runs = 0;
 };
 // The usage of each job in `ids` that `sacct` (the command) knows, by job id.
