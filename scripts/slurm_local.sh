@@ -8,7 +8,7 @@
 #   scripts/slurm_local.sh stop DIR
 #
 # The packages (slurm-wlm, slurmdbd, munge, mariadb-server) come from scripts/install_deps.sh.
-# The daemons run as the calling user; starting them as root is what Debian's packages expect.
+# Run it as root: slurmd starts the jobs' tasks as their users.
 # Exit code 2: Slurm cannot start here (a package missing, a daemon refused); the log says why.
 set -euo pipefail
 cmd=${1:-}
@@ -40,6 +40,8 @@ cannot() {
   stop
   exit 2
 }
+# slurmd starts each job's tasks as the job's user, which takes root.
+[ "$(id -u)" -eq 0 ] || cannot "the daemons need root (slurmd starts the jobs' tasks as their users)"
 for tool in munged mariadbd mariadb-install-db slurmdbd slurmctld slurmd sbatch sacct; do
   command -v "$tool" >/dev/null || cannot "$tool is not installed (scripts/install_deps.sh installs it)"
 done
