@@ -75,9 +75,10 @@ Status run_plan(const PlanOptions& o) {
     return error("--seq " + std::to_string(seq) + " exceeds the model's max_seq_len " +
                  std::to_string(cfg.max_seq_len));
   if (o.dp < 1) return error("--dp must be at least 1, got " + std::to_string(o.dp));
-  const PlanFlags& f = o.flags;
+  // A framework's plan file is read as the flags it means.
+  TS_ASSIGN_OR_RETURN(const PlanFlags f, resolve_plan_file(o.flags, 0));
   TS_ASSIGN_OR_RETURN(Plan plan,
-                      plan_from_flags(f, f.file.empty() ? o.dp * f.tp * f.pp * f.cp : 0));
+                      plan_from_flags(f, o.flags.file.empty() ? o.dp * f.tp * f.pp * f.cp : 0));
   ModelGraph m = build_model(cfg, o.batch, seq, ModelMode::train);
   // The placements the search picks for a device whose FLOP/s are ~2,000 times its link's
   // bytes/s (H100 bf16 over NVLink 4); `simulate --tp` uses the cluster's own ratio.

@@ -1,9 +1,14 @@
 #include "cli/plan_flags.h"
 
 #include <CLI/CLI.hpp>
+#include <filesystem>
+#include <fstream>
+#include <nlohmann/json.hpp>
+#include <optional>
 
 #include "base/format.h"
 #include "parallel/pipeline_stages.h"
+#include "sim/framework_plan.h"
 
 namespace tessera {
 
@@ -49,9 +54,92 @@ std::string describe_block_layout(const BlockLayout& b, const Plan& plan) {
   return s;
 }
 
+// A --plan file in a framework's words (sim/framework_plan.h; a Tessera plan has a "mesh"):
+// nullopt for a Tessera plan, or a file that cannot be read (load_plan says why).
+Result<std::optional<FrameworkPlan>> read_framework_plan_file(const std::string& path) {
+  std::error_code ec;
+  if (std::filesystem::is_directory(path, ec)) return std::optional<FrameworkPlan>();
+  std::ifstream in(path);
+  const nlohmann::json j = nlohmann::json::parse(in, nullptr, /*allow_exceptions=*/false);
+  if (!in.is_open() || j.is_discarded() || !is_framework_plan(j))
+    return std::optional<FrameworkPlan>();
+  Result<FrameworkPlan> p = read_framework_plan(j);
+  if (!p.ok()) return p.status().with_context(path);
+  return std::optional<FrameworkPlan>(*p);
+}
+
+// The flags a framework's plan means, over the command's own (which must not give the same
+// knobs: the file does).
+Result<PlanFlags> flags_of(const FrameworkPlan& p, const PlanFlags& cmd, int ranks) {
+  PlanFlags f = cmd;
+  f.file.clear();
+  f.tp = p.tp;
+  f.pp = p.pp;
+  f.cp = p.cp;
+  f.ep = p.ep;
+  f.dp = p.dp;
+  const int inner = p.tp * p.pp * p.cp * p.ep;
+  if (p.dp == 0 && ranks == 0)
+    return error("plan: the file gives no data-parallel degree, and the command no device count",
+                 "give a data degree in the file (\"dp\": N), or to simulate --gpus N (the "
+                 "data-parallel ranks are the rest)");
+  const int dp = p.dp > 0 ? p.dp : ranks % inner == 0 ? ranks / inner : 0;
+  if (p.sharding_given) {
+    f.zero = p.sharding.zero;
+    if (p.sharding.hsdp) {
+      if (p.replicas > 0) {
+        f.hsdp = p.replicas;
+      } else if (p.sharding.shard > 0 && dp > 0) {
+        if (dp % p.sharding.shard != 0)
+          return error("plan: a shard degree of " + std::to_string(p.sharding.shard) +
+                       " does not divide the " + std::to_string(dp) + " data-parallel ranks");
+        f.hsdp = dp / p.sharding.shard;
+      } else {
+        return error(p.sharding.shard > 0
+                         ? "plan: HSDP with a shard degree of " + std::to_string(p.sharding.shard) +
+                               " needs the data-parallel ranks"
+                         : std::string("plan: HSDP without a shard degree"),
+                     p.sharding.shard > 0
+                         ? "give --gpus (or a data degree in the file)"
+                         : "give the ranks of a shard group: \"dp_shard=8\" in the "
+                           "sharding, or data_parallel_shard_degree");
+      }
+      if (f.zero == 2)
+        return error("plan: HSDP with ZeRO-2 inside the shard groups is not implemented",
+                     "HYBRID_SHARD (ZeRO-3 inside them)");
+    }
+  }
+  if (!p.recompute.empty()) f.recompute = p.recompute;
+  if (p.sequence_parallel) f.sequence_parallel = true;
+  if (p.micro_batches > 0) f.micro = p.micro_batches;
+  if (p.offload_optimizer) f.offload = "optimizer";
+  return f;
+}
+
 }  // namespace
 
-Result<Plan> plan_from_flags(const PlanFlags& f, int ranks, int64_t heads) {
+Status check_plan_file(const std::string& file) {
+  TS_ASSIGN_OR_RETURN(std::optional<FrameworkPlan> framework, read_framework_plan_file(file));
+  return framework ? Status() : load_plan(file).status();
+}
+
+Result<std::string> plan_file_precision(const std::string& file) {
+  if (file.empty()) return std::string();
+  TS_ASSIGN_OR_RETURN(std::optional<FrameworkPlan> p, read_framework_plan_file(file));
+  return p ? p->precision : std::string();
+}
+
+Result<PlanFlags> resolve_plan_file(const PlanFlags& f, int ranks) {
+  if (f.file.empty()) return f;
+  TS_ASSIGN_OR_RETURN(std::optional<FrameworkPlan> framework, read_framework_plan_file(f.file));
+  if (!framework) return f;
+  Result<PlanFlags> flags = flags_of(*framework, f, ranks);
+  if (!flags.ok()) return flags.status().with_context(f.file);
+  return flags;
+}
+
+Result<Plan> plan_from_flags(const PlanFlags& given, int ranks, int64_t heads) {
+  TS_ASSIGN_OR_RETURN(PlanFlags f, resolve_plan_file(given, ranks));
   Plan plan;
   if (!f.file.empty() && f.ep > 1)
     return error("--ep with --plan: the plan file gives the mesh",

@@ -61,10 +61,22 @@ extern const char* const kOffloadHelp;
 void add_plan_flags(CLI::App* cmd, PlanFlags* f);
 
 // The mesh and the plan's settings, checked against `ranks` devices (0: whatever the plan
-// needs). Errors name the flag and the values that would work.
-// `heads`: the model's attention heads, when known (0: not): the hint for a --tp that does not
-// divide the ranks lists only the degrees that split the heads too.
+// needs); a framework's plan file is read as resolve_plan_file reads it. Errors name the flag and
+// the values that would work. `heads`: the model's attention heads, when known (0: not): the hint
+// for a --tp that does not divide the ranks lists only the degrees that split the heads too.
 Result<Plan> plan_from_flags(const PlanFlags& f, int ranks, int64_t heads = 0);
+
+// A --plan file in a framework's words (sim/framework_plan.h lists its keys; a Tessera plan
+// file has a "mesh"): the flags it means, its parallel degrees, sharding, recomputation,
+// micro-batches and offload over the command's own, with no file (so placements come from the
+// sharding search, as for flags). `f` as it is for a Tessera plan file or none. `ranks`: the
+// devices, where the file leaves the data-parallel degree to them (0: not known).
+Result<PlanFlags> resolve_plan_file(const PlanFlags& f, int ranks);
+// Whether a --plan file reads, as a Tessera plan or a framework's (before any rank is known).
+Status check_plan_file(const std::string& file);
+// The precision such a file gives ("bf16", "f16", "f32", "fp8"; "" when it gives none, or the
+// file is a Tessera plan).
+Result<std::string> plan_file_precision(const std::string& file);
 
 // Once the global micro-batch and the training graph are known: checks that `batch` splits
 // over the data axes, reads --stage-layers against the model's blocks and, for --tp without a plan

@@ -32,6 +32,7 @@ struct SimulateOptions {
   int gpus = 8;
   PlanFlags flags = zero_three();  // the data axis comes from --gpus / --tp / --pp
   bool zero_given = false;         // --zero on the command line
+  bool gpus_given = false, precision_given = false;
   bool json = false;
 };
 
@@ -87,10 +88,25 @@ Status run_simulate(const SimulateOptions& o) {
   PlanFlags f = o.flags;
   // ZeRO-3, simulate's default, does not combine with a pipeline: ZeRO-1 there.
   if (f.pp > 1 && !o.zero_given) f.zero = 1;
-  TS_ASSIGN_OR_RETURN(Plan plan, plan_from_flags(f, f.file.empty() ? o.gpus : 0, cfg.n_head));
+  // A plan file gives the mesh: --gpus, when given too, must agree with it. A framework's plan
+  // file is read as the flags it means.
+  const int ranks = f.file.empty() || o.gpus_given ? o.gpus : 0;
+  TS_ASSIGN_OR_RETURN(std::string file_precision, plan_file_precision(f.file));
+  TS_ASSIGN_OR_RETURN(f, resolve_plan_file(f, ranks));
+  TS_ASSIGN_OR_RETURN(Plan plan, plan_from_flags(f, ranks, cfg.n_head));
   const int64_t batch = o.batch > 0 ? o.batch : plan.data_group();
+  // A framework's plan file may give the precision.
+  std::string precision = o.precision;
+  if (!file_precision.empty()) {
+    SimOptions given;
+    TS_RETURN_IF_ERROR(parse_sim_precision(o.precision, &given));
+    if (o.precision_given && sim_precision_name(given) != file_precision)
+      return error("--precision " + o.precision + ", but the plan file says " + file_precision,
+                   "drop one of them");
+    precision = file_precision;
+  }
   SimOptions so;
-  TS_RETURN_IF_ERROR(parse_sim_precision(o.precision, &so));
+  TS_RETURN_IF_ERROR(parse_sim_precision(precision, &so));
   if (!parse_coll_algo(o.algo, &so.algo))
     return error("--algo '" + o.algo + "' is not one of auto, ring, tree, hierarchical");
   so.trace = !o.trace.empty();
@@ -181,6 +197,8 @@ void add_simulate_command(CLI::App& app) {
                 "peak_bytes_per_device, fits, plan, ...)");
   cmd->callback([o, cmd] {
     o->zero_given = cmd->get_option("--zero")->count() > 0;
+    o->gpus_given = cmd->get_option("--gpus")->count() > 0;
+    o->precision_given = cmd->get_option("--precision")->count() > 0;
     exit_on_error(run_simulate(*o));
   });
 }

@@ -47,17 +47,19 @@ PlanFlags plan_flags(const TrainOptions& o) {
 // stage counts with --pp). `placed` gets the search's report.
 Result<Plan> train_plan(const TrainOptions& o, const ModelConfig& cfg, int ranks,
                         std::string* placed) {
-  TS_ASSIGN_OR_RETURN(Plan plan, plan_from_flags(plan_flags(o), ranks, cfg.n_head));
+  // A framework's plan file is read as the flags it means.
+  TS_ASSIGN_OR_RETURN(const PlanFlags flags, resolve_plan_file(plan_flags(o), ranks));
+  TS_ASSIGN_OR_RETURN(Plan plan, plan_from_flags(flags, ranks, cfg.n_head));
   if (plan.mesh.size() == 1) return plan;  // one process: its --grad-accum and --recompute
   // Placements for this machine's ratio of FLOP/s to bytes/s between ranks (cpu-local's
   // figures; `tessera calibrate` measures them). The search is deterministic, so every rank
   // finds the same placements.
   TS_ASSIGN_OR_RETURN(ClusterSpec cpu, load_cluster("cpu-local"));
   // The full graph only serves to spread a searched layout over the blocks.
-  const bool searched = o.plan.empty() && plan.tensor_group() > 1;
+  const bool searched = flags.file.empty() && plan.tensor_group() > 1;
   ModelGraph m = searched ? build_model(cfg, o.batch, o.seq, ModelMode::train) : ModelGraph{};
   TS_ASSIGN_OR_RETURN(*placed,
-                      place_parameters(plan_flags(o), cfg, o.batch, o.seq, m.graph,
+                      place_parameters(flags, cfg, o.batch, o.seq, m.graph,
                                        SearchCost{flops_per_intra_byte(cpu, DType::f32)}, &plan));
   return plan;
 }
@@ -175,7 +177,16 @@ Status run_train(const TrainOptions& options) {
     std::exit(0);
   }
   // A plan file that cannot be read is that error, whatever the number of processes.
-  if (!o.plan.empty() && !automatic) TS_RETURN_IF_ERROR(load_plan(o.plan).status());
+  if (!o.plan.empty() && !automatic) {
+    TS_RETURN_IF_ERROR(check_plan_file(o.plan));
+    // A framework's plan file may give a precision: it must be the run's.
+    TS_ASSIGN_OR_RETURN(const std::string file_precision, plan_file_precision(o.plan));
+    if (!file_precision.empty() && file_precision != dtype_name(cfg.dtype))
+      return error(
+          "the plan file says " + file_precision + " and the run is " + dtype_name(cfg.dtype),
+          file_precision == "fp8" ? "train runs f32, bf16 or f16 (fp8 is simulated only)"
+                                  : "train with --precision " + file_precision);
+  }
   // A distributed run: started by mpirun (or `tessera launch`), or asked for by flags.
   const bool wants_ranks = o.dp > 1 || o.tp > 1 || o.pp > 1 || o.cp > 1 || o.ep > 1 || o.hsdp > 0 ||
                            (!o.plan.empty() && !automatic);

@@ -196,10 +196,16 @@ TEST_F(Slurm, CancelStopsAJobWithACheckpoint) {
   const std::string id = m[1].str();
   // Cancelled once it has trained a few steps.
   const auto deadline = std::chrono::steady_clock::now() + std::chrono::minutes(3);
+  std::string queued = "R";
   while (last_training_record((dir_ / "long").string()).first < 3 &&
-         std::chrono::steady_clock::now() < deadline)
+         queued.find_first_not_of(" \n") != std::string::npos &&
+         std::chrono::steady_clock::now() < deadline) {
     std::this_thread::sleep_for(std::chrono::milliseconds(200));
-  ASSERT_EQ(sh(std::string(TESSERA_BINARY) + " cancel " + id, &log), 0) << log;
+    sh("squeue -h -j " + id + " -o %t", &queued);
+  }
+  ASSERT_EQ(sh(std::string(TESSERA_BINARY) + " cancel " + id, &log), 0)
+      << log << "\n"
+      << slurm_log("long", id);
   const std::string state = wait_for(id);
   const std::string said = slurm_log("long", id);
   EXPECT_NE(said.find("stopped by SIGTERM after step"), std::string::npos) << said;
