@@ -203,9 +203,8 @@ TEST_F(Slurm, CancelStopsAJobWithACheckpoint) {
     std::this_thread::sleep_for(std::chrono::milliseconds(200));
     sh("squeue -h -j " + id + " -o %t", &queued);
   }
-  ASSERT_EQ(sh(std::string(TESSERA_BINARY) + " cancel " + id, &log), 0)
-      << log << "\n"
-      << slurm_log("long", id);
+  ASSERT_EQ(sh(std::string(TESSERA_BINARY) + " cancel " + id, &log), 0) << log << "\n"
+                                                                        << slurm_log("long", id);
   const std::string state = wait_for(id);
   const std::string said = slurm_log("long", id);
   EXPECT_NE(said.find("stopped by SIGTERM after step"), std::string::npos) << said;
