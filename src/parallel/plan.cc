@@ -353,9 +353,6 @@ Status validate(const Plan& p, int world) {
                     : has(p.tensor_axes, p.context_axis) ? "tensor"
                                                          : "pipeline") +
                    " axis");
-    if (p.context_group() > 1 && p.stages() > 1)
-      return error("plan: context parallelism is not supported with pipeline stages yet",
-                   "drop --pp, or --cp");
   }
   if (!p.expert_axis.empty()) {
     if (!names.count(p.expert_axis))

@@ -345,9 +345,6 @@ Result<RunSetup> setup_run(const PublishedRun& r, const std::string& cluster_dir
     if (!text.empty() && (!number(text, v) || *v < 1 || *v != std::floor(*v)))
       return error(std::string(col) + "='" + text + "' is not a positive integer");
   }
-  if (cp > 1 && pp > 1)
-    return error("cp=" + r.at("cp") + " with pp=" + r.at("pp") +
-                 ": context parallelism with pipeline stages is not in the Program yet");
   if (ep > 1 && pp > 1)
     return error("ep=" + r.at("ep") + " with pp=" + r.at("pp") +
                  ": mixtures of experts with pipeline stages are not in the Program yet");
