@@ -218,19 +218,15 @@ TEST_F(DistributedTrainTest, ContextParallelRunsMatchOneRank) {
   ASSERT_EQ(train(4, "cp_dp", flags + "--cp 2 --dp 2 --zero 3", &log), 0) << log;
   ASSERT_EQ(train(4, "zigzag", flags + "--cp 4 --cp-order zigzag", &log), 0) << log;
   // With pipeline stages: each stage's ranks split the sequence, stages pass their chunks.
-  ASSERT_EQ(train(4, "cp_pp", flags + "--cp 2 --pp 2 --cp-order zigzag --zero 1", &log), 0)
-      << log;
+  ASSERT_EQ(train(4, "cp_pp", flags + "--cp 2 --pp 2 --cp-order zigzag --zero 1", &log), 0) << log;
   EXPECT_NE(log.find("pp=2 x dp=1 x cp=2"), std::string::npos) << log;
   model_ = "gpt-tiny";
   ASSERT_EQ(train(1, "gpt", flags, &log), 0) << log;
   ASSERT_EQ(train(4, "gpt_cp_sp", flags + "--cp 2 --tp 2 --sequence-parallel --zero 2", &log), 0)
       << log;
-  const std::pair<const char*, const char*> runs[] = {{"cp", "straight"},
-                                                      {"cp_tp", "straight"},
-                                                      {"cp_dp", "straight"},
-                                                      {"zigzag", "straight"},
-                                                      {"cp_pp", "straight"},
-                                                      {"gpt_cp_sp", "gpt"}};
+  const std::pair<const char*, const char*> runs[] = {{"cp", "straight"},    {"cp_tp", "straight"},
+                                                      {"cp_dp", "straight"}, {"zigzag", "straight"},
+                                                      {"cp_pp", "straight"}, {"gpt_cp_sp", "gpt"}};
   for (const auto& [out, ref] : runs) {
     expect_steps_match(out, ref, 6);
     const fs::path m = dir_ / out / "metrics.jsonl", want = dir_ / ref / "metrics.jsonl";
