@@ -19,6 +19,14 @@ if [ -z "$cmd" ] || [ -z "$dir" ]; then
 fi
 
 stop() {
+  # The jobs first: with proctrack/linuxproc their steps would outlive slurmd.
+  if [ -f "$dir/slurm.conf" ] && [ -f "$dir/slurmctld.pid" ]; then
+    SLURM_CONF="$dir/slurm.conf" scancel --full --user="$(id -un)" 2>/dev/null || true
+    for _ in $(seq 100); do
+      [ -z "$(SLURM_CONF="$dir/slurm.conf" squeue -h 2>/dev/null)" ] && break
+      sleep 0.1
+    done
+  fi
   for name in slurmd slurmctld slurmdbd mariadb munged; do
     [ -f "$dir/$name.pid" ] || continue
     pid=$(cat "$dir/$name.pid" 2>/dev/null || true)
@@ -36,10 +44,13 @@ fi
 [ "$cmd" = start ] || { echo "usage: $0 start|stop DIR" >&2; exit 64; }
 
 cannot() {
+  trap - ERR
   echo "slurm_local: $*" >&2
   stop
   exit 2
 }
+# Any other failure is a broken script, not "cannot start": exit 1 (the tests fail, not skip).
+trap 'echo "slurm_local: line $LINENO failed" >&2; trap - ERR; stop; exit 1' ERR
 # slurmd starts each job's tasks as the job's user, which takes root.
 [ "$(id -u)" -eq 0 ] || cannot "the daemons need root (slurmd starts the jobs' tasks as their users)"
 for tool in munged mariadbd mariadb-install-db slurmdbd slurmctld slurmd sbatch sacct; do
@@ -48,9 +59,10 @@ done
 
 mkdir -p "$dir"
 dir=$(cd "$dir" && pwd)
-chmod 700 "$dir"
+# Readable by all (slurm.conf, the munge socket): the jobs' users are its clients.
+chmod 755 "$dir"
 mkdir -p "$dir/munge" "$dir/db" "$dir/ctld" "$dir/spool" "$dir/log"
-chmod 700 "$dir/munge"
+chmod 755 "$dir/munge"
 user=$(id -un)
 host=$(hostname -s)
 # Ports of our own: a base from the directory's name so that two clusters on one host differ.
@@ -148,4 +160,4 @@ for _ in $(seq 150); do
   sleep 0.2
 done
 [ "$state" = idle ] || cannot "the node is not idle ($state): $(tail -3 "$dir/log/slurmd.log")"
-echo "export SLURM_CONF=$dir/slurm.conf"
+printf 'export SLURM_CONF=%q\n' "$dir/slurm.conf"

@@ -25,7 +25,8 @@ struct PlanOptions {
   std::string model;
   int64_t batch = 8, seq = 0;
   int dp = 1;
-  PlanFlags flags;  // the mesh's data axis comes from --dp
+  bool dp_given = false;  // --dp on the command line
+  PlanFlags flags;        // the mesh's data axis comes from --dp
   bool program = false;
   bool automatic = false;  // --auto: the planner's search (cli/plan_auto.h)
   PlanAutoOptions search;
@@ -76,9 +77,12 @@ Status run_plan(const PlanOptions& o) {
                  std::to_string(cfg.max_seq_len));
   if (o.dp < 1) return error("--dp must be at least 1, got " + std::to_string(o.dp));
   // A framework's plan file is read as the flags it means.
-  TS_ASSIGN_OR_RETURN(const PlanFlags f, resolve_plan_file(o.flags, 0));
-  TS_ASSIGN_OR_RETURN(Plan plan,
-                      plan_from_flags(f, o.flags.file.empty() ? o.dp * f.tp * f.pp * f.cp : 0));
+  PlanFlags given = o.flags;
+  if (!given.file.empty() && o.dp_given) given.dp = o.dp;  // a framework's file: --dp, if given
+  TS_ASSIGN_OR_RETURN(const PlanFlags f, resolve_plan_file(given, 0));
+  TS_ASSIGN_OR_RETURN(
+      Plan plan,
+      plan_from_resolved(f, o.flags.file, o.flags.file.empty() ? o.dp * f.tp * f.pp * f.cp : 0));
   ModelGraph m = build_model(cfg, o.batch, seq, ModelMode::train);
   // The placements the search picks for a device whose FLOP/s are ~2,000 times its link's
   // bytes/s (H100 bf16 over NVLink 4); `simulate --tp` uses the cluster's own ratio.
@@ -163,6 +167,7 @@ void add_plan_command(CLI::App& app) {
   cmd->add_option("--tokens", o->search.tokens, "With --compare: tokens to train")
       ->capture_default_str();
   cmd->callback([o, cmd] {
+    o->dp_given = cmd->count("--dp") > 0;
     if (!o->automatic) {
       if (cmd->count("--json") || cmd->count("--cluster") || cmd->count("--gpus") ||
           cmd->count("--top") || cmd->count("--explain") || cmd->count("--compare") ||

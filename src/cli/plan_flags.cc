@@ -70,49 +70,93 @@ Result<std::optional<FrameworkPlan>> read_framework_plan_file(const std::string&
 
 // The flags a framework's plan means, over the command's own (which must not give the same
 // knobs: the file does).
+// The command's flag `name` at `*flag` takes the file's `value` (0: the file gives none); a
+// flag the command set (not `unset`) to another value is an error.
+Status take(int value, int* flag, int unset, const char* name) {
+  if (value == 0) return Status();
+  if (*flag != unset && *flag != value)
+    return error(
+        std::string(name) + " " + std::to_string(*flag) + ", but the plan file gives " +
+            std::to_string(value),
+        std::string(name) + " " + std::to_string(value) +
+            (std::string(name) == "--grad-accum" ? std::string()
+                                                 : " (or drop the flag: the file gives the plan)"));
+  *flag = value;
+  return Status();
+}
+
 Result<PlanFlags> flags_of(const FrameworkPlan& p, const PlanFlags& cmd, int ranks) {
   PlanFlags f = cmd;
   f.file.clear();
-  f.tp = p.tp;
-  f.pp = p.pp;
-  f.cp = p.cp;
-  f.ep = p.ep;
-  f.dp = p.dp;
-  const int inner = p.tp * p.pp * p.cp * p.ep;
-  if (p.dp == 0 && ranks == 0)
+  TS_RETURN_IF_ERROR(take(p.tp, &f.tp, 1, "--tp"));
+  TS_RETURN_IF_ERROR(take(p.pp, &f.pp, 1, "--pp"));
+  TS_RETURN_IF_ERROR(take(p.cp, &f.cp, 1, "--cp"));
+  TS_RETURN_IF_ERROR(take(p.ep, &f.ep, 1, "--ep"));
+  // The frameworks count the expert-parallel ranks among the data-parallel ones; Tessera's
+  // expert axis is beside its data axes.
+  int file_dp = p.dp;
+  if (file_dp > 0 && f.ep > 1) {
+    if (file_dp % f.ep != 0)
+      return error("plan: " + std::to_string(file_dp) + " data-parallel ranks do not split into " +
+                       std::to_string(f.ep) + " expert-parallel groups",
+                   "a data degree that is a multiple of the expert degree");
+    file_dp /= f.ep;
+  }
+  TS_RETURN_IF_ERROR(take(file_dp, &f.dp, 0, "--dp"));
+  TS_RETURN_IF_ERROR(take(p.micro_batches, &f.micro, 0, "--grad-accum"));
+  const int inner = f.tp * f.pp * f.cp * f.ep;
+  if (f.dp == 0 && ranks == 0)
     return error("plan: the file gives no data-parallel degree, and the command no device count",
-                 "give a data degree in the file (\"dp\": N), or to simulate --gpus N (the "
-                 "data-parallel ranks are the rest)");
-  const int dp = p.dp > 0 ? p.dp : ranks % inner == 0 ? ranks / inner : 0;
+                 "give a data degree in the file (\"dp\": N) or on the command line (--dp N; "
+                 "simulate: --gpus N)");
+  const int dp = f.dp > 0 ? f.dp : ranks % inner == 0 ? ranks / inner : 0;
   if (p.sharding_given) {
+    if ((f.zero != 0 && f.zero != p.sharding.zero) || (f.hsdp > 0 && !p.sharding.hsdp))
+      return error("--zero/--hsdp and a plan file that gives the sharding",
+                   "drop the flags: the file gives the plan");
     f.zero = p.sharding.zero;
     if (p.sharding.hsdp) {
-      if (p.replicas > 0) {
-        f.hsdp = p.replicas;
-      } else if (p.sharding.shard > 0 && dp > 0) {
+      int replicas = p.replicas;
+      if (replicas == 0 && p.sharding.shard > 0 && dp > 0) {
         if (dp % p.sharding.shard != 0)
           return error("plan: a shard degree of " + std::to_string(p.sharding.shard) +
-                       " does not divide the " + std::to_string(dp) + " data-parallel ranks");
-        f.hsdp = dp / p.sharding.shard;
-      } else {
+                           " does not divide the " + std::to_string(dp) + " data-parallel ranks",
+                       "a shard degree that divides them");
+        replicas = dp / p.sharding.shard;
+      }
+      if (replicas == 0)
         return error(p.sharding.shard > 0
                          ? "plan: HSDP with a shard degree of " + std::to_string(p.sharding.shard) +
                                " needs the data-parallel ranks"
                          : std::string("plan: HSDP without a shard degree"),
                      p.sharding.shard > 0
-                         ? "give --gpus (or a data degree in the file)"
-                         : "give the ranks of a shard group: \"dp_shard=8\" in the "
-                           "sharding, or data_parallel_shard_degree");
-      }
+                         ? "a data degree in the file, or the device count (--dp; simulate: "
+                           "--gpus) that tp x pp x cp x ep divides"
+                         : "give the ranks of a shard group: \"dp_shard=8\" in the sharding, "
+                           "or data_parallel_shard_degree");
+      if (f.hsdp > 0 && f.hsdp != replicas)
+        return error("--hsdp " + std::to_string(f.hsdp) + ", but the plan file gives " +
+                         std::to_string(replicas) + " replica groups",
+                     "drop --hsdp: the file gives the plan");
+      f.hsdp = replicas;
       if (f.zero == 2)
         return error("plan: HSDP with ZeRO-2 inside the shard groups is not implemented",
                      "HYBRID_SHARD (ZeRO-3 inside them)");
     }
   }
-  if (!p.recompute.empty()) f.recompute = p.recompute;
+  if (!p.recompute.empty()) {
+    if (!f.recompute.empty() && f.recompute != p.recompute)
+      return error("--recompute " + f.recompute + ", but the plan file gives " + p.recompute,
+                   "drop --recompute: the file gives the plan");
+    f.recompute = p.recompute;
+  }
   if (p.sequence_parallel) f.sequence_parallel = true;
-  if (p.micro_batches > 0) f.micro = p.micro_batches;
-  if (p.offload_optimizer) f.offload = "optimizer";
+  if (p.offload_optimizer) {
+    if (!f.offload.empty() && f.offload != "optimizer")
+      return error("--offload " + f.offload + ", but the plan file offloads the optimizer",
+                   "drop --offload: the file gives the plan");
+    f.offload = "optimizer";
+  }
   return f;
 }
 
@@ -138,8 +182,49 @@ Result<PlanFlags> resolve_plan_file(const PlanFlags& f, int ranks) {
   return flags;
 }
 
+namespace {
+
+// The flags a framework's plan file was read as: "--tp 8 --pp 4 --zero 1 --grad-accum 8".
+std::string describe_flags(const PlanFlags& f) {
+  std::string s;
+  auto add = [&](const char* name, const std::string& v) {
+    s += std::string(" ") + name + " " + v;
+  };
+  if (f.dp > 0) add("--dp", std::to_string(f.dp));
+  for (auto [name, v] : {std::pair{"--tp", f.tp}, std::pair{"--pp", f.pp}, std::pair{"--cp", f.cp},
+                         std::pair{"--ep", f.ep}})
+    if (v > 1) add(name, std::to_string(v));
+  add("--zero", std::to_string(f.zero));
+  if (f.hsdp > 0) add("--hsdp", std::to_string(f.hsdp));
+  if (f.micro > 0) add("--grad-accum", std::to_string(f.micro));
+  if (!f.recompute.empty()) add("--recompute", f.recompute);
+  if (f.sequence_parallel) s += " --sequence-parallel";
+  if (!f.offload.empty()) add("--offload", f.offload);
+  return s.empty() ? s : s.substr(1);
+}
+
+Result<Plan> plan_of_flags(const PlanFlags& f, int ranks, int64_t heads);
+
+}  // namespace
+
 Result<Plan> plan_from_flags(const PlanFlags& given, int ranks, int64_t heads) {
-  TS_ASSIGN_OR_RETURN(PlanFlags f, resolve_plan_file(given, ranks));
+  TS_ASSIGN_OR_RETURN(const PlanFlags f, resolve_plan_file(given, ranks));
+  return plan_from_resolved(f, given.file, ranks, heads);
+}
+
+Result<Plan> plan_from_resolved(const PlanFlags& f, const std::string& file, int ranks,
+                                int64_t heads) {
+  Result<Plan> plan = plan_of_flags(f, ranks, heads);
+  // A framework's file: its errors name the flags it was read as.
+  if (!plan.ok() && !file.empty() && f.file.empty())
+    return plan.status().with_context("the plan file " + file + " (read as " + describe_flags(f) +
+                                      ")");
+  return plan;
+}
+
+namespace {
+
+Result<Plan> plan_of_flags(const PlanFlags& f, int ranks, int64_t heads) {
   Plan plan;
   if (!f.file.empty() && f.ep > 1)
     return error("--ep with --plan: the plan file gives the mesh",
@@ -249,6 +334,8 @@ Result<Plan> plan_from_flags(const PlanFlags& given, int ranks, int64_t heads) {
   TS_RETURN_IF_ERROR(validate(plan, ranks));
   return plan;
 }
+
+}  // namespace
 
 const char* const kRecomputeLayersHelp =
     "Recompute only the first N transformer blocks (with --recompute; default: the plan's, or "

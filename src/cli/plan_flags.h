@@ -72,6 +72,10 @@ Result<Plan> plan_from_flags(const PlanFlags& f, int ranks, int64_t heads = 0);
 // sharding search, as for flags). `f` as it is for a Tessera plan file or none. `ranks`: the
 // devices, where the file leaves the data-parallel degree to them (0: not known).
 Result<PlanFlags> resolve_plan_file(const PlanFlags& f, int ranks);
+// plan_from_flags of flags resolve_plan_file already read from `file` (the command's --plan):
+// for a framework's file, errors name the file and the flags it was read as.
+Result<Plan> plan_from_resolved(const PlanFlags& resolved, const std::string& file, int ranks,
+                                int64_t heads = 0);
 // Whether a --plan file reads, as a Tessera plan or a framework's (before any rank is known).
 Status check_plan_file(const std::string& file);
 // The precision such a file gives ("bf16", "f16", "f32", "fp8"; "" when it gives none, or the

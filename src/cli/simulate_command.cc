@@ -86,14 +86,16 @@ Status run_simulate(const SimulateOptions& o) {
   if (o.flags.file.empty() && (o.gpus < 1 || o.gpus > (1 << 20)))
     return error("--gpus must be between 1 and 1048576, got " + std::to_string(o.gpus));
   PlanFlags f = o.flags;
-  // ZeRO-3, simulate's default, does not combine with a pipeline: ZeRO-1 there.
-  if (f.pp > 1 && !o.zero_given) f.zero = 1;
   // A plan file gives the mesh: --gpus, when given too, must agree with it. A framework's plan
-  // file is read as the flags it means.
+  // file is read as the flags it means, ZeRO-0 where it names no sharding (as the frameworks
+  // read it) rather than simulate's ZeRO-3.
   const int ranks = f.file.empty() || o.gpus_given ? o.gpus : 0;
   TS_ASSIGN_OR_RETURN(std::string file_precision, plan_file_precision(f.file));
+  if (!f.file.empty() && !o.zero_given) f.zero = 0;
   TS_ASSIGN_OR_RETURN(f, resolve_plan_file(f, ranks));
-  TS_ASSIGN_OR_RETURN(Plan plan, plan_from_flags(f, ranks, cfg.n_head));
+  // ZeRO-3, simulate's default, does not combine with a pipeline: ZeRO-1 there.
+  if (o.flags.file.empty() && f.pp > 1 && !o.zero_given) f.zero = 1;
+  TS_ASSIGN_OR_RETURN(Plan plan, plan_from_resolved(f, o.flags.file, ranks, cfg.n_head));
   const int64_t batch = o.batch > 0 ? o.batch : plan.data_group();
   // A framework's plan file may give the precision.
   std::string precision = o.precision;
@@ -112,10 +114,10 @@ Status run_simulate(const SimulateOptions& o) {
   so.trace = !o.trace.empty();
 
   ModelGraph m = build_model(cfg, batch, seq, ModelMode::train);
-  TS_RETURN_IF_ERROR(place_parameters(f, cfg, batch, seq, m.graph,
-                                      SearchCost{flops_per_intra_byte(cluster, so.precision)},
-                                      &plan)
-                         .status());
+  TS_RETURN_IF_ERROR(
+      place_parameters(f, cfg, batch, seq, m.graph,
+                       cluster_search_cost(cluster, so.precision, plan, num_blocks(cfg)), &plan)
+          .status());
   TS_ASSIGN_OR_RETURN(SimResult r, simulate_plan(m.graph, plan, cluster, so));
   plan.stage_layers = r.stage_layers;
   double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();

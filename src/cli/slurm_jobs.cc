@@ -111,6 +111,7 @@ Result<std::map<std::string, JobUsage>> slurm_usage(const std::string& sacct,
     // Ranks that stopped on SIGTERM or SIGINT (tessera cancel, the time limit's warning) saved
     // a checkpoint, and the batch script exits with their 143 or 130: Slurm says FAILED, with
     // the exit code less 128 (it reads 128 + N as the shell's "signal N").
+    // (The batch script exits with the ranks' code; an error they print is 1, never 2 or 15.)
     if (u.state == "FAILED" && f.size() > 3 &&
         (f[3] == "15:0" || f[3] == "2:0" || f[3] == "143:0" || f[3] == "130:0"))
       u.state = "STOPPED";
@@ -148,9 +149,12 @@ Result<std::string> submitted_run_cost(const std::string& run_dir, const std::st
   TS_ASSIGN_OR_RETURN(std::vector<SubmittedJob> jobs, recorded_jobs());
   std::error_code ec;
   const std::filesystem::path dir = std::filesystem::weakly_canonical(run_dir, ec);
+  if (ec) return std::string();
   const SubmittedJob* job = nullptr;  // the newest submission of this directory
-  for (const SubmittedJob& j : jobs)
-    if (std::filesystem::weakly_canonical(j.out, ec) == dir) job = &j;
+  for (const SubmittedJob& j : jobs) {
+    const std::filesystem::path out = std::filesystem::weakly_canonical(j.out, ec);
+    if (!ec && out == dir) job = &j;
+  }
   if (job == nullptr) return std::string();
   TS_ASSIGN_OR_RETURN(auto used, slurm_usage(sacct, {job->id}));
   const JobUsage u = used.count(job->id) ? used.at(job->id) : JobUsage{};

@@ -165,7 +165,14 @@ Status run_submit(const SubmitOptions& so) {
             "# A requeued job (a rank or a node died) resumes from the last complete checkpoint.\n"
             "resume=\n";
   if (!o.resume)
-    script += "[ -e " + shell_quote(out + "/checkpoints/latest") + " ] && resume=--resume\n";
+    script += "[ -e " + shell_quote(out + "/checkpoints/latest") +
+              " ] && resume=--resume\n"
+              "# Requeued before its first checkpoint: it starts over, the lost run's records "
+              "kept aside.\n"
+              "if [ -z \"$resume\" ] && [ \"${SLURM_RESTART_COUNT:-0}\" -gt 0 ] && [ -e " +
+              shell_quote(out + "/metrics.jsonl") + " ]; then\n  mv " +
+              shell_quote(out + "/metrics.jsonl") + " " +
+              shell_quote(out + "/metrics.jsonl.lost-run") + "-$SLURM_RESTART_COUNT\nfi\n";
   script += "srun --kill-on-bad-exit=1 " + train + " $resume\n";
   // The requeue: a task that died (exit code 128 + its signal), not a stop the user or the time
   // limit asked for (SIGTERM, SIGINT) nor an error the run printed (exit code 1).
@@ -180,6 +187,7 @@ if [ $rc -gt 128 ] && [ $rc -ne 143 ] && [ $rc -ne 130 ] && [ "$runs" -lt )" +
        "requeued (restart $((runs + 1)) of at most )" +
             most + R"(): it resumes from the last checkpoint"
   scontrol requeue "$SLURM_JOB_ID" && exit 0
+  echo "tessera submit: scontrol requeue failed; the job ends here"
 fi
 exit $rc
 )";

@@ -49,7 +49,7 @@ Result<Plan> train_plan(const TrainOptions& o, const ModelConfig& cfg, int ranks
                         std::string* placed) {
   // A framework's plan file is read as the flags it means.
   TS_ASSIGN_OR_RETURN(const PlanFlags flags, resolve_plan_file(plan_flags(o), ranks));
-  TS_ASSIGN_OR_RETURN(Plan plan, plan_from_flags(flags, ranks, cfg.n_head));
+  TS_ASSIGN_OR_RETURN(Plan plan, plan_from_resolved(flags, o.plan, ranks, cfg.n_head));
   if (plan.mesh.size() == 1) return plan;  // one process: its --grad-accum and --recompute
   // Placements for this machine's ratio of FLOP/s to bytes/s between ranks (cpu-local's
   // figures; `tessera calibrate` measures them). The search is deterministic, so every rank
@@ -156,6 +156,16 @@ Status run_train(const TrainOptions& options) {
   // A run option, not the model's: checkpoints hold the f32 master weights.
   cfg.dtype = *parse_dtype(o.precision);  // checked: fp32 (f32), bf16 or fp16 (f16)
   const bool automatic = o.plan == "auto";
+  // A framework's plan file may give a precision: it must be the run's (checked before launch's
+  // check returns, so that it is printed once).
+  if (!o.plan.empty() && !automatic) {
+    TS_ASSIGN_OR_RETURN(const std::string file_precision, plan_file_precision(o.plan));
+    if (!file_precision.empty() && file_precision != dtype_name(cfg.dtype))
+      return error(
+          "the plan file says " + file_precision + " and the run is " + dtype_name(cfg.dtype),
+          file_precision == "fp8" ? "train runs f32, bf16 or f16 (fp8 is simulated only)"
+                                  : "train with --precision " + file_precision);
+  }
   // `tessera launch` asks, in one process before it starts the ranks, whether the flags make a
   // plan for that many ranks: a mistake is then printed once, not once per rank.
   if (const char* n = std::getenv("TESSERA_LAUNCH_CHECK")) {
@@ -177,16 +187,7 @@ Status run_train(const TrainOptions& options) {
     std::exit(0);
   }
   // A plan file that cannot be read is that error, whatever the number of processes.
-  if (!o.plan.empty() && !automatic) {
-    TS_RETURN_IF_ERROR(check_plan_file(o.plan));
-    // A framework's plan file may give a precision: it must be the run's.
-    TS_ASSIGN_OR_RETURN(const std::string file_precision, plan_file_precision(o.plan));
-    if (!file_precision.empty() && file_precision != dtype_name(cfg.dtype))
-      return error(
-          "the plan file says " + file_precision + " and the run is " + dtype_name(cfg.dtype),
-          file_precision == "fp8" ? "train runs f32, bf16 or f16 (fp8 is simulated only)"
-                                  : "train with --precision " + file_precision);
-  }
+  if (!o.plan.empty() && !automatic) TS_RETURN_IF_ERROR(check_plan_file(o.plan));
   // A distributed run: started by mpirun (or `tessera launch`), or asked for by flags.
   const bool wants_ranks = o.dp > 1 || o.tp > 1 || o.pp > 1 || o.cp > 1 || o.ep > 1 || o.hsdp > 0 ||
                            (!o.plan.empty() && !automatic);

@@ -45,10 +45,14 @@ std::vector<std::string> signature(const Graph& g, const std::vector<ValueId>& p
 struct Score {
   bool ok = false;
   Status why;  // the partition error when not ok
-  double cost = 0, flops = 0, tensor_bytes = 0, param_bytes = 0;
+  double cost = 0, flops = 0, tensor_bytes = 0, param_bytes = 0, state_bytes = 0;
+  bool fits = true;  // state_bytes within the budget
   bool better_than(const Score& o) const {
     if (!o.ok) return ok;
     if (!ok) return false;
+    if (fits != o.fits) return fits;
+    // Neither fits: the one that holds less.
+    if (!fits && state_bytes != o.state_bytes) return state_bytes < o.state_bytes;
     if (cost != o.cost) return cost < o.cost;
     return param_bytes < o.param_bytes;
   }
@@ -88,7 +92,14 @@ Score evaluate(const Graph& g, const Plan& plan, const SearchCost& c) {
       tensor = tensor || std::count(plan.tensor_axes.begin(), plan.tensor_axes.end(), a);
     if (tensor) s.tensor_bytes += op_bytes(n.op, n.attrs, in, out);
   }
-  for (const ParamLayout& p : part->params) s.param_bytes += 4.0 * p.local_shape.numel();
+  for (const ParamLayout& p : part->params) {
+    const double elems = static_cast<double>(p.local_shape.numel());
+    s.param_bytes += 4.0 * elems;
+    // Block 0's state stands for every block the rank holds.
+    const bool in_block = g.producer(p.global).layer == 0;
+    s.state_bytes += elems * c.state_bytes_per_element * (in_block ? c.blocks : 1.0);
+  }
+  s.fits = c.state_budget_bytes <= 0 || s.state_bytes <= c.state_budget_bytes;
   s.cost = s.flops + c.flops_per_byte * s.tensor_bytes;
   s.ok = true;
   return s;
@@ -305,10 +316,21 @@ Result<BlockLayout> search_block_layout(const Graph& g, const Plan& plan, const 
     best_b.outer_placements.push_back(outer.placements_of(name));
   }
   best_b.cost = best.cost;
+  best_b.state_bytes = best.state_bytes;
+  best_b.fits = best.fits;
   best_b.local_flops = best.flops;
   best_b.tensor_bytes = best.tensor_bytes;
   best_b.candidates = b.candidates;
   return best_b;
+}
+
+double state_bytes_per_element(const Plan& plan, DType dtype) {
+  const double group = plan.zero_group();
+  const double param = dtype_size(dtype);
+  const double grad = plan.micro_batches > 1 ? 4.0 : param;  // else it lives in the arena
+  const double optim = dtype == DType::f32 ? 8.0 : 12.0;
+  return param / (plan.zero >= 3 ? group : 1) + grad / (plan.zero >= 2 ? group : 1) +
+         optim / (plan.zero >= 1 ? group : 1);
 }
 
 Result<BlockLayout> place_tensor_parallel(const ModelConfig& cfg, int64_t batch, int64_t seq,

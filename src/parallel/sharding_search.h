@@ -14,7 +14,9 @@
 // follows its matrix, "h.0.attn.qkv.bias" with "h.0.attn.qkv.weight") and Replicate otherwise,
 // and is then flipped, one at a time, where that lowers the cost. A candidate's cost is
 // the local FLOPs of one step plus flops_per_byte times the bytes the tensor axis sends (the
-// step time on a roofline in FLOP units), ties broken by parameter bytes per rank. A
+// step time on a roofline in FLOP units), ties broken by parameter bytes per rank; with a
+// memory budget (SearchCost::state_budget_bytes: simulate and validate give the device's), a
+// candidate whose parameters' state exceeds it loses to every one that fits. A
 // candidate the shapes cannot take (a degree that does not divide heads or widths) is
 // skipped; when every sharded one is, the search is an error naming a dim that refused and
 // the degrees that divide it. A parameter of any block gets the placement of the searched
@@ -46,7 +48,23 @@ namespace tessera {
 
 struct SearchCost {
   double flops_per_byte = 2000;  // FLOP/s of a device over bytes/s of a tensor-axis link
+  // Memory: the bytes a rank may hold for its parameters' state (0: no limit), the state's
+  // bytes per parameter element (parameters, gradients and optimizer state, as the plan's
+  // precision and ZeRO stage store them: state_bytes_per_element below) and the blocks a rank
+  // holds (its pipeline stage's). A candidate whose state (blocks x block 0's, plus the
+  // parameters outside the blocks) exceeds the budget loses to any that fits: whole weights
+  // can cost less time than split ones (no tensor-axis traffic under sequence parallelism)
+  // and hold tp times the bytes.
+  double state_budget_bytes = 0;
+  double state_bytes_per_element = 16;
+  double blocks = 1;
 };
+
+// The bytes a rank holds per parameter element of `plan` with parameters of `dtype`: the
+// parameter itself (divided over the ZeRO group at stage 3), its gradient (an f32 accumulator
+// with several micro-batches; at stage 2 and above divided) and AdamW's f32 moments plus, for
+// bf16/f16, the f32 master (divided at stage 1 and above).
+double state_bytes_per_element(const Plan& plan, DType dtype);
 
 struct BlockLayout {
   // The parameters of the first block of each kind, in graph order, and their placements
@@ -62,6 +80,8 @@ struct BlockLayout {
   // divide), one line each.
   std::vector<std::string> notes;
   double cost = 0;          // FLOPs + flops_per_byte * tensor-axis bytes, per step
+  double state_bytes = 0;   // the parameters' state per rank (SearchCost's estimate)
+  bool fits = true;         // state_bytes within SearchCost::state_budget_bytes
   double local_flops = 0;   // per rank, per micro-batch
   double tensor_bytes = 0;  // sent per rank per micro-batch over the tensor axes
   int candidates = 0;       // partitions tried

@@ -166,50 +166,50 @@ Result<FrameworkPlan> read_framework_plan(const nlohmann::json& j) {
   leaves(j, "", "", &settings);
   FrameworkPlan p;
   int shard = -2, replicas = -2;  // torchtitan / MaxText data degrees; -2: not given
+  // Which key set each knob, to what: two keys of one knob must agree.
+  std::map<Knob, std::pair<std::string, std::string>> set_by;
+  auto claim = [&](Knob k, const Setting& s, const std::string& value) -> Status {
+    auto [it, fresh] = set_by.emplace(k, std::pair{s.path, value});
+    if (fresh || it->second.second == value) return Status();
+    return error("plan: '" + it->second.first + "' says " + it->second.second + " but '" + s.path +
+                     "' says " + value,
+                 "keep one of them");
+  };
   for (const Setting& s : settings) {
     auto it = meanings().find(s.key);
     if (it == meanings().end() || (it->second.under && s.parent != it->second.under))
       return error("plan: unknown key '" + s.path + "'",
                    "a plan in a framework's words takes the parallel degrees (tp, pp, dp, cp, ep "
                    "and their Megatron, DeepSpeed, torchtitan and MaxText names), sharding, "
-                   "recompute, precision, offload, sequence_parallel and micro_batches; "
-                   "docs/reference.md lists every key");
+                   "recompute, precision, offload, sequence_parallel and micro_batches; cut a "
+                   "framework's section down to them (docs/reference.md lists every key)");
     const Knob knob = it->second.knob;
+    int* degree_of = knob == Knob::tp              ? &p.tp
+                     : knob == Knob::pp            ? &p.pp
+                     : knob == Knob::cp            ? &p.cp
+                     : knob == Knob::ep            ? &p.ep
+                     : knob == Knob::dp            ? &p.dp
+                     : knob == Knob::fsdp_shard    ? &shard
+                     : knob == Knob::replicas      ? &replicas
+                     : knob == Knob::micro_batches ? &p.micro_batches
+                                                   : nullptr;
+    if (degree_of) {
+      const bool rest = knob == Knob::dp || knob == Knob::fsdp_shard || knob == Knob::replicas;
+      TS_ASSIGN_OR_RETURN(*degree_of, degree(s, rest));
+      TS_RETURN_IF_ERROR(claim(knob, s, s.value->dump()));
+      continue;
+    }
     switch (knob) {
-      case Knob::tp: {
-        TS_ASSIGN_OR_RETURN(p.tp, degree(s, false));
-        break;
-      }
-      case Knob::pp: {
-        TS_ASSIGN_OR_RETURN(p.pp, degree(s, false));
-        break;
-      }
-      case Knob::cp: {
-        TS_ASSIGN_OR_RETURN(p.cp, degree(s, false));
-        break;
-      }
-      case Knob::ep: {
-        TS_ASSIGN_OR_RETURN(p.ep, degree(s, false));
-        break;
-      }
-      case Knob::dp: {
-        TS_ASSIGN_OR_RETURN(p.dp, degree(s, true));
-        break;
-      }
-      case Knob::fsdp_shard: {
-        TS_ASSIGN_OR_RETURN(shard, degree(s, true));
-        break;
-      }
-      case Knob::replicas: {
-        TS_ASSIGN_OR_RETURN(replicas, degree(s, true));
-        break;
-      }
       case Knob::sharding: {
         TS_ASSIGN_OR_RETURN(std::string text, term_text(s, knob));
         Result<ShardingTerm> t = parse_sharding_term(text);
         if (!t.ok()) return t.status().with_context("plan: '" + s.path + "'");
         p.sharding = *t;
         p.sharding_given = true;
+        TS_RETURN_IF_ERROR(claim(
+            knob, s,
+            (t->hsdp ? "HSDP, ZeRO-" : "ZeRO-") + std::to_string(t->zero) +
+                (t->shard > 0 ? " in groups of " + std::to_string(t->shard) : std::string())));
         break;
       }
       case Knob::recompute: {
@@ -217,6 +217,7 @@ Result<FrameworkPlan> read_framework_plan(const nlohmann::json& j) {
         Result<RecomputeTerm> t = parse_recompute_term(text);
         if (!t.ok()) return t.status().with_context("plan: '" + s.path + "'");
         p.recompute = recompute_name(t->policy);
+        TS_RETURN_IF_ERROR(claim(knob, s, p.recompute));
         break;
       }
       case Knob::precision: {
@@ -224,11 +225,10 @@ Result<FrameworkPlan> read_framework_plan(const nlohmann::json& j) {
         if (text.empty()) break;  // "bf16": false says nothing of the precision
         Result<PrecisionTerm> t = parse_precision_term(text);
         if (!t.ok()) return t.status().with_context("plan: '" + s.path + "'");
+        // FP8 GEMMs go with bf16 elsewhere: "float8" beside a bf16 key is one precision.
         const std::string name = t->fp8 ? "fp8" : dtype_name(t->dtype);
-        if (!p.precision.empty() && p.precision != name && !(p.precision == "fp8" || name == "fp8"))
-          return error("plan: '" + s.path + "' says " + name + " but an earlier key said " +
-                       p.precision);
-        // FP8 GEMMs go with bf16 elsewhere: fp8 wins over a bf16 beside it.
+        const std::string as = name == "fp8" ? "bf16" : name;
+        TS_RETURN_IF_ERROR(claim(knob, s, as));
         if (p.precision.empty() || name == "fp8") p.precision = name;
         break;
       }
@@ -236,24 +236,24 @@ Result<FrameworkPlan> read_framework_plan(const nlohmann::json& j) {
         if (!s.value->is_string())
           return error("plan: '" + s.path + "' must be a string, got " + s.value->dump());
         const std::string v = key_name(s.value->get<std::string>());
-        if (v == "optimizer" || v == "cpu")
-          p.offload_optimizer = true;
-        else if (v != "none")
+        const bool on = v == "optimizer" || v == "cpu";
+        if (!on && v != "none")
           return error("plan: '" + s.path + "' is '" + s.value->get<std::string>() +
                            "'; the optimizer offloads to host memory only",
                        s.key == "device" ? "\"device\": \"cpu\" (or \"none\")"
                                          : "\"optimizer\" or \"none\"");
+        TS_RETURN_IF_ERROR(claim(knob, s, on ? "optimizer" : "none"));
+        p.offload_optimizer = on;
         break;
       }
       case Knob::sequence_parallel:
         if (!s.value->is_boolean())
           return error("plan: '" + s.path + "' must be true or false, got " + s.value->dump());
         p.sequence_parallel = s.value->get<bool>();
+        TS_RETURN_IF_ERROR(claim(knob, s, s.value->dump()));
         break;
-      case Knob::micro_batches: {
-        TS_ASSIGN_OR_RETURN(p.micro_batches, degree(s, false));
+      default:
         break;
-      }
     }
   }
   // torchtitan's and MaxText's data degrees: FSDP (ZeRO-3) over the shard degree S, replicated
@@ -267,11 +267,20 @@ Result<FrameworkPlan> read_framework_plan(const nlohmann::json& j) {
     if (S != 1 && p.sharding_given && p.sharding.zero != 3)
       return error("plan: a shard degree with a sharding of ZeRO-" +
                    std::to_string(p.sharding.zero) + ": the shard degree shards with ZeRO-3");
-    p.dp = S > 0 && R > 0 ? S * R : 0;
+    const int dp = S > 0 && R > 0 ? S * R : 0;
+    if (set_by.count(Knob::dp) && p.dp != dp)
+      return error("plan: '" + set_by[Knob::dp].first + "' says " + std::to_string(p.dp) +
+                       " data-parallel ranks, the shard and replicate degrees " +
+                       (dp > 0 ? std::to_string(dp) : std::string("the ranks left")),
+                   "keep one of them");
+    p.dp = dp;
     if (S != 1) {
       p.sharding = ShardingTerm{3, R != 1, R != 1 ? S : 0};
       p.sharding_given = true;
       p.replicas = R != 1 ? R : 0;  // 0 with hsdp: dp / shard
+    } else if (p.sharding_given && p.sharding.zero == 3 && !p.sharding.hsdp) {
+      return error("plan: a shard degree of 1 with a sharding of ZeRO-3 (FSDP)",
+                   "a shard degree of 1 shards nothing: drop one of them");
     }
   }
   return p;

@@ -37,7 +37,9 @@
 //   others:    sequence_parallel (bool), micro_batches, gradient_accumulation_steps,
 //              num_microbatches
 // A degree of -1 (torchtitan: "the rest") is left to the ranks. Any other key is refused by
-// name, as is a value of the wrong type or a spelling framework_terms does not know.
+// name, as is a value of the wrong type or a spelling framework_terms does not know, and two
+// keys of one knob that disagree (nlohmann::json reads keys in sorted order, so "the later
+// key" would mean nothing).
 #pragma once
 
 #include <nlohmann/json_fwd.hpp>
@@ -48,9 +50,10 @@
 
 namespace tessera {
 
+// Each field 0 or empty where the file does not give it (dp: or gives -1, the ranks left).
 struct FrameworkPlan {
-  int tp = 1, pp = 1, cp = 1, ep = 1;
-  int dp = 0;             // 0: the ranks left
+  int tp = 0, pp = 0, cp = 0, ep = 0;
+  int dp = 0;             // as the framework counts it: the expert-parallel ranks among them
   ShardingTerm sharding;  // with hsdp: shard ranks per group (0: dp / replicas)
   bool sharding_given = false;
   int replicas = 0;  // HSDP's replica groups, where a replicate degree gives them (0: dp / shard)

@@ -442,6 +442,17 @@ const char* sim_precision_name(const SimOptions& opt) {
   return opt.fp8 ? "fp8" : dtype_name(opt.precision);
 }
 
+SearchCost cluster_search_cost(const ClusterSpec& cluster, DType precision, const Plan& plan,
+                               int64_t blocks) {
+  SearchCost c;
+  c.flops_per_byte = flops_per_intra_byte(cluster, precision);
+  c.state_budget_bytes = cluster.device.memory_bytes;
+  c.state_bytes_per_element = state_bytes_per_element(plan, precision);
+  const int64_t stages = std::max(plan.stages(), 1);
+  c.blocks = static_cast<double>((blocks + stages - 1) / stages);
+  return c;
+}
+
 double run_peak_flops(const DeviceSpec& dev, const SimOptions& opt) {
   return opt.fp8 ? dev.peak_flops_fp8 : dev.peak_flops(opt.precision);
 }

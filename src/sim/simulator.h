@@ -43,6 +43,7 @@
 #include "cost/cluster_spec.h"
 #include "cost/collective_cost.h"
 #include "parallel/program.h"
+#include "parallel/sharding_search.h"
 
 namespace tessera {
 
@@ -56,6 +57,12 @@ struct SimOptions {
   CollAlgo algo = CollAlgo::automatic;
   bool trace = false;  // record events for chrome_trace()
 };
+
+// The sharding search's figures for `plan` on `cluster`: its FLOP/byte ratio between tensor
+// ranks, and the device's memory as the budget of the parameters' state of a rank holding
+// `blocks` transformer blocks (its stage's) in `precision`.
+SearchCost cluster_search_cost(const ClusterSpec& cluster, DType precision, const Plan& plan,
+                               int64_t blocks);
 
 // --precision: "f32", "bf16", "f16" (and their long names) or "fp8" (FP8 GEMMs beside bf16)
 // into opt's precision and fp8; an error naming the choices otherwise.

@@ -15,7 +15,8 @@ namespace {
 Result<ModelGraph> placed_graph(RunSetup* s) {
   ModelGraph m = build_model(s->model, s->batch, s->seq, ModelMode::train);
   if (s->plan.tensor_group() > 1) {
-    SearchCost cost{flops_per_intra_byte(s->cluster, s->sim.precision)};
+    const SearchCost cost =
+        cluster_search_cost(s->cluster, s->sim.precision, s->plan, num_blocks(s->model));
     TS_RETURN_IF_ERROR(
         place_tensor_parallel(s->model, s->batch, s->seq, m.graph, cost, &s->plan).status());
   }

@@ -97,6 +97,46 @@ TEST_F(PlanFile, ErrorsNameTheKeyAndTheFix) {
   EXPECT_NE(out.find("error: the plan file says bf16 and the run is f32"), std::string::npos)
       << out;
   EXPECT_NE(out.find("train with --precision bf16"), std::string::npos) << out;
+  // The file's knobs and the command's flags: the same value or an error naming both.
+  const std::string megatron = write("m.json", R"({"tensor_model_parallel_size": 8})");
+  EXPECT_EQ(run_command(std::string(TESSERA_BINARY) + " simulate llama2-7b --gpus 16 --plan " +
+                            megatron + " --tp 4",
+                        &out),
+            1)
+      << out;
+  EXPECT_NE(out.find("error: " + megatron + ": --tp 4, but the plan file gives 8"),
+            std::string::npos)
+      << out;
+  // A pipeline that names no sharding is ZeRO-0, as Megatron reads it (simulate's ZeRO-3 default
+  // does not apply), and a later error names the flags the file was read as.
+  const std::string pipe = write("pipe.json", R"({"pipeline_model_parallel_size": 4})");
+  const nlohmann::json piped = simulate(
+      "llama2-7b --cluster dgx-a100 --gpus 16 --batch 16 "
+      "--grad-accum 4 --seq 2048 --plan " +
+      pipe);
+  EXPECT_EQ(piped["plan"]["zero"], 0);
+  EXPECT_EQ(run_command(std::string(TESSERA_BINARY) + " simulate llama2-7b --gpus 6 --plan " + pipe,
+                        &out),
+            1)
+      << out;
+  EXPECT_NE(out.find("(read as --pp 4 --zero 0)"), std::string::npos) << out;
+  // train runs the micro-batches --grad-accum says: the file's must be those (launch's check
+  // says so once); with them, it trains.
+  const std::string accum = write("accum.json", R"({"dp": 2, "gradient_accumulation_steps": 2})");
+  const std::string train = std::string(TESSERA_BINARY) + " launch -n 2 -- train --model " +
+                            "gpt-tiny --data " + (dir_ / "data").string() +
+                            " --seq 16 --batch 4 --steps 2 --sample-tokens 0 --eval-every 0 "
+                            "--plan " +
+                            accum;
+  EXPECT_EQ(run_command(train + " --out " + (dir_ / "a1").string(), &out), 1) << out;
+  EXPECT_NE(out.find("--grad-accum 1, but the plan file gives 2"), std::string::npos) << out;
+  EXPECT_EQ(
+      run_command("OMP_NUM_THREADS=1 " + train + " --grad-accum 2 --out " + (dir_ / "a2").string(),
+                  &out),
+      0)
+      << out;
+  EXPECT_NE(out.find("dp=2 zero=0 micro_batches=2"), std::string::npos) << out;
+  EXPECT_EQ(metric_losses(dir_ / "a2/metrics.jsonl").size(), 2u);
   // No data degree and no device count.
   const std::string tp = write("tp.json", R"({"tp": 2})");
   EXPECT_EQ(run_command(std::string(TESSERA_BINARY) + " plan gpt-tiny --plan " + tp, &out), 1)

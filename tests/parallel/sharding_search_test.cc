@@ -95,6 +95,50 @@ TEST(ShardingSearch, SequenceParallelMovesReduceScattersAndAllGathers) {
   EXPECT_DOUBLE_EQ(b->tensor_bytes, analytic);
 }
 
+// Under sequence parallelism at a large micro-batch, whole MLP weights cost less time than
+// split ones (no tensor-axis traffic around them; the weight gradients' all-reduce is smaller
+// than the activations' gathers) and hold tp times the bytes: on the 20 layers of a stage of 4
+// of Llama 3 70B that is more state than an 80 GB device holds, so with the device's memory as the
+// budget the search splits them (Megatron's layout) and says the state fits.
+TEST(ShardingSearch, WholeWeightsThatDoNotFitLoseToSplitOnes) {
+  ModelConfig c = *find_preset("llama3-70b");
+  c.n_layer = 1;
+  ModelGraph m = build_model(c, 8, 8192, ModelMode::train);
+  Plan plan = Plan::tensor_parallel(1, 8);
+  plan.sequence_parallel = true;
+  plan.micro_batches = 8;
+  const size_t tp = 1;
+  SearchCost fast{2000};
+  Result<BlockLayout> b = search_block_layout(m.graph, plan, fast);
+  ASSERT_TRUE(b.ok()) << b.status().to_string();
+  EXPECT_EQ(placement_on(*b, "mlp.up.weight", tp), "R");  // time alone: whole
+  SearchCost budget = fast;
+  budget.state_budget_bytes = 80e9;
+  budget.state_bytes_per_element = state_bytes_per_element(plan, DType::bf16);
+  budget.blocks = 20;                                            // a stage of 4
+  EXPECT_DOUBLE_EQ(budget.state_bytes_per_element, 2 + 4 + 12);  // bf16, f32 grads, AdamW
+  Result<BlockLayout> f = search_block_layout(m.graph, plan, budget);
+  ASSERT_TRUE(f.ok()) << f.status().to_string();
+  for (const char* col : {"mlp.gate.weight", "mlp.up.weight", "attn.q.weight"})
+    EXPECT_EQ(placement_on(*f, col, tp), "S(0)") << col;
+  EXPECT_EQ(placement_on(*f, "mlp.down.weight", tp), "S(1)");
+  EXPECT_TRUE(f->fits);
+  EXPECT_LE(f->state_bytes, 80e9);
+  EXPECT_GT(f->cost, b->cost);
+  // A budget nothing meets: the candidate that holds the least.
+  budget.state_budget_bytes = 1e9;
+  Result<BlockLayout> none = search_block_layout(m.graph, plan, budget);
+  ASSERT_TRUE(none.ok());
+  EXPECT_FALSE(none->fits);
+  EXPECT_EQ(placement_on(*none, "mlp.up.weight", tp), "S(0)");
+  EXPECT_EQ(placement_on(*none, "tok_emb", tp), "S(0)");  // split too, to hold less
+  // ZeRO-1 over 4 data ranks divides the optimizer's bytes; ZeRO-3 everything.
+  Plan z = Plan::tensor_parallel(4, 8, 1);
+  EXPECT_DOUBLE_EQ(state_bytes_per_element(z, DType::bf16), 2 + 2 + 12.0 / 4);
+  z.zero = 3;
+  EXPECT_DOUBLE_EQ(state_bytes_per_element(z, DType::f32), (4 + 4 + 8) / 4.0);
+}
+
 // GPT's fused QKV projection stores its rows per head (models/model.h), so a row split of
 // it hands each rank whole heads: the search finds column-parallel QKV and fc (with their
 // biases), row-parallel attention and MLP projections.

@@ -40,7 +40,11 @@ TEST(FrameworkPlan, MegatronCore) {
   EXPECT_EQ(p.precision, "bf16");
   EXPECT_EQ(p.micro_batches, 16);
   // "false" says no distributed optimizer.
-  EXPECT_EQ(read(R"({"use_distributed_optimizer": false})").sharding.zero, 0);
+  const FrameworkPlan off = read(R"({"use_distributed_optimizer": false})");
+  EXPECT_TRUE(off.sharding_given);
+  EXPECT_EQ(off.sharding.zero, 0);
+  EXPECT_EQ(off.tp, 0);  // not given: the command's
+  EXPECT_FALSE(read(R"({"tp": 2})").sharding_given);
 }
 
 TEST(FrameworkPlan, DeepSpeedNestedSections) {
@@ -55,6 +59,10 @@ TEST(FrameworkPlan, DeepSpeedNestedSections) {
   EXPECT_EQ(p.recompute, "full");
   EXPECT_FALSE(read(R"({"zero_optimization": {"offload_optimizer": {"device": "none"}}})")
                    .offload_optimizer);
+  EXPECT_NE(refusal(R"({"offload": "optimizer",
+                         "zero_optimization": {"offload_optimizer": {"device": "none"}}})")
+                .find("says optimizer but"),
+            std::string::npos);
   // "stage" means the ZeRO stage only under zero_optimization.
   EXPECT_NE(refusal(R"({"stage": 2})").find("unknown key 'stage'"), std::string::npos);
   EXPECT_NE(refusal(R"({"zero_optimization": {"offload_optimizer": {"device": "nvme"}}})")
@@ -128,9 +136,22 @@ TEST(FrameworkPlan, RefusesWhatItCannotRead) {
   EXPECT_NE(refusal(R"({"recompute": "every 2nd layer"})").find("plan: 'recompute'"),
             std::string::npos);
   EXPECT_NE(refusal(R"({"precision": "mixed"})").find("plan: 'precision'"), std::string::npos);
-  EXPECT_NE(
-      refusal(R"({"bf16": true, "fp16": true})").find("says f16 but an earlier key said bf16"),
-      std::string::npos);
+  // Two keys of one knob must agree (whatever their order in the file).
+  EXPECT_NE(refusal(R"({"bf16": true, "fp16": true})").find("'bf16' says bf16 but 'fp16' says f16"),
+            std::string::npos);
+  EXPECT_NE(refusal(R"({"tp": 2, "tensor_model_parallel_size": 4})")
+                .find("'tensor_model_parallel_size' says 4 but 'tp' says 2"),
+            std::string::npos);
+  EXPECT_NE(refusal(R"({"float8": true, "fp16": true})").find("says bf16 but"), std::string::npos);
+  EXPECT_NE(refusal(R"({"dp": 4, "data_parallel_shard_degree": 8})")
+                .find("'dp' says 4 data-parallel ranks, the shard and replicate degrees 8"),
+            std::string::npos);
+  EXPECT_NE(refusal(R"({"fsdp": true, "data_parallel_shard_degree": 1})")
+                .find("a shard degree of 1 with a sharding of ZeRO-3"),
+            std::string::npos);
+  // Agreeing keys are one setting.
+  EXPECT_EQ(read(R"({"tp": 4, "tensor_model_parallel_size": 4, "float8": true, "bf16": true})").tp,
+            4);
   EXPECT_NE(refusal(R"({"sequence_parallel": 1})").find("must be true or false"),
             std::string::npos);
   EXPECT_NE(refusal(R"({"zero": 4})").find("not a spelling of a sharding"), std::string::npos);
