@@ -161,6 +161,17 @@ TEST_F(Slurm, SubmittedJobsTrainAsLaunchDoesAndARequeuedOneResumes) {
   ASSERT_EQ(killed_runs.size(), 2u);
   EXPECT_EQ(killed_runs[0].rfind("REQUEUED|", 0), 0u) << killed_runs[0];
 
+  // Killed before the first checkpoint: the requeued job starts over, the lost run's records
+  // kept aside, and ends with the same losses.
+  const std::string early = submit("early",
+                                   "TESSERA_FAULT_KILL_RANK=1 TESSERA_FAULT_KILL_STEP=1 "
+                                   "TESSERA_FAULT_KILL_ONCE=" +
+                                       (dir_ / "early.once").string());
+  ASSERT_FALSE(early.empty());
+  ASSERT_EQ(wait_for(early), "COMPLETED") << slurm_log("early", early);
+  expect_same_losses(dir_ / "launched/metrics.jsonl", dir_ / "early/metrics.jsonl");
+  EXPECT_TRUE(fs::exists(dir_ / "early/metrics.jsonl.lost-run-1")) << slurm_log("early", early);
+
   // tessera jobs: both, each with its runs, and the GPU-hours and cost of sacct's elapsed time
   // (every run) x 2 devices at $36 an hour.
   ASSERT_EQ(sh(std::string(TESSERA_BINARY) + " jobs", &log), 0) << log;
