@@ -70,13 +70,14 @@ std::vector<Degrees> degrees(const ModelConfig& cfg, const ClusterSpec& cluster,
     for (int pp : divisors(o.gpus / tp)) {
       if (pp > cfg.n_layer) continue;
       if (pp > 1 && cfg.is_moe()) continue;  // its balance loss would cross the stages
-      // Context parallelism (language models of dense blocks, without a pipeline): groups of
-      // cp ranks, a power of two, each holding a chunk of every sequence (LLaMA: zigzag halves,
-      // GPT's position table: contiguous chunks).
+      // Context parallelism (language models of dense blocks): groups of cp ranks, a power of
+      // two, each holding a chunk of every sequence (LLaMA: zigzag halves, GPT's position
+      // table: contiguous chunks). With a pipeline, tp x cp within a node (the stages' ranks
+      // already span nodes).
       const int halves = cfg.family == "llama" ? 2 : 1;
       for (int cp : divisors(o.gpus / (tp * pp))) {
         if (cp > 1 &&
-            !(power_of_two(cp) && pp == 1 && !cfg.is_moe() &&
+            !(power_of_two(cp) && (pp == 1 || tp * cp <= per_node) && !cfg.is_moe() &&
               (cfg.family == "llama" || cfg.family == "gpt") && o.seq % (halves * cp) == 0))
           continue;
         const int data = o.gpus / (tp * pp * cp);
@@ -345,7 +346,11 @@ class MicroBatchCosts {
         if (std::count(axes.begin(), axes.end(), p.context_axis)) out.context_comm += t;
       } else if (in.kind == Instruction::wait) {
         const double idle = std::max(0.0, ready - compute);
-        op_seconds[static_cast<size_t>(in.node)] += idle;  // the block's, for its stage
+        // The block's, for its stage; but for the context axis's gathers, which the simulator
+        // overlaps with attention in ways these waits do not bound.
+        const std::vector<std::string> axes = axes_of_key(n.attr<GroupAttrs>().axes);
+        if (!std::count(axes.begin(), axes.end(), p.context_axis))
+          op_seconds[static_cast<size_t>(in.node)] += idle;
         out.waits += idle;
         if (!in_backward_pass(n)) out.forward_waits += idle;
         end[i] = compute = std::max(compute, ready);
