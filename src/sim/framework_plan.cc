@@ -7,13 +7,6 @@
 namespace tessera {
 namespace {
 
-// Lowercase, '-' as '_': "Tensor-Model-Parallel-Size" -> "tensor_model_parallel_size".
-std::string key_name(const std::string& key) {
-  std::string out;
-  for (char c : key) out += c == '-' ? '_' : static_cast<char>(std::tolower((unsigned char)c));
-  return out;
-}
-
 enum class Knob {
   tp,
   pp,
@@ -108,11 +101,11 @@ void leaves(const nlohmann::json& j, const std::string& path, const std::string&
   for (auto it = j.begin(); it != j.end(); ++it) {
     const std::string p = path.empty() ? it.key() : path + "." + it.key();
     if (it.value().is_object()) {
-      leaves(it.value(), p, key_name(it.key()), out);
-    } else if (key_name(it.key()) == "enabled" && !parent.empty()) {
+      leaves(it.value(), p, normalized_term(it.key()), out);
+    } else if (normalized_term(it.key()) == "enabled" && !parent.empty()) {
       out->push_back({p, parent, "", &it.value()});
     } else {
-      out->push_back({p, key_name(it.key()), parent, &it.value()});
+      out->push_back({p, normalized_term(it.key()), parent, &it.value()});
     }
   }
 }
@@ -235,7 +228,7 @@ Result<FrameworkPlan> read_framework_plan(const nlohmann::json& j) {
       case Knob::offload: {
         if (!s.value->is_string())
           return error("plan: '" + s.path + "' must be a string, got " + s.value->dump());
-        const std::string v = key_name(s.value->get<std::string>());
+        const std::string v = normalized_term(s.value->get<std::string>());
         const bool on = v == "optimizer" || v == "cpu";
         if (!on && v != "none")
           return error("plan: '" + s.path + "' is '" + s.value->get<std::string>() +

@@ -4,11 +4,8 @@
 #include <regex>
 
 namespace tessera {
-namespace {
 
-// Lowercase, with '-' and runs of spaces or '_' as one '_': "ZeRO-3 (DeepSpeed)" ->
-// "zero_3_(deepspeed)", "Full Shard" -> "full_shard".
-std::string normalized(const std::string& text) {
+std::string normalized_term(const std::string& text) {
   std::string out;
   for (char c : text) {
     char d = static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
@@ -22,6 +19,8 @@ std::string normalized(const std::string& text) {
   return out;
 }
 
+namespace {
+
 bool has(const std::string& s, const char* word) { return s.find(word) != std::string::npos; }
 
 bool matches(const std::string& s, const char* pattern) {
@@ -31,7 +30,7 @@ bool matches(const std::string& s, const char* pattern) {
 }  // namespace
 
 Result<ShardingTerm> parse_sharding_term(const std::string& text) {
-  const std::string s = normalized(text);
+  const std::string s = normalized_term(text);
   ShardingTerm t;
   if (matches(s, R"(zero_?r(?![a-z0-9]))"))
     return error("ZeRO-R (partitioned activations with model parallelism, in '" + text +
@@ -83,7 +82,7 @@ Result<ShardingTerm> parse_sharding_term(const std::string& text) {
 }
 
 Result<PrecisionTerm> parse_precision_term(const std::string& text) {
-  const std::string s = normalized(text);
+  const std::string s = normalized_term(text);
   PrecisionTerm p;
   if (has(s, "fp8") || has(s, "float8") || has(s, "e4m3") || has(s, "delayed_scaling") ||
       has(s, "tensorwise") || has(s, "rowwise")) {
@@ -111,7 +110,7 @@ Result<PrecisionTerm> parse_precision_term(const std::string& text) {
 }
 
 Result<RecomputeTerm> parse_recompute_term(const std::string& text) {
-  const std::string s = normalized(text);
+  const std::string s = normalized_term(text);
   RecomputeTerm r;
   if (matches(s, R"(every_(n|\d+|2nd|other|few)_?)") || has(s, "some_blocks") ||
       has(s, "some_layers") || has(s, "partial"))

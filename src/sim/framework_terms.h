@@ -58,6 +58,11 @@ struct RecomputeTerm {
   RecomputePolicy policy = RecomputePolicy::none;
 };
 
+// A spelling as the parsers compare it: lowercase, with '-' and runs of spaces or '_' as one
+// '_' ("Full Shard" -> "full_shard", "Tensor-Model-Parallel-Size" ->
+// "tensor_model_parallel_size").
+std::string normalized_term(const std::string& text);
+
 Result<ShardingTerm> parse_sharding_term(const std::string& text);
 Result<PrecisionTerm> parse_precision_term(const std::string& text);
 Result<RecomputeTerm> parse_recompute_term(const std::string& text);
