@@ -22,7 +22,7 @@ stop() {
   # The jobs first: with proctrack/linuxproc their steps would outlive slurmd.
   if [ -f "$dir/slurm.conf" ] && [ -f "$dir/slurmctld.pid" ]; then
     SLURM_CONF="$dir/slurm.conf" scancel --full --user="$(id -un)" 2>/dev/null || true
-    for _ in $(seq 100); do
+    for _ in $(seq 200); do  # KillWait (10 s) and then some
       [ -z "$(SLURM_CONF="$dir/slurm.conf" squeue -h 2>/dev/null)" ] && break
       sleep 0.1
     done
@@ -110,7 +110,8 @@ EOF
 chmod 600 "$dir/slurmdbd.conf"
 
 # One node: this host's CPUs and memory as slurmd sees them.
-node=$(slurmd -C | head -1 | sed "s/^NodeName=[^ ]*/NodeName=$host/")
+node=$(slurmd -C 2>/dev/null | head -1 | sed "s/^NodeName=[^ ]*/NodeName=$host/") ||
+  cannot "slurmd -C cannot describe this host"
 cat > "$dir/slurm.conf" <<EOF
 ClusterName=tessera
 SlurmctldHost=$host
@@ -150,8 +151,8 @@ export SLURM_CONF="$dir/slurm.conf"
 slurmdbd || cannot "slurmdbd did not start: $(tail -3 "$dir/log/slurmdbd.log")"
 for _ in $(seq 20); do timeout 5 sacctmgr -i show cluster >/dev/null 2>&1 && break; sleep 0.2; done
 sacctmgr -i show cluster >/dev/null 2>&1 || cannot "slurmdbd does not answer: $(tail -3 "$dir/log/slurmdbd.log")"
-sacctmgr -i show cluster -n format=cluster | grep -qw tessera ||
-  sacctmgr -i add cluster tessera >/dev/null
+sacctmgr -i show cluster -n format=cluster | grep -w tessera >/dev/null ||
+  sacctmgr -i add cluster tessera >/dev/null || cannot "sacctmgr cannot add the cluster"
 slurmctld -f "$dir/slurm.conf" || cannot "slurmctld did not start: $(tail -3 "$dir/log/slurmctld.log")"
 slurmd -f "$dir/slurm.conf" || cannot "slurmd did not start: $(tail -3 "$dir/log/slurmd.log")"
 for _ in $(seq 150); do

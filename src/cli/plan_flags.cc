@@ -92,10 +92,11 @@ Result<PlanFlags> flags_of(const FrameworkPlan& p, const PlanFlags& cmd, int ran
   TS_RETURN_IF_ERROR(take(p.pp, &f.pp, 1, "--pp"));
   TS_RETURN_IF_ERROR(take(p.cp, &f.cp, 1, "--cp"));
   TS_RETURN_IF_ERROR(take(p.ep, &f.ep, 1, "--ep"));
-  // The frameworks count the expert-parallel ranks among the data-parallel ones; Tessera's
-  // expert axis is beside its data axes.
+  // Megatron, DeepSpeed and torchtitan count the expert-parallel ranks among the data-parallel
+  // ones (MaxText gives them an axis of their own); Tessera's expert axis is beside its data
+  // axes.
   int file_dp = p.dp;
-  if (file_dp > 0 && f.ep > 1) {
+  if (file_dp > 0 && f.ep > 1 && !p.ep_beside_dp) {
     if (file_dp % f.ep != 0)
       return error("plan: " + std::to_string(file_dp) + " data-parallel ranks do not split into " +
                        std::to_string(f.ep) + " expert-parallel groups",

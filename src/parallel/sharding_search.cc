@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <limits>
 #include <numeric>
+#include <set>
 
 #include "parallel/partition.h"
 
@@ -92,12 +93,17 @@ Score evaluate(const Graph& g, const Plan& plan, const SearchCost& c) {
       tensor = tensor || std::count(plan.tensor_axes.begin(), plan.tensor_axes.end(), a);
     if (tensor) s.tensor_bytes += op_bytes(n.op, n.attrs, in, out);
   }
+  // The searched graph's blocks (one of each kind: T5's encoder and decoder) stand for the
+  // blocks the rank holds, shared among the kinds.
+  std::set<int> kinds;
+  for (const ParamLayout& p : part->params)
+    if (g.producer(p.global).layer >= 0) kinds.insert(g.producer(p.global).layer);
+  const double per_kind = kinds.empty() ? 1.0 : c.blocks / static_cast<double>(kinds.size());
   for (const ParamLayout& p : part->params) {
     const double elems = static_cast<double>(p.local_shape.numel());
     s.param_bytes += 4.0 * elems;
-    // Block 0's state stands for every block the rank holds.
-    const bool in_block = g.producer(p.global).layer == 0;
-    s.state_bytes += elems * c.state_bytes_per_element * (in_block ? c.blocks : 1.0);
+    const bool in_block = g.producer(p.global).layer >= 0;
+    s.state_bytes += elems * c.state_bytes_per_element * (in_block ? per_kind : 1.0);
   }
   s.fits = c.state_budget_bytes <= 0 || s.state_bytes <= c.state_budget_bytes;
   s.cost = s.flops + c.flops_per_byte * s.tensor_bytes;
@@ -211,7 +217,7 @@ Result<BlockLayout> search_block_layout(const Graph& g, const Plan& plan, const 
       Score t = tried(evaluate(g, with_block(plan, g, alt), c));
       // Only for a lower cost: a norm weight split to save its few bytes would be gathered
       // before every use.
-      if (t.ok && (!s.ok || t.cost < s.cost)) {
+      if (t.ok && (!s.ok || (t.cost < s.cost && (t.fits || !s.fits)))) {
         s = t;
         *cand = alt;
       }
@@ -328,7 +334,8 @@ double state_bytes_per_element(const Plan& plan, DType dtype) {
   const double group = plan.zero_group();
   const double param = dtype_size(dtype);
   const double grad = plan.micro_batches > 1 ? 4.0 : param;  // else it lives in the arena
-  const double optim = dtype == DType::f32 ? 8.0 : 12.0;
+  // An offloaded optimizer keeps its state (and the f32 masters) in host memory.
+  const double optim = plan.offloads_optimizer() ? 0.0 : dtype == DType::f32 ? 8.0 : 12.0;
   return param / (plan.zero >= 3 ? group : 1) + grad / (plan.zero >= 2 ? group : 1) +
          optim / (plan.zero >= 1 ? group : 1);
 }

@@ -51,8 +51,9 @@ struct SearchCost {
   // Memory: the bytes a rank may hold for its parameters' state (0: no limit), the state's
   // bytes per parameter element (parameters, gradients and optimizer state, as the plan's
   // precision and ZeRO stage store them: state_bytes_per_element below) and the blocks a rank
-  // holds (its pipeline stage's). A candidate whose state (blocks x block 0's, plus the
-  // parameters outside the blocks) exceeds the budget loses to any that fits: whole weights
+  // holds (its pipeline stage's). A candidate whose state (the searched blocks' times blocks
+  // over the kinds searched, plus the parameters outside the blocks) exceeds the budget loses
+  // to any that fits: whole weights
   // can cost less time than split ones (no tensor-axis traffic under sequence parallelism)
   // and hold tp times the bytes.
   double state_budget_bytes = 0;
@@ -63,7 +64,8 @@ struct SearchCost {
 // The bytes a rank holds per parameter element of `plan` with parameters of `dtype`: the
 // parameter itself (divided over the ZeRO group at stage 3), its gradient (an f32 accumulator
 // with several micro-batches; at stage 2 and above divided) and AdamW's f32 moments plus, for
-// bf16/f16, the f32 master (divided at stage 1 and above).
+// bf16/f16, the f32 master (divided at stage 1 and above; none on the device where the plan
+// offloads the optimizer).
 double state_bytes_per_element(const Plan& plan, DType dtype);
 
 struct BlockLayout {

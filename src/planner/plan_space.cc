@@ -77,7 +77,7 @@ std::vector<Degrees> degrees(const ModelConfig& cfg, const ClusterSpec& cluster,
       const int halves = cfg.family == "llama" ? 2 : 1;
       for (int cp : divisors(o.gpus / (tp * pp))) {
         if (cp > 1 &&
-            !(power_of_two(cp) && (pp == 1 || tp * cp <= per_node) && !cfg.is_moe() &&
+            !(power_of_two(cp) && (pp == 1 || per_node % (tp * cp) == 0) && !cfg.is_moe() &&
               (cfg.family == "llama" || cfg.family == "gpt") && o.seq % (halves * cp) == 0))
           continue;
         const int data = o.gpus / (tp * pp * cp);

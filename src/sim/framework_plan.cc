@@ -189,6 +189,7 @@ Result<FrameworkPlan> read_framework_plan(const nlohmann::json& j) {
     if (degree_of) {
       const bool rest = knob == Knob::dp || knob == Knob::fsdp_shard || knob == Knob::replicas;
       TS_ASSIGN_OR_RETURN(*degree_of, degree(s, rest));
+      if (knob == Knob::ep) p.ep_beside_dp = s.key.rfind("ici_", 0) == 0;
       TS_RETURN_IF_ERROR(claim(knob, s, s.value->dump()));
       continue;
     }
@@ -261,7 +262,7 @@ Result<FrameworkPlan> read_framework_plan(const nlohmann::json& j) {
       return error("plan: a shard degree with a sharding of ZeRO-" +
                    std::to_string(p.sharding.zero) + ": the shard degree shards with ZeRO-3");
     const int dp = S > 0 && R > 0 ? S * R : 0;
-    if (set_by.count(Knob::dp) && p.dp != dp)
+    if (set_by.count(Knob::dp) && p.dp != 0 && p.dp != dp)
       return error("plan: '" + set_by[Knob::dp].first + "' says " + std::to_string(p.dp) +
                        " data-parallel ranks, the shard and replicate degrees " +
                        (dp > 0 ? std::to_string(dp) : std::string("the ranks left")),

@@ -53,8 +53,9 @@ namespace tessera {
 // Each field 0 or empty where the file does not give it (dp: or gives -1, the ranks left).
 struct FrameworkPlan {
   int tp = 0, pp = 0, cp = 0, ep = 0;
-  int dp = 0;             // as the framework counts it: the expert-parallel ranks among them
-  ShardingTerm sharding;  // with hsdp: shard ranks per group (0: dp / replicas)
+  int dp = 0;  // as the framework counts it: the expert-parallel ranks among them, unless
+  bool ep_beside_dp = false;  // MaxText's ici_expert_parallelism: an axis of its own
+  ShardingTerm sharding;      // with hsdp: shard ranks per group (0: dp / replicas)
   bool sharding_given = false;
   int replicas = 0;  // HSDP's replica groups, where a replicate degree gives them (0: dp / shard)
   std::string recompute;  // a Plan recompute name ("none", "full", "selective"); "": not given

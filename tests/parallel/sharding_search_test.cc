@@ -137,6 +137,9 @@ TEST(ShardingSearch, WholeWeightsThatDoNotFitLoseToSplitOnes) {
   EXPECT_DOUBLE_EQ(state_bytes_per_element(z, DType::bf16), 2 + 2 + 12.0 / 4);
   z.zero = 3;
   EXPECT_DOUBLE_EQ(state_bytes_per_element(z, DType::f32), (4 + 4 + 8) / 4.0);
+  // An offloaded optimizer's state is in host memory.
+  z.offload = OffloadPolicy::optimizer;
+  EXPECT_DOUBLE_EQ(state_bytes_per_element(z, DType::bf16), (2 + 2) / 4.0);
 }
 
 // GPT's fused QKV projection stores its rows per head (models/model.h), so a row split of

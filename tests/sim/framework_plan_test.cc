@@ -114,6 +114,12 @@ TEST(FrameworkPlan, MaxTextAndFsdp) {
   EXPECT_TRUE(p.sharding.hsdp);
   EXPECT_EQ(p.sharding.shard, 4);
   EXPECT_EQ(p.replicas, 2);
+  EXPECT_FALSE(p.ep_beside_dp);
+  // MaxText's expert axis is one of its own, not carved out of the data ranks.
+  EXPECT_TRUE(read(R"({"ici_expert_parallelism": 2, "ici_data_parallelism": 4})").ep_beside_dp);
+  EXPECT_FALSE(read(R"({"expert_model_parallel_size": 2, "dp": 4})").ep_beside_dp);
+  // "dp": -1 (the ranks left) goes with any shard degree.
+  EXPECT_EQ(read(R"({"dp": -1, "data_parallel_shard_degree": 8})").dp, 8);
   p = read(R"({"sharding_strategy": "SHARD_GRAD_OP", "mixed_precision": "fp16", "dp": 16})");
   EXPECT_EQ(p.sharding.zero, 2);
   EXPECT_EQ(p.dp, 16);
