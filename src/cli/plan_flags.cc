@@ -71,16 +71,15 @@ Result<std::optional<FrameworkPlan>> read_framework_plan_file(const std::string&
 // The flags a framework's plan means, over the command's own (which must not give the same
 // knobs: the file does).
 // The command's flag `name` at `*flag` takes the file's `value` (0: the file gives none); a
-// flag the command set (not `unset`) to another value is an error.
-Status take(int value, int* flag, int unset, const char* name) {
+// flag the command set (not `unset`) to another value is an error. `droppable`: the flag can
+// be left out (not --grad-accum, which train always has).
+Status take(int value, int* flag, int unset, const char* name, bool droppable = true) {
   if (value == 0) return Status();
   if (*flag != unset && *flag != value)
-    return error(
-        std::string(name) + " " + std::to_string(*flag) + ", but the plan file gives " +
-            std::to_string(value),
-        std::string(name) + " " + std::to_string(value) +
-            (std::string(name) == "--grad-accum" ? std::string()
-                                                 : " (or drop the flag: the file gives the plan)"));
+    return error(std::string(name) + " " + std::to_string(*flag) + ", but the plan file gives " +
+                     std::to_string(value),
+                 std::string(name) + " " + std::to_string(value) +
+                     (droppable ? " (or drop the flag: the file gives the plan)" : ""));
   *flag = value;
   return Status();
 }
@@ -104,7 +103,7 @@ Result<PlanFlags> flags_of(const FrameworkPlan& p, const PlanFlags& cmd, int ran
     file_dp /= f.ep;
   }
   TS_RETURN_IF_ERROR(take(file_dp, &f.dp, 0, "--dp"));
-  TS_RETURN_IF_ERROR(take(p.micro_batches, &f.micro, 0, "--grad-accum"));
+  TS_RETURN_IF_ERROR(take(p.micro_batches, &f.micro, 0, "--grad-accum", false));
   const int inner = f.tp * f.pp * f.cp * f.ep;
   if (f.dp == 0 && ranks == 0)
     return error("plan: the file gives no data-parallel degree, and the command no device count",

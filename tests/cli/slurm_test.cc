@@ -65,16 +65,23 @@ class Slurm : public TrainDirTest {
            "--ckpt-every 2 --sample-tokens 0 --comm-timeout 20";
   }
   // Submits the job; returns its id.
-  std::string submit(const std::string& out, const std::string& env = "") {
+  // `train` (train_flags(out) when empty) with `env` set.
+  std::string submit(const std::string& out, const std::string& env = "",
+                     const std::string& train = "") {
     std::string log;
     EXPECT_EQ(sh(env + " " + TESSERA_BINARY + " submit --flavors flavors.toml --flavor cpu.2 -- " +
-                     train_flags(out),
+                     (train.empty() ? train_flags(out) : train),
                  &log),
               0)
         << log;
     std::smatch m;
     EXPECT_TRUE(std::regex_search(log, m, std::regex("submitted job ([0-9]+)"))) << log;
     return m.size() > 1 ? m[1].str() : "";
+  }
+  // The job with rank 1 killed in step `step`, once.
+  std::string submit_killed_in(const std::string& out, int step) {
+    return submit(out, "TESSERA_FAULT_KILL_RANK=1 TESSERA_FAULT_KILL_STEP=" + std::to_string(step) +
+                           " TESSERA_FAULT_KILL_ONCE=" + (dir_ / (out + ".once")).string());
   }
   // sacct's records of a job (-D: every run), "STATE|ELAPSED" each.
   std::vector<std::string> runs(const std::string& id) {
@@ -142,10 +149,7 @@ TEST_F(Slurm, SubmittedJobsTrainAsLaunchDoesAndARequeuedOneResumes) {
 
   // Rank 1 is killed in step 5 (once): the batch script requeues the job, which resumes from
   // the checkpoint of step 4.
-  const std::string killed = submit("killed",
-                                    "TESSERA_FAULT_KILL_RANK=1 TESSERA_FAULT_KILL_STEP=5 "
-                                    "TESSERA_FAULT_KILL_ONCE=" +
-                                        (dir_ / "killed.once").string());
+  const std::string killed = submit_killed_in("killed", 5);
   ASSERT_FALSE(killed.empty());
   ASSERT_EQ(wait_for(killed), "COMPLETED") << slurm_log("killed", killed);
   const std::string said = slurm_log("killed", killed);
@@ -163,10 +167,7 @@ TEST_F(Slurm, SubmittedJobsTrainAsLaunchDoesAndARequeuedOneResumes) {
 
   // Killed before the first checkpoint: the requeued job starts over, the lost run's records
   // kept aside, and ends with the same losses.
-  const std::string early = submit("early",
-                                   "TESSERA_FAULT_KILL_RANK=1 TESSERA_FAULT_KILL_STEP=1 "
-                                   "TESSERA_FAULT_KILL_ONCE=" +
-                                       (dir_ / "early.once").string());
+  const std::string early = submit_killed_in("early", 1);
   ASSERT_FALSE(early.empty());
   ASSERT_EQ(wait_for(early), "COMPLETED") << slurm_log("early", early);
   expect_same_losses(dir_ / "launched/metrics.jsonl", dir_ / "early/metrics.jsonl");
@@ -199,15 +200,10 @@ TEST_F(Slurm, SubmittedJobsTrainAsLaunchDoesAndARequeuedOneResumes) {
 // is not requeued, and `--resume` goes on from the checkpoint.
 TEST_F(Slurm, CancelStopsAJobWithACheckpoint) {
   std::string log;
-  ASSERT_EQ(sh(std::string(TESSERA_BINARY) + " submit --flavors flavors.toml --flavor cpu.2 -- " +
-                   std::regex_replace(train_flags("long"), std::regex("--steps 8"),
-                                      "--steps 100000 --log-every 1"),
-               &log),
-            0)
-      << log;
-  std::smatch m;
-  ASSERT_TRUE(std::regex_search(log, m, std::regex("submitted job ([0-9]+)"))) << log;
-  const std::string id = m[1].str();
+  const std::string id = submit("long", "",
+                                std::regex_replace(train_flags("long"), std::regex("--steps 8"),
+                                                   "--steps 100000 --log-every 1"));
+  ASSERT_FALSE(id.empty());
   // Cancelled once it has trained a few steps.
   const auto deadline = std::chrono::steady_clock::now() + std::chrono::minutes(3);
   std::string queued = "R";
