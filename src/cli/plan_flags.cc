@@ -151,11 +151,17 @@ Result<PlanFlags> flags_of(const FrameworkPlan& p, const PlanFlags& cmd, int ran
     f.recompute = p.recompute;
   }
   if (p.sequence_parallel) f.sequence_parallel = true;
+  if (p.offload_params && !p.offload_optimizer)
+    return error("plan: the file offloads the parameters but not the optimizer; Tessera offloads "
+                 "parameters only with their optimizer state",
+                 "add \"offload_optimizer\": {\"device\": \"cpu\"} beside \"offload_param\"");
   if (p.offload_optimizer) {
-    if (!f.offload.empty() && f.offload != "optimizer")
-      return error("--offload " + f.offload + ", but the plan file offloads the optimizer",
+    const std::string off = p.offload_params ? "params" : "optimizer";
+    if (!f.offload.empty() && f.offload != off)
+      return error("--offload " + f.offload + ", but the plan file offloads the " +
+                       (p.offload_params ? "parameters and the optimizer" : "optimizer"),
                    "drop --offload: the file gives the plan");
-    f.offload = "optimizer";
+    f.offload = off;
   }
   return f;
 }
@@ -343,8 +349,9 @@ const char* const kRecomputeLayersHelp =
 
 const char* const kOffloadHelp =
     "Where the optimizer state lives: none (the device) | optimizer (host memory: the f32 "
-    "master weights and AdamW moments, AdamW on the host's cores; ZeRO-Offload). Default: "
-    "the plan's, or none";
+    "master weights and AdamW moments, AdamW on the host's cores; ZeRO-Offload) | params (with "
+    "--zero 3: the parameter blocks too, copied to the device for each gather). Default: the "
+    "plan's, or none";
 
 const char* const kContextParallelHelp =
     "Context-parallel ranks: each holds a contiguous chunk of every sequence; attention "

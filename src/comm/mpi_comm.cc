@@ -198,9 +198,13 @@ class MpiTransport final : public detail::Transport {
         x.post_error =
             MPI_Ireduce_scatter_block(c.in, out, c.count, MPI_FLOAT, MPI_SUM, comm, &req);
         break;
-      case Collective::all_gather:
-        x.post_error = MPI_Iallgather(c.in, c.count, MPI_BYTE, out, c.count, MPI_BYTE, comm, &req);
+      case Collective::all_gather: {  // in place when this rank's block is already in `out`
+        const int me = channels_.at(channel).local[static_cast<size_t>(rank_)];
+        const bool in_place = c.in == static_cast<const uint8_t*>(out) + int64_t{me} * c.count;
+        x.post_error = MPI_Iallgather(in_place ? MPI_IN_PLACE : c.in, c.count, MPI_BYTE, out,
+                                      c.count, MPI_BYTE, comm, &req);
         break;
+      }
       case Collective::broadcast:
         x.post_error = MPI_Ibcast(out, c.count, MPI_BYTE, c.root, comm, &req);
         break;

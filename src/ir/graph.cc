@@ -85,6 +85,11 @@ ValueId Graph::find_input(const std::string& name) const {
 
 const std::string& Graph::name_of(ValueId v) const { return producer(v).attr<SourceAttrs>().name; }
 
+bool Graph::on_host(ValueId v) const {
+  const Node& n = producer(v);
+  return n.op == OpKind::parameter && n.attr<SourceAttrs>().host;
+}
+
 void Graph::mark_output(ValueId v) {
   for (ValueId o : outputs_)
     if (o == v) return;
@@ -188,7 +193,7 @@ std::string attrs_to_string(const Attrs& attrs) {
                  [&](const NoAttrs&) {},
                  [&](const ShapeAttrs&) {},
                  [&](const CastAttrs&) {},
-                 [&](const SourceAttrs& a) { s << " '" << a.name << "'"; },
+                 [&](const SourceAttrs& a) { s << " '" << a.name << "'" << (a.host ? " {host}" : ""); },
                  [&](const FillAttrs& a) { s << " {value=" << a.value << "}"; },
                  [&](const ScalarAttrs& a) { s << " {value=" << a.value << "}"; },
                  [&](const ReduceAttrs& a) {

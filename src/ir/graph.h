@@ -71,6 +71,8 @@ class Graph {
   ValueId find_param(const std::string& name) const;
   ValueId find_input(const std::string& name) const;
   const std::string& name_of(ValueId param_or_input) const;
+  // Whether v is a parameter held in host memory (SourceAttrs::host).
+  bool on_host(ValueId v) const;
 
   // Values that must survive to the end of a step (loss, gradients, metrics).
   void mark_output(ValueId v);

@@ -125,6 +125,9 @@ struct SourceAttrs {
   // parameter: dim 0 indexes the experts of a mixture-of-experts layer (expert parallelism
   // splits it: each rank of the expert axis holds its experts' rows).
   bool experts = false;
+  // parameter: held in host memory (Plan::offload params): the device has no storage for it;
+  // its only readers are ZeRO-3 all-gathers, each fed by a copy of it over the host link.
+  bool host = false;
 };
 
 struct FillAttrs {

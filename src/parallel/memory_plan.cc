@@ -193,8 +193,8 @@ MemoryPlan plan_memory(const Graph& g, int64_t alignment) {
 
   std::vector<ValueId> order;
   for (ValueId v = 0; v < static_cast<ValueId>(g.values().size()); ++v) {
-    if (g.producer(v).op == OpKind::parameter) {
-      plan.param_bytes += plan.buffers[static_cast<size_t>(v)].bytes;
+    if (g.producer(v).op == OpKind::parameter) {  // in host memory: not the device's
+      if (!g.on_host(v)) plan.param_bytes += plan.buffers[static_cast<size_t>(v)].bytes;
       continue;
     }
     if (root[static_cast<size_t>(v)] == v) order.push_back(v);

@@ -292,6 +292,7 @@ Status Pass::visit(NodeId id) {
     pl.optim_sharded = plan_.shards_optimizer();
     pl.grads_sharded = plan_.shards_grads();
     pl.params_sharded = plan_.shards_params();
+    pl.params_on_host = pl.params_sharded && plan_.offloads_params();
     pl.layout = TensorLayout{pl.global_shape, plan_.placements_of(pl.name), {}};
     // A mixture of experts' expert weights [E, ...]: each rank of the expert axis holds its
     // experts' rows.
@@ -311,6 +312,7 @@ Status Pass::visit(NodeId id) {
     Shape s = pl.params_sharded ? Shape{fs.block()} : pl.local_shape;
     SourceAttrs a = n.attr<SourceAttrs>();
     a.shape = s.dims();
+    a.host = pl.params_on_host;
     TS_ASSIGN_OR_RETURN(pl.local, emit(OpKind::parameter, a, {}, n, {pl.layout.axes}, {s}));
     out_.global_to_local[static_cast<size_t>(gv)] = pl.local;
     param_index_[gv] = out_.params.size();

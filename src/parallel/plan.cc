@@ -111,15 +111,24 @@ Result<RecomputePolicy> parse_recompute(std::string_view name) {
 }
 
 const char* offload_name(OffloadPolicy p) {
-  return p == OffloadPolicy::optimizer ? "optimizer" : "none";
+  switch (p) {
+    case OffloadPolicy::none:
+      return "none";
+    case OffloadPolicy::optimizer:
+      return "optimizer";
+    case OffloadPolicy::params:
+      return "params";
+  }
+  return "?";
 }
 
 Result<OffloadPolicy> parse_offload(std::string_view name) {
-  for (OffloadPolicy p : {OffloadPolicy::none, OffloadPolicy::optimizer})
+  for (OffloadPolicy p : {OffloadPolicy::none, OffloadPolicy::optimizer, OffloadPolicy::params})
     if (name == offload_name(p)) return p;
-  return error("offload '" + std::string(name) + "' is not one of: none, optimizer",
+  return error("offload '" + std::string(name) + "' is not one of: none, optimizer, params",
                "optimizer keeps the f32 master weights and AdamW moments in host memory and "
-               "runs AdamW on the host (ZeRO-Offload)");
+               "runs AdamW on the host (ZeRO-Offload); params (with --zero 3) also keeps the "
+               "parameter blocks there, copied to the device for each gather");
 }
 
 const char* context_order_name(ContextOrder o) {
@@ -400,9 +409,13 @@ Status validate(const Plan& p, int world) {
     return error(
         "plan: recompute_layers = " + std::to_string(p.recompute_layers) + " but recompute is none",
         "set recompute to full or selective for those blocks");
-  if (static_cast<int>(p.offload) > static_cast<int>(OffloadPolicy::optimizer))
+  if (static_cast<int>(p.offload) > static_cast<int>(OffloadPolicy::params))
     return error("plan: offload policy " + std::to_string(static_cast<int>(p.offload)) +
-                 " is not none or optimizer");
+                 " is not none, optimizer or params");
+  if (p.offloads_params() && p.zero < 3)
+    return error("plan: offloading the parameters needs ZeRO-3 (zero = " +
+                     std::to_string(p.zero) + "): the device gathers them from host memory",
+                 "add --zero 3, or use --offload optimizer");
   if (p.offloads_optimizer() && p.stages() > 1)
     return error("plan: offloading the optimizer is not supported with pipeline stages yet",
                  "use --offload none with --pp, or data and tensor parallelism with offload");
@@ -603,7 +616,7 @@ Result<Plan> plan_from_json(const nlohmann::json& j) {
         return error("plan: key 'recompute': " + r.status().message(), r.status().hint());
       p.recompute = r.value();
     }
-    if (reading("offload", "\"none\" or \"optimizer\"")) {
+    if (reading("offload", "\"none\", \"optimizer\" or \"params\"")) {
       Result<OffloadPolicy> o = parse_offload(j.at("offload").get<std::string>());
       if (!o.ok()) return error("plan: key 'offload': " + o.status().message(), o.status().hint());
       p.offload = o.value();

@@ -47,10 +47,14 @@ Result<RecomputePolicy> parse_recompute(std::string_view name);
 // moments in host memory instead of the device's. After the backward pass the gradients go to
 // the host, the host's AdamW updates them and the updated parameters come back to the device
 // (in its working dtype) before the next forward pass. The device then holds only the
-// parameters it computes with, the gradients and the activations.
-enum class OffloadPolicy : uint8_t { none, optimizer };
+// parameters it computes with, the gradients and the activations. `params` (ZeRO-3 only, the
+// ZeRO-Infinity form) offloads the optimizer and also keeps each rank's parameter block in host
+// memory: each ZeRO-3 all-gather is fed by a copy of the block over the host link into its
+// slot of the gathered tensor, so the device holds parameters only while a gather's output is
+// live (the memory plan's arena) and none between steps.
+enum class OffloadPolicy : uint8_t { none, optimizer, params };
 
-const char* offload_name(OffloadPolicy p);  // "none", "optimizer"
+const char* offload_name(OffloadPolicy p);  // "none", "optimizer", "params"
 Result<OffloadPolicy> parse_offload(std::string_view name);
 
 // How context parallelism cuts a sequence over the N ranks of its axis: `contiguous`, rank r
@@ -114,7 +118,7 @@ struct Plan {
   // -1, every block. Recomputing only as many blocks as the memory needs costs less (Megatron's
   // --recompute-num-layers with the block method).
   int recompute_layers = -1;
-  OffloadPolicy offload = OffloadPolicy::none;  // where the optimizer state lives
+  OffloadPolicy offload = OffloadPolicy::none;  // where the optimizer state (and params) live
   // Sequence parallelism (Korthikanti et al. 2022): on the tensor axes, activations of shape
   // [B, T, ...] between the tensor-parallel regions (norms, residual adds) are split on T; a
   // row-parallel output is reduce-scattered onto T instead of all-reduced, and gathered again
@@ -167,8 +171,13 @@ struct Plan {
   int data_group() const { return mesh.group_size(data_axes); }
   bool shards_optimizer() const { return zero >= 1 && zero_group() > 1; }
   bool shards_grads() const { return zero >= 2 && zero_group() > 1; }
-  bool shards_params() const { return zero >= 3 && zero_group() > 1; }
-  bool offloads_optimizer() const { return offload == OffloadPolicy::optimizer; }
+  // (Offloaded parameters are gathered from host memory even on a group of one rank.)
+  bool shards_params() const {
+    return zero >= 3 && (zero_group() > 1 || offload == OffloadPolicy::params);
+  }
+  // Both policies offload the optimizer; `params` its parameter blocks too.
+  bool offloads_optimizer() const { return offload != OffloadPolicy::none; }
+  bool offloads_params() const { return offload == OffloadPolicy::params; }
   int tensor_group() const { return mesh.group_size(tensor_axes); }
   int stages() const { return pipeline_axis.empty() ? 1 : mesh.axis_size(pipeline_axis); }
   int chunks() const { return stages() * virtual_stages; }  // model chunks over all stages

@@ -40,6 +40,10 @@ std::vector<Instruction> lower_instructions(const Graph& g,
     in.node = id;
     for (ValueId v : n.inputs)
       if (ready[static_cast<size_t>(v)] >= 0) in.deps.push_back(ready[static_cast<size_t>(v)]);
+    if (is_collective(n.op) && g.on_host(n.inputs[0])) {  // its block over the link first
+      out.push_back({Instruction::param_fetch, Stream::link, id, -1, -1, {}});
+      in.deps.push_back(static_cast<int>(out.size()) - 1);
+    }
     if (is_collective(n.op)) {
       in.kind = Instruction::start;
       in.stream = Stream::comm;
@@ -81,7 +85,7 @@ void lower_optimizer(Program& p) {
     if (pl.optim_sharded && !pl.params_sharded)
       out.push_back(
           {Instruction::param_sync, Stream::comm, -1, i, -1, {static_cast<int>(out.size()) - 1}});
-    if (offload)
+    if (offload && !pl.params_on_host)  // (a host-held block is the one AdamW wrote)
       out.push_back({Instruction::param_to_device,
                      Stream::link,
                      -1,
@@ -98,7 +102,12 @@ void count_bytes(Program& p) {
     const int64_t numel = pl.local_shape.numel();
     const int64_t block = FlatShard{group, 0, numel}.block();
     const DType dtype = g.type(pl.local).dtype;
-    p.param_bytes += static_cast<int64_t>(dtype_size(dtype)) * (pl.params_sharded ? block : numel);
+    const int64_t stored = static_cast<int64_t>(dtype_size(dtype)) * (pl.params_sharded ? block : numel);
+    if (pl.params_on_host) {  // the f32 master (below) is an f32 block; a bf16/f16 one beside it
+      if (dtype != DType::f32) p.host_bytes += stored;
+    } else {
+      p.param_bytes += stored;
+    }
     // The accumulated, reduced gradient (f32 whatever the parameters' dtype); with one
     // micro-batch the optimizer reads it in the arena (the memory plan keeps it live to the
     // end of the micro-step).
@@ -148,6 +157,8 @@ const char* instruction_name(Instruction::Kind k) {
       return "grad_to_host";
     case Instruction::param_to_device:
       return "param_to_device";
+    case Instruction::param_fetch:
+      return "param_fetch";
   }
   return "?";
 }

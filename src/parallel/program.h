@@ -17,7 +17,10 @@
 // the updated parameters whole again. Every instruction lists the instructions it depends on.
 // With the optimizer offloaded (Plan::offload) the list is: each gradient block to the host
 // (link), the norm and AdamW on the host, the ZeRO-1/2 all-gathers of the f32 master blocks in
-// host memory, and each updated piece back to the device (link).
+// host memory, and each updated piece back to the device (link). With the parameters offloaded
+// too (Plan::offload params, ZeRO-3) the updated blocks stay in host memory, and the micro-step
+// copies each block over the link into its slot of the gathered tensor (param_fetch) just
+// before the all-gather that reads it.
 #pragma once
 
 #include <string>
@@ -46,6 +49,9 @@ struct Instruction {
     // its updated piece back to the device (in the parameter's dtype) after AdamW.
     grad_to_host,
     param_to_device,
+    // Plan::offload params: this rank's block of the host-held parameter that all-gather
+    // `node` reads, copied over the link into the block's slot of the gather's output.
+    param_fetch,
   };
   Kind kind = compute;
   Stream stream = Stream::compute;
@@ -64,7 +70,8 @@ struct Program {
   int64_t param_bytes = 0, grad_bytes = 0, optim_bytes = 0;  // persistent, per rank
   // Plan::offload optimizer: what this rank keeps in host memory instead (the f32 master of its
   // local piece, AdamW's moments and an f32 copy of the gradient of its optimizer block);
-  // optim_bytes is then 0.
+  // optim_bytes is then 0. Plan::offload params: also the parameter blocks in their dtype
+  // (bf16/f16; an f32 block is its master), which param_bytes then leaves out.
   int64_t host_bytes = 0;
   double comm_bytes_per_step = 0;  // sent by one rank per optimizer step
   // FLOPs of one micro-batch of the global graph (forward and backward, each op once however
@@ -86,7 +93,8 @@ Result<Program> lower(const Graph& g, const Plan& plan, TokenShape tokens = {});
 std::vector<Instruction> lower_instructions(const Graph& g,
                                             const std::vector<std::vector<NodeId>>& buckets);
 
-// "compute", "start", "wait", "grad_norm", "adamw", "param_sync".
+// "compute", "start", "wait", "grad_norm", "adamw", "param_sync", "grad_to_host",
+// "param_to_device", "param_fetch".
 const char* instruction_name(Instruction::Kind k);
 
 // Whether every dependency of the list points at an earlier instruction: the list's order is

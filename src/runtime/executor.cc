@@ -44,10 +44,12 @@ int64_t SharedArena::high_water() const {
 void Executor::own_params() {
   param_ptr_.assign(g_.values().size(), nullptr);
   int64_t total = 0;
-  for (ValueId p : g_.params()) total += align64(g_.type(p).bytes());
-  params_ = backend_.allocate(std::max<int64_t>(total, 64));
+  for (ValueId p : g_.params())
+    if (!g_.on_host(p)) total += align64(g_.type(p).bytes());
+  if (total > 0) params_ = backend_.allocate(total);  // none: every parameter on the host
   int64_t off = 0;
   for (ValueId p : g_.params()) {
+    if (g_.on_host(p)) continue;  // its owner (StepRunner) holds it in host memory
     param_ptr_[static_cast<size_t>(p)] = params_.bytes_at(off);
     off += align64(g_.type(p).bytes());
   }
@@ -64,6 +66,7 @@ void Executor::share_params(Executor& params_of) {
     TS_CHECK_GE(q, 0) << "parameter " << g_.name_of(p) << " is not in the executor shared with";
     TS_CHECK(other.type(q).shape == g_.type(p).shape && other.type(q).dtype == g_.type(p).dtype)
         << "parameter " << g_.name_of(p) << " differs from the executor shared with";
+    if (g_.on_host(p)) continue;
     param_ptr_[static_cast<size_t>(p)] = static_cast<uint8_t*>(params_of.raw(q));
   }
 }
@@ -193,6 +196,8 @@ void Executor::check_host() const {
 
 void* Executor::raw(ValueId v) {
   if (uint8_t* p = param_ptr_[static_cast<size_t>(v)]) return p;
+  TS_CHECK(!g_.on_host(v)) << "parameter " << g_.name_of(v)
+                           << " is in host memory (Plan::offload params): no device storage";
   int64_t off = plan_.offset(v);
   TS_CHECK_GE(off, 0) << "value %" << v << " has no storage";
   return arena_.data() + off;

@@ -67,8 +67,8 @@ Status check_fits(const Program& p, const Backend& backend) {
                    format_bytes(static_cast<double>(p.optim_bytes)) + ", activations " +
                    format_bytes(static_cast<double>(p.memory.arena_bytes)) +
                    ") and the device has " + format_bytes(static_cast<double>(free)) + " free",
-               "a smaller --batch or --seq, --recompute full, --precision bf16 or --offload "
-               "optimizer (`tessera plan MODEL --batch B --seq T` prints the bytes per rank of a "
+               "a smaller --batch or --seq, --recompute full, --precision bf16, --offload "
+               "optimizer or (with --zero 3) --offload params (`tessera plan MODEL --batch B --seq T` prints the bytes per rank of a "
                "plan)");
 }
 
@@ -124,11 +124,15 @@ StepRunner::StepRunner(const Graph& global, Program prog, Backend& backend, Mesh
   norm_index_ = norm_index(prog_);
   if (prog_.plan.offloads_optimizer()) host_ = std::make_unique<CpuBackend>();
   masters_.resize(prog_.part.params.size());
+  host_params_.resize(prog_.part.params.size());
   for (size_t i = 0; i < masters_.size(); ++i) {
     const TensorType& t = exec_->graph().type(param_value(i));
     if (t.dtype != DType::f32 || host_)
       masters_[i] = state_backend().allocate(t.shape.numel() * static_cast<int64_t>(sizeof(float)));
+    if (prog_.part.params[i].params_on_host && t.dtype != DType::f32)
+      host_params_[i] = host_->allocate(t.bytes());
     if (t.dtype == DType::f16) loss_scale_ = 65536.0;
+    param_index_[prog_.part.params[i].name] = i;
   }
   std::vector<ParamSlot> slots;
   for (size_t i = 0; i < prog_.part.params.size(); ++i) {
@@ -164,6 +168,10 @@ StepRunner::StepRunner(const Graph& global, Program prog, Backend& backend, Mesh
     // the device converts them).
     if (masters_[i] && !host_ && o.offset == pp.offset && o.count == pp.count) {
       slots.back().working = exec_->raw(param_value(i));
+      slots.back().working_dtype = exec_->graph().type(param_value(i)).dtype;
+    }
+    if (host_params_[i]) {  // a host-held bf16/f16 block (its optimizer block: ZeRO-3)
+      slots.back().working = host_params_[i].data();
       slots.back().working_dtype = exec_->graph().type(param_value(i)).dtype;
     }
     // Elements replicated over a tensor axis are counted once over the norm's group.
@@ -262,9 +270,31 @@ void StepRunner::param_to_device(size_t i) {
   exec_->backend().to_device(exec_->raw(v), src, n * static_cast<int64_t>(dtype_size(dt)));
 }
 
+void* StepRunner::gather_slot(const Node& gather, Executor& ex) {
+  const Communicator& c = comms_.group(gather.attr<GroupAttrs>().axes, ex.backend().memory());
+  return static_cast<uint8_t*>(ex.raw(gather.outputs[0])) +
+         c.rank() * ex.graph().type(gather.inputs[0]).bytes();
+}
+
+void StepRunner::fetch_param(const Node& gather, Executor& ex) {
+  const Graph& g = ex.graph();
+  const ValueId v = gather.inputs[0];
+  const size_t i = param_index_.at(g.name_of(v));
+  const void* src = host_params_[i] ? host_params_[i].data() : masters_[i].data();
+  ex.backend().to_device(gather_slot(gather, ex), src, g.type(v).bytes());
+}
+
 void StepRunner::refresh_working_params(bool all) {
   if (host_) {  // the device holds a copy of every parameter; the steps' copies refresh it
-    for (size_t i = 0; all && i < masters_.size(); ++i) param_to_device(i);
+    for (size_t i = 0; all && i < masters_.size(); ++i) {
+      if (!prog_.part.params[i].params_on_host) {
+        param_to_device(i);
+      } else if (host_params_[i]) {  // (an f32 block is its master)
+        host_->convert(masters_[i].data(), DType::f32, host_params_[i].data(),
+                       exec_->graph().type(param_value(i)).dtype,
+                       masters_[i].bytes() / static_cast<int64_t>(sizeof(float)));
+      }
+    }
     return;
   }
   for (size_t i = 0; i < masters_.size(); ++i) {
@@ -310,7 +340,9 @@ Status StepRunner::start(const Node& n, Executor& ex) {
   // Otherwise (a device's values, a host communicator) they are staged in host f32 buffers and
   // written into the output (narrowed, copied to the device) when the wait completes.
   const bool direct = c.memory() == b.memory();
-  void* in = direct ? ex.raw(n.inputs[0]) : nullptr;
+  // A host-held parameter's block was fetched into its slot of the output: gathered in place.
+  void* src = g.on_host(n.inputs[0]) ? gather_slot(n, ex) : ex.raw(n.inputs[0]);
+  void* in = direct ? src : nullptr;
   void* out = direct ? ex.raw(n.outputs[0]) : nullptr;
   const DType wire = direct ? dt : DType::f32;
   Staged staged;
@@ -324,7 +356,7 @@ Status StepRunner::start(const Node& n, Executor& ex) {
       staged.in.assign(static_cast<size_t>(room), 0.0f);  // the padding comes zeroed
       in = staged.in.data();
     }
-    read_as_f32(b, ex.raw(n.inputs[0]), dt, static_cast<float*>(in), in_count);
+    read_as_f32(b, src, dt, static_cast<float*>(in), in_count);
     staged.dst = ex.raw(n.outputs[0]);
     staged.dtype = dt;
   }
@@ -401,6 +433,13 @@ Status StepRunner::run_instructions(const std::vector<Instruction>& list, Execut
       case Instruction::start:
         TS_RETURN_IF_ERROR(start(g.node(in.node), ex));
         break;
+      case Instruction::param_fetch: {
+        const double start = trace_ ? trace_clock() : 0;
+        fetch_param(g.node(in.node), ex);
+        if (trace_)
+          trace_->add("compute", "param_fetch " + g.node(in.node).scope, start, trace_clock());
+        break;
+      }
       case Instruction::wait: {
         auto it = inflight_.find(in.node);
         TS_CHECK(it != inflight_.end()) << "wait without start for node " << in.node;
@@ -673,6 +712,7 @@ int64_t StepRunner::host_state_bytes_allocated() {
   int64_t bytes = opt_->state_bytes();
   for (const Buffer& m : masters_) bytes += m.bytes();
   for (const Buffer& g : host_grads_) bytes += g.bytes();
+  for (const Buffer& p : host_params_) bytes += p.bytes();
   return bytes;
 }
 

@@ -194,6 +194,11 @@ class StepRunner {
   // updated master piece i back to the device in the parameter's dtype.
   void grad_to_host(size_t i);
   void param_to_device(size_t i);
+  // Plan::offload params: where this rank's block of a host-held parameter goes in the output
+  // of the all-gather `gather` (the communicator gathers in place), and the block copied there
+  // (Instruction::param_fetch).
+  void* gather_slot(const Node& gather, Executor& ex);
+  void fetch_param(const Node& gather, Executor& ex);
   LocalPiece block_of(size_t i) const;  // this rank's block in the ZeRO group
   // The tensor axes (and the expert axis) on which parameter i is Replicate: where the
   // gradient norm's group holds copies of its elements.
@@ -220,6 +225,11 @@ class StepRunner {
   // masters_, AdamW's moments opt_'s); where each gradient block is on the device;
   // and a staging buffer for values converted between f32 and their stored dtype.
   std::vector<Buffer> host_grads_;
+  // Plan::offload params: the bf16/f16 blocks of host-held parameters in host memory, which
+  // AdamW writes and param_fetch copies (empty for f32 ones, whose master is the block); and
+  // each parameter's index by name (an evaluation graph's gathers fetch them too).
+  std::vector<Buffer> host_params_;
+  std::map<std::string, size_t> param_index_;
   struct DeviceGrad {
     const void* data = nullptr;
     DType dtype = DType::f32;

@@ -19,6 +19,7 @@ enum class Knob {
   recompute,
   precision,
   offload,
+  offload_params,
   sequence_parallel,
   micro_batches
 };
@@ -79,6 +80,7 @@ const std::map<std::string, KeyMeaning>& meanings() {
       {"float8", {Knob::precision}},
       {"offload", {Knob::offload}},
       {"device", {Knob::offload, "offload_optimizer"}},
+      {"offload_param.device", {Knob::offload_params}},  // (looked up as parent.key first)
       {"sequence_parallel", {Knob::sequence_parallel}},
       {"micro_batches", {Knob::micro_batches}},
       {"gradient_accumulation_steps", {Knob::micro_batches}},
@@ -169,7 +171,8 @@ Result<FrameworkPlan> read_framework_plan(const nlohmann::json& j) {
                  "keep one of them");
   };
   for (const Setting& s : settings) {
-    auto it = meanings().find(s.key);
+    auto it = meanings().find(s.parent + "." + s.key);
+    if (it == meanings().end()) it = meanings().find(s.key);
     if (it == meanings().end() || (it->second.under && s.parent != it->second.under))
       return error("plan: unknown key '" + s.path + "'",
                    "a plan in a framework's words takes the parallel degrees (tp, pp, dp, cp, ep "
@@ -238,6 +241,17 @@ Result<FrameworkPlan> read_framework_plan(const nlohmann::json& j) {
                                          : "\"optimizer\" or \"none\"");
         TS_RETURN_IF_ERROR(claim(knob, s, on ? "optimizer" : "none"));
         p.offload_optimizer = on;
+        break;
+      }
+      case Knob::offload_params: {  // DeepSpeed's offload_param.device (ZeRO-Infinity)
+        const std::string v =
+            s.value->is_string() ? normalized_term(s.value->get<std::string>()) : "";
+        if (v != "cpu" && v != "none")
+          return error("plan: '" + s.path + "' is " + s.value->dump() +
+                           "; parameters offload to host memory only",
+                       "\"device\": \"cpu\" (or \"none\")");
+        TS_RETURN_IF_ERROR(claim(knob, s, v));
+        p.offload_params = v == "cpu";
         break;
       }
       case Knob::sequence_parallel:

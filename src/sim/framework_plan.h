@@ -33,7 +33,8 @@
 //              activation_checkpoint), gradient_checkpointing (true/false)
 //   precision: precision, mixed_precision, mixed_precision_param, dtype; bf16 / fp16 (true,
 //              or {"enabled": true}); float8 (true, or a recipe)
-//   offload:   offload ("optimizer"), device (under offload_optimizer: "cpu" offloads)
+//   offload:   offload ("optimizer"), device (under offload_optimizer: "cpu" offloads; under
+//              offload_param, with the optimizer offloaded: the parameters too)
 //   others:    sequence_parallel (bool), micro_batches, gradient_accumulation_steps,
 //              num_microbatches
 // A degree of -1 (torchtitan: "the rest") is left to the ranks. Any other key is refused by
@@ -63,6 +64,7 @@ struct FrameworkPlan {
   int micro_batches = 0;  // 0: not given
   std::string precision;  // "f32", "bf16", "f16" or "fp8"; "": not given
   bool offload_optimizer = false;
+  bool offload_params = false;  // with the optimizer: Plan::offload params
 };
 
 // Whether `j` is a plan in a framework's words rather than a Tessera plan (which has "mesh").

@@ -35,6 +35,8 @@ double precision_scale(const Program& prog, const SimOptions& opt);
 // ZeRO and Megatron's distributed optimizer do), the f32 gradients and AdamW moments as planned.
 // FP8 GEMMs (SimOptions::fp8) add a one-byte copy of each local parameter element.
 double persistent_bytes_at(const Program& prog, double scale, bool fp8);
+// Program::host_bytes at the run's precision (Plan::offload params: its low-precision blocks).
+double host_bytes_at(const Program& prog, double scale);
 
 Status check_sim_inputs(const Plan& plan, const ClusterSpec& cluster, const SimOptions& opt);
 ChunkSim simulate_chunk(const Program& prog, const std::vector<char>& weight_grad,

@@ -50,8 +50,9 @@ class Schedule {
     for (auto& [key, free] : lanes_) free = t;
     run_list(prog_.optimizer, "optimizer");
     r_->step_seconds = all_free();
-    // Offloaded, the device waits from the backward's end until its parameters are back.
-    if (prog_.plan.offloads_optimizer()) r_->offload_seconds = r_->step_seconds - t;
+    // Offloaded, the device waits from the backward's end until its parameters are back, and
+    // (parameters offloaded) while it copies each block in for its gathers.
+    if (prog_.plan.offloads_optimizer()) r_->offload_seconds = r_->step_seconds - t + fetch_seconds_;
   }
 
   // A pipeline chunk: one micro-batch without its gradient collectives (reduced once per step:
@@ -187,6 +188,8 @@ class Schedule {
       }
       case Instruction::param_to_device:
         return 4.0 * scale_ * elems(*pl, pl->params_sharded) / link;
+      case Instruction::param_fetch:  // a host-held block, in the run's precision
+        return scale_ * static_cast<double>(g_.type(g_.node(in.node).inputs[0]).bytes()) / link;
       default:
         return 0;
     }
@@ -249,7 +252,10 @@ class Schedule {
       // The offloaded optimizer: the runner copies over the link and runs the host's AdamW one
       // after another on its thread (StepRunner::step), so both are one stream here, "host"; a
       // runner that overlaps a tensor's copy with the next one's update would make them two.
-      const bool offloaded = in.stream == Stream::host || in.stream == Stream::link;
+      // A parameter's fetch is copied on the compute stream, before the gather it feeds (a copy
+      // stream of its own would overlap it with compute).
+      const bool fetch = in.kind == Instruction::param_fetch;
+      const bool offloaded = (in.stream == Stream::host || in.stream == Stream::link) && !fetch;
       // The runner executes the list in order (StepRunner): a collective is issued when the
       // compute stream reaches its start, and a wait holds the compute stream until its
       // collective ends while the comm stream goes on with what is queued behind it.
@@ -283,6 +289,7 @@ class Schedule {
         r_->comm_seconds += ar;
         end[i] = (offloaded ? lane(kHostLane) : compute_free_) = norm_free;
       }
+      if (fetch) fetch_seconds_ += dur;
       if (in.stream == Stream::host)
         r_->host_cpu_seconds += dur;
       else if (in.stream == Stream::link)
@@ -307,7 +314,7 @@ class Schedule {
         if (!n.recompute) model_flops_ += node_cost(in.node).flops;
       } else if (in.kind == Instruction::start) {
         r_->seconds_by_op[op_name(g_.node(in.node).op)] += dur;
-      } else if (!comm && !offloaded) {  // grad_norm and AdamW on the compute stream
+      } else if (!comm && !offloaded && !fetch) {  // grad_norm and AdamW on the compute stream
         r_->optimizer_seconds += dur;
       }
       if (opt_.trace && dur > 0)
@@ -344,6 +351,7 @@ class Schedule {
 
  public:
   double hardware_flops_ = 0, model_flops_ = 0;  // per rank, per step
+  double fetch_seconds_ = 0;  // Plan::offload params: the blocks copied in, per step
 
  private:
   const Program& prog_;
@@ -417,11 +425,21 @@ double persistent_bytes_at(const Program& prog, double scale, bool fp8) {
   double fp8_copies = 0;  // one byte per local parameter element
   if (fp8)
     for (const ParamLayout& pl : prog.part.params)
-      fp8_copies += static_cast<double>(prog.local().type(pl.local).shape.numel());
+      if (!pl.params_on_host)
+        fp8_copies += static_cast<double>(prog.local().type(pl.local).shape.numel());
   if (scale >= 1) return static_cast<double>(prog.persistent_bytes()) + fp8_copies;
   const double master = static_cast<double>(prog.optim_bytes) / 2.0;  // 4 of AdamW's 8 bytes
   return static_cast<double>(prog.param_bytes) * scale + master +
          static_cast<double>(prog.grad_bytes + prog.optim_bytes) + fp8_copies;
+}
+
+double host_bytes_at(const Program& prog, double scale) {
+  double bytes = static_cast<double>(prog.host_bytes);
+  // An f32 graph's host-held blocks are their masters; at a lower precision a copy beside them.
+  if (scale < 1)
+    for (const ParamLayout& pl : prog.part.params)
+      if (pl.params_on_host) bytes += scale * static_cast<double>(prog.local().type(pl.local).bytes());
+  return bytes;
 }
 
 Status parse_sim_precision(const std::string& name, SimOptions* opt) {
@@ -545,7 +563,7 @@ Result<SimResult> simulate(const Program& prog, const ClusterSpec& cluster, cons
   r.persistent_bytes = persistent_bytes_at(prog, scale, opt.fp8);
   r.arena_bytes = static_cast<double>(prog.memory.arena_bytes) * scale;
   r.peak_memory_bytes = r.persistent_bytes + r.arena_bytes;
-  r.host_bytes = static_cast<double>(prog.host_bytes);
+  r.host_bytes = host_bytes_at(prog, scale);
   r.exposed_comm_seconds = std::max(0.0, r.step_seconds - r.compute_seconds - r.offload_seconds);
   return r;
 }

@@ -18,6 +18,12 @@ Plan offloaded(Plan p) {
   return p;
 }
 
+// ZeRO-3 with the parameter blocks in host memory too (ZeRO-Infinity's form).
+Plan params_offloaded(Plan p) {
+  p.offload = OffloadPolicy::params;
+  return p;
+}
+
 Plan with_micro(Plan p, int k) {
   p.micro_batches = k;
   return p;
@@ -62,6 +68,78 @@ TEST(Offload, MatchesTheDeviceOptimizerBitForBit) {
         EXPECT_LT(got[r].persistent_bytes, want[r].persistent_bytes);
       }
     }
+  }
+}
+
+// Parameters offloaded too: every ZeRO-3 gather is fed by a copy of the host-held block into
+// its slot of the gathered tensor, and AdamW writes the blocks in host memory, so the run is
+// the ZeRO-3 run's bit for bit (f32 and bf16): one rank (ZeRO-3 over a group of one: without
+// offload no gathers at all), two ranks with and without gradient accumulation, HSDP, and
+// ZeRO-3 beside tensor parallelism. The gathers write only what the arena plans.
+TEST(Offload, ParametersInHostMemoryMatchTheDeviceParametersBitForBit) {
+  for (DType dt : {DType::f32, DType::bf16}) {
+    ModelConfig cfg = tiny_gpt();
+    cfg.dtype = dt;
+    for (const Plan& plan :
+         {Plan::data_parallel(1, 3), Plan::data_parallel(2, 3),
+          with_micro(Plan::data_parallel(2, 3), 2), Plan::hybrid_sharded(2, 2),
+          with_searched_layout(Plan::tensor_parallel(2, 2, 3), cfg)}) {
+      SCOPED_TRACE(std::string(dtype_name(dt)) + " " + plan.describe());
+      const std::vector<RunResult> want = run_opaque(plan, 3, cfg);
+      const std::vector<RunResult> got = run_opaque(params_offloaded(plan), 3, cfg);
+      for (size_t r = 0; r < want.size(); ++r) {
+        SCOPED_TRACE("rank " + std::to_string(r));
+        ASSERT_EQ(got[r].losses.size(), 3u);
+        EXPECT_EQ(got[r].losses, want[r].losses);
+        EXPECT_EQ(got[r].params, want[r].params);
+        EXPECT_EQ(got[r].eval_loss, want[r].eval_loss);
+        EXPECT_LT(got[r].persistent_bytes, run_opaque(offloaded(plan), 1, cfg)[r].persistent_bytes);
+        EXPECT_LE(got[r].arena_measured, got[r].arena_planned);
+      }
+    }
+  }
+}
+
+// Offloaded parameters: the device holds no parameter between steps (a device of exactly the
+// plan's bytes is enough), the host holds the blocks beside the optimizer's state (bf16: their
+// own copy; f32: the masters are the blocks), and the Program fetches each block before the
+// gather that reads it, over the link.
+TEST(Offload, TheDeviceHoldsNoParametersBetweenSteps) {
+  for (DType dt : {DType::f32, DType::bf16}) {
+    SCOPED_TRACE(dtype_name(dt));
+    ModelConfig cfg = tiny_gpt();
+    cfg.dtype = dt;
+    ModelGraph m = build_model(cfg, kBatch, kSeq, ModelMode::train);
+    const Plan plan = params_offloaded(with_micro(Plan::data_parallel(1, 3), 2));
+    MeshComms comms = MeshComms::single(plan).value();
+    const Program off = lower(m.graph, plan).value();
+    const Program opt = lower(m.graph, offloaded(with_micro(Plan::data_parallel(1, 3), 2))).value();
+    EXPECT_EQ(off.param_bytes, 0);
+    EXPECT_EQ(off.optim_bytes, 0);
+    EXPECT_EQ(off.host_bytes - opt.host_bytes, dt == DType::f32 ? 0 : opt.param_bytes);
+    int fetches = 0, gathers = 0;
+    for (size_t k = 0; k < off.micro_step.size(); ++k) {
+      const Instruction& in = off.micro_step[k];
+      if (in.kind == Instruction::param_fetch) {
+        ++fetches;
+        EXPECT_EQ(in.stream, Stream::link);
+        ASSERT_LT(k + 1, off.micro_step.size());
+        EXPECT_EQ(off.micro_step[k + 1].kind, Instruction::start);
+        EXPECT_EQ(off.micro_step[k + 1].node, in.node);
+      }
+      if (in.kind == Instruction::start && off.local().node(in.node).op == OpKind::all_gather)
+        ++gathers;
+    }
+    EXPECT_EQ(fetches, gathers);
+    // Each parameter in the forward pass, the matmuls' weights again in the backward.
+    EXPECT_GT(fetches, static_cast<int>(off.part.params.size()));
+    for (const Instruction& in : off.optimizer) EXPECT_NE(in.kind, Instruction::param_to_device);
+    NullBackend exact(off.persistent_bytes() + off.memory.arena_bytes);
+    auto made = StepRunner::create(m.graph, plan, exact, comms, adamw());
+    ASSERT_TRUE(made.ok()) << made.status().to_string();
+    EXPECT_EQ(exact.free_memory(), 0);
+    EXPECT_EQ((*made)->state_bytes_allocated(), off.persistent_bytes());
+    EXPECT_EQ((*made)->host_state_bytes_allocated(), off.host_bytes);
   }
 }
 

@@ -146,6 +146,36 @@ TEST_F(TrainerTest, OffloadedRunsResumeWithOrWithoutOffload) {
   }
 }
 
+// The parameters offloaded too (train --zero 3 --offload params): the same losses as the run
+// without offload, and a run stopped with the parameters in host memory resumes without
+// offload, and the other way round, exactly. One rank (fp32, bf16) and ZeRO-3 over two, whose
+// in-place gathers also run on a device communicator.
+TEST_F(TrainerTest, RunsWithParametersInHostMemoryResumeWithOrWithoutOffload) {
+  auto params_offloaded = [](Plan p) {
+    p.offload = OffloadPolicy::params;
+    return p;
+  };
+  const Plan z3 = Plan::data_parallel(1, 3);
+  for (const std::string precision : {"fp32", "bf16"}) {
+    SCOPED_TRACE(precision);
+    const std::vector<std::string> cpu =
+        run("poff_cpu_" + precision, nullptr, 6, 0, false, precision);
+    OpaqueBackend opaque;
+    EXPECT_EQ(run("poff_" + precision, &opaque, 6, 0, false, precision, params_offloaded(z3)),
+              cpu);
+    run("poff_to_on_" + precision, &opaque, 6, 3, false, precision, params_offloaded(z3));
+    EXPECT_EQ(run("poff_to_on_" + precision, &opaque, 6, 0, true, precision, z3), cpu);
+  }
+  const Plan dp = Plan::data_parallel(2, 3);
+  const std::vector<std::string> cpu = run_ranks("poff_cpu_ranks", false, dp, 0, false);
+  ASSERT_EQ(cpu.size(), 6u);
+  EXPECT_EQ(run_ranks("poff_device_ranks", true, params_offloaded(dp), 0, false, true), cpu);
+  run_ranks("poff_ranks", true, params_offloaded(dp), 3, false);
+  EXPECT_EQ(run_ranks("poff_ranks", true, dp, 0, true), cpu);
+  run_ranks("on_to_poff_ranks", true, dp, 3, false);
+  EXPECT_EQ(run_ranks("on_to_poff_ranks", true, params_offloaded(dp), 0, true), cpu);
+}
+
 // The same with a device communicator (OpaqueCommunicator, as NCCL on GPUs): the step's
 // collectives take the values where they lie, in their dtype (no host staging); data
 // parallelism with ZeRO-1 and ZeRO-3, tensor parallelism, and bf16 under ZeRO-1, through a
