@@ -102,7 +102,8 @@ void count_bytes(Program& p) {
     const int64_t numel = pl.local_shape.numel();
     const int64_t block = FlatShard{group, 0, numel}.block();
     const DType dtype = g.type(pl.local).dtype;
-    const int64_t stored = static_cast<int64_t>(dtype_size(dtype)) * (pl.params_sharded ? block : numel);
+    const int64_t stored =
+        static_cast<int64_t>(dtype_size(dtype)) * (pl.params_sharded ? block : numel);
     if (pl.params_on_host) {  // the f32 master (below) is an f32 block; a bf16/f16 one beside it
       if (dtype != DType::f32) p.host_bytes += stored;
     } else {

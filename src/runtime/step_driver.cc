@@ -72,20 +72,20 @@ std::string SpmdDriver::describe_memory() const {
   // Evaluation runs under the same plan on the same parameters, in an arena of its own.
   const std::string eval_arena = b(runner_->eval_executor()->plan().arena_bytes);
   // Offloaded: the f32 master weights, AdamW's moments and the gradients' f32 copies.
-  const std::string optimizer =
-      p.offloads_params()      ? b(prog.host_bytes) + " in host memory (offloaded, with the "
-                                                      "parameter blocks)"
-      : p.offloads_optimizer() ? b(prog.host_bytes) + " in host memory (offloaded)"
-                               : b(prog.optim_bytes);
+  const std::string optimizer = p.offloads_params() ? b(prog.host_bytes) +
+                                                          " in host memory (offloaded, with the "
+                                                          "parameter blocks)"
+                                : p.offloads_optimizer()
+                                    ? b(prog.host_bytes) + " in host memory (offloaded)"
+                                    : b(prog.optim_bytes);
   // Offloaded parameters: none between steps; their gathers' outputs are in the arena.
   const std::string params =
       b(prog.param_bytes) + (p.offloads_params() ? " (gathered from host memory per use)" : "");
   if (comms().world().size() > 1)
     return "plan " + p.describe() + " on " + std::to_string(p.mesh.size()) +
            " ranks: per rank arena " + b(prog.memory.arena_bytes) + ", parameters " + params +
-           ", gradients " + grads + ", optimizer " + optimizer +
-           ", evaluation arena " + eval_arena + "; " + format_bytes(prog.comm_bytes_per_step) +
-           " sent per step\n";
+           ", gradients " + grads + ", optimizer " + optimizer + ", evaluation arena " +
+           eval_arena + "; " + format_bytes(prog.comm_bytes_per_step) + " sent per step\n";
   const Graph& local = prog.local();
   const bool masters = !local.params().empty() && local.type(local.params()[0]).dtype != DType::f32;
   return "planned memory: arena " + b(runner_->executor().plan().arena_bytes) +

@@ -52,7 +52,8 @@ class Schedule {
     r_->step_seconds = all_free();
     // Offloaded, the device waits from the backward's end until its parameters are back, and
     // (parameters offloaded) while it copies each block in for its gathers.
-    if (prog_.plan.offloads_optimizer()) r_->offload_seconds = r_->step_seconds - t + fetch_seconds_;
+    if (prog_.plan.offloads_optimizer())
+      r_->offload_seconds = r_->step_seconds - t + fetch_seconds_;
   }
 
   // A pipeline chunk: one micro-batch without its gradient collectives (reduced once per step:
@@ -438,7 +439,8 @@ double host_bytes_at(const Program& prog, double scale) {
   // An f32 graph's host-held blocks are their masters; at a lower precision a copy beside them.
   if (scale < 1)
     for (const ParamLayout& pl : prog.part.params)
-      if (pl.params_on_host) bytes += scale * static_cast<double>(prog.local().type(pl.local).bytes());
+      if (pl.params_on_host)
+        bytes += scale * static_cast<double>(prog.local().type(pl.local).bytes());
   return bytes;
 }
 

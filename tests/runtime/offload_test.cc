@@ -80,10 +80,9 @@ TEST(Offload, ParametersInHostMemoryMatchTheDeviceParametersBitForBit) {
   for (DType dt : {DType::f32, DType::bf16}) {
     ModelConfig cfg = tiny_gpt();
     cfg.dtype = dt;
-    for (const Plan& plan :
-         {Plan::data_parallel(1, 3), Plan::data_parallel(2, 3),
-          with_micro(Plan::data_parallel(2, 3), 2), Plan::hybrid_sharded(2, 2),
-          with_searched_layout(Plan::tensor_parallel(2, 2, 3), cfg)}) {
+    for (const Plan& plan : {Plan::data_parallel(1, 3), Plan::data_parallel(2, 3),
+                             with_micro(Plan::data_parallel(2, 3), 2), Plan::hybrid_sharded(2, 2),
+                             with_searched_layout(Plan::tensor_parallel(2, 2, 3), cfg)}) {
       SCOPED_TRACE(std::string(dtype_name(dt)) + " " + plan.describe());
       const std::vector<RunResult> want = run_opaque(plan, 3, cfg);
       const std::vector<RunResult> got = run_opaque(params_offloaded(plan), 3, cfg);

@@ -161,8 +161,7 @@ TEST_F(TrainerTest, RunsWithParametersInHostMemoryResumeWithOrWithoutOffload) {
     const std::vector<std::string> cpu =
         run("poff_cpu_" + precision, nullptr, 6, 0, false, precision);
     OpaqueBackend opaque;
-    EXPECT_EQ(run("poff_" + precision, &opaque, 6, 0, false, precision, params_offloaded(z3)),
-              cpu);
+    EXPECT_EQ(run("poff_" + precision, &opaque, 6, 0, false, precision, params_offloaded(z3)), cpu);
     run("poff_to_on_" + precision, &opaque, 6, 3, false, precision, params_offloaded(z3));
     EXPECT_EQ(run("poff_to_on_" + precision, &opaque, 6, 0, true, precision, z3), cpu);
   }
