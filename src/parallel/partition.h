@@ -53,9 +53,10 @@ struct ParamLayout {
   ValueId local = -1;           // parameter node in the local graph ([block] when params_sharded)
   ValueId local_grad = -1;      // reduced gradient in the local graph ([block] when grads_sharded)
   bool params_sharded = false;  // stored as a flat block over the ZeRO axes (ZeRO-3)
-  bool params_on_host = false;  // the block in host memory (Plan::offload params; SourceAttrs::host)
-  bool grads_sharded = false;   // reduced into a flat block (ZeRO-2/3)
-  bool optim_sharded = false;   // AdamW state and update on a flat block (ZeRO-1/2/3)
+  bool params_on_host =
+      false;                   // the block in host memory (Plan::offload params; SourceAttrs::host)
+  bool grads_sharded = false;  // reduced into a flat block (ZeRO-2/3)
+  bool optim_sharded = false;  // AdamW state and update on a flat block (ZeRO-1/2/3)
 };
 
 struct Partitioned {

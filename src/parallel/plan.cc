@@ -413,8 +413,8 @@ Status validate(const Plan& p, int world) {
     return error("plan: offload policy " + std::to_string(static_cast<int>(p.offload)) +
                  " is not none, optimizer or params");
   if (p.offloads_params() && p.zero < 3)
-    return error("plan: offloading the parameters needs ZeRO-3 (zero = " +
-                     std::to_string(p.zero) + "): the device gathers them from host memory",
+    return error("plan: offloading the parameters needs ZeRO-3 (zero = " + std::to_string(p.zero) +
+                     "): the device gathers them from host memory",
                  "add --zero 3, or use --offload optimizer");
   if (p.offloads_optimizer() && p.stages() > 1)
     return error("plan: offloading the optimizer is not supported with pipeline stages yet",
