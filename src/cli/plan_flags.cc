@@ -152,9 +152,10 @@ Result<PlanFlags> flags_of(const FrameworkPlan& p, const PlanFlags& cmd, int ran
   }
   if (p.sequence_parallel) f.sequence_parallel = true;
   if (p.offload_params && !p.offload_optimizer)
-    return error("plan: the file offloads the parameters but not the optimizer; Tessera offloads "
-                 "parameters only with their optimizer state",
-                 "add \"offload_optimizer\": {\"device\": \"cpu\"} beside \"offload_param\"");
+    return error(
+        "plan: the file offloads the parameters but not the optimizer; Tessera offloads "
+        "parameters only with their optimizer state",
+        "add \"offload_optimizer\": {\"device\": \"cpu\"} beside \"offload_param\"");
   if (p.offload_optimizer) {
     const std::string off = p.offload_params ? "params" : "optimizer";
     if (!f.offload.empty() && f.offload != off)

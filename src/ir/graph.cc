@@ -189,53 +189,54 @@ Overloaded(F...) -> Overloaded<F...>;
 // " 'name'" for sources and rank groups, " {...}" for what the result types do not show.
 std::string attrs_to_string(const Attrs& attrs) {
   std::ostringstream s;
-  std::visit(Overloaded{
-                 [&](const NoAttrs&) {},
-                 [&](const ShapeAttrs&) {},
-                 [&](const CastAttrs&) {},
-                 [&](const SourceAttrs& a) { s << " '" << a.name << "'" << (a.host ? " {host}" : ""); },
-                 [&](const FillAttrs& a) { s << " {value=" << a.value << "}"; },
-                 [&](const ScalarAttrs& a) { s << " {value=" << a.value << "}"; },
-                 [&](const ReduceAttrs& a) {
-                   s << " {axes=" << ints_to_string(a.axes) << (a.keepdim ? " keepdim" : "") << "}";
-                 },
-                 [&](const TransposeAttrs& a) { s << " {perm=" << ints_to_string(a.perm) << "}"; },
-                 [&](const SliceAttrs& a) {
-                   s << " {axis=" << a.axis << " [" << a.start << "," << a.end << ")}";
-                 },
-                 [&](const ConcatAttrs& a) { s << " {axis=" << a.axis << "}"; },
-                 [&](const MatmulAttrs& a) {
-                   if (a.transpose_a || a.transpose_b) {
-                     s << " {" << (a.transpose_a ? "ta" : "") << (a.transpose_b ? "tb" : "")
-                       << (a.fold_batch ? " fold" : "") << "}";
-                   }
-                 },
-                 [&](const EmbeddingGradAttrs& a) { s << " {rows=" << a.rows << "}"; },
-                 [&](const NormAttrs& a) { s << " {eps=" << a.eps << "}"; },
-                 [&](const RopeAttrs& a) {
-                   s << " {theta=" << a.theta << (a.inverse ? " inverse" : "") << "}";
-                 },
-                 [&](const PositionBucketsAttrs& a) {
-                   s << " {buckets=" << a.num_buckets << " max_distance=" << a.max_distance
-                     << (a.bidirectional ? " bidirectional" : "") << "}";
-                 },
-                 [&](const AttentionAttrs& a) {
-                   s << " {scale=" << a.scale << (a.causal ? " causal" : " bidirectional") << "}";
-                 },
-                 [&](const CrossEntropyAttrs& a) {
-                   if (a.classes > 0 || a.rows > 0)
-                     s << " {classes=" << a.classes << " rows=" << a.rows << "}";
-                 },
-                 [&](const TopKAttrs& a) { s << " {k=" << a.k << "}"; },
-                 [&](const MoeAttrs& a) {
-                   s << " {experts=" << a.experts << " capacity=" << a.capacity << "}";
-                 },
-                 [&](const GroupAttrs& a) { s << " '" << a.axes << "' {ranks=" << a.size << "}"; },
-                 [&](const ShardSliceAttrs& a) {
-                   s << " {axis=" << a.axis << " blocks=" << a.blocks << "}";
-                 },
-             },
-             attrs);
+  std::visit(
+      Overloaded{
+          [&](const NoAttrs&) {},
+          [&](const ShapeAttrs&) {},
+          [&](const CastAttrs&) {},
+          [&](const SourceAttrs& a) { s << " '" << a.name << "'" << (a.host ? " {host}" : ""); },
+          [&](const FillAttrs& a) { s << " {value=" << a.value << "}"; },
+          [&](const ScalarAttrs& a) { s << " {value=" << a.value << "}"; },
+          [&](const ReduceAttrs& a) {
+            s << " {axes=" << ints_to_string(a.axes) << (a.keepdim ? " keepdim" : "") << "}";
+          },
+          [&](const TransposeAttrs& a) { s << " {perm=" << ints_to_string(a.perm) << "}"; },
+          [&](const SliceAttrs& a) {
+            s << " {axis=" << a.axis << " [" << a.start << "," << a.end << ")}";
+          },
+          [&](const ConcatAttrs& a) { s << " {axis=" << a.axis << "}"; },
+          [&](const MatmulAttrs& a) {
+            if (a.transpose_a || a.transpose_b) {
+              s << " {" << (a.transpose_a ? "ta" : "") << (a.transpose_b ? "tb" : "")
+                << (a.fold_batch ? " fold" : "") << "}";
+            }
+          },
+          [&](const EmbeddingGradAttrs& a) { s << " {rows=" << a.rows << "}"; },
+          [&](const NormAttrs& a) { s << " {eps=" << a.eps << "}"; },
+          [&](const RopeAttrs& a) {
+            s << " {theta=" << a.theta << (a.inverse ? " inverse" : "") << "}";
+          },
+          [&](const PositionBucketsAttrs& a) {
+            s << " {buckets=" << a.num_buckets << " max_distance=" << a.max_distance
+              << (a.bidirectional ? " bidirectional" : "") << "}";
+          },
+          [&](const AttentionAttrs& a) {
+            s << " {scale=" << a.scale << (a.causal ? " causal" : " bidirectional") << "}";
+          },
+          [&](const CrossEntropyAttrs& a) {
+            if (a.classes > 0 || a.rows > 0)
+              s << " {classes=" << a.classes << " rows=" << a.rows << "}";
+          },
+          [&](const TopKAttrs& a) { s << " {k=" << a.k << "}"; },
+          [&](const MoeAttrs& a) {
+            s << " {experts=" << a.experts << " capacity=" << a.capacity << "}";
+          },
+          [&](const GroupAttrs& a) { s << " '" << a.axes << "' {ranks=" << a.size << "}"; },
+          [&](const ShardSliceAttrs& a) {
+            s << " {axis=" << a.axis << " blocks=" << a.blocks << "}";
+          },
+      },
+      attrs);
   return s.str();
 }
 
