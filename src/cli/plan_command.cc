@@ -105,8 +105,9 @@ Status run_plan(const PlanOptions& o) {
   if (plan.offloads_optimizer())
     std::printf(
         "host per rank   %s (offloaded: f32 master weights, AdamW's moments, the "
-        "gradients' f32 copies)\n",
-        format_bytes(static_cast<double>(p.host_bytes)).c_str());
+        "gradients' f32 copies%s)\n",
+        format_bytes(static_cast<double>(p.host_bytes)).c_str(),
+        plan.offloads_params() ? "; the parameter blocks, copied in for each gather" : "");
   std::printf("communication   %s sent per rank per step\n",
               format_bytes(p.comm_bytes_per_step).c_str());
   std::printf("instructions    %zu per micro-batch, %zu per step (%zu gradient buckets)\n",

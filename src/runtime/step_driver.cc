@@ -72,12 +72,11 @@ std::string SpmdDriver::describe_memory() const {
   // Evaluation runs under the same plan on the same parameters, in an arena of its own.
   const std::string eval_arena = b(runner_->eval_executor()->plan().arena_bytes);
   // Offloaded: the f32 master weights, AdamW's moments and the gradients' f32 copies.
-  const std::string optimizer = p.offloads_params() ? b(prog.host_bytes) +
-                                                          " in host memory (offloaded, with the "
-                                                          "parameter blocks)"
-                                : p.offloads_optimizer()
-                                    ? b(prog.host_bytes) + " in host memory (offloaded)"
-                                    : b(prog.optim_bytes);
+  const std::string optimizer =
+      p.offloads_optimizer()
+          ? b(prog.host_bytes) + " in host memory, offloaded" +
+                (p.offloads_params() ? std::string(" with the parameter blocks") : std::string())
+          : b(prog.optim_bytes);
   // Offloaded parameters: none between steps; their gathers' outputs are in the arena.
   const std::string params =
       b(prog.param_bytes) + (p.offloads_params() ? " (gathered from host memory per use)" : "");

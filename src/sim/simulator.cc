@@ -566,6 +566,7 @@ Result<SimResult> simulate(const Program& prog, const ClusterSpec& cluster, cons
   r.arena_bytes = static_cast<double>(prog.memory.arena_bytes) * scale;
   r.peak_memory_bytes = r.persistent_bytes + r.arena_bytes;
   r.host_bytes = host_bytes_at(prog, scale);
+  r.offloads_params = prog.plan.offloads_params();
   r.exposed_comm_seconds = std::max(0.0, r.step_seconds - r.compute_seconds - r.offload_seconds);
   return r;
 }
@@ -621,8 +622,9 @@ std::string format_sim_result(const SimResult& r, const ClusterSpec& c) {
   if (r.offload_seconds > 0 || r.host_bytes > 0) {
     char line[256];
     std::snprintf(line, sizeof line,
-                  "offload          optimizer on the host: %s exposed (host AdamW %s, host link "
+                  "offload          %s on the host: %s exposed (host AdamW %s, host link "
                   "%s busy); %s of host memory per device\n",
+                  r.offloads_params ? "optimizer and parameters" : "optimizer",
                   format_seconds(r.offload_seconds).c_str(),
                   format_seconds(r.host_cpu_seconds).c_str(),
                   format_seconds(r.host_link_seconds).c_str(), format_bytes(r.host_bytes).c_str());

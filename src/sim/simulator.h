@@ -23,7 +23,9 @@
 //   offload_seconds        Plan::offload: the device idle while its optimizer runs on the host
 //                          (gradients out over the host link, AdamW on the node's CPUs at their
 //                          share of its memory bandwidth, parameters back; one after another,
-//                          as the runner does them, on a stream "host")
+//                          as the runner does them, on a stream "host"), and with the
+//                          parameters offloaded the blocks' copies in for their gathers (on the
+//                          compute stream, as the runner copies them)
 //
 // A pipeline (PipelineProgram, parallel/pipeline_program.h) is timed per chunk: one micro-batch
 // of each chunk's Program gives its forward and backward seconds (the backward split into
@@ -88,6 +90,7 @@ struct SimResult {
   double optimizer_seconds = 0;  // part of compute_seconds spent in the optimizer
   // Offloaded optimizer: the exposed phase, and the host threads' and host link's busy time.
   double offload_seconds = 0, host_cpu_seconds = 0, host_link_seconds = 0;
+  bool offloads_params = false;  // Plan::offload params: the blocks copied in over the link too
   // Global: positions of the model's "tokens" input (a language model's sequences, T5's
   // encoder inputs; none for an image classifier) and examples (sequences, images).
   double tokens_per_step = 0, tokens_per_second = 0;

@@ -488,10 +488,36 @@ TEST(TesseraBinary, OffloadIsAFlagOfPlanSimulateAndTrain) {
   EXPECT_GT(j["host_bytes_per_device"].get<double>(), 0);
   EXPECT_EQ(j["plan"]["offload"], "optimizer");
   out.clear();  // (run_tessera appends)
+  EXPECT_EQ(run_tessera("plan gpt-tiny --offload everything", &out), 1) << out;
+  EXPECT_NE(
+      out.find("error: --offload: offload 'everything' is not one of: none, optimizer, params"),
+      std::string::npos)
+      << out;
+  out.clear();
   EXPECT_EQ(run_tessera("plan gpt-tiny --offload params", &out), 1) << out;
-  EXPECT_NE(out.find("error: --offload: offload 'params' is not one of: none, optimizer"),
+  EXPECT_NE(out.find("error: plan: offloading the parameters needs ZeRO-3 (zero = 0)"),
             std::string::npos)
       << out;
+  // With ZeRO-3 the parameters leave the device too: none between steps, their blocks in the
+  // host's bytes, copied in over the host link.
+  out.clear();
+  ASSERT_EQ(run_tessera("plan gpt-tiny --batch 2 --seq 32 --zero 3 --offload params", &out), 0)
+      << out;
+  EXPECT_NE(out.find("parameters 0 B"), std::string::npos) << out;
+  EXPECT_NE(out.find("the parameter blocks, copied in for each gather"), std::string::npos) << out;
+  json.clear();
+  const std::string sim = "simulate gpt2-small --cluster dgx-h100 --gpus 8 --seq 1024 --zero 3 ";
+  ASSERT_EQ(run_tessera(sim + "--offload params --json", &json), 0) << json;
+  const nlohmann::json params = nlohmann::json::parse(json);
+  json.clear();
+  ASSERT_EQ(run_tessera(sim + "--offload optimizer --json", &json), 0) << json;
+  const nlohmann::json optimizer = nlohmann::json::parse(json);
+  EXPECT_LT(params["peak_bytes_per_device"].get<double>(),
+            optimizer["peak_bytes_per_device"].get<double>());
+  EXPECT_GT(params["host_bytes_per_device"].get<double>(),
+            optimizer["host_bytes_per_device"].get<double>());
+  EXPECT_GT(params["offload_s"].get<double>(), optimizer["offload_s"].get<double>());
+  out.clear();
   EXPECT_EQ(
       run_tessera("simulate gpt-tiny --cluster dgx-h100 --gpus 2 --pp 2 --offload optimizer", &out),
       1)
