@@ -336,8 +336,8 @@ double state_bytes_per_element(const Plan& plan, DType dtype) {
   const double grad = plan.micro_batches > 1 ? 4.0 : param;  // else it lives in the arena
   // An offloaded optimizer keeps its state (and the f32 masters) in host memory.
   const double optim = plan.offloads_optimizer() ? 0.0 : dtype == DType::f32 ? 8.0 : 12.0;
-  return param / (plan.zero >= 3 ? group : 1) + grad / (plan.zero >= 2 ? group : 1) +
-         optim / (plan.zero >= 1 ? group : 1);
+  return (plan.offloads_params() ? 0.0 : param / (plan.zero >= 3 ? group : 1)) +
+         grad / (plan.zero >= 2 ? group : 1) + optim / (plan.zero >= 1 ? group : 1);
 }
 
 Result<BlockLayout> place_tensor_parallel(const ModelConfig& cfg, int64_t batch, int64_t seq,

@@ -616,16 +616,19 @@ Result<std::unique_ptr<PlanSpace>> PlanSpace::create(const ModelConfig& cfg,
   impl->opt = o;
   Impl& s = *impl;
   std::vector<PlanCandidate> cands = enumerate(s.cfg, s.cluster, o, o.global_batch);
-  // Each plan without a pipeline once more with the optimizer in host memory, where the
-  // cluster gives its host side: never faster, so simulated only when it is needed to fit.
+  // Each plan without a pipeline once more with the optimizer in host memory, and a ZeRO-3 one
+  // with its parameters too, where the cluster gives its host side: never faster, so simulated
+  // only when it is needed to fit.
   if (s.cluster.node.offload_known()) {
     const size_t n = cands.size();
-    for (size_t i = 0; i < n; ++i) {
-      if (cands[i].plan.stages() > 1) continue;
-      PlanCandidate c = cands[i];
-      c.plan.offload = OffloadPolicy::optimizer;
-      cands.push_back(std::move(c));
-    }
+    for (size_t i = 0; i < n; ++i)
+      for (OffloadPolicy off : {OffloadPolicy::optimizer, OffloadPolicy::params}) {
+        if (cands[i].plan.stages() > 1 || (off == OffloadPolicy::params && cands[i].plan.zero < 3))
+          continue;
+        PlanCandidate c = cands[i];
+        c.plan.offload = off;
+        cands.push_back(std::move(c));
+      }
   }
   s.enumerated = static_cast<int>(cands.size());
   if (cands.empty())
@@ -644,7 +647,7 @@ Result<std::unique_ptr<PlanSpace>> PlanSpace::create(const ModelConfig& cfg,
   for (PlanCandidate& c : cands) {
     c.memory_bound = plan_memory_bound(s.cfg, c.plan, o.precision);
     const double host =
-        params_per_rank(s.cfg, c.plan) * host_bytes_per_param(c.plan) * ranks_per_node;
+        params_per_rank(s.cfg, c.plan) * host_bytes_per_param(c.plan, o.precision) * ranks_per_node;
     if (host_capacity > 0 && host > host_capacity) {
       ++s.pruned_by_memory;
       continue;

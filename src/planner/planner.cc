@@ -71,7 +71,7 @@ std::string PlanCandidate::describe() const {
   if (p.expert_group() > 1) s += " ep=" + std::to_string(p.expert_group());
   s += std::string(" rc=") + recompute_name(p.recompute);
   if (p.sequence_parallel) s += " sp";
-  if (p.offloads_optimizer()) s += " offload";
+  if (p.offloads_optimizer()) s += p.offloads_params() ? " offload=params" : " offload";
   return s;
 }
 
@@ -90,16 +90,21 @@ double state_bytes_per_param(const Plan& plan, DType precision) {
       plan.micro_batches > 1 || plan.stages() > 1 ? 4.0 / (plan.shards_grads() ? dp : 1.0) : 0.0;
   // Offloaded, the master and the moments are in host memory: the device keeps the parameter
   // it computes with (in f32 the master's twin).
+  if (plan.offloads_params()) return grads;
   if (plan.offloads_optimizer())
     return (mixed ? copy : 4.0 / (plan.shards_params() ? dp : 1.0)) + grads;
   return master + moments + copy + grads;
 }
 
-double host_bytes_per_param(const Plan& plan) {
+double host_bytes_per_param(const Plan& plan, DType precision) {
   if (!plan.offloads_optimizer()) return 0;
   const double dp = static_cast<double>(plan.zero_group());
-  // The f32 master of the local piece; AdamW's moments and the gradient's f32 copy of the block.
-  return 4.0 / (plan.shards_params() ? dp : 1.0) + 12.0 / (plan.shards_optimizer() ? dp : 1.0);
+  // The f32 master of the local piece; AdamW's moments and the gradient's f32 copy of the block;
+  // offloaded parameters' low-precision blocks (an f32 block is its master).
+  const double blocks =
+      plan.offloads_params() && precision != DType::f32 ? dtype_size(precision) / dp : 0.0;
+  return 4.0 / (plan.shards_params() ? dp : 1.0) + 12.0 / (plan.shards_optimizer() ? dp : 1.0) +
+         blocks;
 }
 
 double params_per_rank(const ModelConfig& cfg, const Plan& plan) {
@@ -155,6 +160,8 @@ double offload_time_bound(const ModelConfig& cfg, const ClusterSpec& cluster, co
   // then each tensor's AdamW, sync and copy back, one after another as the runner does them.
   const double out = (plan.micro_batches > 1 ? 4.0 : elem) * block / link;
   const double norm = 4.0 * block / host;
+  if (plan.offloads_params())  // no copies back; each micro-batch's forward copies the blocks in
+    return out + norm + 7.0 * 4.0 * block / host + plan.micro_batches * elem * piece / link;
   return out + norm + 7.0 * 4.0 * block / host + elem * piece / link + sync_seconds;
 }
 

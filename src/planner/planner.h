@@ -158,9 +158,10 @@ Result<PlanSearch> search_plans(PlanSpace& space);
 // Offloaded (Plan::offload), the master and the moments leave the device: it keeps the
 // parameter it computes with and the accumulator; host_bytes_per_param is then what each rank
 // holds in host memory per parameter of its share (the f32 master of its piece, the moments
-// and an f32 copy of the gradient of its block).
+// and an f32 copy of the gradient of its block). With the parameters offloaded too (ZeRO-3)
+// the device keeps only the accumulator, and the host the low-precision blocks besides.
 double state_bytes_per_param(const Plan& plan, DType precision);
-double host_bytes_per_param(const Plan& plan);
+double host_bytes_per_param(const Plan& plan, DType precision);
 double plan_memory_bound(const ModelConfig& cfg, const Plan& plan, DType precision);
 // The parameters one rank holds a piece of, at most: the model's over the tensor and pipeline
 // ranks, its experts' over the expert-parallel ranks too.
@@ -174,7 +175,9 @@ double with_activations(const Plan& plan, double state_bound, double state_per_b
 double optimizer_time_bound(const ModelConfig& cfg, const ClusterSpec& cluster, const Plan& plan);
 // The same with the optimizer offloaded: the gradient blocks over the host link and the norm's
 // pass on the host, then the host's AdamW, the parameters' copies back and the ZeRO-1/2 syncs
-// (`sync_seconds`, param_sync_time_bound), one after another as the runner does them.
+// (`sync_seconds`, param_sync_time_bound), one after another as the runner does them; with
+// the parameters offloaded, each micro-batch's copies of the blocks in for the forward pass's
+// gathers (on the compute stream, as the runner copies them).
 double offload_time_bound(const ModelConfig& cfg, const ClusterSpec& cluster, const Plan& plan,
                           DType precision, double sync_seconds);
 // A tensor-parallel rank's compute stream for one micro-batch of the whole model, as the

@@ -58,6 +58,13 @@ TEST_F(PlanFile, SimulateReadsFrameworkPlansAsTheirFlags) {
   const std::string h100 = "llama2-7b --cluster dgx-h100 --gpus 8 --batch 8 --seq 2048";
   expect_same(simulate(h100 + " --plan " + deepspeed),
               simulate(h100 + " --zero 3 --offload optimizer --recompute full"));
+  // ZeRO-Infinity: the parameters offloaded beside the optimizer.
+  const std::string infinity = write("infinity.json", R"({"zero_optimization": {"stage": 3,
+                                    "offload_optimizer": {"device": "cpu"},
+                                    "offload_param": {"device": "cpu"}},
+                                 "bf16": {"enabled": true}})");
+  expect_same(simulate(h100 + " --plan " + infinity),
+              simulate(h100 + " --zero 3 --offload params"));
   // torchtitan: HSDP (shard groups of 8, 2 replicas) x tp 2 on 32 GPUs, FP8 GEMMs.
   const std::string titan = write("titan.json", R"({"parallelism": {"data_parallel_shard_degree": 8,
                                               "data_parallel_replicate_degree": 2,
@@ -97,6 +104,15 @@ TEST_F(PlanFile, ErrorsNameTheKeyAndTheFix) {
   EXPECT_NE(out.find("error: the plan file says bf16 and the run is f32"), std::string::npos)
       << out;
   EXPECT_NE(out.find("train with --precision bf16"), std::string::npos) << out;
+  // Parameters offloaded without their optimizer state: not a plan Tessera runs.
+  const std::string params_only = write(
+      "po.json", R"({"zero_optimization": {"stage": 3, "offload_param": {"device": "cpu"}}})");
+  EXPECT_EQ(run_command(
+                std::string(TESSERA_BINARY) + " simulate gpt2-small --gpus 8 --plan " + params_only,
+                &out),
+            1)
+      << out;
+  EXPECT_NE(out.find("offloads the parameters but not the optimizer"), std::string::npos) << out;
   // The file's knobs and the command's flags: the same value or an error naming both.
   const std::string megatron = write("m.json", R"({"tensor_model_parallel_size": 8})");
   EXPECT_EQ(run_command(std::string(TESSERA_BINARY) + " simulate llama2-7b --gpus 16 --plan " +

@@ -189,6 +189,26 @@ TEST(Planner, OffloadsTheOptimizerWhereNothingElseFits) {
   EXPECT_FALSE(search_plans(preset("llama2-7b"), no_host, options(1, 8, 4096, 3)).ok());
 }
 
+// ZeRO-3 plans are searched with their parameters offloaded too: LLaMA-2 70B on two H100s fits
+// only so (ZeRO-3's bf16 halves, 69 GB each, beside the activations do not), each device then
+// holding its gradients in the arena and the blocks it is gathering; the bounds hold.
+TEST(Planner, OffloadsTheParametersWhereOnlyThatFits) {
+  const ClusterSpec c = cluster("dgx-h100");
+  Result<PlanSearch> two = search_plans(preset("llama2-70b"), c, options(2, 2, 4096, 3));
+  ASSERT_TRUE(two.ok()) << two.status().to_string();
+  ASSERT_FALSE(two->best.empty());
+  for (const PlanCandidate& p : two->best) {
+    EXPECT_TRUE(p.plan.offloads_params()) << p.describe();
+    EXPECT_TRUE(p.fits(c.device.memory_bytes)) << p.describe();
+    EXPECT_LT(p.sim.persistent_bytes, 1e9) << p.describe();
+    // f32 master, moments and gradient copy, and the bf16 block: 18 bytes of each rank's half
+    EXPECT_GE(p.sim.host_bytes, 18.0 * static_cast<double>(count_params(preset("llama2-70b"))) / 2)
+        << p.describe();
+    EXPECT_LE(p.time_bound, p.sim.step_seconds) << p.describe();
+    EXPECT_LE(p.memory_bound, p.sim.peak_memory_bytes) << p.describe();
+  }
+}
+
 // Pruning by the time bound finds the same best plans as simulating every candidate.
 TEST(Planner, PrunedSearchFindsTheExhaustiveSearchsBestPlans) {
   const ModelConfig cfg = preset("gpt2-medium");
