@@ -314,9 +314,19 @@ TEST(Program, OffloadMovesTheOptimizerStateToTheHost) {
   EXPECT_EQ(q->offload, OffloadPolicy::optimizer);
   EXPECT_EQ(q->describe(), "dp=2 zero=1 offload=optimizer");
   nlohmann::json j = plan_to_json(plan);
+  j["offload"] = "disk";
+  EXPECT_EQ(plan_from_json(j).status().message(),
+            "plan: key 'offload': offload 'disk' is not one of: none, optimizer, params");
+  // The parameters offload only where ZeRO-3 gathers them; then "params" reads back.
   j["offload"] = "params";
   EXPECT_EQ(plan_from_json(j).status().message(),
-            "plan: key 'offload': offload 'params' is not one of: none, optimizer");
+            "plan: offloading the parameters needs ZeRO-3 (zero = 1): the device gathers them "
+            "from host memory");
+  j["zero"] = 3;
+  Result<Plan> z3 = plan_from_json(j);
+  ASSERT_TRUE(z3.ok()) << z3.status().to_string();
+  EXPECT_EQ(z3->describe(), "dp=2 zero=3 offload=params");
+  EXPECT_TRUE(z3->offloads_optimizer() && z3->offloads_params());
 }
 
 TEST(Program, CommBytesMatchTheRingFormulas) {
