@@ -6,6 +6,7 @@
 
 #include "base/check.h"
 #include "parallel/partition_pass.h"
+#include "parallel/pipeline_split.h"
 #include "parallel/redistribute.h"
 
 namespace tessera {
@@ -322,7 +323,8 @@ Status Pass::visit(NodeId id) {
   if (n.op == OpKind::input) {
     const Shape& gs = g_.type(n.outputs[0]).shape;
     const Placements pl = boundary_placements(g_.type(n.outputs[0]));
-    if (gs.rank() == 0 || gs[0] % plan_.data_group() != 0)
+    if ((gs.rank() == 0 && !is_pipeline_input(n.attr<SourceAttrs>().name)) ||
+        (gs.rank() > 0 && gs[0] % plan_.data_group() != 0))
       return error("partition: input '" + n.attr<SourceAttrs>().name + "' " + gs.to_string() +
                        ": the batch does not split over " + std::to_string(plan_.data_group()) +
                        " data-parallel ranks",
@@ -581,6 +583,7 @@ Status Pass::visit(NodeId id) {
 Placements Pass::boundary_placements(const TensorType& t) const {
   const Shape& s = t.shape;
   Placements pl(sizes_.size(), Placement::replicate());
+  if (s.rank() == 0) return pl;  // a scalar between pipeline stages: whole on every rank
   for (const std::string& a : plan_.data_axes)
     pl[static_cast<size_t>(plan_.mesh.axis_index(a))] = Placement::shard(0);
   if (plan_.context_group() > 1 && is_sequence(s))  // tokens, targets, activations [B, T, ...]
@@ -711,7 +714,7 @@ Result<Partitioned> Pass::run() {
     if (v == g_.loss() || grad_of_.count(v) || metric_values.count(v)) continue;
     ValueId& local = out_.global_to_local[static_cast<size_t>(v)];
     const Placements want = boundary_placements(g_.type(v));
-    if (g_.type(v).shape.rank() > 0 && out_.placements[static_cast<size_t>(local)] != want) {
+    if (out_.placements[static_cast<size_t>(local)] != want) {
       TS_ASSIGN_OR_RETURN(local, convert(local, g_.type(v).shape, want, g_.producer(v)));
     }
     out_.local.mark_output(local);

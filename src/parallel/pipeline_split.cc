@@ -109,13 +109,9 @@ Result<std::vector<ChunkGraph>> split_pipeline(const Graph& g, const std::vector
       return error("pipeline: value %" + std::to_string(v) + " of '" + p.scope + "' (chunk " +
                        std::to_string(from) + ") is read in chunk " + std::to_string(c),
                    "a chunk reads values of earlier chunks only; cut the model at other blocks");
-    // What crosses a stage boundary is split on the batch like every stage's inputs: a scalar
-    // summed over the blocks (a mixture of experts' balance loss) is not, yet.
-    if (g.type(v).shape.rank() == 0)
-      return error("pipeline: '" + p.scope +
-                       "' passes a scalar to a later stage (a mixture of "
-                       "experts' balance loss), which pipeline stages do not carry yet",
-                   "drop --pp for this model (expert and data parallelism split it instead)");
+    // What crosses a stage boundary is split on the batch like every stage's inputs, but for a
+    // scalar summed over the blocks (a mixture of experts' balance loss and kept routes), which
+    // every rank of the data axes holds whole (the partition's boundary placements).
     // A chunk that only passes v on holds it outside its blocks (layer -1): the reader's block
     // is a later chunk's.
     Node passing;
@@ -165,6 +161,11 @@ Result<std::vector<ChunkGraph>> split_pipeline(const Graph& g, const std::vector
     Var loss;
     if (c == chunks - 1) loss = b.var(map[static_cast<size_t>(c)][static_cast<size_t>(g.loss())]);
     cg.recv_grads = append_backward(b, loss, seeds, cg.recv);
+    // The metrics (summed over the blocks: each chunk passes its running sum on) in the chunk
+    // that finishes them.
+    for (const auto& [name, v] : g.metrics())
+      if (chunk_of[static_cast<size_t>(g.value(v).producer)] == c)
+        cg.graph.add_metric(name, map[static_cast<size_t>(c)][static_cast<size_t>(v)]);
     for (ValueId v : cg.recv_grads) cg.graph.mark_output(v);
     for (ValueId v : cg.send) cg.graph.mark_output(v);
     TS_RETURN_IF_ERROR(verify(cg.graph));
@@ -240,6 +241,14 @@ Result<Phases> split_phases(const Graph& g, const std::vector<int>& phase_of_nod
   };
   for (ValueId v : g.outputs()) {
     if (v == g.loss()) continue;
+    if (shared_leaf(g.producer(v))) {  // a constant (a zero gradient): made in every phase
+      for (int k = 0; k < phases; ++k) {
+        ValueId& here = p.value_of[static_cast<size_t>(k)][static_cast<size_t>(v)];
+        if (here < 0) TS_RETURN_IF_ERROR(copy(k, g.producer(v), {}));
+        p.graphs[static_cast<size_t>(k)].mark_output(here);
+      }
+      continue;
+    }
     int ph = 0;
     const ValueId c = home(v, &ph);
     p.graphs[static_cast<size_t>(ph)].mark_output(c);
@@ -248,6 +257,11 @@ Result<Phases> split_phases(const Graph& g, const std::vector<int>& phase_of_nod
     int ph = 0;
     const ValueId c = home(g.loss(), &ph);
     p.graphs[static_cast<size_t>(ph)].set_loss(c);
+  }
+  for (const auto& [name, v] : g.metrics()) {  // in the phase computing each
+    int ph = 0;
+    const ValueId c = home(v, &ph);
+    p.graphs[static_cast<size_t>(ph)].add_metric(name, c);
   }
   for (auto [param, grad] : g.param_grads()) {
     int ph = 0;

@@ -69,7 +69,6 @@ std::vector<Degrees> degrees(const ModelConfig& cfg, const ClusterSpec& cluster,
     if (cfg.n_kv_head > 0 && cfg.n_kv_head % tp != 0 && tp % cfg.n_kv_head != 0) continue;
     for (int pp : divisors(o.gpus / tp)) {
       if (pp > cfg.n_layer) continue;
-      if (pp > 1 && cfg.is_moe()) continue;  // its balance loss would cross the stages
       // Context parallelism (language models of dense blocks): groups of cp ranks, a power of
       // two, each holding a chunk of every sequence (LLaMA: zigzag halves, GPT's position
       // table: contiguous chunks). With a pipeline, tp x cp within a node (the stages' ranks

@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <map>
 
 #include "base/check.h"
 #include "base/format.h"
@@ -348,6 +349,7 @@ Status PipelineRunner::run_action(const PipeAction& a) {
       const Graph& g = ex.graph();
       TS_RETURN_IF_ERROR(feed_forward(a, ex));
       TS_RETURN_IF_ERROR(r.run_phase(kForwardPhase));
+      r.add_phase_metrics(kForwardPhase);
       const int slot = take_slot(free_slots_);
       slot_of_[key] = slot;
       save(kForwardPhase, ex, slots_[size_t(slot)]);
@@ -364,6 +366,7 @@ Status PipelineRunner::run_action(const PipeAction& a) {
       if (!c.recv_grads.empty())
         TS_RETURN_IF_ERROR(send(a, ex, in_phase(c, 1, c.recv_grads), kBackwardPhase));
       r.accumulate_phase_grads(kBackwardPhase);
+      r.add_phase_metrics(kBackwardPhase);
       if (a.op == PipeOp::backward_input) {
         const int w = take_slot(free_wslots_);
         wslot_of_[key] = w;
@@ -407,6 +410,20 @@ Result<float> PipelineRunner::forward_backward(const Feed& feed) {
   TS_ASSIGN_OR_RETURN(const double loss,
                       pipe_->all_reduce_scalar(loss_sum_, /*max=*/false, "pipeline loss"));
   return static_cast<float>(loss / pp_.schedule.micro_batches);
+}
+
+std::vector<std::pair<std::string, double>> PipelineRunner::take_metrics() {
+  std::map<std::string, double> here;  // this stage's chunks'
+  for (auto& c : chunks_)
+    for (const auto& [name, x] : c->take_metrics()) here[name] += x;
+  // Each metric is finished on one stage (the last chunk's): summed over the pipeline axis, the
+  // same on every rank. A failed sum is NaN (the step's own collectives report the failure).
+  std::vector<std::pair<std::string, double>> out;
+  for (const auto& [name, v] : model_.metrics()) {
+    Result<double> sum = pipe_->all_reduce_scalar(here[name], /*max=*/false, "metric " + name);
+    out.emplace_back(name, sum.ok() ? sum.value() : std::nan(""));
+  }
+  return out;
 }
 
 Status PipelineRunner::sum_tied_grads() {

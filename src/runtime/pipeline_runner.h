@@ -65,6 +65,9 @@ class PipelineRunner final : public StepDriver {
   // `feed`: this rank's rows of every micro-batch of each model input, one micro-batch after
   // the other. Returns the mean loss over the micro-batches, the same on every rank.
   Result<float> forward_backward(const Feed& feed) override;
+  // The model's metrics summed over this step's micro-batches, from the stage finishing each.
+  // Collective over the pipeline axis.
+  std::vector<std::pair<std::string, double>> take_metrics() override;
   // Clips to `clip` (<= 0: none) by the norm over every stage and steps AdamW. Returns the
   // pre-clip norm, the same on every rank. fp16: the stages share one dynamic loss scale
   // (StepRunner::loss_scale); gradients that overflow on any stage skip the step on all.

@@ -515,6 +515,16 @@ Status StepRunner::run_phase(int ph) {
   return run_instructions(chunk_->phase_lists[static_cast<size_t>(ph)], phase_executor(ph));
 }
 
+void StepRunner::add_phase_metrics(int ph) {
+  const std::vector<ValueId>& in_phase = chunk_->phases.value_of[static_cast<size_t>(ph)];
+  Executor& ex = phase_executor(ph);
+  metric_sums_.resize(prog_.part.metrics.size(), 0.0);
+  for (size_t i = 0; i < prog_.part.metrics.size(); ++i) {
+    const ValueId v = in_phase[static_cast<size_t>(prog_.part.metrics[i].second)];
+    if (v >= 0 && ex.graph().producer(v).op != OpKind::input) metric_sums_[i] += ex.read_scalar(v);
+  }
+}
+
 void StepRunner::accumulate_phase_grads(int ph) {
   const std::vector<ValueId>& in_phase = chunk_->phases.value_of[static_cast<size_t>(ph)];
   Executor& ex = phase_executor(ph);

@@ -110,6 +110,9 @@ class StepRunner {
   Status run_phase(int ph);
   Executor& phase_executor(int ph) { return ph == 0 ? *exec_ : *phase_execs_[size_t(ph) - 1]; }
   void accumulate_phase_grads(int ph);
+  // Chunk runners, after a training phase: the metrics it computed added to take_metrics' sums
+  // (the last chunk's: a metric summed over the blocks is finished there).
+  void add_phase_metrics(int ph);
   // Chunk runners, once per step after the last micro-batch: runs the reduce phase
   // (ChunkProgram::reduce_phase) on the unreduced gradients accumulate_phase_grads summed, and
   // takes its reduced gradients as the step's. Collective over the data and tensor axes.

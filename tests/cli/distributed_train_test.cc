@@ -250,7 +250,8 @@ TEST_F(DistributedTrainTest, ContextParallelRunsMatchOneRank) {
 // The tiny mixture of experts with room for every route (capacity factor E / k): each
 // expert-parallel rank holds 4 of the 8 experts and its share of the batch; the tokens reach
 // their experts and come back by all-to-all. Losses and gradient norms are one rank's, through a
-// checkpoint that reshards from 2 expert-parallel ranks to 1.
+// checkpoint that reshards from 2 expert-parallel ranks to 1; with pipeline stages too (the
+// balance loss and the kept routes cross them as scalars), alone and beside ep 2.
 TEST_F(DistributedTrainTest, ExpertParallelRunsMatchOneRank) {
   const fs::path toml = dir_ / "moe.toml";
   std::ofstream(toml) << "[model]\npreset = \"moe-tiny\"\ncapacity_factor = 4.0\n";
@@ -265,13 +266,18 @@ TEST_F(DistributedTrainTest, ExpertParallelRunsMatchOneRank) {
   EXPECT_NE(log.find("resumed from step 3"), std::string::npos) << log;
   ASSERT_EQ(train(4, "ep_dp", flags + "--ep 2 --dp 2 --zero 1", &log), 0) << log;
   ASSERT_EQ(train(4, "ep_tp", flags + "--ep 2 --tp 2", &log), 0) << log;
-  for (const char* out : {"ep", "ep_dp", "ep_tp"}) expect_steps_match(out, "straight", 6);
+  ASSERT_EQ(train(2, "pp", flags + "--pp 2", &log), 0) << log;
+  ASSERT_EQ(train(4, "ep_pp", flags + "--ep 2 --pp 2", &log), 0) << log;
+  EXPECT_NE(log.find("pp=2 x dp=1 x ep=2"), std::string::npos) << log;
+  for (const char* out : {"ep", "ep_dp", "ep_tp", "pp", "ep_pp"})
+    expect_steps_match(out, "straight", 6);
   // Every route found a slot, and metrics.jsonl says so; a capacity of half the even share
   // drops routes, and says how many.
   auto dropped = [](const fs::path& metrics) {
     return metric_values(metrics, "moe_dropped_routes");
   };
-  EXPECT_EQ(dropped(dir_ / "straight" / "metrics.jsonl"), std::vector<double>(6, 0.0));
+  for (const char* out : {"straight", "ep_pp"})
+    EXPECT_EQ(dropped(dir_ / out / "metrics.jsonl"), std::vector<double>(6, 0.0)) << out;
   EXPECT_LT(loss_at(dir_ / "straight" / "metrics.jsonl", 5),
             loss_at(dir_ / "straight" / "metrics.jsonl", 0));
   const fs::path tight = dir_ / "tight.toml";
@@ -282,6 +288,12 @@ TEST_F(DistributedTrainTest, ExpertParallelRunsMatchOneRank) {
   ASSERT_EQ(tight_drops.size(), 2u);
   // Of 4 x 32 x 2 routes per block, at most 8 experts x 16 slots (4 per example) find one.
   EXPECT_GE(tight_drops[0], 2 * (4 * 32 * 2 - 8 * 16));
+  // Two stages drop the routes one rank drops, micro-batch by micro-batch, and count them all.
+  ASSERT_EQ(train(1, "tight_one", "--batch 4 --grad-accum 2 --steps 2", &log), 0) << log;
+  ASSERT_EQ(train(2, "tight_pp", "--batch 4 --grad-accum 2 --steps 2 --pp 2", &log), 0) << log;
+  EXPECT_GT(dropped(dir_ / "tight_one" / "metrics.jsonl")[0], 0.0);
+  EXPECT_EQ(dropped(dir_ / "tight_pp" / "metrics.jsonl"),
+            dropped(dir_ / "tight_one" / "metrics.jsonl"));
   EXPECT_EQ(train(3, "ep3", "--batch 3 --steps 1 --ep 3", &log), 1) << log;  // 8 experts, 3 ranks
   EXPECT_NE(log.find("do not split over 3 expert-parallel ranks"), std::string::npos) << log;
 }
