@@ -127,6 +127,15 @@ Status run_submit(const SubmitOptions& so) {
   // The predicted steps, a margin, and 15 minutes for start-up, evaluations and checkpoints.
   const double limit = c.sim.step_seconds * static_cast<double>(o.steps) * (1 + so.margin) + 900;
   const std::string out = std::filesystem::absolute(o.out).string();
+  // The #SBATCH --output line is not a shell word: no quoting holds a space there, and a '%'
+  // is one of Slurm's filename patterns unless doubled.
+  if (out.find_first_of(" \t\n\"'\\") != std::string::npos)
+    return error("--out '" + out +
+                     "' holds whitespace, a quote or a backslash, which Slurm's "
+                     "#SBATCH --output line cannot carry",
+                 "choose an --out path without them");
+  std::string log_pattern;
+  for (char ch : out) log_pattern += ch == '%' ? std::string("%%") : std::string(1, ch);
   const std::string plan_path = out + "/plan.json";
   std::error_code ec;
   const std::string self = std::filesystem::read_symlink("/proc/self/exe", ec).string();
@@ -155,7 +164,7 @@ Status run_submit(const SubmitOptions& so) {
                        cfg.name + "\n" + "#SBATCH --nodes=" + std::to_string(nodes) + "\n" +
                        "#SBATCH --ntasks-per-node=" + std::to_string(per_node) + "\n";
   if (device != "cpu") script += "#SBATCH --gpus-per-task=1\n";
-  script += "#SBATCH --time=" + slurm_time(limit) + "\n" + "#SBATCH --output=" + out +
+  script += "#SBATCH --time=" + slurm_time(limit) + "\n" + "#SBATCH --output=" + log_pattern +
             "/slurm-%j.out\n" +
             "#SBATCH --open-mode=append\n"
             "#SBATCH --signal=TERM@120\n"

@@ -188,10 +188,17 @@ Status run_train(const TrainOptions& options) {
   }
   // A plan file that cannot be read is that error, whatever the number of processes.
   if (!o.plan.empty() && !automatic) TS_RETURN_IF_ERROR(check_plan_file(o.plan));
-  // A distributed run: started by mpirun (or `tessera launch`), or asked for by flags.
-  const bool wants_ranks = o.dp > 1 || o.tp > 1 || o.pp > 1 || o.cp > 1 || o.ep > 1 || o.hsdp > 0 ||
-                           (!o.plan.empty() && !automatic);
+  // A distributed run: started by mpirun (or `tessera launch`), or asked for by flags or by a
+  // plan file of more than one rank (a file's one-rank plan runs in this process).
+  const bool rank_flags = o.dp > 1 || o.tp > 1 || o.pp > 1 || o.cp > 1 || o.ep > 1 || o.hsdp > 0;
   TS_ASSIGN_OR_RETURN(std::unique_ptr<Communicator> world, join_mpi_job(o.collectives));
+  bool plan_file_ranks = !o.plan.empty() && !automatic;
+  if (plan_file_ranks && !world && !rank_flags) {
+    std::string placed;
+    Result<Plan> one = train_plan(o, cfg, 1, &placed);
+    plan_file_ranks = !one.ok() || one->mesh.size() > 1;
+  }
+  const bool wants_ranks = rank_flags || plan_file_ranks;
   if (world) {
     world->set_timeout(o.comm_timeout);
   } else if (wants_ranks) {

@@ -165,6 +165,22 @@ TEST_F(PlanFile, ErrorsNameTheKeyAndTheFix) {
       run_command(std::string(TESSERA_BINARY) + " plan gpt-tiny --batch 4 --plan " + four, &out), 0)
       << out;
   EXPECT_NE(out.find("plan            dp=2 x tp=2 zero=1"), std::string::npos) << out;
+  // A file whose plan is one rank trains in this process (ZeRO-Infinity on one device: ZeRO-3
+  // with the optimizer and the parameters in host memory); one of two ranks needs launch.
+  const std::string infinity = write("one.json", R"({"dp": 1, "zero_optimization": {"stage": 3,
+      "offload_optimizer": {"device": "cpu"}, "offload_param": {"device": "cpu"}}})");
+  const std::string one = std::string(TESSERA_BINARY) + " train --model gpt-tiny --data " +
+                          (dir_ / "data").string() +
+                          " --seq 16 --batch 2 --steps 2 --sample-tokens 0 --eval-every 0 --plan ";
+  out.clear();
+  EXPECT_EQ(run_command(one + infinity + " --out " + (dir_ / "one").string(), &out), 0) << out;
+  EXPECT_NE(out.find("parameters 0 B (gathered from host memory per use)"), std::string::npos)
+      << out;
+  EXPECT_EQ(metric_losses(dir_ / "one/metrics.jsonl").size(), 2u);
+  out.clear();
+  EXPECT_EQ(run_command(one + accum + " --grad-accum 2 --out " + (dir_ / "two").string(), &out), 1)
+      << out;
+  EXPECT_NE(out.find("a distributed plan needs one process per rank"), std::string::npos) << out;
 }
 
 }  // namespace

@@ -72,6 +72,15 @@ TEST_F(Submit, DryRunPrintsThePlanAndTheBatchScript) {
   const std::string two =
       tessera("submit --flavor 2xlarge.1280gb --dry-run -- train --model gpt-tiny --seq 16", 0);
   EXPECT_NE(two.find("#SBATCH --nodes=2\n#SBATCH --ntasks-per-node=8\n"), std::string::npos) << two;
+  // The log's path as Slurm reads it: a '%' in --out doubled (else a filename pattern), and a
+  // space (which no #SBATCH quoting carries) refused by name.
+  const std::string job = " --dry-run -- train --model gpt-tiny --seq 16 --device cpu --out ";
+  const std::string pct = tessera("submit --gpus 2 --cluster cpu-local" + job + "run%1", 0);
+  EXPECT_NE(pct.find("/run%%1/slurm-%j.out\n"), std::string::npos) << pct;
+  EXPECT_NE(pct.find("/run%1/plan.json"), std::string::npos) << pct;
+  const std::string space = tessera("submit --gpus 2 --cluster cpu-local" + job + "'my run'", 1);
+  EXPECT_NE(space.find("error: --out '"), std::string::npos) << space;
+  EXPECT_NE(space.find("#SBATCH --output line cannot carry"), std::string::npos) << space;
 }
 
 TEST_F(Submit, BadFlavorsAndNoSlurmAreOneError) {
