@@ -212,12 +212,14 @@ Result<ScheduleTiming> time_schedule(const PipelineSchedule& s, const ChunkTimes
         // The action this one waits for, and whether its result crosses to another stage.
         Key dep;
         bool has_dep = true, remote = false;
+        bool sends = false;  // its result goes to a neighbouring chunk's stage
         double dur = 0;
         switch (a.op) {
           case PipeOp::forward:
             has_dep = k > 0;
             dep = {PipeOp::forward, a.micro_batch, k - 1};
             remote = true;
+            sends = k < k_last;
             dur = t.forward[ku];
             break;
           case PipeOp::backward:
@@ -225,6 +227,7 @@ Result<ScheduleTiming> time_schedule(const PipelineSchedule& s, const ChunkTimes
             remote = k < k_last;
             dep = remote ? Key{grad_op, a.micro_batch, k + 1}
                          : Key{PipeOp::forward, a.micro_batch, k};
+            sends = k > 0;
             dur = t.backward_input[ku] + (split ? 0 : t.backward_weight[ku]);
             break;
           case PipeOp::backward_weight:
@@ -240,7 +243,8 @@ Result<ScheduleTiming> time_schedule(const PipelineSchedule& s, const ChunkTimes
           ready = it->second + (remote && p > 1 ? t.p2p : 0.0);
         }
         const double start = std::max(free[static_cast<size_t>(st)], ready);
-        free[static_cast<size_t>(st)] = start + dur;
+        free[static_cast<size_t>(st)] =
+            start + dur + (t.blocking_p2p && sends && p > 1 ? t.p2p : 0);
         end[{a.op, a.micro_batch, k}] = start + dur;
         r.busy_seconds[static_cast<size_t>(st)] += dur;
         r.start[static_cast<size_t>(st)].push_back(start);

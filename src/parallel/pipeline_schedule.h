@@ -73,6 +73,9 @@ int max_in_flight(const PipelineSchedule& s, int stage);
 struct ChunkTimes {
   std::vector<double> forward, backward_input, backward_weight;  // per model chunk
   double p2p = 0;
+  // Each action whose result goes to another stage keeps its stage busy for p2p after it (a
+  // send that blocks); otherwise the transfer only delays the action waiting for it.
+  bool blocking_p2p = false;
   // Every chunk alike; `backward` (input + weight) split evenly between B and W.
   static ChunkTimes uniform(int chunks, double forward, double backward, double p2p = 0);
 };

@@ -19,6 +19,10 @@ std::string normalized_term(const std::string& text) {
   return out;
 }
 
+bool framework_blocks_pipeline_sends(const std::string& framework) {
+  return normalized_term(framework).find("deepspeed") != std::string::npos;
+}
+
 namespace {
 
 bool has(const std::string& s, const char* word) { return s.find(word) != std::string::npos; }

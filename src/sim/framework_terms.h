@@ -63,6 +63,14 @@ struct RecomputeTerm {
 // "tensor_model_parallel_size").
 std::string normalized_term(const std::string& text);
 
+// Whether a framework's pipeline sends block the sending stage until they are done: DeepSpeed's
+// pipeline engine (its instructions run one after another, the send of an activation a
+// synchronous p2p before the receive of the next gradient), so Megatron-DeepSpeed, GPT-NeoX and
+// MT-NLG too. Not Megatron-LM's schedules: each batches a send with the receive the stage waits
+// for anyway, so the send is hidden behind that wait; nor Megatron-Core, NeMo, the others, or an
+// unnamed framework.
+bool framework_blocks_pipeline_sends(const std::string& framework);
+
 Result<ShardingTerm> parse_sharding_term(const std::string& text);
 Result<PrecisionTerm> parse_precision_term(const std::string& text);
 Result<RecomputeTerm> parse_recompute_term(const std::string& text);

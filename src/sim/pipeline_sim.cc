@@ -69,6 +69,7 @@ Result<SimResult> simulate(const PipelineProgram& pp, const ClusterSpec& cluster
     send = std::max(send, static_cast<double>(c.send_bytes) * scale);
   }
   t.p2p = p2p_seconds(pp.plan, cluster, send);
+  t.blocking_p2p = opt.blocking_p2p;
   TS_ASSIGN_OR_RETURN(ScheduleTiming timing, time_schedule(sched, t));
 
   SimResult r;

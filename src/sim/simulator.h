@@ -58,6 +58,11 @@ struct SimOptions {
   bool fp8 = false;
   CollAlgo algo = CollAlgo::automatic;
   bool trace = false;  // record events for chrome_trace()
+  // Pipelines: each send between stages holds the sending stage until it is done, as the
+  // frameworks whose stage-to-stage sends block do (DeepSpeed's pipeline engine:
+  // framework_blocks_pipeline_sends). Tessera's runtime sends on its own and goes on computing
+  // (false).
+  bool blocking_p2p = false;
 };
 
 // The sharding search's figures for `plan` on `cluster`: its FLOP/byte ratio between tensor

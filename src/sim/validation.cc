@@ -345,9 +345,6 @@ Result<RunSetup> setup_run(const PublishedRun& r, const std::string& cluster_dir
     if (!text.empty() && (!number(text, v) || *v < 1 || *v != std::floor(*v)))
       return error(std::string(col) + "='" + text + "' is not a positive integer");
   }
-  if (ep > 1 && pp > 1)
-    return error("ep=" + r.at("ep") + " with pp=" + r.at("pp") +
-                 ": mixtures of experts with pipeline stages are not in the Program yet");
   // "8-512" GPUs with a scaling efficiency: the per-GPU throughput at the largest count over
   // that at the smallest, in percent.
   static const std::regex range(R"((\d+)\s*-\s*(\d+))");
@@ -401,6 +398,12 @@ Result<RunSetup> setup_run(const PublishedRun& r, const std::string& cluster_dir
     s.sim.fp8 = p.fp8;
     if (p.fp8)
       s.assumptions.push_back("FP8 GEMMs in the blocks (Transformer Engine), bf16 elsewhere");
+  }
+  // Pipelines: how the framework's stages hand each other their activations and gradients.
+  if (pp > 1 && framework_blocks_pipeline_sends(r.at("framework"))) {
+    s.sim.blocking_p2p = true;
+    s.assumptions.push_back("each send between stages blocks its stage (" + r.at("framework") +
+                            ")");
   }
   const std::string& rc = r.at("activation_recompute");
   std::optional<RecomputeTerm> recompute;

@@ -127,6 +127,24 @@ TEST(PipelineSchedule, PointToPointTimeLengthensFillAndDrain) {
   EXPECT_LE(slow, base + 2 * (m + p - 1) * 0.1 + 1e-9);
 }
 
+// A send that blocks (DeepSpeed's pipeline engine) keeps its stage busy for the transfer: 1F1B
+// on 2 stages, 2 micro-batches, F = 1, B = 2, p2p = 0.5 s. Asynchronous sends: stage 0 runs F0
+// 0-1 and F1 1-2; stage 1 F0 1.5-2.5, B0 2.5-4.5, F1 4.5-5.5, B1 5.5-7.5; stage 0 B0 5-7, B1
+// 8-10. Blocking: stage 0's F1 starts at 1.5 (after F0's send) and its send keeps it to 3.0;
+// stage 1's B0 sends until 5.0, so F1 runs 5-6 and B1 6-8 (sent by 8.5); stage 0's B1 8.5-10.5.
+TEST(PipelineSchedule, BlockingSendsHoldTheSendingStage) {
+  PipelineSchedule s = make_schedule(ScheduleKind::one_f_one_b, 2, 2).value();
+  ChunkTimes t = ChunkTimes::uniform(2, 1, 2, 0.5);
+  EXPECT_DOUBLE_EQ(time_schedule(s, t).value().step_seconds, 10.0);
+  t.blocking_p2p = true;
+  const ScheduleTiming blocked = time_schedule(s, t).value();
+  EXPECT_DOUBLE_EQ(blocked.step_seconds, 10.5);
+  EXPECT_DOUBLE_EQ(blocked.start[0][1], 1.5);  // stage 0's F1, after F0's send
+  EXPECT_DOUBLE_EQ(blocked.start[1][2], 5.0);  // stage 1's F1, after B0's send
+  // The busy time is the compute alone: the sends are idle time on the stage.
+  EXPECT_DOUBLE_EQ(blocked.busy_seconds[0], 6.0);
+}
+
 TEST(PipelineSchedule, BadShapesAreErrors) {
   auto message = [](Result<PipelineSchedule> r) {
     return r.ok() ? std::string("ok") : r.status().to_string();

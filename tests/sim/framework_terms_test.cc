@@ -95,6 +95,17 @@ TEST(FrameworkTerms, PrecisionSpellings) {
   EXPECT_NE(mixed.status().message().find("in which format"), std::string::npos);
 }
 
+// The frameworks whose pipeline sends block the sending stage: those on DeepSpeed's pipeline
+// engine; Megatron-LM's sends wait with the receive the stage needs anyway.
+TEST(FrameworkTerms, FrameworksWhosePipelineSendsBlock) {
+  for (const char* blocks : {"Megatron-DeepSpeed", "DeepSpeed + Megatron-LM",
+                             "GPT-NeoX (Megatron + DeepSpeed)", "deepspeed"})
+    EXPECT_TRUE(framework_blocks_pipeline_sends(blocks)) << blocks;
+  for (const char* overlaps : {"Megatron-LM", "Megatron-LM (PTD-P)",
+                               "NeMo 24.07 (Megatron-Core, Transformer Engine)", "torchtitan", ""})
+    EXPECT_FALSE(framework_blocks_pipeline_sends(overlaps)) << overlaps;
+}
+
 TEST(FrameworkTerms, RecomputeSpellings) {
   for (const auto& [text, policy] : std::vector<std::pair<const char*, RecomputePolicy>>{
            {"full", RecomputePolicy::full},
