@@ -155,6 +155,9 @@ class Backend {
  public:
   virtual ~Backend() = default;
   virtual const char* name() const = 0;
+  // The device as its driver names it ("NVIDIA H100 80GB HBM3 (sm_90)"); the backend's name
+  // where there is no such device (the CPU).
+  virtual std::string device_name() const { return name(); }
   virtual bool supports(OpKind op) const = 0;
   // Runs one node (enqueues it, on a device). inputs/outputs point at this backend's buffers
   // of the node's value types, densely packed row-major. Outputs never alias inputs.

@@ -149,12 +149,7 @@ Result<std::unique_ptr<Backend>> open_device(const std::string& device) {
 #endif
 }
 
-std::string device_description(const Backend& b) {
-#if TESSERA_HAVE_CUDA
-  if (const auto* gpu = dynamic_cast<const CudaBackend*>(&b)) return gpu->device_name();
-#endif
-  return b.name();
-}
+std::string device_description(const Backend& b) { return b.device_name(); }
 
 std::string flag_value(const std::vector<std::string>& args, const std::string& name) {
   for (size_t i = 0; i < args.size(); ++i) {

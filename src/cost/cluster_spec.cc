@@ -428,6 +428,25 @@ std::string cluster_preset_text(const std::string& name) {
   return "";
 }
 
+std::optional<DeviceSpec> datasheet_device(const std::string& product) {
+  auto has = [&](const char* s) { return product.find(s) != std::string::npos; };
+  // (product name parts, the preset holding that GPU)
+  const char* preset = has("H200")                                  ? "dgx-h100"
+                       : has("H100") && (has("HBM3") || has("SXM")) ? "dgx-h100"
+                       : has("A100") && has("40GB")                 ? "dgx-a100-40gb"
+                       : has("A100")                                ? "dgx-a100"
+                       : has("V100")                                ? "v100-dgx2"
+                       : has("MI250X")                              ? "frontier"
+                       : has("MI250")                               ? "mi250-hdr"
+                                                                    : nullptr;
+  if (preset == nullptr) return std::nullopt;
+  Result<ClusterSpec> c = load_cluster(preset);
+  if (!c.ok()) return std::nullopt;
+  DeviceSpec d = c->device;
+  if (has("H200")) d.name = "H200 (" + d.name + " tensor cores)";
+  return d;
+}
+
 Result<ClusterSpec> load_cluster(const std::string& name_or_path) {
   const std::string preset = cluster_preset_text(name_or_path);
   if (!preset.empty()) return parse_cluster_spec(preset, "clusters/" + name_or_path + ".toml");

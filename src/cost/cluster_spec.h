@@ -24,6 +24,7 @@
 #pragma once
 
 #include <map>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -136,6 +137,11 @@ Result<ClusterSpec> load_cluster(const std::string& name_or_path);
 // A device's FLOP/s at `precision` over the bytes/s of its intra-node link: what a byte sent
 // over a tensor axis (the innermost, one node) costs in FLOPs (SearchCost::flops_per_byte).
 double flops_per_intra_byte(const ClusterSpec& c, DType precision);
+// The device of the shipped preset whose GPU a driver's product name is ("NVIDIA H100 80GB
+// HBM3", "NVIDIA A100-SXM4-40GB", "AMD Instinct MI250X"): its datasheet peaks, for the MFU
+// every published run reports. An H200 has the H100 SXM's tensor cores (its name says H200);
+// nullopt for a device no preset holds (an H100 PCIe, whose peaks differ, or the CPU).
+std::optional<DeviceSpec> datasheet_device(const std::string& product);
 // Names of the shipped presets, sorted.
 std::vector<std::string> cluster_presets();
 // The TOML text of a preset ("" when unknown): the file under clusters/ the binary embeds.

@@ -30,6 +30,7 @@
 #include "ir/builder.h"
 #include "runtime/optimizer.h"
 #include "runtime/step_trace.h"
+#include "train/mfu_peak.h"
 #include "train/progress.h"
 #include "train/run_control.h"
 #include "train/run_metrics.h"
@@ -246,37 +247,6 @@ void maybe_kill(int rank, int64_t step) {
   std::fprintf(stderr, "tessera: rank %d: killed by TESSERA_FAULT_KILL_* in step %lld\n", rank,
                (long long)step);
   std::raise(SIGKILL);
-}
-
-// This process's GEMM rate in FLOP/s, the peak MFU is taken against when --peak-flops is not
-// given: the best of 3 products of n x n matrices (under `launch`, ranks sharing cores each
-// measure their share). On the CPU backend a 1024 x 1024 sgemm on its threads (its bf16/f16
-// kernels compute in f32); on a device a 4096 x 4096 matmul node of the run's dtype.
-double measured_gemm_peak(Backend& backend, DType dt) {
-  if (backend.memory() == MemSpace::host) {
-    const int64_t n = 1024;
-    std::vector<float> a(static_cast<size_t>(n * n), 0.5f), b(a.size(), 0.25f), c(a.size());
-    double best = 1e30;
-    for (int r = 0; r < 3; ++r) {
-      auto t0 = Clock::now();
-      cpu::sgemm(false, false, n, n, n, a.data(), n, b.data(), n, c.data(), n, 0.0f);
-      best = std::min(best, std::chrono::duration<double>(Clock::now() - t0).count());
-    }
-    return 2.0 * static_cast<double>(n * n * n) / best;
-  }
-  const int64_t n = 4096;
-  Graph g;
-  Builder bld(&g);
-  bld.matmul(bld.input("a", Shape{n, n}, dt), bld.input("b", Shape{n, n}, dt));
-  Executor ex(g, backend);  // inputs as allocated (zeros): the rate does not depend on values
-  double best = 1e30;
-  for (int r = 0; r < 4; ++r) {  // the first run warms up (kernel selection, clocks)
-    auto t0 = Clock::now();
-    ex.run();
-    backend.synchronize();
-    if (r > 0) best = std::min(best, std::chrono::duration<double>(Clock::now() - t0).count());
-  }
-  return 2.0 * static_cast<double>(n * n * n) / best;
 }
 
 // A run that diverged: what went non-finite in which step, and how to go on.
@@ -552,7 +522,8 @@ Status train(const TrainOptions& o, const TrainJob& job) {
   // second and rank, against the rank's peak.
   const double model_flops_per_step =
       st.model.graph.total_flops() * static_cast<double>(o.grad_accum);
-  const double peak = o.peak_flops > 0 ? o.peak_flops : measured_gemm_peak(backend, cfg.dtype);
+  const MfuPeak mfu = mfu_peak(backend, cfg.dtype, o.peak_flops);
+  const double peak = mfu.flops;
   if (leader) std::fputs(st.describe_memory().c_str(), stderr);
 
   Progress progress(o.steps, start_step, leader ? o.log_every : 0, images ? "img/s" : "tok/s");
@@ -567,7 +538,8 @@ Status train(const TrainOptions& o, const TrainJob& job) {
     if (leader) progress.note("step " + std::to_string(last_saved) + ": checkpoint saved");
     return Status();
   };
-  double step_secs = 0;  // in training steps (no eval, checkpoints)
+  double step_secs = 0;        // in training steps (no eval, checkpoints)
+  double first_step_secs = 0;  // this run's first (start-up, graph recording): told apart
   install_stop_signals();
   // --trace: the step recorded (0-based), by default this run's second (or its only) one.
   const int64_t traced = o.trace.empty()    ? -1
@@ -601,6 +573,7 @@ Status train(const TrainOptions& o, const TrainJob& job) {
     TS_RETURN_IF_ERROR(publish_checkpoint());
     const bool skipped = st.step_skipped();  // fp16: the gradients overflowed, no update
     double dt = std::chrono::duration<double>(Clock::now() - t0).count();
+    if (steps_this_run == 0) first_step_secs = dt;
     ++steps_this_run;
     step_secs += dt;
     nlohmann::json rec = {{"step", step},
@@ -611,6 +584,7 @@ Status train(const TrainOptions& o, const TrainJob& job) {
                           {"flops_per_s_per_rank", model_flops_per_step / dt / ranks},
                           {"mfu", model_flops_per_step / dt / ranks / peak},
                           {"peak_flops_per_rank", peak},
+                          {"gemm_flops_per_rank", mfu.measured},
                           {"step_s", dt}};
     if (st.loss_scale() > 0) rec["loss_scale"] = st.loss_scale();
     // A mixture of experts: the (token, expert) routes of the step that found no slot.
@@ -690,17 +664,28 @@ Status train(const TrainOptions& o, const TrainJob& job) {
   if (leader) progress.finish();
   double secs = std::chrono::duration<double>(Clock::now() - t_start).count();
   if (leader && steps_this_run > 0) {
-    const double steps = static_cast<double>(steps_this_run);
-    const double per_rank = model_flops_per_step * steps / step_secs / static_cast<double>(ranks);
-    std::fprintf(stderr,
-                 "trained %lld step%s in %s (%s in steps): %s %s/s, %s FLOP/s per rank, MFU "
-                 "%.1f%% of %s FLOP/s (%s)\n",
-                 (long long)steps_this_run, steps_this_run == 1 ? "" : "s",
-                 format_duration(secs).c_str(), format_duration(step_secs).c_str(),
-                 format_si(tokens_per_step * steps / step_secs).c_str(),
-                 images ? "images" : "tokens", format_si(per_rank).c_str(), 100 * per_rank / peak,
-                 format_si(peak).c_str(),
-                 o.peak_flops > 0 ? "--peak-flops" : "this rank's measured GEMM rate");
+    // The steady rate: the steps after this run's first (which starts the libraries and
+    // records the step's graph), or that one alone.
+    const bool steady = steps_this_run > 1;
+    const double steps = static_cast<double>(steps_this_run - (steady ? 1 : 0));
+    const double secs_of = steady ? step_secs - first_step_secs : step_secs;
+    const double per_rank = model_flops_per_step * steps / secs_of / static_cast<double>(ranks);
+    const std::string over = steady ? "first step " + format_duration(first_step_secs) +
+                                          "; steps " + std::to_string(start_step + 2) + "-" +
+                                          std::to_string(start_step + steps_this_run) + ": "
+                                    : std::string();
+    std::fprintf(
+        stderr,
+        "trained %lld step%s in %s (%s in steps): %s%s %s/s, %s FLOP/s per rank, MFU "
+        "%.1f%% of %s FLOP/s (%s)%s\n",
+        (long long)steps_this_run, steps_this_run == 1 ? "" : "s", format_duration(secs).c_str(),
+        format_duration(step_secs).c_str(), over.c_str(),
+        format_si(tokens_per_step * steps / secs_of).c_str(), images ? "images" : "tokens",
+        format_si(per_rank).c_str(), 100 * per_rank / peak, format_si(peak).c_str(),
+        mfu.source.c_str(),
+        mfu.source == "this rank's measured GEMM rate"
+            ? ""
+            : ("; this rank's measured GEMM rate " + format_si(mfu.measured) + " FLOP/s").c_str());
     if (per_rank > peak)
       std::fprintf(stderr,
                    "note: an MFU above 100%%: the peak (%s FLOP/s) is below the rate this rank "

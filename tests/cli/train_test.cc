@@ -119,8 +119,22 @@ TEST_F(TrainTest, MetricsCarryModelFlopsAndMfu) {
     EXPECT_DOUBLE_EQ(j.at("mfu").get<double>(), flops / 1e12);
     // The model's FLOPs in a step: 2 B T x (6 N-ish) for gpt-tiny is over a few MFLOP.
     EXPECT_GT(flops * step_s, 1e6);
+    EXPECT_GT(j.at("gemm_flops_per_rank").get<double>(), 0);  // measured beside the given peak
   }
   EXPECT_EQ(steps, 3);
+  // The summary: the steady steps' rate with the first step apart, and the peak named (the CPU
+  // has no datasheet: its measured GEMM rate).
+  std::string out;
+  ASSERT_EQ(run_command(std::string(TESSERA_BINARY) + " train --model gpt-tiny --data " +
+                            (dir_ / "data").string() + " --out " + (dir_ / "cli").string() +
+                            " --seq 16 --batch 2 --steps 3 --sample-tokens 0 --eval-every 0",
+                        &out),
+            0)
+      << out;
+  EXPECT_NE(out.find("trained 3 steps in "), std::string::npos) << out;
+  EXPECT_NE(out.find("): first step "), std::string::npos) << out;
+  EXPECT_NE(out.find("; steps 2-3: "), std::string::npos) << out;
+  EXPECT_NE(out.find("FLOP/s (this rank's measured GEMM rate)\n"), std::string::npos) << out;
 }
 
 TEST_F(TrainTest, MissingDataPathIsNamed) {

@@ -122,6 +122,29 @@ TEST(ClusterSpec, DgxA100MatchesTheDatasheet) {
   EXPECT_EQ(c.nodes_for(1), 1);
 }
 
+// The datasheet a driver's product name points to: the presets' GPUs (an H200 with the H100
+// SXM's tensor cores), nothing for a GPU no preset holds or for the CPU.
+TEST(ClusterSpec, DatasheetDeviceByProductName) {
+  const std::pair<const char*, const char*> known[] = {
+      {"NVIDIA H100 80GB HBM3 (sm_90)", "H100-SXM5-80GB"},
+      {"NVIDIA A100-SXM4-80GB (sm_80)", "A100-SXM4-80GB"},
+      {"NVIDIA A100-SXM4-40GB (sm_80)", "A100-SXM4-40GB"},
+      {"Tesla V100-SXM3-32GB", "V100-SXM3-32GB"},
+      {"AMD Instinct MI250X", "MI250X-GCD"}};
+  for (const auto& [product, name] : known) {
+    std::optional<DeviceSpec> d = datasheet_device(product);
+    ASSERT_TRUE(d.has_value()) << product;
+    EXPECT_EQ(d->name, name) << product;
+  }
+  std::optional<DeviceSpec> h200 = datasheet_device("NVIDIA H200 (sm_90)");
+  ASSERT_TRUE(h200.has_value());
+  EXPECT_EQ(h200->name, "H200 (H100-SXM5-80GB tensor cores)");
+  EXPECT_DOUBLE_EQ(h200->peak_flops(DType::bf16), load_cluster("dgx-h100")->device.peak_flops_bf16);
+  EXPECT_GT(h200->peak_flops(DType::bf16), 9e14);
+  for (const char* unknown : {"NVIDIA H100 PCIe (sm_90)", "cpu", ""})
+    EXPECT_FALSE(datasheet_device(unknown).has_value()) << unknown;
+}
+
 TEST(ClusterSpec, OtherPresetHeadlineNumbers) {
   EXPECT_DOUBLE_EQ(load_ok("dgx-a100-40gb").device.memory_bandwidth, 1555e9);
   ClusterSpec h = load_ok("dgx-h100");

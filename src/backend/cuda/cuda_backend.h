@@ -65,7 +65,7 @@ class CudaBackend final : public Backend {
   // The stream run() enqueues on (callers' own kernels go after the nodes on it).
   cudaStream_t stream() const;
   // The device's name and compute capability, e.g. "NVIDIA H100 80GB HBM3 (sm_90)".
-  std::string device_name() const;
+  std::string device_name() const override;
 
  private:
   struct Impl;
