@@ -173,6 +173,12 @@ class Backend {
   // Copies between host memory and this backend's memory, and within it, and byte fills, in
   // order with run(); to_host waits for everything before it, so `dst` is ready on return.
   virtual void to_device(void* dst, const void* host_src, int64_t bytes) = 0;
+  // Host memory the device copies to and from on every step (an offloaded optimizer's state,
+  // offloaded parameters): page-locked, where the device has copy engines that need it, so its
+  // copies run at the link's rate without a staging pass; unpin_host before it is freed.
+  // Nothing on a backend without (the CPU).
+  virtual void pin_host(void* /*p*/, int64_t /*bytes*/) {}
+  virtual void unpin_host(void* /*p*/) {}
   virtual void to_host(void* host_dst, const void* src, int64_t bytes) = 0;
   virtual void copy(void* dst, const void* src, int64_t bytes) = 0;
   virtual void fill(void* dst, uint8_t byte, int64_t bytes) = 0;

@@ -95,6 +95,18 @@ Status run_submit(const SubmitOptions& so) {
   TS_RETURN_IF_ERROR(check_train_options(o, cfg));
   cfg.dtype = *parse_dtype(o.precision);
 
+  const std::string out = std::filesystem::absolute(o.out).string();
+  // The #SBATCH --output line is not a shell word (this script does not rely on sbatch's own
+  // quoting there), and a '%' is one of Slurm's filename patterns unless doubled. Checked
+  // before the plan is searched.
+  if (out.find_first_of(" \t\n\"'\\") != std::string::npos)
+    return error("--out '" + out +
+                     "' holds whitespace, a quote or a backslash, which Slurm's "
+                     "#SBATCH --output line does not quote",
+                 "choose an --out path without them");
+  std::string log_pattern;
+  for (char ch : out) log_pattern += ch == '%' ? std::string("%%") : std::string(1, ch);
+
   // The flavor, or --gpus devices of --cluster.
   TS_ASSIGN_OR_RETURN(std::vector<Flavor> flavors, load_flavors(so.flavors));
   Flavor flavor;
@@ -126,16 +138,6 @@ Status run_submit(const SubmitOptions& so) {
   const int nodes = cluster.nodes_for(flavor.devices);
   // The predicted steps, a margin, and 15 minutes for start-up, evaluations and checkpoints.
   const double limit = c.sim.step_seconds * static_cast<double>(o.steps) * (1 + so.margin) + 900;
-  const std::string out = std::filesystem::absolute(o.out).string();
-  // The #SBATCH --output line is not a shell word: no quoting holds a space there, and a '%'
-  // is one of Slurm's filename patterns unless doubled.
-  if (out.find_first_of(" \t\n\"'\\") != std::string::npos)
-    return error("--out '" + out +
-                     "' holds whitespace, a quote or a backslash, which Slurm's "
-                     "#SBATCH --output line cannot carry",
-                 "choose an --out path without them");
-  std::string log_pattern;
-  for (char ch : out) log_pattern += ch == '%' ? std::string("%%") : std::string(1, ch);
   const std::string plan_path = out + "/plan.json";
   std::error_code ec;
   const std::string self = std::filesystem::read_symlink("/proc/self/exe", ec).string();

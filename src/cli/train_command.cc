@@ -193,17 +193,24 @@ Status run_train(const TrainOptions& options) {
   const bool rank_flags = o.dp > 1 || o.tp > 1 || o.pp > 1 || o.cp > 1 || o.ep > 1 || o.hsdp > 0;
   TS_ASSIGN_OR_RETURN(std::unique_ptr<Communicator> world, join_mpi_job(o.collectives));
   bool plan_file_ranks = !o.plan.empty() && !automatic;
+  int file_ranks = 2;  // the ranks the file's plan has, with its data degree left open as one
   if (plan_file_ranks && !world && !rank_flags) {
-    std::string placed;
-    Result<Plan> one = train_plan(o, cfg, 1, &placed);
-    plan_file_ranks = !one.ok() || one->mesh.size() > 1;
+    TS_ASSIGN_OR_RETURN(const PlanFlags f, resolve_plan_file(plan_flags(o), 1));
+    if (!f.file.empty()) {
+      TS_ASSIGN_OR_RETURN(const Plan p, load_plan(f.file));
+      file_ranks = p.mesh.size();
+    } else {
+      file_ranks = std::max(f.dp, 1) * f.tp * f.pp * f.cp * f.ep;
+    }
+    plan_file_ranks = file_ranks > 1;  // else its errors are train_plan's, below
   }
   const bool wants_ranks = rank_flags || plan_file_ranks;
   if (world) {
     world->set_timeout(o.comm_timeout);
   } else if (wants_ranks) {
-    int n = std::max(o.dp, 1) * std::max(o.tp, 1) * std::max(o.pp, 1) * std::max(o.cp, 1) *
-            std::max(o.ep, 1);
+    int n = rank_flags ? std::max(o.dp, 1) * std::max(o.tp, 1) * std::max(o.pp, 1) *
+                             std::max(o.cp, 1) * std::max(o.ep, 1)
+                       : file_ranks;
     if (n == 1) n = 2;
     return error("a distributed plan needs one process per rank",
                  "run `tessera launch -n " + std::to_string(n) + " -- train ...` or `mpirun -np " +

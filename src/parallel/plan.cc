@@ -417,7 +417,9 @@ Status validate(const Plan& p, int world) {
                      "): the device gathers them from host memory",
                  "add --zero 3, or use --offload optimizer");
   if (p.offloads_optimizer() && p.stages() > 1)
-    return error("plan: offloading the optimizer is not supported with pipeline stages yet",
+    return error(std::string("plan: offloading the ") +
+                     (p.offloads_params() ? "parameters" : "optimizer") +
+                     " is not supported with pipeline stages yet",
                  "use --offload none with --pp, or data and tensor parallelism with offload");
   if (p.sequence_parallel && p.tensor_group() < 2)
     return error("plan: sequence parallelism needs a tensor axis of 2 or more ranks",

@@ -192,6 +192,17 @@ StepRunner::StepRunner(const Graph& global, Program prog, Backend& backend, Mesh
             ph.graphs[static_cast<size_t>(ph.stash[e].from)].type(ph.stash[e].out).shape.numel());
   }
   opt_ = std::make_unique<AdamW>(std::move(slots), opt, state_backend());
+  // The host buffers a device copies to and from every step, page-locked for its copy engines.
+  if (host_ && backend.memory() == MemSpace::device) {
+    auto pin = [&](Buffer& b) {
+      if (!b) return;
+      backend.pin_host(b.data(), b.bytes());
+      pinned_.push_back(b.data());
+    };
+    for (Buffer& b : masters_) pin(b);
+    for (Buffer& b : host_grads_) pin(b);
+    for (Buffer& b : host_params_) pin(b);
+  }
   // A micro-step of compute nodes alone, none writing from the host, can be recorded.
   recordable_ = !chunk_ && loss_scale_ == 0 && exec_->backend().memory() == MemSpace::device;
   for (const Instruction& in : prog_.micro_step)
@@ -205,6 +216,10 @@ StepRunner::StepRunner(const Graph& global, Program prog, Backend& backend, Mesh
     one_pass_update_ = s.kind == Instruction::optimizer && s.param >= 0 &&
                        static_cast<size_t>(s.param) < seen.size() && !seen[s.param]++;
   }
+}
+
+StepRunner::~StepRunner() {
+  for (void* p : pinned_) exec_->backend().unpin_host(p);
 }
 
 LocalPiece StepRunner::block_of(size_t i) const {

@@ -58,6 +58,7 @@ class StepRunner {
                                                           Backend& backend, MeshComms& comms,
                                                           AdamWConfig opt, SharedArena arena);
   StepRunner(const StepRunner&) = delete;
+  ~StepRunner();
 
   const Program& program() const { return prog_; }
   Executor& executor() { return *exec_; }
@@ -233,6 +234,7 @@ class StepRunner {
   // each parameter's index by name (an evaluation graph's gathers fetch them too).
   std::vector<Buffer> host_params_;
   std::map<std::string, size_t> param_index_;
+  std::vector<void*> pinned_;  // host buffers the device backend pinned (unpinned before freed)
   struct DeviceGrad {
     const void* data = nullptr;
     DType dtype = DType::f32;

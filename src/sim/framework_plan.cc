@@ -238,7 +238,9 @@ Result<FrameworkPlan> read_framework_plan(const nlohmann::json& j) {
           return error("plan: '" + s.path + "' is '" + s.value->get<std::string>() +
                            "'; the optimizer offloads to host memory only",
                        s.key == "device" ? "\"device\": \"cpu\" (or \"none\")"
-                                         : "\"optimizer\" or \"none\"");
+                                         : "\"optimizer\" or \"none\" (the parameters offload "
+                                           "with DeepSpeed's offload_param: {\"device\": "
+                                           "\"cpu\"} beside offload_optimizer's)");
         TS_RETURN_IF_ERROR(claim(knob, s, on ? "optimizer" : "none"));
         p.offload_optimizer = on;
         break;

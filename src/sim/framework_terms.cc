@@ -20,7 +20,11 @@ std::string normalized_term(const std::string& text) {
 }
 
 bool framework_blocks_pipeline_sends(const std::string& framework) {
-  return normalized_term(framework).find("deepspeed") != std::string::npos;
+  // DeepSpeed driving the pipeline ("DeepSpeed + Megatron-LM", Megatron-DeepSpeed, NeoX), not
+  // Megatron-LM's schedules with DeepSpeed's ZeRO beside them ("Megatron-LM + DeepSpeed").
+  const std::string f = normalized_term(framework);
+  return f.rfind("deepspeed", 0) == 0 || f.find("megatron_deepspeed") != std::string::npos ||
+         f.find("neox") != std::string::npos;
 }
 
 namespace {

@@ -181,6 +181,15 @@ TEST_F(PlanFile, ErrorsNameTheKeyAndTheFix) {
   EXPECT_EQ(run_command(one + accum + " --grad-accum 2 --out " + (dir_ / "two").string(), &out), 1)
       << out;
   EXPECT_NE(out.find("a distributed plan needs one process per rank"), std::string::npos) << out;
+  EXPECT_NE(out.find("tessera launch -n 2 -- train"), std::string::npos) << out;
+  // A one-rank file that is wrong says what is wrong with it, not that it needs launch.
+  const std::string stage1 = write("stage1.json", R"({"dp": 1, "zero_optimization": {"stage": 1,
+      "offload_optimizer": {"device": "cpu"}, "offload_param": {"device": "cpu"}}})");
+  out.clear();
+  EXPECT_EQ(run_command(one + stage1 + " --out " + (dir_ / "stage1").string(), &out), 1) << out;
+  EXPECT_NE(out.find("offloading the parameters needs ZeRO-3 (zero = 1)"), std::string::npos)
+      << out;
+  EXPECT_EQ(out.find("one process per rank"), std::string::npos) << out;
 }
 
 }  // namespace

@@ -80,7 +80,7 @@ TEST_F(Submit, DryRunPrintsThePlanAndTheBatchScript) {
   EXPECT_NE(pct.find("/run%1/plan.json"), std::string::npos) << pct;
   const std::string space = tessera("submit --gpus 2 --cluster cpu-local" + job + "'my run'", 1);
   EXPECT_NE(space.find("error: --out '"), std::string::npos) << space;
-  EXPECT_NE(space.find("#SBATCH --output line cannot carry"), std::string::npos) << space;
+  EXPECT_NE(space.find("#SBATCH --output line does not quote"), std::string::npos) << space;
 }
 
 TEST_F(Submit, BadFlavorsAndNoSlurmAreOneError) {

@@ -101,8 +101,9 @@ TEST(FrameworkTerms, FrameworksWhosePipelineSendsBlock) {
   for (const char* blocks : {"Megatron-DeepSpeed", "DeepSpeed + Megatron-LM",
                              "GPT-NeoX (Megatron + DeepSpeed)", "deepspeed"})
     EXPECT_TRUE(framework_blocks_pipeline_sends(blocks)) << blocks;
-  for (const char* overlaps : {"Megatron-LM", "Megatron-LM (PTD-P)",
-                               "NeMo 24.07 (Megatron-Core, Transformer Engine)", "torchtitan", ""})
+  for (const char* overlaps :
+       {"Megatron-LM", "Megatron-LM (PTD-P)", "Megatron-LM + DeepSpeed ZeRO-3",
+        "NeMo 24.07 (Megatron-Core, Transformer Engine)", "torchtitan", ""})
     EXPECT_FALSE(framework_blocks_pipeline_sends(overlaps)) << overlaps;
 }
 

@@ -395,6 +395,16 @@ void CudaBackend::synchronize() {
 
 cudaStream_t CudaBackend::stream() const { return impl_->stream; }
 
+void CudaBackend::pin_host(void* p, int64_t bytes) {
+  if (p == nullptr || bytes <= 0) return;
+  if (cudaHostRegister(p, static_cast<size_t>(bytes), cudaHostRegisterDefault) != cudaSuccess)
+    (void)cudaGetLastError();  // left pageable: the copies stage through the driver's buffers
+}
+
+void CudaBackend::unpin_host(void* p) {
+  if (p != nullptr && cudaHostUnregister(p) != cudaSuccess) (void)cudaGetLastError();
+}
+
 std::string CudaBackend::device_name() const {
   cudaDeviceProp p{};
   TS_CUDA(cudaGetDeviceProperties(&p, impl_->device));

@@ -66,6 +66,9 @@ class CudaBackend final : public Backend {
   cudaStream_t stream() const;
   // The device's name and compute capability, e.g. "NVIDIA H100 80GB HBM3 (sm_90)".
   std::string device_name() const override;
+  // cudaHostRegister / cudaHostUnregister (a failure leaves the memory pageable: slower copies).
+  void pin_host(void* p, int64_t bytes) override;
+  void unpin_host(void* p) override;
 
  private:
   struct Impl;
