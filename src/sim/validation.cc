@@ -626,7 +626,7 @@ ValidationReport validate_runs(const std::vector<PublishedRun>& runs, int thread
   for (int t = 0; t < std::max(1, threads); ++t) pool.emplace_back(worker);
   for (std::thread& t : pool) t.join();
 
-  std::map<std::string, std::vector<double>> errors;
+  std::map<std::string, std::vector<double>> errors, by_kind;
   for (size_t i = 0; i < todo.size(); ++i) {
     const PublishedRun& r = *todo[i];
     if (!out[i].ok()) {
@@ -639,21 +639,35 @@ ValidationReport validate_runs(const std::vector<PublishedRun>& runs, int thread
     if (rr.setup.filled.empty()) {
       errors[rr.source].push_back(std::fabs(rr.error));
       errors["all"].push_back(std::fabs(rr.error));
+      by_kind[plan_kind(rr.setup.plan)].push_back(std::fabs(rr.error));
     } else {
       errors["filled knobs"].push_back(std::fabs(rr.error));
     }
     rep.results.push_back(std::move(rr));
   }
+  auto stats = [](const std::string& name, const std::vector<double>& e) {
+    return SourceStats{name, static_cast<int>(e.size()), percentile(e, 0.5), percentile(e, 0.9),
+                       *std::max_element(e.begin(), e.end())};
+  };
   auto add = [&](const std::string& name, const std::vector<double>& e) {
-    if (e.empty()) return;
-    rep.stats.push_back({name, static_cast<int>(e.size()), percentile(e, 0.5), percentile(e, 0.9),
-                         *std::max_element(e.begin(), e.end())});
+    if (!e.empty()) rep.stats.push_back(stats(name, e));
   };
   for (auto& [source, e] : errors)
     if (source != "all" && source != "filled knobs") add(source, e);
   add("all", errors["all"]);
   add("filled knobs", errors["filled knobs"]);
+  for (const char* kind : {"data parallel, ZeRO-0/1/2", "FSDP / ZeRO-3 / HSDP", "tensor parallel",
+                           "pipeline", "context or expert parallel"})
+    if (!by_kind[kind].empty()) rep.kinds.push_back(stats(kind, by_kind[kind]));
   return rep;
+}
+
+const char* plan_kind(const Plan& p) {
+  if (p.context_group() > 1 || p.expert_group() > 1) return "context or expert parallel";
+  if (p.stages() > 1) return "pipeline";
+  if (p.tensor_group() > 1) return "tensor parallel";
+  if (p.zero >= 3) return "FSDP / ZeRO-3 / HSDP";
+  return "data parallel, ZeRO-0/1/2";
 }
 
 std::string format_report(const ValidationReport& rep, bool per_row) {
@@ -696,10 +710,20 @@ std::string format_report(const ValidationReport& rep, bool per_row) {
   std::snprintf(buf, sizeof buf, "  %-26s %5s %8s %8s %8s\n", "source", "rows", "median", "p90",
                 "max");
   s += buf;
-  for (const SourceStats& st : rep.stats) {
-    std::snprintf(buf, sizeof buf, "  %-26s %5d %7.1f%% %7.1f%% %7.1f%%\n", st.source.c_str(),
-                  st.rows, 100 * st.median, 100 * st.p90, 100 * st.max);
+  auto table = [&](const std::vector<SourceStats>& rows) {
+    for (const SourceStats& st : rows) {
+      std::snprintf(buf, sizeof buf, "  %-26s %5d %7.1f%% %7.1f%% %7.1f%%\n", st.source.c_str(),
+                    st.rows, 100 * st.median, 100 * st.p90, 100 * st.max);
+      s += buf;
+    }
+  };
+  table(rep.stats);
+  if (!rep.kinds.empty()) {
+    s += "\nby kind of plan (the rows with published plans):\n";
+    std::snprintf(buf, sizeof buf, "  %-26s %5s %8s %8s %8s\n", "plan", "rows", "median", "p90",
+                  "max");
     s += buf;
+    table(rep.kinds);
   }
   return s + "\n" + format_excluded(rep);
 }

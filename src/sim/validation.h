@@ -89,7 +89,14 @@ struct ValidationReport {
   // One per source over its rows with published plans, then "all" of those, then "filled
   // knobs": the rows whose unpublished knobs fill_unpublished chose.
   std::vector<SourceStats> stats;
+  // The rows with published plans again, by the kind of plan (plan_kind), in that order.
+  std::vector<SourceStats> kinds;
 };
+
+// The kind of a plan, for the report's second table: "context or expert parallel", "pipeline"
+// (with or without tensor parallelism), "tensor parallel", "FSDP / ZeRO-3 / HSDP", or "data
+// parallel, ZeRO-0/1/2" (the first that applies).
+const char* plan_kind(const Plan& p);
 
 // `only_source` (a source_key) limits the rows; threads simulate rows in parallel.
 ValidationReport validate_runs(const std::vector<PublishedRun>& runs, int threads,

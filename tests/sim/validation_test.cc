@@ -405,6 +405,30 @@ TEST(Validation, TensorParallelRowIsSimulated) {
   EXPECT_LT(sp->predicted, row->predicted);
 }
 
+// The report's second table: the rows with published plans by kind of plan, each row once
+// (Korthikanti's: tensor parallel on one node, pipelines beyond it).
+TEST(Validation, RowsAreAlsoTabledByKindOfPlan) {
+  EXPECT_STREQ(plan_kind(Plan::data_parallel(8, 1)), "data parallel, ZeRO-0/1/2");
+  EXPECT_STREQ(plan_kind(Plan::hybrid_sharded(2, 4)), "FSDP / ZeRO-3 / HSDP");
+  EXPECT_STREQ(plan_kind(Plan::tensor_parallel(2, 4, 3)), "tensor parallel");
+  EXPECT_STREQ(plan_kind(Plan::pipeline_parallel(2, 2, 2)), "pipeline");
+  Plan ep = Plan::pipeline_parallel(2, 2, 1);
+  ASSERT_TRUE(add_expert_axis(&ep, 2).ok());
+  EXPECT_STREQ(plan_kind(ep), "context or expert parallel");
+  Result<std::vector<PublishedRun>> runs =
+      read_published_runs(std::string(TESSERA_SOURCE_DIR) + "/validation/published_runs.csv");
+  ASSERT_TRUE(runs.ok()) << runs.status().to_string();
+  ValidationReport rep = validate_runs(*runs, 2, "korthikanti2022");
+  int published = 0, tabled = 0;
+  for (const RunResult& r : rep.results) published += r.setup.filled.empty() ? 1 : 0;
+  for (const SourceStats& k : rep.kinds) tabled += k.rows;
+  EXPECT_EQ(tabled, published);
+  ASSERT_EQ(rep.kinds.size(), 2u);
+  EXPECT_EQ(rep.kinds[0].source, "tensor parallel");
+  EXPECT_EQ(rep.kinds[1].source, "pipeline");
+  EXPECT_NE(format_report(rep, false).find("by kind of plan"), std::string::npos);
+}
+
 // The published T5 row (Zhao et al. 2023, T5-11B under FSDP on A100s with 2 Tb/s RoCE per
 // node: per-GPU throughput 7% lower on 512 GPUs than on 8) is simulated as the ratio of the two
 // runs' per-GPU throughput, on the t5-11b preset.
