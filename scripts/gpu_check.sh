@@ -8,7 +8,7 @@
 # LIBS, if set, tar.xz files (space-separated) of the shared libraries they need that the
 # machine lacks (OpenBLAS; OpenMPI and toml++ for the CLI).
 # Logs go to $OUT (default /tmp/gpu_check). SKIP names parts to leave out (a list of
-# tests, matmul, tessera, train, torch, unpadded), PRECISIONS the Tessera runs (default "fp32 bf16"),
+# tests, matmul, tessera, train, torch, unpadded, offload), PRECISIONS the Tessera runs (default "fp32 bf16"),
 # VOCAB_ROWS the token-table rows of both trainers (default 50304).
 #
 #   BIN_DIR=build bash scripts/gpu_check.sh
@@ -96,5 +96,24 @@ if [[ -x "$(bin tessera)" ]] && ! skipped train; then
     timeout 180 "$(bin tessera)" train --device cuda --model "$OUT/gpt2.toml" --precision "$p" "${data[@]}" \
       --batch "$B" --seq "$T" --steps 8 --eval-every 0 --ckpt-every 0 --sample-tokens 0 \
       --log-every 1 --out "$OUT/train_$p" 2>&1 | tee -a "$OUT/train.log" | grep -E "^step [3-8]/|rror"
+  done
+fi
+if [[ -x "$(bin tessera)" ]] && ! skipped offload; then
+  # Offload (issue 49): llama2-7b in bf16 with full recomputation on one GPU, the optimizer (then
+  # the ZeRO-3 parameters too) in host memory, measured beside the simulator's prediction of the
+  # same plan. The table has the shipped corpus's 50,304 rows (GPT-2's ids), not Llama's 32,000.
+  printf '[model]\npreset = "llama2-7b"\nvocab_size = 50304\n' >"$OUT/llama7b.toml"
+  data=(); [[ -f data/corpus/train.bin ]] && data=(--data data/corpus)
+  for off in optimizer params; do
+    z=(); [[ $off == params ]] && z=(--zero 3)
+    step "llama2-7b (50,304-row table), train --device cuda --offload $off, bf16, recompute full"
+    rm -rf "$OUT/offload_$off"
+    timeout 420 "$(bin tessera)" train --device cuda --model "$OUT/llama7b.toml" --precision bf16 \
+      --recompute full "${z[@]}" --offload "$off" "${data[@]}" --batch 1 --seq 4096 --steps 5 \
+      --eval-every 0 --ckpt-every 0 --sample-tokens 0 --log-every 1 --out "$OUT/offload_$off" 2>&1 |
+      tee -a "$OUT/offload.log" | grep -E "^step|trained|planned|peak resident|rror"
+    "$(bin tessera)" simulate "$OUT/llama7b.toml" --cluster dgx-h100 --gpus 1 --batch 1 \
+      --seq 4096 --precision bf16 --recompute full "${z[@]}" --offload "$off" 2>&1 |
+      tee -a "$OUT/offload.log" | grep -E "step time|offload|memory"
   done
 fi
