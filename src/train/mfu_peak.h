@@ -2,7 +2,8 @@
 // --peak-flops when given; else the device's datasheet peak at the run's dtype, for the GPUs
 // of the shipped cluster presets (cost/cluster_spec.h datasheet_device, by the product name the
 // driver reports), as every published MFU is; else this rank's measured GEMM rate (the CPU, or a
-// device without a datasheet). The measured rate is kept beside it either way.
+// device without a datasheet). The measured rate is kept beside a datasheet peak; with
+// --peak-flops nothing is measured (measured = 0).
 //
 //   MfuPeak p = mfu_peak(backend, DType::bf16, o.peak_flops);
 //   p.flops;     // 989.4e12 on an H100 SXM (bf16)

@@ -584,9 +584,9 @@ Status train(const TrainOptions& o, const TrainJob& job) {
                           {"flops_per_s_per_rank", model_flops_per_step / dt / ranks},
                           {"mfu", model_flops_per_step / dt / ranks / peak},
                           {"peak_flops_per_rank", peak},
-                          {"gemm_flops_per_rank", mfu.measured},
                           {"step_s", dt}};
     if (st.loss_scale() > 0) rec["loss_scale"] = st.loss_scale();
+    if (mfu.measured > 0) rec["gemm_flops_per_rank"] = mfu.measured;  // beside a datasheet's
     // A mixture of experts: the (token, expert) routes of the step that found no slot.
     for (const auto& [name, sum] : st.step->take_metrics())
       if (name == kMoeKeptMetric) {
@@ -683,7 +683,7 @@ Status train(const TrainOptions& o, const TrainJob& job) {
         format_si(tokens_per_step * steps / secs_of).c_str(), images ? "images" : "tokens",
         format_si(per_rank).c_str(), 100 * per_rank / peak, format_si(peak).c_str(),
         mfu.source.c_str(),
-        mfu.source == "this rank's measured GEMM rate"
+        mfu.source == "this rank's measured GEMM rate" || mfu.measured <= 0
             ? ""
             : ("; this rank's measured GEMM rate " + format_si(mfu.measured) + " FLOP/s").c_str());
     if (per_rank > peak)
