@@ -157,12 +157,13 @@ double offload_time_bound(const ModelConfig& cfg, const ClusterSpec& cluster, co
   const double host = cluster.node.host_optimizer_rate(plan.mesh.size());
   const double link = cluster.node.host_link_rate();
   // The gradient blocks out (f32 accumulators over several micro-batches), the norm's pass,
-  // then each tensor's AdamW, sync and copy back, one after another as the runner does them.
+  // then each tensor's AdamW and sync on the host thread, beside the copies back on the link
+  // thread: the longer of the two.
   const double out = (plan.micro_batches > 1 ? 4.0 : elem) * block / link;
   const double norm = 4.0 * block / host;
   if (plan.offloads_params())  // no copies back; each micro-batch's forward copies the blocks in
     return out + norm + 7.0 * 4.0 * block / host + plan.micro_batches * elem * piece / link;
-  return out + norm + 7.0 * 4.0 * block / host + elem * piece / link + sync_seconds;
+  return out + norm + std::max(7.0 * 4.0 * block / host + sync_seconds, elem * piece / link);
 }
 
 double data_comm_time_bound(const std::vector<ParamTensors>& params, const ClusterSpec& cluster,

@@ -174,8 +174,8 @@ double with_activations(const Plan& plan, double state_bound, double state_per_b
 // AdamW's pass over this rank's share of the state.
 double optimizer_time_bound(const ModelConfig& cfg, const ClusterSpec& cluster, const Plan& plan);
 // The same with the optimizer offloaded: the gradient blocks over the host link and the norm's
-// pass on the host, then the host's AdamW, the parameters' copies back and the ZeRO-1/2 syncs
-// (`sync_seconds`, param_sync_time_bound), one after another as the runner does them; with
+// pass on the host, then the host's AdamW and the ZeRO-1/2 syncs (`sync_seconds`,
+// param_sync_time_bound) beside the parameters' copies back (the runner's link thread); with
 // the parameters offloaded, each micro-batch's copies of the blocks in for the forward pass's
 // gathers (on the compute stream, as the runner copies them).
 double offload_time_bound(const ModelConfig& cfg, const ClusterSpec& cluster, const Plan& plan,

@@ -9,6 +9,7 @@
 #include "base/check.h"
 #include "base/format.h"
 #include "parallel/pipeline_program.h"
+#include "runtime/link_queue.h"
 
 namespace tessera {
 
@@ -219,6 +220,7 @@ StepRunner::StepRunner(const Graph& global, Program prog, Backend& backend, Mesh
 }
 
 StepRunner::~StepRunner() {
+  link_.reset();  // its thread stopped before the buffers its copies read are freed
   for (void* p : pinned_) exec_->backend().unpin_host(p);
 }
 
@@ -258,68 +260,6 @@ std::vector<float> StepRunner::read_param(size_t i) {
   state_backend().to_host(out.data(), param_storage(i),
                           static_cast<int64_t>(out.size() * sizeof(float)));
   return out;
-}
-
-void StepRunner::grad_to_host(size_t i) {
-  const DeviceGrad& g = device_grads_[i];
-  void* dst = host_grads_[i].data();
-  const int64_t bytes = g.count * static_cast<int64_t>(dtype_size(g.dtype));
-  if (g.dtype == DType::f32) {
-    exec_->backend().to_host(dst, g.data, bytes);
-    return;
-  }
-  staging_.resize(static_cast<size_t>(bytes));
-  exec_->backend().to_host(staging_.data(), g.data, bytes);
-  host_->convert(staging_.data(), g.dtype, dst, DType::f32, g.count);
-}
-
-void StepRunner::param_to_device(size_t i) {
-  const ValueId v = param_value(i);
-  const DType dt = exec_->graph().type(v).dtype;
-  const int64_t n = param_piece(i).count;
-  const void* src = masters_[i].data();
-  if (dt != DType::f32) {
-    staging_.resize(static_cast<size_t>(n) * dtype_size(dt));
-    host_->convert(src, DType::f32, staging_.data(), dt, n);
-    src = staging_.data();
-  }
-  exec_->backend().to_device(exec_->raw(v), src, n * static_cast<int64_t>(dtype_size(dt)));
-}
-
-void* StepRunner::gather_slot(const Node& gather, Executor& ex) {
-  const Communicator& c = comms_.group(gather.attr<GroupAttrs>().axes, ex.backend().memory());
-  return static_cast<uint8_t*>(ex.raw(gather.outputs[0])) +
-         c.rank() * ex.graph().type(gather.inputs[0]).bytes();
-}
-
-void StepRunner::fetch_param(const Node& gather, Executor& ex) {
-  const Graph& g = ex.graph();
-  const ValueId v = gather.inputs[0];
-  const size_t i = param_index_.at(g.name_of(v));
-  const void* src = host_params_[i] ? host_params_[i].data() : masters_[i].data();
-  ex.backend().to_device(gather_slot(gather, ex), src, g.type(v).bytes());
-}
-
-void StepRunner::refresh_working_params(bool all) {
-  if (host_) {  // the device holds a copy of every parameter; the steps' copies refresh it
-    for (size_t i = 0; all && i < masters_.size(); ++i) {
-      if (!prog_.part.params[i].params_on_host) {
-        param_to_device(i);
-      } else if (host_params_[i]) {  // (an f32 block is its master)
-        host_->convert(masters_[i].data(), DType::f32, host_params_[i].data(),
-                       exec_->graph().type(param_value(i)).dtype,
-                       masters_[i].bytes() / static_cast<int64_t>(sizeof(float)));
-      }
-    }
-    return;
-  }
-  for (size_t i = 0; i < masters_.size(); ++i) {
-    if (!masters_[i] || (!all && opt_->params()[i].working != nullptr)) continue;
-    const ValueId v = param_value(i);
-    exec_->backend().convert(masters_[i].data(), DType::f32, exec_->raw(v),
-                             exec_->graph().type(v).dtype,
-                             masters_[i].bytes() / static_cast<int64_t>(sizeof(float)));
-  }
 }
 
 namespace {
@@ -663,18 +603,27 @@ Status StepRunner::step(double lr, double clip_coefficient) {
     refresh_working_params(/*all=*/false);
     return Status();
   }
-  for (size_t k = norm_index_ + 1; k < prog_.optimizer.size(); ++k) {
+  // Offloaded: each piece's copy back to the device runs on the link thread while AdamW goes on
+  // with the next parameters (it reads only its own piece's master, updated before it is
+  // pushed); all are done before step() returns.
+  if (host_ && !link_) link_ = std::make_unique<LinkQueue>();
+  Status s_status;
+  for (size_t k = norm_index_ + 1; k < prog_.optimizer.size() && s_status.ok(); ++k) {
     const Instruction& s = prog_.optimizer[k];
-    if (s.kind == Instruction::optimizer)
+    if (s.kind == Instruction::optimizer) {
       opt_->update(static_cast<size_t>(s.param), static_cast<float>(clip_coefficient));
-    else if (s.kind == Instruction::param_sync)
-      TS_RETURN_IF_ERROR(sync_param(static_cast<size_t>(s.param)));
-    else if (s.kind == Instruction::param_to_device && host_)
-      param_to_device(static_cast<size_t>(s.param));
-    else
-      return error("optimizer list: a " + std::string(instruction_name(s.kind)) +
-                   " instruction after its first");
+    } else if (s.kind == Instruction::param_sync) {
+      s_status = sync_param(static_cast<size_t>(s.param));
+    } else if (s.kind == Instruction::param_to_device && host_) {
+      const size_t i = static_cast<size_t>(s.param);
+      link_->push([this, i] { param_to_device(i, link_staging_); });
+    } else {
+      s_status = error("optimizer list: a " + std::string(instruction_name(s.kind)) +
+                       " instruction after its first");
+    }
   }
+  if (link_) link_->drain();
+  TS_RETURN_IF_ERROR(s_status);
   refresh_working_params(/*all=*/false);  // from the synced master weights
   return Status();
 }

@@ -35,6 +35,7 @@
 namespace tessera {
 
 struct ChunkProgram;  // parallel/pipeline_program.h
+struct LinkQueue;     // step_runner.cc: an offloaded optimizer's copies to the device
 
 // What this rank holds of one parameter tensor: elements [offset, offset + count) of its
 // flattened local piece (ParamLayout::local_shape: the whole tensor unless a tensor axis
@@ -197,7 +198,8 @@ class StepRunner {
   // Offloaded optimizer: gradient i's optimizer block to the host (widened to f32), and the
   // updated master piece i back to the device in the parameter's dtype.
   void grad_to_host(size_t i);
-  void param_to_device(size_t i);
+  // (`staging`: the host buffer a bf16/f16 piece is narrowed in, the calling thread's own.)
+  void param_to_device(size_t i, std::vector<uint8_t>& staging);
   // Plan::offload params: where this rank's block of a host-held parameter goes in the output
   // of the all-gather `gather` (the communicator gathers in place), and the block copied there
   // (Instruction::param_fetch).
@@ -235,6 +237,11 @@ class StepRunner {
   std::vector<Buffer> host_params_;
   std::map<std::string, size_t> param_index_;
   std::vector<void*> pinned_;  // host buffers the device backend pinned (unpinned before freed)
+  // Plan::offload optimizer: step() hands each updated piece's copy to the device to this
+  // thread and goes on with the next parameter's AdamW (the Program's link stream), and waits
+  // for the copies before it returns.
+  std::unique_ptr<LinkQueue> link_;
+  std::vector<uint8_t> link_staging_;  // the link thread's
   struct DeviceGrad {
     const void* data = nullptr;
     DType dtype = DType::f32;

@@ -28,8 +28,11 @@ std::string format_seconds(double s) {
   return buf;
 }
 
-// The offloaded optimizer's stream: the runner's copies and host AdamW, one after another.
+// The offloaded optimizer's streams: the runner's host thread (the gradients in, the norm,
+// AdamW and ZeRO-1/2's syncs, one after another) and its link thread (each updated piece back
+// to the device, beside the next pieces' AdamW).
 constexpr const char* kHostLane = "host";
+constexpr const char* kLinkLane = "host link";
 
 class Schedule {
  public:
@@ -250,9 +253,9 @@ class Schedule {
         dur = optimizer_seconds(in, &comm);
       }
       const std::string axes = comm ? comm_axes(in) : std::string();
-      // The offloaded optimizer: the runner copies over the link and runs the host's AdamW one
-      // after another on its thread (StepRunner::step), so both are one stream here, "host"; a
-      // runner that overlaps a tensor's copy with the next one's update would make them two.
+      // The offloaded optimizer: the runner's host thread takes the gradients in and runs the
+      // norm, AdamW and the syncs one after another ("host"), its link thread copies each
+      // updated piece back beside the next update ("host link"; StepRunner::step).
       // A parameter's fetch is copied on the compute stream, before the gather it feeds (a copy
       // stream of its own would overlap it with compute).
       const bool fetch = in.kind == Instruction::param_fetch;
@@ -261,7 +264,8 @@ class Schedule {
       // compute stream reaches its start, and a wait holds the compute stream until its
       // collective ends while the comm stream goes on with what is queued behind it.
       const bool on_comm = comm && in.kind != Instruction::wait;
-      double& free = offloaded ? lane(kHostLane) : on_comm ? comm_free(axes) : compute_free_;
+      const char* off_lane = in.kind == Instruction::param_to_device ? kLinkLane : kHostLane;
+      double& free = offloaded ? lane(off_lane) : on_comm ? comm_free(axes) : compute_free_;
       double start = std::max(free, ready);
       // (An offloaded optimizer's syncs are issued by the host, after their update.)
       const bool host_issued =
@@ -320,7 +324,7 @@ class Schedule {
       }
       if (opt_.trace && dur > 0)
         record(in,
-               offloaded ? stream_id(kHostLane)
+               offloaded ? stream_id(off_lane)
                : comm    ? stream_id("comm " + axes)
                          : 0,
                start, dur, category);

@@ -21,9 +21,10 @@
 //   exposed_comm_seconds   time the compute stream waits on a collective
 //   bubble_seconds         pipeline bubble: the critical stage idle inside the schedule
 //   offload_seconds        Plan::offload: the device idle while its optimizer runs on the host
-//                          (gradients out over the host link, AdamW on the node's CPUs at their
-//                          share of its memory bandwidth, parameters back; one after another,
-//                          as the runner does them, on a stream "host"), and with the
+//                          (gradients out over the host link, the norm and AdamW on the node's
+//                          CPUs at their share of its memory bandwidth, on a stream "host";
+//                          each updated piece back on a stream "host link" beside the next
+//                          updates, as the runner's link thread copies them), and with the
 //                          parameters offloaded the blocks' copies in for their gathers (on the
 //                          compute stream, as the runner copies them)
 //
