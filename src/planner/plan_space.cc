@@ -17,6 +17,7 @@
 #include "parallel/program.h"
 #include "parallel/recompute.h"
 #include "parallel/sharding_search.h"
+#include "planner/plan_enumerate.h"
 #include "planner/planner.h"
 
 namespace tessera {
@@ -28,132 +29,6 @@ void on_threads(int threads, const std::function<void()>& worker) {
   std::vector<std::thread> pool;
   for (int t = 0; t < threads; ++t) pool.emplace_back(worker);
   for (std::thread& t : pool) t.join();
-}
-
-std::vector<int> divisors(int64_t n) {
-  std::vector<int> out;
-  for (int64_t d = 1; d <= n; ++d)
-    if (n % d == 0) out.push_back(static_cast<int>(d));
-  return out;
-}
-
-bool power_of_two(int n) { return n > 0 && (n & (n - 1)) == 0; }
-
-// Model chunks per stage an interleaved schedule of `pp` stages tries on `layers` blocks: 2
-// and 4 (uneven cuts allowed), and each divisor of the blocks per stage from 3 to 8.
-std::vector<int> interleavings(int64_t layers, int pp) {
-  std::vector<int> out;
-  for (int v : {2, 4})
-    if (v * pp <= layers) out.push_back(v);
-  if (layers % pp == 0)
-    for (int v = 3; v <= 8; ++v)
-      if (v != 4 && (layers / pp) % v == 0) out.push_back(v);
-  std::sort(out.begin(), out.end());
-  return out;
-}
-
-// The degrees of a candidate's parallel dimensions: tensor, pipeline, context and expert
-// parallel ranks (the data-parallel ranks are the rest of the devices).
-struct Degrees {
-  int tp = 1, pp = 1, cp = 1, ep = 1;
-};
-
-// Every combination of degrees the search tries for `gpus` devices and `batch` sequences.
-std::vector<Degrees> degrees(const ModelConfig& cfg, const ClusterSpec& cluster,
-                             const PlannerOptions& o, int64_t batch) {
-  std::vector<Degrees> out;
-  const int per_node = std::max(1, cluster.node.devices);
-  for (int tp : divisors(o.gpus)) {
-    // Tensor parallelism within a node, on whole heads (and key/value heads).
-    if (!power_of_two(tp) || tp > per_node || cfg.n_head % tp != 0) continue;
-    if (cfg.n_kv_head > 0 && cfg.n_kv_head % tp != 0 && tp % cfg.n_kv_head != 0) continue;
-    for (int pp : divisors(o.gpus / tp)) {
-      if (pp > cfg.n_layer) continue;
-      // Context parallelism (language models of dense blocks): groups of cp ranks, a power of
-      // two, each holding a chunk of every sequence (LLaMA: zigzag halves, GPT's position
-      // table: contiguous chunks). With a pipeline, tp x cp within a node (the stages' ranks
-      // already span nodes).
-      const int halves = cfg.family == "llama" ? 2 : 1;
-      for (int cp : divisors(o.gpus / (tp * pp))) {
-        if (cp > 1 &&
-            !(power_of_two(cp) && (pp == 1 || per_node % (tp * cp) == 0) && !cfg.is_moe() &&
-              (cfg.family == "llama" || cfg.family == "gpt") && o.seq % (halves * cp) == 0))
-          continue;
-        const int data = o.gpus / (tp * pp * cp);
-        if (batch % data != 0) continue;
-        // Expert parallelism (mixtures of experts): the data ranks' groups of ep, each holding
-        // 1 / ep of the experts (a power of two dividing the experts).
-        for (int ep : divisors(data))
-          if (ep == 1 || (cfg.is_moe() && power_of_two(ep) && cfg.n_experts % ep == 0))
-            out.push_back({tp, pp, cp, ep});
-      }
-    }
-  }
-  return out;
-}
-
-// Every plan of the search space for `gpus` devices (bounds not yet computed).
-std::vector<PlanCandidate> enumerate(const ModelConfig& cfg, const ClusterSpec& cluster,
-                                     const PlannerOptions& o, int64_t batch) {
-  std::vector<PlanCandidate> out;
-  const int per_node = std::max(1, cluster.node.devices);
-  for (const auto [tp, pp, cp, ep] : degrees(cfg, cluster, o, batch)) {
-    const int dp = o.gpus / (tp * pp * cp * ep);
-    const int64_t rows = batch / (dp * ep);  // sequences per data-parallel rank per step
-    for (int mb : divisors(rows)) {
-      if (mb > o.max_micro_batch) continue;
-      const int m = static_cast<int>(rows / mb);
-      struct Sched {
-        ScheduleKind kind;
-        int v;
-      };
-      std::vector<Sched> scheds = {{ScheduleKind::one_f_one_b, 1}};
-      if (pp > 1) {
-        scheds.push_back({ScheduleKind::zb_h1, 1});
-        // Interleaved (its micro-batches a multiple of the stages, each chunk at least one
-        // block) with 2 or 4 model chunks per stage, and with every chunk count up to 8 that
-        // cuts each stage's blocks evenly (Megatron's rule: 105 blocks over 35 stages
-        // interleave 3 ways).
-        for (int v : interleavings(cfg.n_layer, pp))
-          if (m % pp == 0) scheds.push_back({ScheduleKind::interleaved, v});
-      }
-      // Data-parallel sharding: ZeRO-1/2/3 over all data ranks (pipelines: ZeRO-1), and HSDP:
-      // ZeRO-3 within groups of the data ranks of 1, 2 or 4 nodes, replicated across the groups
-      // (one node: the parameter gathers stay on NVLink; more: the shards are smaller, for
-      // models one node's memory does not hold); the replicas all-reduce the gradient blocks.
-      // An HSDP entry is minus its shard group's size. With one data rank the stages shard
-      // nothing: one plan, not three alike.
-      std::vector<int> zeros = pp > 1 || dp == 1 ? std::vector<int>{1} : std::vector<int>{1, 2, 3};
-      for (int nodes = 1; nodes <= 4 && pp == 1 && ep == 1 && cp == 1; nodes *= 2) {
-        const int shards = nodes * per_node / tp;
-        if (shards > 1 && dp > shards && dp % shards == 0) zeros.push_back(-shards);
-      }
-      for (const Sched& s : scheds)
-        for (int zero : zeros)
-          for (bool sp : tp > 1 ? std::vector<bool>{false, true} : std::vector<bool>{false})
-            for (RecomputePolicy rc :
-                 {RecomputePolicy::none, RecomputePolicy::selective, RecomputePolicy::full}) {
-              PlanCandidate c;
-              c.plan = zero < 0 ? Plan::hybrid_sharded(dp / -zero, -zero, tp)
-                       : pp > 1 ? Plan::pipeline_parallel(pp, dp, tp, zero)
-                       : tp > 1 ? Plan::tensor_parallel(dp, tp, zero)
-                                : Plan::data_parallel(dp, zero);
-              if (!add_expert_axis(&c.plan, ep).ok() || !add_context_axis(&c.plan, cp).ok())
-                continue;
-              if (cp > 1 && cfg.family == "llama") c.plan.context_order = ContextOrder::zigzag;
-              c.plan.micro_batches = m;
-              c.plan.recompute = rc;
-              c.plan.sequence_parallel = sp;
-              if (pp > 1) {
-                c.plan.schedule = s.kind;
-                c.plan.virtual_stages = s.v;
-              }
-              c.micro_batch = mb;
-              out.push_back(std::move(c));
-            }
-    }
-  }
-  return out;
 }
 
 // The placement search of one block (the slowest part of creating a space: a LLaMA block
@@ -614,21 +489,7 @@ Result<std::unique_ptr<PlanSpace>> PlanSpace::create(const ModelConfig& cfg,
   impl->cluster = cluster;
   impl->opt = o;
   Impl& s = *impl;
-  std::vector<PlanCandidate> cands = enumerate(s.cfg, s.cluster, o, o.global_batch);
-  // Each plan without a pipeline once more with the optimizer in host memory, and a ZeRO-3 one
-  // with its parameters too, where the cluster gives its host side: never faster, so simulated
-  // only when it is needed to fit.
-  if (s.cluster.node.offload_known()) {
-    const size_t n = cands.size();
-    for (size_t i = 0; i < n; ++i)
-      for (OffloadPolicy off : {OffloadPolicy::optimizer, OffloadPolicy::params}) {
-        if (cands[i].plan.stages() > 1 || (off == OffloadPolicy::params && cands[i].plan.zero < 3))
-          continue;
-        PlanCandidate c = cands[i];
-        c.plan.offload = off;
-        cands.push_back(std::move(c));
-      }
-  }
+  std::vector<PlanCandidate> cands = enumerate_plans(s.cfg, s.cluster, o, o.global_batch);
   s.enumerated = static_cast<int>(cands.size());
   if (cands.empty())
     return error("no plan splits a batch of " + std::to_string(o.global_batch) +

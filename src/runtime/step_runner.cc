@@ -69,9 +69,8 @@ Status check_fits(const Program& p, const Backend& backend) {
                    format_bytes(static_cast<double>(p.memory.arena_bytes)) +
                    ") and the device has " + format_bytes(static_cast<double>(free)) + " free",
                "a smaller --batch or --seq, --recompute full, --precision bf16, --offload "
-               "optimizer or (with --zero 3) --offload params (`tessera plan MODEL --batch B --seq "
-               "T` prints the bytes per rank of a "
-               "plan)");
+               "optimizer or (with --zero 3) --offload params (`tessera plan MODEL --batch B "
+               "--seq T` prints the bytes per rank of a plan)");
 }
 
 }  // namespace
