@@ -8,11 +8,12 @@
 //
 //   tessera_cuda_train_bench [--batch 8] [--seq 1024] [--steps 10] [--warmup 3]
 //                            [--precision fp32|bf16] [--peak-tflops 989] [--profile 1]
-//                            [--graph 1] [--vocab-rows 50304]
+//                            [--graph 1] [--vocab-rows 50304] [--fuse 1]
 //
-// --vocab-rows pads the token table and LM head to that many rows (ModelConfig::
-// padded_vocab_size; the loss is over the 50,257 classes), 50304 by default as llm.c does:
-// 50,257-element rows are not 16-byte aligned and cuBLASLt's GEMMs on them run 4-6x slower.
+// --fuse 0 runs the GEMM epilogues (bias, GELU and their gradients) as ops of their own
+// (Plan::fuse, parallel/fuse.h). --vocab-rows pads the token table and LM head to that many rows
+// (ModelConfig:: padded_vocab_size; the loss is over the 50,257 classes), 50304 by default as llm.c
+// does: 50,257-element rows are not 16-byte aligned and cuBLASLt's GEMMs on them run 4-6x slower.
 //
 // Prints `tessera B=.. T=.. precision=.. vocab_rows=.. cuda_graph=.. s_per_step=.. tokens_per_s=..
 // mfu=..`: MFU is the graph's FLOPs per step (Graph::total_flops: matmuls, attention with its
@@ -88,7 +89,7 @@ int main(int argc, char** argv) {
   int steps = 10, warmup = 3;
   std::string precision = "fp32";
   double peak_tflops = 989;
-  bool profile = false, graph = true;
+  bool profile = false, graph = true, fuse = true;
   int64_t vocab_rows = 50304;
   if (argc % 2 == 0) {
     std::fprintf(stderr, "error: option %s has no value\n", argv[argc - 1]);
@@ -107,12 +108,12 @@ int main(int argc, char** argv) {
         warmup = std::max(0, std::stoi(v));
       else if (k == "--precision")
         precision = v;
-      else if (k == "--profile" || k == "--graph") {
+      else if (k == "--profile" || k == "--graph" || k == "--fuse") {
         if (v != "0" && v != "1") {
           std::fprintf(stderr, "error: %s takes 0 or 1, got '%s'\n", k.c_str(), v.c_str());
           return 2;
         }
-        (k == "--profile" ? profile : graph) = v == "1";
+        (k == "--profile" ? profile : k == "--graph" ? graph : fuse) = v == "1";
       } else if (k == "--vocab-rows")
         vocab_rows = std::stoll(v);
       else if (k == "--peak-tflops")
@@ -151,7 +152,8 @@ int main(int argc, char** argv) {
   }
   ModelGraph m = build_model(c, batch, seq, ModelMode::train);
   CudaBackend gpu;
-  const Plan plan = Plan::data_parallel(1);
+  Plan plan = Plan::data_parallel(1);
+  plan.fuse = fuse;
   MeshComms comms = MeshComms::single(plan).value();
   auto made = StepRunner::create(m.graph, plan, gpu, comms, AdamWConfig{.lr = 6e-4});
   if (!made.ok()) {
@@ -185,11 +187,11 @@ int main(int argc, char** argv) {
   const double sec = times[times.size() / 2];
   const double flops = m.graph.total_flops();
   std::printf(
-      "tessera B=%lld T=%lld precision=%s vocab_rows=%lld cuda_graph=%d steps=%d "
+      "tessera B=%lld T=%lld precision=%s vocab_rows=%lld cuda_graph=%d fuse=%d steps=%d "
       "s_per_step=%.4f tokens_per_s=%.2f mfu=%.3f loss=%.4f (graph %.3g FLOP/step)\n",
       static_cast<long long>(batch), static_cast<long long>(seq), precision.c_str(),
-      static_cast<long long>(vocab_rows), static_cast<int>(graph), steps, sec,
-      static_cast<double>(batch * seq) / sec, flops / sec / (peak_tflops * 1e12), loss, flops);
+      static_cast<long long>(vocab_rows), static_cast<int>(graph), static_cast<int>(fuse), steps,
+      sec, static_cast<double>(batch * seq) / sec, flops / sec / (peak_tflops * 1e12), loss, flops);
   if (profile) {  // one more step, eager, each node timed on the device
     std::vector<double> seconds;
     step.time_instructions(&seconds);

@@ -72,6 +72,8 @@ if [[ -x "$(bin tessera_cuda_train_bench)" ]] && ! skipped tessera; then
     tessera "$p" "$ROWS" --profile 1 | grep -v OpenBLAS | head -40
     step "GPT-2 124M training, Tessera CUDA, $p, $ROWS rows, eager (no CUDA graph)"
     tessera "$p" "$ROWS" --graph 0 | grep "^tessera"
+    step "GPT-2 124M training, Tessera CUDA, $p, $ROWS rows, epilogues unfused (--fuse 0)"
+    tessera "$p" "$ROWS" --fuse 0 | grep "^tessera"
   done
 fi
 if ! skipped torch; then

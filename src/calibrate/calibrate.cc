@@ -341,7 +341,7 @@ Result<Calibration> calibrate(Communicator& world, const CalibrationOptions& o) 
   for (size_t j = 0; j < compute.size(); ++j) meas[j] = median(t[j]);
   const std::map<std::string, double> costed{{"reshape", 1.0}};  // the CPU backend copies
   auto is_compute_kind = [](OpKind k) {
-    return k == OpKind::matmul || k == OpKind::attention || k == OpKind::attention_grad;
+    return is_gemm(k) || k == OpKind::attention || k == OpKind::attention_grad;
   };
   std::map<std::string, OpFit> fit;
   OpFit memory_ops;

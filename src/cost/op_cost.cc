@@ -60,11 +60,15 @@ OpTime op_time(const Graph& g, const Node& n, const DeviceSpec& dev,
   double bw = dev.memory_bandwidth;
   double compute_s = 0, memory_s = 0, cast_s = 0;
 
-  if (n.op == OpKind::matmul) {
+  if (is_gemm(n.op)) {
+    // A fused epilogue (ops_fused.cc) is its product's GEMM: the epilogue's arithmetic runs on
+    // the tile in registers, and its bytes (bias, pre) are counted in t.bytes.
     const Shape& os = out[0].shape;
     double cols = static_cast<double>(os[-1]);
     double numel = static_cast<double>(os.numel());
-    double k = numel > 0 ? t.flops / (2.0 * numel) : 0;
+    const double gemm_flops =
+        op_flops(OpKind::matmul, n.attrs, std::span(in).first(2), std::span(out).first(1));
+    double k = numel > 0 ? gemm_flops / (2.0 * numel) : 0;
     double rows = os.rank() >= 2 ? static_cast<double>(os[-2]) : 1.0;
     double batch = numel / std::max(1.0, rows * cols);
     // A shared 2-D weight lets the batch fold into rows (one GEMM); otherwise a batched GEMM
@@ -76,20 +80,26 @@ OpTime op_time(const Graph& g, const Node& n, const DeviceSpec& dev,
         dtype_size(compute) == 2 && !(aligned(rows) && aligned(cols) && aligned(k))
             ? dev.unaligned_gemm_efficiency
             : 1.0;
-    double eff = efficiency_or(op_efficiency, n.op, dev.gemm_efficiency) * shape * alignment;
+    // A fused kind the spec did not calibrate runs at matmul's efficiency.
+    double eff = efficiency_or(op_efficiency, n.op,
+                               efficiency_or(op_efficiency, OpKind::matmul, dev.gemm_efficiency)) *
+                 shape * alignment;
     memory_s = t.bytes / (bw * dev.memory_efficiency);
     if (fp8_gemms && n.layer >= 0 && dev.peak_flops_fp8 > 0) {
       // A transformer block's GEMM: FP8 operands and a bf16 output; the left operand cast
       // first (2 bytes read, 1 written). The LM head stays bf16, as Megatron-Core's does.
       const double left = static_cast<double>(in[0].shape.numel());
-      const double gemm_bytes = left + static_cast<double>(in[1].shape.numel()) + 2.0 * numel;
+      double gemm_bytes = left + static_cast<double>(in[1].shape.numel()) + 2.0 * numel;
+      // A fused epilogue's bias or pre read, and pre or the bias gradient written, in bf16.
+      for (size_t i = 2; i < in.size(); ++i) gemm_bytes += 2.0 * in[i].shape.numel();
+      for (size_t i = 1; i < out.size(); ++i) gemm_bytes += 2.0 * out[i].shape.numel();
       peak = dev.peak_flops_fp8;
       eff = dev.fp8_gemm_efficiency * shape * alignment;
       memory_s = gemm_bytes / (bw * dev.memory_efficiency);
       cast_s = 3.0 * left / (bw * dev.memory_efficiency) + dev.launch_overhead;
       t.bytes = gemm_bytes + 3.0 * left;
     }
-    compute_s = t.flops / (peak * std::max(eff, 1e-6));
+    compute_s = gemm_flops / (peak * std::max(eff, 1e-6));
   } else if (n.op == OpKind::attention || n.op == OpKind::attention_grad) {
     // FLOPs are counted as full attention (the MFU convention); a causal kernel skips the
     // masked part of the score matrix, a bidirectional one (encoders) computes all of it. The

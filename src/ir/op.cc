@@ -28,6 +28,7 @@ struct Registry {
     ops_detail::define_elementwise_ops(defs.data());
     ops_detail::define_shape_ops(defs.data());
     ops_detail::define_nn_ops(defs.data());
+    ops_detail::define_fused_ops(defs.data());
     ops_detail::define_comm_ops(defs.data());
     ops_detail::define_vocab_ops(defs.data());
     ops_detail::define_moe_ops(defs.data());

@@ -59,6 +59,10 @@ namespace tessera {
   X(slice, 1, 1, SliceAttrs)                           \
   X(concat, -1, 1, ConcatAttrs)                        \
   X(matmul, 2, 1, MatmulAttrs)                         \
+  X(matmul_bias, 3, 1, MatmulAttrs)                    \
+  X(matmul_bias_gelu, 3, 2, MatmulAttrs)               \
+  X(matmul_dgelu_bgrad, 3, 2, MatmulAttrs)             \
+  X(matmul_bgrad, 2, 2, MatmulAttrs)                   \
   X(embedding, 2, 1, NoAttrs)                          \
   X(embedding_grad, 2, 1, EmbeddingGradAttrs)          \
   X(layernorm, 3, 3, NormAttrs)                        \
@@ -376,6 +380,10 @@ bool op_from_name(std::string_view name, OpKind* out);
 // (ops_comm.cc).
 bool is_collective(OpKind kind);
 
+// matmul and the fused GEMM epilogues (ops_fused.cc): one matrix product each, which the cost
+// model times as a GEMM.
+bool is_gemm(OpKind kind);
+
 // Where rope's and attention's optional inputs are among `in` (-1: absent): the score bias
 // ([H,Tq,Tk], f32) and the sequence block index (an i32 scalar, always last). `forward_inputs`:
 // the inputs before the optional ones (rope 1, attention 3, attention_grad 6).
@@ -394,6 +402,7 @@ namespace ops_detail {
 void define_elementwise_ops(OpDef* table);
 void define_shape_ops(OpDef* table);
 void define_nn_ops(OpDef* table);
+void define_fused_ops(OpDef* table);
 void define_comm_ops(OpDef* table);
 void define_vocab_ops(OpDef* table);
 void define_moe_ops(OpDef* table);

@@ -5,6 +5,7 @@
 
 #include "ir/builder.h"
 #include "ir/op.h"
+#include "ir/placement.h"
 
 namespace tessera::ops_detail {
 
@@ -33,7 +34,12 @@ double flops_in0(const Attrs&, std::span<const TensorType> in, std::span<const T
   return kPerElement * static_cast<double>(in[0].shape.numel());
 }
 
-// Defined in ops_nn.cc; the vocab-parallel ops (ops_vocab.cc) check their block with them.
+// Defined in ops_nn.cc; the vocab-parallel ops (ops_vocab.cc) check their block with them,
+// the fused GEMM epilogues (ops_fused.cc) their product.
+Status infer_matmul(const Attrs& a, std::span<const TensorType> in, std::vector<TensorType>* out);
+double flops_matmul(const Attrs& a, std::span<const TensorType> in,
+                    std::span<const TensorType> out);
+bool matmul_sharding(const ShardingRuleArgs& a, std::vector<Placement>* out);
 Status infer_embedding(const Attrs& a, std::span<const TensorType> in,
                        std::vector<TensorType>* out);
 Status infer_embedding_grad(const Attrs& a, std::span<const TensorType> in,

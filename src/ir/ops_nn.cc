@@ -5,8 +5,6 @@
 
 namespace tessera::ops_detail {
 
-namespace {
-
 // ---- matmul ------------------------------------------------------------------------------
 
 Status infer_matmul(const Attrs& attrs, std::span<const TensorType> in,
@@ -57,6 +55,8 @@ double flops_matmul(const Attrs& attrs, std::span<const TensorType> in,
       a.fold_batch ? (sa[-1] > 0 ? sa.numel() / sa[-1] : 0) : (a.transpose_a ? sa[-2] : sa[-1]);
   return 2.0 * out_numel(out) * static_cast<double>(k);
 }
+
+namespace {
 
 void vjp_matmul(Builder& b, const Node& n, std::span<const Var> g, std::vector<Var>* dx) {
   Var A = in_var(b, n, 0), B = in_var(b, n, 1), dY = g[0];
@@ -500,6 +500,10 @@ bool rmsnorm(const ShardingRuleArgs& a, Out* out) { return rowwise(a, out, {0}, 
 bool rmsnorm_grad(const ShardingRuleArgs& a, Out* out) { return rowwise(a, out, {0, 1, 3}, 1); }
 
 }  // namespace
+
+bool matmul_sharding(const ShardingRuleArgs& a, std::vector<Placement>* out) {
+  return matmul(a, out);
+}
 
 void define_nn_ops(OpDef* t) {
   def(t, OpKind::matmul).infer = infer_matmul;

@@ -478,6 +478,7 @@ nlohmann::json plan_to_json(const Plan& p) {
           {"recompute", recompute_name(p.recompute)},
           {"recompute_layers", p.recompute_layers},
           {"offload", offload_name(p.offload)},
+          {"fuse", p.fuse},
           {"sequence_parallel", p.sequence_parallel},
           {"pipeline_axis", p.pipeline_axis},
           {"context_axis", p.context_axis},
@@ -518,17 +519,19 @@ constexpr int64_t kInt64Max = std::numeric_limits<int64_t>::max();
 
 Result<Plan> plan_from_json(const nlohmann::json& j) {
   static const std::set<std::string> known = {
-      "mesh",           "data_axes",    "zero_axes",        "tensor_axes",
-      "params",         "zero",         "micro_batches",    "bucket_bytes",
-      "prefetch_bytes", "recompute",    "recompute_layers", "sequence_parallel",
-      "pipeline_axis",  "schedule",     "virtual_stages",   "stage_layers",
-      "offload",        "context_axis", "context_order",    "expert_axis"};
+      "mesh",          "data_axes",        "zero_axes",
+      "tensor_axes",   "params",           "zero",
+      "micro_batches", "bucket_bytes",     "prefetch_bytes",
+      "recompute",     "recompute_layers", "sequence_parallel",
+      "pipeline_axis", "schedule",         "virtual_stages",
+      "stage_layers",  "offload",          "context_axis",
+      "context_order", "expert_axis",      "fuse"};
   if (!j.is_object()) return error("plan: expected a JSON object");
   for (auto it = j.begin(); it != j.end(); ++it)
     if (!known.count(it.key()))
       return error("plan: unknown key '" + it.key() + "'",
                    "keys: mesh, data_axes, zero_axes, tensor_axes, params, zero, micro_batches, "
-                   "bucket_bytes, prefetch_bytes, recompute, recompute_layers, offload, "
+                   "bucket_bytes, prefetch_bytes, recompute, recompute_layers, offload, fuse, "
                    "sequence_parallel, pipeline_axis, context_axis, context_order, expert_axis, "
                    "schedule, "
                    "virtual_stages, "
@@ -612,6 +615,7 @@ Result<Plan> plan_from_json(const nlohmann::json& j) {
       p.prefetch_bytes = integer_in<int64_t>(j.at("prefetch_bytes"), 0, kInt64Max);
     if (reading("sequence_parallel", "true or false"))
       p.sequence_parallel = j.at("sequence_parallel").get<bool>();
+    if (reading("fuse", "true or false")) p.fuse = j.at("fuse").get<bool>();
     if (reading("recompute", "\"none\", \"full\" or \"selective\"")) {
       Result<RecomputePolicy> r = parse_recompute(j.at("recompute").get<std::string>());
       if (!r.ok())

@@ -3,6 +3,7 @@
 #include <map>
 
 #include "base/format.h"
+#include "parallel/fuse.h"
 #include "parallel/recompute.h"
 
 namespace tessera {
@@ -204,6 +205,7 @@ Result<Program> lower(const Graph& g, const Plan& plan, TokenShape tokens) {
     p.part.global_to_local = std::move(to_local);
     for (size_t i = 0; i < p.part.params.size(); ++i) p.part.params[i].global = g.params()[i];
   }
+  if (plan.fuse) TS_RETURN_IF_ERROR(fuse_epilogues(&p.part));
   p.model_flops = g.total_flops();
   p.memory = plan_memory(p.part.local);
   p.micro_step = lower_instructions(p.part.local, p.part.buckets);

@@ -9,6 +9,7 @@
 #include <thread>
 
 #include "cost/op_cost.h"
+#include "parallel/fuse.h"
 #include "parallel/memory_plan.h"
 #include "parallel/partition.h"
 #include "parallel/pipeline_program.h"
@@ -185,14 +186,15 @@ class MicroBatchCosts {
     p.sequence_parallel = sp;
     p.recompute = static_cast<RecomputePolicy>(rc);
     TS_RETURN_IF_ERROR(placements_.place(m.graph, &p));
-    // The local graph lower() would build (partitioned after recomputation), without the
-    // memory plan and instructions it adds.
+    // The local graph lower() would build (partitioned after recomputation, then fused),
+    // without the memory plan and instructions it adds.
     Graph recomputed;
     if (p.recompute != RecomputePolicy::none) {
       TS_ASSIGN_OR_RETURN(recomputed, apply_recompute(m.graph, p.recompute));
     }
     TS_ASSIGN_OR_RETURN(Partitioned part,
                         partition(p.recompute == RecomputePolicy::none ? m.graph : recomputed, p));
+    if (p.fuse) TS_RETURN_IF_ERROR(fuse_epilogues(&part));
     const Graph& local = part.local;
     const std::vector<Node>& nodes = local.nodes();
     const size_t boundary = static_cast<size_t>(

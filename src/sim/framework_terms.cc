@@ -27,6 +27,13 @@ bool framework_blocks_pipeline_sends(const std::string& framework) {
          f.find("neox") != std::string::npos;
 }
 
+bool framework_fuses_epilogues(const std::string& framework) {
+  const std::string f = normalized_term(framework);
+  return f.empty() || f.find("megatron") != std::string::npos ||
+         f.find("nemo") != std::string::npos || f.find("neox") != std::string::npos ||
+         f.find("llm.c") != std::string::npos;
+}
+
 namespace {
 
 bool has(const std::string& s, const char* word) { return s.find(word) != std::string::npos; }

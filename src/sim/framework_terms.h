@@ -71,6 +71,13 @@ std::string normalized_term(const std::string& text);
 // unnamed framework.
 bool framework_blocks_pipeline_sends(const std::string& framework);
 
+// Whether the framework fuses a GEMM's bias and GELU (and their gradients) into the product, as
+// Tessera's fusion pass does (parallel/fuse.h): Megatron's bias-GELU fusion (Megatron-LM,
+// Megatron-Core, NeMo, Megatron-DeepSpeed, GPT-NeoX) and llm.c's cuBLASLt epilogues. Others
+// (PyTorch FSDP, Composer, JAX) run them as kernels of their own; an unnamed framework is taken
+// to fuse, as Tessera does.
+bool framework_fuses_epilogues(const std::string& framework);
+
 Result<ShardingTerm> parse_sharding_term(const std::string& text);
 Result<PrecisionTerm> parse_precision_term(const std::string& text);
 Result<RecomputeTerm> parse_recompute_term(const std::string& text);

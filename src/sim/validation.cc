@@ -528,6 +528,10 @@ Result<RunSetup> setup_run(const PublishedRun& r, const std::string& cluster_dir
   } else {
     s.assumptions.push_back("1 micro-batch per step (global batch not published)");
   }
+  if (!framework_fuses_epilogues(r.at("framework"))) {
+    s.plan.fuse = false;
+    s.assumptions.push_back("each bias and GELU a kernel of its own (" + r.at("framework") + ")");
+  }
   TS_RETURN_IF_ERROR(validate(s.plan));
 
   TS_ASSIGN_OR_RETURN(std::string preset, cluster_for(r.at("gpu_type")));
@@ -589,6 +593,7 @@ ValidationReport validate_runs(const std::vector<PublishedRun>& runs, int thread
           Plan small = Plan::data_parallel(s.scale_from_gpus, s.plan.zero);
           small.recompute = s.plan.recompute;
           small.micro_batches = s.plan.micro_batches;
+          small.fuse = s.plan.fuse;
           ModelGraph ms =
               build_model(s.model, per_gpu * s.scale_from_gpus, s.seq, ModelMode::train);
           TS_ASSIGN_OR_RETURN(SimResult base, simulate_plan(ms.graph, small, s.cluster, s.sim));

@@ -641,6 +641,7 @@ std::vector<Entry> build_entries() {
       [=](Net& n) { ce_grad_blocks(n, 5); });
 
   add_moe_entries(&e);
+  add_fused_entries(&e);
   add_gradient_entries(&e);
   return e;
 }

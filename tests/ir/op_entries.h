@@ -31,4 +31,7 @@ void add_attention_entries(std::vector<Entry>* e);
 // Appends the entries of the mixture-of-experts routing ops (op_entries_moe.cc).
 void add_moe_entries(std::vector<Entry>* e);
 
+// Appends the entries of the fused GEMM epilogues (op_entries_fused.cc).
+void add_fused_entries(std::vector<Entry>* e);
+
 }  // namespace tessera::op_test

@@ -99,6 +99,27 @@ TEST(StepRunner, RecomputeIsBitwiseTheSameUnderZeroThree) {
   }
 }
 
+// The fused GEMM epilogues (parallel/fuse.h) do in f32 what the unfused ops do, to the bit: data
+// parallel with ZeRO-3 and recomputation, and tensor parallel (column blocks of a bias).
+TEST(StepRunner, FusedEpiloguesMatchTheUnfusedOpsBitForBit) {
+  for (Plan fused : {with_recompute(Plan::data_parallel(2, 3)),
+                     with_searched_layout(Plan::tensor_parallel(1, 2), tiny_gpt())}) {
+    Plan plain = fused;
+    plain.fuse = false;
+    std::vector<RunResult> a = run_threads(fused, 3), b = run_threads(plain, 3);
+    for (size_t r = 0; r < a.size(); ++r) {
+      SCOPED_TRACE("rank " + std::to_string(r));
+      ASSERT_EQ(a[r].losses.size(), b[r].losses.size());
+      for (size_t s = 0; s < a[r].losses.size(); ++s)
+        EXPECT_EQ(std::memcmp(&a[r].losses[s], &b[r].losses[s], sizeof(float)), 0) << "step " << s;
+      ASSERT_EQ(a[r].params.size(), b[r].params.size());
+      for (size_t i = 0; i < a[r].params.size(); ++i)
+        EXPECT_EQ(a[r].params[i], b[r].params[i]) << "parameter " << i;
+      EXPECT_EQ(a[r].arena_measured, a[r].arena_planned);
+    }
+  }
+}
+
 // Tensor parallelism: LLaMA (GQA) under the Megatron layout, alone and with data parallelism
 // and ZeRO, against one rank.
 class TensorParallelTest : public testing::TestWithParam<Case> {};

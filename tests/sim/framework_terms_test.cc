@@ -107,6 +107,19 @@ TEST(FrameworkTerms, FrameworksWhosePipelineSendsBlock) {
     EXPECT_FALSE(framework_blocks_pipeline_sends(overlaps)) << overlaps;
 }
 
+// The frameworks that fuse a GEMM's bias and GELU into the product, as Tessera does: Megatron's
+// family and llm.c; PyTorch FSDP, Composer and JAX run them as kernels of their own.
+TEST(FrameworkTerms, FrameworksThatFuseBiasAndGelu) {
+  for (const char* fuses :
+       {"Megatron-LM (PTD-P)", "Megatron-DeepSpeed",
+        "NeMo 24.07 (Megatron-Core, Transformer Engine)", "GPT-NeoX (Megatron + DeepSpeed)",
+        "llm.c (CUDA/cuDNN, ZeRO-1 via -z 1)", ""})
+    EXPECT_TRUE(framework_fuses_epilogues(fuses)) << fuses;
+  for (const char* separate :
+       {"Composer + PyTorch FSDP (llm-foundry)", "PyTorch FSDP", "JAX/Pathways", "torchtitan"})
+    EXPECT_FALSE(framework_fuses_epilogues(separate)) << separate;
+}
+
 TEST(FrameworkTerms, RecomputeSpellings) {
   for (const auto& [text, policy] : std::vector<std::pair<const char*, RecomputePolicy>>{
            {"full", RecomputePolicy::full},

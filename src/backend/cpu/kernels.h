@@ -46,6 +46,8 @@ void swiglu_grad(const Args& a);
 // kernels_shape.cc
 void reduce_sum(const Args& a);
 void sum_to(const Args& a);
+// Sums x (shape `in`) into y (shape `kept`: in's rank, 1 where summed); sum_to's arithmetic.
+void reduce_into(const float* x, const Shape& in, float* y, const Shape& kept);
 void broadcast_to(const Args& a);
 void copy(const Args& a);  // reshape
 void transpose(const Args& a);
@@ -55,6 +57,10 @@ void concat(const Args& a);
 
 // kernels_matmul.cc
 void matmul(const Args& a);
+void matmul_bias(const Args& a);  // the fused epilogues of ir/ops_fused.cc
+void matmul_bias_gelu(const Args& a);
+void matmul_dgelu_bgrad(const Args& a);
+void matmul_bgrad(const Args& a);
 // C[m,n] = op(A) op(B) + beta C, row-major, split over the backend's threads (OpenBLAS
 // single-threaded inside each); ld* are the row strides of A, B, C as stored.
 void sgemm(bool ta, bool tb, int64_t m, int64_t n, int64_t k, const float* A, int64_t lda,

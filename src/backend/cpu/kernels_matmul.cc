@@ -1,5 +1,7 @@
 // matmul on OpenBLAS: batched, a shared rank-2 right operand (the batch folded into rows), or
-// MatmulAttrs::fold_batch (one GEMM over both operands' flattened rows).
+// MatmulAttrs::fold_batch (one GEMM over both operands' flattened rows). The fused epilogues
+// (ir/ops_fused.cc) run the same product, then one pass over it: in f32 the same arithmetic as
+// the unfused ops, to the bit.
 #include <cblas.h>
 
 #include <algorithm>
@@ -9,6 +11,7 @@
 #include "backend/cpu/cpu_backend.h"
 #include "backend/cpu/kernels.h"
 #include "backend/cpu/thread_pool.h"
+#include "backend/cpu/vec_math.h"
 #include "base/log.h"
 
 extern "C" char* openblas_get_corename(void);
@@ -69,9 +72,11 @@ void sgemm(bool ta, bool tb, int64_t m, int64_t n, int64_t k, const float* A, in
   });
 }
 
-// Batched operands loop over the batch; a rank-2 right operand is shared by folding the left
-// operand's batch into its rows.
-void matmul(const Args& a) {
+namespace {
+
+// The product of inputs 0 and 1 (shaped as output 0) into C. Batched operands loop over the
+// batch; a rank-2 right operand is shared by folding the left operand's batch into its rows.
+void product(const Args& a, float* C) {
   const Shape &sa = a.in_shape(0), &sb = a.in_shape(1), &sc = a.out_shape(0);
   const MatmulAttrs& attrs = a.attr<MatmulAttrs>();
   bool ta = attrs.transpose_a, tb = attrs.transpose_b;
@@ -79,7 +84,6 @@ void matmul(const Args& a) {
   int64_t k = ta ? sa[-2] : sa[-1];
   int64_t lda = sa[-1], ldb = sb[-1];
   const float *A = a.fin(0), *B = a.fin(1);
-  float* C = a.fout(0);
   if (attrs.fold_batch) {  // [.., R, M]^T x [.., R, N]: one GEMM over the flattened rows
     const int64_t rows = sa[-1] > 0 ? sa.numel() / sa[-1] : 0;
     return sgemm(true, false, m, n, rows, A, lda, B, ldb, C, n, 0.0f);
@@ -107,9 +111,74 @@ void matmul(const Args& a) {
                });
 }
 
+// Rows of n elements, at least 16K elements to a thread's piece.
+int64_t rows_per_piece(int64_t n) { return std::max<int64_t>(1, 16384 / std::max<int64_t>(n, 1)); }
+
+}  // namespace
+
+void matmul(const Args& a) { product(a, a.fout(0)); }
+
+// matmul_bias: y = product + bias.
+void matmul_bias(const Args& a) {
+  float* y = a.fout(0);
+  product(a, y);
+  const int64_t numel = a.out_shape(0).numel(), n = a.out_shape(0)[-1];
+  const float* bias = a.fin(2);
+  if (numel == 0) return;
+  parallel_for(numel / n, rows_per_piece(n), [&](int64_t lo, int64_t hi) {
+    for (int64_t r = lo; r < hi; ++r)
+      for (int64_t j = 0; j < n; ++j) y[r * n + j] = y[r * n + j] + bias[j];
+  });
+}
+
+// matmul_bias_gelu: pre = product + bias, y = gelu(pre).
+void matmul_bias_gelu(const Args& a) {
+  float *y = a.fout(0), *pre = a.fout(1);
+  product(a, pre);
+  const int64_t numel = a.out_shape(0).numel(), n = a.out_shape(0)[-1];
+  const float* bias = a.fin(2);
+  if (numel == 0) return;
+  parallel_for(numel / n, rows_per_piece(n), [&](int64_t lo, int64_t hi) {
+    for (int64_t r = lo; r < hi; ++r) {
+      float *pr = pre + r * n, *yr = y + r * n;
+      for (int64_t j = 0; j < n; ++j) {
+        pr[j] = pr[j] + bias[j];
+        yr[j] = gelu_fast(pr[j]);
+      }
+    }
+  });
+}
+
+// matmul_dgelu_bgrad: d = product * gelu'(pre), db = d summed over the rows (sum_to's sum).
+void matmul_dgelu_bgrad(const Args& a) {
+  float* d = a.fout(0);
+  product(a, d);
+  const Shape& s = a.out_shape(0);
+  const float* pre = a.fin(2);
+  parallel_for(s.numel(), 16384, [&](int64_t lo, int64_t hi) {
+    for (int64_t i = lo; i < hi; ++i) d[i] = d[i] * gelu_grad_fast(pre[i]);
+  });
+  std::vector<int64_t> kept(static_cast<size_t>(s.rank()), 1);
+  kept.back() = s[-1];
+  reduce_into(d, s, a.fout(1), Shape(kept));
+}
+
+// matmul_bgrad: the weight gradient's product, and dy summed over its rows (sum_to's sum).
+void matmul_bgrad(const Args& a) {
+  product(a, a.fout(0));
+  const Shape& s = a.in_shape(0);
+  std::vector<int64_t> kept(static_cast<size_t>(s.rank()), 1);
+  kept.back() = s[-1];
+  reduce_into(a.fin(0), s, a.fout(1), Shape(kept));
+}
+
 // Registers this file's kernels (cpu_backend.cc builds the table once).
 void register_matmul_kernels(KernelTable& t) {
   t.add(OpKind::matmul, [](OpKind, const Args& a) { matmul(a); });
+  t.add(OpKind::matmul_bias, [](OpKind, const Args& a) { matmul_bias(a); });
+  t.add(OpKind::matmul_bias_gelu, [](OpKind, const Args& a) { matmul_bias_gelu(a); });
+  t.add(OpKind::matmul_dgelu_bgrad, [](OpKind, const Args& a) { matmul_dgelu_bgrad(a); });
+  t.add(OpKind::matmul_bgrad, [](OpKind, const Args& a) { matmul_bgrad(a); });
 }
 
 }  // namespace tessera::cpu

@@ -7,8 +7,6 @@
 
 namespace tessera::cpu {
 
-namespace {
-
 // Sums x (shape `in`) into y (shape `out`, same rank, 1 where reduced).
 void reduce_into(const float* x, const Shape& in, float* y, const Shape& out) {
   int r = in.rank();
@@ -66,8 +64,6 @@ void reduce_into(const float* x, const Shape& in, float* y, const Shape& out) {
     }
   });
 }
-
-}  // namespace
 
 void reduce_sum(const Args& a) {
   const Shape& in = a.in_shape(0);

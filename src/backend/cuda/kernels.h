@@ -64,6 +64,18 @@ void run_in_f32(OpKind op, const Args& a, KernelFn fn);
 bool attention_tensor_cores(const Args& a);
 bool attention_grad_tensor_cores(const Args& a);
 
+// The fused GEMM epilogues' second pass over a product of `numel` elements in rows of n, in
+// storage dtype dt (kernels_epilogue.cu), where cuBLASLt has no fused algorithm:
+// bias_epilogue: pre += bias (in place), and with_gelu y = gelu(pre);
+// dgelu_bias_grad_epilogue: d *= gelu'(pre) (in place), db = d summed over its rows.
+// column_sums: db = x summed over its rows.
+void bias_epilogue(DType dt, void* y, void* pre, const void* bias, int64_t numel, int64_t n,
+                   bool with_gelu, cudaStream_t stream);
+void dgelu_bias_grad_epilogue(DType dt, void* d, const void* pre, void* db, int64_t numel,
+                              int64_t n, cudaStream_t stream);
+// db[j] = x[r, j] summed over the rows (matmul_bgrad's bias gradient).
+void column_sums(DType dt, const void* x, void* db, int64_t numel, int64_t n, cudaStream_t stream);
+
 // The cuBLASLt handle and its workspace (cuda_backend.cc).
 struct Context {
   void* lt = nullptr;  // cublasLtHandle_t

@@ -5,6 +5,7 @@
 // (f32 arithmetic, one rounding of the result).
 #include <initializer_list>
 
+#include "backend/cuda/activations.cuh"
 #include "backend/cuda/kernels.h"
 #include "backend/cuda/storage.cuh"
 #include "base/check.h"
@@ -186,17 +187,7 @@ void binary(OpKind op, const Args& a) {
   }
 }
 
-constexpr float kGeluC = 0.7978845608028654f;  // sqrt(2/pi)
-
 __device__ float sigmoid(float x) { return 1.0f / (1.0f + expf(-x)); }
-__device__ float gelu(float x) {
-  return 0.5f * x * (1.0f + tanhf(kGeluC * (x + 0.044715f * x * x * x)));
-}
-__device__ float gelu_grad(float x) {
-  float t = tanhf(kGeluC * (x + 0.044715f * x * x * x));
-  float du = kGeluC * (1.0f + 3.0f * 0.044715f * x * x);
-  return 0.5f * (1.0f + t) + 0.5f * x * (1.0f - t * t) * du;
-}
 
 __device__ float unary_value(OpKind op, float v, float s) {
   float r = 0;

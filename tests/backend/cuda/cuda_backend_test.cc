@@ -20,6 +20,7 @@
 #include "ir/builder.h"
 #include "models/model.h"
 #include "parallel/partition.h"
+#include "parallel/program.h"
 #include "parallel/sharding_search.h"
 
 namespace tessera {
@@ -47,7 +48,7 @@ double tolerance(OpKind op, DType dt) {
   if (dt == DType::bf16) return attention ? 0x1p-6 : 0x1p-7;  // a rounding of either result
   if (dt == DType::f16) return attention ? 0x1p-7 : 0x1p-10;
   // f32: sums in a different order (GEMMs, reductions over rows of thousands).
-  return op == OpKind::matmul || op == OpKind::attention_grad || op == OpKind::layernorm_grad ||
+  return is_gemm(op) || op == OpKind::attention_grad || op == OpKind::layernorm_grad ||
                  op == OpKind::rmsnorm_grad || op == OpKind::embedding_grad ||
                  op == OpKind::vocab_embedding_grad || op == OpKind::reduce_sum ||
                  op == OpKind::sum_to
@@ -215,6 +216,33 @@ TEST(CudaBackend, RunsEveryOpOfGptAndLlamaTrainingGraphsLikeTheCpu) {
     }
   }
   print(report);
+}
+
+// The fused GEMM epilogues (parallel/fuse.h) of GPT's one-rank local graph, in f32, bf16 and f16:
+// cuBLASLt's BIAS, GELU_AUX_BIAS, DGELU_BGRAD and BGRADB epilogues where it has them, the second
+// pass where not (a 9-wide head: a qkv of 108 columns, not a multiple of 8).
+TEST(CudaBackend, RunsTheFusedEpiloguesLikeTheCpu) {
+  REQUIRE_DEVICE();
+  for (DType dt : {DType::f32, DType::bf16, DType::f16}) {
+    std::map<std::string, OpReport> report;
+    for (int64_t embd : {64, 640, 36}) {
+      ModelConfig c = preset("gpt-tiny");
+      c.vocab_size = 1000;
+      c.padded_vocab_size = 1024;
+      c.n_embd = embd;
+      c.n_head = embd == 640 ? 8 : 4;
+      c.dtype = dt;
+      ModelGraph m = build_model(c, /*batch=*/2, /*seq=*/64, ModelMode::train);
+      Result<Program> p = lower(m.graph, Plan::data_parallel(1));
+      ASSERT_TRUE(p.ok()) << p.status().to_string();
+      std::set<std::string> missing = check_graph(p->local(), 1000, &report);
+      EXPECT_TRUE(missing.empty()) << "ops without a CUDA kernel:" << joined(missing);
+    }
+    for (const char* op : {"matmul_bias", "matmul_bias_gelu", "matmul_dgelu_bgrad", "matmul_bgrad"})
+      EXPECT_GT(report[op].nodes, 0) << op << " is not in the fused graphs";
+    std::printf("%s:\n", dtype_name(dt));
+    print(report);
+  }
 }
 
 // rope of a context-parallel rank's chunk (a sequence block input, contiguous or zigzag: op.h's

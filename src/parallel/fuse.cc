@@ -1,0 +1,218 @@
+#include "parallel/fuse.h"
+
+#include <algorithm>
+#include <optional>
+
+#include "base/check.h"
+
+namespace tessera {
+
+namespace {
+
+// One fused node: the nodes it replaces (the product first), its op and inputs, the values its
+// outputs stand for, and the node in whose place it is emitted.
+struct Fusion {
+  std::vector<NodeId> nodes;
+  OpKind op = OpKind::matmul_bias;
+  std::vector<ValueId> inputs;
+  std::vector<ValueId> outputs;
+  NodeId at = -1;
+};
+
+bool same_pass(const Node& a, const Node& b) {
+  return a.backward == b.backward && a.recompute == b.recompute;
+}
+
+class Matcher {
+ public:
+  explicit Matcher(const Graph& g) : g_(g), users_(g.values().size()), output_(g.values().size()) {
+    for (size_t i = 0; i < g.nodes().size(); ++i)
+      for (ValueId v : g.nodes()[i].inputs) {
+        std::vector<NodeId>& u = users_[static_cast<size_t>(v)];
+        if (u.empty() || u.back() != static_cast<NodeId>(i)) u.push_back(static_cast<NodeId>(i));
+      }
+    for (ValueId v : g.outputs()) output_[static_cast<size_t>(v)] = 1;
+  }
+
+  // The fusion that starts at matmul node `mi`, if any.
+  std::optional<Fusion> match(NodeId mi) const {
+    const Node& m = g_.node(mi);
+    if (m.op != OpKind::matmul) return std::nullopt;
+    if (m.attr<MatmulAttrs>().fold_batch) return match_bias_grad(mi);
+    const ValueId t = m.outputs[0];
+    if (output_[static_cast<size_t>(t)] || users(t).size() != 1) return std::nullopt;
+    const NodeId ui = users(t)[0];
+    const Node& u = g_.node(ui);
+    if (!same_pass(m, u)) return std::nullopt;
+    Fusion f;
+    if (u.op == OpKind::add) {
+      const ValueId bias = u.inputs[0] == t ? u.inputs[1] : u.inputs[0];
+      if (bias == t || !is_bias(bias, t)) return std::nullopt;
+      const ValueId pre = u.outputs[0];
+      f.inputs = {m.inputs[0], m.inputs[1], bias};
+      // gelu(pre) joins when pre's other readers are gelu_grad's (the backward pass's).
+      NodeId gelu = -1;
+      bool others_are_grads = true;
+      for (NodeId r : users(pre)) {
+        const Node& rn = g_.node(r);
+        if (rn.op == OpKind::gelu && gelu < 0 && same_pass(rn, m)) {
+          gelu = r;
+        } else if (rn.op != OpKind::gelu_grad || rn.inputs[1] == pre) {
+          others_are_grads = false;
+        }
+      }
+      if (gelu >= 0 && others_are_grads) {
+        f.op = OpKind::matmul_bias_gelu;
+        f.nodes = {mi, ui, gelu};
+        f.outputs = {g_.node(gelu).outputs[0], pre};
+      } else {
+        f.op = OpKind::matmul_bias;
+        f.nodes = {mi, ui};
+        f.outputs = {pre};
+      }
+    } else if (u.op == OpKind::gelu_grad && u.inputs[1] == t && u.inputs[0] != t) {
+      const ValueId d = u.outputs[0];
+      const int64_t n = g_.type(t).shape[-1];
+      NodeId s = -1;
+      for (NodeId r : users(d)) {
+        const Node& rn = g_.node(r);
+        if (rn.op == OpKind::sum_to && same_pass(rn, m) &&
+            g_.type(rn.outputs[0]).shape == Shape{n}) {
+          s = r;
+          break;
+        }
+      }
+      if (s < 0) return std::nullopt;
+      f.op = OpKind::matmul_dgelu_bgrad;
+      f.nodes = {mi, ui, s};
+      f.inputs = {m.inputs[0], m.inputs[1], u.inputs[0]};
+      f.outputs = {d, g_.node(s).outputs[0]};
+    } else {
+      return std::nullopt;
+    }
+    if (!place(&f)) return std::nullopt;
+    return f;
+  }
+
+ private:
+  // A weight gradient matmul(dy, x) {ta fold} and the bias gradient sum_to(dy) [N] beside it.
+  std::optional<Fusion> match_bias_grad(NodeId mi) const {
+    const Node& m = g_.node(mi);
+    const ValueId dy = m.inputs[0];
+    const int64_t n = g_.type(dy).shape[-1];
+    for (NodeId r : users(dy)) {
+      const Node& s = g_.node(r);
+      if (s.op != OpKind::sum_to || !same_pass(s, m) || g_.type(s.outputs[0]).shape != Shape{n})
+        continue;
+      Fusion f;
+      f.op = OpKind::matmul_bgrad;
+      f.nodes = {mi, r};
+      f.inputs = m.inputs;
+      f.outputs = {m.outputs[0], s.outputs[0]};
+      if (place(&f)) return f;
+    }
+    return std::nullopt;
+  }
+
+  const std::vector<NodeId>& users(ValueId v) const { return users_[static_cast<size_t>(v)]; }
+
+  // A bias of product t: [N], t's last dim, in t's dtype.
+  bool is_bias(ValueId v, ValueId t) const {
+    const TensorType &b = g_.type(v), &p = g_.type(t);
+    return b.dtype == p.dtype && b.shape == Shape{p.shape[-1]};
+  }
+
+  // The fused node goes where the last of its nodes that reads an outside value was; every
+  // outside reader of its outputs must come after that. False where one does not.
+  bool place(Fusion* f) const {
+    auto in_set = [&](NodeId n) {
+      return std::find(f->nodes.begin(), f->nodes.end(), n) != f->nodes.end();
+    };
+    auto made_inside = [&](ValueId v) { return in_set(g_.value(v).producer); };
+    f->at = f->nodes[0];
+    for (NodeId n : f->nodes)
+      for (ValueId v : g_.node(n).inputs)
+        if (!made_inside(v)) f->at = std::max(f->at, n);
+    for (ValueId v : f->outputs)
+      for (NodeId r : users(v))
+        if (!in_set(r) && r <= f->at) return false;
+    return true;
+  }
+
+  const Graph& g_;
+  std::vector<std::vector<NodeId>> users_;
+  std::vector<char> output_;
+};
+
+}  // namespace
+
+Status fuse_epilogues(Partitioned* p, int* fused) {
+  const Graph& g = p->local;
+  const Matcher matcher(g);
+  std::vector<Fusion> fusions;
+  std::vector<int> fusion_of(g.nodes().size(), -1);
+  for (NodeId i = 0; i < static_cast<NodeId>(g.nodes().size()); ++i) {
+    std::optional<Fusion> f = matcher.match(i);
+    if (!f) continue;
+    bool free = true;
+    for (NodeId n : f->nodes) free = free && fusion_of[static_cast<size_t>(n)] < 0;
+    if (!free) continue;
+    for (NodeId n : f->nodes) fusion_of[static_cast<size_t>(n)] = static_cast<int>(fusions.size());
+    fusions.push_back(std::move(*f));
+  }
+  if (fused) *fused = static_cast<int>(fusions.size());
+  if (fusions.empty()) return Status();
+
+  Graph out;
+  std::vector<ValueId> vmap(g.values().size(), -1);
+  std::vector<NodeId> nmap(g.nodes().size(), -1);
+  auto mapped = [&](const std::vector<ValueId>& vs) {
+    std::vector<ValueId> r;
+    for (ValueId v : vs) {
+      r.push_back(vmap[static_cast<size_t>(v)]);
+      TS_CHECK_GE(r.back(), 0) << "fuse: %" << v << " read before it is made";
+    }
+    return r;
+  };
+  for (NodeId i = 0; i < static_cast<NodeId>(g.nodes().size()); ++i) {
+    const int fi = fusion_of[static_cast<size_t>(i)];
+    if (fi >= 0 && fusions[static_cast<size_t>(fi)].at != i) continue;
+    const Node& n = fi >= 0 ? g.node(fusions[static_cast<size_t>(fi)].nodes[0]) : g.node(i);
+    const OpKind op = fi >= 0 ? fusions[static_cast<size_t>(fi)].op : n.op;
+    const std::vector<ValueId>& ins = fi >= 0 ? fusions[static_cast<size_t>(fi)].inputs : n.inputs;
+    Result<NodeId> id =
+        out.add_node(op, n.attrs, mapped(ins), n.scope, n.layer, n.backward, n.recompute);
+    if (!id.ok()) return id.status().with_context("fuse: " + n.scope);
+    nmap[static_cast<size_t>(i)] = id.value();
+    const std::vector<ValueId>& olds = fi >= 0 ? fusions[static_cast<size_t>(fi)].outputs : n.outputs;
+    const Node& made = out.node(id.value());
+    for (size_t k = 0; k < olds.size(); ++k) vmap[static_cast<size_t>(olds[k])] = made.outputs[k];
+  }
+
+  auto remap = [&](ValueId v) { return v < 0 ? v : vmap[static_cast<size_t>(v)]; };
+  for (ValueId v : g.outputs()) out.mark_output(remap(v));
+  if (g.loss() >= 0) out.set_loss(remap(g.loss()));
+  if (g.loss_seed() >= 0) out.set_loss_seed(remap(g.loss_seed()));
+  for (const auto& [name, v] : g.metrics()) out.add_metric(name, remap(v));
+  for (auto [param, grad] : g.param_grads()) out.set_param_grad(remap(param), remap(grad));
+  TS_RETURN_IF_ERROR(verify(out));
+
+  for (ParamLayout& pl : p->params) {
+    pl.local = remap(pl.local);
+    pl.local_grad = remap(pl.local_grad);
+  }
+  for (ValueId& v : p->global_to_local) v = remap(v);
+  p->loss = remap(p->loss);
+  for (auto& [name, v] : p->metrics) v = remap(v);
+  for (ValueId& v : p->loss_seeds) v = remap(v);
+  for (std::vector<NodeId>& b : p->buckets)
+    for (NodeId& n : b) n = nmap[static_cast<size_t>(n)];
+  std::vector<std::vector<Placement>> placements(out.values().size());
+  for (size_t v = 0; v < vmap.size() && v < p->placements.size(); ++v)
+    if (vmap[v] >= 0) placements[static_cast<size_t>(vmap[v])] = p->placements[v];
+  p->placements = std::move(placements);
+  p->local = std::move(out);
+  return Status();
+}
+
+}  // namespace tessera

@@ -1,0 +1,54 @@
+// The op-consistency entries of the fused GEMM epilogues (ir/ops_fused.cc): each against the
+// primitive ops it fuses (matmul, add, gelu, gelu_grad, sum_to) in the same graph, the same f32
+// arithmetic to the bit.
+#include "op_entries.h"
+
+namespace tessera::op_test {
+
+void add_fused_entries(std::vector<Entry>* entries) {
+  std::vector<Entry>& e = *entries;
+  auto fwd = [&](const char* op, const char* label, std::function<void(Net&)> f) {
+    e.push_back(Entry{op, Check::forward, label, std::move(f), nullptr});
+  };
+  // A rank-3 left operand shares w.
+  fwd("matmul_bias", "matmul_bias", [](Net& n) {
+    Var x = n.param(Shape{2, 3, 4}), w = n.param(Shape{5, 4}), bias = n.param(Shape{5});
+    Var y = n.keep(n.b.op<OpKind::matmul_bias>({x, w, bias}, {.transpose_b = true})[0]);
+    Var want = n.keep(n.b.matmul(x, w, false, true) + bias);
+    n.run();
+    expect_close(n.read(y), n.read(want), 0.0, "matmul_bias");
+  });
+  fwd("matmul_bias_gelu", "matmul_bias_gelu", [](Net& n) {
+    Var x = n.param(Shape{2, 3, 4}), w = n.param(Shape{4, 5}), bias = n.param(Shape{5});
+    std::vector<Var> got = n.b.op<OpKind::matmul_bias_gelu>({x, w, bias}, {});
+    Var y = n.keep(got[0]), pre = n.keep(got[1]);
+    Var want_pre = n.keep(n.b.matmul(x, w) + bias);
+    Var want = n.keep(n.b.gelu(want_pre));
+    n.run();
+    expect_close(n.read(pre), n.read(want_pre), 0.0, "matmul_bias_gelu pre");
+    expect_close(n.read(y), n.read(want), 0.0, "matmul_bias_gelu");
+  });
+  fwd("matmul_dgelu_bgrad", "matmul_dgelu_bgrad", [](Net& n) {
+    Var dy = n.param(Shape{2, 3, 4}), w = n.param(Shape{4, 5}), pre = n.param(Shape{2, 3, 5});
+    std::vector<Var> got = n.b.op<OpKind::matmul_dgelu_bgrad>({dy, w, pre}, {});
+    Var d = n.keep(got[0]), db = n.keep(got[1]);
+    Var want_d = n.keep(n.b.gelu_grad(pre, n.b.matmul(dy, w)));
+    Var want_db = n.keep(n.b.sum_to(want_d, Shape{5}));
+    n.run();
+    expect_close(n.read(d), n.read(want_d), 0.0, "matmul_dgelu_bgrad d");
+    expect_close(n.read(db), n.read(want_db), 0.0, "matmul_dgelu_bgrad db");
+  });
+  fwd("matmul_bgrad", "matmul_bgrad", [](Net& n) {
+    Var dy = n.param(Shape{2, 3, 5}), x = n.param(Shape{2, 3, 4});
+    std::vector<Var> got =
+        n.b.op<OpKind::matmul_bgrad>({dy, x}, {.transpose_a = true, .fold_batch = true});
+    Var dw = n.keep(got[0]), db = n.keep(got[1]);
+    Var want_dw = n.keep(n.b.matmul_folded(dy, x));
+    Var want_db = n.keep(n.b.sum_to(dy, Shape{5}));
+    n.run();
+    expect_close(n.read(dw), n.read(want_dw), 0.0, "matmul_bgrad dw");
+    expect_close(n.read(db), n.read(want_db), 0.0, "matmul_bgrad db");
+  });
+}
+
+}  // namespace tessera::op_test
