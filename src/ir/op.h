@@ -63,6 +63,8 @@ namespace tessera {
   X(matmul_bias_gelu, 3, 2, MatmulAttrs)               \
   X(matmul_dgelu_bgrad, 3, 2, MatmulAttrs)             \
   X(matmul_bgrad, 2, 2, MatmulAttrs)                   \
+  X(add_layernorm, 4, 4, NormAttrs)                    \
+  X(layernorm_grad_add, 6, 3, NoAttrs)                 \
   X(embedding, 2, 1, NoAttrs)                          \
   X(embedding_grad, 2, 1, EmbeddingGradAttrs)          \
   X(layernorm, 3, 3, NormAttrs)                        \

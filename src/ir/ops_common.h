@@ -35,11 +35,15 @@ double flops_in0(const Attrs&, std::span<const TensorType> in, std::span<const T
 }
 
 // Defined in ops_nn.cc; the vocab-parallel ops (ops_vocab.cc) check their block with them,
-// the fused GEMM epilogues (ops_fused.cc) their product.
+// the fused ops (ops_fused.cc) their product or norm.
 Status infer_matmul(const Attrs& a, std::span<const TensorType> in, std::vector<TensorType>* out);
 double flops_matmul(const Attrs& a, std::span<const TensorType> in,
                     std::span<const TensorType> out);
 bool matmul_sharding(const ShardingRuleArgs& a, std::vector<Placement>* out);
+Status infer_layernorm(const Attrs& a, std::span<const TensorType> in,
+                       std::vector<TensorType>* out);
+Status infer_layernorm_grad(const Attrs& a, std::span<const TensorType> in,
+                            std::vector<TensorType>* out);
 Status infer_embedding(const Attrs& a, std::span<const TensorType> in,
                        std::vector<TensorType>* out);
 Status infer_embedding_grad(const Attrs& a, std::span<const TensorType> in,

@@ -1,5 +1,5 @@
-// Fused GEMM epilogues: one matrix product and the elementwise work that follows it, in one op,
-// so that a kernel writes the result once (cuBLASLt's epilogues on a GPU; one pass after the
+// Fused ops. GEMM epilogues: one matrix product and the elementwise work that follows it, in one
+// op, so that a kernel writes the result once (cuBLASLt's epilogues on a GPU; one pass after the
 // GEMM on the CPU). The fusion pass (parallel/fuse.h) makes them of a rank's local graph, after
 // autodiff and partitioning; model code never builds them.
 //
@@ -14,7 +14,16 @@
 //                                       dy summed over every dim but the last: the bias
 //                                       gradient beside the weight's
 //
-// MatmulAttrs as matmul's (fold_batch only for matmul_bgrad, which needs it). Their sharding rules are matmul's, with the
+// MatmulAttrs as matmul's (fold_batch only for matmul_bgrad, which needs it).
+//
+// And a residual add fused with the layernorm that reads its sum, forward and backward:
+//   add_layernorm(x, y, w, b) {eps}       -> (s, layernorm(s, w, b)...) with s = x + y: the sum
+//                                            (the residual stream), the normalized rows, mean,
+//                                            rstd
+//   layernorm_grad_add(dy, x, w, mean, rstd, dres)
+//                                         -> (dres + dx, dw, db) of layernorm_grad: the residual
+//                                            stream's gradient with the norm's added Their sharding
+//                                            rules are matmul's, with the
 // epilogue's constraints: a product summed over the split contraction (Partial) takes no bias,
 // since the bias would be added once per rank.
 #include "ir/ops_common.h"
@@ -41,8 +50,8 @@ Status infer_product(const Attrs& attrs, std::span<const TensorType> in, const c
 Status need_bias(const TensorType& bias, const TensorType& product, const char* op) {
   const int64_t n = product.shape[-1];
   if (bias.shape != Shape{n} || bias.dtype != product.dtype)
-    return error(std::string(op) + " needs a bias " + TensorType{Shape{n}, product.dtype}.to_string() +
-                 ", got " + bias.to_string());
+    return error(std::string(op) + " needs a bias " +
+                 TensorType{Shape{n}, product.dtype}.to_string() + ", got " + bias.to_string());
   return Status();
 }
 
@@ -70,8 +79,8 @@ Status infer_matmul_dgelu_bgrad(const Attrs& attrs, std::span<const TensorType> 
   TensorType d;
   TS_RETURN_IF_ERROR(infer_product(attrs, in, "matmul_dgelu_bgrad", &d));
   if (in[2].shape != d.shape || in[2].dtype != d.dtype)
-    return error("matmul_dgelu_bgrad needs pre shaped as the product " + d.to_string() +
-                 ", got " + in[2].to_string());
+    return error("matmul_dgelu_bgrad needs pre shaped as the product " + d.to_string() + ", got " +
+                 in[2].to_string());
   out->push_back(d);
   out->push_back({Shape{d.shape[-1]}, d.dtype});
   return Status();
@@ -84,6 +93,25 @@ Status infer_matmul_bgrad(const Attrs& attrs, std::span<const TensorType> in,
     return error("matmul_bgrad takes a batch-folding product with transpose_a (a weight gradient)");
   TS_RETURN_IF_ERROR(infer_matmul(attrs, in, out));
   out->push_back({Shape{in[0].shape[-1]}, in[0].dtype});
+  return Status();
+}
+
+Status infer_add_layernorm(const Attrs& attrs, std::span<const TensorType> in,
+                           std::vector<TensorType>* out) {
+  if (in[0].shape != in[1].shape || in[0].dtype != in[1].dtype)
+    return error("add_layernorm needs x and y of one type, got " + in[0].to_string() + " and " +
+                 in[1].to_string());
+  out->push_back(in[0]);  // s
+  const std::vector<TensorType> norm = {in[0], in[2], in[3]};
+  return infer_layernorm(attrs, norm, out);
+}
+
+Status infer_layernorm_grad_add(const Attrs& attrs, std::span<const TensorType> in,
+                                std::vector<TensorType>* out) {
+  TS_RETURN_IF_ERROR(infer_layernorm_grad(attrs, in.first(5), out));
+  if (in[5].shape != in[1].shape || in[5].dtype != (*out)[0].dtype)
+    return error("layernorm_grad_add needs dres shaped as x " + in[1].to_string() + ", got " +
+                 in[5].to_string());
   return Status();
 }
 
@@ -142,6 +170,12 @@ bool bgrad(const ShardingRuleArgs& a, Out* out) {
   return true;
 }
 
+// The fused norms: layernorm's row-wise rule, the residual's operands split as x.
+bool add_layernorm(const ShardingRuleArgs& a, Out* out) { return rowwise(a, out, {0, 1}, 4); }
+bool layernorm_grad_add(const ShardingRuleArgs& a, Out* out) {
+  return rowwise(a, out, {0, 1, 3, 4, 5}, 1);
+}
+
 }  // namespace
 
 void define_fused_ops(OpDef* t) {
@@ -157,6 +191,12 @@ void define_fused_ops(OpDef* t) {
   def(t, OpKind::matmul_bgrad).infer = infer_matmul_bgrad;
   def(t, OpKind::matmul_bgrad).flops = flops_bgrad;
   def(t, OpKind::matmul_bgrad).sharding = bgrad;
+  def(t, OpKind::add_layernorm).infer = infer_add_layernorm;
+  def(t, OpKind::add_layernorm).flops = flops_in0<9>;  // the add, layernorm's 8
+  def(t, OpKind::add_layernorm).sharding = add_layernorm;
+  def(t, OpKind::layernorm_grad_add).infer = infer_layernorm_grad_add;
+  def(t, OpKind::layernorm_grad_add).flops = flops_in0<13>;  // layernorm_grad's 12, the add
+  def(t, OpKind::layernorm_grad_add).sharding = layernorm_grad_add;
 }
 
 }  // namespace tessera::ops_detail

@@ -131,6 +131,8 @@ Status check_norm_weight(const TensorType& x, const TensorType& w) {
   return same_dtype(x, w);
 }
 
+}  // namespace
+
 Status infer_layernorm(const Attrs&, std::span<const TensorType> in, std::vector<TensorType>* out) {
   TS_RETURN_IF_ERROR(check_norm_weight(in[0], in[1]));
   TS_RETURN_IF_ERROR(check_norm_weight(in[0], in[2]));
@@ -149,6 +151,8 @@ Status infer_layernorm_grad(const Attrs&, std::span<const TensorType> in,
   out->push_back(in[2]);
   return Status();
 }
+
+namespace {
 
 Status infer_rmsnorm(const Attrs&, std::span<const TensorType> in, std::vector<TensorType>* out) {
   TS_RETURN_IF_ERROR(check_norm_weight(in[0], in[1]));

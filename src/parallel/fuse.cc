@@ -17,7 +17,12 @@ struct Fusion {
   std::vector<ValueId> inputs;
   std::vector<ValueId> outputs;
   NodeId at = -1;
+  NodeId attrs_from = -1;  // the node whose attributes the fused op takes (-1: the first)
 };
+
+bool same_type(const TensorType& a, const TensorType& b) {
+  return a.shape == b.shape && a.dtype == b.dtype;
+}
 
 bool same_pass(const Node& a, const Node& b) {
   return a.backward == b.backward && a.recompute == b.recompute;
@@ -34,10 +39,24 @@ class Matcher {
     for (ValueId v : g.outputs()) output_[static_cast<size_t>(v)] = 1;
   }
 
-  // The fusion that starts at matmul node `mi`, if any.
-  std::optional<Fusion> match(NodeId mi) const {
+  // The fusion that starts at node `i`, if any.
+  std::optional<Fusion> match(NodeId i) const {
+    switch (g_.node(i).op) {
+      case OpKind::matmul:
+        return match_product(i);
+      case OpKind::add:
+        return match_add_norm(i);
+      case OpKind::layernorm_grad:
+        return match_norm_grad_add(i);
+      default:
+        return std::nullopt;
+    }
+  }
+
+ private:
+  // The epilogues of matmul node `mi`.
+  std::optional<Fusion> match_product(NodeId mi) const {
     const Node& m = g_.node(mi);
-    if (m.op != OpKind::matmul) return std::nullopt;
     if (m.attr<MatmulAttrs>().fold_batch) return match_bias_grad(mi);
     const ValueId t = m.outputs[0];
     if (output_[static_cast<size_t>(t)] || users(t).size() != 1) return std::nullopt;
@@ -94,7 +113,49 @@ class Matcher {
     return f;
   }
 
- private:
+  // A residual add(x, y) whose sum a layernorm (of the same pass) normalizes.
+  std::optional<Fusion> match_add_norm(NodeId ai) const {
+    const Node& a = g_.node(ai);
+    const ValueId sum = a.outputs[0];
+    if (!same_type(g_.type(a.inputs[0]), g_.type(sum)) ||
+        !same_type(g_.type(a.inputs[1]), g_.type(sum)))
+      return std::nullopt;  // broadcasting (a bias) is not a residual
+    for (NodeId r : users(sum)) {
+      const Node& ln = g_.node(r);
+      if (ln.op != OpKind::layernorm || ln.inputs[0] != sum || !same_pass(ln, a)) continue;
+      Fusion f;
+      f.op = OpKind::add_layernorm;
+      f.nodes = {ai, r};
+      f.inputs = {a.inputs[0], a.inputs[1], ln.inputs[1], ln.inputs[2]};
+      f.outputs = {sum, ln.outputs[0], ln.outputs[1], ln.outputs[2]};
+      f.attrs_from = r;
+      if (place(&f)) return f;
+    }
+    return std::nullopt;
+  }
+
+  // A layernorm_grad whose dx only an add (of the same pass) reads: the residual's gradient.
+  std::optional<Fusion> match_norm_grad_add(NodeId li) const {
+    const Node& ln = g_.node(li);
+    const ValueId dx = ln.outputs[0];
+    if (output_[static_cast<size_t>(dx)] || users(dx).size() != 1) return std::nullopt;
+    const NodeId ai = users(dx)[0];
+    const Node& a = g_.node(ai);
+    if (a.op != OpKind::add || !same_pass(a, ln)) return std::nullopt;
+    const ValueId dres = a.inputs[0] == dx ? a.inputs[1] : a.inputs[0];
+    if (dres == dx || !same_type(g_.type(dres), g_.type(dx)) ||
+        !same_type(g_.type(a.outputs[0]), g_.type(dx)))
+      return std::nullopt;
+    Fusion f;
+    f.op = OpKind::layernorm_grad_add;
+    f.nodes = {li, ai};
+    f.inputs = ln.inputs;
+    f.inputs.push_back(dres);
+    f.outputs = {a.outputs[0], ln.outputs[1], ln.outputs[2]};
+    if (!place(&f)) return std::nullopt;
+    return f;
+  }
+
   // A weight gradient matmul(dy, x) {ta fold} and the bias gradient sum_to(dy) [N] beside it.
   std::optional<Fusion> match_bias_grad(NodeId mi) const {
     const Node& m = g_.node(mi);
@@ -122,21 +183,26 @@ class Matcher {
     return b.dtype == p.dtype && b.shape == Shape{p.shape[-1]};
   }
 
-  // The fused node goes where the last of its nodes that reads an outside value was; every
-  // outside reader of its outputs must come after that. False where one does not.
+  // The fused node takes the place of the earliest of its nodes after which every outside
+  // value it reads is made and before which no outside node reads what it makes. False where
+  // none is.
   bool place(Fusion* f) const {
     auto in_set = [&](NodeId n) {
       return std::find(f->nodes.begin(), f->nodes.end(), n) != f->nodes.end();
     };
-    auto made_inside = [&](ValueId v) { return in_set(g_.value(v).producer); };
-    f->at = f->nodes[0];
-    for (NodeId n : f->nodes)
-      for (ValueId v : g_.node(n).inputs)
-        if (!made_inside(v)) f->at = std::max(f->at, n);
+    NodeId first_ok = 0, last_ok = static_cast<NodeId>(g_.nodes().size());
+    for (ValueId v : f->inputs) first_ok = std::max(first_ok, g_.value(v).producer + 1);
     for (ValueId v : f->outputs)
       for (NodeId r : users(v))
-        if (!in_set(r) && r <= f->at) return false;
-    return true;
+        if (!in_set(r)) last_ok = std::min(last_ok, r - 1);
+    std::vector<NodeId> slots = f->nodes;
+    std::sort(slots.begin(), slots.end());
+    for (NodeId n : slots)
+      if (n >= first_ok && n <= last_ok) {
+        f->at = n;
+        return true;
+      }
+    return false;
   }
 
   const Graph& g_;
@@ -177,14 +243,16 @@ Status fuse_epilogues(Partitioned* p, int* fused) {
   for (NodeId i = 0; i < static_cast<NodeId>(g.nodes().size()); ++i) {
     const int fi = fusion_of[static_cast<size_t>(i)];
     if (fi >= 0 && fusions[static_cast<size_t>(fi)].at != i) continue;
-    const Node& n = fi >= 0 ? g.node(fusions[static_cast<size_t>(fi)].nodes[0]) : g.node(i);
-    const OpKind op = fi >= 0 ? fusions[static_cast<size_t>(fi)].op : n.op;
-    const std::vector<ValueId>& ins = fi >= 0 ? fusions[static_cast<size_t>(fi)].inputs : n.inputs;
+    const Fusion* f = fi >= 0 ? &fusions[static_cast<size_t>(fi)] : nullptr;
+    const Node& n = f ? g.node(f->nodes[0]) : g.node(i);
+    const OpKind op = f ? f->op : n.op;
+    const std::vector<ValueId>& ins = f ? f->inputs : n.inputs;
+    const Attrs& attrs = f && f->attrs_from >= 0 ? g.node(f->attrs_from).attrs : n.attrs;
     Result<NodeId> id =
-        out.add_node(op, n.attrs, mapped(ins), n.scope, n.layer, n.backward, n.recompute);
+        out.add_node(op, attrs, mapped(ins), n.scope, n.layer, n.backward, n.recompute);
     if (!id.ok()) return id.status().with_context("fuse: " + n.scope);
     nmap[static_cast<size_t>(i)] = id.value();
-    const std::vector<ValueId>& olds = fi >= 0 ? fusions[static_cast<size_t>(fi)].outputs : n.outputs;
+    const std::vector<ValueId>& olds = f ? f->outputs : n.outputs;
     const Node& made = out.node(id.value());
     for (size_t k = 0; k < olds.size(); ++k) vmap[static_cast<size_t>(olds[k])] = made.outputs[k];
   }

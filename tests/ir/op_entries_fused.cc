@@ -1,6 +1,6 @@
-// The op-consistency entries of the fused GEMM epilogues (ir/ops_fused.cc): each against the
-// primitive ops it fuses (matmul, add, gelu, gelu_grad, sum_to) in the same graph, the same f32
-// arithmetic to the bit.
+// The op-consistency entries of the fused ops (ir/ops_fused.cc): each against the primitive
+// ops it fuses (matmul, add, gelu, gelu_grad, sum_to, layernorm, layernorm_grad) in the same
+// graph, the same f32 arithmetic to the bit.
 #include "op_entries.h"
 
 namespace tessera::op_test {
@@ -48,6 +48,36 @@ void add_fused_entries(std::vector<Entry>* entries) {
     n.run();
     expect_close(n.read(dw), n.read(want_dw), 0.0, "matmul_bgrad dw");
     expect_close(n.read(db), n.read(want_db), 0.0, "matmul_bgrad db");
+  });
+  fwd("add_layernorm", "add_layernorm", [](Net& n) {
+    Var x = n.param(Shape{2, 3, 8}), y = n.param(Shape{2, 3, 8});
+    Var w = n.param(Shape{8}), b = n.param(Shape{8});
+    std::vector<Var> got = n.b.op<OpKind::add_layernorm>({x, y, w, b}, {.eps = 1e-5});
+    Var sum = n.keep(x + y);
+    std::vector<Var> want = n.b.layernorm(sum, w, b, 1e-5);
+    for (int i = 0; i < 4; ++i) n.keep(got[static_cast<size_t>(i)]);
+    for (Var v : want) n.keep(v);
+    n.run();
+    expect_close(n.read(got[0]), n.read(sum), 0.0, "add_layernorm sum");
+    for (int i = 0; i < 3; ++i)
+      expect_close(n.read(got[static_cast<size_t>(i + 1)]), n.read(want[static_cast<size_t>(i)]),
+                   0.0, "add_layernorm norm");
+  });
+  fwd("layernorm_grad_add", "layernorm_grad_add", [](Net& n) {
+    Var dy = n.param(Shape{2, 3, 8}), x = n.param(Shape{2, 3, 8}), dres = n.param(Shape{2, 3, 8});
+    Var w = n.param(Shape{8}), b = n.param(Shape{8});
+    std::vector<Var> ln = n.b.layernorm(x, w, b, 1e-5);
+    std::vector<Var> got =
+        n.b.op<OpKind::layernorm_grad_add>({dy, x, w, ln[1], ln[2], dres}, NoAttrs{});
+    std::vector<Var> want = n.b.layernorm_grad(dy, x, w, ln[1], ln[2]);
+    Var want_dx = n.keep(dres + want[0]);
+    for (Var v : got) n.keep(v);
+    n.keep(want[1]);
+    n.keep(want[2]);
+    n.run();
+    expect_close(n.read(got[0]), n.read(want_dx), 0.0, "layernorm_grad_add dx");
+    expect_close(n.read(got[1]), n.read(want[1]), 0.0, "layernorm_grad_add dw");
+    expect_close(n.read(got[2]), n.read(want[2]), 0.0, "layernorm_grad_add db");
   });
 }
 

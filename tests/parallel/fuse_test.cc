@@ -1,6 +1,6 @@
-// The fusion pass: which epilogues it fuses in a GPT's local graph (one rank, tensor parallel,
-// recomputed blocks), what it leaves alone, and the fused ops' sharding rules. The numerics
-// (fused = unfused to the bit in f32) are checked by tests/runtime/step_runner_test.cc.
+// The fusion pass: which epilogues and residual norms it fuses in a GPT's local graph (one rank,
+// tensor parallel, recomputed blocks), what it leaves alone, and the fused ops' sharding rules. The
+// numerics (fused = unfused to the bit in f32) are checked by tests/runtime/step_runner_test.cc.
 #include "parallel/fuse.h"
 
 #include <gtest/gtest.h>
@@ -37,6 +37,11 @@ TEST(Fuse, MakesEveryGptBlocksEpilogues) {
   EXPECT_EQ(c[OpKind::matmul_bias_gelu], layers);
   EXPECT_EQ(c[OpKind::matmul_dgelu_bgrad], layers);
   EXPECT_EQ(c[OpKind::matmul_bgrad], 3 * layers);  // the other biases' gradients
+  // Each residual add and the norm after it (ln_2, the next block's ln_1, ln_f), forward and
+  // backward; block 0's ln_1 reads the embeddings' sum, a broadcast of the position table.
+  EXPECT_EQ(c[OpKind::add_layernorm], 2 * layers);
+  EXPECT_EQ(c[OpKind::layernorm_grad_add], 2 * layers);
+  EXPECT_EQ(c[OpKind::layernorm], 1);
   EXPECT_EQ(c[OpKind::gelu], 0);
   EXPECT_EQ(c[OpKind::gelu_grad], 0);
   EXPECT_EQ(c[OpKind::sum_to], 1);  // only the position table's gradient, over the batch
@@ -110,17 +115,16 @@ TEST(Fuse, PlanKeyRoundTrips) {
   Result<Plan> back = plan_from_json(plan_to_json(p));
   ASSERT_TRUE(back.ok()) << back.status().to_string();
   EXPECT_FALSE(back->fuse);
-  Result<Plan> bad = plan_from_json(nlohmann::json::parse(
-      R"({"mesh": [{"name": "dp", "size": 1}], "fuse": "yes"})"));
+  Result<Plan> bad = plan_from_json(
+      nlohmann::json::parse(R"({"mesh": [{"name": "dp", "size": 1}], "fuse": "yes"})"));
   ASSERT_FALSE(bad.ok());
   EXPECT_NE(bad.status().message().find("fuse"), std::string::npos) << bad.status().message();
 }
 
 // x [4, 8] @ w[16, 8]^T + bias [16] along one mesh axis.
 bool bias_rule(Placement x, Placement w, Placement bias, std::vector<Placement>* out) {
-  const std::vector<TensorType> in = {{Shape{4, 8}, DType::f32},
-                                      {Shape{16, 8}, DType::f32},
-                                      {Shape{16}, DType::f32}};
+  const std::vector<TensorType> in = {
+      {Shape{4, 8}, DType::f32}, {Shape{16, 8}, DType::f32}, {Shape{16}, DType::f32}};
   const std::vector<TensorType> outs = {{Shape{4, 16}, DType::f32}};
   const std::vector<Placement> pl = {x, w, bias};
   const Attrs a = MatmulAttrs{.transpose_b = true};

@@ -195,8 +195,11 @@ TEST(Partition, SequenceParallelSplitsNormsAndResidualsAndShrinksTheArena) {
     const bool acts = n.outputs.size() == 1 &&
                       part.local.type(n.outputs[0]).shape.numel() >= 4 * 256 * 768 / 2 &&
                       std::find(gradients.begin(), gradients.end(), id) == gradients.end();
-    if (n.op == OpKind::layernorm &&
-        part.placements[static_cast<size_t>(n.outputs[0])][1] == Placement::shard(1))
+    // A norm fused with the residual add before it (parallel/fuse.h) normalizes output 1.
+    const int normed = n.op == OpKind::add_layernorm ? 1 : 0;
+    if ((n.op == OpKind::layernorm || n.op == OpKind::add_layernorm) &&
+        part.placements[static_cast<size_t>(n.outputs[static_cast<size_t>(normed)])][1] ==
+            Placement::shard(1))
       ++split;
     if (n.op == OpKind::reduce_scatter && n.attr<GroupAttrs>().axes == "tp") ++reduce_scatters;
     if (n.op == OpKind::all_reduce && n.attr<GroupAttrs>().axes == "tp" && acts)

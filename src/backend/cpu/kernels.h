@@ -73,6 +73,8 @@ void vocab_embedding(const Args& a);  // ops_vocab.cc: the shard index is an i32
 void vocab_embedding_grad(const Args& a);
 void layernorm(const Args& a);
 void layernorm_grad(const Args& a);
+void add_layernorm(const Args& a);  // the fused residual norms of ir/ops_fused.cc
+void layernorm_grad_add(const Args& a);
 void rmsnorm(const Args& a);
 void rmsnorm_grad(const Args& a);
 void rope(const Args& a);

@@ -84,11 +84,10 @@ void vocab_embedding_grad(const Args& a) {
 }
 
 // Rows in parallel; per row one pass for the mean, one for the variance, one for the output.
-void layernorm(const Args& a) {
-  const float *x = a.fin(0), *w = a.fin(1), *b = a.fin(2);
-  float *y = a.fout(0), *mean = a.fout(1), *rstd = a.fout(2);
-  int64_t c = last_dim(a.in_shape(0)), rows = a.in_shape(0).numel() / c;
-  float eps = static_cast<float>(a.attr<NormAttrs>().eps);
+namespace {
+// layernorm of the rows of x [rows, c] into y, with each row's mean and rstd.
+void layernorm_rows(const float* x, const float* w, const float* b, float* y, float* mean,
+                    float* rstd, int64_t rows, int64_t c, float eps) {
   parallel_for(rows, std::max<int64_t>(1, 8192 / c), [&](int64_t lo, int64_t hi) {
     for (int64_t r = lo; r < hi; ++r) {
       const float* xr = x + r * c;
@@ -108,6 +107,25 @@ void layernorm(const Args& a) {
       rstd[r] = s;
     }
   });
+}
+}  // namespace
+
+void layernorm(const Args& a) {
+  const int64_t c = last_dim(a.in_shape(0)), rows = a.in_shape(0).numel() / c;
+  layernorm_rows(a.fin(0), a.fin(1), a.fin(2), a.fout(0), a.fout(1), a.fout(2), rows, c,
+                 static_cast<float>(a.attr<NormAttrs>().eps));
+}
+
+// add_layernorm: s = x + y (add's arithmetic), then layernorm's of s.
+void add_layernorm(const Args& a) {
+  const float *x = a.fin(0), *y = a.fin(1);
+  float* sum = a.fout(0);
+  const int64_t numel = a.in_shape(0).numel(), c = last_dim(a.in_shape(0)), rows = numel / c;
+  parallel_for(numel, 16384, [&](int64_t lo, int64_t hi) {
+    for (int64_t i = lo; i < hi; ++i) sum[i] = x[i] + y[i];
+  });
+  layernorm_rows(sum, a.fin(2), a.fin(3), a.fout(1), a.fout(2), a.fout(3), rows, c,
+                 static_cast<float>(a.attr<NormAttrs>().eps));
 }
 
 void layernorm_grad(const Args& a) {
@@ -143,6 +161,16 @@ void layernorm_grad(const Args& a) {
   });
   reduce_partials(pw, threads, c, dw);
   reduce_partials(pb, threads, c, db);
+}
+
+// layernorm_grad_add: layernorm_grad's, then dres added to dx (add's arithmetic).
+void layernorm_grad_add(const Args& a) {
+  layernorm_grad(a);
+  const float* dres = a.fin(5);
+  float* dx = a.fout(0);
+  parallel_for(a.out_shape(0).numel(), 16384, [&](int64_t lo, int64_t hi) {
+    for (int64_t i = lo; i < hi; ++i) dx[i] = dres[i] + dx[i];
+  });
 }
 
 void rmsnorm(const Args& a) {
@@ -406,6 +434,8 @@ void register_nn_kernels(KernelTable& t) {
   t.add(OpKind::vocab_embedding_grad, [](OpKind, const Args& a) { vocab_embedding_grad(a); });
   t.add(OpKind::layernorm, [](OpKind, const Args& a) { layernorm(a); });
   t.add(OpKind::layernorm_grad, [](OpKind, const Args& a) { layernorm_grad(a); });
+  t.add(OpKind::add_layernorm, [](OpKind, const Args& a) { add_layernorm(a); });
+  t.add(OpKind::layernorm_grad_add, [](OpKind, const Args& a) { layernorm_grad_add(a); });
   t.add(OpKind::rmsnorm, [](OpKind, const Args& a) { rmsnorm(a); });
   t.add(OpKind::rmsnorm_grad, [](OpKind, const Args& a) { rmsnorm_grad(a); });
   t.add(OpKind::rope, [](OpKind, const Args& a) { rope(a); });

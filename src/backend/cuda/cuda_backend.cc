@@ -135,6 +135,7 @@ CudaBackend::CudaBackend(int device) : impl_(std::make_unique<Impl>()) {
   cuda::register_shape_kernels(impl_->table);
   cuda::register_matmul_kernels(impl_->table);
   cuda::register_nn_kernels(impl_->table);
+  cuda::register_norm_kernels(impl_->table);
   cuda::register_attention_kernels(impl_->table);
   cuda::register_moe_kernels(impl_->table);
 }

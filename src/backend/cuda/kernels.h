@@ -46,6 +46,7 @@ void register_elementwise_kernels(KernelTable& t);  // kernels_elementwise.cu
 void register_shape_kernels(KernelTable& t);        // kernels_shape.cu
 void register_matmul_kernels(KernelTable& t);       // kernels_matmul.cc (cuBLASLt)
 void register_nn_kernels(KernelTable& t);           // kernels_nn.cu
+void register_norm_kernels(KernelTable& t);         // kernels_norm.cu
 void register_attention_kernels(KernelTable& t);    // kernels_attention.cu
 void register_moe_kernels(KernelTable& t);          // kernels_moe.cu
 

@@ -53,9 +53,8 @@ void bias_epilogue(DType dt, void* y, void* pre, const void* bias, int64_t numel
   if (numel == 0) return;
   with_storage(dt, [&](auto* tag) {
     using T = std::remove_pointer_t<decltype(tag)>;
-    bias_act<T><<<blocks_for(numel), 256, 0, stream>>>(static_cast<T*>(y), static_cast<T*>(pre),
-                                                        static_cast<const T*>(bias), numel, n,
-                                                        with_gelu);
+    bias_act<T><<<blocks_for(numel), 256, 0, stream>>>(
+        static_cast<T*>(y), static_cast<T*>(pre), static_cast<const T*>(bias), numel, n, with_gelu);
   });
   TS_CUDA_LAUNCH();
 }
@@ -74,8 +73,7 @@ void dgelu_bias_grad_epilogue(DType dt, void* d, const void* pre, void* db, int6
   column_sums(dt, d, db, numel, n, stream);
 }
 
-void column_sums(DType dt, const void* x, void* db, int64_t numel, int64_t n,
-                 cudaStream_t stream) {
+void column_sums(DType dt, const void* x, void* db, int64_t numel, int64_t n, cudaStream_t stream) {
   if (n == 0) return;
   with_storage(dt, [&](auto* tag) {
     using T = std::remove_pointer_t<decltype(tag)>;

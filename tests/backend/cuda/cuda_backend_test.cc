@@ -218,7 +218,8 @@ TEST(CudaBackend, RunsEveryOpOfGptAndLlamaTrainingGraphsLikeTheCpu) {
   print(report);
 }
 
-// The fused GEMM epilogues (parallel/fuse.h) of GPT's one-rank local graph, in f32, bf16 and f16:
+// The fused ops (parallel/fuse.h) of GPT's one-rank local graph, in f32, bf16 and f16: the
+// residual norms (rows up to 640 wide: the warp-per-row kernels), and
 // cuBLASLt's BIAS, GELU_AUX_BIAS, DGELU_BGRAD and BGRADB epilogues where it has them, the second
 // pass where not (a 9-wide head: a qkv of 108 columns, not a multiple of 8).
 TEST(CudaBackend, RunsTheFusedEpiloguesLikeTheCpu) {
@@ -238,7 +239,8 @@ TEST(CudaBackend, RunsTheFusedEpiloguesLikeTheCpu) {
       std::set<std::string> missing = check_graph(p->local(), 1000, &report);
       EXPECT_TRUE(missing.empty()) << "ops without a CUDA kernel:" << joined(missing);
     }
-    for (const char* op : {"matmul_bias", "matmul_bias_gelu", "matmul_dgelu_bgrad", "matmul_bgrad"})
+    for (const char* op : {"matmul_bias", "matmul_bias_gelu", "matmul_dgelu_bgrad", "matmul_bgrad",
+                           "add_layernorm", "layernorm_grad_add"})
       EXPECT_GT(report[op].nodes, 0) << op << " is not in the fused graphs";
     std::printf("%s:\n", dtype_name(dt));
     print(report);
