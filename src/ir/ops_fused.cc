@@ -22,10 +22,11 @@
 //                                            rstd
 //   layernorm_grad_add(dy, x, w, mean, rstd, dres)
 //                                         -> (dres + dx, dw, db) of layernorm_grad: the residual
-//                                            stream's gradient with the norm's added Their sharding
-//                                            rules are matmul's, with the
-// epilogue's constraints: a product summed over the split contraction (Partial) takes no bias,
-// since the bias would be added once per rank.
+//                                            stream's gradient with the norm's added
+//
+// The epilogues' sharding rules are matmul's, with the epilogue's constraints: a product summed
+// over the split contraction (Partial) takes no bias, since the bias would be added once per
+// rank. The norms' are layernorm's row-wise rule, the residual split as x.
 #include "ir/ops_common.h"
 #include "ir/sharding_rules.h"
 

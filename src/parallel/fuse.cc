@@ -2,8 +2,7 @@
 
 #include <algorithm>
 #include <optional>
-
-#include "base/check.h"
+#include <string>
 
 namespace tessera {
 
@@ -17,7 +16,7 @@ struct Fusion {
   std::vector<ValueId> inputs;
   std::vector<ValueId> outputs;
   NodeId at = -1;
-  NodeId attrs_from = -1;  // the node whose attributes the fused op takes (-1: the first)
+  NodeId attrs_from = -1;  // the node that names the fused one (-1: the first)
 };
 
 bool same_type(const TensorType& a, const TensorType& b) {
@@ -226,30 +225,54 @@ Status fuse_epilogues(Partitioned* p, int* fused) {
     for (NodeId n : f->nodes) fusion_of[static_cast<size_t>(n)] = static_cast<int>(fusions.size());
     fusions.push_back(std::move(*f));
   }
-  if (fused) *fused = static_cast<int>(fusions.size());
-  if (fusions.empty()) return Status();
+  // A fused node stands where its slot was, which may come after the node that made one of its
+  // outputs: a fusion reading that output from a slot before it is dropped, until none does.
+  for (bool dropped = true; dropped;) {
+    dropped = false;
+    std::vector<NodeId> made_at(g.values().size(), -1);
+    for (size_t v = 0; v < g.values().size(); ++v) made_at[v] = g.values()[v].producer;
+    for (const Fusion& f : fusions)
+      if (f.at >= 0)
+        for (ValueId v : f.outputs) made_at[static_cast<size_t>(v)] = f.at;
+    for (size_t k = 0; k < fusions.size(); ++k) {
+      Fusion& f = fusions[k];
+      if (f.at < 0) continue;
+      for (ValueId v : f.inputs)
+        if (made_at[static_cast<size_t>(v)] >= f.at) {
+          for (NodeId n : f.nodes) fusion_of[static_cast<size_t>(n)] = -1;
+          f.at = -1;
+          dropped = true;
+          break;
+        }
+    }
+  }
+  const int count = static_cast<int>(
+      std::count_if(fusions.begin(), fusions.end(), [](const Fusion& f) { return f.at >= 0; }));
+  if (fused) *fused = count;
+  if (count == 0) return Status();
 
   Graph out;
   std::vector<ValueId> vmap(g.values().size(), -1);
   std::vector<NodeId> nmap(g.nodes().size(), -1);
-  auto mapped = [&](const std::vector<ValueId>& vs) {
-    std::vector<ValueId> r;
+  auto mapped = [&](const std::vector<ValueId>& vs, std::vector<ValueId>* r) -> Status {
     for (ValueId v : vs) {
-      r.push_back(vmap[static_cast<size_t>(v)]);
-      TS_CHECK_GE(r.back(), 0) << "fuse: %" << v << " read before it is made";
+      r->push_back(vmap[static_cast<size_t>(v)]);
+      if (r->back() < 0) return error("fuse: %" + std::to_string(v) + " read before it is made");
     }
-    return r;
+    return Status();
   };
   for (NodeId i = 0; i < static_cast<NodeId>(g.nodes().size()); ++i) {
     const int fi = fusion_of[static_cast<size_t>(i)];
     if (fi >= 0 && fusions[static_cast<size_t>(fi)].at != i) continue;
     const Fusion* f = fi >= 0 ? &fusions[static_cast<size_t>(fi)] : nullptr;
-    const Node& n = f ? g.node(f->nodes[0]) : g.node(i);
+    // A fused node is named (scope, layer, attributes) by its main node: the product, or the
+    // norm that a residual add joins (which may be the next block's).
+    const Node& n = !f ? g.node(i) : g.node(f->attrs_from >= 0 ? f->attrs_from : f->nodes[0]);
     const OpKind op = f ? f->op : n.op;
-    const std::vector<ValueId>& ins = f ? f->inputs : n.inputs;
-    const Attrs& attrs = f && f->attrs_from >= 0 ? g.node(f->attrs_from).attrs : n.attrs;
+    std::vector<ValueId> ins;
+    TS_RETURN_IF_ERROR(mapped(f ? f->inputs : n.inputs, &ins));
     Result<NodeId> id =
-        out.add_node(op, attrs, mapped(ins), n.scope, n.layer, n.backward, n.recompute);
+        out.add_node(op, n.attrs, std::move(ins), n.scope, n.layer, n.backward, n.recompute);
     if (!id.ok()) return id.status().with_context("fuse: " + n.scope);
     nmap[static_cast<size_t>(i)] = id.value();
     const std::vector<ValueId>& olds = f ? f->outputs : n.outputs;

@@ -119,9 +119,10 @@ struct Plan {
   // --recompute-num-layers with the block method).
   int recompute_layers = -1;
   OffloadPolicy offload = OffloadPolicy::none;  // where the optimizer state (and params) live
-  // GEMM epilogues fused into their products (parallel/fuse.h): a bias, bias + GELU, and GELU's
-  // gradient with the bias gradient. Off, each runs as its own op (a bf16 product is then
-  // rounded before its bias is added).
+  // The fusion pass (parallel/fuse.h): GEMM epilogues fused into their products (a bias, bias +
+  // GELU, GELU's gradient and the bias gradients) and each residual add into the layernorm
+  // after it. Off, each runs as its own op (a bf16 product is then rounded before its bias is
+  // added).
   bool fuse = true;
   // Sequence parallelism (Korthikanti et al. 2022): on the tensor axes, activations of shape
   // [B, T, ...] between the tensor-parallel regions (norms, residual adds) are split on T; a

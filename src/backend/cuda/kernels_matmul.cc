@@ -87,7 +87,9 @@ bool product(const Args& a, void* d_out, const Epilogue& e) {
                                 : ta             ? sa[-2]
                                                  : sa[-1];
   const int64_t lda = sa[-1], ldb = sb[-1];
-  if (sc.numel() == 0) return true;
+  // An empty product: nothing to do, but a fused bias gradient must still be written (the
+  // second pass does it).
+  if (sc.numel() == 0) return !fused;
   if (k == 0) {  // an empty sum: zeros, as on the CPU
     if (fused) return false;
     TS_CUDA(cudaMemsetAsync(d_out, 0, static_cast<size_t>(a.out_types[0].bytes()), a.stream));
@@ -101,6 +103,10 @@ bool product(const Args& a, void* d_out, const Epilogue& e) {
     batch = 1;
   }
   if (fused && batch != 1) return false;
+  // The aux matrix's leading dimension must be a multiple of 8 (cublasLt.h,
+  // CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_LD) and its pointer aligned; which the heuristic may not
+  // check before cublasLtMatmul fails.
+  if (e.aux && (n % 8 != 0 || reinterpret_cast<uintptr_t>(e.aux) % 16 != 0)) return false;
   const cudaDataType_t tab = cuda_type(a.in_types[0].dtype), tc = cuda_type(a.out_types[0].dtype);
   TS_CHECK(a.in_types[0].dtype == a.in_types[1].dtype)
       << "matmul operands of different dtypes reach the CUDA backend";
@@ -168,9 +174,12 @@ bool product(const Args& a, void* d_out, const Epilogue& e) {
   TS_CHECK(ok) << "cuBLASLt has no algorithm for matmul " << sa.to_string() << " x "
                << sb.to_string();
   const float alpha = 1.0f, beta = 0.0f;
-  check_lt(cublasLtMatmul(lt, d.op, &alpha, a.in[1], d.a, a.in[0], d.b, &beta, d_out, d.c, d_out,
-                          d.c, &heuristic.algo, a.ctx->workspace, ws, a.stream),
-           "matmul");
+  const cublasStatus_t ms =
+      cublasLtMatmul(lt, d.op, &alpha, a.in[1], d.a, a.in[0], d.b, &beta, d_out, d.c, d_out, d.c,
+                     &heuristic.algo, a.ctx->workspace, ws, a.stream);
+  if (fused && (ms == CUBLAS_STATUS_NOT_SUPPORTED || ms == CUBLAS_STATUS_INVALID_VALUE))
+    return false;  // refused before anything was enqueued: the second pass instead
+  check_lt(ms, "matmul");
   return true;
 }
 

@@ -17,7 +17,8 @@ namespace {
 // ---- norms -------------------------------------------------------------------------------
 
 // The norms read and write their storage type T (x, w, b, y, dy, dx, dw, db) as stored, with
-// the row statistics (mean, rstd) in f32.
+// the row statistics (mean, rstd) in f32. layernorm_grad_add adds dres to dx before dx is
+// rounded to T (once; the unfused add rounds twice, and nvcc may contract it into an FMA).
 // With a residual (add_layernorm: res and sum not null), the rows normalized are sum = x + res,
 // rounded to T and written as the unfused add writes them; each thread reads back only what it
 // wrote.
