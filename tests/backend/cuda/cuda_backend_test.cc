@@ -219,19 +219,20 @@ TEST(CudaBackend, RunsEveryOpOfGptAndLlamaTrainingGraphsLikeTheCpu) {
 }
 
 // The fused ops (parallel/fuse.h) of GPT's one-rank local graph, in f32, bf16 and f16: the
-// residual norms (rows up to 640 wide: the warp-per-row kernels), and
+// residual norms (rows up to 1,024 wide take the warp-per-row kernels, 1,088 the block-per-row
+// ones), and
 // cuBLASLt's BIAS, GELU_AUX_BIAS, DGELU_BGRAD and BGRADB epilogues where it has them, the second
 // pass where not (a 9-wide head: a qkv of 108 columns, not a multiple of 8).
 TEST(CudaBackend, RunsTheFusedEpiloguesLikeTheCpu) {
   REQUIRE_DEVICE();
   for (DType dt : {DType::f32, DType::bf16, DType::f16}) {
     std::map<std::string, OpReport> report;
-    for (int64_t embd : {64, 640, 36}) {
+    for (int64_t embd : {64, 640, 36, 1088}) {
       ModelConfig c = preset("gpt-tiny");
       c.vocab_size = 1000;
       c.padded_vocab_size = 1024;
       c.n_embd = embd;
-      c.n_head = embd == 640 ? 8 : 4;
+      c.n_head = embd == 640 ? 8 : embd == 1088 ? 17 : 4;
       c.dtype = dt;
       ModelGraph m = build_model(c, /*batch=*/2, /*seq=*/64, ModelMode::train);
       Result<Program> p = lower(m.graph, Plan::data_parallel(1));
