@@ -65,6 +65,8 @@ namespace tessera {
   X(matmul_bgrad, 2, 2, MatmulAttrs)                   \
   X(add_layernorm, 4, 4, NormAttrs)                    \
   X(layernorm_grad_add, 6, 3, NoAttrs)                 \
+  X(add_rmsnorm, 3, 3, NormAttrs)                      \
+  X(rmsnorm_grad_add, 5, 2, NoAttrs)                   \
   X(embedding, 2, 1, NoAttrs)                          \
   X(embedding_grad, 2, 1, EmbeddingGradAttrs)          \
   X(layernorm, 3, 3, NormAttrs)                        \

@@ -44,6 +44,9 @@ Status infer_layernorm(const Attrs& a, std::span<const TensorType> in,
                        std::vector<TensorType>* out);
 Status infer_layernorm_grad(const Attrs& a, std::span<const TensorType> in,
                             std::vector<TensorType>* out);
+Status infer_rmsnorm(const Attrs& a, std::span<const TensorType> in, std::vector<TensorType>* out);
+Status infer_rmsnorm_grad(const Attrs& a, std::span<const TensorType> in,
+                          std::vector<TensorType>* out);
 Status infer_embedding(const Attrs& a, std::span<const TensorType> in,
                        std::vector<TensorType>* out);
 Status infer_embedding_grad(const Attrs& a, std::span<const TensorType> in,

@@ -23,6 +23,7 @@
 //   layernorm_grad_add(dy, x, w, mean, rstd, dres)
 //                                         -> (dres + dx, dw, db) of layernorm_grad: the residual
 //                                            stream's gradient with the norm's added
+//   add_rmsnorm(x, y, w) {eps}, rmsnorm_grad_add(dy, x, w, rstd, dres): the same for rmsnorm
 //
 // The epilogues' sharding rules are matmul's, with the epilogue's constraints: a product summed
 // over the split contraction (Partial) takes no bias, since the bias would be added once per
@@ -116,6 +117,25 @@ Status infer_layernorm_grad_add(const Attrs& attrs, std::span<const TensorType> 
   return Status();
 }
 
+Status infer_add_rmsnorm(const Attrs& attrs, std::span<const TensorType> in,
+                         std::vector<TensorType>* out) {
+  if (in[0].shape != in[1].shape || in[0].dtype != in[1].dtype)
+    return error("add_rmsnorm needs x and y of one type, got " + in[0].to_string() + " and " +
+                 in[1].to_string());
+  out->push_back(in[0]);  // s
+  const std::vector<TensorType> norm = {in[0], in[2]};
+  return infer_rmsnorm(attrs, norm, out);
+}
+
+Status infer_rmsnorm_grad_add(const Attrs& attrs, std::span<const TensorType> in,
+                              std::vector<TensorType>* out) {
+  TS_RETURN_IF_ERROR(infer_rmsnorm_grad(attrs, in.first(4), out));
+  if (in[4].shape != in[1].shape || in[4].dtype != (*out)[0].dtype)
+    return error("rmsnorm_grad_add needs dres shaped as x " + in[1].to_string() + ", got " +
+                 in[4].to_string());
+  return Status();
+}
+
 // The product's FLOPs plus `per_element` for each of its elements.
 template <int kPerElement>
 double flops_epilogue(const Attrs& attrs, std::span<const TensorType> in,
@@ -176,6 +196,10 @@ bool add_layernorm(const ShardingRuleArgs& a, Out* out) { return rowwise(a, out,
 bool layernorm_grad_add(const ShardingRuleArgs& a, Out* out) {
   return rowwise(a, out, {0, 1, 3, 4, 5}, 1);
 }
+bool add_rmsnorm(const ShardingRuleArgs& a, Out* out) { return rowwise(a, out, {0, 1}, 3); }
+bool rmsnorm_grad_add(const ShardingRuleArgs& a, Out* out) {
+  return rowwise(a, out, {0, 1, 3, 4}, 1);
+}
 
 }  // namespace
 
@@ -198,6 +222,12 @@ void define_fused_ops(OpDef* t) {
   def(t, OpKind::layernorm_grad_add).infer = infer_layernorm_grad_add;
   def(t, OpKind::layernorm_grad_add).flops = flops_in0<13>;  // layernorm_grad's 12, the add
   def(t, OpKind::layernorm_grad_add).sharding = layernorm_grad_add;
+  def(t, OpKind::add_rmsnorm).infer = infer_add_rmsnorm;
+  def(t, OpKind::add_rmsnorm).flops = flops_in0<6>;  // the add, rmsnorm's 5
+  def(t, OpKind::add_rmsnorm).sharding = add_rmsnorm;
+  def(t, OpKind::rmsnorm_grad_add).infer = infer_rmsnorm_grad_add;
+  def(t, OpKind::rmsnorm_grad_add).flops = flops_in0<10>;  // rmsnorm_grad's 9, the add
+  def(t, OpKind::rmsnorm_grad_add).sharding = rmsnorm_grad_add;
 }
 
 }  // namespace tessera::ops_detail

@@ -152,7 +152,7 @@ Status infer_layernorm_grad(const Attrs&, std::span<const TensorType> in,
   return Status();
 }
 
-namespace {
+namespace {}  // namespace
 
 Status infer_rmsnorm(const Attrs&, std::span<const TensorType> in, std::vector<TensorType>* out) {
   TS_RETURN_IF_ERROR(check_norm_weight(in[0], in[1]));
@@ -169,6 +169,8 @@ Status infer_rmsnorm_grad(const Attrs&, std::span<const TensorType> in,
   out->push_back(in[2]);
   return Status();
 }
+
+namespace {
 
 // The mean/rstd outputs are saved statistics for the backward op, not differentiable.
 void vjp_layernorm(Builder& b, const Node& n, std::span<const Var> g, std::vector<Var>* dx) {

@@ -46,6 +46,7 @@ class Matcher {
       case OpKind::add:
         return match_add_norm(i);
       case OpKind::layernorm_grad:
+      case OpKind::rmsnorm_grad:
         return match_norm_grad_add(i);
       default:
         return std::nullopt;
@@ -112,7 +113,7 @@ class Matcher {
     return f;
   }
 
-  // A residual add(x, y) whose sum a layernorm (of the same pass) normalizes.
+  // A residual add(x, y) whose sum a layernorm or rmsnorm (of the same pass) normalizes.
   std::optional<Fusion> match_add_norm(NodeId ai) const {
     const Node& a = g_.node(ai);
     const ValueId sum = a.outputs[0];
@@ -121,19 +122,24 @@ class Matcher {
       return std::nullopt;  // broadcasting (a bias) is not a residual
     for (NodeId r : users(sum)) {
       const Node& ln = g_.node(r);
-      if (ln.op != OpKind::layernorm || ln.inputs[0] != sum || !same_pass(ln, a)) continue;
+      const bool layer = ln.op == OpKind::layernorm;
+      if ((!layer && ln.op != OpKind::rmsnorm) || ln.inputs[0] != sum || !same_pass(ln, a))
+        continue;
       Fusion f;
-      f.op = OpKind::add_layernorm;
+      f.op = layer ? OpKind::add_layernorm : OpKind::add_rmsnorm;
       f.nodes = {ai, r};
-      f.inputs = {a.inputs[0], a.inputs[1], ln.inputs[1], ln.inputs[2]};
-      f.outputs = {sum, ln.outputs[0], ln.outputs[1], ln.outputs[2]};
+      f.inputs = {a.inputs[0], a.inputs[1]};
+      f.inputs.insert(f.inputs.end(), ln.inputs.begin() + 1, ln.inputs.end());  // weights
+      f.outputs = {sum};
+      f.outputs.insert(f.outputs.end(), ln.outputs.begin(), ln.outputs.end());
       f.attrs_from = r;
       if (place(&f)) return f;
     }
     return std::nullopt;
   }
 
-  // A layernorm_grad whose dx only an add (of the same pass) reads: the residual's gradient.
+  // A layernorm_grad or rmsnorm_grad whose dx only an add (of the same pass) reads: the
+  // residual's gradient.
   std::optional<Fusion> match_norm_grad_add(NodeId li) const {
     const Node& ln = g_.node(li);
     const ValueId dx = ln.outputs[0];
@@ -146,11 +152,12 @@ class Matcher {
         !same_type(g_.type(a.outputs[0]), g_.type(dx)))
       return std::nullopt;
     Fusion f;
-    f.op = OpKind::layernorm_grad_add;
+    f.op = ln.op == OpKind::layernorm_grad ? OpKind::layernorm_grad_add : OpKind::rmsnorm_grad_add;
     f.nodes = {li, ai};
     f.inputs = ln.inputs;
     f.inputs.push_back(dres);
-    f.outputs = {a.outputs[0], ln.outputs[1], ln.outputs[2]};
+    f.outputs = ln.outputs;  // dx's place taken by the sum
+    f.outputs[0] = a.outputs[0];
     if (!place(&f)) return std::nullopt;
     return f;
   }

@@ -8,6 +8,7 @@
 //   matmul(dy, x) {ta fold} beside sum_to(dy) [N] => matmul_bgrad (weight and bias gradients)
 //   add(x, y) -> layernorm(sum)             => add_layernorm (the sum kept: the residual)
 //   layernorm_grad -> add(dres, dx)          => layernorm_grad_add
+//   the same with rmsnorm                    => add_rmsnorm, rmsnorm_grad_add
 //
 // A pattern is fused only where the value it drops (a product, a norm's dx) has no other reader
 // and is not an output, and the nodes agree on their pass (forward, backward, recomputed).

@@ -1,5 +1,5 @@
 // The op-consistency entries of the fused ops (ir/ops_fused.cc): each against the primitive
-// ops it fuses (matmul, add, gelu, gelu_grad, sum_to, layernorm, layernorm_grad) in the same
+// ops it fuses (matmul, add, gelu, gelu_grad, sum_to, the norms and their gradients) in the same
 // graph, the same f32 arithmetic to the bit.
 #include "op_entries.h"
 
@@ -78,6 +78,32 @@ void add_fused_entries(std::vector<Entry>* entries) {
     expect_close(n.read(got[0]), n.read(want_dx), 0.0, "layernorm_grad_add dx");
     expect_close(n.read(got[1]), n.read(want[1]), 0.0, "layernorm_grad_add dw");
     expect_close(n.read(got[2]), n.read(want[2]), 0.0, "layernorm_grad_add db");
+  });
+  fwd("add_rmsnorm", "add_rmsnorm", [](Net& n) {
+    Var x = n.param(Shape{2, 3, 8}), y = n.param(Shape{2, 3, 8}), w = n.param(Shape{8});
+    std::vector<Var> got = n.b.op<OpKind::add_rmsnorm>({x, y, w}, {.eps = 1e-5});
+    Var sum = n.keep(x + y);
+    std::vector<Var> want = n.b.op<OpKind::rmsnorm>({sum, w}, {.eps = 1e-5});
+    for (Var v : got) n.keep(v);
+    for (Var v : want) n.keep(v);
+    n.run();
+    expect_close(n.read(got[0]), n.read(sum), 0.0, "add_rmsnorm sum");
+    for (int i = 0; i < 2; ++i)
+      expect_close(n.read(got[static_cast<size_t>(i + 1)]), n.read(want[static_cast<size_t>(i)]),
+                   0.0, "add_rmsnorm norm");
+  });
+  fwd("rmsnorm_grad_add", "rmsnorm_grad_add", [](Net& n) {
+    Var dy = n.param(Shape{2, 3, 8}), x = n.param(Shape{2, 3, 8}), dres = n.param(Shape{2, 3, 8});
+    Var w = n.param(Shape{8});
+    std::vector<Var> rms = n.b.op<OpKind::rmsnorm>({x, w}, {.eps = 1e-5});
+    std::vector<Var> got = n.b.op<OpKind::rmsnorm_grad_add>({dy, x, w, rms[1], dres}, NoAttrs{});
+    std::vector<Var> want = n.b.op<OpKind::rmsnorm_grad>({dy, x, w, rms[1]}, NoAttrs{});
+    Var want_dx = n.keep(dres + want[0]);
+    for (Var v : got) n.keep(v);
+    n.keep(want[1]);
+    n.run();
+    expect_close(n.read(got[0]), n.read(want_dx), 0.0, "rmsnorm_grad_add dx");
+    expect_close(n.read(got[1]), n.read(want[1]), 0.0, "rmsnorm_grad_add dw");
   });
 }
 

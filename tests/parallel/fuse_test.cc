@@ -101,12 +101,16 @@ TEST(Fuse, RecomputedBlocksAreFusedToo) {
   EXPECT_EQ(c[OpKind::matmul_dgelu_bgrad], layers);
 }
 
-// LLaMA has no biases and SwiGLU: nothing to fuse.
-TEST(Fuse, LeavesModelsWithoutBiasesAlone) {
+// LLaMA has no biases and SwiGLU: no epilogue to fuse; its residual adds join their rmsnorms.
+TEST(Fuse, LlamaFusesItsResidualNormsOnly) {
+  const int layers = static_cast<int>(find_preset("llama-tiny")->n_layer);
   std::map<OpKind, int> c = count_ops(lowered("llama-tiny", Plan::data_parallel(1)).local());
   EXPECT_EQ(c[OpKind::matmul_bias] + c[OpKind::matmul_bias_gelu] + c[OpKind::matmul_dgelu_bgrad] +
                 c[OpKind::matmul_bgrad],
             0);
+  EXPECT_EQ(c[OpKind::add_rmsnorm], 2 * layers);
+  EXPECT_EQ(c[OpKind::rmsnorm_grad_add], 2 * layers);
+  EXPECT_EQ(c[OpKind::rmsnorm], 1);  // block 0's first reads the embedding, not a sum
 }
 
 TEST(Fuse, PlanKeyRoundTrips) {

@@ -114,6 +114,11 @@ TEST(StepRunner, FusedEpiloguesMatchTheUnfusedOpsBitForBit) {
     fused.fuse = true;
     expect_bitwise_same(run_threads(plain, 3), run_threads(fused, 3));
   }
+  // LLaMA's residual rmsnorms.
+  Plan plain = Plan::data_parallel(2, 1);
+  plain.fuse = false;
+  expect_bitwise_same(run_threads(plain, 3, tiny_llama()),
+                      run_threads(Plan::data_parallel(2, 1), 3, tiny_llama()));
 }
 
 // Tensor parallelism: LLaMA (GQA) under the Megatron layout, alone and with data parallelism

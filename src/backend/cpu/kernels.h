@@ -75,6 +75,8 @@ void layernorm(const Args& a);
 void layernorm_grad(const Args& a);
 void add_layernorm(const Args& a);  // the fused residual norms of ir/ops_fused.cc
 void layernorm_grad_add(const Args& a);
+void add_rmsnorm(const Args& a);
+void rmsnorm_grad_add(const Args& a);
 void rmsnorm(const Args& a);
 void rmsnorm_grad(const Args& a);
 void rope(const Args& a);

@@ -173,11 +173,10 @@ void layernorm_grad_add(const Args& a) {
   });
 }
 
-void rmsnorm(const Args& a) {
-  const float *x = a.fin(0), *w = a.fin(1);
-  float *y = a.fout(0), *rstd = a.fout(1);
-  int64_t c = last_dim(a.in_shape(0)), rows = a.in_shape(0).numel() / c;
-  float eps = static_cast<float>(a.attr<NormAttrs>().eps);
+namespace {
+// rmsnorm of the rows of x [rows, c] into y, with each row's rstd.
+void rmsnorm_rows(const float* x, const float* w, float* y, float* rstd, int64_t rows, int64_t c,
+                  float eps) {
   parallel_for(rows, std::max<int64_t>(1, 8192 / c), [&](int64_t lo, int64_t hi) {
     for (int64_t r = lo; r < hi; ++r) {
       const float* xr = x + r * c;
@@ -191,6 +190,25 @@ void rmsnorm(const Args& a) {
       rstd[r] = s;
     }
   });
+}
+}  // namespace
+
+void rmsnorm(const Args& a) {
+  const int64_t c = last_dim(a.in_shape(0)), rows = a.in_shape(0).numel() / c;
+  rmsnorm_rows(a.fin(0), a.fin(1), a.fout(0), a.fout(1), rows, c,
+               static_cast<float>(a.attr<NormAttrs>().eps));
+}
+
+// add_rmsnorm: s = x + y (add's arithmetic), then rmsnorm's of s.
+void add_rmsnorm(const Args& a) {
+  const float *x = a.fin(0), *y = a.fin(1);
+  float* sum = a.fout(0);
+  const int64_t numel = a.in_shape(0).numel(), c = last_dim(a.in_shape(0)), rows = numel / c;
+  parallel_for(numel, 16384, [&](int64_t lo, int64_t hi) {
+    for (int64_t i = lo; i < hi; ++i) sum[i] = x[i] + y[i];
+  });
+  rmsnorm_rows(sum, a.fin(2), a.fout(1), a.fout(2), rows, c,
+               static_cast<float>(a.attr<NormAttrs>().eps));
 }
 
 void rmsnorm_grad(const Args& a) {
@@ -217,6 +235,16 @@ void rmsnorm_grad(const Args& a) {
     }
   });
   reduce_partials(pw, threads, c, dw);
+}
+
+// rmsnorm_grad_add: rmsnorm_grad's, then dres added to dx (add's arithmetic).
+void rmsnorm_grad_add(const Args& a) {
+  rmsnorm_grad(a);
+  const float* dres = a.fin(4);
+  float* dx = a.fout(0);
+  parallel_for(a.out_shape(0).numel(), 16384, [&](int64_t lo, int64_t hi) {
+    for (int64_t i = lo; i < hi; ++i) dx[i] = dres[i] + dx[i];
+  });
 }
 
 // x [B,T,H,D], "rotate half" pairing (i, i + D/2), angle t * theta^(-2i/D); with a sequence
@@ -436,6 +464,8 @@ void register_nn_kernels(KernelTable& t) {
   t.add(OpKind::layernorm_grad, [](OpKind, const Args& a) { layernorm_grad(a); });
   t.add(OpKind::add_layernorm, [](OpKind, const Args& a) { add_layernorm(a); });
   t.add(OpKind::layernorm_grad_add, [](OpKind, const Args& a) { layernorm_grad_add(a); });
+  t.add(OpKind::add_rmsnorm, [](OpKind, const Args& a) { add_rmsnorm(a); });
+  t.add(OpKind::rmsnorm_grad_add, [](OpKind, const Args& a) { rmsnorm_grad_add(a); });
   t.add(OpKind::rmsnorm, [](OpKind, const Args& a) { rmsnorm(a); });
   t.add(OpKind::rmsnorm_grad, [](OpKind, const Args& a) { rmsnorm_grad(a); });
   t.add(OpKind::rope, [](OpKind, const Args& a) { rope(a); });

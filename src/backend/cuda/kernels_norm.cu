@@ -1,6 +1,7 @@
 // CUDA kernels of the norms (layernorm, rmsnorm, their gradients, and the fused residual forms
-// add_layernorm and layernorm_grad_add of ir/ops_fused.cc), the device twins of the norms in
-// backend/cpu/kernels_nn.cc. Each row reduces in a fixed order: every run gives the same result.
+// add_layernorm, layernorm_grad_add, add_rmsnorm and rmsnorm_grad_add of ir/ops_fused.cc), the
+// device twins of the norms in backend/cpu/kernels_nn.cc. Each row reduces in a fixed order: every
+// run gives the same result.
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
@@ -86,14 +87,26 @@ __global__ void layernorm_grad_kernel(const T* __restrict__ dy, const T* __restr
   }
 }
 
+// With a residual (add_rmsnorm), as layernorm_kernel: the rows are sum = x + res, written.
 template <typename T>
 __global__ void rmsnorm_kernel(const T* __restrict__ x, const T* __restrict__ w, T* __restrict__ y,
-                               float* __restrict__ rstd, int64_t rows, int64_t c, float eps) {
+                               float* __restrict__ rstd, int64_t rows, int64_t c, float eps,
+                               const T* __restrict__ res = nullptr, T* __restrict__ sum = nullptr) {
   for (int64_t r = blockIdx.x; r < rows; r += gridDim.x) {
     const T* xr = x + r * c;
     T* yr = y + r * c;
     float ss = 0.0f;
-    for (int64_t j = threadIdx.x; j < c; j += blockDim.x) ss += as_f32(xr[j]) * as_f32(xr[j]);
+    if (res) {
+      const T* rr = res + r * c;
+      T* sr = sum + r * c;
+      for (int64_t j = threadIdx.x; j < c; j += blockDim.x) {
+        sr[j] = from_f32<T>(as_f32(xr[j]) + as_f32(rr[j]));
+        ss += as_f32(sr[j]) * as_f32(sr[j]);
+      }
+      xr = sr;
+    } else {
+      for (int64_t j = threadIdx.x; j < c; j += blockDim.x) ss += as_f32(xr[j]) * as_f32(xr[j]);
+    }
     const float s = 1.0f / sqrtf(block_reduce(ss, Sum()) / static_cast<float>(c) + eps);
     for (int64_t j = threadIdx.x; j < c; j += blockDim.x)
       yr[j] = from_f32<T>(as_f32(xr[j]) * s * as_f32(w[j]));
@@ -104,7 +117,8 @@ __global__ void rmsnorm_kernel(const T* __restrict__ x, const T* __restrict__ w,
 template <typename T>
 __global__ void rmsnorm_grad_kernel(const T* __restrict__ dy, const T* __restrict__ x,
                                     const T* __restrict__ w, const float* __restrict__ rstd,
-                                    T* __restrict__ dx, int64_t rows, int64_t c) {
+                                    T* __restrict__ dx, int64_t rows, int64_t c,
+                                    const T* __restrict__ dres = nullptr) {
   for (int64_t r = blockIdx.x; r < rows; r += gridDim.x) {
     const T *xr = x + r * c, *dyr = dy + r * c;
     const float s = rstd[r];
@@ -114,7 +128,8 @@ __global__ void rmsnorm_grad_kernel(const T* __restrict__ dy, const T* __restric
     const float mean_dx = block_reduce(acc, Sum()) / static_cast<float>(c);
     T* dxr = dx + r * c;
     for (int64_t j = threadIdx.x; j < c; j += blockDim.x)
-      dxr[j] = from_f32<T>(s * (as_f32(dyr[j]) * as_f32(w[j]) - as_f32(xr[j]) * s * mean_dx));
+      dxr[j] = from_f32<T>(s * (as_f32(dyr[j]) * as_f32(w[j]) - as_f32(xr[j]) * s * mean_dx) +
+                           (dres ? as_f32(dres[r * c + j]) : 0.0f));
   }
 }
 
@@ -336,22 +351,30 @@ void layernorm_grad(OpKind op, const Args& a) {
   });
 }
 
+// rmsnorm(x, w) -> (y, rstd); add_rmsnorm(x, res, w) -> (x + res, y, rstd).
 void rmsnorm(OpKind op, const Args& a) {
-  if (!one_storage(a, {0, 1}, {0})) return run_in_f32(op, a, rmsnorm);
+  const bool fused = op == OpKind::add_rmsnorm;
+  if (fused ? !one_storage(a, {0, 1, 2}, {0, 1}) : !one_storage(a, {0, 1}, {0}))
+    return run_in_f32(op, a, rmsnorm);
   const int64_t c = a.in_shape(0)[-1], numel = a.in_shape(0).numel();
   if (numel == 0) return;
   const int64_t rows = numel / c;
+  const int w = fused ? 2 : 1, y = fused ? 1 : 0;  // where the weight and the outputs are
   with_storage(a.in_types[0].dtype, [&](auto* tag) {
     using T = std::remove_pointer_t<decltype(tag)>;
     rmsnorm_kernel<T><<<row_grid(rows), row_threads(c), 0, a.stream>>>(
-        in<T>(a, 0), in<T>(a, 1), out<T>(a, 0), a.fout(1), rows, c,
-        static_cast<float>(a.attr<NormAttrs>().eps));
+        in<T>(a, 0), in<T>(a, w), out<T>(a, y), a.fout(y + 1), rows, c,
+        static_cast<float>(a.attr<NormAttrs>().eps), fused ? in<T>(a, 1) : nullptr,
+        fused ? out<T>(a, 0) : nullptr);
   });
   TS_CUDA_LAUNCH();
 }
 
+// rmsnorm_grad(dy, x, w, rstd) -> (dx, dw); rmsnorm_grad_add with dres last adds it to dx.
 void rmsnorm_grad(OpKind op, const Args& a) {
-  if (!one_storage(a, {0, 1, 2}, {0, 1})) return run_in_f32(op, a, rmsnorm_grad);
+  const bool fused = op == OpKind::rmsnorm_grad_add;
+  if (fused ? !one_storage(a, {0, 1, 2, 4}, {0, 1}) : !one_storage(a, {0, 1, 2}, {0, 1}))
+    return run_in_f32(op, a, rmsnorm_grad);
   const int64_t c = a.in_shape(1)[-1], numel = a.in_shape(1).numel();
   if (c == 0) return;
   const int64_t rows = numel / c;
@@ -359,7 +382,8 @@ void rmsnorm_grad(OpKind op, const Args& a) {
     using T = std::remove_pointer_t<decltype(tag)>;
     if (rows > 0) {
       rmsnorm_grad_kernel<T><<<row_grid(rows), row_threads(c), 0, a.stream>>>(
-          in<T>(a, 0), in<T>(a, 1), in<T>(a, 2), a.fin(3), out<T>(a, 0), rows, c);
+          in<T>(a, 0), in<T>(a, 1), in<T>(a, 2), a.fin(3), out<T>(a, 0), rows, c,
+          fused ? in<T>(a, 4) : nullptr);
       TS_CUDA_LAUNCH();
     }
     norm_weight_grad<T>(a, nullptr, a.fin(3), nullptr, rows, c);
@@ -375,6 +399,8 @@ void register_norm_kernels(KernelTable& t) {
   t.add(OpKind::layernorm_grad_add, layernorm_grad, /*low_precision=*/true);
   t.add(OpKind::rmsnorm, rmsnorm, /*low_precision=*/true);
   t.add(OpKind::rmsnorm_grad, rmsnorm_grad, /*low_precision=*/true);
+  t.add(OpKind::add_rmsnorm, rmsnorm, /*low_precision=*/true);
+  t.add(OpKind::rmsnorm_grad_add, rmsnorm_grad, /*low_precision=*/true);
 }
 
 }  // namespace tessera::cuda

@@ -240,8 +240,20 @@ TEST(CudaBackend, RunsTheFusedEpiloguesLikeTheCpu) {
       std::set<std::string> missing = check_graph(p->local(), 1000, &report);
       EXPECT_TRUE(missing.empty()) << "ops without a CUDA kernel:" << joined(missing);
     }
-    for (const char* op : {"matmul_bias", "matmul_bias_gelu", "matmul_dgelu_bgrad", "matmul_bgrad",
-                           "add_layernorm", "layernorm_grad_add"})
+    {  // LLaMA's residual rmsnorms
+      ModelConfig c = preset("llama-tiny");
+      c.vocab_size = 1000;
+      c.padded_vocab_size = 1024;
+      c.dtype = dt;
+      ModelGraph m = build_model(c, /*batch=*/2, /*seq=*/64, ModelMode::train);
+      Result<Program> p = lower(m.graph, Plan::data_parallel(1));
+      ASSERT_TRUE(p.ok()) << p.status().to_string();
+      std::set<std::string> missing = check_graph(p->local(), 1000, &report);
+      EXPECT_TRUE(missing.empty()) << "ops without a CUDA kernel:" << joined(missing);
+    }
+    for (const char* op :
+         {"matmul_bias", "matmul_bias_gelu", "matmul_dgelu_bgrad", "matmul_bgrad", "add_layernorm",
+          "layernorm_grad_add", "add_rmsnorm", "rmsnorm_grad_add"})
       EXPECT_GT(report[op].nodes, 0) << op << " is not in the fused graphs";
     std::printf("%s:\n", dtype_name(dt));
     print(report);
