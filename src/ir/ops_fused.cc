@@ -98,42 +98,45 @@ Status infer_matmul_bgrad(const Attrs& attrs, std::span<const TensorType> in,
   return Status();
 }
 
-Status infer_add_layernorm(const Attrs& attrs, std::span<const TensorType> in,
+// A residual norm: x + y (one type), then the norm of the sum with the weights in[2..]. The
+// sum is output 0, the norm's outputs follow.
+Status infer_add_norm(InferFn norm, const char* op, const Attrs& attrs,
+                      std::span<const TensorType> in, std::vector<TensorType>* out) {
+  if (in[0].shape != in[1].shape || in[0].dtype != in[1].dtype)
+    return error(std::string(op) + " needs x and y of one type, got " + in[0].to_string() +
+                 " and " + in[1].to_string());
+  out->push_back(in[0]);  // s
+  std::vector<TensorType> args = {in[0]};
+  args.insert(args.end(), in.begin() + 2, in.end());
+  return norm(attrs, args, out);
+}
+
+// A norm's gradient, then dres (the last input, shaped as x) added to dx.
+Status infer_norm_grad_add(InferFn grad, const char* op, const Attrs& attrs,
+                           std::span<const TensorType> in, std::vector<TensorType>* out) {
+  TS_RETURN_IF_ERROR(grad(attrs, in.first(in.size() - 1), out));
+  const TensorType& dres = in.back();
+  if (dres.shape != in[1].shape || dres.dtype != (*out)[0].dtype)
+    return error(std::string(op) + " needs dres shaped as x " + in[1].to_string() + ", got " +
+                 dres.to_string());
+  return Status();
+}
+
+Status infer_add_layernorm(const Attrs& a, std::span<const TensorType> in,
                            std::vector<TensorType>* out) {
-  if (in[0].shape != in[1].shape || in[0].dtype != in[1].dtype)
-    return error("add_layernorm needs x and y of one type, got " + in[0].to_string() + " and " +
-                 in[1].to_string());
-  out->push_back(in[0]);  // s
-  const std::vector<TensorType> norm = {in[0], in[2], in[3]};
-  return infer_layernorm(attrs, norm, out);
+  return infer_add_norm(infer_layernorm, "add_layernorm", a, in, out);
 }
-
-Status infer_layernorm_grad_add(const Attrs& attrs, std::span<const TensorType> in,
+Status infer_layernorm_grad_add(const Attrs& a, std::span<const TensorType> in,
                                 std::vector<TensorType>* out) {
-  TS_RETURN_IF_ERROR(infer_layernorm_grad(attrs, in.first(5), out));
-  if (in[5].shape != in[1].shape || in[5].dtype != (*out)[0].dtype)
-    return error("layernorm_grad_add needs dres shaped as x " + in[1].to_string() + ", got " +
-                 in[5].to_string());
-  return Status();
+  return infer_norm_grad_add(infer_layernorm_grad, "layernorm_grad_add", a, in, out);
 }
-
-Status infer_add_rmsnorm(const Attrs& attrs, std::span<const TensorType> in,
+Status infer_add_rmsnorm(const Attrs& a, std::span<const TensorType> in,
                          std::vector<TensorType>* out) {
-  if (in[0].shape != in[1].shape || in[0].dtype != in[1].dtype)
-    return error("add_rmsnorm needs x and y of one type, got " + in[0].to_string() + " and " +
-                 in[1].to_string());
-  out->push_back(in[0]);  // s
-  const std::vector<TensorType> norm = {in[0], in[2]};
-  return infer_rmsnorm(attrs, norm, out);
+  return infer_add_norm(infer_rmsnorm, "add_rmsnorm", a, in, out);
 }
-
-Status infer_rmsnorm_grad_add(const Attrs& attrs, std::span<const TensorType> in,
+Status infer_rmsnorm_grad_add(const Attrs& a, std::span<const TensorType> in,
                               std::vector<TensorType>* out) {
-  TS_RETURN_IF_ERROR(infer_rmsnorm_grad(attrs, in.first(4), out));
-  if (in[4].shape != in[1].shape || in[4].dtype != (*out)[0].dtype)
-    return error("rmsnorm_grad_add needs dres shaped as x " + in[1].to_string() + ", got " +
-                 in[4].to_string());
-  return Status();
+  return infer_norm_grad_add(infer_rmsnorm_grad, "rmsnorm_grad_add", a, in, out);
 }
 
 // The product's FLOPs plus `per_element` for each of its elements.

@@ -85,6 +85,13 @@ void vocab_embedding_grad(const Args& a) {
 
 // Rows in parallel; per row one pass for the mean, one for the variance, one for the output.
 namespace {
+// out = x + y over n elements (add's arithmetic; out may be y): the residual of the fused norms.
+void add_elements(const float* x, const float* y, float* out, int64_t n) {
+  parallel_for(n, 16384, [&](int64_t lo, int64_t hi) {
+    for (int64_t i = lo; i < hi; ++i) out[i] = x[i] + y[i];
+  });
+}
+
 // layernorm of the rows of x [rows, c] into y, with each row's mean and rstd.
 void layernorm_rows(const float* x, const float* w, const float* b, float* y, float* mean,
                     float* rstd, int64_t rows, int64_t c, float eps) {
@@ -121,9 +128,7 @@ void add_layernorm(const Args& a) {
   const float *x = a.fin(0), *y = a.fin(1);
   float* sum = a.fout(0);
   const int64_t numel = a.in_shape(0).numel(), c = last_dim(a.in_shape(0)), rows = numel / c;
-  parallel_for(numel, 16384, [&](int64_t lo, int64_t hi) {
-    for (int64_t i = lo; i < hi; ++i) sum[i] = x[i] + y[i];
-  });
+  add_elements(x, y, sum, numel);
   layernorm_rows(sum, a.fin(2), a.fin(3), a.fout(1), a.fout(2), a.fout(3), rows, c,
                  static_cast<float>(a.attr<NormAttrs>().eps));
 }
@@ -168,9 +173,7 @@ void layernorm_grad_add(const Args& a) {
   layernorm_grad(a);
   const float* dres = a.fin(5);
   float* dx = a.fout(0);
-  parallel_for(a.out_shape(0).numel(), 16384, [&](int64_t lo, int64_t hi) {
-    for (int64_t i = lo; i < hi; ++i) dx[i] = dres[i] + dx[i];
-  });
+  add_elements(dres, dx, dx, a.out_shape(0).numel());
 }
 
 namespace {
@@ -204,9 +207,7 @@ void add_rmsnorm(const Args& a) {
   const float *x = a.fin(0), *y = a.fin(1);
   float* sum = a.fout(0);
   const int64_t numel = a.in_shape(0).numel(), c = last_dim(a.in_shape(0)), rows = numel / c;
-  parallel_for(numel, 16384, [&](int64_t lo, int64_t hi) {
-    for (int64_t i = lo; i < hi; ++i) sum[i] = x[i] + y[i];
-  });
+  add_elements(x, y, sum, numel);
   rmsnorm_rows(sum, a.fin(2), a.fout(1), a.fout(2), rows, c,
                static_cast<float>(a.attr<NormAttrs>().eps));
 }
@@ -242,9 +243,7 @@ void rmsnorm_grad_add(const Args& a) {
   rmsnorm_grad(a);
   const float* dres = a.fin(4);
   float* dx = a.fout(0);
-  parallel_for(a.out_shape(0).numel(), 16384, [&](int64_t lo, int64_t hi) {
-    for (int64_t i = lo; i < hi; ++i) dx[i] = dres[i] + dx[i];
-  });
+  add_elements(dres, dx, dx, a.out_shape(0).numel());
 }
 
 // x [B,T,H,D], "rotate half" pairing (i, i + D/2), angle t * theta^(-2i/D); with a sequence

@@ -227,30 +227,23 @@ TEST(CudaBackend, RunsTheFusedEpiloguesLikeTheCpu) {
   REQUIRE_DEVICE();
   for (DType dt : {DType::f32, DType::bf16, DType::f16}) {
     std::map<std::string, OpReport> report;
+    auto check_fused = [&](ModelConfig c) {
+      c.vocab_size = 1000;
+      c.padded_vocab_size = 1024;
+      c.dtype = dt;
+      ModelGraph m = build_model(c, /*batch=*/2, /*seq=*/64, ModelMode::train);
+      Result<Program> p = lower(m.graph, Plan::data_parallel(1));
+      ASSERT_TRUE(p.ok()) << p.status().to_string();
+      std::set<std::string> missing = check_graph(p->local(), 1000, &report);
+      EXPECT_TRUE(missing.empty()) << "ops without a CUDA kernel:" << joined(missing);
+    };
     for (int64_t embd : {64, 640, 36, 1088}) {
       ModelConfig c = preset("gpt-tiny");
-      c.vocab_size = 1000;
-      c.padded_vocab_size = 1024;
       c.n_embd = embd;
       c.n_head = embd == 640 ? 8 : embd == 1088 ? 17 : 4;
-      c.dtype = dt;
-      ModelGraph m = build_model(c, /*batch=*/2, /*seq=*/64, ModelMode::train);
-      Result<Program> p = lower(m.graph, Plan::data_parallel(1));
-      ASSERT_TRUE(p.ok()) << p.status().to_string();
-      std::set<std::string> missing = check_graph(p->local(), 1000, &report);
-      EXPECT_TRUE(missing.empty()) << "ops without a CUDA kernel:" << joined(missing);
+      check_fused(c);
     }
-    {  // LLaMA's residual rmsnorms
-      ModelConfig c = preset("llama-tiny");
-      c.vocab_size = 1000;
-      c.padded_vocab_size = 1024;
-      c.dtype = dt;
-      ModelGraph m = build_model(c, /*batch=*/2, /*seq=*/64, ModelMode::train);
-      Result<Program> p = lower(m.graph, Plan::data_parallel(1));
-      ASSERT_TRUE(p.ok()) << p.status().to_string();
-      std::set<std::string> missing = check_graph(p->local(), 1000, &report);
-      EXPECT_TRUE(missing.empty()) << "ops without a CUDA kernel:" << joined(missing);
-    }
+    check_fused(preset("llama-tiny"));  // LLaMA's residual rmsnorms
     for (const char* op :
          {"matmul_bias", "matmul_bias_gelu", "matmul_dgelu_bgrad", "matmul_bgrad", "add_layernorm",
           "layernorm_grad_add", "add_rmsnorm", "rmsnorm_grad_add"})
