@@ -21,6 +21,57 @@ double bytes_at(double f32_bytes, DType compute) {
   return f32_bytes * static_cast<double>(dtype_size(compute)) / 4.0;
 }
 
+// Whether a bf16/f16 GEMM of m x n x k is off the tensor cores' 8-element alignment.
+double alignment_factor(double m, double n, double k, DType compute, const DeviceSpec& dev) {
+  auto aligned = [](double d) { return std::fmod(d, 8.0) == 0; };
+  return dtype_size(compute) == 2 && !(aligned(m) && aligned(n) && aligned(k))
+             ? dev.unaligned_gemm_efficiency
+             : 1.0;
+}
+
+// Attention as the kernels of a framework that keeps the score matrix in memory (op_cost.h):
+// q [B,H,Tq,D], k and v [B,Hkv,Tk,D]; the backward's inputs begin with the same three. Each
+// kernel is a roofline of its own plus a launch; the sum is the op's time (FLOPs excluded: the
+// caller counts them by op_flops).
+OpTime materialized_attention(bool backward, const std::vector<TensorType>& in,
+                              const DeviceSpec& dev, double gemm_eff, DType compute) {
+  const Shape &q = in[0].shape, &k = in[1].shape;
+  const double bh = static_cast<double>(q[0] * q[1]), tq = static_cast<double>(q[2]),
+               tk = static_cast<double>(k[2]), d = static_cast<double>(q[3]);
+  const double elem = static_cast<double>(dtype_size(compute));
+  const double scores = bh * tq * tk * elem;  // S, P, dP or dS
+  const double q_bytes = bh * tq * d * elem, kv_bytes = static_cast<double>(k.numel()) * elem;
+  const double bw = dev.memory_bandwidth * dev.memory_efficiency;
+  const double peak = dev.peak_flops(compute);
+  OpTime t;
+  double compute_s = 0, memory_s = 0;
+  auto kernel = [&](double flops, double bytes, double eff) {
+    const double c = flops > 0 ? flops / (peak * std::max(eff, 1e-6)) : 0, m = bytes / bw;
+    t.seconds += std::max(c, m) + dev.launch_overhead;
+    t.bytes += bytes;
+    compute_s += c, memory_s += m;
+  };
+  // A batched GEMM whose per-head products are rows x cols x depth; heads' tiles add up.
+  auto gemm = [&](double rows, double cols, double depth, double bytes) {
+    kernel(2.0 * bh * rows * cols * depth, bytes,
+           gemm_eff * gemm_shape_efficiency(bh * rows, cols, depth, dev) *
+               alignment_factor(rows, cols, depth, compute, dev));
+  };
+  if (!backward) {
+    gemm(tq, tk, d, q_bytes + kv_bytes + scores);  // S = Q K^T
+    kernel(0, 2.0 * scores, 1.0);                  // P = softmax(scale S + mask)
+    gemm(tq, d, tk, scores + kv_bytes + q_bytes);  // O = P V
+  } else {
+    gemm(tq, tk, d, q_bytes + kv_bytes + scores);  // dP = dO V^T
+    gemm(tk, d, tq, scores + q_bytes + kv_bytes);  // dV = P^T dO
+    kernel(0, 3.0 * scores, 1.0);                  // dS = P * (dP - rowsum(dP * P))
+    gemm(tq, d, tk, scores + kv_bytes + q_bytes);  // dQ = dS K
+    gemm(tk, d, tq, scores + q_bytes + kv_bytes);  // dK = dS^T Q
+  }
+  t.bound = compute_s >= memory_s ? OpTime::compute : OpTime::memory;
+  return t;
+}
+
 }  // namespace
 
 double gemm_shape_efficiency(double m, double n, double k, const DeviceSpec& dev) {
@@ -38,7 +89,8 @@ double gemm_shape_efficiency(double m, double n, double k, const DeviceSpec& dev
 }
 
 OpTime op_time(const Graph& g, const Node& n, const DeviceSpec& dev,
-               const std::map<std::string, double>& op_efficiency, DType compute, bool fp8_gemms) {
+               const std::map<std::string, double>& op_efficiency, DType compute, bool fp8_gemms,
+               AttentionKernel attention) {
   std::vector<TensorType> in, out;
   for (ValueId v : n.inputs) in.push_back(g.type(v));
   for (ValueId v : n.outputs) out.push_back(g.type(v));
@@ -75,11 +127,7 @@ OpTime op_time(const Graph& g, const Node& n, const DeviceSpec& dev,
     // whose tiles add up over the batch.
     if (in[1].shape.rank() == 2) rows *= batch, batch = 1;
     const double shape = gemm_shape_efficiency(rows * batch, cols, k, dev);
-    auto aligned = [](double d) { return std::fmod(d, 8.0) == 0; };
-    const double alignment =
-        dtype_size(compute) == 2 && !(aligned(rows) && aligned(cols) && aligned(k))
-            ? dev.unaligned_gemm_efficiency
-            : 1.0;
+    const double alignment = alignment_factor(rows, cols, k, compute, dev);
     // A fused kind the spec did not calibrate runs at matmul's efficiency.
     double eff = efficiency_or(op_efficiency, n.op,
                                efficiency_or(op_efficiency, OpKind::matmul, dev.gemm_efficiency)) *
@@ -100,6 +148,13 @@ OpTime op_time(const Graph& g, const Node& n, const DeviceSpec& dev,
       t.bytes = gemm_bytes + 3.0 * left;
     }
     compute_s = gemm_flops / (peak * std::max(eff, 1e-6));
+  } else if ((n.op == OpKind::attention || n.op == OpKind::attention_grad) &&
+             attention == AttentionKernel::materialized) {
+    const OpTime m = materialized_attention(
+        n.op == OpKind::attention_grad, in, dev,
+        efficiency_or(op_efficiency, OpKind::matmul, dev.gemm_efficiency), compute);
+    t.seconds = m.seconds, t.bytes = m.bytes, t.bound = m.bound;
+    return t;
   } else if (n.op == OpKind::attention || n.op == OpKind::attention_grad) {
     // FLOPs are counted as full attention (the MFU convention); a causal kernel skips the
     // masked part of the score matrix, a bidirectional one (encoders) computes all of it. The

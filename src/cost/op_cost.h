@@ -16,7 +16,15 @@
 // device.fp8_gemm_efficiency * the shape factors, read one byte per operand element, and first
 // cast their left (activation) operand in a pass of its own: 2 bytes read and 1 written per
 // element at memory bandwidth, not overlapped (weights keep an FP8 copy, cast once per step).
-// Fused attention uses device.attention_efficiency; everything else is memory-bound work at
+// Fused attention (FlashAttention's kind: no score matrix in memory) uses
+// device.attention_efficiency. A materialized attention (AttentionKernel::materialized: the
+// frameworks before FlashAttention, e.g. Megatron-LM of 2021-22) is the kernels it ran instead:
+// batched GEMMs Q K^T and P V (the full Tq x Tk rectangle, causal or not) at the GEMM efficiency
+// and shape factors of each, with the score matrix S = B x H x Tq x Tk elements at the compute
+// dtype written, softmaxed in a memory-bound pass (read S, write P) and read back; its backward
+// is four batched GEMMs (dP = dO V^T, dV = P^T dO, dQ = dS K, dK = dS^T Q) around a softmax
+// gradient pass (read P and dP, write dS). Each kernel is its own roofline plus a launch.
+// Everything else is memory-bound work at
 // device.memory_bandwidth * memory_efficiency (bytes from op_bytes, scaled to the compute
 // dtype: activations move in bf16 under mixed precision; an op with bf16/f16 operands, from a
 // graph stored in low precision, counts its bytes as stored). An entry in `op_efficiency` (op
@@ -40,11 +48,14 @@ struct OpTime {
   Bound bound = overhead;
 };
 
+// How attention runs (see above): one fused kernel, or kernels around a score matrix in memory.
+enum class AttentionKernel : uint8_t { fused, materialized };
+
 // `compute` is the dtype arithmetic runs in (f32 on CPU; bf16 under mixed precision);
-// `fp8_gemms`: GEMMs in FP8 beside bf16 (see above).
+// `fp8_gemms`: GEMMs in FP8 beside bf16 (see above); `attention`: its kernel (see above).
 OpTime op_time(const Graph& g, const Node& n, const DeviceSpec& dev,
                const std::map<std::string, double>& op_efficiency, DType compute,
-               bool fp8_gemms = false);
+               bool fp8_gemms = false, AttentionKernel attention = AttentionKernel::fused);
 
 // Shape efficiency of an m x n x k GEMM on `dev` (the product of the factors above, without
 // device.gemm_efficiency).

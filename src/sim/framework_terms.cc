@@ -34,6 +34,15 @@ bool framework_fuses_epilogues(const std::string& framework) {
          f.find("llm.c") != std::string::npos;
 }
 
+bool framework_materializes_attention(const std::string& framework, int year) {
+  const std::string f = normalized_term(framework);
+  if (f.empty() || year <= 0 || year > 2022) return false;
+  for (const char* fused : {"flash", "sdpa", "cudnn", "transformer_engine", "llm_foundry",
+                            "composer", "llm.c", "nemo", "megatron_core"})
+    if (f.find(fused) != std::string::npos) return false;
+  return true;
+}
+
 namespace {
 
 bool has(const std::string& s, const char* word) { return s.find(word) != std::string::npos; }

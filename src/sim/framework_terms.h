@@ -78,6 +78,15 @@ bool framework_blocks_pipeline_sends(const std::string& framework);
 // to fuse, as Tessera does.
 bool framework_fuses_epilogues(const std::string& framework);
 
+// Whether a run published in `year` (0: unknown) by `framework` ran attention as kernels around
+// a score matrix in memory (AttentionKernel::materialized) rather than one fused kernel.
+// FlashAttention was published in mid-2022 and reached the frameworks in 2023 (Megatron-LM's
+// --use-flash-attn, PyTorch 2.0's scaled_dot_product_attention), so a run published up to 2022
+// materialized its scores, unless its framework names a fused kernel (FlashAttention, SDPA,
+// cuDNN, Transformer Engine) or is one that had one then (MosaicML's llm-foundry/Composer).
+// An unknown year or an unnamed framework is taken to fuse, as Tessera does.
+bool framework_materializes_attention(const std::string& framework, int year);
+
 Result<ShardingTerm> parse_sharding_term(const std::string& text);
 Result<PrecisionTerm> parse_precision_term(const std::string& text);
 Result<RecomputeTerm> parse_recompute_term(const std::string& text);

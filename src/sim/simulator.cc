@@ -95,7 +95,7 @@ class Schedule {
         t = OpTime{collective(n.op, collective_bytes(g_, n, scale_),
                               axes_of_key(n.attr<GroupAttrs>().axes))};
       } else {
-        t = op_time(g_, n, c_.device, c_.op_efficiency, opt_.precision, opt_.fp8);
+        t = op_time(g_, n, c_.device, c_.op_efficiency, opt_.precision, opt_.fp8, opt_.attention);
       }
     }
     return t;

@@ -45,6 +45,7 @@
 
 #include "cost/cluster_spec.h"
 #include "cost/collective_cost.h"
+#include "cost/op_cost.h"
 #include "parallel/program.h"
 #include "parallel/sharding_search.h"
 
@@ -64,6 +65,9 @@ struct SimOptions {
   // framework_blocks_pipeline_sends). Tessera's runtime sends on its own and goes on computing
   // (false).
   bool blocking_p2p = false;
+  // How attention runs: Tessera's fused kernel, or the kernels around a score matrix in memory
+  // of the frameworks before FlashAttention (op_cost.h; framework_materializes_attention).
+  AttentionKernel attention = AttentionKernel::fused;
 };
 
 // The sharding search's figures for `plan` on `cluster`: its FLOP/byte ratio between tensor

@@ -91,9 +91,9 @@ Result<std::string> cluster_for(const std::string& gpu) {
   return error("no cluster preset for GPU '" + gpu + "'");
 }
 
-// "1600 Gbps node-node interconnect", "2 Tb/s RoCE (per node)", "400 Gbps + GPUDirect RDMA".
+}  // namespace
+
 bool node_network_gbits(const std::string& s, double* gbits) {
-  static const std::regex re(R"((\d+(?:\.\d+)?)\s*(Gbps|Gb/s|Tbps|Tb/s))");
   std::smatch m;
   // Intel Omni-Path (100 series): 100 Gb/s per link.
   static const std::regex opa(R"(Omni-Path\D*(\d+) links? per node)");
@@ -101,11 +101,22 @@ bool node_network_gbits(const std::string& s, double* gbits) {
     *gbits = 100.0 * std::stod(m[1].str());
     return true;
   }
+  auto rate = [](const std::smatch& x, size_t i) {
+    return std::stod(x[i].str()) * (x[i + 1].str()[0] == 'T' ? 1000.0 : 1.0);
+  };
+  // A count of links: "8x 400 Gb/s InfiniBand NDR", "8x HDR InfiniBand 200Gb/s HCAs".
+  static const std::regex links(R"((\d+)\s*x\s*\D*?(\d+(?:\.\d+)?)\s*(Gbps|Gb/s|Tbps|Tb/s))");
+  if (std::regex_search(s, m, links)) {
+    *gbits = std::stod(m[1].str()) * rate(m, 2);
+    return true;
+  }
+  static const std::regex re(R"((\d+(?:\.\d+)?)\s*(Gbps|Gb/s|Tbps|Tb/s))");
   if (!std::regex_search(s, m, re)) return false;
-  if (s.find(" x ") != std::string::npos || s.find("x HDR") != std::string::npos) return false;
-  *gbits = std::stod(m[1].str()) * (m[2].str()[0] == 'T' ? 1000.0 : 1.0);
+  *gbits = rate(m, 1);
   return true;
 }
+
+namespace {
 
 // A GPT decoder's depth from its published size: the blocks (attention 4h^2 + 4h, MLP
 // 2hF + F + h with F the published ffn_hidden or 4h, two norms 4h) that, with the embedding
@@ -405,6 +416,15 @@ Result<RunSetup> setup_run(const PublishedRun& r, const std::string& cluster_dir
     s.assumptions.push_back("each send between stages blocks its stage (" + r.at("framework") +
                             ")");
   }
+  // Attention as the framework ran it in the row's year: before FlashAttention, kernels around
+  // a score matrix in memory.
+  double year = 0;
+  if (framework_materializes_attention(
+          r.at("framework"), number(r.at("source_year"), &year) ? static_cast<int>(year) : 0)) {
+    s.sim.attention = AttentionKernel::materialized;
+    s.assumptions.push_back("attention's score matrix in memory (" + r.at("framework") + ", " +
+                            r.at("source_year") + ": before FlashAttention)");
+  }
   const std::string& rc = r.at("activation_recompute");
   std::optional<RecomputeTerm> recompute;
   if (!rc.empty()) {
@@ -486,6 +506,9 @@ Result<RunSetup> setup_run(const PublishedRun& r, const std::string& cluster_dir
     s.assumptions.push_back("plain data parallelism (no ZeRO stage published)");
   }
 
+  // A row whose plan is partly filled and that does not say whether its tensor ranks split the
+  // sequence: the planner's choice too.
+  if (!s.unpublished.empty() && tp > 1 && sp.empty()) s.unpublished.push_back("sequence_parallel");
   TS_ASSIGN_OR_RETURN(s.model, model_for(r, tp, &s));
   if (cp > 1 && s.model.family == "llama") s.plan.context_order = ContextOrder::zigzag;
   // The rows list the tokenizer's vocabulary; the frameworks train a padded table (Megatron-LM

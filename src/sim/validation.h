@@ -31,6 +31,12 @@ struct PublishedRun {
 // RFC 4180 CSV with a header row. Errors name the file and line.
 Result<std::vector<PublishedRun>> read_published_runs(const std::string& path);
 
+// A node's network bandwidth in Gb/s from a row's inter_node_network cell: "1600 Gbps
+// node-node interconnect", "2 Tb/s RoCE (per node)", a count of links ("8x 400 Gb/s InfiniBand
+// NDR", "8x HDR InfiniBand 200Gb/s HCAs": their sum), Omni-Path's "4 links per node" (100 Gb/s
+// each). False when the cell names no rate.
+bool node_network_gbits(const std::string& cell, double* gbits);
+
 // What a row becomes: a model, a plan and a cluster to simulate, and the number to match.
 struct RunSetup {
   ModelConfig model;
@@ -44,7 +50,8 @@ struct RunSetup {
   int scale_from_gpus = 0;
   double published = 0;
   std::vector<std::string> assumptions;  // what was inferred rather than read from the row
-  // Knobs the row does not publish ("micro_batch", "zero", "recompute"), which
+  // Knobs the row does not publish ("micro_batch", "zero", "recompute", and for a partly
+  // filled plan with tensor ranks "sequence_parallel"), which
   // fill_unpublished chooses as the planner would; and what it chose, one line each.
   std::vector<std::string> unpublished;
   std::vector<std::string> filled;
@@ -60,8 +67,9 @@ Result<RunSetup> setup_run(const PublishedRun& run, const std::string& cluster_d
 Result<SimResult> simulate_setup(RunSetup* s);
 // The knobs a row does not publish (RunSetup::unpublished), chosen as the planner chooses:
 // every value of each — micro-batches the divisors of the per-rank batch up to 16 (with the
-// global batch held), ZeRO 0-3 (0-1 with a pipeline), recomputation none, selective or full —
-// with the published knobs held, the fastest plan that fits the device (none fitting: the one
+// global batch held), ZeRO 0-3 (0-1 with a pipeline), recomputation none, selective or full,
+// and with tensor ranks sequence parallelism off or on (when the row does not say) — with the
+// published knobs held, the fastest plan that fits the device (none fitting: the one
 // needing the least memory). Sets the setup to it, says what it chose in `filled`, and returns
 // its simulation.
 Result<SimResult> fill_unpublished(RunSetup* s);

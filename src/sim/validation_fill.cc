@@ -29,9 +29,12 @@ bool unpublished(const RunSetup& s, const char* knob) {
 
 std::string describe_choice(const RunSetup& s) {
   char buf[160];
-  std::snprintf(buf, sizeof buf, "micro-batch %lld x %d, ZeRO-%d, recompute %s",
+  std::snprintf(buf, sizeof buf, "micro-batch %lld x %d, ZeRO-%d, recompute %s%s",
                 static_cast<long long>(s.batch / s.plan.data_group()), s.plan.micro_batches,
-                s.plan.zero, recompute_name(s.plan.recompute));
+                s.plan.zero, recompute_name(s.plan.recompute),
+                unpublished(s, "sequence_parallel")
+                    ? (s.plan.sequence_parallel ? ", sequence parallel" : ", no sequence parallel")
+                    : "");
   return buf;
 }
 
@@ -54,6 +57,8 @@ Result<SimResult> fill_unpublished(RunSetup* s) {
   std::vector<int> zeros{s->plan.zero};
   if (unpublished(*s, "zero"))
     zeros = s->plan.stages() > 1 ? std::vector<int>{0, 1} : std::vector<int>{0, 1, 2, 3};
+  std::vector<bool> sequence_parallel{s->plan.sequence_parallel};
+  if (unpublished(*s, "sequence_parallel")) sequence_parallel = {false, true};
   std::vector<RecomputePolicy> recomputes{s->plan.recompute};
   if (unpublished(*s, "recompute"))
     recomputes = {RecomputePolicy::none, RecomputePolicy::selective, RecomputePolicy::full};
@@ -65,34 +70,38 @@ Result<SimResult> fill_unpublished(RunSetup* s) {
   std::optional<Best> fastest, smallest;  // fitting; and by memory, when none fits
   Status last = error("no candidate plan");
   const double capacity = s->cluster.device.memory_bytes;
-  for (int64_t mb : micros) {
-    RunSetup c = *s;
-    c.batch = mb * dp;
-    c.plan.micro_batches = static_cast<int>(rows / mb);
-    // One graph and placement per micro-batch; ZeRO and recomputation are lowering choices.
-    Result<ModelGraph> m = placed_graph(&c);
-    if (!m.ok()) {  // this micro-batch does not place: the others may
-      last = m.status();
-      continue;
-    }
-    for (int zero : zeros)
-      for (RecomputePolicy rc : recomputes) {
-        RunSetup k = c;
-        k.plan.zero = zero;
-        k.plan.recompute = rc;
-        if (!validate(k.plan).ok()) continue;
-        Result<SimResult> r = simulate_plan(m->graph, k.plan, k.cluster, k.sim);
-        if (!r.ok()) {
-          last = r.status();
+  for (int64_t mb : micros)
+    for (bool sp : sequence_parallel)
+      for (int zero : zeros) {
+        RunSetup c = *s;
+        c.batch = mb * dp;
+        c.plan.micro_batches = static_cast<int>(rows / mb);
+        c.plan.sequence_parallel = sp;
+        c.plan.zero = zero;
+        // One graph and placement per micro-batch, sequence split and ZeRO stage (the sharding
+        // search keeps the parameters' state, which ZeRO divides, within the device's memory);
+        // recomputation is a lowering choice.
+        Result<ModelGraph> m = placed_graph(&c);
+        if (!m.ok()) {  // this one does not place: the others may
+          last = m.status();
           continue;
         }
-        if (r->peak_memory_bytes <= capacity &&
-            (!fastest || r->step_seconds < fastest->sim.step_seconds))
-          fastest = Best{k, *r};
-        if (!smallest || r->peak_memory_bytes < smallest->sim.peak_memory_bytes)
-          smallest = Best{k, *r};
+        for (RecomputePolicy rc : recomputes) {
+          RunSetup k = c;
+          k.plan.recompute = rc;
+          if (!validate(k.plan).ok()) continue;
+          Result<SimResult> r = simulate_plan(m->graph, k.plan, k.cluster, k.sim);
+          if (!r.ok()) {
+            last = r.status();
+            continue;
+          }
+          if (r->peak_memory_bytes <= capacity &&
+              (!fastest || r->step_seconds < fastest->sim.step_seconds))
+            fastest = Best{k, *r};
+          if (!smallest || r->peak_memory_bytes < smallest->sim.peak_memory_bytes)
+            smallest = Best{k, *r};
+        }
       }
-  }
   if (!fastest && !smallest) return last;
   Best& chosen = fastest ? *fastest : *smallest;
   std::vector<std::string> knobs = s->unpublished;

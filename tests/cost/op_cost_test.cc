@@ -170,5 +170,48 @@ TEST(OpTime, CausalAttentionTimesTheUnmaskedPartOfItsChunk) {
   EXPECT_NEAR(zigzag / whole, 0.25, 1e-9);
 }
 
+// A materialized attention (the frameworks before FlashAttention) is its kernels: with compute
+// free, the forward moves q, k, the score matrix S (written), S twice more (softmax), and S, v
+// and the output; the backward 7 S and four times q and k/v. It computes the whole rectangle,
+// causal or not, where the fused kernel skips the masked half.
+TEST(OpTime, MaterializedAttentionIsItsKernelsAroundTheScoreMatrix) {
+  DeviceSpec dev = round_cluster().device;
+  auto attention = [&](bool causal, AttentionKernel kernel, bool backward) {
+    Graph g;
+    Builder b(&g);
+    Var q = b.input("q", Shape{2, 8, 1024, 64}, DType::bf16);
+    Var k = b.input("k", Shape{2, 4, 1024, 64}, DType::bf16);
+    Var v = b.input("v", Shape{2, 4, 1024, 64}, DType::bf16);
+    std::vector<Var> fwd = b.attention(q, k, v, 0.1, causal);
+    NodeId node = g.value(fwd[0].id).producer;
+    if (backward) {
+      std::vector<Var> d = b.attention_grad(q, k, v, fwd[0], fwd[1], fwd[0], 0.1, causal);
+      node = g.value(d[0].id).producer;
+    }
+    return op_time(g, g.node(node), dev, {}, DType::bf16, false, kernel);
+  };
+  const double s = 2.0 * 8 * 1024 * 1024 * 2, q = 2.0 * 8 * 1024 * 64 * 2,
+               kv = 2.0 * 4 * 1024 * 64 * 2;
+  dev.peak_flops_bf16 = 1e30;  // compute free: each kernel is its bytes
+  dev.launch_overhead = 0;
+  const double bw = dev.memory_bandwidth * dev.memory_efficiency;
+  const OpTime fwd = attention(true, AttentionKernel::materialized, false);
+  EXPECT_DOUBLE_EQ(fwd.bytes, 4 * s + 2 * q + 2 * kv);
+  EXPECT_NEAR(fwd.seconds, fwd.bytes / bw, 1e-15);
+  EXPECT_EQ(fwd.bound, OpTime::memory);
+  const OpTime bwd = attention(true, AttentionKernel::materialized, true);
+  EXPECT_DOUBLE_EQ(bwd.bytes, 7 * s + 4 * q + 4 * kv);
+  EXPECT_NEAR(bwd.seconds, bwd.bytes / bw, 1e-15);
+  EXPECT_DOUBLE_EQ(bwd.flops, 2 * fwd.flops);
+  // Compute-bound: the materialized GEMMs take the whole rectangle, the fused kernel half.
+  dev = round_cluster().device;
+  dev.memory_bandwidth = 1e30;
+  EXPECT_DOUBLE_EQ(attention(true, AttentionKernel::materialized, false).seconds,
+                   attention(false, AttentionKernel::materialized, false).seconds);
+  EXPECT_NEAR(attention(true, AttentionKernel::fused, false).seconds - dev.launch_overhead,
+              (attention(false, AttentionKernel::fused, false).seconds - dev.launch_overhead) / 2,
+              1e-15);
+}
+
 }  // namespace
 }  // namespace tessera

@@ -120,6 +120,27 @@ TEST(FrameworkTerms, FrameworksThatFuseBiasAndGelu) {
     EXPECT_FALSE(framework_fuses_epilogues(separate)) << separate;
 }
 
+// Attention around a score matrix in memory: runs published before FlashAttention reached the
+// frameworks (2023), unless the framework names a fused kernel or had one (llm-foundry).
+TEST(FrameworkTerms, RunsBeforeFlashAttentionMaterializeTheScores) {
+  for (const auto& [framework, year] :
+       std::vector<std::pair<const char*, int>>{{"Megatron-LM", 2021},
+                                                {"Megatron-DeepSpeed", 2022},
+                                                {"PyTorch FSDP", 2022},
+                                                {"DeepSpeed + Megatron-LM", 2022},
+                                                {"JAX/Pathways", 2022}})
+    EXPECT_TRUE(framework_materializes_attention(framework, year)) << framework << " " << year;
+  for (const auto& [framework, year] : std::vector<std::pair<const char*, int>>{
+           {"Megatron-LM", 2023},
+           {"Megatron-LM", 0},
+           {"", 2021},
+           {"Composer + PyTorch FSDP (llm-foundry)", 2022},
+           {"PyTorch FSDP (fms-fsdp, SDPA FlashAttention-2)", 2022},
+           {"NeMo 24.07 (Megatron-Core, Transformer Engine)", 2022},
+           {"llm.c (CUDA/cuDNN, ZeRO-1 via -z 1)", 2022}})
+    EXPECT_FALSE(framework_materializes_attention(framework, year)) << framework << " " << year;
+}
+
 TEST(FrameworkTerms, RecomputeSpellings) {
   for (const auto& [text, policy] : std::vector<std::pair<const char*, RecomputePolicy>>{
            {"full", RecomputePolicy::full},
