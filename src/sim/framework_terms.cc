@@ -43,6 +43,12 @@ bool framework_materializes_attention(const std::string& framework, int year) {
   return true;
 }
 
+bool framework_fuses_grad_accumulation(const std::string& framework, int year) {
+  const std::string f = normalized_term(framework);
+  if (year < 2022 || f.find("deepspeed") != std::string::npos) return false;
+  return f.find("megatron") != std::string::npos || f.find("nemo") != std::string::npos;
+}
+
 namespace {
 
 bool has(const std::string& s, const char* word) { return s.find(word) != std::string::npos; }

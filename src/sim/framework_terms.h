@@ -87,6 +87,14 @@ bool framework_fuses_epilogues(const std::string& framework);
 // An unknown year or an unnamed framework is taken to fuse, as Tessera does.
 bool framework_materializes_attention(const std::string& framework, int year);
 
+// Whether the framework's weight-gradient GEMMs add into the f32 gradient sums of several
+// micro-batches themselves (SimOptions::fused_grad_accumulation): Megatron-LM's
+// --gradient-accumulation-fusion (APEX's fused_weight_gradient_dense, on by default from 2022),
+// so Megatron-Core and NeMo too; not where DeepSpeed's engine holds the gradients
+// (Megatron-DeepSpeed, "Megatron-LM + DeepSpeed ZeRO-3"), nor PyTorch's autograd (FSDP), nor a
+// run published before 2022 or in an unknown year.
+bool framework_fuses_grad_accumulation(const std::string& framework, int year);
+
 Result<ShardingTerm> parse_sharding_term(const std::string& text);
 Result<PrecisionTerm> parse_precision_term(const std::string& text);
 Result<RecomputeTerm> parse_recompute_term(const std::string& text);

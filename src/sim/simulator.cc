@@ -145,8 +145,9 @@ class Schedule {
 
   // After each micro-batch (of several) the runtime adds the reduced gradients into persistent
   // buffers (the first one copies: read + write; later ones read both and write one); it waits
-  // for the last reductions first.
+  // for the last reductions first. Nothing when the GEMMs add into the sums themselves.
   void accumulate_grads(bool first) {
+    if (opt_.fused_grad_accumulation) return;  // done in the weight-gradient GEMMs
     double bytes = 0;
     for (const ParamLayout& pl : prog_.part.params)
       bytes += (first ? 2.0 : 3.0) * static_cast<double>(g_.type(pl.local_grad).bytes());

@@ -68,6 +68,11 @@ struct SimOptions {
   // How attention runs: Tessera's fused kernel, or the kernels around a score matrix in memory
   // of the frameworks before FlashAttention (op_cost.h; framework_materializes_attention).
   AttentionKernel attention = AttentionKernel::fused;
+  // Several micro-batches: each weight-gradient GEMM adds into the f32 gradient sums itself
+  // (beta = 1, as Megatron's gradient-accumulation fusion does:
+  // framework_fuses_grad_accumulation), so no pass adds the micro-batch's gradients afterwards.
+  // Tessera's runtime runs that pass (false).
+  bool fused_grad_accumulation = false;
 };
 
 // The sharding search's figures for `plan` on `cluster`: its FLOP/byte ratio between tensor

@@ -418,12 +418,18 @@ Result<RunSetup> setup_run(const PublishedRun& r, const std::string& cluster_dir
   }
   // Attention as the framework ran it in the row's year: before FlashAttention, kernels around
   // a score matrix in memory.
-  double year = 0;
-  if (framework_materializes_attention(
-          r.at("framework"), number(r.at("source_year"), &year) ? static_cast<int>(year) : 0)) {
+  double published_year = 0;
+  const int year =
+      number(r.at("source_year"), &published_year) ? static_cast<int>(published_year) : 0;
+  if (framework_materializes_attention(r.at("framework"), year)) {
     s.sim.attention = AttentionKernel::materialized;
     s.assumptions.push_back("attention's score matrix in memory (" + r.at("framework") + ", " +
                             r.at("source_year") + ": before FlashAttention)");
+  }
+  if (framework_fuses_grad_accumulation(r.at("framework"), year)) {
+    s.sim.fused_grad_accumulation = true;
+    s.assumptions.push_back("the weight-gradient GEMMs add into the micro-batches' sums (" +
+                            r.at("framework") + "'s gradient-accumulation fusion)");
   }
   const std::string& rc = r.at("activation_recompute");
   std::optional<RecomputeTerm> recompute;

@@ -141,6 +141,25 @@ TEST(FrameworkTerms, RunsBeforeFlashAttentionMaterializeTheScores) {
     EXPECT_FALSE(framework_materializes_attention(framework, year)) << framework << " " << year;
 }
 
+// Megatron's gradient-accumulation fusion (from 2022): Megatron-LM, Megatron-Core, NeMo; not
+// where DeepSpeed's engine holds the gradients, nor PyTorch FSDP.
+TEST(FrameworkTerms, MegatronFusesGradientAccumulation) {
+  for (const auto& [framework, year] : std::vector<std::pair<const char*, int>>{
+           {"Megatron-LM", 2022},
+           {"Megatron-Core r0.8.0", 2024},
+           {"NeMo 24.07 (Megatron-Core, Transformer Engine)", 2024}})
+    EXPECT_TRUE(framework_fuses_grad_accumulation(framework, year)) << framework << " " << year;
+  for (const auto& [framework, year] :
+       std::vector<std::pair<const char*, int>>{{"Megatron-LM", 2021},
+                                                {"Megatron-LM", 0},
+                                                {"Megatron-DeepSpeed", 2022},
+                                                {"DeepSpeed + Megatron-LM", 2022},
+                                                {"Megatron-LM + DeepSpeed ZeRO-3", 2022},
+                                                {"Composer + PyTorch FSDP (llm-foundry)", 2023},
+                                                {"", 2024}})
+    EXPECT_FALSE(framework_fuses_grad_accumulation(framework, year)) << framework << " " << year;
+}
+
 TEST(FrameworkTerms, RecomputeSpellings) {
   for (const auto& [text, policy] : std::vector<std::pair<const char*, RecomputePolicy>>{
            {"full", RecomputePolicy::full},

@@ -99,6 +99,24 @@ TEST(Simulator, GradientAccumulationRepeatsTheMicroStep) {
   EXPECT_NEAR(b.mfu / a.mfu, 4 * a.step_seconds / b.step_seconds, 1e-9);
 }
 
+// A framework whose weight-gradient GEMMs add into the sums themselves (Megatron's gradient-
+// accumulation fusion) has no accumulation pass: four micro-steps, then the optimizer.
+TEST(Simulator, FusedGradientAccumulationHasNoPassOfItsOwn) {
+  ClusterSpec c = round_cluster(1, 0);
+  Plan one = Plan::data_parallel(1), four = one;
+  four.micro_batches = 4;
+  SimOptions fused;
+  fused.fused_grad_accumulation = true;
+  SimResult a = *simulate(lowered("gpt-tiny", 4, 32, one), c, fused);
+  SimResult b = *simulate(lowered("gpt-tiny", 4, 32, four), c, fused);
+  SimResult unfused = *simulate(lowered("gpt-tiny", 4, 32, four), c, {});
+  EXPECT_EQ(b.seconds_by_op.count("accumulate_grads"), 0u);
+  EXPECT_NEAR(b.step_seconds - b.optimizer_seconds, 4 * (a.step_seconds - a.optimizer_seconds),
+              1e-9);
+  EXPECT_NEAR(unfused.step_seconds - b.step_seconds, unfused.seconds_by_op.at("accumulate_grads"),
+              1e-9);
+}
+
 TEST(Simulator, DataParallelOverlapsGradientReductionWithBackward) {
   ClusterSpec c = round_cluster();
   SimOptions o;
