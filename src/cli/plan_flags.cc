@@ -324,6 +324,14 @@ Result<Plan> plan_of_flags(const PlanFlags& f, int ranks, int64_t heads) {
                    "add --cp N (N >= 2)");
     plan.context_order = r.value();
   }
+  if (!f.cp_attention.empty()) {
+    Result<ContextAttention> r = parse_context_attention(f.cp_attention);
+    if (!r.ok()) return error("--cp-attention: " + r.status().message(), r.status().hint());
+    if (plan.context_group() == 1)
+      return error("--cp-attention " + f.cp_attention + " without context parallelism",
+                   "add --cp N (N >= 2)");
+    plan.context_attention = r.value();
+  }
   if (!f.schedule.empty()) {
     Result<ScheduleKind> r = parse_schedule(f.schedule);
     if (!r.ok()) return error("--schedule: " + r.status().message(), r.status().hint());
@@ -364,6 +372,11 @@ const char* const kContextOrderHelp =
     "attention does the most) | zigzag (2 x cp halves, rank r halves r and 2cp-1-r: equal "
     "work; not for learned position tables, GPT). Default: the plan's, or contiguous";
 
+const char* const kContextAttentionHelp =
+    "How attention meets the other --cp ranks' keys and values: gather (all-gathered whole "
+    "before it) | ring (passed round the ranks a chunk at a time beside the attention of the "
+    "chunk in hand: two chunks held, not the sequence). Default: the plan's, or gather";
+
 const char* const kExpertParallelHelp =
     "Expert-parallel ranks (mixture-of-experts models): each holds n_experts / ep of every "
     "block's experts and its own share of the batch; tokens reach their experts and come "
@@ -392,6 +405,7 @@ void add_plan_flags(CLI::App* cmd, PlanFlags* f) {
   cmd->add_option("--offload", f->offload, kOffloadHelp);
   cmd->add_option("--cp", f->cp, kContextParallelHelp)->capture_default_str();
   cmd->add_option("--cp-order", f->cp_order, kContextOrderHelp);
+  cmd->add_option("--cp-attention", f->cp_attention, kContextAttentionHelp);
   cmd->add_option("--ep", f->ep, kExpertParallelHelp)->capture_default_str();
   cmd->add_flag("--sequence-parallel", f->sequence_parallel,
                 "Sequence parallelism with --tp: norms and residual adds split on the sequence "

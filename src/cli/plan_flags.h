@@ -40,12 +40,14 @@ struct PlanFlags {
   std::string offload;             // --offload none|optimizer; "": the plan file's (none)
   int cp = 1;                      // context-parallel ranks (inside dp and pp, outside tp)
   std::string cp_order;            // --cp-order contiguous|zigzag; "": the plan's (contiguous)
+  std::string cp_attention;        // --cp-attention gather|ring; "": the plan's (gather)
   int ep = 1;                      // expert-parallel ranks (a data axis inside dp, outside tp)
 };
 
 // The help text of --cp (the same on train, plan and simulate).
 extern const char* const kContextParallelHelp;
 extern const char* const kContextOrderHelp;
+extern const char* const kContextAttentionHelp;
 // The help text of --ep (the same on train, plan and simulate).
 extern const char* const kExpertParallelHelp;
 

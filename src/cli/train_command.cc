@@ -40,6 +40,7 @@ PlanFlags plan_flags(const TrainOptions& o) {
                    o.offload,
                    o.cp,
                    o.cp_order,
+                   o.cp_attention,
                    o.ep};
 }
 
@@ -69,10 +70,11 @@ Result<Plan> train_plan(const TrainOptions& o, const ModelConfig& cfg, int ranks
 // chose (global micro-batch, micro-batches) is written back into the options. With `print`,
 // why: the runners-up and, knob by knob, what the fastest other value costs.
 Result<Plan> auto_plan(TrainOptions* o, const ModelConfig& cfg, int ranks, bool print) {
-  if (o->dp > 0 || o->tp > 1 || o->pp > 1 || o->cp > 1 || !o->cp_order.empty() || o->ep > 1 ||
-      o->zero != 0 || o->hsdp > 0 || !o->recompute.empty() || o->sequence_parallel ||
-      !o->schedule.empty() || o->virtual_stages != -1 || !o->stage_layers.empty() ||
-      o->recompute_layers != -1 || !o->offload.empty())
+  if (o->dp > 0 || o->tp > 1 || o->pp > 1 || o->cp > 1 || !o->cp_order.empty() ||
+      !o->cp_attention.empty() || o->ep > 1 || o->zero != 0 || o->hsdp > 0 ||
+      !o->recompute.empty() || o->sequence_parallel || !o->schedule.empty() ||
+      o->virtual_stages != -1 || !o->stage_layers.empty() || o->recompute_layers != -1 ||
+      !o->offload.empty())
     return error("--plan auto chooses the parallel configuration itself",
                  "drop --dp/--tp/--pp/--cp/--ep/--zero/--hsdp/--recompute/--offload/"
                  "--sequence-parallel/--schedule (or give them without --plan auto)");
@@ -344,6 +346,7 @@ void add_train_command(CLI::App& app, TrainOptions& o) {
   cmd->add_option("--offload", o.offload, kOffloadHelp);
   cmd->add_option("--cp", o.cp, kContextParallelHelp)->capture_default_str();
   cmd->add_option("--cp-order", o.cp_order, kContextOrderHelp);
+  cmd->add_option("--cp-attention", o.cp_attention, kContextAttentionHelp);
   cmd->add_option("--ep", o.ep, kExpertParallelHelp)->capture_default_str();
   cmd->add_option("--precision", o.precision,
                   "fp32; bf16 or fp16: parameters, activations and gradients in it with f32 "

@@ -89,6 +89,14 @@ double all_to_all(double S, const GroupLayout& grp, const Links& l) {
   return (p - 1) * lat + std::max(intra, inter);
 }
 
+// A ring shift: every rank sends its S bytes to the next at once; the step takes the slowest
+// hop's (an inter-node one when the group spans nodes).
+double ring_shift(double S, const GroupLayout& grp, const Links& l) {
+  const bool spans = grp.nodes() > 1;
+  const double bw = spans ? std::min(l.intra_bw, l.inter_bw) : l.intra_bw;
+  return (spans ? std::max(l.intra_lat, l.inter_lat) : l.intra_lat) + S / bw;
+}
+
 }  // namespace
 
 CollTime collective_time(OpKind kind, double bytes, const GroupLayout& grp, const ClusterSpec& c,
@@ -98,6 +106,10 @@ CollTime collective_time(OpKind kind, double bytes, const GroupLayout& grp, cons
   Links l = links_of(grp, c);
   if (kind == OpKind::all_to_all) {  // one algorithm whatever `algo` says
     t.seconds = all_to_all(bytes, grp, l);
+    return t;
+  }
+  if (kind == OpKind::ring_shift) {
+    t.seconds = ring_shift(bytes, grp, l);
     return t;
   }
   auto eval = [&](CollAlgo a) {

@@ -4,11 +4,11 @@
 //   double s = collective_time(OpKind::all_reduce, 1 << 30, grp, cluster, CollAlgo::automatic);
 //
 // `bytes` is the size of the whole tensor (all_reduce: the operand; reduce_scatter: the
-// unreduced input; all_gather: the gathered output; all_to_all: one rank's input). A group has
-// `size` members, `per_node` of them on each node it spans (nodes = size / per_node). Every device
-// of a node runs the same program, so node.devices / per_node groups cross the node's NICs at the
-// same time and share them: one group's inter-node bandwidth is node_bandwidth * per_node /
-// node.devices.
+// unreduced input; all_gather: the gathered output; all_to_all and ring_shift: one rank's
+// input). A group has `size` members, `per_node` of them on each node it spans (nodes = size /
+// per_node). Every device of a node runs the same program, so node.devices / per_node groups
+// cross the node's NICs at the same time and share them: one group's inter-node bandwidth is
+// node_bandwidth * per_node / node.devices.
 //
 // Algorithms (p = size, n = nodes, k = per_node, S = bytes, B_intra = per-device link rate,
 // B_inter = the group's share of a node's NICs; an all_reduce is reduce_scatter + all_gather):
@@ -20,6 +20,8 @@
 //   automatic     the fastest of the three (what NCCL's tuner approximates).
 // all_to_all is a pairwise exchange whatever the algorithm: (p-1) α, and S/p to each other
 // member, those on the node at B_intra while those beyond share the device's part of the NICs.
+// ring_shift (`bytes`: one rank's operand, sent to the next member) is one step of a ring: α
+// and S over the slowest hop.
 #pragma once
 
 #include <string>

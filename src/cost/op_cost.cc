@@ -163,10 +163,20 @@ OpTime op_time(const Graph& g, const Node& n, const DeviceSpec& dev,
     // collective), skips only Tq x Tq / 2: the fraction computed is 1 - Tq / (2 Tk).
     double eff = efficiency_or(op_efficiency, n.op, dev.attention_efficiency);
     const double tq = static_cast<double>(in[0].shape[2]), tk = static_cast<double>(in[1].shape[2]);
-    // A zigzag order gives every chunk half of its rectangle.
+    // A zigzag order gives every chunk half of its rectangle. Ring attention's step over one
+    // key chunk (a key block, from axis_index with GroupAttrs::back = the step): on the last
+    // rank, the slowest, step 0 is its own chunk (half masked) and every later one an earlier
+    // chunk (none masked).
     const AttentionAttrs& at = n.attr<AttentionAttrs>();
+    const int key_block = optional_inputs(in, n.op == OpKind::attention ? 3 : 6).key_block;
+    bool later_step = false;
+    if (key_block >= 0) {
+      const Node& index = g.node(g.value(n.inputs[static_cast<size_t>(key_block)]).producer);
+      later_step = index.op == OpKind::axis_index && index.attr<GroupAttrs>().back > 0;
+    }
     const double computed = !at.causal || tk <= 0 ? 1.0
                             : at.zigzag > 0       ? 0.5
+                            : key_block >= 0      ? (later_step ? 1.0 : 0.5)
                                                   : 1.0 - tq / (2.0 * tk);
     compute_s = computed * t.flops / (peak * eff);
     memory_s = t.bytes / (bw * dev.memory_efficiency);

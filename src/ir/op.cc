@@ -90,8 +90,11 @@ double op_bytes(OpKind kind, const Attrs& a, std::span<const TensorType> in,
 OptionalInputs optional_inputs(std::span<const TensorType> in, size_t forward_inputs) {
   OptionalInputs o;
   size_t end = in.size();
-  if (end > forward_inputs && in[end - 1].dtype == DType::i32 && in[end - 1].shape.rank() == 0)
-    o.block = static_cast<int>(--end);
+  auto index_last = [&] {
+    return end > forward_inputs && in[end - 1].dtype == DType::i32 && in[end - 1].shape.rank() == 0;
+  };
+  if (index_last()) o.block = static_cast<int>(--end);
+  if (index_last()) o.key_block = o.block, o.block = static_cast<int>(--end);
   if (end > forward_inputs) o.bias = static_cast<int>(forward_inputs);
   return o;
 }

@@ -80,6 +80,7 @@ namespace tessera {
   X(position_buckets, 0, 1, PositionBucketsAttrs)      \
   X(attention, -1, 2, AttentionAttrs)                  \
   X(attention_grad, -1, -1, AttentionAttrs)            \
+  X(attention_merge, 4, 2, NoAttrs)                    \
   X(cross_entropy, 2, 2, CrossEntropyAttrs)            \
   X(cross_entropy_grad, 4, 1, CrossEntropyAttrs)       \
   X(logsumexp, 1, 1, NoAttrs)                          \
@@ -100,7 +101,8 @@ namespace tessera {
   X(all_reduce, 1, 1, GroupAttrs)                      \
   X(reduce_scatter, 1, 1, GroupAttrs)                  \
   X(all_gather, 1, 1, GroupAttrs)                      \
-  X(all_to_all, 1, 1, GroupAttrs)
+  X(all_to_all, 1, 1, GroupAttrs)                      \
+  X(ring_shift, 1, 1, GroupAttrs)
 
 enum class OpKind : uint16_t {
 #define TS_OP_ENUM(name, in, out, attrs) name,
@@ -262,6 +264,7 @@ struct GroupAttrs {
   std::string axes{};
   int64_t size = 0;              // collectives: ranks in the group
   std::vector<int64_t> shape{};  // all_gather: the gathered tensor's shape (padding dropped)
+  int64_t back = 0;              // axis_index: the index of the rank `back` places before
 };
 
 // shard_slice: block in(1) of `blocks` equal blocks along `axis`.
@@ -380,8 +383,8 @@ const char* op_name(OpKind kind);
 std::span<const OpKind> all_ops();
 bool op_from_name(std::string_view name, OpKind* out);
 
-// all_reduce, reduce_scatter, all_gather, all_to_all: run on a Communicator, not a Backend
-// (ops_comm.cc).
+// all_reduce, reduce_scatter, all_gather, all_to_all, ring_shift: run on a Communicator, not
+// a Backend (ops_comm.cc).
 bool is_collective(OpKind kind);
 
 // matmul and the fused GEMM epilogues (ops_fused.cc): one matrix product each, which the cost
@@ -389,10 +392,12 @@ bool is_collective(OpKind kind);
 bool is_gemm(OpKind kind);
 
 // Where rope's and attention's optional inputs are among `in` (-1: absent): the score bias
-// ([H,Tq,Tk], f32) and the sequence block index (an i32 scalar, always last). `forward_inputs`:
-// the inputs before the optional ones (rope 1, attention 3, attention_grad 6).
+// ([H,Tq,Tk], f32), the sequence block index of the queries (an i32 scalar) and, after it,
+// attention's key block index (an i32 scalar: the keys are that chunk of the sequence, not all
+// of it; ring attention). `forward_inputs`: the inputs before the optional ones (rope 1,
+// attention 3, attention_grad 6).
 struct OptionalInputs {
-  int bias = -1, block = -1;
+  int bias = -1, block = -1, key_block = -1;
 };
 OptionalInputs optional_inputs(std::span<const TensorType> in, size_t forward_inputs);
 

@@ -10,8 +10,13 @@
 //   all_to_all(x)       x [size * b, ...]: block j of dim 0 goes to rank j; the output, of the
 //                       same shape, holds in block i what rank i sent (the partition pass
 //                       moves a split from one dim to another with it: parallel/redistribute.h)
+//   ring_shift(x)       sends x to the next rank of the group (index + 1 mod size) and returns
+//                       what the previous one sent: same shape (ring attention's keys, values
+//                       and their gradients, parallel/partition_context.cc).
 //   axis_index()        this rank's index in the group, an i32 scalar (what rank-dependent
-//                       ops such as vocab_embedding take as their shard). Not a collective
+//                       ops such as vocab_embedding take as their shard); with GroupAttrs::back
+//                       = b, the index of the rank b places before it ((index - b) mod size:
+//                       whose chunk a ring has brought after b shifts). Not a collective
 //                       (nothing is sent); like them it runs on the runtime, which knows the
 //                       rank, not on a Backend.
 #include "ir/ops_common.h"
@@ -20,7 +25,7 @@ namespace tessera {
 
 bool is_collective(OpKind k) {
   return k == OpKind::all_reduce || k == OpKind::reduce_scatter || k == OpKind::all_gather ||
-         k == OpKind::all_to_all;
+         k == OpKind::all_to_all || k == OpKind::ring_shift;
 }
 
 namespace ops_detail {
@@ -95,6 +100,17 @@ double bytes_all_to_all(const Attrs& attrs, std::span<const TensorType> in,
   return static_cast<double>(a.size - 1) / static_cast<double>(a.size) *
          static_cast<double>(in[0].bytes());
 }
+Status infer_ring_shift(const Attrs& a, std::span<const TensorType> in,
+                        std::vector<TensorType>* out) {
+  TS_RETURN_IF_ERROR(need_group(a));
+  TS_RETURN_IF_ERROR(need_float(in[0], "ring_shift operand"));
+  out->push_back(in[0]);
+  return Status();
+}
+// Each rank sends its whole operand once.
+double bytes_ring_shift(const Attrs&, std::span<const TensorType> in, std::span<const TensorType>) {
+  return static_cast<double>(in[0].bytes());
+}
 Status infer_axis_index(const Attrs& a, std::span<const TensorType>, std::vector<TensorType>* out) {
   TS_RETURN_IF_ERROR(need_group(a));
   out->push_back({Shape{}, DType::i32});
@@ -118,6 +134,8 @@ void define_comm_ops(OpDef* t) {
   def(t, OpKind::all_gather).bytes = bytes_all_gather;
   def(t, OpKind::all_to_all).infer = infer_all_to_all;
   def(t, OpKind::all_to_all).bytes = bytes_all_to_all;
+  def(t, OpKind::ring_shift).infer = infer_ring_shift;
+  def(t, OpKind::ring_shift).bytes = bytes_ring_shift;
   def(t, OpKind::axis_index).infer = infer_axis_index;
 }
 

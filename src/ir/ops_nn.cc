@@ -244,14 +244,19 @@ void vjp_causal_mask(Builder& b, const Node&, std::span<const Var> g, std::vecto
 Status check_qkv(const Attrs& attrs, std::span<const TensorType> in, size_t forward_inputs) {
   const AttentionAttrs& a = attrs_as<AttentionAttrs>(attrs);
   const OptionalInputs opt = optional_inputs(in, forward_inputs);
-  const size_t expected = forward_inputs + (opt.bias >= 0) + (opt.block >= 0);
+  const size_t expected =
+      forward_inputs + (opt.bias >= 0) + (opt.block >= 0) + (opt.key_block >= 0);
   if (in.size() != expected)
     return error(std::string(forward_inputs == 3 ? "attention" : "attention_grad") + " takes " +
                  (forward_inputs == 3 ? "q, k, v" : "q, k, v, out, lse, dout") +
-                 ", an optional bias and an optional sequence block, not " +
+                 ", an optional bias and optional query and key blocks, not " +
                  std::to_string(in.size()) + " inputs");
   if (opt.block >= 0)
     TS_RETURN_IF_ERROR(need_block(in[static_cast<size_t>(opt.block)], "attention"));
+  // Keys of one chunk (ring attention): as many as the queries' chunk, without a bias.
+  if (opt.key_block >= 0 && (in[0].shape[2] != in[1].shape[2] || opt.bias >= 0))
+    return error("attention over a key block needs as many keys as queries and no bias, not " +
+                 in[1].shape.to_string() + " keys for " + in[0].shape.to_string());
   const size_t bias_at = opt.bias >= 0 ? static_cast<size_t>(opt.bias) : in.size();
   const Shape &q = in[0].shape, &k = in[1].shape, &v = in[2].shape;
   if (q.rank() != 4 || k.rank() != 4 || k != v)
@@ -295,6 +300,25 @@ Status infer_attention_grad(const Attrs& a, std::span<const TensorType> in,
   for (size_t i : {size_t{0}, size_t{1}, size_t{2}}) out->push_back(in[i]);
   const int bias = optional_inputs(in, 6).bias;
   if (bias >= 0) out->push_back(in[static_cast<size_t>(bias)]);
+  return Status();
+}
+
+// (out_a, lse_a, out_b, lse_b) -> (out, lse): two attentions of the same queries over disjoint
+// key sets as one over their union (ring attention's steps): lse = log(e^lse_a + e^lse_b),
+// out = e^(lse_a - lse) out_a + e^(lse_b - lse) out_b. A row with no key on either side (lse
+// -inf) stays 0 and -inf. Added after partitioning, never differentiated.
+Status infer_attention_merge(const Attrs&, std::span<const TensorType> in,
+                             std::vector<TensorType>* out) {
+  const Shape& o = in[0].shape;
+  const Shape rows = o.rank() == 4 ? Shape{o[0], o[1], o[2]} : Shape{};
+  if (o.rank() != 4 || in[2].shape != o || in[1].shape != rows || in[3].shape != rows ||
+      in[1].dtype != DType::f32 || in[3].dtype != DType::f32)
+    return error("attention_merge takes out [B,H,T,D] and lse [B,H,T] (f32) twice, not " +
+                 in[0].to_string() + ", " + in[1].to_string() + ", " + in[2].to_string() + ", " +
+                 in[3].to_string());
+  TS_RETURN_IF_ERROR(same_dtype(in[0], in[2]));
+  out->push_back(in[0]);
+  out->push_back(in[1]);
   return Status();
 }
 
@@ -554,6 +578,8 @@ void define_nn_ops(OpDef* t) {
   def(t, OpKind::attention_grad).infer = infer_attention_grad;
   def(t, OpKind::attention_grad).flops = flops_attention_grad;
   def(t, OpKind::attention_grad).gradient_of = "attention";
+  def(t, OpKind::attention_merge).infer = infer_attention_merge;
+  def(t, OpKind::attention_merge).flops = flops_in0<4>;
 
   def(t, OpKind::cross_entropy).infer = infer_cross_entropy;
   def(t, OpKind::cross_entropy).flops = flops_in0<4>;

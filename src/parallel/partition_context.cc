@@ -64,6 +64,10 @@ Result<std::vector<ValueId>> Pass::lower_sequence_blocks(const Node& n, const At
     TS_ASSIGN_OR_RETURN(ValueId y, emit(OpKind::rope, a, std::move(ins), n, out_pl, expect));
     return std::vector<ValueId>{y};
   }
+  if (plan_.context_attention == ContextAttention::ring) {
+    ins.push_back(block);
+    return lower_ring_attention(n, a, group, std::move(ins), out_pl, expect);
+  }
   // Attention: the whole sequence's keys and values (Llama 3's all-gather form of context
   // parallelism: each rank's queries meet every key, the causal mask by global position).
   // (Gathered in rank order, a zigzag order's halves are put back in the sequence's.)
@@ -100,6 +104,75 @@ Result<std::vector<ValueId>> Pass::lower_sequence_blocks(const Node& n, const At
     TS_ASSIGN_OR_RETURN(outs[o], convert(outs[o], g_.type(n.outputs[o]).shape, out_pl[o], n));
   }
   return outs;
+}
+
+// Ring attention: the keys and values go round the group a chunk at a time. At step i rank r
+// holds the chunk of rank r - i (axis_index with GroupAttrs::back = i, the key block the kernel
+// masks by), sends it on to r + 1 while it attends to it, and merges the step's result into
+// the running one by their log-sum-exp. The backward goes round again: each step's key and
+// value gradients are for the chunk in hand, so they travel with it, each rank adding its part
+// (a sum that arrives from r - 1, plus its own), and a last shift brings every chunk's sum home.
+// `ins` ends with the queries' block index.
+Result<std::vector<ValueId>> Pass::lower_ring_attention(const Node& n, const Attrs& a,
+                                                        const GroupAttrs& group,
+                                                        std::vector<ValueId> ins,
+                                                        const std::vector<Placements>& out_pl,
+                                                        const std::vector<Shape>& expect) {
+  const ValueId block = ins.back();
+  // The chunk in hand, its shift to the next rank (issued before the step's attention, so that
+  // the two overlap), and the step's key block.
+  auto shift = [&](ValueId x) -> Result<ValueId> {
+    // (The placement and shape by value: emitting nodes may move the local graph's tables.)
+    const Placements pl = out_.placements[static_cast<size_t>(x)];
+    const Shape shape = out_.local.type(x).shape;
+    return emit(OpKind::ring_shift, group, {x}, n, {pl}, {shape});
+  };
+  auto key_block = [&](int64_t step) {
+    GroupAttrs back = group;
+    back.back = step;
+    return index_in(back, n);
+  };
+  auto add = [&](ValueId x, ValueId y, size_t o) {
+    return emit(OpKind::add, NoAttrs{}, {x, y}, n, {out_pl[o]}, {expect[o]});
+  };
+  ValueId k = ins[1], v = ins[2];
+  std::vector<ValueId> acc;  // forward: (out, lse); backward: (dq, dk sum, dv sum)
+  for (int64_t i = 0; i < group.size; ++i) {
+    ValueId next_k = -1, next_v = -1;
+    if (i + 1 < group.size) {
+      TS_ASSIGN_OR_RETURN(next_k, shift(k));
+      TS_ASSIGN_OR_RETURN(next_v, shift(v));
+    }
+    // Backward: the sums so far come on from the previous rank beside this step's work.
+    if (n.op == OpKind::attention_grad && i > 0) {
+      TS_ASSIGN_OR_RETURN(acc[1], shift(acc[1]));
+      TS_ASSIGN_OR_RETURN(acc[2], shift(acc[2]));
+    }
+    TS_ASSIGN_OR_RETURN(ValueId kb, key_block(i));
+    std::vector<ValueId> step_in = ins;
+    step_in[1] = k, step_in[2] = v;
+    step_in.back() = block;
+    step_in.push_back(kb);
+    TS_ASSIGN_OR_RETURN(ValueId y, emit(n.op, a, std::move(step_in), n, out_pl, expect));
+    const std::vector<ValueId> outs = out_.local.producer(y).outputs;
+    if (acc.empty()) {
+      acc = outs;
+    } else if (n.op == OpKind::attention) {
+      TS_ASSIGN_OR_RETURN(ValueId m, emit(OpKind::attention_merge, NoAttrs{},
+                                          {acc[0], acc[1], outs[0], outs[1]}, n, out_pl, expect));
+      acc = out_.local.producer(m).outputs;
+    } else {
+      for (size_t o = 0; o < 3; ++o) {
+        TS_ASSIGN_OR_RETURN(acc[o], add(acc[o], outs[o], o));
+      }
+    }
+    k = next_k, v = next_v;
+  }
+  if (n.op == OpKind::attention_grad) {  // each chunk's sums, one rank short of home
+    TS_ASSIGN_OR_RETURN(acc[1], shift(acc[1]));
+    TS_ASSIGN_OR_RETURN(acc[2], shift(acc[2]));
+  }
+  return acc;
 }
 
 }  // namespace tessera::partition_detail

@@ -76,7 +76,7 @@ class Pass {
   // Context parallelism (partition_context.cc): the mesh axes (of more than one rank) that split
   // the sequence of a rope or attention node, and its lowering: the node with its sequence
   // block index, attention with the keys and values gathered over those axes (their gradients
-  // reduce-scattered back).
+  // reduce-scattered back), or passed round them (ring).
   std::vector<size_t> sequence_block_axes(const Node& n, const std::vector<ValueId>& ins) const;
   Result<ValueId> reorder_halves(ValueId v, Shape shape, int dim, int64_t n, bool to_sequence,
                                  const Node& like);
@@ -85,6 +85,13 @@ class Pass {
                                                      const std::vector<Placements>& out_pl,
                                                      const std::vector<Shape>& expect,
                                                      const std::vector<size_t>& axes);
+  // Plan::context_attention ring: attention (or its gradient) one key chunk at a time round
+  // `group`; `ins` ends with the queries' block index.
+  Result<std::vector<ValueId>> lower_ring_attention(const Node& n, const Attrs& a,
+                                                    const GroupAttrs& group,
+                                                    std::vector<ValueId> ins,
+                                                    const std::vector<Placements>& out_pl,
+                                                    const std::vector<Shape>& expect);
   // Sequence parallelism on tensor axis k, for a node whose sharding rule refused the inputs'
   // placements `pk` (DESIGN.md "Tensor layouts and redistribution"): first the sequence dim of
   // [B, T, ...] activations (Partial reduce-scattered onto it, Replicate sliced for free),

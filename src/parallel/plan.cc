@@ -142,6 +142,18 @@ Result<ContextOrder> parse_context_order(std::string_view name) {
                "zigzag gives every context-parallel rank the same causal attention work");
 }
 
+const char* context_attention_name(ContextAttention a) {
+  return a == ContextAttention::ring ? "ring" : "gather";
+}
+
+Result<ContextAttention> parse_context_attention(std::string_view name) {
+  for (ContextAttention a : {ContextAttention::gather, ContextAttention::ring})
+    if (name == context_attention_name(a)) return a;
+  return error("context attention '" + std::string(name) + "' is not one of: gather, ring",
+               "ring passes the keys and values round the ranks a chunk at a time (less memory "
+               "than gathering the whole sequence)");
+}
+
 std::vector<std::string> Plan::replica_axes() const {
   std::vector<std::string> rest;
   for (const std::string& a : data_axes)
@@ -303,7 +315,8 @@ std::string Plan::describe() const {
   if (sequence_parallel) s += " sequence-parallel";
   if (context_group() > 1)
     s += std::string(" context-parallel") +
-         (context_order == ContextOrder::zigzag ? " (zigzag)" : "");
+         (context_order == ContextOrder::zigzag ? " (zigzag)" : "") +
+         (context_attention == ContextAttention::ring ? " (ring)" : "");
   if (expert_group() > 1) s += " expert-parallel";
   if (offload != OffloadPolicy::none) s += std::string(" offload=") + offload_name(offload);
   if (stages() > 1) {
@@ -483,6 +496,7 @@ nlohmann::json plan_to_json(const Plan& p) {
           {"pipeline_axis", p.pipeline_axis},
           {"context_axis", p.context_axis},
           {"context_order", context_order_name(p.context_order)},
+          {"context_attention", context_attention_name(p.context_attention)},
           {"expert_axis", p.expert_axis},
           {"schedule", schedule_name(p.schedule)},
           {"virtual_stages", p.virtual_stages},
@@ -518,21 +532,36 @@ constexpr int64_t kInt64Max = std::numeric_limits<int64_t>::max();
 }  // namespace
 
 Result<Plan> plan_from_json(const nlohmann::json& j) {
-  static const std::set<std::string> known = {
-      "mesh",          "data_axes",        "zero_axes",
-      "tensor_axes",   "params",           "zero",
-      "micro_batches", "bucket_bytes",     "prefetch_bytes",
-      "recompute",     "recompute_layers", "sequence_parallel",
-      "pipeline_axis", "schedule",         "virtual_stages",
-      "stage_layers",  "offload",          "context_axis",
-      "context_order", "expert_axis",      "fuse"};
+  static const std::set<std::string> known = {"mesh",
+                                              "data_axes",
+                                              "zero_axes",
+                                              "tensor_axes",
+                                              "params",
+                                              "zero",
+                                              "micro_batches",
+                                              "bucket_bytes",
+                                              "prefetch_bytes",
+                                              "recompute",
+                                              "recompute_layers",
+                                              "sequence_parallel",
+                                              "pipeline_axis",
+                                              "schedule",
+                                              "virtual_stages",
+                                              "stage_layers",
+                                              "offload",
+                                              "context_axis",
+                                              "context_order",
+                                              "expert_axis",
+                                              "fuse",
+                                              "context_attention"};
   if (!j.is_object()) return error("plan: expected a JSON object");
   for (auto it = j.begin(); it != j.end(); ++it)
     if (!known.count(it.key()))
       return error("plan: unknown key '" + it.key() + "'",
                    "keys: mesh, data_axes, zero_axes, tensor_axes, params, zero, micro_batches, "
                    "bucket_bytes, prefetch_bytes, recompute, recompute_layers, offload, fuse, "
-                   "sequence_parallel, pipeline_axis, context_axis, context_order, expert_axis, "
+                   "sequence_parallel, pipeline_axis, context_axis, context_order, "
+                   "context_attention, expert_axis, "
                    "schedule, "
                    "virtual_stages, "
                    "stage_layers");
@@ -640,6 +669,13 @@ Result<Plan> plan_from_json(const nlohmann::json& j) {
       if (!o.ok())
         return error("plan: key 'context_order': " + o.status().message(), o.status().hint());
       p.context_order = o.value();
+    }
+    if (reading("context_attention", "\"gather\" or \"ring\"")) {
+      Result<ContextAttention> a =
+          parse_context_attention(j.at("context_attention").get<std::string>());
+      if (!a.ok())
+        return error("plan: key 'context_attention': " + a.status().message(), a.status().hint());
+      p.context_attention = a.value();
     }
     if (reading("schedule", "\"gpipe\", \"1f1b\", \"interleaved\" or \"zb-h1\"")) {
       Result<ScheduleKind> r = parse_schedule(j.at("schedule").get<std::string>());

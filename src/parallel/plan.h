@@ -69,6 +69,17 @@ enum class ContextOrder : uint8_t { contiguous, zigzag };
 const char* context_order_name(ContextOrder o);  // "contiguous", "zigzag"
 Result<ContextOrder> parse_context_order(std::string_view name);
 
+// How attention over a context-parallel sequence meets the other ranks' keys and values:
+// `gather`, all-gathered whole before it (Llama 3's form; their gradients reduce-scattered
+// back), or `ring`, one chunk at a time passed around the ranks while the attention of the chunk
+// in hand runs (ring attention: each rank holds two chunks, not the sequence; the partial
+// results merged by their log-sum-exp; in the backward the chunks go round again with their
+// gradients' sums).
+enum class ContextAttention : uint8_t { gather, ring };
+
+const char* context_attention_name(ContextAttention a);  // "gather", "ring"
+Result<ContextAttention> parse_context_attention(std::string_view name);
+
 struct MeshAxis {
   std::string name;
   int size = 1;
@@ -144,6 +155,7 @@ struct Plan {
   // chunks, are reduced with the data axes'.
   std::string context_axis;
   ContextOrder context_order = ContextOrder::contiguous;
+  ContextAttention context_attention = ContextAttention::gather;
   // Expert parallelism: the expert axis ("" for none) is one of the data axes (the batch is
   // split over it) on which the expert parameters of mixture-of-experts layers
   // (SourceAttrs::experts: [E, ...]) are Shard(0), each rank holding E / n experts. The

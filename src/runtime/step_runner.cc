@@ -16,6 +16,10 @@ namespace tessera {
 // ---- StepRunner ---------------------------------------------------------------------
 
 namespace {
+// The tag of ring_shift's messages on its group's communicator (their order is the issue order,
+// the same on every rank).
+constexpr int kRingShiftTag = 0;
+
 // The runner executes each list in order on one stream: every dependency must come first, and
 // the optimizer list starts with its gradient norm (apply() needs the norm before AdamW), after
 // the copies of the gradients to the host where the optimizer is offloaded.
@@ -316,7 +320,7 @@ Status StepRunner::start(const Node& n, Executor& ex) {
     staged.dtype = dt;
   }
   const int64_t esize = dtype_size(wire);
-  Request r;
+  Request r, second;  // (ring_shift: its send beside its receive)
   switch (n.op) {
     case OpKind::all_reduce:
       if (in != out) b.copy(out, in, in_count * esize);  // reduced in place in the output
@@ -334,11 +338,24 @@ Status StepRunner::start(const Node& n, Executor& ex) {
     case OpKind::all_to_all:
       r = c.all_to_all(in, out, in_count / group.size, wire, what);
       break;
+    case OpKind::ring_shift: {  // to the next rank, from the previous one
+      const int n_ranks = c.size(), next = (c.rank() + 1) % n_ranks;
+      if (n_ranks == 1) {  // (nothing in flight: the wait finds no request)
+        if (direct)
+          b.copy(out, in, in_count * esize);
+        else
+          std::memcpy(out, in, static_cast<size_t>(in_count * esize));
+        break;
+      }
+      second = c.send(in, in_count, wire, next, kRingShiftTag, what);
+      r = c.recv(out, in_count, wire, (c.rank() + n_ranks - 1) % n_ranks, kRingShiftTag, what);
+      break;
+    }
     default:
       return error("not a collective: " + std::string(op_name(n.op)));
   }
   const NodeId id = g.value(n.outputs[0]).producer;
-  inflight_[id] = {&c, std::move(r)};
+  inflight_[id] = {&c, std::move(r), std::move(second)};
   if (!direct) staged_[id] = std::move(staged);
   return Status();
 }
@@ -356,8 +373,10 @@ Status StepRunner::run_instructions(const std::vector<Instruction>& list, Execut
       case Instruction::compute:
         if (g.node(in.node).op == OpKind::axis_index) {  // this rank's coordinate
           const Node& n = g.node(in.node);
+          const GroupAttrs& ga = n.attr<GroupAttrs>();
+          const int64_t at = prog_.plan.mesh.group_index(rank_, axes_of_key(ga.axes));
           const int32_t index =
-              prog_.plan.mesh.group_index(rank_, axes_of_key(n.attr<GroupAttrs>().axes));
+              static_cast<int32_t>(((at - ga.back) % ga.size + ga.size) % ga.size);
           ex.backend().to_device(ex.raw(n.outputs[0]), &index, sizeof(index));
         } else if (timer) {
           timer->mark();
@@ -399,7 +418,11 @@ Status StepRunner::run_instructions(const std::vector<Instruction>& list, Execut
         auto it = inflight_.find(in.node);
         TS_CHECK(it != inflight_.end()) << "wait without start for node " << in.node;
         const double start = trace_ ? trace_clock() : 0;
-        Status s = it->second.first->wait(it->second.second);
+        Status s = it->second.request ? it->second.comm->wait(it->second.request) : Status();
+        if (it->second.send) {
+          Status sent = it->second.comm->wait(it->second.send);
+          if (s.ok()) s = sent;
+        }
         if (trace_) {
           const Node& n = g.node(in.node);
           trace_->add("compute", "wait " + std::string(op_name(n.op)) + " " + n.scope, start,

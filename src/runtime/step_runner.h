@@ -259,7 +259,11 @@ class StepRunner {
   // parameter's, in host memory.
   std::vector<Buffer> masters_;
   // Collectives in flight: the communicator each was issued on, and its request.
-  std::map<NodeId, std::pair<Communicator*, Request>> inflight_;
+  struct InFlight {
+    Communicator* comm = nullptr;
+    Request request, send;  // send: a ring_shift's, beside its receive
+  };
+  std::map<NodeId, InFlight> inflight_;
   // Collectives of bf16/f16 values in flight: their f32 staging and where the result goes.
   struct Staged {
     std::vector<float> in, out;

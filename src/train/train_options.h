@@ -49,6 +49,7 @@ struct TrainOptions {
   int pp = 1;                        // pipeline stages (the outermost mesh axis)
   int cp = 1;                        // context-parallel ranks (--cp)
   std::string cp_order;              // --cp-order contiguous|zigzag ("": the plan's)
+  std::string cp_attention;          // --cp-attention gather|ring ("": the plan's)
   int ep = 1;                        // expert-parallel ranks (--ep)
   std::string schedule;              // --schedule: gpipe | 1f1b | interleaved | zb-h1 ("": 1f1b)
   int virtual_stages = -1;           // --virtual-stages (interleaved); -1: not given (1)

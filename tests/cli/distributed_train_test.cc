@@ -201,9 +201,9 @@ TEST_F(DistributedTrainTest, T5RunsUnderEveryPlanMatchOneRank) {
 // parallelism, with data parallelism and ZeRO-3 over both axes) follow one rank step for step,
 // and the context-parallel run's checkpoint resumes on one rank; so does GPT (a learned
 // position table sliced by the chunk) with sequence parallelism and ZeRO-2 beside it, and LLaMA
-// over 4 ranks in the zigzag order (halves r and 7-r). A sequence that does not split over the
-// ranks, a zigzag order over a learned position table and a model that is no language model are
-// refused.
+// over 4 ranks in the zigzag order (halves r and 7-r); ring attention too (alone, zigzag over
+// 4 ranks, beside tp and ZeRO-1). A sequence that does not split over the ranks, a zigzag order
+// over a learned position table and a model that is no language model are refused.
 TEST_F(DistributedTrainTest, ContextParallelRunsMatchOneRank) {
   model_ = "llama-tiny";
   seq_flag_ = "--seq 64";
@@ -217,6 +217,14 @@ TEST_F(DistributedTrainTest, ContextParallelRunsMatchOneRank) {
   ASSERT_EQ(train(4, "cp_tp", flags + "--cp 2 --tp 2", &log), 0) << log;
   ASSERT_EQ(train(4, "cp_dp", flags + "--cp 2 --dp 2 --zero 3", &log), 0) << log;
   ASSERT_EQ(train(4, "zigzag", flags + "--cp 4 --cp-order zigzag", &log), 0) << log;
+  // Ring attention: the keys and values passed round the ranks a chunk at a time.
+  ASSERT_EQ(train(2, "ring", flags + "--cp 2 --cp-attention ring", &log), 0) << log;
+  EXPECT_NE(log.find("context-parallel (ring)"), std::string::npos) << log;
+  ASSERT_EQ(train(4, "ring_zigzag", flags + "--cp 4 --cp-order zigzag --cp-attention ring", &log),
+            0)
+      << log;
+  ASSERT_EQ(train(4, "ring_tp", flags + "--cp 2 --tp 2 --cp-attention ring --zero 1", &log), 0)
+      << log;
   // With pipeline stages: each stage's ranks split the sequence, stages pass their chunks.
   ASSERT_EQ(train(4, "cp_pp", flags + "--cp 2 --pp 2 --cp-order zigzag --zero 1", &log), 0) << log;
   EXPECT_NE(log.find("pp=2 x dp=1 x cp=2"), std::string::npos) << log;
@@ -224,14 +232,19 @@ TEST_F(DistributedTrainTest, ContextParallelRunsMatchOneRank) {
   ASSERT_EQ(train(1, "gpt", flags, &log), 0) << log;
   ASSERT_EQ(train(4, "gpt_cp_sp", flags + "--cp 2 --tp 2 --sequence-parallel --zero 2", &log), 0)
       << log;
-  const std::pair<const char*, const char*> runs[] = {{"cp", "straight"},    {"cp_tp", "straight"},
-                                                      {"cp_dp", "straight"}, {"zigzag", "straight"},
-                                                      {"cp_pp", "straight"}, {"gpt_cp_sp", "gpt"}};
+  const std::pair<const char*, const char*> runs[] = {
+      {"cp", "straight"},      {"cp_tp", "straight"}, {"cp_dp", "straight"},
+      {"zigzag", "straight"},  {"ring", "straight"},  {"ring_zigzag", "straight"},
+      {"ring_tp", "straight"}, {"cp_pp", "straight"}, {"gpt_cp_sp", "gpt"}};
   for (const auto& [out, ref] : runs) {
     expect_steps_match(out, ref, 6);
     const fs::path m = dir_ / out / "metrics.jsonl", want = dir_ / ref / "metrics.jsonl";
     EXPECT_NEAR(last_val_loss(m), last_val_loss(want), 1e-5 * last_val_loss(want)) << out;
   }
+  EXPECT_EQ(train(2, "ring_alone", flags + "--cp-attention ring", &log), 1) << log;
+  EXPECT_NE(log.find("--cp-attention ring without context parallelism"), std::string::npos) << log;
+  EXPECT_EQ(train(2, "ring_bad", flags + "--cp 2 --cp-attention rings", &log), 1) << log;
+  EXPECT_NE(log.find("'rings' is not one of: gather, ring"), std::string::npos) << log;
   EXPECT_EQ(train(2, "gpt_zigzag", flags + "--cp 2 --cp-order zigzag", &log), 1) << log;
   EXPECT_NE(log.find("'wpe' is a learned position table"), std::string::npos) << log;
   model_ = "llama-tiny";

@@ -60,6 +60,52 @@ void attention_biased_fwd(Net& n, int64_t B, int64_t H, int64_t Tq, int64_t Tk, 
   expect_close(n.read(att[1]), n.read(ref_lse), kFwdTol, "biased attention lse");
 }
 
+// Ring attention's pieces (context parallelism, parallel/partition_context.cc): the queries of
+// chunk r of a sequence cut into n = 2 chunks (contiguous, or zigzag: chunk r holds halves r and
+// 3 - r) attend to each key chunk j alone (a key block); attention_merge of the two results is
+// attention over the whole sequence, and the gradients of the two steps, taken with the whole
+// attention's out and lse, sum to its dq and are its dk and dv of chunk j. Causal, grouped
+// query heads.
+void ring_attention_fwd(Net& n, int64_t r, int64_t zigzag) {
+  Builder& b = n.b;
+  const int64_t B = 1, H = 2, Hkv = 1, C = 6, D = 4, half = C / 2;
+  Var q = n.param(Shape{B, H, C, D});
+  Var k0 = n.param(Shape{B, Hkv, C, D}), k1 = n.param(Shape{B, Hkv, C, D});
+  Var v0 = n.param(Shape{B, Hkv, C, D}), v1 = n.param(Shape{B, Hkv, C, D});
+  Var dout = n.param(Shape{B, H, C, D});
+  // The whole sequence in order from the two chunks.
+  auto whole = [&](Var c0, Var c1) {
+    if (zigzag == 0) return b.concat({c0, c1}, 2);
+    auto h = [&](Var c, int64_t i) { return b.slice(c, 2, i * half, (i + 1) * half); };
+    return b.concat({h(c0, 0), h(c1, 0), h(c1, 1), h(c0, 1)}, 2);  // halves 0, 1, 2, 3
+  };
+  Var kw = whole(k0, k1), vw = whole(v0, v1);
+  const AttentionAttrs at{.scale = 0.5, .causal = true, .zigzag = zigzag};
+  Var block = n.ids(Shape{}, {static_cast<int32_t>(r)});
+  std::vector<Var> ref = b.op<OpKind::attention>({q, kw, vw, block}, at);
+  std::vector<Var> ref_grad =
+      b.op<OpKind::attention_grad>({q, kw, vw, ref[0], ref[1], dout, block}, at);
+  std::vector<Var> parts[2], grads[2];
+  for (int64_t j = 0; j < 2; ++j) {
+    Var kb = n.ids(Shape{}, {static_cast<int32_t>(j)});
+    Var kj = j == 0 ? k0 : k1, vj = j == 0 ? v0 : v1;
+    parts[j] = b.op<OpKind::attention>({q, kj, vj, block, kb}, at);
+    grads[j] = b.op<OpKind::attention_grad>({q, kj, vj, ref[0], ref[1], dout, block, kb}, at);
+  }
+  std::vector<Var> merged =
+      b.op<OpKind::attention_merge>({parts[0][0], parts[0][1], parts[1][0], parts[1][1]});
+  Var dq = n.keep(b.add(grads[0][0], grads[1][0]));
+  Var dk = n.keep(whole(grads[0][1], grads[1][1])), dv = n.keep(whole(grads[0][2], grads[1][2]));
+  for (Var x : {merged[0], merged[1], ref[0], ref[1], ref_grad[0], ref_grad[1], ref_grad[2]})
+    n.keep(x);
+  n.run();
+  expect_close(n.read(merged[0]), n.read(ref[0]), kFwdTol, "ring attention out");
+  expect_close(n.read(merged[1]), n.read(ref[1]), kFwdTol, "ring attention lse");
+  expect_close(n.read(dq), n.read(ref_grad[0]), kFwdTol, "ring attention dq");
+  expect_close(n.read(dk), n.read(ref_grad[1]), kFwdTol, "ring attention dk");
+  expect_close(n.read(dv), n.read(ref_grad[2]), kFwdTol, "ring attention dv");
+}
+
 }  // namespace
 
 void add_attention_entries(std::vector<Entry>* entries) {
@@ -74,6 +120,12 @@ void add_attention_entries(std::vector<Entry>* entries) {
       [](Net& n) { attention_biased_fwd(n, 2, 3, 4, 7, 5); });
   fwd("attention", "attention_long_cross_biased",  // more than one 64-row query block
       [](Net& n) { attention_biased_fwd(n, 1, 2, 70, 9, 4); });
+  fwd("attention_merge", "ring_attention_chunk0", [](Net& n) { ring_attention_fwd(n, 0, 0); });
+  fwd("attention_merge", "ring_attention_chunk1", [](Net& n) { ring_attention_fwd(n, 1, 0); });
+  fwd("attention_merge", "ring_attention_zigzag_chunk0",
+      [](Net& n) { ring_attention_fwd(n, 0, 2); });
+  fwd("attention_merge", "ring_attention_zigzag_chunk1",
+      [](Net& n) { ring_attention_fwd(n, 1, 2); });
   // Values of Hugging Face's T5Attention._relative_position_bucket.
   e.push_back(Entry{"position_buckets", Check::source, "position_buckets_t5",
                     [](Net& n) {

@@ -52,6 +52,47 @@ TEST(ContextParallel, LlamaSplitsEverySequenceAndGathersOnlyKeysAndValues) {
   EXPECT_LT(p->memory.arena_bytes, one->memory.arena_bytes * 0.8);
 }
 
+// Ring attention (Plan::context_attention ring): no all-gather or reduce-scatter in attention;
+// over n ranks each attention shifts its keys and values n - 1 times in the forward pass, again
+// in the backward pass, where the key and value gradient sums take n more shifts each; the plan
+// file names it, and an unknown form is refused by name.
+TEST(ContextParallel, RingAttentionPassesChunksRoundTheRanks) {
+  const ModelConfig c = *find_preset("llama-tiny");
+  ModelGraph m = build_model(c, 2, 64, ModelMode::train);
+  Plan plan = Plan::data_parallel(1);
+  ASSERT_TRUE(add_context_axis(&plan, 4).ok());
+  plan.context_attention = ContextAttention::ring;
+  EXPECT_EQ(plan.describe(), "dp=1 x cp=4 zero=0 context-parallel (ring)");
+  Result<Program> p = lower(m.graph, plan);
+  ASSERT_TRUE(p.ok()) << p.status().to_string();
+  std::map<std::string, int> attention;
+  int merges = 0;
+  for (const Node& n : p->part.local.nodes()) {
+    merges += n.op == OpKind::attention_merge;
+    if (!is_collective(n.op) || n.scope.size() < 5 ||
+        n.scope.compare(n.scope.size() - 5, 5, ".attn") != 0)
+      continue;
+    ++attention[std::string(op_name(n.op)) + " " + n.attr<GroupAttrs>().axes];
+  }
+  const int layers = static_cast<int>(c.n_layer), n = 4;
+  EXPECT_EQ(attention["ring_shift cp"], layers * (2 * (n - 1) + 2 * (n - 1) + 2 * n));
+  EXPECT_EQ(attention.size(), 1u);
+  EXPECT_EQ(merges, layers * (n - 1));
+  // Two chunks of keys and values in hand, not the sequence: a smaller arena than gathering.
+  Plan gather = plan;
+  gather.context_attention = ContextAttention::gather;
+  Result<Program> g = lower(m.graph, gather);
+  ASSERT_TRUE(g.ok());
+  EXPECT_LE(p->memory.arena_bytes, g->memory.arena_bytes);
+  Result<Plan> back = plan_from_json(plan_to_json(plan));
+  ASSERT_TRUE(back.ok()) << back.status().to_string();
+  EXPECT_EQ(back->context_attention, ContextAttention::ring);
+  nlohmann::json bad = plan_to_json(plan);
+  bad["context_attention"] = "allgather";
+  EXPECT_NE(plan_from_json(bad).status().message().find("'allgather' is not one of: gather, ring"),
+            std::string::npos);
+}
+
 // A plan file names the context axis and its order; ZeRO shards over it; a sequence that does not
 // split, a zigzag order over a learned position table, T5's biased attention, a second context
 // axis and a context axis with pipeline stages are refused by name.

@@ -94,6 +94,7 @@ void vocab_logsumexp(const Args& a);
 void position_buckets(const Args& a);
 void attention(const Args& a);
 void attention_grad(const Args& a);
+void attention_merge(const Args& a);
 
 // kernels_optim.cc: flat f32 passes of the optimizer (CpuBackend's sum_squares, adamw, ...).
 // AdamWUpdate (backend/backend.h):

@@ -23,24 +23,34 @@ struct Dims {
   int64_t bsz, h, tq, tk, d, hkv, group;
   bool causal;
   int64_t block = 0, zigzag = 0;  // the queries' sequence chunk (op.h; 0 and 0 without one)
-  // Query row i's position among the keys (sequence_position: increasing in i).
+  int64_t key_block = -1;         // the keys' chunk (ring attention), or -1: keys 0..tk-1
+  // Query row i's position in the sequence (sequence_position: increasing in i).
   int64_t position(int64_t i) const { return sequence_position(i, block, tq, zigzag); }
-  // Query row i attends to keys [0, row_end(i)).
-  int64_t row_end(int64_t i) const { return causal ? std::min(tk, position(i) + 1) : tk; }
+  // How many keys sit at positions <= p: a prefix, as key positions increase too.
+  int64_t keys_upto(int64_t p) const {
+    if (key_block < 0) return std::clamp<int64_t>(p + 1, 0, tk);
+    if (zigzag <= 0) return std::clamp<int64_t>(p + 1 - key_block * tk, 0, tk);
+    const int64_t half = tk / 2;  // the chunk's halves key_block and 2N-1-key_block
+    return std::clamp<int64_t>(p + 1 - key_block * half, 0, half) +
+           std::clamp<int64_t>(p + 1 - (2 * zigzag - 1 - key_block) * half, 0, half);
+  }
+  // Query row i attends to keys [0, row_end(i)) (none, on a chunk of later keys).
+  int64_t row_end(int64_t i) const { return causal ? keys_upto(position(i)) : tk; }
   // Query rows [i0, i1) together attend to keys [0, block_end(i1)).
-  int64_t block_end(int64_t i1) const { return causal ? std::min(tk, position(i1 - 1) + 1) : tk; }
+  int64_t block_end(int64_t i1) const { return causal ? keys_upto(position(i1 - 1)) : tk; }
 };
 
 // `forward_inputs`: 3 (attention) or 6 (attention_grad), before the optional bias and block.
 Dims dims_of(const Args& a, size_t forward_inputs) {
   const Shape &sq = a.in_shape(0), &sk = a.in_shape(1);
-  const int block = optional_inputs(a.in_types, forward_inputs).block;
+  const OptionalInputs opt = optional_inputs(a.in_types, forward_inputs);
   const AttentionAttrs& at = a.attr<AttentionAttrs>();
   Dims z{sq[0], sq[1], sq[2], sk[2], sq[3], sk[1], sq[1] / sk[1], at.causal};
-  if (block >= 0) {  // (zigzag only with a block)
-    z.block = static_cast<int64_t>(a.iin(block)[0]);
+  if (opt.block >= 0) {  // (zigzag only with a block)
+    z.block = static_cast<int64_t>(a.iin(opt.block)[0]);
     z.zigzag = at.zigzag;
   }
+  if (opt.key_block >= 0) z.key_block = static_cast<int64_t>(a.iin(opt.key_block)[0]);
   return z;
 }
 
@@ -79,6 +89,11 @@ void softmax_rows(const Dims& z, float* s, int64_t i0, int64_t i1, float* lse) {
   for (int64_t i = i0; i < i1; ++i) {
     float* row = s + i * z.tk;
     const int64_t n = z.row_end(i);
+    if (n == 0) {  // every key of this chunk comes later: no probability, lse -inf
+      std::fill(row, row + z.block_end(i1), 0.0f);
+      lse[i] = -std::numeric_limits<float>::infinity();
+      continue;
+    }
     float m = -std::numeric_limits<float>::infinity();
     for (int64_t j = 0; j < n; ++j) m = std::max(m, row[j]);
     float sum = 0;
@@ -123,6 +138,12 @@ void attention(const Args& a) {
       for (int64_t i0 = 0; i0 < tq; i0 += kBlock) {
         const int64_t i1 = std::min(tq, i0 + kBlock), rows = i1 - i0, keys = z.block_end(i1);
         float* sb = s.data() + i0 * tk;
+        if (keys == 0) {  // a chunk of later keys: nothing to attend to
+          std::fill(out + (bh * tq + i0) * d, out + (bh * tq + i1) * d, 0.0f);
+          std::fill(lse + bh * tq + i0, lse + bh * tq + i1,
+                    -std::numeric_limits<float>::infinity());
+          continue;
+        }
         // S = scale * Q K^T + bias, P = softmax(S), O = P V; keys [0, keys) only.
         sgemm(false, true, rows, keys, d, qh + i0 * d, d, kb, d, sb, tk, 0.0f);
         scale_and_bias(z, s.data(), bh_bias, scale, i0, i1, keys);
@@ -172,6 +193,10 @@ void attention_grad(const Args& a) {
             const int64_t i1 = std::min(tq, i0 + kBlock), rows = i1 - i0, keys = z.block_end(i1);
             float *pb = p.data() + i0 * tk, *dpb = dp.data() + i0 * tk;
             const float *qb = qh + i0 * d, *dob = doh + i0 * d;
+            if (keys == 0) {  // a chunk of later keys: no gradient through it
+              std::fill(dq + (row0 + i0) * d, dq + (row0 + i1) * d, 0.0f);
+              continue;
+            }
             // P = exp(scale * Q K^T + bias - lse) (0 where masked); D_i = dO_i . O_i.
             sgemm(false, true, rows, keys, d, qb, d, kb, d, pb, tk, 0.0f);
             scale_and_bias(z, p.data(), hb, scale, i0, i1, keys);
@@ -214,11 +239,37 @@ void attention_grad(const Args& a) {
   });
 }
 
+// Two attentions of the same queries over disjoint keys as one (ops_nn.cc's attention_merge).
+void attention_merge(const Args& a) {
+  const Shape& so = a.in_shape(0);
+  const int64_t rows = so[0] * so[1] * so[2], d = so[3];
+  const float *oa = a.fin(0), *la = a.fin(1), *ob = a.fin(2), *lb = a.fin(3);
+  float *o = a.fout(0), *l = a.fout(1);
+  parallel_for(rows, 64, [&](int64_t lo, int64_t hi) {
+    for (int64_t r = lo; r < hi; ++r) {
+      const float m = std::max(la[r], lb[r]);
+      float* orow = o + r * d;
+      if (m == -std::numeric_limits<float>::infinity()) {
+        std::fill(orow, orow + d, 0.0f);
+        l[r] = m;
+        continue;
+      }
+      const float wa = std::exp(la[r] - m), wb = std::exp(lb[r] - m), sum = wa + wb;
+      const float ca = wa / sum, cb = wb / sum;
+      const float *ar = oa + r * d, *br = ob + r * d;
+#pragma omp simd
+      for (int64_t c = 0; c < d; ++c) orow[c] = ca * ar[c] + cb * br[c];
+      l[r] = m + std::log(sum);
+    }
+  });
+}
+
 // Registers this file's kernels (cpu_backend.cc builds the table once).
 void register_attention_kernels(KernelTable& t) {
   t.add(OpKind::position_buckets, [](OpKind, const Args& a) { position_buckets(a); });
   t.add(OpKind::attention, [](OpKind, const Args& a) { attention(a); });
   t.add(OpKind::attention_grad, [](OpKind, const Args& a) { attention_grad(a); });
+  t.add(OpKind::attention_merge, [](OpKind, const Args& a) { attention_merge(a); });
 }
 
 }  // namespace tessera::cpu
