@@ -44,6 +44,11 @@ const std::vector<Knob>& knobs() {
          return c.plan.context_group() == 1 ? std::string("none")
                                             : "cp " + std::to_string(c.plan.context_group());
        }},
+      {"context attention",  // how a context-parallel attention meets the other chunks
+       [](const PlanCandidate& c) -> std::string {
+         if (c.plan.context_group() == 1) return "";
+         return context_attention_name(c.plan.context_attention);
+       }},
       {"expert parallel",  // mixtures of experts whose experts are split
        [](const PlanCandidate& c) -> std::string {
          if (c.plan.expert_group() == 1) return "";

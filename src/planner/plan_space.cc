@@ -153,15 +153,16 @@ class MicroBatchCosts {
   }
 
  private:
-  // (rows, recompute, tp, sp, cp, zigzag)
-  using Key = std::tuple<int64_t, int, int, bool, int, bool>;
+  // (rows, recompute, tp, sp, cp, zigzag, ring)
+  using Key = std::tuple<int64_t, int, int, bool, int, bool, bool>;
   static Key key(const Plan& p, int64_t rows) {
     return {rows,
             static_cast<int>(p.recompute),
             p.tensor_group(),
             p.sequence_parallel,
             p.context_group(),
-            p.context_order == ContextOrder::zigzag};
+            p.context_order == ContextOrder::zigzag,
+            p.context_attention == ContextAttention::ring};
   }
 
   // Compute seconds (all, and the forward pass's) and kept bytes of the ops of a model of
@@ -176,13 +177,14 @@ class MicroBatchCosts {
     LayerCosts flops, forward, backward;  // by block (pipeline_schedule_bound)
   };
   Result<Measured> measure(const Key& k, int64_t blocks) {
-    const auto [rows, rc, tp, sp, cp, zigzag] = k;
+    const auto [rows, rc, tp, sp, cp, zigzag, ring] = k;
     ModelConfig c = cfg_;
     c.n_layer = blocks;
     ModelGraph m = build_model(c, rows, seq_, ModelMode::train);
     Plan p = Plan::tensor_parallel(1, tp);
     TS_RETURN_IF_ERROR(add_context_axis(&p, cp));  // one rank's chunk of every sequence
     if (zigzag) p.context_order = ContextOrder::zigzag;
+    if (ring) p.context_attention = ContextAttention::ring;
     p.sequence_parallel = sp;
     p.recompute = static_cast<RecomputePolicy>(rc);
     TS_RETURN_IF_ERROR(placements_.place(m.graph, &p));
@@ -551,8 +553,8 @@ Result<std::unique_ptr<PlanSpace>> PlanSpace::create(const ModelConfig& cfg,
     }
     const double sync = param_sync_time_bound(mb->params, s.cluster, c.plan, o.precision);
     // Context parallelism: the ops alone, or the context axis's comm stream if it is busier
-    // (the keys' and values' gathers overlap attention in the simulator in ways the waits
-    // measured above do not bound).
+    // (the keys' and values' gathers or ring shifts overlap attention in the simulator in ways the
+    // waits measured above do not bound).
     MicroBatchTime time = mb->time;
     if (c.plan.context_group() > 1) {
       time.seconds = std::max(time.seconds - time.wait_seconds, time.context_comm_seconds);

@@ -67,7 +67,9 @@ std::string PlanCandidate::describe() const {
     s += std::string(" ") + schedule_name(p.schedule);
     if (p.virtual_stages > 1) s += " v=" + std::to_string(p.virtual_stages);
   }
-  if (p.context_group() > 1) s += " cp=" + std::to_string(p.context_group());
+  if (p.context_group() > 1)
+    s += " cp=" + std::to_string(p.context_group()) +
+         (p.context_attention == ContextAttention::ring ? " ring" : "");
   if (p.expert_group() > 1) s += " ep=" + std::to_string(p.expert_group());
   s += std::string(" rc=") + recompute_name(p.recompute);
   if (p.sequence_parallel) s += " sp";

@@ -2,8 +2,9 @@
 // enumerates plans — data parallelism with ZeRO-1, 2 or 3, or HSDP (ZeRO-3 within groups of 1,
 // 2 or 4 nodes, replicated across them), tensor parallelism within a node
 // (with or without sequence parallelism), pipeline stages with their schedules, context
-// parallelism (language models without a pipeline: groups of 2, 4, ... ranks, LLaMA's in
-// zigzag order), expert parallelism (mixtures of experts, without a pipeline), the
+// parallelism (language models: groups of 2, 4, ... ranks, LLaMA's in zigzag order; from
+// 32K-token sequences each with its keys and values gathered and passed round in a ring),
+// expert parallelism (mixtures of experts, without a pipeline), the
 // micro-batch size, recomputation and, where the cluster spec gives its host side, offloading
 // the optimizer to host memory (not with a pipeline) — for a model, a cluster, a device count and a
 // global batch; prunes those that cannot fit or cannot beat the best found (analytic bounds,

@@ -202,8 +202,9 @@ TEST_F(DistributedTrainTest, T5RunsUnderEveryPlanMatchOneRank) {
 // and the context-parallel run's checkpoint resumes on one rank; so does GPT (a learned
 // position table sliced by the chunk) with sequence parallelism and ZeRO-2 beside it, and LLaMA
 // over 4 ranks in the zigzag order (halves r and 7-r); ring attention too (alone, zigzag over
-// 4 ranks, beside tp and ZeRO-1). A sequence that does not split over the ranks, a zigzag order
-// over a learned position table and a model that is no language model are refused.
+// 4 ranks, beside tp and ZeRO-1, with pipeline stages). A sequence that does not split over the
+// ranks, a zigzag order over a learned position table and a model that is no language model are
+// refused.
 TEST_F(DistributedTrainTest, ContextParallelRunsMatchOneRank) {
   model_ = "llama-tiny";
   seq_flag_ = "--seq 64";
@@ -225,6 +226,10 @@ TEST_F(DistributedTrainTest, ContextParallelRunsMatchOneRank) {
       << log;
   ASSERT_EQ(train(4, "ring_tp", flags + "--cp 2 --tp 2 --cp-attention ring --zero 1", &log), 0)
       << log;
+  ASSERT_EQ(train(4, "ring_pp",
+                  flags + "--cp 2 --pp 2 --cp-order zigzag --cp-attention ring --zero 1", &log),
+            0)
+      << log;
   // With pipeline stages: each stage's ranks split the sequence, stages pass their chunks.
   ASSERT_EQ(train(4, "cp_pp", flags + "--cp 2 --pp 2 --cp-order zigzag --zero 1", &log), 0) << log;
   EXPECT_NE(log.find("pp=2 x dp=1 x cp=2"), std::string::npos) << log;
@@ -233,9 +238,10 @@ TEST_F(DistributedTrainTest, ContextParallelRunsMatchOneRank) {
   ASSERT_EQ(train(4, "gpt_cp_sp", flags + "--cp 2 --tp 2 --sequence-parallel --zero 2", &log), 0)
       << log;
   const std::pair<const char*, const char*> runs[] = {
-      {"cp", "straight"},      {"cp_tp", "straight"}, {"cp_dp", "straight"},
-      {"zigzag", "straight"},  {"ring", "straight"},  {"ring_zigzag", "straight"},
-      {"ring_tp", "straight"}, {"cp_pp", "straight"}, {"gpt_cp_sp", "gpt"}};
+      {"cp", "straight"},      {"cp_tp", "straight"},   {"cp_dp", "straight"},
+      {"zigzag", "straight"},  {"ring", "straight"},    {"ring_zigzag", "straight"},
+      {"ring_tp", "straight"}, {"ring_pp", "straight"}, {"cp_pp", "straight"},
+      {"gpt_cp_sp", "gpt"}};
   for (const auto& [out, ref] : runs) {
     expect_steps_match(out, ref, 6);
     const fs::path m = dir_ / out / "metrics.jsonl", want = dir_ / ref / "metrics.jsonl";
