@@ -75,9 +75,11 @@ Result<Plan> auto_plan(TrainOptions* o, const ModelConfig& cfg, int ranks, bool 
       !o->recompute.empty() || o->sequence_parallel || !o->schedule.empty() ||
       o->virtual_stages != -1 || !o->stage_layers.empty() || o->recompute_layers != -1 ||
       !o->offload.empty())
-    return error("--plan auto chooses the parallel configuration itself",
-                 "drop --dp/--tp/--pp/--cp/--ep/--zero/--hsdp/--recompute/--offload/"
-                 "--sequence-parallel/--schedule (or give them without --plan auto)");
+    return error(
+        "--plan auto chooses the parallel configuration itself",
+        "drop --dp/--tp/--pp/--cp/--cp-order/--cp-attention/--ep/--zero/--hsdp/--recompute/"
+        "--offload/"
+        "--sequence-parallel/--schedule (or give them without --plan auto)");
   TS_ASSIGN_OR_RETURN(ClusterSpec cluster, load_cluster(o->cluster));
   // The job's ranks all run on this machine: a spec without a network is one node of them all.
   if (cluster.network.nics == 0) cluster.node.devices = std::max(cluster.node.devices, ranks);

@@ -231,7 +231,11 @@ std::string attrs_to_string(const Attrs& attrs) {
           [&](const MoeAttrs& a) {
             s << " {experts=" << a.experts << " capacity=" << a.capacity << "}";
           },
-          [&](const GroupAttrs& a) { s << " '" << a.axes << "' {ranks=" << a.size << "}"; },
+          [&](const GroupAttrs& a) {
+            s << " '" << a.axes << "' {ranks=" << a.size;
+            if (a.back != 0) s << " back=" << a.back;
+            s << "}";
+          },
           [&](const ShardSliceAttrs& a) {
             s << " {axis=" << a.axis << " blocks=" << a.blocks << "}";
           },

@@ -253,14 +253,14 @@ Status check_qkv(const Attrs& attrs, std::span<const TensorType> in, size_t forw
                  std::to_string(in.size()) + " inputs");
   if (opt.block >= 0)
     TS_RETURN_IF_ERROR(need_block(in[static_cast<size_t>(opt.block)], "attention"));
-  // Keys of one chunk (ring attention): as many as the queries' chunk, without a bias.
-  if (opt.key_block >= 0 && (in[0].shape[2] != in[1].shape[2] || opt.bias >= 0))
-    return error("attention over a key block needs as many keys as queries and no bias, not " +
-                 in[1].shape.to_string() + " keys for " + in[0].shape.to_string());
   const size_t bias_at = opt.bias >= 0 ? static_cast<size_t>(opt.bias) : in.size();
   const Shape &q = in[0].shape, &k = in[1].shape, &v = in[2].shape;
   if (q.rank() != 4 || k.rank() != 4 || k != v)
     return error("attention needs q [B,H,Tq,D] and k, v [B,Hkv,Tk,D]");
+  // Keys of one chunk (ring attention): as many as the queries' chunk, without a bias.
+  if (opt.key_block >= 0 && (q[2] != k[2] || opt.bias >= 0))
+    return error("attention over a key block needs as many keys as queries and no bias, not " +
+                 k.to_string() + " keys for " + q.to_string());
   if (q[0] != k[0] || q[3] != k[3])
     return error("attention q " + q.to_string() + " and k " + k.to_string() + " disagree");
   const bool blocks = opt.block >= 0 && q[2] > 0 && k[2] % q[2] == 0;

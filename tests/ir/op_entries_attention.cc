@@ -65,10 +65,11 @@ void attention_biased_fwd(Net& n, int64_t B, int64_t H, int64_t Tq, int64_t Tk, 
 // 3 - r) attend to each key chunk j alone (a key block); attention_merge of the two results is
 // attention over the whole sequence, and the gradients of the two steps, taken with the whole
 // attention's out and lse, sum to its dq and are its dk and dv of chunk j. Causal, grouped
-// query heads.
-void ring_attention_fwd(Net& n, int64_t r, int64_t zigzag) {
+// query heads; chunks of C rows (over the kernel's 64-row blocks, a block spans both zigzag
+// halves: some of its rows see keys of a chunk, some none).
+void ring_attention_fwd(Net& n, int64_t r, int64_t zigzag, int64_t C = 6) {
   Builder& b = n.b;
-  const int64_t B = 1, H = 2, Hkv = 1, C = 6, D = 4, half = C / 2;
+  const int64_t B = 1, H = 2, Hkv = 1, D = 4, half = C / 2;
   Var q = n.param(Shape{B, H, C, D});
   Var k0 = n.param(Shape{B, Hkv, C, D}), k1 = n.param(Shape{B, Hkv, C, D});
   Var v0 = n.param(Shape{B, Hkv, C, D}), v1 = n.param(Shape{B, Hkv, C, D});
@@ -126,6 +127,12 @@ void add_attention_entries(std::vector<Entry>* entries) {
       [](Net& n) { ring_attention_fwd(n, 0, 2); });
   fwd("attention_merge", "ring_attention_zigzag_chunk1",
       [](Net& n) { ring_attention_fwd(n, 1, 2); });
+  fwd("attention_merge", "ring_attention_zigzag_long_chunk0",
+      [](Net& n) { ring_attention_fwd(n, 0, 2, 130); });
+  fwd("attention_merge", "ring_attention_zigzag_long_chunk1",
+      [](Net& n) { ring_attention_fwd(n, 1, 2, 130); });
+  fwd("attention_merge", "ring_attention_long_chunk1",
+      [](Net& n) { ring_attention_fwd(n, 1, 0, 130); });
   // Values of Hugging Face's T5Attention._relative_position_bucket.
   e.push_back(Entry{"position_buckets", Check::source, "position_buckets_t5",
                     [](Net& n) {
