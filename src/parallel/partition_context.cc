@@ -118,7 +118,6 @@ Result<std::vector<ValueId>> Pass::lower_ring_attention(const Node& n, const Att
                                                         std::vector<ValueId> ins,
                                                         const std::vector<Placements>& out_pl,
                                                         const std::vector<Shape>& expect) {
-  const ValueId block = ins.back();
   // The chunk in hand, its shift to the next rank (issued before the step's attention, so that
   // the two overlap), and the step's key block.
   auto shift = [&](ValueId x) -> Result<ValueId> {
@@ -151,8 +150,7 @@ Result<std::vector<ValueId>> Pass::lower_ring_attention(const Node& n, const Att
     TS_ASSIGN_OR_RETURN(ValueId kb, key_block(i));
     std::vector<ValueId> step_in = ins;
     step_in[1] = k, step_in[2] = v;
-    step_in.back() = block;
-    step_in.push_back(kb);
+    step_in.push_back(kb);  // after the queries' block
     TS_ASSIGN_OR_RETURN(ValueId y, emit(n.op, a, std::move(step_in), n, out_pl, expect));
     const std::vector<ValueId> outs = out_.local.producer(y).outputs;
     if (acc.empty()) {
