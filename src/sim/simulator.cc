@@ -266,7 +266,13 @@ class Schedule {
       // collective ends while the comm stream goes on with what is queued behind it.
       const bool on_comm = comm && in.kind != Instruction::wait;
       const char* off_lane = in.kind == Instruction::param_to_device ? kLinkLane : kHostLane;
-      double& free = offloaded ? lane(off_lane) : on_comm ? comm_free(axes) : compute_free_;
+      // A ring shift's send and receive run on the communicator's point-to-point stream, beside
+      // its collectives (Communicator::send/recv).
+      const bool p2p = on_comm && in.node >= 0 && g_.node(in.node).op == OpKind::ring_shift;
+      double& free = offloaded ? lane(off_lane)
+                     : p2p     ? lane("p2p " + axes)
+                     : on_comm ? comm_free(axes)
+                               : compute_free_;
       double start = std::max(free, ready);
       // (An offloaded optimizer's syncs are issued by the host, after their update.)
       const bool host_issued =

@@ -467,6 +467,18 @@ TEST(Simulator, ContextParallelSplitsActivationsAndCountsEachTokenOnce) {
   ASSERT_TRUE(z.ok()) << z.status().to_string();
   EXPECT_LT(z->compute_seconds, r[2].compute_seconds);
   EXPECT_EQ(z->tokens_per_step, 8192);
+  // Ring attention: the same tokens, FLOPs and causal work, the shifts on the cp group's
+  // point-to-point stream; no gathers of keys and values.
+  zz.context_attention = ContextAttention::ring;
+  Result<SimResult> ring = simulate(lowered_config(cfg, 1, 8192, zz), c, o);
+  ASSERT_TRUE(ring.ok()) << ring.status().to_string();
+  EXPECT_EQ(ring->tokens_per_step, 8192);
+  EXPECT_NEAR(ring->model_flops_per_step, z->model_flops_per_step, 1e-9 * z->model_flops_per_step);
+  EXPECT_GT(ring->seconds_by_op.at("ring_shift"), 0);
+  EXPECT_EQ(ring->seconds_by_op.count("all_gather"), 0u);
+  EXPECT_NE(std::find(ring->streams.begin(), ring->streams.end(), "p2p cp"), ring->streams.end());
+  EXPECT_NEAR(ring->seconds_by_op.at("attention"), z->seconds_by_op.at("attention"),
+              0.05 * z->seconds_by_op.at("attention"));
 }
 
 }  // namespace
