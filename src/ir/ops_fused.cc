@@ -57,22 +57,26 @@ Status need_bias(const TensorType& bias, const TensorType& product, const char* 
   return Status();
 }
 
-Status infer_matmul_bias(const Attrs& attrs, std::span<const TensorType> in,
-                         std::vector<TensorType>* out) {
+// The product with its bias [N] added: the product's type.
+Status biased_product(const Attrs& attrs, std::span<const TensorType> in, const char* op,
+                      std::vector<TensorType>* out) {
   TensorType y;
-  TS_RETURN_IF_ERROR(infer_product(attrs, in, "matmul_bias", &y));
-  TS_RETURN_IF_ERROR(need_bias(in[2], y, "matmul_bias"));
+  TS_RETURN_IF_ERROR(infer_product(attrs, in, op, &y));
+  TS_RETURN_IF_ERROR(need_bias(in[2], y, op));
   out->push_back(y);
   return Status();
 }
 
+Status infer_matmul_bias(const Attrs& attrs, std::span<const TensorType> in,
+                         std::vector<TensorType>* out) {
+  return biased_product(attrs, in, "matmul_bias", out);
+}
+
+// gelu(pre), then pre: the biased product's type twice.
 Status infer_matmul_bias_gelu(const Attrs& attrs, std::span<const TensorType> in,
                               std::vector<TensorType>* out) {
-  TensorType y;
-  TS_RETURN_IF_ERROR(infer_product(attrs, in, "matmul_bias_gelu", &y));
-  TS_RETURN_IF_ERROR(need_bias(in[2], y, "matmul_bias_gelu"));
-  out->push_back(y);  // gelu(pre)
-  out->push_back(y);  // pre
+  TS_RETURN_IF_ERROR(biased_product(attrs, in, "matmul_bias_gelu", out));
+  out->push_back(out->back());
   return Status();
 }
 

@@ -17,6 +17,33 @@ namespace {
 
 // ---- norms -------------------------------------------------------------------------------
 
+// What norm_row accumulates: a row's elements (layernorm's mean) or their squares (rmsnorm's).
+struct Value {
+  __device__ float operator()(float v) const { return v; }
+};
+struct Square {
+  __device__ float operator()(float v) const { return v * v; }
+};
+// Row r of x, or with a residual (res and sum not null) of sum = x + res, rounded to T and
+// written as the unfused add writes it, each thread reading back only what it wrote; this
+// thread's share of `term` of the row's elements is added to *acc. Returns the row normalized.
+template <typename T, typename Term>
+__device__ const T* norm_row(const T* x, const T* res, T* sum, int64_t r, int64_t c, Term term,
+                             float* acc) {
+  const T* xr = x + r * c;
+  if (!res) {
+    for (int64_t j = threadIdx.x; j < c; j += blockDim.x) *acc += term(as_f32(xr[j]));
+    return xr;
+  }
+  const T* rr = res + r * c;
+  T* sr = sum + r * c;
+  for (int64_t j = threadIdx.x; j < c; j += blockDim.x) {
+    sr[j] = from_f32<T>(as_f32(xr[j]) + as_f32(rr[j]));
+    *acc += term(as_f32(sr[j]));
+  }
+  return sr;
+}
+
 // The norms read and write their storage type T (x, w, b, y, dy, dx, dw, db) as stored, with
 // the row statistics (mean, rstd) in f32. layernorm_grad_add adds dres to dx before dx is
 // rounded to T (once; the unfused add rounds twice, and nvcc may contract it into an FMA).
@@ -30,20 +57,9 @@ __global__ void layernorm_kernel(const T* __restrict__ x, const T* __restrict__ 
                                  int64_t c, float eps, const T* __restrict__ res = nullptr,
                                  T* __restrict__ sum = nullptr) {
   for (int64_t r = blockIdx.x; r < rows; r += gridDim.x) {
-    const T* xr = x + r * c;
     T* yr = y + r * c;
     float s = 0.0f;
-    if (res) {
-      const T* rr = res + r * c;
-      T* sr = sum + r * c;
-      for (int64_t j = threadIdx.x; j < c; j += blockDim.x) {
-        sr[j] = from_f32<T>(as_f32(xr[j]) + as_f32(rr[j]));
-        s += as_f32(sr[j]);
-      }
-      xr = sr;
-    } else {
-      for (int64_t j = threadIdx.x; j < c; j += blockDim.x) s += as_f32(xr[j]);
-    }
+    const T* xr = norm_row(x, res, sum, r, c, Value(), &s);
     const float m = block_reduce(s, Sum()) / static_cast<float>(c);
     float v = 0.0f;
     for (int64_t j = threadIdx.x; j < c; j += blockDim.x) {
@@ -93,20 +109,9 @@ __global__ void rmsnorm_kernel(const T* __restrict__ x, const T* __restrict__ w,
                                float* __restrict__ rstd, int64_t rows, int64_t c, float eps,
                                const T* __restrict__ res = nullptr, T* __restrict__ sum = nullptr) {
   for (int64_t r = blockIdx.x; r < rows; r += gridDim.x) {
-    const T* xr = x + r * c;
     T* yr = y + r * c;
     float ss = 0.0f;
-    if (res) {
-      const T* rr = res + r * c;
-      T* sr = sum + r * c;
-      for (int64_t j = threadIdx.x; j < c; j += blockDim.x) {
-        sr[j] = from_f32<T>(as_f32(xr[j]) + as_f32(rr[j]));
-        ss += as_f32(sr[j]) * as_f32(sr[j]);
-      }
-      xr = sr;
-    } else {
-      for (int64_t j = threadIdx.x; j < c; j += blockDim.x) ss += as_f32(xr[j]) * as_f32(xr[j]);
-    }
+    const T* xr = norm_row(x, res, sum, r, c, Square(), &ss);
     const float s = 1.0f / sqrtf(block_reduce(ss, Sum()) / static_cast<float>(c) + eps);
     for (int64_t j = threadIdx.x; j < c; j += blockDim.x)
       yr[j] = from_f32<T>(as_f32(xr[j]) * s * as_f32(w[j]));
