@@ -375,7 +375,7 @@ const char* const kContextOrderHelp =
 const char* const kContextAttentionHelp =
     "How attention meets the other --cp ranks' keys and values: gather (all-gathered whole "
     "before it) | ring (passed round the ranks a chunk at a time beside the attention of the "
-    "chunk in hand: two chunks held, not the sequence). Default: the plan's, or gather";
+    "chunk in hand, the transfers overlapping it). Default: the plan's, or gather";
 
 const char* const kExpertParallelHelp =
     "Expert-parallel ranks (mixture-of-experts models): each holds n_experts / ep of every "

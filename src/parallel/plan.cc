@@ -150,8 +150,8 @@ Result<ContextAttention> parse_context_attention(std::string_view name) {
   for (ContextAttention a : {ContextAttention::gather, ContextAttention::ring})
     if (name == context_attention_name(a)) return a;
   return error("context attention '" + std::string(name) + "' is not one of: gather, ring",
-               "ring passes the keys and values round the ranks a chunk at a time (less memory "
-               "than gathering the whole sequence)");
+               "ring passes the keys and values round the ranks a chunk at a time, the "
+               "transfers overlapping the attention");
 }
 
 std::vector<std::string> Plan::replica_axes() const {
