@@ -87,9 +87,23 @@ Result<ValueId> Pass::lower_step(const CommStep& s, ValueId v, const Node& like,
   auto reshape = [&](ValueId x, const Shape& to, const Placements& pl) {
     return emit(OpKind::reshape, ShapeAttrs{to.dims()}, {x}, like, {pl}, {to});
   };
-  auto swap01 = [&](ValueId x, const Placements& pl) {
-    return emit(OpKind::transpose, TransposeAttrs{{1, 0, 2}}, {x}, like, {pl}, {});
+  // A permutation that keeps the order of the dims longer than 1 moves no element: a reshape
+  // (a view), not a transpose (ep 8 of 8 experts: each rank's block is one expert).
+  auto permute = [&](ValueId x, const std::vector<int64_t>& perm,
+                     const Placements& pl) -> Result<ValueId> {
+    const Shape& from = out_.local.type(x).shape;
+    std::vector<int64_t> to, moved;
+    for (int64_t p : perm) {
+      to.push_back(from[static_cast<int>(p)]);
+      if (from[static_cast<int>(p)] > 1) moved.push_back(p);
+    }
+    if (std::is_sorted(moved.begin(), moved.end())) {
+      if (to == from.dims()) return x;
+      return reshape(x, Shape(to), pl);
+    }
+    return emit(OpKind::transpose, TransposeAttrs{perm}, {x}, like, {pl}, {});
   };
+  auto swap01 = [&](ValueId x, const Placements& pl) { return permute(x, {1, 0, 2}, pl); };
   auto collective = [&](OpKind op, ValueId x, const Shape& out) -> Result<ValueId> {
     TS_ASSIGN_OR_RETURN(ValueId y, emit(op, a, {x}, like, {after}, {out}));
     if (bucket) bucket->push_back(out_.local.value(y).producer);
@@ -139,14 +153,13 @@ Result<ValueId> Pass::lower_step(const CommStep& s, ValueId v, const Node& like,
       for (int i = 0; i <= r; ++i)
         if (i != e) front.push_back(i);
       TS_ASSIGN_OR_RETURN(ValueId x, reshape(v, Shape(split), before));
-      TS_ASSIGN_OR_RETURN(x,
-                          emit(OpKind::transpose, TransposeAttrs{front}, {x}, like, {before}, {}));
+      TS_ASSIGN_OR_RETURN(x, permute(x, front, before));
       TS_ASSIGN_OR_RETURN(x, collective(OpKind::all_to_all, x, out_.local.type(x).shape));
       std::vector<int64_t> back;  // packed dims: 0 the source rank, 1 + j the piece's dim j
       for (int j = 0; j < d; ++j) back.push_back(1 + j);
       back.push_back(0);
       for (int j = d; j < r; ++j) back.push_back(1 + j);
-      TS_ASSIGN_OR_RETURN(x, emit(OpKind::transpose, TransposeAttrs{back}, {x}, like, {after}, {}));
+      TS_ASSIGN_OR_RETURN(x, permute(x, back, after));
       return reshape(x, s.out_shape, after);
     }
     case CommStep::local_slice: {  // this rank's block: its coordinate picks it

@@ -38,6 +38,30 @@ TEST(ExpertParallel, ExpertsSplitAndTokensMoveByAllToAll) {
       EXPECT_EQ(n.attr<MoeAttrs>().capacity, c.expert_capacity(4, 32) / 2);
 }
 
+// An all-to-all packs each rank's block in front and unpacks what arrives. With ep 2 of 8
+// experts a block holds 4 experts' slots and one transpose per exchange remains (the other
+// side's order is already the wire's); with ep 8 each block is one expert and neither side
+// moves an element: reshapes only.
+TEST(ExpertParallel, AllToAllTransposesOnlyWhatItMustMove) {
+  const ModelConfig c = *find_preset("moe-tiny");
+  ASSERT_EQ(c.n_experts, 8);
+  ModelGraph m = build_model(c, 8, 32, ModelMode::train);
+  for (int ep : {2, 8}) {
+    Plan plan = Plan::data_parallel(1);
+    ASSERT_TRUE(add_expert_axis(&plan, ep).ok());
+    Result<Program> p = lower(m.graph, plan);
+    ASSERT_TRUE(p.ok()) << p.status().to_string();
+    int exchanges = 0, transposes = 0;
+    for (const Node& n : p->part.local.nodes()) {
+      if (n.scope.find(".moe.experts") == std::string::npos) continue;
+      exchanges += n.op == OpKind::all_to_all;
+      transposes += n.op == OpKind::transpose;
+    }
+    EXPECT_EQ(exchanges, 4 * static_cast<int>(c.n_layer)) << "ep " << ep;
+    EXPECT_EQ(transposes, ep == 8 ? 0 : exchanges) << "ep " << ep;
+  }
+}
+
 TEST(ExpertParallel, PlansNameTheAxisAndKeepZeroOffIt) {
   Plan plan = Plan::tensor_parallel(2, 2, /*zero=*/1);
   ASSERT_TRUE(add_expert_axis(&plan, 2).ok());
