@@ -71,15 +71,50 @@ std::vector<char> weight_grad_nodes(const Graph& g, const std::vector<ValueId>& 
   return out;
 }
 
-// A stage accumulates its gradients over the micro-batches even with one (the shared arena is
-// reused by the next phase before the optimizer runs), and the unreduced ones its reduce phase
-// reads; ZeRO-2/3 are refused with stages.
+// A stage accumulates its gradients in f32 over the micro-batches even with one (the shared
+// arena is reused by the next phase before the optimizer runs): in accumulators of their own,
+// or in the pool shared with the unreduced sums its reduce phase reads (ChunkProgram::
+// grad_pool_bytes). ZeRO-2/3 are refused with stages: every gradient is the whole local piece.
 int64_t pipeline_persistent_bytes(const ChunkProgram& c) {
   const Program& p = c.program;
-  int64_t bytes = p.persistent_bytes() + c.reduce_accum_bytes;
-  if (p.plan.micro_batches == 1)
-    for (const ParamLayout& pl : p.part.params) bytes += 4 * pl.local_shape.numel();
+  int64_t bytes = p.param_bytes + p.optim_bytes + c.grad_pool_bytes;
+  for (size_t i = 0; i < p.part.params.size(); ++i)
+    if (c.reduced_grad_offset.empty() || c.reduced_grad_offset[i] < 0)
+      bytes += 4 * p.part.params[i].local_shape.numel();
   return bytes;
+}
+
+// ChunkProgram's gradient pool: the unreduced sums at the start, then (in turn, over them) the
+// accumulators of the gradients the reduce phase computes.
+void lay_out_grad_pool(ChunkProgram* c) {
+  if (c->reduce_phase < 0) return;
+  auto aligned = [](int64_t bytes) {
+    const int64_t a = ChunkProgram::kGradPoolAlign;
+    return (bytes + a - 1) / a * a;
+  };
+  const Phases& ph = c->phases;
+  int64_t at = 0;
+  c->unreduced_offset.assign(ph.stash.size(), -1);
+  for (size_t e = 0; e < ph.stash.size(); ++e) {
+    if (ph.stash[e].to != c->reduce_phase) continue;
+    c->unreduced_offset[e] = at;
+    at += aligned(4 * ph.graphs[static_cast<size_t>(ph.stash[e].from)]
+                          .type(ph.stash[e].out)
+                          .shape.numel());
+  }
+  const int64_t unreduced = at;
+  at = 0;
+  const Graph& rg = ph.graphs[static_cast<size_t>(c->reduce_phase)];
+  const std::vector<ValueId>& in_reduce = ph.value_of[static_cast<size_t>(c->reduce_phase)];
+  c->reduced_grad_offset.assign(c->program.part.params.size(), -1);
+  for (size_t i = 0; i < c->program.part.params.size(); ++i) {
+    const ValueId g = c->program.part.params[i].local_grad;
+    const ValueId v = in_reduce[static_cast<size_t>(g)];
+    if (v < 0 || rg.producer(v).op == OpKind::input) continue;
+    c->reduced_grad_offset[i] = at;
+    at += aligned(4 * c->program.local().type(g).shape.numel());
+  }
+  c->grad_pool_bytes = std::max(unreduced, at);
 }
 
 // The gradient collectives of the chunk's buckets and every node reading their results.
@@ -218,7 +253,6 @@ Result<PipelineProgram> lower_pipeline(const Graph& g, const Plan& plan, int onl
     // split_phases stashes a value once per reading phase: each entry is its own gradient.
     for (const Phases::Stash& st : c.phases.stash) {
       if (st.to != c.reduce_phase) continue;
-      const TensorType& t = c.phases.graphs[static_cast<size_t>(st.from)].type(st.out);
       // Summing over micro-batches before reducing is exact only for gradients (linear in the
       // micro-batch), which come from the backward phases; the runtime sums in f32 (a bf16
       // gradient's sum too), rounded to the value's dtype once before the reduction.
@@ -226,8 +260,8 @@ Result<PipelineProgram> lower_pipeline(const Graph& g, const Plan& plan, int onl
         return error("pipeline chunk " + std::to_string(k) +
                      ": the gradient reduction reads a forward value, which cannot be summed "
                      "over the micro-batches first");
-      c.reduce_accum_bytes += 4 * t.shape.numel();
     }
+    lay_out_grad_pool(&c);
     for (size_t ph = 0; ph < c.phases.graphs.size(); ++ph) {
       const Graph& pg = c.phases.graphs[ph];
       std::vector<std::vector<NodeId>> buckets;  // the gradient buckets' nodes in this phase

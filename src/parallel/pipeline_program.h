@@ -52,8 +52,15 @@ struct ChunkProgram {
   // gradient collectives and what follows them, run once per step on the unreduced gradients
   // summed over the micro-batches (the reduction is linear); -1 when nothing is reduced.
   int reduce_phase = -1;
-  // Bytes of those unreduced gradients (the reduce phase's stash inputs), accumulated per step.
-  int64_t reduce_accum_bytes = 0;
+  // The f32 sums of those unreduced gradients (the reduce phase's stash inputs) live until the
+  // reduce phase has read them; the f32 accumulators of the gradients it computes are written
+  // only after that and read by the optimizer before the next step's first sum: one pool
+  // (grad_pool_bytes) holds both in turn, at these byte offsets (kGradPoolAlign-aligned) --
+  // per stash entry (-1: not an input of the reduce phase) and per parameter (-1: an
+  // accumulator of its own, its gradient computed by a backward phase).
+  static constexpr int64_t kGradPoolAlign = 256;
+  std::vector<int64_t> unreduced_offset, reduced_grad_offset;
+  int64_t grad_pool_bytes = 0;
 };
 
 struct PipelineProgram {

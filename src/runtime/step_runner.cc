@@ -139,6 +139,10 @@ StepRunner::StepRunner(const Graph& global, Program prog, Backend& backend, Mesh
     if (t.dtype == DType::f16) loss_scale_ = 65536.0;
     param_index_[prog_.part.params[i].name] = i;
   }
+  if (chunk_ && chunk_->grad_pool_bytes > 0) grad_pool_ = backend.allocate(chunk_->grad_pool_bytes);
+  auto pooled = [&](int64_t offset, int64_t count) {
+    return GradSum{{}, reinterpret_cast<float*>(grad_pool_.bytes_at(offset)), count};
+  };
   std::vector<ParamSlot> slots;
   for (size_t i = 0; i < prog_.part.params.size(); ++i) {
     const ParamLayout& pl = prog_.part.params[i];
@@ -147,9 +151,18 @@ StepRunner::StepRunner(const Graph& global, Program prog, Backend& backend, Mesh
     // micro-batches) from its accumulator.
     float* grad = nullptr;
     if (prog_.plan.micro_batches > 1 || chunk_) {
-      const Shape& gs = prog_.local().type(pl.local_grad).shape;
-      grads_.push_back(backend.allocate(gs.numel() * static_cast<int64_t>(sizeof(float))));
-      grad = static_cast<float*>(grads_.back().data());
+      const int64_t n = prog_.local().type(pl.local_grad).shape.numel();
+      const int64_t at = chunk_ && !chunk_->reduced_grad_offset.empty()
+                             ? chunk_->reduced_grad_offset[i]
+                             : int64_t{-1};
+      if (at >= 0) {
+        grads_.push_back(pooled(at, n));
+      } else {
+        Buffer b = backend.allocate(n * static_cast<int64_t>(sizeof(float)));
+        float* d = static_cast<float*>(b.data());
+        grads_.push_back(GradSum{std::move(b), d, n});
+      }
+      grad = grads_.back().data;
     } else {  // as stored: bf16/f16 in a mixed-precision graph, widened by the optimizer
       grad = static_cast<float*>(exec_->raw(pl.local_grad));
       grad_dtype = prog_.local().type(pl.local_grad).dtype;
@@ -191,8 +204,8 @@ StepRunner::StepRunner(const Graph& global, Program prog, Backend& backend, Mesh
     unreduced_started_.assign(ph.stash.size(), 0);
     for (size_t e = 0; e < ph.stash.size(); ++e)
       if (ph.stash[e].to == chunk_->reduce_phase)  // an f32 sum, whatever the gradient's dtype
-        unreduced_[e] = backend.allocate(
-            4 *
+        unreduced_[e] = pooled(
+            chunk_->unreduced_offset[e],
             ph.graphs[static_cast<size_t>(ph.stash[e].from)].type(ph.stash[e].out).shape.numel());
   }
   opt_ = std::make_unique<AdamW>(std::move(slots), opt, state_backend());
@@ -519,8 +532,8 @@ void StepRunner::accumulate_phase_grads(int ph) {
   const std::vector<Phases::Stash>& stash = chunk_->phases.stash;
   for (size_t e = 0; e < stash.size(); ++e) {
     if (stash[e].from != ph || stash[e].to != chunk_->reduce_phase) continue;
-    ex.backend().accumulate(static_cast<float*>(unreduced_[e].data()), ex.raw(stash[e].out),
-                            ex.graph().type(stash[e].out).dtype, unreduced_[e].bytes() / 4,
+    ex.backend().accumulate(unreduced_[e].data, ex.raw(stash[e].out),
+                            ex.graph().type(stash[e].out).dtype, unreduced_[e].count,
                             !unreduced_started_[e]);
     unreduced_started_[e] = 1;
   }
@@ -535,9 +548,10 @@ Status StepRunner::reduce_grads() {
   for (size_t e = 0; e < stash.size(); ++e) {
     if (stash[e].to != rp) continue;
     TS_CHECK(unreduced_started_[e]) << "reduce phase input " << e << " has no gradient this step";
-    // The f32 sum in the phase's dtype (one rounding for a bf16 gradient).
-    ex.backend().convert(unreduced_[e].data(), DType::f32, ex.raw(stash[e].in),
-                         ex.graph().type(stash[e].in).dtype, unreduced_[e].bytes() / 4);
+    // The f32 sum in the phase's dtype (one rounding for a bf16 gradient). Every sum is read
+    // before the phase runs: the reduced gradients written after it share their pool.
+    ex.backend().convert(unreduced_[e].data, DType::f32, ex.raw(stash[e].in),
+                         ex.graph().type(stash[e].in).dtype, unreduced_[e].count);
     unreduced_started_[e] = 0;
   }
   TS_RETURN_IF_ERROR(run_phase(rp));
@@ -698,7 +712,8 @@ Result<double> StepRunner::apply_body(double lr, double clip) {
 
 int64_t StepRunner::state_bytes_allocated() {
   int64_t bytes = exec_->plan().param_bytes;
-  for (const Buffer& g : grads_) bytes += g.bytes();
+  for (const GradSum& g : grads_) bytes += g.own.bytes();
+  bytes += grad_pool_.bytes();
   if (host_) return bytes;
   for (const Buffer& m : masters_) bytes += m.bytes();
   return bytes + opt_->state_bytes();

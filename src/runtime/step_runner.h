@@ -122,7 +122,7 @@ class StepRunner {
   void finish_micro_batch() { ++accumulated_; }
   // The accumulated gradient of parameter i in the backend's memory (its local piece; chunk
   // runners and plans with several micro-batches).
-  float* grad_data(size_t i) { return static_cast<float*>(grads_[i].data()); }
+  float* grad_data(size_t i) { return grads_[i].data; }
   // apply() in two parts, for a pipeline stage whose gradient norm spans its chunks: the
   // gradients averaged over the micro-batches and their squared sum (all-reduced over
   // Plan::grad_norm_axes()); then AdamW with the gradients scaled by clip_coefficient, and the
@@ -183,9 +183,7 @@ class StepRunner {
              const ChunkProgram* chunk = nullptr, SharedArena arena = {});
   // The value holding parameter i in the forward executor's graph.
   ValueId param_value(size_t i) const;
-  int64_t grad_count(size_t i) const {
-    return grads_[i].bytes() / static_cast<int64_t>(sizeof(float));
-  }
+  int64_t grad_count(size_t i) const { return grads_[i].count; }
   // Runs `list` (instructions of ex's graph) on ex.
   Status run_instructions(const std::vector<Instruction>& list, Executor& ex);
   // Whether v (computed on ex) is a loss seed: the value an fp16 backward pass starts from.
@@ -251,9 +249,17 @@ class StepRunner {
   std::vector<uint8_t> staging_;
   std::unique_ptr<Program> eval_prog_;  // add_evaluation's
   std::unique_ptr<Executor> eval_exec_;
+  // An f32 gradient sum: in a buffer of its own, or (a chunk runner's) in grad_pool_ at the
+  // chunk's offset (ChunkProgram::grad_pool_bytes).
+  struct GradSum {
+    Buffer own;
+    float* data = nullptr;
+    int64_t count = 0;
+  };
   // Persistent state in the backend's memory. Accumulated reduced gradients (f32, whole or
   // block); none with one micro-batch per step unless a chunk runner.
-  std::vector<Buffer> grads_;
+  std::vector<GradSum> grads_;
+  Buffer grad_pool_;
   // Mixed precision (bf16/f16 parameters): the f32 master weights of parameter i (empty for
   // f32 parameters, which the optimizer updates in place). With the optimizer offloaded, every
   // parameter's, in host memory.
@@ -280,7 +286,7 @@ class StepRunner {
   std::vector<char> grad_started_;  // chunk runners: parameter i has a gradient this step
   // Chunk runners: per stash entry into the reduce phase, its sum over this step's
   // micro-batches (empty for other entries), and whether a micro-batch has written it.
-  std::vector<Buffer> unreduced_;
+  std::vector<GradSum> unreduced_;
   std::vector<char> unreduced_started_;
   std::vector<double>* instruction_seconds_ = nullptr;
   StepTrace* trace_ = nullptr;

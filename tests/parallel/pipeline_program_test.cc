@@ -153,8 +153,18 @@ TEST(PipelineProgram, GradientsAreReducedInAPhaseOfTheirOwn) {
           }
         }
       EXPECT_GT(reductions, 0);
-      // The unreduced gradients are summed over the micro-batches and counted as persistent.
-      EXPECT_EQ(c.reduce_accum_bytes, grads);
+      // The unreduced gradients are summed over the micro-batches in a pool that, once the
+      // reduce phase has read them, holds the reduced gradients (every one computed there):
+      // one f32 copy of the gradients per rank, not two.
+      size_t unreduced = 0;
+      for (int64_t at : c.unreduced_offset) unreduced += at >= 0;
+      for (int64_t at : c.reduced_grad_offset) EXPECT_GE(at, 0);
+      const int64_t align = ChunkProgram::kGradPoolAlign;
+      EXPECT_GE(c.grad_pool_bytes, grads);
+      EXPECT_LE(c.grad_pool_bytes,
+                grads + align * static_cast<int64_t>(c.program.part.params.size() + unreduced));
+      EXPECT_EQ(c.program.param_bytes + c.program.optim_bytes + c.grad_pool_bytes,
+                r->stage_persistent_bytes[&c - r->chunks.data()]);
     }
   }
   // Nothing to reduce on one data-parallel rank: no reduce phase.
