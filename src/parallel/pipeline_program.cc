@@ -98,9 +98,8 @@ void lay_out_grad_pool(ChunkProgram* c) {
   for (size_t e = 0; e < ph.stash.size(); ++e) {
     if (ph.stash[e].to != c->reduce_phase) continue;
     c->unreduced_offset[e] = at;
-    at += aligned(4 * ph.graphs[static_cast<size_t>(ph.stash[e].from)]
-                          .type(ph.stash[e].out)
-                          .shape.numel());
+    at += aligned(
+        4 * ph.graphs[static_cast<size_t>(ph.stash[e].from)].type(ph.stash[e].out).shape.numel());
   }
   const int64_t unreduced = at;
   at = 0;
