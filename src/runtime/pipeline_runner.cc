@@ -16,6 +16,8 @@ namespace {
 // into chunk k (from k + 1) on 2k + 1; tied gradients on the last two tags.
 constexpr int kTiedUpTag = Communicator::kMaxP2PTag - 1;
 constexpr int kTiedDownTag = Communicator::kMaxP2PTag;
+// Elements of a tied gradient sent up to its owner at a time (16 MiB of f32).
+constexpr int64_t kTiedPiece = int64_t{4} << 20;
 
 // The phase-graph copies of local-graph values.
 std::vector<ValueId> in_phase(const ChunkProgram& c, int ph, const std::vector<ValueId>& vs) {
@@ -438,21 +440,26 @@ Status PipelineRunner::sum_tied_grads() {
     float* g = host.write(r.grad_data(t.param), count);
     const std::string what = "tied gradient " + r.program().part.params[t.param].name;
     if (t.holders[0] == model_chunk(t.v)) {  // the owner sums in holder order and sends back
-      std::vector<std::vector<float>> other(t.holders.size() - 1,
-                                            std::vector<float>(size_t(count)));
-      for (size_t h = 1; h < t.holders.size(); ++h)
-        TS_RETURN_IF_ERROR(pipe_->wait(
-            pipe_->recv(other[h - 1].data(), count, t.holders[h] % stages, kTiedUpTag, what)));
-      for (size_t h = 1; h < t.holders.size(); ++h)
-        for (int64_t i = 0; i < count; ++i) g[i] += other[h - 1][size_t(i)];
+      // The other holders' copies arrive a piece at a time, each added before the next is
+      // received: a token table's gradient is not held twice (gpt2-small: 147 MiB).
+      std::vector<float> piece(static_cast<size_t>(std::min(count, kTiedPiece)));
+      for (int64_t at = 0; at < count; at += kTiedPiece) {
+        const int64_t len = std::min(kTiedPiece, count - at);
+        for (size_t h = 1; h < t.holders.size(); ++h) {
+          TS_RETURN_IF_ERROR(
+              pipe_->wait(pipe_->recv(piece.data(), len, t.holders[h] % stages, kTiedUpTag, what)));
+          for (int64_t i = 0; i < len; ++i) g[at + i] += piece[size_t(i)];
+        }
+      }
       std::vector<Request> back;
       for (size_t h = 1; h < t.holders.size(); ++h)
         back.push_back(pipe_->send(g, count, t.holders[h] % stages, kTiedDownTag, what));
       for (const Request& q : back) TS_RETURN_IF_ERROR(pipe_->wait(q));
     } else {
       const int owner = t.holders[0] % stages;
-      Request up = pipe_->send(g, count, owner, kTiedUpTag, what);
-      TS_RETURN_IF_ERROR(pipe_->wait(up));
+      for (int64_t at = 0; at < count; at += kTiedPiece)  // in the owner's pieces, in order
+        TS_RETURN_IF_ERROR(pipe_->wait(
+            pipe_->send(g + at, std::min(kTiedPiece, count - at), owner, kTiedUpTag, what)));
       TS_RETURN_IF_ERROR(pipe_->wait(pipe_->recv(g, count, owner, kTiedDownTag, what)));
     }
   }

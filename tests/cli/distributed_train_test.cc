@@ -319,9 +319,12 @@ TEST_F(DistributedTrainTest, ExpertParallelRunsMatchOneRank) {
 
 // Every rank's process holds its plan (arena, parameters, gradients, optimizer, evaluation
 // arena, a checkpoint's snapshot in host memory) and what it held at start-up, within 10%:
-// gpt2-small on 2 ranks under ZeRO-3 with evaluation on, and under tp 2.
+// gpt2-small on 2 ranks under ZeRO-3 with evaluation on, under tp 2, and in two pipeline
+// stages (checkpoints written synchronously, so the first stage's peak is not its snapshot's:
+// the tied token table's gradient summed there was once held twice, +10%).
 TEST_F(DistributedTrainTest, ProcessMemoryIsThePlanWithin10Percent) {
-  for (const std::string plan : {"--zero 3", "--tp 2"}) {
+  for (const std::string plan :
+       {"--zero 3", "--tp 2", "--pp 2 --grad-accum 2 --sync-checkpoints"}) {
     std::string log;
     const std::string cmd = "OMP_NUM_THREADS=1 " + std::string(TESSERA_BINARY) +
                             " launch -n 2 -- train --model gpt2-small --data " +
