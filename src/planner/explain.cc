@@ -16,6 +16,7 @@ struct Knob {
   const char* name;
   std::function<std::string(const PlanCandidate&)> value;  // "" where the knob does not apply
   bool same_mesh = false;  // alternatives keep the best plan's tp and pp
+  bool moe_only = false;   // a knob of mixtures of experts only
 };
 
 const std::vector<Knob>& knobs() {
@@ -49,11 +50,12 @@ const std::vector<Knob>& knobs() {
          if (c.plan.context_group() == 1) return "";
          return context_attention_name(c.plan.context_attention);
        }},
-      {"expert parallel",  // mixtures of experts whose experts are split
-       [](const PlanCandidate& c) -> std::string {
-         if (c.plan.expert_group() == 1) return "";
-         return "ep " + std::to_string(c.plan.expert_group());
-       }},
+      {"expert parallel",  // whether a mixture of experts splits its experts
+       [](const PlanCandidate& c) {
+         return c.plan.expert_group() == 1 ? std::string("none")
+                                           : "ep " + std::to_string(c.plan.expert_group());
+       },
+       false, true},
       {"ZeRO stage",
        [](const PlanCandidate& c) {
          // (The expert axis replicates the other parameters too, but is not HSDP's.)
@@ -129,6 +131,7 @@ Result<Explanation> explain_best(PlanSpace& space, bool what_ifs) {
   e.best = *top[0];
   const double capacity = space.cluster().device.memory_bytes;
   for (const Knob& k : knobs()) {
+    if (k.moe_only && !space.model().is_moe()) continue;
     const std::string chosen = k.value(e.best);
     if (chosen.empty()) continue;
     KnobAlternative a;
