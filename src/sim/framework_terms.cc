@@ -49,6 +49,14 @@ bool framework_fuses_grad_accumulation(const std::string& framework, int year) {
   return f.find("megatron") != std::string::npos || f.find("nemo") != std::string::npos;
 }
 
+bool framework_sums_f16_gradients_in_f16(const std::string& framework) {
+  const std::string f = normalized_term(framework);
+  if (f.find("megatron_core") != std::string::npos || f.find("nemo") != std::string::npos)
+    return false;
+  return f.find("megatron") != std::string::npos || f.find("deepspeed") != std::string::npos ||
+         f.find("neox") != std::string::npos;
+}
+
 namespace {
 
 bool has(const std::string& s, const char* word) { return s.find(word) != std::string::npos; }

@@ -95,6 +95,15 @@ bool framework_materializes_attention(const std::string& framework, int year);
 // run published before 2022 or in an unknown year.
 bool framework_fuses_grad_accumulation(const std::string& framework, int year);
 
+// Whether the framework, training in fp16, holds each parameter's gradient sum over the
+// micro-batches in fp16 (2 bytes; SimOptions::f16_gradient_sums) rather than f32 as Tessera's
+// runtime does: Megatron-LM's gradient buffers take the parameters' dtype unless
+// --accumulate-allreduce-grads-in-fp32 (off by default; forced on only for bf16), and
+// DeepSpeed's fp16 engines accumulate into the parameters' fp16 gradients (Megatron-DeepSpeed,
+// GPT-NeoX). Not Megatron-Core or NeMo, whose fp16 defaults are not established here, and no
+// bf16 run (Megatron and DeepSpeed's BF16_Optimizer sum those in f32).
+bool framework_sums_f16_gradients_in_f16(const std::string& framework);
+
 Result<ShardingTerm> parse_sharding_term(const std::string& text);
 Result<PrecisionTerm> parse_precision_term(const std::string& text);
 Result<RecomputeTerm> parse_recompute_term(const std::string& text);

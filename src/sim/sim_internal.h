@@ -33,8 +33,12 @@ double precision_scale(const Program& prog, const SimOptions& opt);
 // f32's): as planned in f32; under mixed precision the parameters in the low precision plus an
 // f32 master copy sharded like the optimizer state (ZeRO-1 and up shard it, as DeepSpeed's
 // ZeRO and Megatron's distributed optimizer do), the f32 gradients and AdamW moments as planned.
-// FP8 GEMMs (SimOptions::fp8) add a one-byte copy of each local parameter element.
-double persistent_bytes_at(const Program& prog, double scale, bool fp8);
+// FP8 GEMMs (SimOptions::fp8) add a one-byte copy of each local parameter element;
+// `grad_scale` scales the f32 gradient sums (gradient_sum_scale).
+double persistent_bytes_at(const Program& prog, double scale, bool fp8, double grad_scale = 1.0);
+// The gradient sums' element size over f32's: 1/2 where they are held in f16
+// (SimOptions::f16_gradient_sums with f16), else 1.
+double gradient_sum_scale(const SimOptions& opt);
 // Program::host_bytes at the run's precision (Plan::offload params: its low-precision blocks).
 double host_bytes_at(const Program& prog, double scale);
 

@@ -433,7 +433,11 @@ double precision_scale(const Program& prog, const SimOptions& opt) {
   return precision_scale(opt);
 }
 
-double persistent_bytes_at(const Program& prog, double scale, bool fp8) {
+double gradient_sum_scale(const SimOptions& opt) {
+  return opt.f16_gradient_sums && opt.precision == DType::f16 ? 0.5 : 1.0;
+}
+
+double persistent_bytes_at(const Program& prog, double scale, bool fp8, double grad_scale) {
   double fp8_copies = 0;  // one byte per local parameter element
   if (fp8)
     for (const ParamLayout& pl : prog.part.params)
@@ -442,7 +446,8 @@ double persistent_bytes_at(const Program& prog, double scale, bool fp8) {
   if (scale >= 1) return static_cast<double>(prog.persistent_bytes()) + fp8_copies;
   const double master = static_cast<double>(prog.optim_bytes) / 2.0;  // 4 of AdamW's 8 bytes
   return static_cast<double>(prog.param_bytes) * scale + master +
-         static_cast<double>(prog.grad_bytes + prog.optim_bytes) + fp8_copies;
+         static_cast<double>(prog.grad_bytes) * grad_scale + static_cast<double>(prog.optim_bytes) +
+         fp8_copies;
 }
 
 double host_bytes_at(const Program& prog, double scale) {
@@ -573,7 +578,8 @@ Result<SimResult> simulate(const Program& prog, const ClusterSpec& cluster, cons
   }
   // Memory: the state (persistent_bytes_at), and the activation arena at the run's precision.
   const double scale = precision_scale(prog, opt);
-  r.persistent_bytes = persistent_bytes_at(prog, scale, opt.fp8);
+  r.persistent_bytes =
+      persistent_bytes_at(prog, scale, opt.fp8, scale < 1 ? gradient_sum_scale(opt) : 1.0);
   r.arena_bytes = static_cast<double>(prog.memory.arena_bytes) * scale;
   r.peak_memory_bytes = r.persistent_bytes + r.arena_bytes;
   r.host_bytes = host_bytes_at(prog, scale);

@@ -73,6 +73,10 @@ struct SimOptions {
   // framework_fuses_grad_accumulation), so no pass adds the micro-batch's gradients afterwards.
   // Tessera's runtime runs that pass (false).
   bool fused_grad_accumulation = false;
+  // With f16: each parameter's gradient sum over the micro-batches held in f16 (2 bytes), as
+  // the frameworks that do so hold it (framework_sums_f16_gradients_in_f16), not in f32 as
+  // Tessera's runtime does. Memory only.
+  bool f16_gradient_sums = false;
 };
 
 // The sharding search's figures for `plan` on `cluster`: its FLOP/byte ratio between tensor

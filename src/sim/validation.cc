@@ -428,6 +428,11 @@ Result<RunSetup> setup_run(const PublishedRun& r, const std::string& cluster_dir
     s.assumptions.push_back("the weight-gradient GEMMs add into the micro-batches' sums (" +
                             r.at("framework") + "'s gradient-accumulation fusion)");
   }
+  if (s.sim.precision == DType::f16 && framework_sums_f16_gradients_in_f16(r.at("framework"))) {
+    s.sim.f16_gradient_sums = true;
+    s.assumptions.push_back("each gradient summed over the micro-batches in fp16 (" +
+                            r.at("framework") + ")");
+  }
   const std::string& rc = r.at("activation_recompute");
   std::optional<RecomputeTerm> recompute;
   if (!rc.empty()) {

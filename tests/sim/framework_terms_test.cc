@@ -160,6 +160,18 @@ TEST(FrameworkTerms, MegatronFusesGradientAccumulation) {
     EXPECT_FALSE(framework_fuses_grad_accumulation(framework, year)) << framework << " " << year;
 }
 
+// fp16 gradients summed in fp16: Megatron-LM (gradient buffers in the parameters' dtype unless
+// --accumulate-allreduce-grads-in-fp32) and DeepSpeed's fp16 engines; not Megatron-Core, NeMo,
+// PyTorch FSDP or an unnamed framework.
+TEST(FrameworkTerms, FrameworksSummingF16GradientsInF16) {
+  for (const char* f : {"Megatron-LM", "Megatron-LM (PTD-P)", "Megatron-DeepSpeed",
+                        "DeepSpeed + Megatron-LM", "GPT-NeoX (DeepSpeed)"})
+    EXPECT_TRUE(framework_sums_f16_gradients_in_f16(f)) << f;
+  for (const char* f : {"Megatron-Core r0.8.0", "NeMo 24.07 (Megatron-Core, Transformer Engine)",
+                        "Composer + PyTorch FSDP (llm-foundry)", "PyTorch FSDP", ""})
+    EXPECT_FALSE(framework_sums_f16_gradients_in_f16(f)) << f;
+}
+
 TEST(FrameworkTerms, RecomputeSpellings) {
   for (const auto& [text, policy] : std::vector<std::pair<const char*, RecomputePolicy>>{
            {"full", RecomputePolicy::full},

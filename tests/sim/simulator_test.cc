@@ -117,6 +117,39 @@ TEST(Simulator, FusedGradientAccumulationHasNoPassOfItsOwn) {
               1e-9);
 }
 
+// A framework that sums fp16 gradients in fp16 (SimOptions::f16_gradient_sums) holds 2 bytes
+// per parameter for them, not f32's 4: without stages (several micro-batches) and in a
+// pipeline's stages alike; bf16 runs and the step's time are unchanged.
+TEST(Simulator, F16GradientSumsHoldTwoBytesAParameter) {
+  ClusterSpec c = round_cluster(2, 0);
+  ModelGraph m = build_model(*find_preset("gpt-tiny"), 8, 32, ModelMode::train);
+  Plan flat = Plan::data_parallel(1);
+  flat.micro_batches = 4;
+  Plan piped = Plan::pipeline_parallel(2, 1, 1);
+  piped.micro_batches = 4;
+  for (const Plan& plan : {flat, piped}) {
+    SCOPED_TRACE(plan.describe());
+    SimOptions o;
+    o.precision = DType::f16;
+    const Result<SimResult> f32_sums = simulate_plan(m.graph, plan, c, o);
+    o.f16_gradient_sums = true;
+    const Result<SimResult> f16_sums = simulate_plan(m.graph, plan, c, o);
+    o.precision = DType::bf16;
+    const Result<SimResult> bf16_flag = simulate_plan(m.graph, plan, c, o);
+    o.f16_gradient_sums = false;
+    const Result<SimResult> bf16 = simulate_plan(m.graph, plan, c, o);
+    ASSERT_TRUE(f32_sums.ok() && f16_sums.ok() && bf16.ok() && bf16_flag.ok());
+    const double saved = f32_sums->persistent_bytes - f16_sums->persistent_bytes;
+    EXPECT_GT(saved, 0);
+    EXPECT_EQ(f16_sums->step_seconds, f32_sums->step_seconds);
+    EXPECT_EQ(bf16_flag->persistent_bytes, bf16->persistent_bytes);
+    if (plan.stages() == 1)
+      EXPECT_DOUBLE_EQ(saved, 2.0 * static_cast<double>(m.graph.param_count()));
+    else  // each stage holds part of the parameters: the fullest one saves less than all
+      EXPECT_LT(saved, 2.0 * static_cast<double>(m.graph.param_count()));
+  }
+}
+
 TEST(Simulator, DataParallelOverlapsGradientReductionWithBackward) {
   ClusterSpec c = round_cluster();
   SimOptions o;
