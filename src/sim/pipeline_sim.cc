@@ -40,9 +40,10 @@ std::pair<double, double> stage_memory(const PipelineProgram& pp, int s, const S
     persistent +=
         persistent_bytes_at(p, scale, opt.fp8) - static_cast<double>(p.persistent_bytes());
     // Every gradient's f32 sum (an accumulator, or its share of the pool) at its element size.
-    for (const ParamLayout& pl : p.part.params)
-      persistent -=
-          (1 - gradient_sum_scale(opt)) * 4.0 * static_cast<double>(pl.local_shape.numel());
+    const double saved_per_element = 4.0 * (1 - gradient_sum_scale(opt));
+    if (saved_per_element > 0)
+      for (const ParamLayout& pl : p.part.params)
+        persistent -= saved_per_element * static_cast<double>(pl.local_shape.numel());
   }
   // The arena, stash slots and send buffers hold activations and gradients: the run's precision.
   const double arena = static_cast<double>(pp.stage_arena_bytes[static_cast<size_t>(s)] +
