@@ -103,6 +103,11 @@ const FloatField<DeviceSpec> kDeviceFloats[] = {
      false,
      "fraction of a GEMM's rate left when a bf16/f16 dimension is not a multiple of 8, e.g. "
      "0.15 on an H100 (1: no penalty)"},
+    {"unaligned_attention_efficiency", &DeviceSpec::unaligned_attention_efficiency, 1, false,
+     Range::fraction, false,
+     "the same for an unfused attention's batched GEMMs (a head width that is not a multiple of "
+     "8), at most unaligned_gemm_efficiency, e.g. 0.082 on an A100 (1: as "
+     "unaligned_gemm_efficiency)"},
     {"fp8_gemm_efficiency", &DeviceSpec::fp8_gemm_efficiency, 1, false, Range::fraction, false,
      "fraction of the FP8 peak the best-shaped FP8 GEMM reaches, e.g. 0.5"},
     {"memory_efficiency", &DeviceSpec::memory_efficiency, 1, false, Range::fraction, false,

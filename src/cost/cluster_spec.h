@@ -15,8 +15,9 @@
 //   name = "dgx-a100"          description = "..."        price_per_device_hour = 0.0
 //   [device]  name, peak_tflops_f32, peak_tflops_bf16, peak_tflops_f16, peak_tflops_fp8,
 //             memory_gib, memory_bandwidth_gbs, launch_overhead_us, gemm_efficiency,
-//             unaligned_gemm_efficiency, fp8_gemm_efficiency, memory_efficiency,
-//             attention_efficiency, optimizer_efficiency, sm_count, gemm_tile_m, gemm_tile_n
+//             unaligned_gemm_efficiency, unaligned_attention_efficiency, fp8_gemm_efficiency,
+//             memory_efficiency, attention_efficiency, optimizer_efficiency, sm_count,
+//             gemm_tile_m, gemm_tile_n
 //   [node]    devices, intra_bandwidth_gbs, intra_latency_us, intra_efficiency, comm_overlap
 //   [network] nics, nic_gbits, latency_us, efficiency, topology, oversubscription
 //   [efficiency]  op_name = fraction   (optional; overrides the defaults per op kind, e.g.
@@ -50,6 +51,10 @@ struct DeviceSpec {
   // multiple of 8 elements (16 bytes: the tensor-core kernels' vector loads), e.g. GPT-2's
   // 50,257-row LM head; 1 where alignment does not matter.
   double unaligned_gemm_efficiency = 1.0;
+  // The same for the batched GEMMs of an attention that keeps its score matrix (Q K^T and P V
+  // per head, cuBLAS's strided-batched kernels), e.g. heads 108 wide; they keep at most
+  // unaligned_gemm_efficiency. 1: as unaligned_gemm_efficiency.
+  double unaligned_attention_efficiency = 1.0;
   // Fraction of peak_flops_fp8 the best-shaped FP8 GEMM reaches (Transformer Engine's recipe:
   // e4m3/e5m2 operands with per-tensor scales, bf16 output).
   double fp8_gemm_efficiency = 0.5;

@@ -21,12 +21,11 @@ double bytes_at(double f32_bytes, DType compute) {
   return f32_bytes * static_cast<double>(dtype_size(compute)) / 4.0;
 }
 
-// Whether a bf16/f16 GEMM of m x n x k is off the tensor cores' 8-element alignment.
-double alignment_factor(double m, double n, double k, DType compute, const DeviceSpec& dev) {
+// The rate a bf16/f16 GEMM of m x n x k keeps off the tensor cores' 8-element alignment:
+// `unaligned` (1 when aligned or in another dtype).
+double alignment_factor(double m, double n, double k, DType compute, double unaligned) {
   auto aligned = [](double d) { return std::fmod(d, 8.0) == 0; };
-  return dtype_size(compute) == 2 && !(aligned(m) && aligned(n) && aligned(k))
-             ? dev.unaligned_gemm_efficiency
-             : 1.0;
+  return dtype_size(compute) == 2 && !(aligned(m) && aligned(n) && aligned(k)) ? unaligned : 1.0;
 }
 
 // Attention as the kernels of a framework that keeps the score matrix in memory (op_cost.h):
@@ -52,10 +51,12 @@ OpTime materialized_attention(bool backward, const std::vector<TensorType>& in,
     compute_s += c, memory_s += m;
   };
   // A batched GEMM whose per-head products are rows x cols x depth; heads' tiles add up.
+  const double unaligned =
+      std::min(dev.unaligned_gemm_efficiency, dev.unaligned_attention_efficiency);
   auto gemm = [&](double rows, double cols, double depth, double bytes) {
     kernel(2.0 * bh * rows * cols * depth, bytes,
            gemm_eff * gemm_shape_efficiency(bh * rows, cols, depth, dev) *
-               alignment_factor(rows, cols, depth, compute, dev));
+               alignment_factor(rows, cols, depth, compute, unaligned));
   };
   if (!backward) {
     gemm(tq, tk, d, q_bytes + kv_bytes + scores);  // S = Q K^T
@@ -127,7 +128,8 @@ OpTime op_time(const Graph& g, const Node& n, const DeviceSpec& dev,
     // whose tiles add up over the batch.
     if (in[1].shape.rank() == 2) rows *= batch, batch = 1;
     const double shape = gemm_shape_efficiency(rows * batch, cols, k, dev);
-    const double alignment = alignment_factor(rows, cols, k, compute, dev);
+    const double alignment =
+        alignment_factor(rows, cols, k, compute, dev.unaligned_gemm_efficiency);
     // A fused kind the spec did not calibrate runs at matmul's efficiency.
     double eff = efficiency_or(op_efficiency, n.op,
                                efficiency_or(op_efficiency, OpKind::matmul, dev.gemm_efficiency)) *

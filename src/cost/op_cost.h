@@ -20,16 +20,16 @@
 // device.attention_efficiency. A materialized attention (AttentionKernel::materialized: the
 // frameworks before FlashAttention, e.g. Megatron-LM of 2021-22) is the kernels it ran instead:
 // batched GEMMs Q K^T and P V (the full Tq x Tk rectangle, causal or not) at the GEMM efficiency
-// and shape factors of each, with the score matrix S = B x H x Tq x Tk elements at the compute
-// dtype written, softmaxed in a memory-bound pass (read S, write P) and read back; its backward
-// is four batched GEMMs (dP = dO V^T, dV = P^T dO, dQ = dS K, dK = dS^T Q) around a softmax
-// gradient pass (read P and dP, write dS). Each kernel is its own roofline plus a launch.
-// Everything else is memory-bound work at
-// device.memory_bandwidth * memory_efficiency (bytes from op_bytes, scaled to the compute
-// dtype: activations move in bf16 under mixed precision; an op with bf16/f16 operands, from a
-// graph stored in low precision, counts its bytes as stored). An entry in `op_efficiency` (op
-// name -> fraction) replaces the default efficiency of that op kind — `tessera calibrate`
-// measures them.
+// and shape factors of each (off the 8-element alignment: the lesser of
+// device.unaligned_gemm_efficiency and unaligned_attention_efficiency), with the score matrix S = B
+// x H x Tq x Tk elements at the compute dtype written, softmaxed in a memory-bound pass (read S,
+// write P) and read back; its backward is four batched GEMMs (dP = dO V^T, dV = P^T dO, dQ = dS K,
+// dK = dS^T Q) around a softmax gradient pass (read P and dP, write dS). Each kernel is its own
+// roofline plus a launch. Everything else is memory-bound work at device.memory_bandwidth *
+// memory_efficiency (bytes from op_bytes, scaled to the compute dtype: activations move in bf16
+// under mixed precision; an op with bf16/f16 operands, from a graph stored in low precision, counts
+// its bytes as stored). An entry in `op_efficiency` (op name -> fraction) replaces the default
+// efficiency of that op kind — `tessera calibrate` measures them.
 #pragma once
 
 #include <map>

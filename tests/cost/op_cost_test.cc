@@ -213,5 +213,40 @@ TEST(OpTime, MaterializedAttentionIsItsKernelsAroundTheScoreMatrix) {
               1e-15);
 }
 
+// A materialized attention's batched GEMMs with heads off the 8-element alignment (108 wide)
+// keep the lesser of unaligned_gemm_efficiency and unaligned_attention_efficiency of their rate;
+// aligned heads (64 wide), f32, the fused kernel and the model's other GEMMs keep theirs.
+TEST(OpTime, UnalignedHeadsSlowAMaterializedAttentionsGemms) {
+  auto compute_s = [](int64_t width, DeviceSpec dev, DType dt, AttentionKernel kernel) {
+    dev.memory_bandwidth = 1e30;  // the GEMMs alone
+    dev.launch_overhead = 0;
+    Graph g;
+    Builder b(&g);
+    Var q = b.input("q", Shape{2, 8, 1024, width}, dt);
+    Var k = b.input("k", Shape{2, 8, 1024, width}, dt);
+    Var v = b.input("v", Shape{2, 8, 1024, width}, dt);
+    std::vector<Var> fwd = b.attention(q, k, v, 0.1, true);
+    return op_time(g, g.node(g.value(fwd[0].id).producer), dev, {}, dt, false, kernel).seconds;
+  };
+  const DeviceSpec plain = round_cluster().device;
+  DeviceSpec slow = plain;
+  slow.unaligned_attention_efficiency = 0.1;
+  const AttentionKernel mat = AttentionKernel::materialized;
+  EXPECT_NEAR(compute_s(108, slow, DType::bf16, mat), 10 * compute_s(108, plain, DType::bf16, mat),
+              1e-12);
+  EXPECT_DOUBLE_EQ(compute_s(64, slow, DType::bf16, mat), compute_s(64, plain, DType::bf16, mat));
+  EXPECT_DOUBLE_EQ(compute_s(108, slow, DType::f32, mat), compute_s(108, plain, DType::f32, mat));
+  EXPECT_DOUBLE_EQ(compute_s(108, slow, DType::bf16, AttentionKernel::fused),
+                   compute_s(108, plain, DType::bf16, AttentionKernel::fused));
+  DeviceSpec both = slow;  // the lesser of the two
+  both.unaligned_gemm_efficiency = 0.05;
+  EXPECT_NEAR(compute_s(108, both, DType::bf16, mat), 20 * compute_s(108, plain, DType::bf16, mat),
+              1e-12);
+  // A plain GEMM off the alignment keeps unaligned_gemm_efficiency (1 here).
+  OneOp o = matmul_graph(8192, 768, 50257);
+  EXPECT_DOUBLE_EQ(op_time(o.g, o.g.node(o.node), slow, {}, DType::bf16).seconds,
+                   op_time(o.g, o.g.node(o.node), plain, {}, DType::bf16).seconds);
+}
+
 }  // namespace
 }  // namespace tessera
