@@ -27,6 +27,21 @@ bool framework_blocks_pipeline_sends(const std::string& framework) {
          f.find("neox") != std::string::npos;
 }
 
+std::vector<int> framework_pipeline_cut(const std::string& framework, int blocks, int chunks) {
+  if (chunks < 1 || blocks < chunks) return {};
+  const std::string f = normalized_term(framework);
+  const bool megatron =
+      f.find("megatron") != std::string::npos || f.find("nemo") != std::string::npos;
+  if (!framework_blocks_pipeline_sends(framework) && !megatron) return {};
+  std::vector<int> even(static_cast<size_t>(chunks), blocks / chunks);
+  for (int i = 0; i < blocks % chunks; ++i) ++even[static_cast<size_t>(i)];
+  if (!framework_blocks_pipeline_sends(framework)) return even;
+  const int most = (blocks + chunks - 1) / chunks;
+  std::vector<int> greedy;
+  for (int left = blocks; left > 0; left -= most) greedy.push_back(std::min(most, left));
+  return static_cast<int>(greedy.size()) == chunks ? greedy : even;
+}
+
 bool framework_fuses_epilogues(const std::string& framework) {
   const std::string f = normalized_term(framework);
   return f.empty() || f.find("megatron") != std::string::npos ||

@@ -36,6 +36,7 @@
 #pragma once
 
 #include <string>
+#include <vector>
 
 #include "base/status.h"
 #include "ir/dtype.h"
@@ -70,6 +71,21 @@ std::string normalized_term(const std::string& text);
 // for anyway, so the send is hidden behind that wait; nor Megatron-Core, NeMo, the others, or an
 // unnamed framework.
 bool framework_blocks_pipeline_sends(const std::string& framework);
+
+// How the framework cuts `blocks` transformer blocks into `chunks` pipeline chunks (stages x
+// virtual stages, in model order; Plan::stage_layers), counting blocks and not what else a
+// chunk runs, so the first chunk holds the embedding and the last the LM head and the loss on
+// top of theirs. Empty where the framework's cut is not known here: Tessera then balances the
+// chunks by cost (pipeline_program.h).
+// - DeepSpeed's pipeline engine (Megatron-DeepSpeed, GPT-NeoX, MT-NLG: partition_method
+//   'type:transformer' and its kin) gives each stage in turn as many blocks as the fullest
+//   stage must hold, ceil(blocks / chunks), so the last takes what is left (BigScience's 78
+//   blocks on 12 stages: 7 each, 1 on the last).
+// - Megatron-LM, Megatron-Core and NeMo give every chunk blocks / chunks (Megatron-LM requires
+//   that it divide; otherwise the first chunks take one more).
+// Either way every chunk holds at least one block; where the greedy cut would leave one empty,
+// the even one.
+std::vector<int> framework_pipeline_cut(const std::string& framework, int blocks, int chunks);
 
 // Whether the framework fuses a GEMM's bias and GELU (and their gradients) into the product, as
 // Tessera's fusion pass does (parallel/fuse.h): Megatron's bias-GELU fusion (Megatron-LM,

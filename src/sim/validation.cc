@@ -413,6 +413,7 @@ Result<RunSetup> setup_run(const PublishedRun& r, const std::string& cluster_dir
     s.assumptions.push_back("each send between stages blocks its stage (" + r.at("framework") +
                             ")");
   }
+
   // Attention as the framework ran it in the row's year: before FlashAttention, kernels around
   // a score matrix in memory.
   double published_year = 0;
@@ -455,8 +456,7 @@ Result<RunSetup> setup_run(const PublishedRun& r, const std::string& cluster_dir
       s.plan.schedule = ScheduleKind::interleaved;
       s.plan.virtual_stages = static_cast<int>(vp);
     }
-    s.assumptions.push_back(std::string("pipeline schedule ") + schedule_name(s.plan.schedule) +
-                            ", stages balanced by the cost model");
+    s.assumptions.push_back(std::string("pipeline schedule ") + schedule_name(s.plan.schedule));
   }
   if (sharding && sharding->hsdp) {
     if (pp > 1 || cp > 1 || ep > 1)
@@ -518,6 +518,17 @@ Result<RunSetup> setup_run(const PublishedRun& r, const std::string& cluster_dir
   // sequence: the planner's choice too.
   if (!s.unpublished.empty() && tp > 1 && sp.empty()) s.unpublished.push_back("sequence_parallel");
   TS_ASSIGN_OR_RETURN(s.model, model_for(r, tp, &s));
+  if (pp > 1) {  // the stages as the framework cuts them, else balanced by cost
+    if (task_of(s.model) == ModelTask::language_model)
+      s.plan.stage_layers = framework_pipeline_cut(
+          r.at("framework"), static_cast<int>(s.model.n_layer), s.plan.chunks());
+    std::string cut;
+    for (int b : s.plan.stage_layers) cut += (cut.empty() ? "" : ",") + std::to_string(b);
+    s.assumptions.push_back(cut.empty() ? std::string("stages balanced by the cost model")
+                                        : "blocks per stage " + cut + " as " + r.at("framework") +
+                                              " cuts them (the embedding on the first, the " +
+                                              "head on the last)");
+  }
   if (cp > 1 && s.model.family == "llama") s.plan.context_order = ContextOrder::zigzag;
   // The rows list the tokenizer's vocabulary; the frameworks train a padded table (Megatron-LM
   // and Megatron-DeepSpeed to a multiple of 128 x tp, llm.c GPT-2's 50,257 to 50,304). Where a

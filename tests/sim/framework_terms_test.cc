@@ -107,6 +107,26 @@ TEST(FrameworkTerms, FrameworksWhosePipelineSendsBlock) {
     EXPECT_FALSE(framework_blocks_pipeline_sends(overlaps)) << overlaps;
 }
 
+// Pipeline stages as the frameworks cut them, by blocks: DeepSpeed's engine fills each stage in
+// turn to the fullest stage's count (BigScience's 78 blocks on 12 stages: 7 each, 1 on the
+// last), Megatron's family evenly (per chunk with virtual stages); others are balanced by cost.
+TEST(FrameworkTerms, PipelinesCutAsTheFrameworkCutsThem) {
+  EXPECT_EQ(framework_pipeline_cut("Megatron-DeepSpeed", 78, 12),
+            (std::vector<int>{7, 7, 7, 7, 7, 7, 7, 7, 7, 7, 7, 1}));
+  EXPECT_EQ(framework_pipeline_cut("Megatron-DeepSpeed", 72, 12), std::vector<int>(12, 6));
+  EXPECT_EQ(framework_pipeline_cut("GPT-NeoX (Megatron + DeepSpeed)", 10, 4),
+            (std::vector<int>{3, 3, 3, 1}));
+  // 9 blocks greedily by 3 would leave the fourth stage empty: the even cut.
+  EXPECT_EQ(framework_pipeline_cut("DeepSpeed + Megatron-LM", 9, 4),
+            (std::vector<int>{3, 2, 2, 2}));
+  EXPECT_EQ(framework_pipeline_cut("Megatron-LM (PTD-P)", 96, 24), std::vector<int>(24, 4));
+  EXPECT_EQ(framework_pipeline_cut("NeMo 24.07 (Megatron-Core, Transformer Engine)", 40, 3),
+            (std::vector<int>{14, 13, 13}));
+  for (const char* balanced : {"torchtitan", "PyTorch FSDP", ""})
+    EXPECT_TRUE(framework_pipeline_cut(balanced, 72, 12).empty()) << balanced;
+  EXPECT_TRUE(framework_pipeline_cut("Megatron-LM", 3, 4).empty());  // fewer blocks than chunks
+}
+
 // The frameworks that fuse a GEMM's bias and GELU into the product, as Tessera does: Megatron's
 // family and llm.c; PyTorch FSDP, Composer and JAX run them as kernels of their own.
 TEST(FrameworkTerms, FrameworksThatFuseBiasAndGelu) {

@@ -132,6 +132,38 @@ TEST(SetupRun, RunsBeforeFlashAttentionKeepTheScoreMatrix) {
   EXPECT_GT(slow->step_seconds, fast->step_seconds * 1.01);
 }
 
+// A pipelined row is cut into stages as its framework cuts them (DeepSpeed's engine: the
+// fullest stage's count of blocks in turn, the head on top of the last stage's), and says so;
+// a framework whose cut is not known is balanced by cost, which puts fewer blocks beside the
+// head: the same row so cut runs faster.
+TEST(SetupRun, PipelinedRowsAreCutAsTheirFrameworkCutsThem) {
+  PublishedRun r = mosaic_like();
+  r.fields["layers"] = "30";
+  r.fields["vocab"] = "250880";  // a head the size of several blocks
+  r.fields["pp"] = "4";
+  r.fields["tp"] = "2";
+  r.fields["zero_or_fsdp"] = "ZeRO-1";
+  r.fields["micro_batch"] = "1";
+  r.fields["framework"] = "Megatron-DeepSpeed";
+  Result<RunSetup> ds = setup_run(r);
+  ASSERT_TRUE(ds.ok()) << ds.status().to_string();
+  EXPECT_EQ(ds->plan.stage_layers, (std::vector<int>{8, 8, 8, 6}));
+  bool said = false;
+  for (const std::string& a : ds->assumptions)
+    said |= a.find("blocks per stage 8,8,8,6 as Megatron-DeepSpeed") != std::string::npos;
+  EXPECT_TRUE(said);
+  r.fields["framework"] = "torchtitan";
+  Result<RunSetup> balanced = setup_run(r);
+  ASSERT_TRUE(balanced.ok()) << balanced.status().to_string();
+  EXPECT_TRUE(balanced->plan.stage_layers.empty());
+  RunSetup by_cost = *ds;
+  by_cost.plan.stage_layers.clear();
+  Result<SimResult> cut = simulate_setup(&*ds), fast = simulate_setup(&by_cost);
+  ASSERT_TRUE(cut.ok() && fast.ok());
+  EXPECT_NE(cut->stage_layers, fast->stage_layers);
+  EXPECT_GT(cut->step_seconds, fast->step_seconds * 1.01);
+}
+
 // A tensor-parallel row: dp = num_gpus / tp, the micro-batch split over dp only, and
 // accumulation from the global batch over micro_batch x dp.
 TEST(SetupRun, TensorParallelRowsSplitTheGpusIntoDataAndTensorAxes) {
