@@ -234,6 +234,7 @@ std::string attrs_to_string(const Attrs& attrs) {
           [&](const GroupAttrs& a) {
             s << " '" << a.axes << "' {ranks=" << a.size;
             if (a.back != 0) s << " back=" << a.back;
+            if (a.segments != 1) s << " segments=" << a.segments;
             s << "}";
           },
           [&](const ShardSliceAttrs& a) {

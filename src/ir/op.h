@@ -265,6 +265,9 @@ struct GroupAttrs {
   int64_t size = 0;              // collectives: ranks in the group
   std::vector<int64_t> shape{};  // all_gather: the gathered tensor's shape (padding dropped)
   int64_t back = 0;              // axis_index: the index of the rank `back` places before
+  // all_gather / reduce_scatter: that many collectives, one per equal consecutive piece of the
+  // operand (ops_comm.cc), so a split dim with others before it needs no transpose.
+  int64_t segments = 1;
 };
 
 // shard_slice: block in(1) of `blocks` equal blocks along `axis`.

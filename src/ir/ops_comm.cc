@@ -7,6 +7,13 @@
 //                       zero-padded sum: [ceil(numel / size)].
 //   all_gather(x)       x is one rank's block [c] of a flattened tensor; returns the whole
 //                       tensor, of GroupAttrs::shape (the first numel of size * c elements).
+//                       With GroupAttrs::segments = k > 1, x is k pieces [k, c / k] gathered
+//                       one by one, without padding: the output holds [k, size, c / k], piece
+//                       j of rank i at [j, i] (a dim split over the group with dims of k
+//                       elements before it, gathered in place).
+//   reduce_scatter(x)   with GroupAttrs::segments = k > 1: x [k, size, m], each piece [size, m]
+//                       reduce-scattered on its own, without padding: the output [k * m] holds
+//                       this rank's block of each piece.
 //   all_to_all(x)       x [size * b, ...]: block j of dim 0 goes to rank j; the output, of the
 //                       same shape, holds in block i what rank i sent (the partition pass
 //                       moves a split from one dim to another with it: parallel/redistribute.h)
@@ -53,6 +60,9 @@ Status infer_reduce_scatter(const Attrs& attrs, std::span<const TensorType> in,
   TS_RETURN_IF_ERROR(need_group(attrs));
   TS_RETURN_IF_ERROR(need_float(in[0], "reduce_scatter operand"));
   int64_t n = in[0].shape.numel();
+  if (a.segments < 1 || (a.segments > 1 && n % (a.segments * a.size) != 0))
+    return error("reduce_scatter of " + in[0].to_string() + " in " + std::to_string(a.segments) +
+                 " pieces over " + std::to_string(a.size) + " ranks: the pieces must split evenly");
   out->push_back({Shape{(n + a.size - 1) / a.size}, in[0].dtype});
   return Status();
 }
@@ -66,6 +76,11 @@ Status infer_all_gather(const Attrs& attrs, std::span<const TensorType> in,
   if (in[0].shape.rank() != 1 || in[0].shape[0] * a.size < s.numel())
     return error("all_gather of " + in[0].to_string() + " over " + std::to_string(a.size) +
                  " ranks cannot hold " + s.to_string());
+  if (a.segments < 1 || (a.segments > 1 && (in[0].shape[0] % a.segments != 0 ||
+                                            in[0].shape[0] * a.size != s.numel())))
+    return error("all_gather of " + in[0].to_string() + " in " + std::to_string(a.segments) +
+                 " pieces over " + std::to_string(a.size) + " ranks: the pieces must split " +
+                 s.to_string() + " evenly");
   out->push_back({s, in[0].dtype});
   return Status();
 }

@@ -410,8 +410,8 @@ Status validate(const Plan& p, int world) {
   if (p.zero < 0 || p.zero > 3)
     return error("plan: zero stage " + std::to_string(p.zero) + " is not 0, 1, 2 or 3");
   if (p.micro_batches < 1) return error("plan: micro_batches must be >= 1");
-  if (p.bucket_bytes < 1 || p.prefetch_bytes < 0)
-    return error("plan: bucket_bytes must be >= 1 and prefetch_bytes >= 0");
+  if (p.bucket_bytes < 1 || p.prefetch_bytes < 0 || p.piece_bytes < 0)
+    return error("plan: bucket_bytes must be >= 1, prefetch_bytes and piece_bytes >= 0");
   if (static_cast<int>(p.recompute) > static_cast<int>(RecomputePolicy::selective))
     return error("plan: recompute policy " + std::to_string(static_cast<int>(p.recompute)) +
                  " is not none, full or selective");
@@ -488,6 +488,7 @@ nlohmann::json plan_to_json(const Plan& p) {
           {"micro_batches", p.micro_batches},
           {"bucket_bytes", p.bucket_bytes},
           {"prefetch_bytes", p.prefetch_bytes},
+          {"piece_bytes", p.piece_bytes},
           {"recompute", recompute_name(p.recompute)},
           {"recompute_layers", p.recompute_layers},
           {"offload", offload_name(p.offload)},
@@ -541,6 +542,7 @@ Result<Plan> plan_from_json(const nlohmann::json& j) {
                                               "micro_batches",
                                               "bucket_bytes",
                                               "prefetch_bytes",
+                                              "piece_bytes",
                                               "recompute",
                                               "recompute_layers",
                                               "sequence_parallel",
@@ -559,7 +561,8 @@ Result<Plan> plan_from_json(const nlohmann::json& j) {
     if (!known.count(it.key()))
       return error("plan: unknown key '" + it.key() + "'",
                    "keys: mesh, data_axes, zero_axes, tensor_axes, params, zero, micro_batches, "
-                   "bucket_bytes, prefetch_bytes, recompute, recompute_layers, offload, fuse, "
+                   "bucket_bytes, prefetch_bytes, piece_bytes, recompute, recompute_layers, "
+                   "offload, fuse, "
                    "sequence_parallel, pipeline_axis, context_axis, context_order, "
                    "context_attention, expert_axis, "
                    "schedule, "
@@ -642,6 +645,8 @@ Result<Plan> plan_from_json(const nlohmann::json& j) {
       p.bucket_bytes = integer_in<int64_t>(j.at("bucket_bytes"), 0, kInt64Max);
     if (reading("prefetch_bytes", "an integer"))
       p.prefetch_bytes = integer_in<int64_t>(j.at("prefetch_bytes"), 0, kInt64Max);
+    if (reading("piece_bytes", "an integer"))
+      p.piece_bytes = integer_in<int64_t>(j.at("piece_bytes"), 0, kInt64Max);
     if (reading("sequence_parallel", "true or false"))
       p.sequence_parallel = j.at("sequence_parallel").get<bool>();
     if (reading("fuse", "true or false")) p.fuse = j.at("fuse").get<bool>();

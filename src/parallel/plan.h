@@ -124,6 +124,10 @@ struct Plan {
   int micro_batches = 1;              // gradient accumulation steps per optimizer step
   int64_t bucket_bytes = 4 << 20;     // gradient reduction bucket size
   int64_t prefetch_bytes = 16 << 20;  // FSDP: gathered parameter bytes in flight ahead of use
+  // A gather or scatter of a dim with others before it (sequence parallelism's [B, T / tp, C]):
+  // one collective per piece where each rank's piece holds at least this many bytes, else the
+  // pieces packed by a transpose into one collective (parallel/partition.cc).
+  int64_t piece_bytes = 1 << 20;
   RecomputePolicy recompute = RecomputePolicy::none;  // activation recomputation
   // The blocks `recompute` applies to: the first recompute_layers (0 .. n-1) of the model;
   // -1, every block. Recomputing only as many blocks as the memory needs costs less (Megatron's

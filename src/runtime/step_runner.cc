@@ -334,6 +334,10 @@ Status StepRunner::start(const Node& n, Executor& ex) {
   }
   const int64_t esize = dtype_size(wire);
   Request r, second;  // (ring_shift: its send beside its receive)
+  std::vector<Request> pieces;
+  // A segmented gather or scatter: one collective per piece (ops_comm.cc), the first in r.
+  const int64_t k = group.segments;
+  auto at = [&](void* p, int64_t elems) { return static_cast<uint8_t*>(p) + elems * esize; };
   switch (n.op) {
     case OpKind::all_reduce:
       if (in != out) b.copy(out, in, in_count * esize);  // reduced in place in the output
@@ -343,10 +347,16 @@ Status StepRunner::start(const Node& n, Executor& ex) {
       if (direct && out_count * group.size > in_count)  // the planned padding after the input
         b.fill(static_cast<uint8_t*>(in) + in_count * esize, 0,
                (out_count * group.size - in_count) * esize);
-      r = c.reduce_scatter(in, out, out_count, wire, what);
+      r = c.reduce_scatter(in, out, out_count / k, wire, what);
+      for (int64_t j = 1; j < k; ++j)
+        pieces.push_back(c.reduce_scatter(at(in, j * in_count / k), at(out, j * out_count / k),
+                                          out_count / k, wire, what));
       break;
     case OpKind::all_gather:
-      r = c.all_gather(in, out, in_count, wire, what);
+      r = c.all_gather(in, out, in_count / k, wire, what);
+      for (int64_t j = 1; j < k; ++j)
+        pieces.push_back(c.all_gather(at(in, j * in_count / k), at(out, j * out_count / k),
+                                      in_count / k, wire, what));
       break;
     case OpKind::all_to_all:
       r = c.all_to_all(in, out, in_count / group.size, wire, what);
@@ -368,7 +378,7 @@ Status StepRunner::start(const Node& n, Executor& ex) {
       return error("not a collective: " + std::string(op_name(n.op)));
   }
   const NodeId id = g.value(n.outputs[0]).producer;
-  inflight_[id] = {&c, std::move(r), std::move(second)};
+  inflight_[id] = {&c, std::move(r), std::move(second), std::move(pieces)};
   if (!direct) staged_[id] = std::move(staged);
   return Status();
 }
@@ -435,6 +445,10 @@ Status StepRunner::run_instructions(const std::vector<Instruction>& list, Execut
         if (it->second.send) {
           Status sent = it->second.comm->wait(it->second.send);
           if (s.ok()) s = sent;
+        }
+        for (Request& piece : it->second.pieces) {
+          Status done = piece ? it->second.comm->wait(piece) : Status();
+          if (s.ok()) s = done;
         }
         if (trace_) {
           const Node& n = g.node(in.node);

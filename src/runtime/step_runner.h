@@ -267,7 +267,8 @@ class StepRunner {
   // Collectives in flight: the communicator each was issued on, and its request.
   struct InFlight {
     Communicator* comm = nullptr;
-    Request request, send;  // send: a ring_shift's, beside its receive
+    Request request, send;        // send: a ring_shift's, beside its receive
+    std::vector<Request> pieces;  // a segmented collective's other pieces (GroupAttrs::segments)
   };
   std::map<NodeId, InFlight> inflight_;
   // Collectives of bf16/f16 values in flight: their f32 staging and where the result goes.

@@ -92,8 +92,9 @@ class Schedule {
     if (t.seconds < 0) {
       const Node& n = g_.node(id);
       if (is_collective(n.op)) {
-        t = OpTime{collective(n.op, collective_bytes(g_, n, scale_),
-                              axes_of_key(n.attr<GroupAttrs>().axes))};
+        const double pieces = collective_pieces(n);
+        t = OpTime{pieces * collective(n.op, collective_bytes(g_, n, scale_) / pieces,
+                                       axes_of_key(n.attr<GroupAttrs>().axes))};
       } else {
         t = op_time(g_, n, c_.device, c_.op_efficiency, opt_.precision, opt_.fp8, opt_.attention);
       }
@@ -405,6 +406,11 @@ double collective_bytes(const Graph& g, const Node& n, double scale) {
   const double whole =
       static_cast<double>(n.op == OpKind::all_gather ? g.type(n.outputs[0]).bytes() : in.bytes());
   return in.shape.numel() > 1 ? whole * scale : whole;
+}
+
+double collective_pieces(const Node& n) {
+  const bool pieced = n.op == OpKind::all_gather || n.op == OpKind::reduce_scatter;
+  return pieced ? static_cast<double>(std::max<int64_t>(1, n.attr<GroupAttrs>().segments)) : 1.0;
 }
 
 // Where the members of rank 0's group over `axes` sit: how many share a node.

@@ -163,6 +163,9 @@ std::string format_sim_result(const SimResult& r, const ClusterSpec& cluster);
 // output; the others: their input), at the run's element size over f32 (`scale`; the loss
 // scalar stays f32).
 double collective_bytes(const Graph& g, const Node& n, double scale);
+// How many collectives a collective node runs: GroupAttrs::segments of a gather or scatter
+// (one per piece, each of collective_bytes / pieces), else 1.
+double collective_pieces(const Node& n);
 
 // Where the members of rank 0's group over `axes` sit: how many share a node (the layout
 // collective_time takes).

@@ -202,6 +202,7 @@ TEST(Partition, SequenceParallelSplitsNormsAndResidualsAndShrinksTheArena) {
             Placement::shard(1))
       ++split;
     if (n.op == OpKind::reduce_scatter && n.attr<GroupAttrs>().axes == "tp") ++reduce_scatters;
+
     if (n.op == OpKind::all_reduce && n.attr<GroupAttrs>().axes == "tp" && acts)
       ++all_reduces_of_activations;
   }
@@ -210,6 +211,47 @@ TEST(Partition, SequenceParallelSplitsNormsAndResidualsAndShrinksTheArena) {
   // gradient is whole on every rank and sliced, not reduced).
   EXPECT_EQ(reduce_scatters, 12 * 4);
   EXPECT_EQ(all_reduces_of_activations, 0);
+}
+
+// The sequence is dim 1 of [B, T, C]: with B > 1 each sequence-parallel gather and scatter of
+// pieces of at least Plan::piece_bytes is B collectives, one per example, and no transpose
+// packs or unpacks them; smaller pieces are packed into one collective.
+TEST(Partition, SequenceParallelGathersLargePiecesOneByOne) {
+  ModelGraph m = build_model(*find_preset("gpt2-small"), 2, 1024, ModelMode::train);
+  Plan sp = Plan::tensor_parallel(1, 2);
+  sp.sequence_parallel = true;
+  for (int l = 0; l < 12; ++l) {
+    const std::string h = "h." + std::to_string(l) + ".";
+    for (const char* col : {"attn.qkv.weight", "attn.qkv.bias", "mlp.fc.weight", "mlp.fc.bias"})
+      sp.params[h + col] = {Placement::replicate(), Placement::shard(0)};
+    for (const char* row : {"attn.proj.weight", "mlp.proj.weight"})
+      sp.params[h + row] = {Placement::replicate(), Placement::shard(1)};
+  }
+  auto count = [&](const Plan& plan) {
+    Result<Program> p = lower(m.graph, plan);
+    EXPECT_TRUE(p.ok()) << p.status().to_string();
+    std::pair<int, int> pieced_and_transposes{0, 0};
+    if (!p.ok()) return pieced_and_transposes;
+    const Graph& g = p->part.local;
+    for (const Node& n : g.nodes()) {
+      const bool acts = g.type(n.inputs.empty() ? n.outputs[0] : n.inputs[0]).shape.numel() >=
+                        1024 * 768;  // a whole or half activation [2, T (/ 2), 768]
+      if ((n.op == OpKind::reduce_scatter || n.op == OpKind::all_gather) && acts &&
+          n.attr<GroupAttrs>().axes == "tp" && n.attr<GroupAttrs>().segments == 2)
+        ++pieced_and_transposes.first;
+      if (n.op == OpKind::transpose && acts && g.type(n.inputs[0]).shape.rank() == 3 &&
+          g.type(n.inputs[0]).shape.numel() == 2 * 1024 * 768)
+        ++pieced_and_transposes.second;
+    }
+    return pieced_and_transposes;
+  };
+  const auto [pieced, transposes] = count(sp);  // pieces of 512 x 768 f32: 1.5 MiB
+  EXPECT_GE(pieced, 12 * 4);                    // 2 scatters and 2 gathers a block at least
+  EXPECT_EQ(transposes, 0);
+  sp.piece_bytes = 2 << 20;
+  const auto [packed_pieces, packed] = count(sp);
+  EXPECT_EQ(packed_pieces, 0);
+  EXPECT_GE(packed, 12 * 4);
 }
 
 TEST(Mesh, CoordinatesAndGroups) {

@@ -70,6 +70,13 @@ Plan with_sequence_parallel(Plan p) {
   return p;
 }
 
+// Every gather and scatter of a split with dims before it run piece by piece (one collective
+// per example under sequence parallelism), however small the pieces.
+Plan piece_by_piece(Plan p) {
+  p.piece_bytes = 0;
+  return p;
+}
+
 INSTANTIATE_TEST_SUITE_P(
     Plans, StepRunnerTest,
     testing::Values(Case{"dp2", Plan::data_parallel(2)}, Case{"zero1_2", Plan::data_parallel(2, 1)},
@@ -152,24 +159,26 @@ TEST_P(TensorParallelTest, GptMatchesOneRank) {
 
 INSTANTIATE_TEST_SUITE_P(
     Plans, TensorParallelTest,
-    testing::Values(Case{"tp2", Plan::tensor_parallel(1, 2)},
-                    Case{"dp2_tp2", Plan::tensor_parallel(2, 2)},
-                    Case{"dp2_tp2_zero1", Plan::tensor_parallel(2, 2, 1)},
-                    Case{"dp2_tp2_zero2", Plan::tensor_parallel(2, 2, 2)},
-                    Case{"dp2_tp2_zero3", Plan::tensor_parallel(2, 2, 3)},
-                    Case{"hsdp_2x2_tp2", Plan::hybrid_sharded(2, 2, 2)},
-                    Case{"tp2_accum", with_micro(Plan::tensor_parallel(1, 2), 2)},
-                    Case{"tp2_recompute", with_recompute(Plan::tensor_parallel(1, 2))},
-                    Case{"tp2_selective_first_block",
-                         with_recompute_layers(with_recompute(Plan::tensor_parallel(1, 2),
-                                                              RecomputePolicy::selective),
-                                               1)},
-                    Case{"dp2_tp2_zero3_selective", with_recompute(Plan::tensor_parallel(2, 2, 3),
-                                                                   RecomputePolicy::selective)},
-                    Case{"tp2_sp", with_sequence_parallel(Plan::tensor_parallel(1, 2))},
-                    Case{"dp2_tp2_zero3_sp_selective",
-                         with_sequence_parallel(with_recompute(Plan::tensor_parallel(2, 2, 3),
-                                                               RecomputePolicy::selective))}),
+    testing::Values(
+        Case{"tp2", Plan::tensor_parallel(1, 2)}, Case{"dp2_tp2", Plan::tensor_parallel(2, 2)},
+        Case{"dp2_tp2_zero1", Plan::tensor_parallel(2, 2, 1)},
+        Case{"dp2_tp2_zero2", Plan::tensor_parallel(2, 2, 2)},
+        Case{"dp2_tp2_zero3", Plan::tensor_parallel(2, 2, 3)},
+        Case{"hsdp_2x2_tp2", Plan::hybrid_sharded(2, 2, 2)},
+        Case{"tp2_accum", with_micro(Plan::tensor_parallel(1, 2), 2)},
+        Case{"tp2_recompute", with_recompute(Plan::tensor_parallel(1, 2))},
+        Case{"tp2_selective_first_block",
+             with_recompute_layers(
+                 with_recompute(Plan::tensor_parallel(1, 2), RecomputePolicy::selective), 1)},
+        Case{"dp2_tp2_zero3_selective",
+             with_recompute(Plan::tensor_parallel(2, 2, 3), RecomputePolicy::selective)},
+        Case{"tp2_sp", with_sequence_parallel(Plan::tensor_parallel(1, 2))},
+        Case{"tp2_sp_pieces", piece_by_piece(with_sequence_parallel(Plan::tensor_parallel(1, 2)))},
+        Case{"dp2_tp2_zero3_sp_pieces",
+             piece_by_piece(with_sequence_parallel(Plan::tensor_parallel(2, 2, 3)))},
+        Case{"dp2_tp2_zero3_sp_selective",
+             with_sequence_parallel(with_recompute(Plan::tensor_parallel(2, 2, 3),
+                                                   RecomputePolicy::selective))}),
     [](const testing::TestParamInfo<Case>& i) { return std::string(i.param.name); });
 
 // The head split on its columns (row-parallel): its input is sliced locally on each rank
