@@ -162,6 +162,19 @@ TEST(Plan, SequenceParallelRoundTripsAndNeedsATensorAxis) {
             std::string::npos);
 }
 
+// gpt2-small's blocks in Megatron's layout on a plan of one data and one tensor axis: the
+// QKV and first MLP projections split on their output columns, the second ones on their rows.
+Plan gpt2_small_megatron(Plan p) {
+  for (int l = 0; l < 12; ++l) {
+    const std::string h = "h." + std::to_string(l) + ".";
+    for (const char* col : {"attn.qkv.weight", "attn.qkv.bias", "mlp.fc.weight", "mlp.fc.bias"})
+      p.params[h + col] = {Placement::replicate(), Placement::shard(0)};
+    for (const char* row : {"attn.proj.weight", "mlp.proj.weight"})
+      p.params[h + row] = {Placement::replicate(), Placement::shard(1)};
+  }
+  return p;
+}
+
 // The Megatron layout of a GPT-2 124M step on tp 2 with and without sequence parallelism:
 // the norms' and residual adds' activations are split on the sequence, so the planned arena
 // shrinks; the norm and residual values between blocks are Shard(1) on tp. GPT-2's head is the
@@ -169,14 +182,7 @@ TEST(Plan, SequenceParallelRoundTripsAndNeedsATensorAxis) {
 // and the table's gradient, a partial sum, is reduced with the other gradients.
 TEST(Partition, SequenceParallelSplitsNormsAndResidualsAndShrinksTheArena) {
   ModelGraph m = build_model(*find_preset("gpt2-small"), 4, 256, ModelMode::train);
-  Plan tp = Plan::tensor_parallel(1, 2);
-  for (int l = 0; l < 12; ++l) {
-    const std::string h = "h." + std::to_string(l) + ".";
-    for (const char* col : {"attn.qkv.weight", "attn.qkv.bias", "mlp.fc.weight", "mlp.fc.bias"})
-      tp.params[h + col] = {Placement::replicate(), Placement::shard(0)};
-    for (const char* row : {"attn.proj.weight", "mlp.proj.weight"})
-      tp.params[h + row] = {Placement::replicate(), Placement::shard(1)};
-  }
+  Plan tp = gpt2_small_megatron(Plan::tensor_parallel(1, 2));
   Plan sp = tp;
   sp.sequence_parallel = true;
   Result<Program> a = lower(m.graph, tp), b = lower(m.graph, sp);
@@ -218,15 +224,8 @@ TEST(Partition, SequenceParallelSplitsNormsAndResidualsAndShrinksTheArena) {
 // packs or unpacks them; smaller pieces are packed into one collective.
 TEST(Partition, SequenceParallelGathersLargePiecesOneByOne) {
   ModelGraph m = build_model(*find_preset("gpt2-small"), 2, 1024, ModelMode::train);
-  Plan sp = Plan::tensor_parallel(1, 2);
+  Plan sp = gpt2_small_megatron(Plan::tensor_parallel(1, 2));
   sp.sequence_parallel = true;
-  for (int l = 0; l < 12; ++l) {
-    const std::string h = "h." + std::to_string(l) + ".";
-    for (const char* col : {"attn.qkv.weight", "attn.qkv.bias", "mlp.fc.weight", "mlp.fc.bias"})
-      sp.params[h + col] = {Placement::replicate(), Placement::shard(0)};
-    for (const char* row : {"attn.proj.weight", "mlp.proj.weight"})
-      sp.params[h + row] = {Placement::replicate(), Placement::shard(1)};
-  }
   auto count = [&](const Plan& plan) {
     Result<Program> p = lower(m.graph, plan);
     EXPECT_TRUE(p.ok()) << p.status().to_string();
