@@ -413,7 +413,6 @@ Result<RunSetup> setup_run(const PublishedRun& r, const std::string& cluster_dir
     s.assumptions.push_back("each send between stages blocks its stage (" + r.at("framework") +
                             ")");
   }
-
   // Attention as the framework ran it in the row's year: before FlashAttention, kernels around
   // a score matrix in memory.
   double published_year = 0;
@@ -524,10 +523,10 @@ Result<RunSetup> setup_run(const PublishedRun& r, const std::string& cluster_dir
           r.at("framework"), static_cast<int>(s.model.n_layer), s.plan.chunks());
     std::string cut;
     for (int b : s.plan.stage_layers) cut += (cut.empty() ? "" : ",") + std::to_string(b);
-    s.assumptions.push_back(cut.empty() ? std::string("stages balanced by the cost model")
-                                        : "blocks per stage " + cut + " as " + r.at("framework") +
-                                              " cuts them (the embedding on the first, the " +
-                                              "head on the last)");
+    s.assumptions.push_back(
+        cut.empty() ? std::string("stages balanced by the cost model")
+                    : "blocks per pipeline chunk " + cut + " as " + r.at("framework") +
+                          " cuts them (the embedding on the first, the " + "head on the last)");
   }
   if (cp > 1 && s.model.family == "llama") s.plan.context_order = ContextOrder::zigzag;
   // The rows list the tokenizer's vocabulary; the frameworks train a padded table (Megatron-LM

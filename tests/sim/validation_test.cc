@@ -150,7 +150,7 @@ TEST(SetupRun, PipelinedRowsAreCutAsTheirFrameworkCutsThem) {
   EXPECT_EQ(ds->plan.stage_layers, (std::vector<int>{8, 8, 8, 6}));
   bool said = false;
   for (const std::string& a : ds->assumptions)
-    said |= a.find("blocks per stage 8,8,8,6 as Megatron-DeepSpeed") != std::string::npos;
+    said |= a.find("blocks per pipeline chunk 8,8,8,6 as Megatron-DeepSpeed") != std::string::npos;
   EXPECT_TRUE(said);
   r.fields["framework"] = "torchtitan";
   Result<RunSetup> balanced = setup_run(r);
