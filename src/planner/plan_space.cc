@@ -218,11 +218,10 @@ class MicroBatchCosts {
       if (in.kind == Instruction::start) {
         const std::vector<std::string> axes = axes_of_key(n.attr<GroupAttrs>().axes);
         const GroupLayout group = group_layout(p.mesh, axes, cluster_.node.devices);
-        const double t =
-            collective_pieces(n) *
-            collective_time(n.op, collective_bytes(local, n, scale) / collective_pieces(n), group,
-                            cluster_)
-                .seconds;
+        const double pieces = collective_pieces(n);
+        const double t = pieces * collective_time(n.op, collective_bytes(local, n, scale) / pieces,
+                                                  group, cluster_)
+                                      .seconds;
         end[i] = std::max(ready, compute) + t;
         if (std::count(axes.begin(), axes.end(), p.context_axis)) out.context_comm += t;
       } else if (in.kind == Instruction::wait) {
