@@ -105,8 +105,8 @@ const FloatField<DeviceSpec> kDeviceFloats[] = {
      "0.15 on an H100 (1: no penalty)"},
     {"unaligned_attention_efficiency", &DeviceSpec::unaligned_attention_efficiency, 1, false,
      Range::fraction, false,
-     "the same for an unfused attention's batched GEMMs (a head width that is not a multiple of "
-     "8), at most unaligned_gemm_efficiency, e.g. 0.082 on an A100 (1: as "
+     "fraction of an unfused attention's batched-GEMM rate left when a head width is not a "
+     "multiple of 8 (at most unaligned_gemm_efficiency), e.g. 0.082 on an A100 (1: as "
      "unaligned_gemm_efficiency)"},
     {"fp8_gemm_efficiency", &DeviceSpec::fp8_gemm_efficiency, 1, false, Range::fraction, false,
      "fraction of the FP8 peak the best-shaped FP8 GEMM reaches, e.g. 0.5"},
