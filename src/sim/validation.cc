@@ -113,6 +113,21 @@ bool node_network_gbits(const std::string& s, double* gbits) {
   return true;
 }
 
+int device_nvlinks(const std::string& s) {
+  std::smatch m;
+  // "NVLink 4 inter-gpu connects" (BigScience's rows), "4 NVLink GPU-to-GPU interconnects"
+  // (the BLOOM paper), "12 NVLink links". Not a generation ("NVLink4/NVSwitch"): the count is
+  // a word of its own.
+  static const std::regex after(
+      R"(NVLinks?\s+(\d+)\s+(?:inter-?gpu\s+|gpu-to-gpu\s+)?(?:inter)?(?:connects|connections|links))",
+      std::regex::icase);
+  static const std::regex before(
+      R"((?:^|\s|\()(\d+)\s*x?\s*NVLinks?\s+(?:inter-?gpu\s+|gpu-to-gpu\s+)?(?:inter)?(?:connects|connections|links))",
+      std::regex::icase);
+  if (std::regex_search(s, m, after) || std::regex_search(s, m, before)) return std::stoi(m[1].str());
+  return 0;
+}
+
 namespace {
 
 // A GPT decoder's depth from its published size: the blocks (attention 4h^2 + 4h, MLP
@@ -580,6 +595,12 @@ Result<RunSetup> setup_run(const PublishedRun& r, const std::string& cluster_dir
       s.cluster, load_cluster(cluster_dir.empty() ? preset : cluster_dir + "/" + preset + ".toml"));
   double per_node, gbits;
   if (number(r.at("gpus_per_node"), &per_node)) s.cluster.node.devices = static_cast<int>(per_node);
+  // NVLink 2, 3 and 4 (V100, A100, H100) each carry 25 GB/s per link and direction.
+  if (int links = device_nvlinks(r.at("intra_node_link")); links > 0) {
+    s.cluster.node.intra_bandwidth = links * 25e9;
+    s.assumptions.push_back("NVLink " + std::to_string(links) + " links per GPU x 25 GB/s = " +
+                            std::to_string(links * 25) + " GB/s one way (from the row)");
+  }
   if (node_network_gbits(r.at("inter_node_network"), &gbits) && s.cluster.network.nics > 0) {
     s.cluster.network.nic_bandwidth = gbits * 1e9 / 8 / s.cluster.network.nics;
     s.assumptions.push_back("network " + std::to_string(static_cast<int>(gbits)) +

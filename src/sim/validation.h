@@ -37,6 +37,11 @@ Result<std::vector<PublishedRun>> read_published_runs(const std::string& path);
 // each). False when the cell names no rate.
 bool node_network_gbits(const std::string& cell, double* gbits);
 
+// The NVLink links of each GPU from a row's intra_node_link cell: "NVLink 4 inter-gpu
+// connects", "4 NVLink GPU-to-GPU interconnects", "12 NVLink links". 0 when it gives no count
+// ("NVLink3 + NVSwitch (DGX A100)", "NVLink4/NVSwitch 900 GB/s": a generation, not a count).
+int device_nvlinks(const std::string& cell);
+
 // What a row becomes: a model, a plan and a cluster to simulate, and the number to match.
 struct RunSetup {
   ModelConfig model;

@@ -111,6 +111,30 @@ TEST(SetupRun, ReadsTheNodesNetworkBandwidth) {
   EXPECT_FALSE(node_network_gbits("(not stated)", &gbits));
 }
 
+// Each GPU's NVLink links from the row's words, 25 GB/s each way per link; a generation or an
+// aggregate rate is not a count and leaves the preset's links.
+TEST(SetupRun, ReadsEachGpusNvlinkLinks) {
+  EXPECT_EQ(device_nvlinks("NVLink (NVLink 4 inter-gpu connects per HF blog)"), 4);
+  EXPECT_EQ(device_nvlinks("4 NVLink GPU-to-GPU interconnects"), 4);
+  EXPECT_EQ(device_nvlinks("12 NVLink links per GPU"), 12);
+  EXPECT_EQ(device_nvlinks("NVLink3 + NVSwitch (DGX A100)"), 0);
+  EXPECT_EQ(device_nvlinks("NVLink4/NVSwitch 900 GB/s"), 0);
+  EXPECT_EQ(device_nvlinks("NVSwitch (300 GB/s per paper)"), 0);
+  EXPECT_EQ(device_nvlinks(""), 0);
+
+  PublishedRun r = mosaic_like();
+  Result<RunSetup> whole = setup_run(r);
+  ASSERT_TRUE(whole.ok()) << whole.status().to_string();
+  EXPECT_DOUBLE_EQ(whole->cluster.node.intra_bandwidth, 300e9);  // the preset's 12 links
+  r.fields["intra_node_link"] = "NVLink (NVLink 4 inter-gpu connects per HF blog)";
+  Result<RunSetup> four = setup_run(r);
+  ASSERT_TRUE(four.ok()) << four.status().to_string();
+  EXPECT_DOUBLE_EQ(four->cluster.node.intra_bandwidth, 100e9);
+  bool said = false;
+  for (const std::string& a : four->assumptions) said |= a.find("NVLink 4 links") == 0;
+  EXPECT_TRUE(said);
+}
+
 // A run published before FlashAttention reached its framework is timed with the score matrix
 // in memory (AttentionKernel::materialized), and says so; it takes longer than the fused kernel.
 TEST(SetupRun, RunsBeforeFlashAttentionKeepTheScoreMatrix) {
