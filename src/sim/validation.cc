@@ -124,7 +124,8 @@ int device_nvlinks(const std::string& s) {
   static const std::regex before(
       R"((?:^|\s|\()(\d+)\s*x?\s*NVLinks?\s+(?:inter-?gpu\s+|gpu-to-gpu\s+)?(?:inter)?(?:connects|connections|links))",
       std::regex::icase);
-  if (std::regex_search(s, m, after) || std::regex_search(s, m, before)) return std::stoi(m[1].str());
+  if (std::regex_search(s, m, after) || std::regex_search(s, m, before))
+    return std::stoi(m[1].str());
   return 0;
 }
 
