@@ -156,8 +156,9 @@ Result<double> layers_from_params(const PublishedRun& r, double hidden, double v
 }
 
 // Heads where a row does not give them: 128-wide (the common size), or the count nearest it
-// that divides the hidden size and splits over the tensor-parallel ranks. The attention's FLOPs
-// do not depend on it.
+// that divides the hidden size and splits over the tensor-parallel ranks (borrow_sibling_heads
+// runs first). The attention's FLOPs do not depend on it; its speed can, where an unfused
+// attention's heads are off the 8-element alignment (DeviceSpec::unaligned_attention_efficiency).
 Result<double> heads_for(double hidden, double tp, RunSetup* s) {
   const int64_t h = static_cast<int64_t>(hidden), ranks = static_cast<int64_t>(tp);
   const double want = hidden / 128;
@@ -302,6 +303,11 @@ Result<ModelConfig> model_for(const PublishedRun& r, double tp, RunSetup* s) {
     TS_ASSIGN_OR_RETURN(heads, heads_for(hidden, tp, s));
   } else {
     TS_RETURN_IF_ERROR(need(r, "heads", &heads));
+    if (const std::string& from = r.at(kHeadsFrom); !from.empty())
+      s->assumptions.push_back("heads = " + r.at("heads") + " of " +
+                               std::to_string(static_cast<int64_t>(hidden / heads)) +
+                               " (not published; row " + from +
+                               " of the same source and width gives them)");
   }
   ModelConfig c;
   c.name = name;
@@ -345,6 +351,40 @@ Result<std::vector<PublishedRun>> read_published_runs(const std::string& path) {
     out.push_back(std::move(r));
   }
   return out;
+}
+
+std::vector<PublishedRun> borrow_sibling_heads(std::vector<PublishedRun> runs) {
+  const std::vector<PublishedRun> table = runs;
+  // "GPT decoder (BLOOM candidate)" is a "GPT decoder": the words before a parenthesis.
+  auto family = [](const std::string& a) {
+    std::string f = a.substr(0, a.find('('));
+    while (!f.empty() && f.back() == ' ') f.pop_back();
+    return f;
+  };
+  for (PublishedRun& r : runs) {
+    double hidden, billions;
+    if (!r.at("heads").empty() || !number(r.at("hidden"), &hidden) ||
+        !number(r.at("params_B"), &billions))
+      continue;
+    double nearest = -1;
+    std::string heads, from;
+    bool agree = true;
+    for (const PublishedRun& o : table) {
+      double oh, ob, n;
+      if (o.at("source_key") != r.at("source_key") ||
+          family(o.at("architecture")) != family(r.at("architecture")) || !number(o.at("hidden"), &oh) ||
+          oh != hidden || !number(o.at("params_B"), &ob) || !number(o.at("heads"), &n))
+        continue;
+      const double d = std::fabs(ob - billions);
+      if (nearest < 0 || d < nearest) {
+        nearest = d, heads = o.at("heads"), from = o.at("row_id"), agree = true;
+      } else if (d == nearest && o.at("heads") != heads) {
+        agree = false;
+      }
+    }
+    if (nearest >= 0 && agree) r.fields["heads"] = heads, r.fields[kHeadsFrom] = from;
+  }
+  return runs;
 }
 
 Result<RunSetup> setup_run(const PublishedRun& r, const std::string& cluster_dir) {

@@ -62,6 +62,14 @@ struct RunSetup {
   std::vector<std::string> filled;
 };
 
+// The heads of rows that do not publish them, from the row of the same source, architecture
+// (the words before any parenthesis) and hidden size that does and whose published size (params_B) is nearest, when the rows at
+// that size agree (a source's candidates of one width share their heads); the row's
+// kHeadsFrom cell names the row they came from, and setup_run says so. Other rows are left to
+// setup_run's guess (128-wide heads, or the nearest count that divides).
+inline constexpr const char* kHeadsFrom = "heads_from_row";
+std::vector<PublishedRun> borrow_sibling_heads(std::vector<PublishedRun> runs);
+
 // Fails with the reason when the row cannot be modelled yet (missing fields, tensor or
 // pipeline parallelism, FP8, ...). Cluster presets come from `cluster_dir`/<preset>.toml when
 // given (to validate edited or calibrated specs), else from the shipped presets.

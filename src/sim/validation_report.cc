@@ -20,9 +20,10 @@ double percentile(std::vector<double> v, double p) {
   return v[std::min(v.size() - 1, rank == 0 ? 0 : rank - 1)];
 }
 
-ValidationReport validate_runs(const std::vector<PublishedRun>& runs, int threads,
+ValidationReport validate_runs(const std::vector<PublishedRun>& table, int threads,
                                const std::string& only_source, const std::string& cluster_dir) {
   ValidationReport rep;
+  const std::vector<PublishedRun> runs = borrow_sibling_heads(table);
   std::vector<const PublishedRun*> todo;
   for (const PublishedRun& r : runs)
     if (only_source.empty() || r.at("source_key") == only_source) todo.push_back(&r);
