@@ -372,8 +372,9 @@ std::vector<PublishedRun> borrow_sibling_heads(std::vector<PublishedRun> runs) {
     for (const PublishedRun& o : table) {
       double oh, ob, n;
       if (o.at("source_key") != r.at("source_key") ||
-          family(o.at("architecture")) != family(r.at("architecture")) || !number(o.at("hidden"), &oh) ||
-          oh != hidden || !number(o.at("params_B"), &ob) || !number(o.at("heads"), &n))
+          family(o.at("architecture")) != family(r.at("architecture")) ||
+          !number(o.at("hidden"), &oh) || oh != hidden || !number(o.at("params_B"), &ob) ||
+          !number(o.at("heads"), &n))
         continue;
       const double d = std::fabs(ob - billions);
       if (nearest < 0 || d < nearest) {

@@ -63,10 +63,10 @@ struct RunSetup {
 };
 
 // The heads of rows that do not publish them, from the row of the same source, architecture
-// (the words before any parenthesis) and hidden size that does and whose published size (params_B) is nearest, when the rows at
-// that size agree (a source's candidates of one width share their heads); the row's
-// kHeadsFrom cell names the row they came from, and setup_run says so. Other rows are left to
-// setup_run's guess (128-wide heads, or the nearest count that divides).
+// (the words before any parenthesis) and hidden size that does and whose published size (params_B)
+// is nearest, when the rows at that size agree (a source's candidates of one width share their
+// heads); the row's kHeadsFrom cell names the row they came from, and setup_run says so. Other rows
+// are left to setup_run's guess (128-wide heads, or the nearest count that divides).
 inline constexpr const char* kHeadsFrom = "heads_from_row";
 std::vector<PublishedRun> borrow_sibling_heads(std::vector<PublishedRun> runs);
 
