@@ -119,10 +119,10 @@ int device_nvlinks(const std::string& s) {
   // (the BLOOM paper), "12 NVLink links". Not a generation ("NVLink4/NVSwitch"): the count is
   // a word of its own.
   static const std::regex after(
-      R"(NVLinks?\s+(\d+)\s+(?:inter-?gpu\s+|gpu-to-gpu\s+)?(?:inter)?(?:connects|connections|links))",
+      R"(NVLinks?\s+(\d{1,3})\s+(?:inter-?gpu\s+|gpu-to-gpu\s+)?(?:inter)?(?:connects|connections|links))",
       std::regex::icase);
   static const std::regex before(
-      R"((?:^|\s|\()(\d+)\s*x?\s*NVLinks?\s+(?:inter-?gpu\s+|gpu-to-gpu\s+)?(?:inter)?(?:connects|connections|links))",
+      R"((?:^|\s|\()(\d{1,3})\s*x?\s*NVLinks?\s+(?:inter-?gpu\s+|gpu-to-gpu\s+)?(?:inter)?(?:connects|connections|links))",
       std::regex::icase);
   if (std::regex_search(s, m, after) || std::regex_search(s, m, before))
     return std::stoi(m[1].str());
@@ -383,7 +383,11 @@ std::vector<PublishedRun> borrow_sibling_heads(std::vector<PublishedRun> runs) {
         agree = false;
       }
     }
-    if (nearest >= 0 && agree) r.fields["heads"] = heads, r.fields[kHeadsFrom] = from;
+    // Only heads this row's width and tensor ranks can take (else setup_run's guess).
+    double n, tp = 1;
+    const bool fits = number(heads, &n) && n >= 1 && std::fmod(hidden, n) == 0 &&
+                      (!number(r.at("tp"), &tp) || tp < 1 || std::fmod(n, tp) == 0);
+    if (nearest >= 0 && agree && fits) r.fields["heads"] = heads, r.fields[kHeadsFrom] = from;
   }
   return runs;
 }

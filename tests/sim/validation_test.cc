@@ -121,6 +121,7 @@ TEST(SetupRun, ReadsEachGpusNvlinkLinks) {
   EXPECT_EQ(device_nvlinks("NVLink4/NVSwitch 900 GB/s"), 0);
   EXPECT_EQ(device_nvlinks("NVSwitch (300 GB/s per paper)"), 0);
   EXPECT_EQ(device_nvlinks(""), 0);
+  EXPECT_EQ(device_nvlinks("NVLink 99999999999999 links"), 0);  // not a count: no throw
 
   PublishedRun r = mosaic_like();
   Result<RunSetup> whole = setup_run(r);
@@ -144,6 +145,7 @@ TEST(SetupRun, BorrowsUnpublishedHeadsFromTheSameSourcesNearestRowOfThatWidth) {
     PublishedRun r = mosaic_like();
     r.fields["row_id"] = id, r.fields["source_key"] = source, r.fields["architecture"] = arch;
     r.fields["hidden"] = "14400", r.fields["params_B"] = billions, r.fields["heads"] = heads;
+    r.fields["tp"] = "8";
     return r;
   };
   std::vector<PublishedRun> table = {
@@ -155,7 +157,9 @@ TEST(SetupRun, BorrowsUnpublishedHeadsFromTheSameSourcesNearestRowOfThatWidth) {
       row("6", "log", "MPT decoder", "194", ""),              // nor of its architecture
       row("7", "log2", "GPT decoder", "180", "64"),
       row("8", "log2", "GPT decoder", "180", "128"),
-      row("9", "log2", "GPT decoder", "181", "")};  // the nearest disagree
+      row("9", "log2", "GPT decoder", "181", ""),  // the nearest disagree
+      row("10", "log3", "GPT decoder", "50", "100"),
+      row("11", "log3", "GPT decoder", "50", "")};  // 100 heads do not split over tp 8
   std::vector<PublishedRun> out = borrow_sibling_heads(table);
   EXPECT_EQ(out[2].at("heads"), "96");
   EXPECT_EQ(out[2].at(kHeadsFrom), "2");
@@ -163,9 +167,10 @@ TEST(SetupRun, BorrowsUnpublishedHeadsFromTheSameSourcesNearestRowOfThatWidth) {
   EXPECT_EQ(out[4].at("heads"), "");
   EXPECT_EQ(out[5].at("heads"), "");
   EXPECT_EQ(out[8].at("heads"), "");
+  EXPECT_EQ(out[10].at("heads"), "");
   EXPECT_EQ(out[1].at(kHeadsFrom), "");  // a row that gives them keeps them
 
-  out[2].fields["layers"] = "80", out[2].fields["tp"] = "8";
+  out[2].fields["layers"] = "80";
   Result<RunSetup> s = setup_run(out[2]);
   ASSERT_TRUE(s.ok()) << s.status().to_string();
   EXPECT_EQ(s->model.n_head, 96);
