@@ -43,6 +43,13 @@ TEST(PublishedRuns, ReadsQuotedCellsAndNamesBadRecords) {
   EXPECT_NE(r.status().message().find("no column 'model_name'"), std::string::npos);
 }
 
+// Whether one of the row's listed assumptions contains `text`.
+bool says(const RunSetup& s, const std::string& text) {
+  for (const std::string& a : s.assumptions)
+    if (a.find(text) != std::string::npos) return true;
+  return false;
+}
+
 PublishedRun mosaic_like() {
   PublishedRun r;
   r.fields = {{"row_id", "1"},
@@ -131,9 +138,7 @@ TEST(SetupRun, ReadsEachGpusNvlinkLinks) {
   Result<RunSetup> four = setup_run(r);
   ASSERT_TRUE(four.ok()) << four.status().to_string();
   EXPECT_DOUBLE_EQ(four->cluster.node.intra_bandwidth, 100e9);
-  bool said = false;
-  for (const std::string& a : four->assumptions) said |= a.find("NVLink 4 links") == 0;
-  EXPECT_TRUE(said);
+  EXPECT_TRUE(says(*four, "NVLink 4 links per GPU x 25 GB/s = 100 GB/s"));
 }
 
 // A row without its heads takes them from the row of the same source, architecture and width
@@ -174,9 +179,7 @@ TEST(SetupRun, BorrowsUnpublishedHeadsFromTheSameSourcesNearestRowOfThatWidth) {
   Result<RunSetup> s = setup_run(out[2]);
   ASSERT_TRUE(s.ok()) << s.status().to_string();
   EXPECT_EQ(s->model.n_head, 96);
-  bool said = false;
-  for (const std::string& a : s->assumptions) said |= a.find("row 2 of the same source") != a.npos;
-  EXPECT_TRUE(said);
+  EXPECT_TRUE(says(*s, "row 2 of the same source"));
 }
 
 // A run published before FlashAttention reached its framework is timed with the score matrix
@@ -188,9 +191,7 @@ TEST(SetupRun, RunsBeforeFlashAttentionKeepTheScoreMatrix) {
   Result<RunSetup> old = setup_run(r);
   ASSERT_TRUE(old.ok()) << old.status().to_string();
   EXPECT_EQ(old->sim.attention, AttentionKernel::materialized);
-  bool said = false;
-  for (const std::string& a : old->assumptions) said |= a.find("score matrix") != std::string::npos;
-  EXPECT_TRUE(said);
+  EXPECT_TRUE(says(*old, "score matrix"));
   r.fields["source_year"] = "2023";
   Result<RunSetup> now = setup_run(r);
   ASSERT_TRUE(now.ok()) << now.status().to_string();
@@ -216,10 +217,7 @@ TEST(SetupRun, PipelinedRowsAreCutAsTheirFrameworkCutsThem) {
   Result<RunSetup> ds = setup_run(r);
   ASSERT_TRUE(ds.ok()) << ds.status().to_string();
   EXPECT_EQ(ds->plan.stage_layers, (std::vector<int>{8, 8, 8, 6}));
-  bool said = false;
-  for (const std::string& a : ds->assumptions)
-    said |= a.find("blocks per pipeline chunk 8,8,8,6 as Megatron-DeepSpeed") != std::string::npos;
-  EXPECT_TRUE(said);
+  EXPECT_TRUE(says(*ds, "blocks per pipeline chunk 8,8,8,6 as Megatron-DeepSpeed"));
   r.fields["framework"] = "torchtitan";
   Result<RunSetup> balanced = setup_run(r);
   ASSERT_TRUE(balanced.ok()) << balanced.status().to_string();
@@ -258,10 +256,7 @@ TEST(SetupRun, PadsAnUnalignedVocabularyAsTheFrameworksDo) {
   ASSERT_TRUE(s.ok()) << s.status().to_string();
   EXPECT_EQ(s->model.vocab_size, 50257);
   EXPECT_EQ(s->model.vocab_rows(), 50304);
-  bool said = false;
-  for (const std::string& a : s->assumptions)
-    said |= a.find("padded to 50304") != std::string::npos;
-  EXPECT_TRUE(said);
+  EXPECT_TRUE(says(*s, "padded to 50304"));
   r.fields["tp"] = "8";
   r.fields["zero_or_fsdp"] = "none";
   r.fields["vocab"] = "50368";  // 6,296 rows per rank: aligned
