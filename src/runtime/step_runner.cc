@@ -41,24 +41,6 @@ Status check_runnable(const Program& p) {
 
 namespace {
 
-// Attention on a sequence split over ranks (a block input: context parallelism) has no CUDA
-// kernel yet; a device backend refuses it before anything is allocated.
-Status check_kernels(const Program& p, const Backend& backend) {
-  if (backend.memory() != MemSpace::device) return Status();
-  const Graph& g = p.local();
-  for (const Node& n : g.nodes()) {
-    if (n.op != OpKind::attention && n.op != OpKind::attention_grad) continue;
-    std::vector<TensorType> in;
-    for (ValueId v : n.inputs) in.push_back(g.type(v));
-    if (optional_inputs(in, n.op == OpKind::attention ? 3 : 6).block >= 0)
-      return error(std::string("attention over a sequence split across ranks (context "
-                               "parallelism) runs on the CPU backend so far: the ") +
-                       backend.name() + " attention kernels take no sequence block yet",
-                   "drop --cp, or train on --device cpu");
-  }
-  return Status();
-}
-
 // A device that cannot hold the Program's memory (what the runner allocates: the NULL-backend
 // test holds it to the byte) is an error before any allocation, with the planned parts.
 Status check_fits(const Program& p, const Backend& backend) {
@@ -89,7 +71,6 @@ Result<std::unique_ptr<StepRunner>> StepRunner::create(const Graph& global, cons
                  "add_evaluation");
   TS_ASSIGN_OR_RETURN(Program prog, lower(global, plan));
   TS_RETURN_IF_ERROR(check_runnable(prog));
-  TS_RETURN_IF_ERROR(check_kernels(prog, backend));
   TS_RETURN_IF_ERROR(check_fits(prog, backend));
   return std::unique_ptr<StepRunner>(new StepRunner(global, std::move(prog), backend, comms, opt));
 }
@@ -103,7 +84,6 @@ Result<std::unique_ptr<StepRunner>> StepRunner::create_chunk(const Graph& model,
       return error("pipeline chunk parameter " + pl.name + " is not in the model");
   }
   TS_RETURN_IF_ERROR(check_runnable(chunk.program));
-  TS_RETURN_IF_ERROR(check_kernels(chunk.program, backend));
   return std::unique_ptr<StepRunner>(
       new StepRunner(model, chunk.program, backend, comms, opt, &chunk, std::move(arena)));
 }

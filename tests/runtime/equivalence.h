@@ -13,6 +13,7 @@
 #include <vector>
 
 #include "backend/cpu/cpu_backend.h"
+#include "ir/op.h"
 #include "models/model.h"
 #include "parallel/sharding_search.h"
 #include "runtime/step_runner.h"
@@ -81,6 +82,21 @@ inline Plan with_searched_layout(Plan plan, const ModelConfig& c) {
   plan.params = expand_block_layout(*b, all.graph, plan).value();
   return plan;
 }
+// Two context-parallel ranks, the keys and values gathered or passed round the ring, each
+// sequence cut contiguously or in zigzag halves.
+inline std::vector<Plan> context_parallel_plans() {
+  std::vector<Plan> plans;
+  for (ContextAttention how : {ContextAttention::gather, ContextAttention::ring})
+    for (ContextOrder order : {ContextOrder::contiguous, ContextOrder::zigzag}) {
+      Plan p = Plan::data_parallel(1);
+      EXPECT_TRUE(add_context_axis(&p, 2).ok());
+      p.context_attention = how;
+      p.context_order = order;
+      plans.push_back(p);
+    }
+  return plans;
+}
+
 constexpr uint64_t kSeed = 7;
 constexpr double kLr = 2e-3;
 
@@ -117,15 +133,33 @@ inline AdamWConfig adamw() {
   return c;
 }
 
-// Evaluates the held-out batch (step 1000's) under the runner's plan, from this rank's rows.
-inline void evaluate_held_out(StepRunner& step, int data_rank, int data_ranks, int64_t vocab,
+// What rank `rank` of `plan` takes of a global batch x [kBatch, kSeq]: its data group's rows,
+// whole, or with a context axis its chunk of each of them, cut as the trainer cuts them
+// (contiguous or zigzag: op.h's sequence_position).
+inline std::vector<int32_t> rank_part(const std::vector<int32_t>& x, const Plan& plan, int rank) {
+  const int64_t rows = kBatch / plan.data_group();
+  const int64_t row0 = plan.mesh.group_index(rank, plan.data_axes) * rows;
+  const int chunks = plan.context_group();
+  if (chunks <= 1) return {x.begin() + row0 * kSeq, x.begin() + (row0 + rows) * kSeq};
+  const int chunk = plan.mesh.group_index(rank, {plan.context_axis});
+  const int64_t len = kSeq / chunks,
+                zigzag = plan.context_order == ContextOrder::zigzag ? chunks : 0;
+  std::vector<int32_t> part;
+  for (int64_t r = row0; r < row0 + rows; ++r)
+    for (int64_t t = 0; t < len; ++t)
+      part.push_back(x[static_cast<size_t>(r * kSeq + sequence_position(t, chunk, len, zigzag))]);
+  return part;
+}
+
+// Evaluates the held-out batch (step 1000's) under the runner's plan, from this rank's part.
+inline void evaluate_held_out(StepRunner& step, const Plan& plan, int rank, int64_t vocab,
                               RunResult* r) {
   std::vector<int32_t> x, y;
   global_batch(1000, 0, &x, &y, vocab);
-  const int64_t rows = kBatch / data_ranks;
+  x = rank_part(x, plan, rank);
+  y = rank_part(y, plan, rank);
   step.eval_executor()->paint_arena();
-  Result<float> loss = step.evaluate(
-      token_feed(x.data() + data_rank * rows * kSeq, y.data() + data_rank * rows * kSeq));
+  Result<float> loss = step.evaluate(token_feed(x.data(), y.data()));
   EXPECT_TRUE(loss.ok()) << loss.status().to_string();
   r->eval_loss = loss.ok() ? loss.value() : 0.0f;
   r->eval_arena_measured = step.eval_executor()->measured_high_water();
@@ -163,7 +197,7 @@ inline RunResult run_single(int steps, int micro_batches, const ModelConfig& cfg
   }
   for (const Instruction& in : step.program().micro_step)
     EXPECT_EQ(in.kind, Instruction::compute) << "one rank: no collectives";
-  evaluate_held_out(step, 0, 1, cfg.vocab_size, &r);
+  evaluate_held_out(step, plan, 0, cfg.vocab_size, &r);
   for (size_t i = 0; i < m.graph.params().size(); ++i) r.params.push_back(step.read_param(i));
   return r;
 }
@@ -187,9 +221,6 @@ inline RunResult run_rank(Communicator& world, const Plan& plan, int steps,
   EXPECT_TRUE(eval.ok()) << eval.to_string();
   if (!eval.ok()) return r;
   step.init_params(kSeed);
-  const int dp = plan.data_group();
-  const int idx = plan.mesh.group_index(world.rank(), plan.data_axes);
-  const int64_t rows = kBatch / dp;
   std::vector<int32_t> x, y;
   for (int s = 0; s < steps; ++s) {
     if (s == steps - 1) {
@@ -199,8 +230,9 @@ inline RunResult run_rank(Communicator& world, const Plan& plan, int steps,
     float loss = 0;
     for (int k = 0; k < plan.micro_batches; ++k) {
       global_batch(s, k, &x, &y, cfg.vocab_size);
-      Result<float> l = step.forward_backward(
-          token_feed(x.data() + idx * rows * kSeq, y.data() + idx * rows * kSeq));
+      x = rank_part(x, plan, world.rank());
+      y = rank_part(y, plan, world.rank());
+      Result<float> l = step.forward_backward(token_feed(x.data(), y.data()));
       EXPECT_TRUE(l.ok()) << l.status().to_string();
       if (!l.ok()) return r;
       loss += l.value();
@@ -214,7 +246,7 @@ inline RunResult run_rank(Communicator& world, const Plan& plan, int steps,
   r.comm_bytes_planned = step.program().comm_bytes_per_step;
   r.arena_planned = step.program().memory.arena_bytes;
   r.persistent_bytes = step.program().persistent_bytes();
-  evaluate_held_out(step, idx, dp, cfg.vocab_size, &r);
+  evaluate_held_out(step, plan, world.rank(), cfg.vocab_size, &r);
   Status s = step.gather_params(&r.params);
   EXPECT_TRUE(s.ok()) << s.to_string();
   return r;

@@ -117,15 +117,19 @@ TEST(StepRunnerOnCuda, ReplayedStepsAreTheEagerSteps) {
 
 // Two ranks on one GPU, as `launch -n 2 -- train --device cuda` runs them where the node has
 // one: each rank's parameters, arena and optimizer state in device memory, the collectives
-// staged through host memory (data parallelism with ZeRO-1, tensor parallelism). Each rank
+// staged through host memory (data parallelism with ZeRO-1, tensor parallelism, and LLaMA's
+// sequences split over the ranks: context parallelism, its attention over a chunk of the
+// sequence with the keys gathered or passed round the ring, contiguous or zigzag). Each rank
 // follows the CPU ranks of the same plan within f32's reordered sums.
 TEST(StepRunnerOnCuda, RanksSharingAGpuFollowTheCpuRanks) {
   std::string why;
   if (!cuda_device_present(&why)) GTEST_SKIP() << why;
   using namespace testing_equivalence;
-  const ModelConfig cfg = tiny_gpt();
-  for (const Plan& plan :
-       {Plan::data_parallel(2, 1), with_searched_layout(Plan::tensor_parallel(1, 2), cfg)}) {
+  std::vector<std::pair<Plan, ModelConfig>> runs = {
+      {Plan::data_parallel(2, 1), tiny_gpt()},
+      {with_searched_layout(Plan::tensor_parallel(1, 2), tiny_gpt()), tiny_gpt()}};
+  for (const Plan& plan : context_parallel_plans()) runs.emplace_back(plan, tiny_llama());
+  for (const auto& [plan, cfg] : runs) {
     SCOPED_TRACE(plan.describe());
     std::vector<RunResult> want(2), got(2);
     for (bool gpu : {false, true}) {

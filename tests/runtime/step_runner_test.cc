@@ -205,6 +205,17 @@ TEST(TensorParallel, PaddedVocabularyIsVocabParallel) {
   }
 }
 
+// Context parallelism through the runner directly (the CLI tests run it through the trainer):
+// each rank fed its chunk of every sequence (rank_part), attention's keys and values gathered
+// or passed round the ring, contiguous or zigzag, follows one rank. The CUDA runner's test runs
+// these plans on a GPU against the CPU.
+TEST(ContextParallel, RanksFedTheirChunksMatchOneRank) {
+  for (const Plan& plan : context_parallel_plans()) {
+    SCOPED_TRACE(plan.describe());
+    expect_ranks_match(plan, 4, tiny_llama());
+  }
+}
+
 TEST(TensorParallel, KvHeadsThatDoNotSplitAreAnErrorNamingTheDegrees) {
   Plan plan = with_megatron_llama(Plan::tensor_parallel(1, 4), tiny_llama());
   ModelGraph m = build_model(tiny_llama(), kBatch, kSeq, ModelMode::train);

@@ -11,6 +11,12 @@
 // (dq, and D_i = dO_i . O_i) and one per key row (dk, dv, summed over the query heads of its
 // group), so no two threads write one element of dq, dk or dv; the bias gradient, a sum over
 // the batch, is added atomically.
+//
+// Context parallelism (op.h's AttentionAttrs): an optional i32 `block` input makes the Tq
+// queries a chunk of the sequence (contiguous or zigzag), and a `key_block` input makes the Tk
+// keys one too (ring attention's steps); the causal mask compares positions in the whole
+// sequence, read from device memory by every kernel. A row that sees no key of its chunk
+// gets out 0 and lse -inf (attention_merge's convention), as on the CPU.
 #include <algorithm>
 #include <cmath>
 
@@ -32,6 +38,43 @@ constexpr int kMaxTile = 64;                  // staged rows per tile
 struct Dims {
   int64_t b, h, tq, tk, d, hkv, group;
   bool causal;
+  // The queries' and keys' sequence chunks (device scalars, or null: positions 0..T-1) and
+  // the zigzag order's chunk count (0: contiguous); resolve() reads them in a kernel.
+  const int32_t *block_at = nullptr, *key_block_at = nullptr;
+  int64_t zigzag = 0;
+  int64_t block = 0, key_block = -1;
+
+  __device__ void resolve() {
+    if (block_at) block = block_at[0];
+    if (key_block_at) key_block = key_block_at[0];
+  }
+  // Query row i's and key row j's positions in the sequence (increasing in i and j).
+  __device__ int64_t query_position(int64_t i) const {
+    return block_at ? sequence_position(i, block, tq, zigzag) : i;
+  }
+  __device__ int64_t key_position(int64_t j) const {
+    return key_block >= 0 ? sequence_position(j, key_block, tk, zigzag) : j;
+  }
+  // Whether query i sees key j.
+  __device__ bool sees(int64_t i, int64_t j) const {
+    return !causal || key_position(j) <= query_position(i);
+  }
+  // How many keys sit at positions <= p (a prefix: key positions increase).
+  __device__ int64_t keys_upto(int64_t p) const {
+    if (key_block < 0) return std::clamp<int64_t>(p + 1, 0, tk);
+    if (zigzag <= 0) return std::clamp<int64_t>(p + 1 - key_block * tk, 0, tk);
+    const int64_t half = tk / 2;
+    return std::clamp<int64_t>(p + 1 - key_block * half, 0, half) +
+           std::clamp<int64_t>(p + 1 - (2 * zigzag - 1 - key_block) * half, 0, half);
+  }
+  // How many query rows sit at positions < p (a prefix: query positions increase).
+  __device__ int64_t queries_before(int64_t p) const {
+    if (!block_at) return std::clamp<int64_t>(p, 0, tq);
+    if (zigzag <= 0) return std::clamp<int64_t>(p - block * tq, 0, tq);
+    const int64_t half = tq / 2;
+    return std::clamp<int64_t>(p - block * half, 0, half) +
+           std::clamp<int64_t>(p - (2 * zigzag - 1 - block) * half, 0, half);
+  }
 };
 
 // The bias of head h's score (i, j), or 0 without one.
@@ -140,13 +183,14 @@ __device__ QueryRow query_row(const Dims& z, int g) {
           i,
           t.bh * z.tq + i,
           (b * z.hkv + h / z.group) * z.tk * z.d,
-          z.causal ? std::min<int64_t>(z.tk, t.first + per_block) : z.tk,
+          z.causal ? z.keys_upto(z.query_position(std::min(t.first + per_block, z.tq) - 1)) : z.tk,
           i < z.tq};
 }
 
 template <int kC>
 __global__ void forward_kernel(const float* q, const float* k, const float* v, const float* bias,
                                float* out, float* lse, Dims z, float scale, int g, int tile) {
+  z.resolve();
   extern __shared__ float4 sm4[];  // 16-byte aligned
   float* sm = reinterpret_cast<float*>(sm4);
   const Layout lay{g, kC, g * (kC + kPad)};
@@ -167,7 +211,7 @@ __global__ void forward_kernel(const float* q, const float* k, const float* v, c
       const float* kr = ks + jj * lay.stride + part * (kC + kPad);
       float s = group_sum(dot_chunk<kC>(qr, kr), g);
       const int64_t j = j0 + jj;
-      if (!row_ok || (z.causal && j > i)) continue;
+      if (!row_ok || !z.sees(i, j)) continue;
       s = s * scale + bias_at(bias, z, h, i, j);
       if (s > m) {  // a new maximum: rescale what was summed so far
         const float correction = expf(m - s);
@@ -182,8 +226,9 @@ __global__ void forward_kernel(const float* q, const float* k, const float* v, c
     }
   }
   if (!row_ok) return;
-  store_chunk<kC>(out + row * z.d, z.d, part, acc, 1.0f / l);
-  if (part == 0) lse[row] = m + logf(l);
+  // A row with no visible key (a later chunk's keys) has no probability: out 0, lse -inf.
+  store_chunk<kC>(out + row * z.d, z.d, part, acc, l > 0 ? 1.0f / l : 0.0f);
+  if (part == 0) lse[row] = l > 0 ? m + logf(l) : -INFINITY;
 }
 
 // dq of each query row of the tile, its row of the bias gradient (added over the batch), and
@@ -192,6 +237,7 @@ template <int kC>
 __global__ void dq_kernel(const float* q, const float* k, const float* v, const float* out,
                           const float* lse, const float* dout, const float* bias, float* dq,
                           float* dbias, float* delta, Dims z, float scale, int g, int tile) {
+  z.resolve();
   extern __shared__ float4 sm4[];  // 16-byte aligned
   float* sm = reinterpret_cast<float*>(sm4);
   const Layout lay{g, kC, g * (kC + kPad)};
@@ -221,7 +267,7 @@ __global__ void dq_kernel(const float* q, const float* k, const float* v, const 
       const float s = group_sum(dot_chunk<kC>(qr, kr), g);
       const float dp = group_sum(dot_chunk<kC>(dor, vr), g);
       const int64_t j = j0 + jj;
-      if (!row_ok || (z.causal && j > i)) continue;
+      if (!row_ok || !z.sees(i, j)) continue;
       const float p = expf(s * scale + bias_at(bias, z, h, i, j) - l);
       const float ds = p * (dp - di);
       if (dbias && part == 0) atomicAdd(dbias + (h * z.tq + i) * z.tk + j, ds);
@@ -239,6 +285,7 @@ template <int kC>
 __global__ void dkv_kernel(const float* q, const float* k, const float* v, const float* lse,
                            const float* dout, const float* bias, const float* delta, float* dk,
                            float* dv, Dims z, float scale, int g, int tile) {
+  z.resolve();
   extern __shared__ float4 sm4[];  // 16-byte aligned
   float* sm = reinterpret_cast<float*>(sm4);
   const Layout lay{g, kC, g * (kC + kPad)};
@@ -254,9 +301,12 @@ __global__ void dkv_kernel(const float* q, const float* k, const float* v, const
   load_chunk<kC>(v + row * z.d, z.d, part, key_ok, vr);
 #pragma unroll
   for (int e = 0; e < kC; ++e) dkr[e] = dvr[e] = 0.0f;
+  // Causal: the tile's first key is seen from the first query row at or past its position.
+  const int64_t first_query =
+      z.causal ? z.queries_before(z.key_position(std::min(t.first, z.tk - 1))) : 0;
   for (int64_t gi = 0; gi < z.group; ++gi) {
     const int64_t hh = kvh * z.group + gi, q0 = (b * z.h + hh) * z.tq;  // its first query row
-    for (int64_t i0 = z.causal ? t.first : 0; i0 < z.tq; i0 += tile) {
+    for (int64_t i0 = first_query; i0 < z.tq; i0 += tile) {
       const int n = static_cast<int>(std::min<int64_t>(tile, z.tq - i0));
       __syncthreads();
       stage(qs, q + q0 * z.d, i0, n, tile, z.d, lay);
@@ -272,7 +322,7 @@ __global__ void dkv_kernel(const float* q, const float* k, const float* v, const
         const float s = group_sum(dot_chunk<kC>(kr, qi), g);
         const float dp = group_sum(dot_chunk<kC>(vr, doi), g);
         const int64_t i = i0 + ii;
-        if (!key_ok || (z.causal && i < j)) continue;
+        if (!key_ok || !z.sees(i, j)) continue;
         const float p = expf(s * scale + bias_at(bias, z, hh, i, j) - ls[ii]);
         const float dsc = p * (dp - deltas[ii]) * scale;
         axpy_chunk<kC>(dvr, p, doi);
@@ -287,14 +337,24 @@ __global__ void dkv_kernel(const float* q, const float* k, const float* v, const
 
 // `forward_inputs`: 3 (attention) or 6 (attention_grad), before the optional bias and block.
 Dims dims_of(const Args& a, size_t forward_inputs) {
-  TS_CHECK(optional_inputs(a.in_types, forward_inputs).block < 0)
-      << "context-parallel attention (a sequence block) has no CUDA kernel yet (StepRunner's "
-         "check_kernels refuses it on a device)";
   const Shape &sq = a.in_shape(0), &sk = a.in_shape(1);
-  Dims z{sq[0], sq[1], sq[2], sk[2], sq[3], sk[1], sq[1] / sk[1], a.attr<AttentionAttrs>().causal};
+  const AttentionAttrs& at = a.attr<AttentionAttrs>();
+  Dims z{sq[0], sq[1], sq[2], sk[2], sq[3], sk[1], sq[1] / sk[1], at.causal};
+  const OptionalInputs opt = optional_inputs(a.in_types, forward_inputs);
+  if (opt.block >= 0) {  // (zigzag only with a block)
+    z.block_at = a.iin(opt.block);
+    z.zigzag = at.zigzag;
+  }
+  if (opt.key_block >= 0) z.key_block_at = a.iin(opt.key_block);
   TS_CHECK(z.d <= kMaxGroup * kBackwardChunk) << "the CUDA attention kernel takes head dims up to "
                                               << kMaxGroup * kBackwardChunk << ", not " << z.d;
   return z;
+}
+
+// The score bias [H,Tq,Tk] after the forward inputs, or null.
+const float* bias_of(const Args& a, size_t forward_inputs) {
+  const int bias = optional_inputs(a.in_types, forward_inputs).bias;
+  return bias >= 0 ? a.fin(bias) : nullptr;
 }
 
 // Threads per row (a power of two) for rows of d elements in chunks of kC.
@@ -326,7 +386,7 @@ Launch launch_for(int64_t d, int chunk, int arrays, int per_row) {
 void attention_f32(OpKind, const Args& a) {
   const Dims z = dims_of(a, 3);
   if (z.b * z.h * z.tq == 0) return;
-  const float* bias = a.num_inputs() == 4 ? a.fin(3) : nullptr;
+  const float* bias = bias_of(a, 3);
   const float scale = static_cast<float>(a.attr<AttentionAttrs>().scale);
   const Launch l = launch_for(z.d, kForwardChunk, 2, 0);
   forward_kernel<kForwardChunk><<<l.blocks(z.b * z.h, z.tq), kThreads, l.shared_bytes, a.stream>>>(
@@ -338,7 +398,7 @@ void attention_grad_f32(OpKind, const Args& a) {
   const Dims z = dims_of(a, 6);
   if (z.b * z.h * z.tq == 0) return;
   const float scale = static_cast<float>(a.attr<AttentionAttrs>().scale);
-  const float* bias = a.num_inputs() == 7 ? a.fin(6) : nullptr;
+  const float* bias = bias_of(a, 6);
   float* dbias = bias ? a.fout(3) : nullptr;
   if (dbias)
     TS_CUDA(cudaMemsetAsync(dbias, 0, static_cast<size_t>(z.h * z.tq * z.tk) * 4, a.stream));
@@ -375,6 +435,36 @@ void attention_grad(OpKind op, const Args& a) {
   attention_grad_f32(op, a);
 }
 
+// Two attentions of the same queries over disjoint keys as one (ops_nn.cc's attention_merge):
+// one thread per output element; a row with lse -inf on both sides stays 0 and -inf.
+__global__ void merge_kernel(const float* __restrict__ oa, const float* __restrict__ la,
+                             const float* __restrict__ ob, const float* __restrict__ lb,
+                             float* __restrict__ o, float* __restrict__ l, int64_t rows,
+                             int64_t d) {
+  for (int64_t e = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; e < rows * d;
+       e += static_cast<int64_t>(gridDim.x) * blockDim.x) {
+    const int64_t r = e / d, c = e - r * d;
+    const float m = fmaxf(la[r], lb[r]);
+    if (m == -INFINITY) {
+      o[e] = 0.0f;
+      if (c == 0) l[r] = m;
+      continue;
+    }
+    const float wa = expf(la[r] - m), wb = expf(lb[r] - m), sum = wa + wb;
+    o[e] = (wa / sum) * oa[e] + (wb / sum) * ob[e];
+    if (c == 0) l[r] = m + logf(sum);
+  }
+}
+
+void attention_merge(OpKind, const Args& a) {
+  const Shape& so = a.in_shape(0);
+  const int64_t rows = so[0] * so[1] * so[2], d = so[3];
+  if (rows * d == 0) return;
+  merge_kernel<<<blocks_for(rows * d), 256, 0, a.stream>>>(a.fin(0), a.fin(1), a.fin(2), a.fin(3),
+                                                           a.fout(0), a.fout(1), rows, d);
+  TS_CUDA_LAUNCH();
+}
+
 __global__ void buckets_kernel(int32_t* out, int64_t tq, int64_t tk, bool bidirectional,
                                int64_t num_buckets, int64_t max_distance) {
   const int64_t x = blockIdx.x * int64_t{blockDim.x} + threadIdx.x;
@@ -397,6 +487,7 @@ void register_attention_kernels(KernelTable& t) {
   t.add(OpKind::position_buckets, position_buckets);
   t.add(OpKind::attention, attention, /*low_precision=*/true);
   t.add(OpKind::attention_grad, attention_grad, /*low_precision=*/true);
+  t.add(OpKind::attention_merge, attention_merge);  // bf16/f16 outputs on widened copies
 }
 
 }  // namespace tessera::cuda

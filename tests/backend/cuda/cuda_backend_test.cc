@@ -68,10 +68,12 @@ std::vector<float> as_floats(const std::vector<char>& bytes, DType dt, int64_t n
 }
 
 // Runs `g` node by node on the CPU (every value in its own host buffer) and checks each node
-// the CUDA backend supports against it. Returns the ops the graph uses that CUDA lacks.
+// the CUDA backend supports against it. Returns the ops the graph uses that CUDA lacks. An i32
+// source gets random ids below `vocab`, or its value in `scalars`.
 std::set<std::string> check_graph(const Graph& g, int32_t vocab,
                                   std::map<std::string, OpReport>* report, int32_t axis_value = 1,
-                                  uint32_t seed = 1) {
+                                  uint32_t seed = 1,
+                                  const std::map<ValueId, int32_t>& scalars = {}) {
   CpuBackend cpu;
   CudaBackend gpu;
   std::mt19937 rng(seed);
@@ -83,6 +85,10 @@ std::set<std::string> check_graph(const Graph& g, int32_t vocab,
     const int64_t n = t.shape.numel();
     std::vector<char>& h = host[static_cast<size_t>(v)];
     h.assign(static_cast<size_t>(t.bytes()), 0);
+    if (auto it = scalars.find(v); it != scalars.end()) {
+      std::memcpy(h.data(), &it->second, 4);
+      return;
+    }
     if (t.dtype == DType::i32) {
       std::uniform_int_distribution<int32_t> ids(0, vocab - 1);
       for (int64_t i = 0; i < n; ++i) reinterpret_cast<int32_t*>(h.data())[i] = ids(rng);
@@ -254,8 +260,7 @@ TEST(CudaBackend, RunsTheFusedEpiloguesLikeTheCpu) {
 }
 
 // rope of a context-parallel rank's chunk (a sequence block input, contiguous or zigzag: op.h's
-// sequence_position) as the CPU rotates it. (Attention with a block has no CUDA kernel yet: the
-// runner refuses it on a device.)
+// sequence_position) as the CPU rotates it.
 TEST(CudaBackend, RopeOfASequenceChunkLikeTheCpu) {
   REQUIRE_DEVICE();
   std::map<std::string, OpReport> report;
@@ -389,6 +394,67 @@ TEST(CudaBackend, AttentionTilesEdgesBiasHeadDimsAndDtypes) {
     }
     EXPECT_EQ(report["attention"].nodes, 7);
     EXPECT_EQ(report["attention_grad"].nodes, 7);
+    std::printf("%s:\n", dtype_name(dt));
+    print(report);
+  }
+}
+
+// Attention on a context-parallel rank's chunk as the CPU computes it: the queries one of 2
+// chunks of the sequence (a block input), the keys the whole sequence (gathered) or one chunk (a
+// key block: ring attention's steps over an earlier, the same or a later chunk, whose rows see no
+// key: out 0, lse -inf), contiguous or zigzag; and attention_merge of the two steps of a ring.
+// Chunks of 70 rows (a tile of 64 and a ragged one; zigzag halves of 35), grouped heads, head
+// dims 64 and 80, in f32 and bf16 (the f32 kernels on widened copies: the tensor-core kernels
+// take no block).
+TEST(CudaBackend, AttentionOverASequenceChunkLikeTheCpu) {
+  REQUIRE_DEVICE();
+  constexpr int32_t kChunks = 2;
+  constexpr int64_t kLen = 70;
+  for (DType dt : {DType::f32, DType::bf16}) {
+    std::map<std::string, OpReport> report;
+    for (int64_t zigzag : {int64_t{0}, int64_t{kChunks}})
+      for (int64_t d : {64, 80})
+        for (int32_t block = 0; block < kChunks; ++block) {
+          SCOPED_TRACE("zigzag " + std::to_string(zigzag) + ", head dim " + std::to_string(d) +
+                       ", chunk " + std::to_string(block));
+          Graph g;
+          Builder b(&g);
+          std::map<ValueId, int32_t> scalars;
+          auto scalar = [&](const std::string& name, int32_t value) {
+            Var x = b.input(name, Shape{}, DType::i32);
+            scalars[x.id] = value;
+            return x;
+          };
+          auto tensor = [&](const std::string& name, int64_t heads, int64_t rows) {
+            return b.parameter(name, Shape{2, heads, rows, d}, Init::zeros, 0.0, dt);
+          };
+          const Var q = tensor("q", 4, kLen), dout = tensor("dout", 4, kLen);
+          const Var qb = scalar("block", block);
+          const AttentionAttrs attrs{
+              .scale = 1.0 / std::sqrt(static_cast<double>(d)), .causal = true, .zigzag = zigzag};
+          // key_block -1: the whole sequence's keys (gathered); else that chunk's.
+          std::vector<std::vector<Var>> steps;
+          for (int32_t key_block = -1; key_block < kChunks; ++key_block) {
+            const int64_t tk = key_block < 0 ? kChunks * kLen : kLen;
+            const std::string step = std::to_string(key_block + 1);
+            const Var k = tensor("k" + step, 2, tk), v = tensor("v" + step, 2, tk);
+            std::vector<Var> in = {q, k, v, qb}, grad_in;
+            if (key_block >= 0) in.push_back(scalar("key_block" + step, key_block));
+            std::vector<Var> att = b.op<OpKind::attention>(in, attrs);
+            grad_in = {q, k, v, att[0], att[1], dout, qb};
+            if (key_block >= 0) grad_in.push_back(in.back());
+            for (const Var& x : b.op<OpKind::attention_grad>(grad_in, attrs)) g.mark_output(x.id);
+            if (key_block >= 0) steps.push_back(att);
+          }
+          for (const Var& x :
+               b.op<OpKind::attention_merge>({steps[0][0], steps[0][1], steps[1][0], steps[1][1]}))
+            g.mark_output(x.id);
+          std::set<std::string> missing = check_graph(g, 1, &report, 1, 1, scalars);
+          EXPECT_TRUE(missing.empty()) << joined(missing);
+        }
+    EXPECT_EQ(report["attention"].nodes, 24);
+    EXPECT_EQ(report["attention_grad"].nodes, 24);
+    EXPECT_EQ(report["attention_merge"].nodes, 8);
     std::printf("%s:\n", dtype_name(dt));
     print(report);
   }
