@@ -72,6 +72,18 @@ bool contains(const std::string& s, const char* what) {
   return a.find(b) != std::string::npos;
 }
 
+// Whether the row's TFLOP/s are Megatron-LM's own model-FLOPs count (its
+// `num_floating_point_operations`, as its README's tables give them with MFU: forward and
+// backward once, no recomputation), which for a GPT of multi-head attention and a 4h MLP is
+// megatron_model_flops (cost/flops.h). Not PaLM's 6N + 12lhs count, nor another model's
+// (grouped queries and gated MLPs change Megatron's formula).
+bool megatron_model_flops_basis(const PublishedRun& r, const ModelConfig& m) {
+  const std::string& basis = r.at("tflops_basis");
+  return contains(basis, "model FLOPs") && contains(basis, "MFU basis") && !contains(basis, "6N") &&
+         contains(r.at("framework"), "Megatron") && m.family == "gpt" && m.ffn() == 4 * m.n_embd &&
+         !m.is_moe();
+}
+
 Status need(const PublishedRun& r, const std::string& column, double* out) {
   const std::string& s = r.at(column);
   if (s.empty()) return error(column + " not published");
@@ -663,8 +675,12 @@ Result<RunSetup> setup_run(const PublishedRun& r, const std::string& cluster_dir
     s.metric = "s/iteration", s.published = v;
   } else if (number(r.at("tflops_per_gpu"), &v) && contains(r.at("tflops_basis"), "eq.(3)")) {
     s.metric = "TFLOP/s/GPU (eq.3)", s.published = v;
+  } else if (number(r.at("tflops_per_gpu"), &v) && megatron_model_flops_basis(r, s.model)) {
+    s.metric = "TFLOP/s/GPU (model)", s.published = v;
   } else {
-    return error("no comparable metric (tokens/s per GPU, s/iteration or eq.(3) TFLOP/s)");
+    return error(
+        "no comparable metric (tokens/s per GPU, s/iteration, eq.(3) TFLOP/s, or Megatron's "
+        "model TFLOP/s of a GPT)");
   }
   return s;
 }

@@ -49,8 +49,9 @@ struct RunSetup {
   int64_t batch = 0, seq = 0;  // global micro-batch (sequences) and sequence length
   ClusterSpec cluster;
   SimOptions sim;
-  // "tokens/s/GPU", "s/iteration", "TFLOP/s/GPU (eq.3)", or "scaling eff. %" (per-GPU
-  // throughput on the plan's GPUs over that on scale_from_gpus, the smallest of a range).
+  // "tokens/s/GPU", "s/iteration", "TFLOP/s/GPU (eq.3)", "TFLOP/s/GPU (model)" (Megatron-LM's
+  // model FLOPs of a GPT: megatron_model_flops), or "scaling eff. %" (per-GPU throughput on the
+  // plan's GPUs over that on scale_from_gpus, the smallest of a range).
   std::string metric;
   int scale_from_gpus = 0;
   double published = 0;

@@ -60,7 +60,9 @@ ValidationReport validate_runs(const std::vector<PublishedRun>& table, int threa
                              static_cast<double>(s.seq), static_cast<double>(s.model.n_layer),
                              static_cast<double>(s.model.n_embd),
                              static_cast<double>(s.model.vocab_size)};
-          rr.predicted = megatron_flops_with_recompute(t) / sim.step_seconds / sim.devices / 1e12;
+          const double flops = s.metric == "TFLOP/s/GPU (model)" ? megatron_model_flops(t)
+                                                                 : megatron_flops_with_recompute(t);
+          rr.predicted = flops / sim.step_seconds / sim.devices / 1e12;
         }
         rr.error = rr.predicted / s.published - 1;
         // The MFU the published figure implies (the model FLOPs of a step over the published

@@ -21,7 +21,9 @@ TEST(PlannerQuality, AutoPlanIsAtLeastThePublishedPlanWhereTheSpaceHoldsIt) {
   int at_least = 0;
   for (const PlannerRow& r : q.rows) {
     EXPECT_GT(r.auto_tokens_per_s, 0) << r.row_id;
-    if (r.published_fits) EXPECT_GE(r.ratio, 1 - 1e-9) << format_planner_quality(q, true);
+    if (r.published_fits) {
+      EXPECT_GE(r.ratio, 1 - 1e-9) << format_planner_quality(q, true);
+    }
     at_least += r.ratio >= 1 - 1e-9;
   }
   EXPECT_EQ(q.at_least_published, at_least);

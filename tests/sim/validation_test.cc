@@ -9,6 +9,8 @@
 #include <filesystem>
 #include <fstream>
 
+#include "cost/flops.h"
+
 namespace tessera {
 namespace {
 
@@ -97,6 +99,47 @@ TEST(SetupRun, BuildsModelPlanAndClusterFromARow) {
   EXPECT_EQ(s->cluster.name, "dgx-h100");
   EXPECT_EQ(s->sim.precision, DType::bf16);
   EXPECT_TRUE(s->sim.fp8);
+}
+
+// Megatron-LM's README tables give model TFLOP/s per GPU (its own count: forward and backward
+// once, no recomputation): a GPT row is compared on that count (megatron_model_flops over the
+// predicted step); PaLM's 6N + 12lhs basis, and a model whose Megatron count differs (grouped
+// queries, a gated MLP), are not read as it.
+TEST(SetupRun, ReadsMegatronsModelTflopsOfAGpt) {
+  PublishedRun r = mosaic_like();
+  r.fields.erase("tokens_per_s_per_gpu");
+  r.fields["model_name"] = "GPT-1.3B";
+  r.fields["architecture"] = "GPT decoder";
+  r.fields["layers"] = "24";
+  r.fields["hidden"] = "2048";
+  r.fields["heads"] = "16";
+  r.fields["num_gpus"] = "8";
+  r.fields["global_batch_seqs"] = "64";
+  r.fields["zero_or_fsdp"] = "distributed optimizer";
+  r.fields["framework"] = "Megatron-Core";
+  r.fields["tflops_per_gpu"] = "150";
+  r.fields["tflops_basis"] = "model FLOPs (MFU basis)";
+  Result<RunSetup> s = setup_run(r);
+  ASSERT_TRUE(s.ok()) << s.status().to_string();
+  EXPECT_EQ(s->metric, "TFLOP/s/GPU (model)");
+  EXPECT_EQ(s->published, 150);
+  ValidationReport rep = validate_runs({r}, 2);
+  ASSERT_EQ(rep.results.size(), 1u) << (rep.excluded.empty() ? "" : rep.excluded[0].reason);
+  const RunResult& got = rep.results[0];
+  const TransformerShape t{64, 2048, 24, 2048, static_cast<double>(got.setup.model.vocab_size)};
+  EXPECT_NEAR(got.predicted, megatron_model_flops(t) / got.sim.step_seconds / 8 / 1e12,
+              1e-9 * got.predicted);
+  EXPECT_NEAR(got.error, got.predicted / 150 - 1, 1e-12);
+
+  PublishedRun palm = r;
+  palm.fields["tflops_basis"] = "model FLOPs incl. attention (6N + 12*L*d*s per token), MFU basis";
+  EXPECT_FALSE(setup_run(palm).ok());
+  PublishedRun llama = r;
+  llama.fields["architecture"] = "LLaMA decoder";
+  s = setup_run(llama);
+  ASSERT_FALSE(s.ok());
+  EXPECT_NE(s.status().message().find("Megatron's model TFLOP/s of a GPT"), std::string::npos)
+      << s.status().message();
 }
 
 // A node's network from the row's words: one rate, a count of links times theirs, Omni-Path's
@@ -440,8 +483,9 @@ TEST(FillUnpublished, ChoosesTheFastestPlanThatFits) {
       k.plan.zero = 1;
       Result<SimResult> r2 = simulate_setup(&k);
       ASSERT_TRUE(r2.ok()) << r2.status().to_string();
-      if (r2->peak_memory_bytes <= k.cluster.device.memory_bytes)
+      if (r2->peak_memory_bytes <= k.cluster.device.memory_bytes) {
         EXPECT_GE(r2->step_seconds, fast->step_seconds * (1 - 1e-12)) << mb;
+      }
     }
   RunSetup tight = *s;
   tight.cluster.device.memory_bytes = 12.0 * (1 << 30);
