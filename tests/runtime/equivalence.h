@@ -82,6 +82,7 @@ inline Plan with_searched_layout(Plan plan, const ModelConfig& c) {
   plan.params = expand_block_layout(*b, all.graph, plan).value();
   return plan;
 }
+
 // Two context-parallel ranks, the keys and values gathered or passed round the ring, each
 // sequence cut contiguously or in zigzag halves.
 inline std::vector<Plan> context_parallel_plans() {
