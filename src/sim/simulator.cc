@@ -40,11 +40,14 @@ class Schedule {
       : prog_(prog), c_(c), opt_(opt), r_(r), g_(prog.local()) {
     scale_ = precision_scale(prog, opt);
     node_cost_.assign(g_.nodes().size(), OpTime{-1.0});
+    if (opt.tp_comm_overlap) find_tp_overlaps();
   }
 
   void run() {
+    double first_forward = 0;
     for (int mb = 0; mb < prog_.plan.micro_batches; ++mb) {
       run_list(prog_.micro_step, "compute");
+      if (mb == 0) first_forward = forward_end_;
       // One micro-batch: the optimizer reads the gradients in the arena, nothing is copied.
       if (prog_.plan.micro_batches > 1) accumulate_grads(mb == 0);
     }
@@ -52,7 +55,7 @@ class Schedule {
     compute_free_ = phase_start_ = t;
     for (auto& [key, free] : lanes_) free = t;
     run_list(prog_.optimizer, "optimizer");
-    r_->step_seconds = all_free();
+    r_->step_seconds = optimizer_end(first_forward);
     // Offloaded, the device waits from the backward's end until its parameters are back, and
     // (parameters offloaded) while it copies each block in for its gathers.
     if (prog_.plan.offloads_optimizer())
@@ -80,12 +83,88 @@ class Schedule {
     compute_free_ = phase_start_ = 0;
     for (auto& [key, free] : lanes_) free = 0;
     run_list(prog_.optimizer, "optimizer");
-    c.optimizer_seconds = all_free();
+    c.optimizer_seconds = optimizer_end(c.forward_seconds);
     chunk_ = nullptr;
     return c;
   }
 
  private:
+  // When the optimizer phase ends: when every stream is free, or (overlap_param_gather) when
+  // all but the parameters' all-gathers are, plus what of those the next step's forward of
+  // `forward` seconds does not cover.
+  double optimizer_end(double forward) const {
+    if (gather_end_ <= 0) return all_free();
+    const std::string gathers = "comm " + axes_key(prog_.plan.zero_axes);
+    double t = compute_free_;
+    for (const auto& [key, free] : lanes_)
+      if (key != gathers) t = std::max(t, free);
+    return t + std::max(0.0, gather_end_ - t - forward);
+  }
+
+  // SimOptions::tp_comm_overlap: each collective over the tensor axes, and the GEMM it is
+  // chunked against: the one producing its input (a reduce-scatter or all-reduce after a
+  // row-parallel product) or else the one consuming its output (an all-gather before a
+  // column-parallel product).
+  struct TpOverlap {
+    NodeId producer = -1, consumer = -1;
+  };
+  void find_tp_overlaps() {
+    if (prog_.plan.tensor_axes.empty()) return;
+    const std::string tensor = axes_key(prog_.plan.tensor_axes);
+    const size_t values = g_.values().size();
+    std::vector<NodeId> producer(values, -1);
+    std::vector<std::vector<NodeId>> consumers(values);
+    for (size_t i = 0; i < g_.nodes().size(); ++i) {
+      const Node& n = g_.nodes()[i];
+      for (ValueId v : n.outputs) producer[static_cast<size_t>(v)] = static_cast<NodeId>(i);
+      for (ValueId v : n.inputs)
+        consumers[static_cast<size_t>(v)].push_back(static_cast<NodeId>(i));
+    }
+    // The layout conversions the partition pass puts around a collective (a reshape, the
+    // transpose that packs a split dim outermost) sit between it and its GEMM.
+    auto relayout = [&](NodeId id) {
+      const OpKind k = g_.node(id).op;
+      return k == OpKind::reshape || k == OpKind::transpose;
+    };
+    auto gemm_before = [&](ValueId v) -> NodeId {
+      for (int hop = 0; hop < 3; ++hop) {
+        const NodeId p = producer[static_cast<size_t>(v)];
+        if (p < 0) return -1;
+        if (is_gemm(g_.node(p).op)) return p;
+        if (!relayout(p)) return -1;
+        v = g_.node(p).inputs[0];
+      }
+      return -1;
+    };
+    auto gemm_after = [&](ValueId v) -> NodeId {
+      for (int hop = 0; hop < 3; ++hop) {
+        const std::vector<NodeId>& cs = consumers[static_cast<size_t>(v)];
+        for (NodeId c : cs)
+          if (is_gemm(g_.node(c).op)) return c;
+        if (cs.size() != 1 || !relayout(cs[0])) return -1;
+        v = g_.node(cs[0]).outputs[0];
+      }
+      return -1;
+    };
+    tp_overlap_.assign(g_.nodes().size(), TpOverlap{});
+    for (size_t i = 0; i < g_.nodes().size(); ++i) {
+      const Node& n = g_.nodes()[i];
+      if (n.op != OpKind::all_gather && n.op != OpKind::reduce_scatter &&
+          n.op != OpKind::all_reduce)
+        continue;
+      if (n.attr<GroupAttrs>().axes != tensor) continue;
+      TpOverlap& o = tp_overlap_[i];
+      o.producer = gemm_before(n.inputs[0]);
+      if (o.producer < 0) o.consumer = gemm_after(n.outputs[0]);
+    }
+  }
+  // The GEMM a collective is chunked against, or null.
+  const TpOverlap* tp_overlap(NodeId id) const {
+    if (id < 0 || static_cast<size_t>(id) >= tp_overlap_.size()) return nullptr;
+    const TpOverlap& o = tp_overlap_[static_cast<size_t>(id)];
+    return o.producer >= 0 || o.consumer >= 0 ? &o : nullptr;
+  }
+
   // Seconds and FLOPs of a compute or collective node, computed once per node.
   const OpTime& node_cost(NodeId id) {
     OpTime& t = node_cost_[static_cast<size_t>(id)];
@@ -279,13 +358,29 @@ class Schedule {
       const bool host_issued =
           in.kind == Instruction::param_sync && prog_.plan.offloads_optimizer();
       if (on_comm && !host_issued) start = std::max(start, compute_free_);
+      const TpOverlap* tpo = in.node >= 0 ? tp_overlap(in.node) : nullptr;
+      if (tpo && in.kind == Instruction::start && tpo->producer >= 0)
+        // Chunked against the GEMM that produced its input: it starts with that GEMM.
+        start = std::max(free, start - node_cost(tpo->producer).seconds);
+      if (tpo && in.kind == Instruction::start) coll_window_[in.node] = {start, start + dur};
+      if (tpo && in.kind == Instruction::wait && tpo->consumer >= 0) {
+        // Chunked against the GEMM that consumes its output: that GEMM may start as early as
+        // it still ends with the gather (never before the gather starts).
+        const auto [c0, c1] = coll_window_[in.node];
+        start = std::max({compute_free_, c0, c1 - node_cost(tpo->consumer).seconds});
+      }
       end[i] = start + dur;
       free = end[i];
       // The device copies a synced parameter in and out; offloaded, the host does. Either way
-      // the runner waits for the sync before it goes on.
+      // the runner waits for the sync before it goes on, unless the gathers overlap the next
+      // step's forward (overlap_param_gather: optimizer_end times what they leave exposed).
       if (in.kind == Instruction::param_sync) {
-        double& waits = prog_.plan.offloads_optimizer() ? lane(kHostLane) : compute_free_;
-        waits = std::max(waits, end[i]);
+        if (opt_.overlap_param_gather && !prog_.plan.offloads_optimizer()) {
+          gather_end_ = std::max(gather_end_, end[i]);
+        } else {
+          double& waits = prog_.plan.offloads_optimizer() ? lane(kHostLane) : compute_free_;
+          waits = std::max(waits, end[i]);
+        }
       }
       // Where the comm thread shares the compute cores, part of its time is taken from compute.
       if (comm && dur > 0 && c_.node.comm_overlap < 1 && !host_issued) {
@@ -311,11 +406,11 @@ class Schedule {
         r_->comm_seconds += dur;
       else
         r_->compute_seconds += dur;
+      if (in.kind == Instruction::compute && !in_backward_pass(g_.node(in.node)))
+        forward_end_ = std::max(forward_end_, end[i]);
       if (chunk_ && in.kind == Instruction::compute) {
         const Node& n = g_.node(in.node);
-        if (!in_backward_pass(n)) {
-          forward_end_ = std::max(forward_end_, end[i]);
-        } else {
+        if (in_backward_pass(n)) {
           chunk_->backward_compute += dur;
           if ((*weight_grad_)[static_cast<size_t>(in.node)]) chunk_->weight_compute += dur;
         }
@@ -380,7 +475,10 @@ class Schedule {
   double phase_start_ = 0;               // where a stream first used in this phase starts
   ChunkSim* chunk_ = nullptr;            // run_chunk's figures
   const std::vector<char>* weight_grad_ = nullptr;
-  double forward_end_ = 0;
+  double forward_end_ = 0;             // the last forward instruction's end
+  double gather_end_ = 0;              // overlap_param_gather: the last parameter all-gather's end
+  std::vector<TpOverlap> tp_overlap_;  // tp_comm_overlap, by node
+  std::map<NodeId, std::pair<double, double>> coll_window_;  // its collectives' start and end
 };
 
 }  // namespace

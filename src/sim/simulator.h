@@ -77,6 +77,16 @@ struct SimOptions {
   // the frameworks that do so hold it (framework_sums_f16_gradients_in_f16), not in f32 as
   // Tessera's runtime does. Memory only.
   bool f16_gradient_sums = false;
+  // A tensor-parallel collective chunked against the GEMM beside it, as Transformer Engine's
+  // userbuffers run them (Megatron's --tp-comm-overlap): a reduce-scatter or all-reduce of a
+  // GEMM's output may start with that GEMM, and the GEMM consuming an all-gather's output may
+  // start before the gather ends, so the pair costs the step the longer of the two. Tessera's
+  // runtime runs each collective after its producer and before its consumer (false).
+  bool tp_comm_overlap = false;
+  // ZeRO-1/2: the all-gathers of the updated parameters run beside the next step's forward
+  // (Megatron's --overlap-param-gather), so the step waits only for the part that one
+  // micro-batch's forward does not cover. Tessera's runtime waits for each sync (false).
+  bool overlap_param_gather = false;
 };
 
 // The sharding search's figures for `plan` on `cluster`: its FLOP/byte ratio between tensor

@@ -418,7 +418,12 @@ Result<RunSetup> setup_run(const PublishedRun& r, const std::string& cluster_dir
   if (!vps.empty() && (!number(vps, &vp) || vp < 1 || vp != std::floor(vp)))
     return error("vp_interleave='" + vps + "' is not a positive integer");
   const std::string& sp = r.at("sequence_parallel");
-  const bool sequence_parallel = tp > 1 && !sp.empty() && !contains(sp, "no");
+  // Megatron's --tp-comm-overlap overlaps the tensor-parallel collectives with their GEMMs,
+  // and takes sequence parallelism (it is refused without).
+  const std::string opts = normalized_term(r.at("other_opts"));
+  const bool tp_comm_overlap = tp > 1 && contains(opts, "tp_comm_overlap");
+  const bool sequence_parallel =
+      tp > 1 && ((!sp.empty() && !contains(sp, "no")) || (sp.empty() && tp_comm_overlap));
   // Context and expert parallelism: axes of the Program (inside the data axes).
   double cp = 1, ep = 1;
   for (auto [col, v] : {std::pair{"cp", &cp}, std::pair{"ep", &ep}}) {
@@ -500,6 +505,18 @@ Result<RunSetup> setup_run(const PublishedRun& r, const std::string& cluster_dir
     s.sim.fused_grad_accumulation = true;
     s.assumptions.push_back("the weight-gradient GEMMs add into the micro-batches' sums (" +
                             r.at("framework") + "'s gradient-accumulation fusion)");
+  }
+  if (tp_comm_overlap) {
+    s.sim.tp_comm_overlap = true;
+    s.assumptions.push_back(
+        "tensor-parallel collectives overlapped with their GEMMs, with sequence parallelism "
+        "(--tp-comm-overlap)");
+  }
+  if (contains(opts, "overlap_param_gather")) {
+    s.sim.overlap_param_gather = true;
+    s.assumptions.push_back(
+        "each parameter all-gather of ZeRO-1/2 beside the next step's forward "
+        "(--overlap-param-gather)");
   }
   if (s.sim.precision == DType::f16 && framework_sums_f16_gradients_in_f16(r.at("framework"))) {
     s.sim.f16_gradient_sums = true;
@@ -588,7 +605,8 @@ Result<RunSetup> setup_run(const PublishedRun& r, const std::string& cluster_dir
 
   // A row whose plan is partly filled and that does not say whether its tensor ranks split the
   // sequence: the planner's choice too.
-  if (!s.unpublished.empty() && tp > 1 && sp.empty()) s.unpublished.push_back("sequence_parallel");
+  if (!s.unpublished.empty() && tp > 1 && sp.empty() && !tp_comm_overlap)
+    s.unpublished.push_back("sequence_parallel");
   TS_ASSIGN_OR_RETURN(s.model, model_for(r, tp, &s));
   if (pp > 1) {  // the stages as the framework cuts them, else balanced by cost
     if (task_of(s.model) == ModelTask::language_model)

@@ -41,11 +41,14 @@ TEST(Explain, EachKnobsAlternativeIsSlowerAndDiffersInThatKnob) {
     EXPECT_TRUE(a.alternative->fits(c.device.memory_bytes)) << a.knob;
     EXPECT_GE(a.slowdown, 0) << a.knob << ": " << a.alternative->describe();
     EXPECT_GE(a.alternative->sim.step_seconds, e->best.sim.step_seconds) << a.knob;
-    if (a.knob == "micro-batch")
+    if (a.knob == "micro-batch") {
       EXPECT_EQ(a.alternative->plan.tensor_group(), e->best.plan.tensor_group());
+    }
   }
   EXPECT_GE(alternatives, 4);
-  if (e->faster_beyond_memory) EXPECT_FALSE(e->faster_beyond_memory->fits(c.device.memory_bytes));
+  if (e->faster_beyond_memory) {
+    EXPECT_FALSE(e->faster_beyond_memory->fits(c.device.memory_bytes));
+  }
   ASSERT_EQ(e->what_ifs.size(), 4u);
   EXPECT_EQ(e->what_ifs[0].change, "half the inter-node bandwidth");  // 16 devices: two nodes
   for (const WhatIf& w : e->what_ifs) ASSERT_TRUE(w.best.has_value()) << w.change;

@@ -4,6 +4,7 @@
 
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdio>
 #include <filesystem>
@@ -140,6 +141,39 @@ TEST(SetupRun, ReadsMegatronsModelTflopsOfAGpt) {
   ASSERT_FALSE(s.ok());
   EXPECT_NE(s.status().message().find("Megatron's model TFLOP/s of a GPT"), std::string::npos)
       << s.status().message();
+}
+
+// Megatron's overlap flags in a row's other_opts: --tp-comm-overlap overlaps the tensor-parallel
+// collectives with their GEMMs and brings sequence parallelism (refused without it), so a
+// partly filled row does not choose it; --overlap-param-gather hides ZeRO-1/2's parameter
+// gathers behind the next forward. Without the flags, neither; without tensor ranks, no
+// tensor-parallel overlap.
+TEST(SetupRun, ReadsMegatronsOverlapFlags) {
+  PublishedRun r = mosaic_like();
+  r.fields["tp"] = "8";
+  r.fields["zero_or_fsdp"] = "distributed optimizer";
+  r.fields.erase("micro_batch");
+  r.fields["other_opts"] = "--overlap-grad-reduce, --overlap-param-gather, --tp-comm-overlap";
+  Result<RunSetup> s = setup_run(r);
+  ASSERT_TRUE(s.ok()) << s.status().to_string();
+  EXPECT_TRUE(s->sim.tp_comm_overlap);
+  EXPECT_TRUE(s->sim.overlap_param_gather);
+  EXPECT_TRUE(s->plan.sequence_parallel);
+  EXPECT_EQ(std::count(s->unpublished.begin(), s->unpublished.end(), "sequence_parallel"), 0);
+  EXPECT_TRUE(says(*s, "--tp-comm-overlap"));
+  EXPECT_TRUE(says(*s, "--overlap-param-gather"));
+  r.fields["other_opts"] = "";
+  s = setup_run(r);
+  ASSERT_TRUE(s.ok()) << s.status().to_string();
+  EXPECT_FALSE(s->sim.tp_comm_overlap);
+  EXPECT_FALSE(s->sim.overlap_param_gather);
+  EXPECT_EQ(std::count(s->unpublished.begin(), s->unpublished.end(), "sequence_parallel"), 1);
+  r.fields["tp"] = "1";
+  r.fields["other_opts"] = "tp_comm_overlap";
+  s = setup_run(r);
+  ASSERT_TRUE(s.ok()) << s.status().to_string();
+  EXPECT_FALSE(s->sim.tp_comm_overlap);
+  EXPECT_FALSE(s->plan.sequence_parallel);
 }
 
 // A node's network from the row's words: one rate, a count of links times theirs, Omni-Path's
