@@ -33,6 +33,17 @@ Result<ScheduleKind> parse_schedule(std::string_view name) {
       "shrink the bubble");
 }
 
+std::vector<int> interleavings(int64_t layers, int pp) {
+  std::vector<int> out;
+  for (int v : {2, 4})
+    if (v * pp <= layers) out.push_back(v);
+  if (pp > 0 && layers % pp == 0)
+    for (int v = 3; v <= 8; ++v)
+      if (v != 4 && (layers / pp) % v == 0) out.push_back(v);
+  std::sort(out.begin(), out.end());
+  return out;
+}
+
 const char* pipe_op_name(PipeOp op) {
   switch (op) {
     case PipeOp::forward:

@@ -37,6 +37,12 @@ enum class ScheduleKind : uint8_t { gpipe, one_f_one_b, interleaved, zb_h1 };
 const char* schedule_name(ScheduleKind k);  // "gpipe", "1f1b", "interleaved", "zb-h1"
 Result<ScheduleKind> parse_schedule(std::string_view name);
 
+// Model chunks per stage (virtual stages) worth trying for an interleaved schedule of `pp`
+// stages over `layers` blocks: 2 and 4 (uneven cuts allowed), and each divisor of the blocks
+// per stage from 3 to 8 (Megatron's rule: 105 blocks over 35 stages interleave 3 ways). The
+// planner searches these, and `validate` fills a row's unpublished interleaving from them.
+std::vector<int> interleavings(int64_t layers, int pp);
+
 // backward: the whole backward of a chunk (input and weight gradients); zb-h1 splits it into
 // backward_input (B) and backward_weight (W).
 enum class PipeOp : uint8_t { forward, backward, backward_input, backward_weight };

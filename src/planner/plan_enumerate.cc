@@ -17,19 +17,6 @@ std::vector<int> divisors(int64_t n) {
 
 bool power_of_two(int n) { return n > 0 && (n & (n - 1)) == 0; }
 
-// Model chunks per stage an interleaved schedule of `pp` stages tries on `layers` blocks: 2
-// and 4 (uneven cuts allowed), and each divisor of the blocks per stage from 3 to 8.
-std::vector<int> interleavings(int64_t layers, int pp) {
-  std::vector<int> out;
-  for (int v : {2, 4})
-    if (v * pp <= layers) out.push_back(v);
-  if (layers % pp == 0)
-    for (int v = 3; v <= 8; ++v)
-      if (v != 4 && (layers / pp) % v == 0) out.push_back(v);
-  std::sort(out.begin(), out.end());
-  return out;
-}
-
 // The degrees of a candidate's parallel dimensions: tensor, pipeline, context and expert
 // parallel ranks (the data-parallel ranks are the rest of the devices).
 struct Degrees {

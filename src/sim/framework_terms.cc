@@ -42,6 +42,12 @@ std::vector<int> framework_pipeline_cut(const std::string& framework, int blocks
   return static_cast<int>(greedy.size()) == chunks ? greedy : even;
 }
 
+bool framework_interleaves_pipelines(const std::string& framework) {
+  const std::string f = normalized_term(framework);
+  return !framework_blocks_pipeline_sends(framework) &&
+         (f.find("megatron") != std::string::npos || f.find("nemo") != std::string::npos);
+}
+
 bool framework_fuses_epilogues(const std::string& framework) {
   const std::string f = normalized_term(framework);
   return f.empty() || f.find("megatron") != std::string::npos ||

@@ -87,6 +87,11 @@ bool framework_blocks_pipeline_sends(const std::string& framework);
 // the even one.
 std::vector<int> framework_pipeline_cut(const std::string& framework, int blocks, int chunks);
 
+// Whether the framework can interleave a pipeline's stages over several model chunks each
+// (Megatron's interleaved 1F1B: Megatron-LM, Megatron-Core, NeMo); DeepSpeed's pipeline engine
+// (Megatron-DeepSpeed, GPT-NeoX) cannot.
+bool framework_interleaves_pipelines(const std::string& framework);
+
 // Whether the framework fuses a GEMM's bias and GELU (and their gradients) into the product, as
 // Tessera's fusion pass does (parallel/fuse.h): Megatron's bias-GELU fusion (Megatron-LM,
 // Megatron-Core, NeMo, Megatron-DeepSpeed, GPT-NeoX) and llm.c's cuBLASLt epilogues. Others

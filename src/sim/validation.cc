@@ -605,8 +605,18 @@ Result<RunSetup> setup_run(const PublishedRun& r, const std::string& cluster_dir
 
   // A row whose plan is partly filled and that does not say whether its tensor ranks split the
   // sequence: the planner's choice too.
-  if (!s.unpublished.empty() && tp > 1 && sp.empty() && !tp_comm_overlap)
-    s.unpublished.push_back("sequence_parallel");
+  // (Not before 2022: Megatron's sequence parallelism is Korthikanti et al. 2022.)
+  if (!s.unpublished.empty() && tp > 1 && sp.empty() && !tp_comm_overlap) {
+    if (year > 0 && year < 2022)
+      s.assumptions.push_back("no sequence parallelism (not published; it dates from 2022)");
+    else
+      s.unpublished.push_back("sequence_parallel");
+  }
+  // ... and, with stages in a framework that interleaves them, how many chunks each holds.
+  s.framework = r.at("framework");
+  if (!s.unpublished.empty() && pp > 1 && vps.empty() &&
+      framework_interleaves_pipelines(s.framework))
+    s.unpublished.push_back("virtual_stages");
   TS_ASSIGN_OR_RETURN(s.model, model_for(r, tp, &s));
   if (pp > 1) {  // the stages as the framework cuts them, else balanced by cost
     if (task_of(s.model) == ModelTask::language_model)

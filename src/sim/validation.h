@@ -57,10 +57,12 @@ struct RunSetup {
   double published = 0;
   std::vector<std::string> assumptions;  // what was inferred rather than read from the row
   // Knobs the row does not publish ("micro_batch", "zero", "recompute", and for a partly
-  // filled plan with tensor ranks "sequence_parallel"), which
-  // fill_unpublished chooses as the planner would; and what it chose, one line each.
+  // filled plan with tensor ranks "sequence_parallel", with pipeline stages in a framework
+  // that interleaves them "virtual_stages"), which fill_unpublished chooses as the planner
+  // would; and what it chose, one line each.
   std::vector<std::string> unpublished;
   std::vector<std::string> filled;
+  std::string framework;  // the row's, as published (how it cuts an interleaved pipeline)
 };
 
 // The heads of rows that do not publish them, from the row of the same source, architecture

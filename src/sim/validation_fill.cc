@@ -3,7 +3,9 @@
 #include <cstdio>
 #include <optional>
 
+#include "parallel/pipeline_schedule.h"
 #include "parallel/sharding_search.h"
+#include "sim/framework_terms.h"
 #include "sim/validation.h"
 
 namespace tessera {
@@ -35,7 +37,12 @@ std::string describe_choice(const RunSetup& s) {
                 unpublished(s, "sequence_parallel")
                     ? (s.plan.sequence_parallel ? ", sequence parallel" : ", no sequence parallel")
                     : "");
-  return buf;
+  std::string out = buf;
+  if (unpublished(s, "virtual_stages"))
+    out += s.plan.virtual_stages > 1
+               ? ", interleaved " + std::to_string(s.plan.virtual_stages) + " chunks per stage"
+               : ", 1F1B";
+  return out;
 }
 
 }  // namespace
@@ -62,6 +69,12 @@ Result<SimResult> fill_unpublished(RunSetup* s) {
   std::vector<RecomputePolicy> recomputes{s->plan.recompute};
   if (unpublished(*s, "recompute"))
     recomputes = {RecomputePolicy::none, RecomputePolicy::selective, RecomputePolicy::full};
+  // Interleaving (the framework's cut of each chunk count, as setup_run cuts the published one).
+  std::vector<int> virtuals{s->plan.virtual_stages};
+  if (unpublished(*s, "virtual_stages")) {
+    virtuals = {1};
+    for (int v : interleavings(s->model.n_layer, s->plan.stages())) virtuals.push_back(v);
+  }
 
   struct Best {
     RunSetup setup;
@@ -86,21 +99,28 @@ Result<SimResult> fill_unpublished(RunSetup* s) {
           last = m.status();
           continue;
         }
-        for (RecomputePolicy rc : recomputes) {
-          RunSetup k = c;
-          k.plan.recompute = rc;
-          if (!validate(k.plan).ok()) continue;
-          Result<SimResult> r = simulate_plan(m->graph, k.plan, k.cluster, k.sim);
-          if (!r.ok()) {
-            last = r.status();
-            continue;
+        for (RecomputePolicy rc : recomputes)
+          for (int v : virtuals) {
+            RunSetup k = c;
+            k.plan.recompute = rc;
+            if (unpublished(*s, "virtual_stages")) {
+              k.plan.schedule = v > 1 ? ScheduleKind::interleaved : ScheduleKind::one_f_one_b;
+              k.plan.virtual_stages = v;
+              k.plan.stage_layers = framework_pipeline_cut(
+                  s->framework, static_cast<int>(s->model.n_layer), k.plan.chunks());
+            }
+            if (!validate(k.plan).ok()) continue;
+            Result<SimResult> r = simulate_plan(m->graph, k.plan, k.cluster, k.sim);
+            if (!r.ok()) {
+              last = r.status();
+              continue;
+            }
+            if (r->peak_memory_bytes <= capacity &&
+                (!fastest || r->step_seconds < fastest->sim.step_seconds))
+              fastest = Best{k, *r};
+            if (!smallest || r->peak_memory_bytes < smallest->sim.peak_memory_bytes)
+              smallest = Best{k, *r};
           }
-          if (r->peak_memory_bytes <= capacity &&
-              (!fastest || r->step_seconds < fastest->sim.step_seconds))
-            fastest = Best{k, *r};
-          if (!smallest || r->peak_memory_bytes < smallest->sim.peak_memory_bytes)
-            smallest = Best{k, *r};
-        }
       }
   if (!fastest && !smallest) return last;
   Best& chosen = fastest ? *fastest : *smallest;

@@ -117,7 +117,9 @@ TEST(PipelineProgram, WeightGradientNodesAreTheBackwardsWPart) {
       // A matmul whose output is a parameter's gradient is W.
       bool feeds_param_grad = false;
       for (auto [param, grad] : g.param_grads()) feeds_param_grad |= grad == n.outputs[0];
-      if (feeds_param_grad) EXPECT_TRUE(c.weight_grad[i]) << n.scope;
+      if (feeds_param_grad) {
+        EXPECT_TRUE(c.weight_grad[i]) << n.scope;
+      }
       (c.weight_grad[i] ? w : b) += 1;
     }
     EXPECT_GT(w, 0);

@@ -269,10 +269,15 @@ TEST(Recompute, FirstLayersOnly) {
       for (const Node& n : g->nodes())
         if (n.recompute) cloned.insert(n.layer);
       EXPECT_EQ(static_cast<int>(cloned.size()), layers);
-      if (!cloned.empty()) EXPECT_EQ(*cloned.rbegin(), layers - 1);
+      if (!cloned.empty()) {
+        EXPECT_EQ(*cloned.rbegin(), layers - 1);
+      }
       const int64_t arena = plan_memory(*g).arena_bytes;
-      if (layers == 0) EXPECT_EQ(arena, previous);
-      if (layers > 0) EXPECT_LE(arena, previous) << layers << " blocks";
+      if (layers == 0) {
+        EXPECT_EQ(arena, previous);
+      } else {
+        EXPECT_LE(arena, previous) << layers << " blocks";
+      }
       previous = arena;
     }
     EXPECT_EQ(previous, plan_memory(recomputed(m.graph)).arena_bytes);  // every block: full

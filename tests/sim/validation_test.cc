@@ -11,6 +11,7 @@
 #include <fstream>
 
 #include "cost/flops.h"
+#include "parallel/pipeline_schedule.h"
 
 namespace tessera {
 namespace {
@@ -174,6 +175,48 @@ TEST(SetupRun, ReadsMegatronsOverlapFlags) {
   ASSERT_TRUE(s.ok()) << s.status().to_string();
   EXPECT_FALSE(s->sim.tp_comm_overlap);
   EXPECT_FALSE(s->plan.sequence_parallel);
+}
+
+// A partly filled pipelined row of a framework that interleaves (Megatron-LM, Megatron-Core,
+// NeMo) has its chunks per stage chosen too, among the planner's interleavings: never slower
+// than the same row held to 1F1B. DeepSpeed's engine does not interleave; a published count is
+// kept.
+TEST(SetupRun, FillsAnInterleavedPipelinesChunksWhereTheFrameworkHasThem) {
+  PublishedRun r = mosaic_like();
+  r.fields["layers"] = "24";
+  r.fields["tp"] = "2";
+  r.fields["pp"] = "4";
+  r.fields["zero_or_fsdp"] = "ZeRO-1";
+  r.fields.erase("micro_batch");
+  r.fields["framework"] = "Megatron-LM";
+  auto has = [](const RunSetup& s, const char* knob) {
+    return std::count(s.unpublished.begin(), s.unpublished.end(), knob) > 0;
+  };
+  Result<RunSetup> s = setup_run(r);
+  ASSERT_TRUE(s.ok()) << s.status().to_string();
+  EXPECT_TRUE(has(*s, "virtual_stages"));
+  RunSetup filled = *s;
+  Result<SimResult> best = fill_unpublished(&filled);
+  ASSERT_TRUE(best.ok()) << best.status().to_string();
+  const std::vector<int> choices = interleavings(24, 4);
+  EXPECT_TRUE(filled.plan.virtual_stages == 1 ||
+              std::count(choices.begin(), choices.end(), filled.plan.virtual_stages) == 1)
+      << filled.plan.virtual_stages;
+  ASSERT_EQ(filled.filled.size(), 1u);
+  EXPECT_NE(filled.filled[0].find("virtual_stages"), std::string::npos) << filled.filled[0];
+  PublishedRun one = r;
+  one.fields["vp_interleave"] = "1";
+  s = setup_run(one);
+  ASSERT_TRUE(s.ok()) << s.status().to_string();
+  EXPECT_FALSE(has(*s, "virtual_stages"));
+  Result<SimResult> plain = fill_unpublished(&*s);
+  ASSERT_TRUE(plain.ok()) << plain.status().to_string();
+  EXPECT_LE(best->step_seconds, plain->step_seconds * (1 + 1e-12));
+  PublishedRun ds = r;
+  ds.fields["framework"] = "Megatron-DeepSpeed";
+  s = setup_run(ds);
+  ASSERT_TRUE(s.ok()) << s.status().to_string();
+  EXPECT_FALSE(has(*s, "virtual_stages"));
 }
 
 // A node's network from the row's words: one rate, a count of links times theirs, Omni-Path's
