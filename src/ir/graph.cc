@@ -41,8 +41,9 @@ Result<NodeId> Graph::add_node(OpKind op, Attrs attrs, std::vector<ValueId> inpu
                      types_to_string(*this, inputs) + "): " + s.message(),
                  s.hint());
   }
-  if (def.num_outputs >= 0)
+  if (def.num_outputs >= 0) {
     TS_CHECK_EQ(static_cast<int>(out_types.size()), def.num_outputs) << def.name;
+  }
   const std::string* source =
       op == OpKind::parameter || op == OpKind::input ? &attrs_as<SourceAttrs>(attrs).name : nullptr;
   if (op == OpKind::parameter && param_by_name_.count(*source))

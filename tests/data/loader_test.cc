@@ -203,7 +203,7 @@ TEST(DataLoader, MalformedJsonStateIsAnError) {
   auto r = loader_state_from_json(j);
   ASSERT_FALSE(r.ok());
   EXPECT_TRUE(contains(r.status().message(), "malformed"));
-  LoaderState s{3, 4, 5, 6, 7, 8};
+  LoaderState s{3, 4, 5, 6, 7, 8, "1000000:7000,500000:3000"};
   EXPECT_EQ(nlohmann::json(s).get<LoaderState>(), s);
 }
 

@@ -33,9 +33,11 @@ TEST(ExpertParallel, ExpertsSplitAndTokensMoveByAllToAll) {
     EXPECT_EQ(pl.local_shape[0], expert ? pl.global_shape[0] / 2 : pl.global_shape[0]) << pl.name;
   }
   // The token slots each rank routes are its own share of the capacity.
-  for (const Node& n : p->part.local.nodes())
-    if (n.op == OpKind::moe_slots)
+  for (const Node& n : p->part.local.nodes()) {
+    if (n.op == OpKind::moe_slots) {
       EXPECT_EQ(n.attr<MoeAttrs>().capacity, c.expert_capacity(4, 32) / 2);
+    }
+  }
 }
 
 // An all-to-all packs each rank's block in front and unpacks what arrives. With ep 2 of 8
