@@ -366,8 +366,10 @@ class Schedule {
       if (tpo && in.kind == Instruction::wait && tpo->consumer >= 0) {
         // Chunked against the GEMM that consumes its output: that GEMM may start as early as
         // it still ends with the gather (never before the gather starts).
-        const auto [c0, c1] = coll_window_[in.node];
-        start = std::max({compute_free_, c0, c1 - node_cost(tpo->consumer).seconds});
+        const auto w = coll_window_.find(in.node);
+        if (w != coll_window_.end())
+          start = std::max({compute_free_, w->second.first,
+                            w->second.second - node_cost(tpo->consumer).seconds});
       }
       end[i] = start + dur;
       free = end[i];
