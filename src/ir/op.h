@@ -15,6 +15,7 @@
 // attrs) (a Builder method of its own is a convenience, not a requirement).
 #pragma once
 
+#include <algorithm>
 #include <cstdint>
 #include <span>
 #include <string>
@@ -227,6 +228,15 @@ constexpr int64_t sequence_position(int64_t t, int64_t block, int64_t len, int64
   if (zigzag <= 0) return block * len + t;
   const int64_t h = len / 2;
   return t < h ? block * h + t : (2 * zigzag - 1 - block) * h + (t - h);
+}
+
+// How many rows of that chunk sit at positions below p: a prefix of its rows, as their
+// positions increase (the causal mask's bound; the CPU and CUDA attention kernels use it).
+constexpr int64_t rows_before(int64_t p, int64_t block, int64_t len, int64_t zigzag) {
+  if (zigzag <= 0) return std::clamp<int64_t>(p - block * len, 0, len);
+  const int64_t h = len / 2;
+  return std::clamp<int64_t>(p - block * h, 0, h) +
+         std::clamp<int64_t>(p - (2 * zigzag - 1 - block) * h, 0, h);
 }
 
 // cross_entropy(_grad), vocab_logsumexp, vocab_cross_entropy_grad.

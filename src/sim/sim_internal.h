@@ -42,6 +42,16 @@ double gradient_sum_scale(const SimOptions& opt);
 // Program::host_bytes at the run's precision (Plan::offload params: its low-precision blocks).
 double host_bytes_at(const Program& prog, double scale);
 
+// SimOptions::tp_comm_overlap: for each node of `g` (a rank's local graph) that is a
+// collective over the plan's tensor axes, the GEMM it is chunked against: the one producing its
+// input, through the reshapes and transposes between them (a reduce-scatter or all-reduce after
+// a row-parallel product), or else the one consuming its output (an all-gather before a
+// column-parallel product); -1 and -1 for every other node. Empty without tensor axes.
+struct TpOverlap {
+  NodeId producer = -1, consumer = -1;
+};
+std::vector<TpOverlap> tp_overlap_gemms(const Graph& g, const Plan& plan);
+
 Status check_sim_inputs(const Plan& plan, const ClusterSpec& cluster, const SimOptions& opt);
 ChunkSim simulate_chunk(const Program& prog, const std::vector<char>& weight_grad,
                         const ClusterSpec& cluster, const SimOptions& opt);

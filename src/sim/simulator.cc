@@ -40,7 +40,7 @@ class Schedule {
       : prog_(prog), c_(c), opt_(opt), r_(r), g_(prog.local()) {
     scale_ = precision_scale(prog, opt);
     node_cost_.assign(g_.nodes().size(), OpTime{-1.0});
-    if (opt.tp_comm_overlap) find_tp_overlaps();
+    if (opt.tp_comm_overlap) tp_overlap_ = tp_overlap_gemms(g_, prog.plan);
   }
 
   void run() {
@@ -101,63 +101,6 @@ class Schedule {
     return t + std::max(0.0, gather_end_ - t - forward);
   }
 
-  // SimOptions::tp_comm_overlap: each collective over the tensor axes, and the GEMM it is
-  // chunked against: the one producing its input (a reduce-scatter or all-reduce after a
-  // row-parallel product) or else the one consuming its output (an all-gather before a
-  // column-parallel product).
-  struct TpOverlap {
-    NodeId producer = -1, consumer = -1;
-  };
-  void find_tp_overlaps() {
-    if (prog_.plan.tensor_axes.empty()) return;
-    const std::string tensor = axes_key(prog_.plan.tensor_axes);
-    const size_t values = g_.values().size();
-    std::vector<NodeId> producer(values, -1);
-    std::vector<std::vector<NodeId>> consumers(values);
-    for (size_t i = 0; i < g_.nodes().size(); ++i) {
-      const Node& n = g_.nodes()[i];
-      for (ValueId v : n.outputs) producer[static_cast<size_t>(v)] = static_cast<NodeId>(i);
-      for (ValueId v : n.inputs)
-        consumers[static_cast<size_t>(v)].push_back(static_cast<NodeId>(i));
-    }
-    // The layout conversions the partition pass puts around a collective (a reshape, the
-    // transpose that packs a split dim outermost) sit between it and its GEMM.
-    auto relayout = [&](NodeId id) {
-      const OpKind k = g_.node(id).op;
-      return k == OpKind::reshape || k == OpKind::transpose;
-    };
-    auto gemm_before = [&](ValueId v) -> NodeId {
-      for (int hop = 0; hop < 3; ++hop) {
-        const NodeId p = producer[static_cast<size_t>(v)];
-        if (p < 0) return -1;
-        if (is_gemm(g_.node(p).op)) return p;
-        if (!relayout(p)) return -1;
-        v = g_.node(p).inputs[0];
-      }
-      return -1;
-    };
-    auto gemm_after = [&](ValueId v) -> NodeId {
-      for (int hop = 0; hop < 3; ++hop) {
-        const std::vector<NodeId>& cs = consumers[static_cast<size_t>(v)];
-        for (NodeId c : cs)
-          if (is_gemm(g_.node(c).op)) return c;
-        if (cs.size() != 1 || !relayout(cs[0])) return -1;
-        v = g_.node(cs[0]).outputs[0];
-      }
-      return -1;
-    };
-    tp_overlap_.assign(g_.nodes().size(), TpOverlap{});
-    for (size_t i = 0; i < g_.nodes().size(); ++i) {
-      const Node& n = g_.nodes()[i];
-      if (n.op != OpKind::all_gather && n.op != OpKind::reduce_scatter &&
-          n.op != OpKind::all_reduce)
-        continue;
-      if (n.attr<GroupAttrs>().axes != tensor) continue;
-      TpOverlap& o = tp_overlap_[i];
-      o.producer = gemm_before(n.inputs[0]);
-      if (o.producer < 0) o.consumer = gemm_after(n.outputs[0]);
-    }
-  }
   // The GEMM a collective is chunked against, or null.
   const TpOverlap* tp_overlap(NodeId id) const {
     if (id < 0 || static_cast<size_t>(id) >= tp_overlap_.size()) return nullptr;

@@ -28,11 +28,7 @@ struct Dims {
   int64_t position(int64_t i) const { return sequence_position(i, block, tq, zigzag); }
   // How many keys sit at positions <= p: a prefix, as key positions increase too.
   int64_t keys_upto(int64_t p) const {
-    if (key_block < 0) return std::clamp<int64_t>(p + 1, 0, tk);
-    if (zigzag <= 0) return std::clamp<int64_t>(p + 1 - key_block * tk, 0, tk);
-    const int64_t half = tk / 2;  // the chunk's halves key_block and 2N-1-key_block
-    return std::clamp<int64_t>(p + 1 - key_block * half, 0, half) +
-           std::clamp<int64_t>(p + 1 - (2 * zigzag - 1 - key_block) * half, 0, half);
+    return key_block < 0 ? rows_before(p + 1, 0, tk, 0) : rows_before(p + 1, key_block, tk, zigzag);
   }
   // Query row i attends to keys [0, row_end(i)) (none, on a chunk of later keys).
   int64_t row_end(int64_t i) const { return causal ? keys_upto(position(i)) : tk; }

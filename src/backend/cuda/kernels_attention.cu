@@ -61,19 +61,11 @@ struct Dims {
   }
   // How many keys sit at positions <= p (a prefix: key positions increase).
   __device__ int64_t keys_upto(int64_t p) const {
-    if (key_block < 0) return std::clamp<int64_t>(p + 1, 0, tk);
-    if (zigzag <= 0) return std::clamp<int64_t>(p + 1 - key_block * tk, 0, tk);
-    const int64_t half = tk / 2;
-    return std::clamp<int64_t>(p + 1 - key_block * half, 0, half) +
-           std::clamp<int64_t>(p + 1 - (2 * zigzag - 1 - key_block) * half, 0, half);
+    return key_block < 0 ? rows_before(p + 1, 0, tk, 0) : rows_before(p + 1, key_block, tk, zigzag);
   }
   // How many query rows sit at positions < p (a prefix: query positions increase).
   __device__ int64_t queries_before(int64_t p) const {
-    if (!block_at) return std::clamp<int64_t>(p, 0, tq);
-    if (zigzag <= 0) return std::clamp<int64_t>(p - block * tq, 0, tq);
-    const int64_t half = tq / 2;
-    return std::clamp<int64_t>(p - block * half, 0, half) +
-           std::clamp<int64_t>(p - (2 * zigzag - 1 - block) * half, 0, half);
+    return block_at ? rows_before(p, block, tq, zigzag) : rows_before(p, 0, tq, 0);
   }
 };
 
